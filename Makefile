@@ -1,0 +1,50 @@
+# One-command set-up: `make serve` and `make test` create .venv, build the extension
+# and install what they need; native builds are cached per user (see `native`).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+ENGINE ?= llama
+
+.PHONY: all venv develop native serve test test-rust test-python lint bench clean
+
+all: develop
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip 'maturin>=1.7,<2'
+
+venv: $(BIN)/python
+
+# Builds hotloop._core (release) and installs the package with its test and dev extras.
+develop: venv
+	$(BIN)/maturin develop --release -q -E test,dev
+
+native: venv
+	$(BIN)/python -m hotloop.native_deps
+
+serve: develop native
+	$(BIN)/hotloop serve --host $(HOST) --port $(PORT) --engine $(ENGINE)
+
+test-rust:
+	cargo test --manifest-path rust/Cargo.toml
+
+test-python: develop native
+	$(BIN)/pytest -q
+
+test: test-rust test-python
+
+lint: develop
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --all-targets --features python -- -D warnings
+	$(BIN)/ruff check python tests benches
+	$(BIN)/ruff format --check python tests benches
+	$(BIN)/mypy python/
+
+bench: develop native
+	$(BIN)/pytest benches -q --benchmark-only
+
+clean:
+	rm -rf $(VENV) target

@@ -1,0 +1,239 @@
+"""Type stubs for hotloop._core, the compiled core (rust/src/bindings.rs).
+
+This file is the contract between the Rust core and the Python layer: the server codes
+against exactly these names. Keep it in step with bindings.rs.
+"""
+
+from collections.abc import Sequence
+from typing import Literal
+
+__version__: str
+
+class CoreError(ValueError):
+    """Every failure of the core: a stable `code`, an actionable `message`, and `param`,
+    the place in the request (`input[3].call_id`, `tools[0].parameters`) or None."""
+
+    code: str
+    message: str
+    param: str | None
+
+# ---------------------------------------------------------------- tokenizers
+
+class Tokenizer:
+    """A BPE tokenizer. Text is always encoded as plain text: `<|end|>` inside a string
+    is ordinary bytes, never a special token."""
+
+    @staticmethod
+    def openai(name: str) -> Tokenizer:
+        """`o200k_base`, `o200k_harmony` or `cl100k_base` (embedded, no download)."""
+    @staticmethod
+    def from_gguf(path: str) -> Tokenizer:
+        """Byte-level BPE from a GGUF file's tokenizer metadata."""
+    @staticmethod
+    def from_tokenizer_json(data: str | bytes) -> Tokenizer:
+        """Byte-level BPE from a Hugging Face `tokenizer.json`."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def vocab_size(self) -> int: ...
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str:
+        """Decode; invalid UTF-8 becomes U+FFFD."""
+    def decode_bytes(self, ids: Sequence[int]) -> bytes: ...
+    def special(self, name: str) -> int | None: ...
+
+class StreamDecoder:
+    """Token ids in, UTF-8 text deltas out; never splits a multi-byte character."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None: ...
+    def feed(self, ids: Sequence[int]) -> str: ...
+    def finish(self) -> str: ...
+
+# ---------------------------------------------------------------- chat formats
+
+class ChatFormat:
+    @staticmethod
+    def harmony() -> ChatFormat:
+        """gpt-oss's harmony format over `o200k_harmony`."""
+    @staticmethod
+    def chatml(tokenizer: Tokenizer, default_system: str | None = None) -> ChatFormat:
+        """ChatML (SmolLM2, Qwen) with `<tool_call>` tool calls. `default_system` is the
+        system message the model's template inserts when the conversation has none."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def stop_tokens(self) -> list[int]: ...
+    def completion_tokens(self, items_json: str) -> list[int]:
+        """The ids a model would sample to produce these output items (a JSON array of
+        protocol items: assistant `message`, `function_call`, `reasoning`), ending with
+        a stop token. The simulated engine speaks through this."""
+
+# ---------------------------------------------------------------- requests
+
+class Limits:
+    """Per-request bounds checked while parsing (all in bytes or counts)."""
+
+    def __init__(
+        self,
+        *,
+        max_items: int = 10_000,
+        max_text_bytes: int = 10 * 1024 * 1024,
+        max_tools: int = 512,
+    ) -> None: ...
+
+class Policy:
+    """The built-in content policy: a multi-pattern matcher over new text only."""
+
+    def __init__(self, patterns: Sequence[str], *, case_insensitive: bool = True) -> None: ...
+
+class CreateRequest:
+    """A parsed `response.create` event (flat or nested form) or a `POST /v1/responses`
+    body. Parsing never raises for a schema problem: `error` holds it, so the server can
+    still echo `stream_id`."""
+
+    type: Literal["response.create"]
+    error: CoreError | None
+    model: str | None
+    previous_response_id: str | None
+    stream_id: str | None
+    store: bool
+    generate: bool
+    background: bool
+    stream: bool
+    instructions: str | None
+    max_output_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    reasoning_effort: str | None
+    input_item_count: int
+    input_bytes: int
+    @property
+    def input_json(self) -> str:
+        """The input as a JSON array of items (a string input becomes one user message)."""
+    @property
+    def response_fields_json(self) -> str:
+        """A JSON object with the request fields a Response echoes, nulls and defaults
+        filled in: instructions, max_output_tokens, metadata, model, parallel_tool_calls,
+        previous_response_id, reasoning, store, temperature, text, tool_choice, tools,
+        top_p, truncation."""
+
+class CancelEvent:
+    type: Literal["response.cancel"]
+    response_id: str | None
+    stream_id: str | None
+
+class ProcessedEvent:
+    type: Literal["response.processed"]
+    response_id: str | None
+
+class AppendEvent:
+    type: Literal["response.append"]
+    response_id: str | None
+    error: CoreError | None
+    input_json: str
+
+class UnknownEvent:
+    type: str
+    stream_id: str | None
+
+ClientEvent = CreateRequest | CancelEvent | ProcessedEvent | AppendEvent | UnknownEvent
+
+def parse_event(frame: str | bytes, limits: Limits | None = None) -> ClientEvent:
+    """Parse one client frame. Raises CoreError `invalid_json` for malformed JSON or a
+    frame that is not an object with a string `type`."""
+
+def parse_request(body: str | bytes, limits: Limits | None = None) -> CreateRequest:
+    """Parse an HTTP `POST /v1/responses` body (no `type` field)."""
+
+# ---------------------------------------------------------------- the cache
+
+class Turn:
+    """What `Conversation.extend` did."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    """Prompt tokens served from the rendered-token cache (not rendered again)."""
+    new_tokens: int
+    invalidated: bool
+    """The prefix (instructions/tools) changed and the chain re-rendered from it."""
+
+class Prompt:
+    """The prompt of one turn: shares the conversation's token chunks (no copy)."""
+
+    def __len__(self) -> int: ...
+    def tokens(self) -> list[int]: ...
+    def tokens_from(self, start: int) -> list[int]: ...
+    def common_prefix_len(self, other: Prompt) -> int:
+        """Length of the shared prefix; O(shared chunks) when both share storage."""
+
+ParseEvent = tuple[str, int] | tuple[str, int, str] | tuple[str, int, str, str] | tuple[str, int, str, str, str]
+
+class OutputParser:
+    """Streaming output parser for one turn. Events are tuples:
+    ("message_start", index), ("text", index, delta), ("message_done", index, text),
+    ("reasoning_start", index), ("reasoning", index, delta), ("reasoning_done", index, text),
+    ("call_start", index, name, call_id), ("arguments", index, delta),
+    ("call_done", index, name, call_id, arguments)."""
+
+    def feed(self, ids: Sequence[int]) -> list[ParseEvent]: ...
+    def finish(self) -> tuple[list[ParseEvent], Literal["stopped", "truncated", "malformed"], str | None]:
+        """Close open items. Returns events, the outcome, and a message when malformed."""
+    @property
+    def stopped(self) -> bool:
+        """A stop token was sampled: the engine should stop."""
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def reasoning_tokens(self) -> int: ...
+
+class Checkpoint:
+    """An immutable position in a conversation chain (one per response id)."""
+
+    @property
+    def token_count(self) -> int: ...
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes this checkpoint holds that no earlier checkpoint of its chain holds."""
+    def fork(self) -> Conversation:
+        """A conversation continuing from here; shares the prefix, copies nothing."""
+
+class Conversation:
+    """The rendered-token cache of one response chain."""
+
+    def __init__(
+        self, format: ChatFormat, *, context_window: int, policy: Policy | None = None
+    ) -> None: ...
+    def extend(self, request: CreateRequest) -> Turn:
+        """Apply the request's prefix (instructions, tools), validate its input items
+        against this chain (open calls, context budget with max_output_tokens, policy on
+        new text only), render and tokenize only them, and open the assistant turn.
+        Raises CoreError and leaves the conversation unchanged on failure."""
+    def append_items(
+        self,
+        items_json: str,
+        *,
+        instructions: str | None = None,
+        tools_json: str | None = None,
+    ) -> Turn:
+        """`extend` without a request (TokenCache and store rebuilds). Does not open an
+        assistant turn."""
+    def append_text(self, chunk: str) -> int:
+        """Grow the last item's text (streamed or chunked content); returns tokens changed."""
+    def prompt(self) -> Prompt:
+        """Tokens so far, including the assistant header when a turn is open."""
+    def parser(self) -> OutputParser: ...
+    def commit_output(self, parser: OutputParser) -> None:
+        """Append the sampled ids of the open turn verbatim and record its output items
+        (function calls become open calls)."""
+    def checkpoint(self) -> Checkpoint: ...
+    @property
+    def token_count(self) -> int: ...
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def open_call_ids(self) -> list[str]: ...
+    @property
+    def stats(self) -> dict[str, int]:
+        """segments_rendered, tokens_rendered, tokens_reused, invalidations."""

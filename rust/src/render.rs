@@ -1,0 +1,77 @@
+//! The token builder chat formats write into.
+//!
+//! A chat format describes a prompt as special tokens and text. Text passed to
+//! [`Renderer::text`] continues the current *run*: consecutive runs are encoded as one
+//! string, exactly as a template engine's output would be tokenized (ChatML). Text passed
+//! to [`Renderer::fragment`] is encoded on its own (harmony encodes every fragment
+//! separately). A special token always ends the run.
+
+use crate::tokenizer::Tokenizer;
+
+pub struct Renderer<'t> {
+    tokenizer: &'t dyn Tokenizer,
+    tokens: Vec<u32>,
+    run: String,
+}
+
+impl<'t> Renderer<'t> {
+    pub fn new(tokenizer: &'t dyn Tokenizer) -> Self {
+        Renderer { tokenizer, tokens: Vec::new(), run: String::new() }
+    }
+
+    pub fn tokenizer(&self) -> &'t dyn Tokenizer {
+        self.tokenizer
+    }
+
+    /// Append a special token (ends the open text run).
+    pub fn special(&mut self, id: u32) {
+        self.flush();
+        self.tokens.push(id);
+    }
+
+    /// Append the special token with this name, e.g. `<|im_start|>`.
+    /// Panics if the tokenizer lacks it: formats are only built for tokenizers that have it.
+    pub fn special_named(&mut self, name: &str) {
+        let id = self
+            .tokenizer
+            .special(name)
+            .unwrap_or_else(|| panic!("tokenizer {} has no special token {name}", self.tokenizer.name()));
+        self.special(id);
+    }
+
+    /// Continue the open text run.
+    pub fn text(&mut self, text: &str) {
+        self.run.push_str(text);
+    }
+
+    /// Append text encoded on its own, not merged with neighbouring text.
+    pub fn fragment(&mut self, text: &str) {
+        self.flush();
+        self.tokenizer.encode(text, &mut self.tokens);
+    }
+
+    /// Append ids verbatim (sampled model output).
+    pub fn ids(&mut self, ids: &[u32]) {
+        self.flush();
+        self.tokens.extend_from_slice(ids);
+    }
+
+    /// Encode the open run, if any.
+    pub fn flush(&mut self) {
+        if !self.run.is_empty() {
+            self.tokenizer.encode(&self.run, &mut self.tokens);
+            self.run.clear();
+        }
+    }
+
+    /// The open (not yet encoded) text run.
+    pub fn open_run(&self) -> &str {
+        &self.run
+    }
+
+    /// All tokens, with the open run encoded.
+    pub fn finish(mut self) -> Vec<u32> {
+        self.flush();
+        self.tokens
+    }
+}
