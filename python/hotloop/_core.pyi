@@ -65,10 +65,16 @@ class ChatFormat:
     def tokenizer(self) -> Tokenizer: ...
     @property
     def stop_tokens(self) -> list[int]: ...
-    def completion_tokens(self, items_json: str) -> list[int]:
-        """The ids a model would sample to produce these output items (a JSON array of
-        protocol items: assistant `message`, `function_call`, `reasoning`), ending with
-        a stop token. The simulated engine speaks through this."""
+    def completion_tokens(
+        self,
+        *,
+        text: str | None = None,
+        reasoning: str | None = None,
+        calls: Sequence[tuple[str, str]] = (),
+    ) -> list[int]:
+        """The ids a model would sample after the generation header to answer with this
+        reasoning, text and function calls (`(name, arguments_json)` pairs), ending with a
+        stop token. The simulated engine speaks through this."""
 
 # ---------------------------------------------------------------- requests
 

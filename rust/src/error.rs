@@ -54,7 +54,11 @@ pub struct Error {
 
 impl Error {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Error { code, message: message.into(), param: None }
+        Error {
+            code,
+            message: message.into(),
+            param: None,
+        }
     }
 
     pub fn at(mut self, param: impl Into<String>) -> Self {

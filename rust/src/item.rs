@@ -26,10 +26,22 @@ impl Role {
 /// joined into one text; only text parts are accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Item {
-    Message { role: Role, text: String },
-    FunctionCall { call_id: String, name: String, arguments: String },
-    FunctionCallOutput { call_id: String, output: String },
-    Reasoning { text: String },
+    Message {
+        role: Role,
+        text: String,
+    },
+    FunctionCall {
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
+    FunctionCallOutput {
+        call_id: String,
+        output: String,
+    },
+    Reasoning {
+        text: String,
+    },
 }
 
 /// The kind of an item, which is all some formats need to know about a neighbour.

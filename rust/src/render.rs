@@ -16,7 +16,11 @@ pub struct Renderer<'t> {
 
 impl<'t> Renderer<'t> {
     pub fn new(tokenizer: &'t dyn Tokenizer) -> Self {
-        Renderer { tokenizer, tokens: Vec::new(), run: String::new() }
+        Renderer {
+            tokenizer,
+            tokens: Vec::new(),
+            run: String::new(),
+        }
     }
 
     pub fn tokenizer(&self) -> &'t dyn Tokenizer {

@@ -23,15 +23,43 @@ pub struct Context<'a> {
 /// `index` is the output item index within the response.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ParseEvent {
-    MessageStart { index: usize },
-    TextDelta { index: usize, text: String },
-    MessageDone { index: usize, text: String },
-    ReasoningStart { index: usize },
-    ReasoningDelta { index: usize, text: String },
-    ReasoningDone { index: usize, text: String },
-    CallStart { index: usize, name: String, call_id: String },
-    ArgumentsDelta { index: usize, text: String },
-    CallDone { index: usize, name: String, call_id: String, arguments: String },
+    MessageStart {
+        index: usize,
+    },
+    TextDelta {
+        index: usize,
+        text: String,
+    },
+    MessageDone {
+        index: usize,
+        text: String,
+    },
+    ReasoningStart {
+        index: usize,
+    },
+    ReasoningDelta {
+        index: usize,
+        text: String,
+    },
+    ReasoningDone {
+        index: usize,
+        text: String,
+    },
+    CallStart {
+        index: usize,
+        name: String,
+        call_id: String,
+    },
+    ArgumentsDelta {
+        index: usize,
+        text: String,
+    },
+    CallDone {
+        index: usize,
+        name: String,
+        call_id: String,
+        arguments: String,
+    },
 }
 
 /// How the model's output ended.

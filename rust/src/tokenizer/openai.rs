@@ -30,7 +30,10 @@ impl OpenAiTokenizer {
 }
 
 fn o200k_specials() -> Vec<(String, u32)> {
-    vec![("<|endoftext|>".into(), 199_999), ("<|endofprompt|>".into(), 200_018)]
+    vec![
+        ("<|endoftext|>".into(), 199_999),
+        ("<|endofprompt|>".into(), 200_018),
+    ]
 }
 
 /// The harmony vocabulary: o200k_base ids 0..199998, then specials and a reserved range
@@ -67,13 +70,27 @@ fn cl100k_specials() -> Vec<(String, u32)> {
     ]
 }
 
-static O200K_BASE: LazyLock<Arc<OpenAiTokenizer>> =
-    LazyLock::new(|| Arc::new(OpenAiTokenizer::new("o200k_base", bpe_openai::o200k_base(), o200k_specials())));
-static O200K_HARMONY: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
-    Arc::new(OpenAiTokenizer::new("o200k_harmony", bpe_openai::o200k_base(), o200k_harmony_specials()))
+static O200K_BASE: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
+    Arc::new(OpenAiTokenizer::new(
+        "o200k_base",
+        bpe_openai::o200k_base(),
+        o200k_specials(),
+    ))
 });
-static CL100K_BASE: LazyLock<Arc<OpenAiTokenizer>> =
-    LazyLock::new(|| Arc::new(OpenAiTokenizer::new("cl100k_base", bpe_openai::cl100k_base(), cl100k_specials())));
+static O200K_HARMONY: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
+    Arc::new(OpenAiTokenizer::new(
+        "o200k_harmony",
+        bpe_openai::o200k_base(),
+        o200k_harmony_specials(),
+    ))
+});
+static CL100K_BASE: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
+    Arc::new(OpenAiTokenizer::new(
+        "cl100k_base",
+        bpe_openai::cl100k_base(),
+        cl100k_specials(),
+    ))
+});
 
 pub fn by_name(name: &str) -> Option<Arc<dyn Tokenizer>> {
     let t: Arc<OpenAiTokenizer> = match name {

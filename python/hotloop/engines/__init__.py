@@ -1,0 +1,1 @@
+"""Inference engines: prompt token ids in, sampled token ids out (see base.py)."""

@@ -1,0 +1,68 @@
+"""The engine interface: the one seam between the protocol layer and inference.
+
+An engine takes the exact prompt token ids from the rendered-token cache and streams
+back sampled token ids. It never sees text or items; it must not re-tokenize.
+Each client connection gets its own `EngineSession`, so an engine can keep per-connection
+state (its KV/prefix cache, the replica it routed to) across turns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hotloop._core import ChatFormat, Prompt
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-request sampling settings (not inherited through previous_response_id)."""
+
+    max_output_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    stop_tokens: tuple[int, ...] = field(default_factory=tuple)
+
+
+class EngineError(Exception):
+    """An engine failure, mapped by the protocol layer to `response.failed`."""
+
+    def __init__(self, code: str, message: str, *, before_first_token: bool = True) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.before_first_token = before_first_token
+
+
+class EngineSession(Protocol):
+    """One connection's view of an engine."""
+
+    def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+        """Stream sampled ids in batches. Stops after a stop token or at
+        `max_output_tokens`. Cancelling the consuming task (or `aclose()` on the
+        iterator) stops generation promptly. Raises EngineError on failure."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Engine(Protocol):
+    """A model served by some inference backend."""
+
+    @property
+    def model(self) -> str:
+        """The model name clients send and responses echo."""
+        ...
+
+    @property
+    def chat_format(self) -> ChatFormat: ...
+
+    @property
+    def context_window(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    def session(self) -> EngineSession: ...
+
+    async def close(self) -> None: ...
