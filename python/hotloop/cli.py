@@ -9,7 +9,6 @@ configuration is handed to the worker processes through the environment.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import os
 import sys
@@ -42,7 +41,7 @@ def create_app() -> App:
     return App(load_engine(config), config)
 
 
-def _parser() -> argparse.ArgumentParser:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hotloop", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the Responses-API server")
@@ -58,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _to_env(config: ServerConfig) -> dict[str, str]:
+def config_env(config: ServerConfig) -> dict[str, str]:
     env: dict[str, str] = {}
     for option in ServerConfig.options():
         value: Any = getattr(config, option.name)
@@ -75,7 +74,7 @@ def _to_env(config: ServerConfig) -> dict[str, str]:
 def serve(config: ServerConfig) -> None:
     import uvicorn
 
-    os.environ.update(_to_env(config))
+    os.environ.update(config_env(config))
     base = f"http://{config.host}:{config.port}/v1"
     print(
         f"hotloop: engine {config.engine}, serving {base}\n"
@@ -101,7 +100,7 @@ def serve(config: ServerConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args = argument_parser().parse_args(argv)
     if args.command == "serve":
         overrides: dict[str, Any] = {}
         for option in ServerConfig.options():
@@ -115,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             config = ServerConfig.from_env(**overrides)
         except ValueError as e:
             raise SystemExit(f"hotloop: {e}") from e
-        serve(dataclasses.replace(config))
+        serve(config)
 
 
 if __name__ == "__main__":
