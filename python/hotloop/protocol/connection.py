@@ -192,11 +192,13 @@ class Connection:
         """One text frame from the client."""
         if self.closed:
             return
-        if len(frame) > self.limits.max_frame_bytes:
+        # `isascii` is O(1) on str: only non-ASCII text pays for measuring its bytes.
+        size = len(frame) if isinstance(frame, bytes) or frame.isascii() else len(frame.encode())
+        if size > self.limits.max_frame_bytes:
             self._refuse(
                 ProtocolError(
                     "frame_too_large",
-                    f"The frame is {len(frame)} bytes; this server accepts at most "
+                    f"The frame is {size} bytes; this server accepts at most "
                     f"{self.limits.max_frame_bytes} bytes per frame.",
                 )
             )
@@ -208,7 +210,7 @@ class Connection:
             self._refuse(ProtocolError.from_core(e))
             return
         if isinstance(event, CreateRequest):
-            self._create(event, len(frame), self._clock() - start)
+            self._create(event, size, self._clock() - start)
         elif isinstance(event, CancelEvent):
             self._cancel(event)
         elif isinstance(event, ProcessedEvent):
