@@ -153,7 +153,7 @@ class ResponseEvents:
         # `head` is an open JSON object without its closing brace.
         seq = self._seq
         self._seq = seq + 1
-        return head + b',"sequence_number":' + str(seq).encode() + self._tail
+        return b'%b,"sequence_number":%d%b' % (head, seq, self._tail)
 
     def event(self, kind: str, **fields: Any) -> bytes:
         """A response event of type `kind` with these fields."""
@@ -213,18 +213,21 @@ class ResponseEvents:
             fields["logprobs"] = []
         return orjson.dumps(fields)[:-1] + b',"delta":'
 
-    def delta(self, head: bytes, text: str) -> bytes:
-        return self._frame(head + orjson.dumps(text))
-
     # ---------------------------------------------------------------- parser events
 
     def feed(self, parsed: list[tuple[Any, ...]], frames: list[bytes]) -> None:
         """Append the frames for the output parser's events (see `OutputParser` in
         `_core.pyi`); the event's index is the item's `output_index`."""
+        heads, tail, dumps = self._heads, self._tail, orjson.dumps
         for ev in parsed:
             kind = ev[0]
             if kind == "text" or kind == "reasoning" or kind == "arguments":
-                frames.append(self._frame(self._heads[ev[1]] + orjson.dumps(ev[2])))
+                # The per-token path: one dumps and one bytes format, nothing else.
+                seq = self._seq
+                self._seq = seq + 1
+                frames.append(
+                    b'%b%b,"sequence_number":%d%b' % (heads[ev[1]], dumps(ev[2]), seq, tail)
+                )
             else:
                 self._structural(ev, frames)
 
