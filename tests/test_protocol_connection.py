@@ -377,3 +377,13 @@ def test_cache_is_bounded_per_connection_and_globally(budget_bytes: int) -> None
     assert first not in client.cache and second in client.cache
     assert budget.evictions == 1
     assert budget.hits == 0 and budget.misses == 0
+
+
+def test_cache_leaves_the_global_budget_when_the_socket_closes() -> None:
+    client = Client()
+    client.turn()
+    assert client.budget.used_bytes > 0
+    client.conn.lifetime_reached()
+    client.pump()
+    client.conn.connection_lost()
+    assert client.budget.used_bytes == 0 and len(client.cache) == 0

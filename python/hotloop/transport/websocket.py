@@ -99,9 +99,9 @@ class Socket:
             await self._read(receive)
         finally:
             timer.cancel()
-            if not self.connection.closed:
-                self.connection.connection_lost()
-                self._dispatch()
+            # Also after a lifetime close: the cache must leave the global budget.
+            self.connection.connection_lost()
+            self._dispatch()
             for task in list(self._generating.values()):
                 task.cancel()
             writer.cancel()
