@@ -48,7 +48,7 @@ def run(parsed: list[tuple[object, ...]], stream_id: str | None = None) -> list[
     events = ResponseEvents(FIELDS, stream_id=stream_id)
     frames = [events.lifecycle("response.created", "in_progress")]
     frames.append(events.lifecycle("response.in_progress", "in_progress"))
-    events.feed(parsed, frames)
+    events.feed(parsed, frames.append)
     usage = Usage(input_tokens=10, cached_tokens=4, cache_write_tokens=6, output_tokens=3)
     frames.append(events.lifecycle("response.completed", "completed", usage=usage))
     return [validate(f) for f in frames]

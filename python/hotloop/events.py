@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,8 +216,8 @@ class ResponseEvents:
 
     # ---------------------------------------------------------------- parser events
 
-    def feed(self, parsed: list[tuple[Any, ...]], frames: list[bytes]) -> None:
-        """Append the frames for the output parser's events (see `OutputParser` in
+    def feed(self, parsed: list[tuple[Any, ...]], emit: Callable[[bytes], object]) -> None:
+        """Emit the frames for the output parser's events (see `OutputParser` in
         `_core.pyi`); the event's index is the item's `output_index`."""
         heads, tail, dumps = self._heads, self._tail, orjson.dumps
         for ev in parsed:
@@ -225,13 +226,11 @@ class ResponseEvents:
                 # The per-token path: one dumps and one bytes format, nothing else.
                 seq = self._seq
                 self._seq = seq + 1
-                frames.append(
-                    b'%b%b,"sequence_number":%d%b' % (heads[ev[1]], dumps(ev[2]), seq, tail)
-                )
+                emit(b'%b%b,"sequence_number":%d%b' % (heads[ev[1]], dumps(ev[2]), seq, tail))
             else:
-                self._structural(ev, frames)
+                self._structural(ev, emit)
 
-    def _structural(self, ev: tuple[Any, ...], frames: list[bytes]) -> None:
+    def _structural(self, ev: tuple[Any, ...], emit: Callable[[bytes], object]) -> None:
         kind, index = ev[0], ev[1]
         item: dict[str, Any]
         if kind == "message_start":
@@ -239,8 +238,8 @@ class ResponseEvents:
             self._ids[index] = item_id
             self._heads[index] = self.delta_head("response.output_text.delta", item_id, index, 0)
             item = {"id": item_id, "type": "message", "role": "assistant"}
-            frames.append(self.item_added(index, {**item, "status": "in_progress", "content": []}))
-            frames.append(
+            emit(self.item_added(index, {**item, "status": "in_progress", "content": []}))
+            emit(
                 self.event(
                     "response.content_part.added",
                     item_id=item_id,
@@ -252,19 +251,19 @@ class ResponseEvents:
         elif kind == "message_done":
             item_id, text = self._ids[index], ev[2]
             ids = {"item_id": item_id, "output_index": index, "content_index": 0}
-            frames.append(self.event("response.output_text.done", **ids, text=text, logprobs=[]))
-            frames.append(self.event("response.content_part.done", **ids, part=_text_part(text)))
+            emit(self.event("response.output_text.done", **ids, text=text, logprobs=[]))
+            emit(self.event("response.content_part.done", **ids, part=_text_part(text)))
             item = {"id": item_id, "type": "message", "role": "assistant", "status": "completed"}
-            frames.append(self.item_done(index, {**item, "content": [_text_part(text)]}))
+            emit(self.item_done(index, {**item, "content": [_text_part(text)]}))
         elif kind == "reasoning_start":
             item_id = new_id("rs_")
             self._ids[index] = item_id
             self._heads[index] = self.delta_head("response.reasoning_text.delta", item_id, index, 0)
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": []}
-            frames.append(self.item_added(index, {**item, "status": "in_progress"}))
+            emit(self.item_added(index, {**item, "status": "in_progress"}))
         elif kind == "reasoning_done":
             item_id, text = self._ids[index], ev[2]
-            frames.append(
+            emit(
                 self.event(
                     "response.reasoning_text.done",
                     item_id=item_id,
@@ -275,19 +274,17 @@ class ResponseEvents:
             )
             content = [{"type": "reasoning_text", "text": text}]
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": content}
-            frames.append(self.item_done(index, {**item, "status": "completed"}))
+            emit(self.item_done(index, {**item, "status": "completed"}))
         elif kind == "call_start":
             item_id = new_id("fc_")
             self._ids[index] = item_id
             head = self.delta_head("response.function_call_arguments.delta", item_id, index, None)
             self._heads[index] = head
             item = {"id": item_id, "type": "function_call", "call_id": ev[3], "name": ev[2]}
-            frames.append(
-                self.item_added(index, {**item, "arguments": "", "status": "in_progress"})
-            )
+            emit(self.item_added(index, {**item, "arguments": "", "status": "in_progress"}))
         elif kind == "call_done":
             item_id, name, call_id, arguments = self._ids[index], ev[2], ev[3], ev[4]
-            frames.append(
+            emit(
                 self.event(
                     "response.function_call_arguments.done",
                     item_id=item_id,
@@ -297,9 +294,7 @@ class ResponseEvents:
                 )
             )
             item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name}
-            frames.append(
-                self.item_done(index, {**item, "arguments": arguments, "status": "completed"})
-            )
+            emit(self.item_done(index, {**item, "arguments": arguments, "status": "completed"}))
         else:
             raise ValueError(f"unknown output parser event {kind!r}")
 

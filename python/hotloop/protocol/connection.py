@@ -252,9 +252,7 @@ class Connection:
         active = self._active.get(key)
         if active is None:
             return False
-        frames: list[bytes] = []
-        active.events.feed(active.parser.feed(ids), frames)
-        self._actions.extend(frames)
+        active.events.feed(active.parser.feed(ids), self._actions.append)
         return not active.parser.stopped
 
     def engine_done(self, key: int) -> None:
@@ -263,9 +261,7 @@ class Connection:
         if active is None:
             return
         parsed, outcome, message = active.parser.finish()
-        frames: list[bytes] = []
-        active.events.feed(parsed, frames)
-        self._actions.extend(frames)
+        active.events.feed(parsed, self._actions.append)
         usage = self._usage(active)
         if outcome == "malformed":
             self._fail(active, f"The model's output could not be parsed: {message}", usage)
