@@ -24,6 +24,8 @@ from hotloop._core import ChatFormat, Prompt
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
 
+TIMER_RESOLUTION = 0.001
+
 
 @dataclass(frozen=True)
 class SimScript:
@@ -169,7 +171,10 @@ class SimSession:
             due = first + sent / rate
             now = loop.time()
             if now < due:
-                await asyncio.sleep(due - now)
+                # Event loop timers tick in milliseconds (libuv): a shorter sleep would
+                # spin, so faster models deliver several tokens per wake, as batched
+                # engines do.
+                await asyncio.sleep(max(due - now, TIMER_RESOLUTION))
                 now = loop.time()
             # Tokens whose time has come go out together: a slow consumer gets batches.
             upto = min(len(ids), max(sent + 1, int((now - first) * rate) + 1))
