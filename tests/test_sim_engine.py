@@ -110,3 +110,21 @@ def test_from_config_reads_the_sim_options() -> None:
     assert sim.model == "gpt-sim" and sim.speed.tokens_per_second == 4000.0
     assert sim.script == SimScript(text="Done.", tool="f", tool_calls=3, tool_arguments='{"a":1}')
     assert sim.call_ids == sim.chat_format.completion_tokens(calls=[("f", '{"a":1}')])
+
+
+async def test_prefix_cache_holds_interleaved_conversations() -> None:
+    sim = engine(SimScript(text="ok"))
+    session = sim.session()
+    lanes = [request('{"input":"lane a"}'), request('{"input":"lane b, other text"}')]
+    for conversation in lanes:
+        parser = conversation.parser()
+        async for batch in session.generate(conversation.prompt(), SAMPLING):
+            parser.feed(batch)
+        parser.finish()
+        conversation.commit_output(parser)
+    first = lanes[0]
+    before = len(first.prompt())
+    first.extend(parse_request('{"input":"more for a"}'))
+    _, uncached = session.choose(first.prompt())
+    # Lane b ran in between; lane a's sequence is still in the simulated cache.
+    assert uncached == len(first.prompt()) - before
