@@ -101,6 +101,8 @@ pub struct Vocabulary {
 }
 
 const NONE: u32 = u32::MAX;
+/// The id of a byte the vocabulary cannot spell: dropped from the output.
+const MISSING: u32 = u32::MAX - 1;
 
 pub struct ByteLevelBpe {
     name: String,
@@ -165,12 +167,14 @@ impl ByteLevelBpe {
         }
         user_defined.sort_by_key(|(text, _)| Reverse(text.len()));
 
-        let mut byte_ids = [NONE; 256];
+        // Some vocabularies lack a few control bytes (SmolLM2 has no 0x04): llama.cpp then
+        // finds no token for that symbol, nor for its UTF-8 bytes, and drops the byte.
+        let mut byte_ids = [MISSING; 256];
         for (b, c) in chars.iter().enumerate() {
             let spelled = c.encode_utf8(&mut [0; 4]).to_string();
-            byte_ids[b] = *by_spelling
-                .get(spelled.as_str())
-                .ok_or_else(|| invalid(format!("no token for byte 0x{b:02x} ({c:?})")))?;
+            if let Some(&id) = by_spelling.get(spelled.as_str()) {
+                byte_ids[b] = id;
+            }
         }
 
         // A merge whose parts or result are not tokens can never apply to symbols that
@@ -369,7 +373,10 @@ impl ByteLevelBpe {
     /// BPE on one piece, appending its ids.
     fn encode_piece(&self, piece: &[u8], work: &mut Work, out: &mut Vec<u32>) {
         if piece.len() == 1 {
-            out.push(self.byte_ids[piece[0] as usize]);
+            let id = self.byte_ids[piece[0] as usize];
+            if id != MISSING {
+                out.push(id);
+            }
             return;
         }
         let n = piece.len() as u32;
@@ -408,8 +415,11 @@ impl ByteLevelBpe {
         }
         let mut i = 0;
         while i != NONE {
-            out.push(work.syms[i as usize].id);
-            i = work.syms[i as usize].next;
+            let sym = work.syms[i as usize];
+            if sym.id != MISSING {
+                out.push(sym.id);
+            }
+            i = sym.next;
         }
     }
 
@@ -595,6 +605,10 @@ pub(crate) mod tests {
 
     /// A tiny vocabulary: all bytes, then merges building "hello", " world", "aa".
     pub(crate) fn tiny() -> ByteLevelBpe {
+        ByteLevelBpe::new(tiny_vocabulary()).unwrap()
+    }
+
+    fn tiny_vocabulary() -> Vocabulary {
         let chars = byte_chars();
         let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<tool>".into()];
         tokens.extend(chars.iter().map(|c| c.to_string()));
@@ -619,14 +633,13 @@ pub(crate) mod tests {
         let mut kinds = vec![TokenKind::Normal; tokens.len()];
         kinds[0] = TokenKind::Control;
         kinds[1] = TokenKind::UserDefined;
-        ByteLevelBpe::new(Vocabulary {
+        Vocabulary {
             name: "tiny".into(),
             pre: PreTokenizer::DigitsThenGpt2,
             tokens,
             kinds,
             merges,
-        })
-        .unwrap()
+        }
     }
 
     fn encode(t: &dyn Tokenizer, text: &str) -> Vec<u32> {
@@ -701,6 +714,16 @@ pub(crate) mod tests {
         assert_eq!(decode(&t, &ids), text.as_bytes());
         let spaces = " ".repeat(100_000);
         assert_eq!(decode(&t, &encode(&t, &spaces)), spaces.as_bytes());
+    }
+
+    #[test]
+    fn bytes_without_tokens_are_dropped() {
+        let mut v = tiny_vocabulary();
+        let missing = v.tokens.iter().position(|t| t == "Ą").unwrap();
+        v.tokens[missing] = String::new();
+        let t = ByteLevelBpe::new(v).unwrap();
+        assert_eq!(decode(&t, &encode(&t, "a\u{4}b")), b"ab");
+        assert_eq!(decode(&t, &encode(&t, "\u{4}")), b"");
     }
 
     #[test]
