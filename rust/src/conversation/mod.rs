@@ -260,24 +260,31 @@ impl Chain {
     }
 }
 
-/// Check that every `function_call_output` answers an open call, updating the open set.
+/// Check the delta's calls against the chain (protocol.md section 4): a
+/// `function_call_output` must answer an open call, a `function_call` must not reuse the id
+/// of an open one. Updates the open set; O(new items + open calls), never O(history).
 fn admit_calls(open: &mut Vec<OpenCall>, items: &[Item]) -> Result<()> {
+    let error = |message: String| Err(Error::new(Code::UnknownCallId, message).at("input"));
     for (i, item) in items.iter().enumerate() {
         match item {
-            Item::FunctionCall { call_id, name, .. } => open.push(OpenCall {
-                call_id: call_id.clone(),
-                name: name.clone(),
-            }),
+            Item::FunctionCall { call_id, name, .. } => {
+                if open.iter().any(|c| &c.call_id == call_id) {
+                    return error(format!(
+                        "input[{i}] is a function_call with call_id {call_id:?}, but a call with this \
+                         call_id is already waiting for its output"
+                    ));
+                }
+                open.push(OpenCall {
+                    call_id: call_id.clone(),
+                    name: name.clone(),
+                });
+            }
             Item::FunctionCallOutput { call_id, .. } => {
                 let Some(at) = open.iter().position(|c| &c.call_id == call_id) else {
-                    return Err(Error::new(
-                        Code::UnknownCallId,
-                        format!(
-                            "function_call_output answers call_id {call_id:?}, which is not an open \
-                             function_call of this conversation"
-                        ),
-                    )
-                    .at(format!("input[{i}].call_id")));
+                    return error(format!(
+                        "input[{i}] is a function_call_output for call_id {call_id:?}, which is not \
+                         an open function_call of this conversation"
+                    ));
                 };
                 open.remove(at);
             }
