@@ -9,30 +9,64 @@ configuration is handed to the worker processes through the environment.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.transport import App
 
-# Engine name -> module; each module provides `from_config(ServerConfig) -> Engine`.
-ENGINES = {
-    "sim": "hotloop.engines.sim",
-    "llama": "hotloop.engines.llama",
-    "upstream": "hotloop.engines.upstream",
+
+def sim_engine(config: ServerConfig) -> Engine:
+    from hotloop.engines.sim import from_config
+
+    return from_config(config)
+
+
+def llama_engine(config: ServerConfig) -> Engine:
+    from hotloop.engines.llama import LlamaConfig, LlamaEngine
+
+    options: dict[str, Any] = {"model_path": config.llama_model_path, "n_ctx": config.llama_context}
+    if config.model:
+        options["model"] = config.model
+    engine: Engine = LlamaEngine(LlamaConfig(**options))
+    return engine
+
+
+def upstream_engine(config: ServerConfig) -> Engine:
+    from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+
+    if not config.upstream_replicas:
+        raise SystemExit("hotloop: --engine upstream needs --upstream-replicas URL[,URL...]")
+    engine: Engine = UpstreamEngine(
+        UpstreamConfig(
+            dialect=config.upstream_dialect,
+            replicas=config.upstream_replicas,
+            model=config.model or config.upstream_served_model or "default",
+            served_model=config.upstream_served_model,
+            context_window=config.upstream_context_window,
+            chat_format=config.upstream_format,
+            tokenizer=config.upstream_tokenizer,
+        )
+    )
+    return engine
+
+
+# Engines are imported only when chosen: llama needs llama-cpp-python, sim needs nothing.
+ENGINES: dict[str, Callable[[ServerConfig], Engine]] = {
+    "sim": sim_engine,
+    "llama": llama_engine,
+    "upstream": upstream_engine,
 }
 
 
 def load_engine(config: ServerConfig) -> Engine:
-    module = ENGINES.get(config.engine)
-    if module is None:
+    build = ENGINES.get(config.engine)
+    if build is None:
         raise SystemExit(f"unknown engine {config.engine!r}; choose one of {', '.join(ENGINES)}")
-    engine: Engine = importlib.import_module(module).from_config(config)
-    return engine
+    return build(config)
 
 
 def create_app() -> App:

