@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hotloop.cli import argument_parser, config_env, main
+from hotloop.cli import argument_parser, config_env, load_engine, main
 from hotloop.config import ServerConfig
 
 
@@ -52,3 +52,15 @@ def test_flags_parse_to_typed_values() -> None:
     assert args.port == "8100" and args.websocket is False
     assert ServerConfig.parse("sim_ttft", args.sim_ttft) == 0.5
     assert ServerConfig.parse("api_keys", args.api_keys) == ("x",)
+
+
+def test_engine_choice_errors_are_clear() -> None:
+    with pytest.raises(SystemExit, match="unknown engine 'gpu'"):
+        load_engine(ServerConfig(engine="gpu"))
+    with pytest.raises(SystemExit, match="--upstream-replicas"):
+        load_engine(ServerConfig(engine="upstream"))
+
+
+def test_sim_engine_from_flags() -> None:
+    engine = load_engine(ServerConfig(engine="sim", model="m", sim_tokens_per_second=123.0))
+    assert engine.model == "m"

@@ -36,10 +36,10 @@ def llama_engine(config: ServerConfig) -> Engine:
 
 
 def upstream_engine(config: ServerConfig) -> Engine:
-    from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
-
     if not config.upstream_replicas:
         raise SystemExit("hotloop: --engine upstream needs --upstream-replicas URL[,URL...]")
+    from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+
     engine: Engine = UpstreamEngine(
         UpstreamConfig(
             dialect=config.upstream_dialect,
