@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::format::transcript::{completion, output, parse, same_items, segments, text};
+use crate::format::transcript::{completion, golden, output, parse, same_items, segments, text};
 use crate::format::{Outcome, ParseEvent};
 use crate::tokenizer;
 
@@ -145,6 +145,17 @@ For each function call, return a json object with function name and arguments wi
 <|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrain\n</tool_response><|im_end|>\n\
 <|im_start|>assistant\n";
     assert_eq!(text(&f, &all), expected);
+}
+
+#[test]
+fn text_equals_the_templates_golden_vectors() {
+    let f = chatml();
+    let cases = golden(include_str!("../../../../tests/golden/chatml_render.json"));
+    assert!(!cases.is_empty());
+    for case in cases {
+        let ours = text(&f, &segments(&f, &case.prefix, &case.items).concat());
+        assert_eq!(Some(ours), case.text, "case {}", case.name);
+    }
 }
 
 #[test]

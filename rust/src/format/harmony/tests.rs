@@ -2,7 +2,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::format::transcript::{completion, output, parse, same_items, segments, text};
+use crate::format::transcript::{completion, golden, output, parse, same_items, segments, text};
 use crate::format::{Outcome, ParseEvent};
 use crate::item::Tool;
 
@@ -303,77 +303,14 @@ proptest! {
     }
 }
 
-/// A case of tests/golden/harmony_render.json (written by tests/test_format_harmony.py
-/// from openai-harmony) as hotloop's prefix and items.
-fn golden_case(case: &serde_json::Value) -> (String, Prefix, Vec<Item>, Vec<u32>) {
-    let s = |v: &serde_json::Value, k: &str| v[k].as_str().map(str::to_owned);
-    let p = &case["prefix"];
-    let prefix = Prefix {
-        instructions: s(p, "instructions"),
-        tools: p["tools"]
-            .as_array()
-            .map(|tools| {
-                tools
-                    .iter()
-                    .map(|t| Tool {
-                        name: s(t, "name").unwrap(),
-                        description: s(t, "description"),
-                        parameters: t["parameters"].clone(),
-                        strict: false,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-        reasoning_effort: s(p, "reasoning_effort"),
-    };
-    let items = case["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| match i["type"].as_str().unwrap() {
-            "message" => Item::Message {
-                role: match i["role"].as_str().unwrap() {
-                    "system" => Role::System,
-                    "developer" => Role::Developer,
-                    "user" => Role::User,
-                    _ => Role::Assistant,
-                },
-                text: s(i, "text").unwrap(),
-            },
-            "reasoning" => Item::Reasoning {
-                text: s(i, "text").unwrap(),
-            },
-            "function_call" => call(
-                &s(i, "call_id").unwrap(),
-                &s(i, "name").unwrap(),
-                &s(i, "arguments").unwrap(),
-            ),
-            _ => Item::FunctionCallOutput {
-                call_id: s(i, "call_id").unwrap(),
-                output: s(i, "output").unwrap(),
-            },
-        })
-        .collect();
-    let tokens = case["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect();
-    (s(case, "name").unwrap(), prefix, items, tokens)
-}
-
 #[test]
 fn segments_equal_openai_harmony_golden_vectors() {
-    let golden: serde_json::Value =
-        serde_json::from_str(include_str!("../../../../tests/golden/harmony_render.json")).unwrap();
     let h = Harmony::new();
-    let cases = golden.as_array().unwrap();
+    let cases = golden(include_str!("../../../../tests/golden/harmony_render.json"));
     assert!(!cases.is_empty());
     for case in cases {
-        let (name, prefix, items, expected) = golden_case(case);
-        let ours = segments(&h, &prefix, &items).concat();
-        assert_eq!(text(&h, &ours), text(&h, &expected), "case {name}");
-        assert_eq!(ours, expected, "case {name}");
+        let ours = segments(&h, &case.prefix, &case.items).concat();
+        assert_eq!(text(&h, &ours), text(&h, &case.tokens), "case {}", case.name);
+        assert_eq!(ours, case.tokens, "case {}", case.name);
     }
 }
