@@ -4,6 +4,8 @@ Rendering is checked through golden vectors shared with the Rust tests: this tes
 that `tests/golden/harmony_render.json` holds exactly what openai-harmony renders for the
 cases below, and `rust/src/format/harmony/tests.rs` proves that hotloop renders the same
 ids, segment by segment. Regenerate the file with `python tests/test_format_harmony.py`.
+`tests/golden/harmony_parse.json` does the same for parsing: sampled outputs and the
+messages openai-harmony's parser reads from them, which hotloop's parser must read too.
 Completions and stop tokens go through the compiled core's Python API.
 """
 
@@ -35,6 +37,7 @@ from openai_harmony import (
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "harmony_render.json"
+GOLDEN_PARSE = Path(__file__).parent / "golden" / "harmony_parse.json"
 
 WEATHER = {
     "name": "get_current_weather",
@@ -178,6 +181,34 @@ CASES: list[dict[str, Any]] = [
     },
 ]
 
+# Sampled outputs (after the generation header `<|start|>assistant`) in the shapes gpt-oss
+# writes them: channel before or after the recipient, `<|constrain|>` with or without a
+# space, preambles on commentary, multi-byte text.
+PARSE_CASES: list[dict[str, str]] = [
+    {
+        "name": "reasoning_then_final",
+        "sampled": "<|channel|>analysis<|message|>User greets. Reply.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Hello! 👋 Ça va ?<|return|>",
+    },
+    {
+        "name": "reasoning_then_call_channel_first",
+        "sampled": "<|channel|>analysis<|message|>Need weather.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city":"Paris"}<|call|>',
+    },
+    {
+        "name": "call_recipient_first",
+        "sampled": " to=functions.exec_command<|channel|>commentary <|constrain|>json"
+        '<|message|>{"cmd": "ls -la"}<|call|>',
+    },
+    {
+        "name": "preamble_then_call_adjacent_constrain",
+        "sampled": "<|channel|>commentary<|message|>Checking the files…<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.exec_command<|constrain|>json"
+        '<|message|>{"cmd":"cat 日本.txt"}<|call|>',
+    },
+]
+
 EFFORTS = {
     "low": ReasoningEffort.LOW,
     "medium": ReasoningEffort.MEDIUM,
@@ -316,17 +347,34 @@ def test_completion_tokens_parse_in_openai_harmony(reference: HarmonyEncoding) -
     ]
 
 
+def parsed_case(reference: HarmonyEncoding, case: dict[str, str]) -> dict[str, Any]:
+    tokens = list(reference.encode(case["sampled"], allowed_special="all"))
+    return {**case, "tokens": tokens, "messages": parse_reference(reference, tokens)}
+
+
+def test_parse_golden_vectors_are_what_openai_harmony_parses(reference: HarmonyEncoding) -> None:
+    golden = json.loads(GOLDEN_PARSE.read_text())
+    assert [{"name": g["name"], "sampled": g["sampled"]} for g in golden] == PARSE_CASES
+    for case in golden:
+        assert parsed_case(reference, case) == case, case["name"]
+
+
+def write_golden(path: Path, cases: list[dict[str, Any]]) -> None:
+    lines = ",\n".join(json.dumps(case, ensure_ascii=False) for case in cases)
+    path.write_text(f"[\n{lines}\n]\n")
+    print(f"wrote {len(cases)} cases to {path}", file=sys.stderr)
+
+
 def main() -> None:
-    """Regenerate the golden vectors from CASES with openai-harmony."""
+    """Regenerate the golden vectors from CASES and PARSE_CASES with openai-harmony."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         encoding = load_reference(Path(tmp))
-        golden = [{**case, "tokens": render_reference(encoding, case)} for case in CASES]
-    GOLDEN.parent.mkdir(exist_ok=True)
-    lines = ",\n".join(json.dumps(case, ensure_ascii=False) for case in golden)
-    GOLDEN.write_text(f"[\n{lines}\n]\n")
-    print(f"wrote {len(golden)} cases to {GOLDEN}", file=sys.stderr)
+        write_golden(
+            GOLDEN, [{**case, "tokens": render_reference(encoding, case)} for case in CASES]
+        )
+        write_golden(GOLDEN_PARSE, [parsed_case(encoding, case) for case in PARSE_CASES])
 
 
 if __name__ == "__main__":
