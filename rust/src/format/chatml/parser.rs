@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::format::output::{OpenKind, OutputItems, Utf8Tail};
+use crate::format::output::{OpenKind, OutputItems, SampledText};
 use crate::format::{Outcome, OutputParser, ParseEvent};
 use crate::item::Item;
 use crate::tokenizer::Tokenizer;
@@ -157,7 +157,7 @@ pub struct ChatMlParser {
     stop: Vec<u32>,
     state: State,
     items: OutputItems,
-    utf8: Utf8Tail,
+    text: SampledText,
     /// Decoded text not yet released.
     pending: String,
     output_tokens: usize,
@@ -184,7 +184,7 @@ impl ChatMlParser {
             stop,
             state: State::Text,
             items: OutputItems::default(),
-            utf8: Utf8Tail::default(),
+            text: SampledText::default(),
             pending: String::new(),
             output_tokens: 0,
         }
@@ -334,7 +334,7 @@ impl ChatMlParser {
     }
 
     fn stop(&mut self, out: &mut Vec<ParseEvent>) -> Result<(), String> {
-        if !self.utf8.is_empty() {
+        if !self.text.is_complete() {
             return Err("output ended inside a UTF-8 character".to_owned());
         }
         match self.state {
@@ -367,8 +367,7 @@ impl ChatMlParser {
         if self.tokenizer.is_special(id) {
             return Err(format!("unexpected special token {} in the answer", name()));
         }
-        self.utf8
-            .push(self.tokenizer.token_bytes(id), &mut self.pending)?;
+        self.text.push(self.tokenizer.as_ref(), id, &mut self.pending)?;
         self.advance(out)
     }
 }
@@ -392,7 +391,7 @@ impl OutputParser for ChatMlParser {
                     let text = std::mem::take(&mut self.pending);
                     self.release_text(&text, out);
                 }
-                self.utf8.clear();
+                self.text.clear();
                 self.items.close(out);
                 self.state = State::AfterCall;
                 self.pending.clear();
