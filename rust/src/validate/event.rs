@@ -87,7 +87,10 @@ fn create(body: &Body, limits: &Limits) -> CreateRequest {
     };
     let path = Path::root("response");
     if !field::is_object(nested) {
-        return CreateRequest::refused(field::type_error(&path, "an object", nested), id(body.stream_id));
+        return CreateRequest::refused(
+            field::type_error(&path, "an object", field::kind(nested)),
+            id(body.stream_id),
+        );
     }
     match field::object::<Body>(nested, &path) {
         Ok(inner) => CreateRequest::from_body(&inner, body.stream_id, limits),

@@ -31,13 +31,19 @@ pub fn is_string(raw: &RawValue) -> bool {
     raw.get().trim_start().starts_with('"')
 }
 
-pub fn type_error(path: &Path, expected: &str, raw: &RawValue) -> Error {
+/// `found` is the kind of value that came instead ([`kind`]).
+pub fn type_error(path: &Path, expected: &str, found: &str) -> Error {
     Error::new(
         Code::InvalidType,
-        format!(
-            "Invalid type for '{path}': expected {expected}, but got {} instead.",
-            kind(raw)
-        ),
+        format!("Invalid type for '{path}': expected {expected}, but got {found} instead."),
+    )
+    .at(path.to_string())
+}
+
+pub fn string_above_max_length(path: &Path, len: usize, max_bytes: usize) -> Error {
+    Error::new(
+        Code::StringAboveMaxLength,
+        format!("'{path}' is {len} bytes long, above the limit of {max_bytes} bytes."),
     )
     .at(path.to_string())
 }
@@ -61,7 +67,7 @@ pub fn required<'a>(raw: Option<&'a RawValue>, path: &Path) -> Result<&'a RawVal
 
 pub fn string(raw: &RawValue, path: &Path) -> Result<String> {
     if !is_string(raw) {
-        return Err(type_error(path, "a string", raw));
+        return Err(type_error(path, "a string", kind(raw)));
     }
     // The frame was already parsed once, so this cannot fail on syntax.
     serde_json::from_str(raw.get()).map_err(|e| invalid_value(path, e.to_string()))
@@ -71,14 +77,7 @@ pub fn string(raw: &RawValue, path: &Path) -> Result<String> {
 pub fn bounded_string(raw: &RawValue, path: &Path, max_bytes: usize) -> Result<String> {
     let s = string(raw, path)?;
     if s.len() > max_bytes {
-        return Err(Error::new(
-            Code::StringAboveMaxLength,
-            format!(
-                "'{path}' is {} bytes long, above the limit of {max_bytes} bytes.",
-                s.len()
-            ),
-        )
-        .at(path.to_string()));
+        return Err(string_above_max_length(path, s.len(), max_bytes));
     }
     Ok(s)
 }
@@ -91,7 +90,7 @@ pub fn boolean(raw: &RawValue, path: &Path) -> Result<bool> {
     match raw.get().trim() {
         "true" => Ok(true),
         "false" => Ok(false),
-        _ => Err(type_error(path, "a boolean", raw)),
+        _ => Err(type_error(path, "a boolean", kind(raw))),
     }
 }
 
@@ -102,7 +101,7 @@ pub fn opt_bool(raw: Option<&RawValue>, path: &Path, default: bool) -> Result<bo
 /// A number within `[min, max]`.
 pub fn number_in(raw: &RawValue, path: &Path, min: f64, max: f64) -> Result<f64> {
     if kind(raw) != "a number" {
-        return Err(type_error(path, "a number", raw));
+        return Err(type_error(path, "a number", kind(raw)));
     }
     let x: f64 = serde_json::from_str(raw.get()).map_err(|e| invalid_value(path, e.to_string()))?;
     if !(min..=max).contains(&x) {
@@ -118,7 +117,7 @@ pub fn number_in(raw: &RawValue, path: &Path, min: f64, max: f64) -> Result<f64>
 pub fn positive_int(raw: &RawValue, path: &Path) -> Result<u64> {
     let text = raw.get().trim();
     if kind(raw) != "a number" {
-        return Err(type_error(path, "an integer", raw));
+        return Err(type_error(path, "an integer", kind(raw)));
     }
     match text.parse::<u64>() {
         Ok(n) if n > 0 => Ok(n),
@@ -134,14 +133,14 @@ pub fn positive_int(raw: &RawValue, path: &Path) -> Result<u64> {
             path,
             format!("Invalid '{path}': {text} is too large."),
         )),
-        Err(_) => Err(type_error(path, "an integer", raw)),
+        Err(_) => Err(type_error(path, "an integer", kind(raw))),
     }
 }
 
 /// The elements of an array, as raw slices.
 pub fn array<'a>(raw: &'a RawValue, path: &Path) -> Result<Vec<&'a RawValue>> {
     if !raw.get().trim_start().starts_with('[') {
-        return Err(type_error(path, "an array", raw));
+        return Err(type_error(path, "an array", kind(raw)));
     }
     serde_json::from_str(raw.get()).map_err(|e| invalid_value(path, e.to_string()))
 }
@@ -150,20 +149,24 @@ pub fn array<'a>(raw: &'a RawValue, path: &Path) -> Result<Vec<&'a RawValue>> {
 pub fn bounded_array<'a>(raw: &'a RawValue, path: &Path, max: usize) -> Result<Vec<&'a RawValue>> {
     let items = array(raw, path)?;
     if items.len() > max {
-        return Err(Error::new(
-            Code::ArrayAboveMaxLength,
-            format!("'{path}' has {} elements, above the limit of {max}.", items.len()),
-        )
-        .at(path.to_string()));
+        return Err(array_above_max_length(path, items.len(), max));
     }
     Ok(items)
+}
+
+pub fn array_above_max_length(path: &Path, len: usize, max: usize) -> Error {
+    Error::new(
+        Code::ArrayAboveMaxLength,
+        format!("'{path}' has {len} elements, above the limit of {max}."),
+    )
+    .at(path.to_string())
 }
 
 /// An object read into a struct of raw fields. Only objects are accepted (serde would
 /// also take an array for a struct, positionally).
 pub fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue, path: &Path) -> Result<T> {
     if !is_object(raw) {
-        return Err(type_error(path, "an object", raw));
+        return Err(type_error(path, "an object", kind(raw)));
     }
     serde_json::from_str(raw.get()).map_err(|e| invalid_value(path, format!("Invalid '{path}': {e}.")))
 }

@@ -5,11 +5,15 @@
 //! This module checks shape only (types, roles, parts, required fields, sizes). Whether a
 //! `function_call_output` answers an open call depends on the chain: see `calls`.
 
+use std::borrow::Cow;
+
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::field::{self, invalid_value};
 use super::path::Path;
+use super::shape::{self, Shape};
 use super::Limits;
 use crate::error::{Code, Error, Result};
 use crate::item::{Item, Role};
@@ -59,34 +63,38 @@ impl TextSource {
     }
 }
 
-/// The fields of an input item that validation reads; everything else is skipped.
+/// The fields of an input item that validation reads, decoded in the one pass over the
+/// input; every other field is skipped.
 #[derive(Deserialize)]
 struct RawItem<'a> {
     #[serde(borrow, rename = "type")]
-    kind: Option<&'a RawValue>,
+    kind: Option<Shape<'a, IgnoredAny>>,
     #[serde(borrow)]
-    role: Option<&'a RawValue>,
+    role: Option<Shape<'a, IgnoredAny>>,
     #[serde(borrow)]
-    content: Option<&'a RawValue>,
+    content: Option<Shape<'a, RawPart<'a>>>,
     #[serde(borrow)]
-    call_id: Option<&'a RawValue>,
+    call_id: Option<Shape<'a, IgnoredAny>>,
     #[serde(borrow)]
-    name: Option<&'a RawValue>,
+    name: Option<Shape<'a, IgnoredAny>>,
     #[serde(borrow)]
-    arguments: Option<&'a RawValue>,
+    arguments: Option<Shape<'a, IgnoredAny>>,
     #[serde(borrow)]
-    output: Option<&'a RawValue>,
+    output: Option<Shape<'a, RawPart<'a>>>,
     #[serde(borrow)]
-    summary: Option<&'a RawValue>,
+    summary: Option<Shape<'a, RawPart<'a>>>,
 }
 
 #[derive(Deserialize)]
 struct RawPart<'a> {
     #[serde(borrow, rename = "type")]
-    kind: Option<&'a RawValue>,
+    kind: Option<Shape<'a, IgnoredAny>>,
     #[serde(borrow)]
-    text: Option<&'a RawValue>,
+    text: Option<Shape<'a, IgnoredAny>>,
 }
+
+/// Type and role names are checked against their few valid values, not sized.
+const NO_LIMIT: usize = usize::MAX;
 
 const ITEM_TYPES: &str = "'message', 'function_call', 'function_call_output', 'reasoning'";
 
@@ -96,28 +104,42 @@ pub fn parse_input(raw: Option<&RawValue>, limits: &Limits) -> Result<Input> {
     let Some(raw) = raw else {
         return Ok(Input::default());
     };
-    if field::is_string(raw) {
-        let text = field::bounded_string(raw, &path, limits.max_text_bytes)?;
-        return Ok(Input {
-            items: vec![Item::Message {
-                role: Role::User,
-                text,
-            }],
-            sources: vec![TextSource::plain("content")],
-            from_string: true,
-        });
+    let elements = match shape::read::<RawItem>(raw.get(), &path)? {
+        Shape::Str(text) => {
+            let text = Shape::<IgnoredAny>::Str(text).text(&path, limits.max_text_bytes)?;
+            return Ok(Input {
+                items: vec![Item::Message {
+                    role: Role::User,
+                    text: text.into_owned(),
+                }],
+                sources: vec![TextSource::plain("content")],
+                from_string: true,
+            });
+        }
+        Shape::Array(elements) => elements,
+        other => {
+            return Err(field::type_error(
+                &path,
+                "a string or an array of items",
+                other.kind(),
+            ))
+        }
+    };
+    if elements.len() > limits.max_items {
+        return Err(field::array_above_max_length(
+            &path,
+            elements.len(),
+            limits.max_items,
+        ));
     }
-    if !raw.get().trim_start().starts_with('[') {
-        return Err(field::type_error(&path, "a string or an array of items", raw));
-    }
-    let elements = field::bounded_array(raw, &path, limits.max_items)?;
     let mut input = Input {
         items: Vec::with_capacity(elements.len()),
         sources: Vec::with_capacity(elements.len()),
         from_string: false,
     };
     for (i, element) in elements.into_iter().enumerate() {
-        let (item, source) = parse_item(element, &path.index(i), limits)?;
+        let item_path = path.index(i);
+        let (item, source) = parse_item(element.object(&item_path)?, &item_path, limits)?;
         input.items.push(item);
         input.sources.push(source);
     }
@@ -136,30 +158,35 @@ pub fn input_json(raw: Option<&RawValue>) -> String {
     }
 }
 
-fn parse_item(raw: &RawValue, path: &Path, limits: &Limits) -> Result<(Item, TextSource)> {
-    let item: RawItem = field::object(raw, path)?;
+/// A required string field of at most `max` bytes.
+fn required_text(shape: Option<Shape<IgnoredAny>>, path: &Path, max: usize) -> Result<String> {
+    let shape = shape.ok_or_else(|| field::missing(path))?;
+    Ok(shape.text(path, max)?.into_owned())
+}
+
+/// A required string field that must not be empty (ids, names).
+fn required_name(shape: Option<Shape<IgnoredAny>>, path: &Path, max: usize) -> Result<String> {
+    let name = required_text(shape, path, max)?;
+    if name.is_empty() {
+        return Err(invalid_value(path, format!("'{path}' must not be empty.")));
+    }
+    Ok(name)
+}
+
+fn parse_item(mut item: RawItem, path: &Path, limits: &Limits) -> Result<(Item, TextSource)> {
     let type_path = path.key("type");
-    let kind = match item.kind {
-        Some(k) => field::string(k, &type_path)?,
-        None if item.role.is_some() => "message".to_string(),
+    let kind = match item.kind.take() {
+        Some(k) => k.text(&type_path, NO_LIMIT)?,
+        None if item.role.is_some() => Cow::Borrowed("message"),
         None => return Err(field::missing(&type_path)),
     };
     let max = limits.max_text_bytes;
-    match kind.as_str() {
-        "message" => parse_message(&item, path, max),
+    match kind.as_ref() {
+        "message" => parse_message(item, path, max),
         "function_call" => {
-            let call_id = call_id(&item, path, max)?;
-            let name_path = path.key("name");
-            let name = field::bounded_string(field::required(item.name, &name_path)?, &name_path, max)?;
-            if name.is_empty() {
-                return Err(invalid_value(
-                    &name_path,
-                    format!("'{name_path}' must not be empty."),
-                ));
-            }
-            let args_path = path.key("arguments");
-            let arguments =
-                field::bounded_string(field::required(item.arguments, &args_path)?, &args_path, max)?;
+            let call_id = required_name(item.call_id, &path.key("call_id"), max)?;
+            let name = required_name(item.name, &path.key("name"), max)?;
+            let arguments = required_text(item.arguments, &path.key("arguments"), max)?;
             Ok((
                 Item::FunctionCall {
                     call_id,
@@ -170,20 +197,13 @@ fn parse_item(raw: &RawValue, path: &Path, limits: &Limits) -> Result<(Item, Tex
             ))
         }
         "function_call_output" => {
-            let call_id = call_id(&item, path, max)?;
+            let call_id = required_name(item.call_id, &path.key("call_id"), max)?;
             let out_path = path.key("output");
-            let out = field::required(item.output, &out_path)?;
-            let (output, source) = if field::is_string(out) {
-                (
-                    field::bounded_string(out, &out_path, max)?,
-                    TextSource::plain("output"),
-                )
-            } else {
-                text_parts(out, &out_path, "output", &["input_text"], "", max)?
-            };
+            let out = item.output.ok_or_else(|| field::missing(&out_path))?;
+            let (output, source) = text_or_parts(out, &out_path, "output", &["input_text"], "", max)?;
             Ok((Item::FunctionCallOutput { call_id, output }, source))
         }
-        "reasoning" => parse_reasoning(&item, path, max),
+        "reasoning" => parse_reasoning(item, path, max),
         other => Err(Error::new(
             Code::UnsupportedContent,
             format!("Input item type '{other}' is not supported here; supported types are {ITEM_TYPES}."),
@@ -192,18 +212,9 @@ fn parse_item(raw: &RawValue, path: &Path, limits: &Limits) -> Result<(Item, Tex
     }
 }
 
-fn call_id(item: &RawItem, path: &Path, max: usize) -> Result<String> {
-    let p = path.key("call_id");
-    let id = field::bounded_string(field::required(item.call_id, &p)?, &p, max)?;
-    if id.is_empty() {
-        return Err(invalid_value(&p, format!("'{p}' must not be empty.")));
-    }
-    Ok(id)
-}
-
-fn parse_message(item: &RawItem, path: &Path, max: usize) -> Result<(Item, TextSource)> {
+fn parse_message(item: RawItem, path: &Path, max: usize) -> Result<(Item, TextSource)> {
     let role_path = path.key("role");
-    let role = field::string(field::required(item.role, &role_path)?, &role_path)?;
+    let role = required_text(item.role, &role_path, NO_LIMIT)?;
     let role = match role.as_str() {
         "user" => Role::User,
         "system" => Role::System,
@@ -220,29 +231,22 @@ fn parse_message(item: &RawItem, path: &Path, max: usize) -> Result<(Item, TextS
         }
     };
     let content_path = path.key("content");
-    let content = field::required(item.content, &content_path)?;
-    let (text, source) = if field::is_string(content) {
-        (
-            field::bounded_string(content, &content_path, max)?,
-            TextSource::plain("content"),
-        )
-    } else {
-        // The text part type a role may carry, as the API defines it.
-        let allowed: &[&str] = match role {
-            Role::Assistant => &["output_text"],
-            _ => &["input_text"],
-        };
-        text_parts(content, &content_path, "content", allowed, "", max)?
+    let content = item.content.ok_or_else(|| field::missing(&content_path))?;
+    // The text part type a role may carry, as the API defines it.
+    let allowed: &[&str] = match role {
+        Role::Assistant => &["output_text"],
+        _ => &["input_text"],
     };
+    let (text, source) = text_or_parts(content, &content_path, "content", allowed, "", max)?;
     Ok((Item::Message { role, text }, source))
 }
 
-fn parse_reasoning(item: &RawItem, path: &Path, max: usize) -> Result<(Item, TextSource)> {
+fn parse_reasoning(item: RawItem, path: &Path, max: usize) -> Result<(Item, TextSource)> {
     // The raw reasoning text when the client replays it; otherwise the summaries, which
     // are separate paragraphs.
     if let Some(content) = item.content {
         let p = path.key("content");
-        let (text, source) = text_parts(content, &p, "content", &["reasoning_text"], "", max)?;
+        let (text, source) = parts(content, &p, "content", &["reasoning_text"], "", max)?;
         if !text.is_empty() {
             return Ok((Item::Reasoning { text }, source));
         }
@@ -250,7 +254,7 @@ fn parse_reasoning(item: &RawItem, path: &Path, max: usize) -> Result<(Item, Tex
     match item.summary {
         Some(summary) => {
             let p = path.key("summary");
-            let (text, source) = text_parts(summary, &p, "summary", &["summary_text"], "\n\n", max)?;
+            let (text, source) = parts(summary, &p, "summary", &["summary_text"], "\n\n", max)?;
             Ok((Item::Reasoning { text }, source))
         }
         None => Ok((
@@ -260,29 +264,51 @@ fn parse_reasoning(item: &RawItem, path: &Path, max: usize) -> Result<(Item, Tex
     }
 }
 
-/// A list of text parts joined into one text (`separator` between parts).
-fn text_parts(
-    raw: &RawValue,
+/// A field that is a string or a list of text parts.
+fn text_or_parts(
+    shape: Shape<RawPart>,
     path: &Path,
     field_name: &'static str,
     allowed: &[&str],
     separator: &str,
     max: usize,
 ) -> Result<(String, TextSource)> {
-    let parts = field::array(raw, path)
-        .map_err(|_| field::type_error(path, "a string or an array of content parts", raw))?;
+    match shape {
+        Shape::Str(_) => Ok((shape.text(path, max)?.into_owned(), TextSource::plain(field_name))),
+        Shape::Array(_) => parts(shape, path, field_name, allowed, separator, max),
+        other => Err(field::type_error(
+            path,
+            "a string or an array of content parts",
+            other.kind(),
+        )),
+    }
+}
+
+/// A list of text parts joined into one text (`separator` between parts).
+fn parts(
+    shape: Shape<RawPart>,
+    path: &Path,
+    field_name: &'static str,
+    allowed: &[&str],
+    separator: &str,
+    max: usize,
+) -> Result<(String, TextSource)> {
+    let Shape::Array(elements) = shape else {
+        return Err(field::type_error(path, "an array of content parts", shape.kind()));
+    };
     let mut text = String::new();
-    let mut part_ends = Vec::with_capacity(parts.len());
-    for (j, part) in parts.into_iter().enumerate() {
+    let mut part_ends = Vec::with_capacity(elements.len());
+    for (j, element) in elements.into_iter().enumerate() {
         let part_path = path.index(j);
-        let part: RawPart = field::object(part, &part_path)?;
+        let part = element.object(&part_path)?;
         let type_path = part_path.key("type");
-        let kind = field::string(field::required(part.kind, &type_path)?, &type_path)?;
+        let kind = required_text(part.kind, &type_path, NO_LIMIT)?;
         if !allowed.contains(&kind.as_str()) {
             return Err(part_type_error(&type_path, &kind, allowed));
         }
         let text_path = part_path.key("text");
-        let piece = field::bounded_string(field::required(part.text, &text_path)?, &text_path, max)?;
+        let piece = part.text.ok_or_else(|| field::missing(&text_path))?;
+        let piece = piece.text(&text_path, max)?;
         if j > 0 {
             text.push_str(separator);
         }

@@ -21,6 +21,7 @@ mod path;
 mod policy;
 mod request;
 mod schema;
+mod shape;
 mod tools;
 
 pub use calls::{check_context_budget, OpenCalls};

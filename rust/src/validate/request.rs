@@ -289,7 +289,7 @@ fn check_metadata(raw: Option<&RawValue>) -> Result<()> {
     let path = Path::root("metadata");
     let Some(raw) = raw else { return Ok(()) };
     if !field::is_object(raw) {
-        return Err(field::type_error(&path, "an object of strings", raw));
+        return Err(field::type_error(&path, "an object of strings", field::kind(raw)));
     }
     let map: serde_json::Map<String, Value> =
         serde_json::from_str(raw.get()).map_err(|e| invalid_value(&path, e.to_string()))?;
@@ -359,7 +359,7 @@ fn text_config(raw: Option<&RawValue>) -> Result<String> {
         return Ok(DEFAULT.to_string());
     };
     if !field::is_object(raw) {
-        return Err(field::type_error(&path, "an object", raw));
+        return Err(field::type_error(&path, "an object", field::kind(raw)));
     }
     let mut config: serde_json::Map<String, Value> =
         serde_json::from_str(raw.get()).map_err(|e| invalid_value(&path, e.to_string()))?;

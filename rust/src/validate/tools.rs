@@ -171,7 +171,11 @@ pub fn parse_tool_choice(raw: Option<&RawValue>, functions: &[Tool]) -> Result<T
         };
     }
     if !field::is_object(raw) {
-        return Err(field::type_error(&path, "a string or an object", raw));
+        return Err(field::type_error(
+            &path,
+            "a string or an object",
+            field::kind(raw),
+        ));
     }
     let choice: RawToolChoice = field::object(raw, &path)?;
     let type_path = path.key("type");
