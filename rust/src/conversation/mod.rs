@@ -611,11 +611,7 @@ impl Conversation {
 
     /// A parser for the open turn's output.
     pub fn parser(&self) -> Result<TurnParser> {
-        Ok(TurnParser::new(
-            self.format.parser(),
-            self.format.stop_tokens(),
-            self.open_turn_id()?,
-        ))
+        Ok(TurnParser::new(self.format.parser(), self.open_turn_id()?))
     }
 
     /// Append the ids the parser saw, verbatim, and record its items (function calls

@@ -114,6 +114,7 @@ impl ChatFormat for Mock {
             bytes: Vec::new(),
             items: Vec::new(),
             stopped: false,
+            fed: 0,
         })
     }
     fn render_completion(&self, items: &[Item], r: &mut Renderer) {
@@ -142,6 +143,7 @@ struct MockParser {
     bytes: Vec<u8>,
     items: Vec<Item>,
     stopped: bool,
+    fed: usize,
 }
 
 impl OutputParser for MockParser {
@@ -149,6 +151,7 @@ impl OutputParser for MockParser {
         if self.stopped {
             return;
         }
+        self.fed += 1;
         let text = String::from_utf8_lossy(&self.bytes).into_owned();
         match id {
             RETURN => {
@@ -179,6 +182,15 @@ impl OutputParser for MockParser {
     }
     fn items(&self) -> &[Item] {
         &self.items
+    }
+    fn stopped(&self) -> bool {
+        self.stopped
+    }
+    fn output_tokens(&self) -> usize {
+        self.fed
+    }
+    fn reasoning_tokens(&self) -> usize {
+        0
     }
 }
 
@@ -357,8 +369,7 @@ fn prefix(choice: u8) -> Prefix {
     }
 }
 
-fn run_ops(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
-    let format = mock();
+fn run_ops(format: Arc<dyn ChatFormat>, ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
     let mut conv = Conversation::new(Arc::clone(&format), 1_000_000);
     let mut model = Model::default();
     let mut saved: Vec<(Checkpoint, Model)> = Vec::new();
@@ -430,8 +441,9 @@ fn run_ops(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                     parser.feed(id, &mut events);
                 }
                 prop_assert!(parser.stopped());
+                parser.finish(&mut events);
                 conv.commit_output(&parser).unwrap();
-                let parsed = parser.items()[0].clone();
+                let parsed = parser.items().last().cloned().unwrap();
                 if let Item::FunctionCall { call_id, .. } = &parsed {
                     model.open_calls.push(call_id.clone());
                 }
@@ -469,7 +481,13 @@ proptest! {
     /// tokens of rendering that conversation from scratch, and checkpoints never change.
     #[test]
     fn cache_equals_render_from_scratch(ops in prop::collection::vec(op(), 1..25)) {
-        run_ops(ops)?;
+        run_ops(mock(), ops)?;
+    }
+
+    /// The same under the real harmony format.
+    #[test]
+    fn harmony_cache_equals_render_from_scratch(ops in prop::collection::vec(op(), 1..25)) {
+        run_ops(Arc::new(crate::format::harmony::Harmony::new()), ops)?;
     }
 }
 
