@@ -635,3 +635,31 @@ fn checkpoints_share_history_and_account_only_what_they_add() {
         conv.memory_bytes()
     );
 }
+
+#[test]
+fn appending_after_a_long_open_run_continues_it() {
+    // Consecutive tool outputs form one run in the mock (as in ChatML): each append
+    // continues the run the previous one left open.
+    let format = mock();
+    let mut conv = Conversation::new(Arc::clone(&format), 10_000_000);
+    let calls: Vec<Item> = (0..200)
+        .map(|i| Item::FunctionCall {
+            call_id: format!("c{i}"),
+            name: "exec".into(),
+            arguments: "{}".into(),
+        })
+        .collect();
+    conv.append_items(calls.clone(), None).unwrap();
+    let mut model = Model::default();
+    model.add_items(&calls);
+    for i in 0..200 {
+        let answer = Item::FunctionCallOutput {
+            call_id: format!("c{i}"),
+            output: format!("total {i}\n-rw-r--r-- 1 root root 425 Nov 29 README.md\n"),
+        };
+        let turn = conv.append_items(vec![answer.clone()], None).unwrap();
+        model.add_items(&[answer]);
+        assert!(turn.new_tokens < 60, "{i} {turn:?}");
+    }
+    assert_eq!(conv.prompt().tokens(), model.render(format.as_ref()));
+}
