@@ -19,7 +19,7 @@ ENDLESS = Sampling(max_output_tokens=1500, temperature=0.0)  # no stop token
 
 @pytest.fixture
 async def engine() -> AsyncIterator[LlamaEngine]:
-    engine = LlamaEngine(LlamaConfig(n_ctx=4096, max_sequences=2, n_threads=2))
+    engine = LlamaEngine(LlamaConfig(n_ctx=4096, max_sequences=2, n_threads=1))
     await engine.start()
     yield engine
     await engine.close()
