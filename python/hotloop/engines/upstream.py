@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
@@ -237,6 +238,11 @@ class UpstreamConfig:
     replicas: tuple[str, ...]
     model: str
     context_window: int
+    chat_format: str = "harmony"
+    """`harmony` (gpt-oss, o200k_harmony) or `chatml` (Qwen, SmolLM: needs `tokenizer`)."""
+    tokenizer: str | None = None
+    """For `chatml`: a `.gguf` or `tokenizer.json` path, or an OpenAI encoding name."""
+    default_system: str | None = None
     served_model: str | None = None
     api_key: str | None = None
     connect_timeout: float = 5.0
@@ -249,7 +255,7 @@ class UpstreamConfig:
 class UpstreamEngine:
     """A model served by remote replicas speaking one dialect."""
 
-    def __init__(self, config: UpstreamConfig, chat_format: ChatFormat) -> None:
+    def __init__(self, config: UpstreamConfig, chat_format: ChatFormat | None = None) -> None:
         if config.dialect not in DIALECTS:
             known = ", ".join(sorted(DIALECTS))
             raise ValueError(f"unknown upstream dialect {config.dialect!r} (known: {known})")
@@ -267,6 +273,8 @@ class UpstreamEngine:
 
     @property
     def chat_format(self) -> ChatFormat:
+        if self._chat_format is None:
+            self._chat_format = chat_format_from(self.config)
         return self._chat_format
 
     @property
@@ -326,6 +334,26 @@ class UpstreamEngine:
 
     def mark_ok(self, replica: Replica) -> None:
         replica.unhealthy_until = 0.0
+
+
+def chat_format_from(config: UpstreamConfig) -> ChatFormat:
+    """The chat format the upstream's model was trained on, from the configuration."""
+    from hotloop._core import ChatFormat, Tokenizer
+
+    if config.chat_format == "harmony":
+        return ChatFormat.harmony()
+    if config.chat_format != "chatml":
+        raise ValueError(f"unknown chat format {config.chat_format!r} (harmony or chatml)")
+    source = config.tokenizer
+    if source is None:
+        raise ValueError("the chatml format needs a tokenizer (.gguf, tokenizer.json or name)")
+    if source.endswith(".gguf"):
+        tokenizer = Tokenizer.from_gguf(source)
+    elif source.endswith(".json"):
+        tokenizer = Tokenizer.from_tokenizer_json(Path(source).read_bytes())
+    else:
+        tokenizer = Tokenizer.openai(source)
+    return ChatFormat.chatml(tokenizer, default_system=config.default_system)
 
 
 class _RetryElsewhere(Exception):
