@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    # Annotations only: engines (and their tests) import without the compiled classes.
-    from hotloop._core import ChatFormat, Prompt
+from hotloop._core import ChatFormat, Prompt
 
 
 @dataclass(frozen=True)
