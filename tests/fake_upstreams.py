@@ -41,11 +41,17 @@ class FakeUpstream:
     script: Script = field(default_factory=Script)
     requests: list[dict[str, Any]] = field(default_factory=list)
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    model_lookups: int = 0
     url: str = ""
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["path"] == "/health":
             await _respond(send, 200, b"{}")
+            return
+        if scope["path"] == "/v1/models" and self.kind == "vllm":
+            self.model_lookups += 1
+            models = {"object": "list", "data": [{"id": "served-by-fake", "object": "model"}]}
+            await _respond(send, 200, orjson.dumps(models))
             return
         expected = "/v1/completions" if self.kind == "vllm" else "/generate"
         if scope["method"] != "POST" or scope["path"] != expected:

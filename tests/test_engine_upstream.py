@@ -52,7 +52,7 @@ async def test_vllm_request_and_stream(chat_format: Any, vllm: FakeUpstream) -> 
     assert await collect(session) == REPLY
     (request,) = vllm.requests
     assert request == {
-        "model": "served",
+        "model": "served-by-fake",  # from the replica's /v1/models
         "prompt": PROMPT,
         "max_tokens": 16,
         "stream": True,
@@ -64,6 +64,23 @@ async def test_vllm_request_and_stream(chat_format: Any, vllm: FakeUpstream) -> 
     }
     await session.close()
     await engine.close()
+
+
+async def test_vllm_model_name_is_asked_once_per_replica(chat_format: Any) -> None:
+    async with serving(FakeUpstream("vllm")) as (server,):
+        config = UpstreamConfig(
+            dialect="vllm", replicas=(server.url,), model="clients-name", context_window=4096
+        )
+        engine = UpstreamEngine(config, chat_format)
+        await engine.start()
+        sessions = [engine.session() for _ in range(2)]
+        for session in sessions * 2:
+            await collect(session)
+        assert [r["model"] for r in server.requests] == ["served-by-fake"] * 4
+        assert server.model_lookups == 1
+        for session in sessions:
+            await session.close()
+        await engine.close()
 
 
 @pytest.mark.parametrize("incremental", [False, True])

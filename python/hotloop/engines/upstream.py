@@ -51,7 +51,8 @@ class Dialect(Protocol):
 
     name: str
     path: str
-    health_path: str
+    models_path: str | None
+    """Where the server lists the model names it accepts, if requests must name one."""
 
     def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]: ...
 
@@ -89,7 +90,7 @@ class VllmDialect:
 
     name = "vllm"
     path = "/v1/completions"
-    health_path = "/health"
+    models_path: str | None = "/v1/models"
 
     def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -134,7 +135,7 @@ class SglangDialect:
 
     name = "sglang"
     path = "/generate"
-    health_path = "/health"
+    models_path: str | None = None
 
     def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -181,7 +182,7 @@ class LlamaCppDialect:
 
     name = "llamacpp"
     path = "/completion"
-    health_path = "/health"
+    models_path: str | None = None
 
     def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -222,6 +223,8 @@ DIALECTS: dict[str, Dialect] = {
 class Replica:
     url: str
     sessions: int = 0
+    served_model: str | None = None
+    """The model name the replica reported (vLLM), resolved at its first session."""
     unhealthy_until: float = 0.0
     failures: int = 0
 
@@ -232,7 +235,8 @@ class Replica:
 @dataclass(frozen=True)
 class UpstreamConfig:
     """`replicas` are base URLs (`http://10.0.0.5:8000`); `served_model` is the name the
-    upstream knows the model by (vLLM checks it), `model` the name our clients use."""
+    upstream knows the model by (vLLM checks it; None: ask the replica's `/v1/models`),
+    `model` the name our clients use."""
 
     dialect: str
     replicas: tuple[str, ...]
@@ -402,10 +406,11 @@ class UpstreamSession:
     ) -> AsyncIterator[list[int]]:
         engine = self.engine
         dialect = engine.dialect
-        body = dialect.body(engine.config.served_model or engine.config.model, ids, sampling)
         parser = dialect.stream()
         started = False
         try:
+            model = await self._served_model(replica)
+            body = dialect.body(model, ids, sampling)
             async with engine.client.stream(
                 "POST",
                 replica.url + dialect.path,
@@ -462,6 +467,24 @@ class UpstreamSession:
         except EngineError as e:
             e.before_first_token = not started
             raise
+
+    async def _served_model(self, replica: Replica) -> str:
+        """The name to put in requests: configured, or asked of the replica once."""
+        config = self.engine.config
+        models_path = self.engine.dialect.models_path
+        if config.served_model is not None or models_path is None:
+            return config.served_model or config.model
+        if replica.served_model is None:
+            response = await self.engine.client.get(replica.url + models_path)
+            if response.status_code >= 400:
+                raise self._status_error(replica, response)
+            try:
+                replica.served_model = str(orjson.loads(response.content)["data"][0]["id"])
+            except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+                raise EngineError(
+                    "upstream_protocol", f"{replica.url}{models_path} lists no model"
+                ) from e
+        return replica.served_model
 
     def _status_error(self, replica: Replica, response: httpx.Response) -> Exception:
         detail = _error_message(response.content)
