@@ -130,6 +130,33 @@ async def test_two_sessions_interleave_and_keep_their_own_kv(engine: LlamaEngine
     await b.close()
 
 
+async def test_concurrent_lanes_of_one_session_share_their_common_prefix(
+    engine: LlamaEngine,
+) -> None:
+    session = engine.session()
+    base = first_turn("Name a fruit.")
+    reply = await collect(session, base, GREEDY)
+    lane_a = next_turn(base, reply, "Name a vegetable.")
+    lane_b = next_turn(base, reply, "Name a colour.")
+    shared = len(base) + len(reply) - 1  # what the session's sequence holds
+    long = Sampling(max_output_tokens=30, temperature=0.0)
+
+    stream_a = session.generate(IdsPrompt(lane_a), long)  # type: ignore[arg-type]
+    assert await anext(stream_a)  # lane a is generating on the session's sequence
+    stats_a = session.last_turn
+    out_b = await collect(session, lane_b, long)  # lane b forks while a runs
+    stats_b = session.last_turn
+    rest_a = [t async for batch in stream_a for t in batch]
+    assert out_b and rest_a
+    assert stats_a is not None and stats_b is not None
+    assert stats_a.reused_tokens == shared
+    # The fork copied the common prefix from lane a's sequence instead of evaluating it.
+    common = next(i for i, (x, y) in enumerate(zip(lane_a, lane_b, strict=False)) if x != y)
+    assert stats_b.reused_tokens == common
+    assert stats_b.evaluated_tokens == len(lane_b) - common
+    await session.close()
+
+
 async def test_more_sessions_than_sequences_evicts_the_least_recent(engine: LlamaEngine) -> None:
     sessions = [engine.session() for _ in range(3)]  # the engine has two sequences
     prompts = [first_turn(f"Say the number {i}.") for i in range(3)]

@@ -5,13 +5,16 @@ and the KV-cache policy. It must not tokenize: prompts are the ids of the render
 cache, and sampled ids go back verbatim.
 
 KV state. The context holds up to `max_sequences` llama.cpp sequences in one unified KV
-cache; each session (client connection) owns one sequence id while it is alive and keeps
-in it the ids it evaluated. A new turn evaluates only the part of its prompt past the
+cache; each session (client connection) owns a sequence while it is alive and keeps in
+it the ids it evaluated. A new turn evaluates only the part of its prompt past the
 longest common prefix with that sequence, so turn 2 of a conversation costs only its new
-tokens. More sessions than sequences: the least recently used idle session loses its
-sequence (its next turn evaluates the whole prompt again). The KV cache full: idle
-sequences are dropped first; if the active ones alone do not fit, the largest is failed
-with `engine_overloaded`.
+tokens. A connection running lanes concurrently gets a sequence per lane in flight; a
+turn takes the session's idle sequence with the longest common prefix, and a fork of a
+busy lane starts from a copy of its prefix (shared KV cells, nothing re-evaluated). More
+sequences wanted than exist: the least recently used idle one is dropped (its next turn
+evaluates the whole prompt again). The KV cache full: idle sequences are dropped first;
+if the running turns alone do not fit, the one holding the most fails with
+`engine_overloaded`.
 
 Scheduling. One worker thread runs every decode (llama.cpp contexts are not
 thread-safe): each step puts one token of every generating session plus a chunk of
@@ -88,21 +91,32 @@ class TurnStats:
     """`sampled_tokens` when cancellation was requested (None if it was not)."""
 
 
-class _Sequence:
-    """A session's claim on the KV cache: a llama.cpp sequence id and the ids it holds."""
+class _SessionKV:
+    """A session's sequences, touched only by the worker thread. Usually one; a
+    connection that runs lanes concurrently gets one per lane in flight."""
 
     def __init__(self) -> None:
-        self.seq_id: int | None = None
+        self.sequences: list[_Sequence] = []
+        self.closed = False
+
+
+class _Sequence:
+    """One llama.cpp sequence: its id and the ids whose KV it holds, at positions 0..n-1."""
+
+    def __init__(self, seq_id: int, owner: _SessionKV) -> None:
+        self.seq_id = seq_id
+        self.owner = owner
         self.tokens: list[int] = []
         self.last_used = 0
-        self.closed = False
+        self.busy = False
 
 
 class _Job:
     """One `generate` call, owned by the worker thread once submitted."""
 
-    def __init__(self, seq: _Sequence, prompt: list[int], sampling: Sampling) -> None:
-        self.seq = seq
+    def __init__(self, kv: _SessionKV, prompt: list[int], sampling: Sampling) -> None:
+        self.kv = kv
+        self.seq: _Sequence | None = None
         self.prompt = prompt
         self.sampling = sampling
         self.loop = asyncio.get_running_loop()
@@ -182,7 +196,7 @@ class LlamaSession:
 
     def __init__(self, engine: LlamaEngine) -> None:
         self.engine = engine
-        self._seq = _Sequence()
+        self._kv = _SessionKV()
         self._last: _Job | None = None
 
     @property
@@ -203,7 +217,9 @@ class LlamaSession:
                 "context_length_exceeded",
                 f"the prompt has {len(ids)} tokens; the context holds {runner.context_window}",
             )
-        job = _Job(self._seq, ids, sampling)
+        if not ids or sampling.max_output_tokens <= 0:
+            return
+        job = _Job(self._kv, ids, sampling)
         inbox = job.inbox
         self._last = job
         runner.submit(job)
@@ -232,7 +248,7 @@ class LlamaSession:
             self._last.cancel()
         runner = self.engine._runner
         if runner is not None:
-            runner.release(self._seq)
+            runner.release(self._kv)
 
 
 class _Runner:
@@ -274,7 +290,7 @@ class _Runner:
         self.free_ids = list(range(config.max_sequences))
         self.owners: dict[int, _Sequence] = {}
         self.clock = count(1)
-        self.commands: queue.Queue[_Job | _Sequence | None] = queue.Queue()
+        self.commands: queue.Queue[_Job | _SessionKV | None] = queue.Queue()
         self.jobs: list[_Job] = []
         self.thread = threading.Thread(target=self._loop, name="hotloop-llama", daemon=True)
         self.thread.start()
@@ -284,8 +300,8 @@ class _Runner:
     def submit(self, job: _Job) -> None:
         self.commands.put(job)
 
-    def release(self, seq: _Sequence) -> None:
-        self.commands.put(seq)
+    def release(self, kv: _SessionKV) -> None:
+        self.commands.put(kv)
 
     def shutdown(self) -> None:
         self.commands.put(None)
@@ -323,50 +339,67 @@ class _Runner:
                 self._admit(command)
             else:
                 command.closed = True
-                self._drop_sequence(command)
+                for seq in list(command.sequences):
+                    if not seq.busy:
+                        self._drop(seq)
 
     def _admit(self, job: _Job) -> None:
         if job.cancelled:
             self._finish(job, None)
             return
-        seq = job.seq
-        if seq.seq_id is None:
-            seq.seq_id = self._claim_sequence()
-            if seq.seq_id is None:
+        prompt = job.prompt
+        # The session's sequence sharing the longest prefix with this prompt: the lane's
+        # own on a follow-up turn, another lane's when this turn forks from it.
+        best: _Sequence | None = None
+        reuse = 0
+        for candidate in job.kv.sequences:
+            n = _common_prefix(candidate.tokens, prompt)
+            if best is None or n > reuse or (n == reuse and best.busy and not candidate.busy):
+                best, reuse = candidate, n
+        # Always evaluate at least one id: sampling needs fresh logits for this prompt.
+        reuse = min(reuse, len(prompt) - 1)
+        if best is not None and not best.busy:
+            seq = best
+        else:
+            fresh = self._new_sequence(job.kv)
+            if fresh is None:
                 self._finish(job, EngineError("engine_overloaded", "every KV sequence is busy"))
                 return
-            self.owners[seq.seq_id] = seq
-        seq.last_used = next(self.clock)
-        reuse = _common_prefix(seq.tokens, job.prompt)
-        # Always evaluate at least one id: sampling needs fresh logits for this prompt.
-        reuse = min(reuse, len(job.prompt) - 1)
+            seq = fresh
+            if best is not None and reuse > 0:
+                # Share the prefix's KV cells (a unified cache copies no data for this).
+                llama_cpp.llama_memory_seq_cp(self.memory, best.seq_id, seq.seq_id, 0, reuse)
+                seq.tokens = best.tokens[:reuse]
+            else:
+                reuse = 0
         if reuse < len(seq.tokens):
             llama_cpp.llama_memory_seq_rm(self.memory, seq.seq_id, reuse, -1)
             del seq.tokens[reuse:]
-        job.pending = job.prompt[reuse:]
+        seq.busy = True
+        seq.last_used = next(self.clock)
+        job.seq = seq
+        job.pending = prompt[reuse:]
         job.stats.reused_tokens = reuse
         job.sampler = self._sampler(job.sampling)
         self.jobs.append(job)
 
-    def _claim_sequence(self) -> int | None:
-        if self.free_ids:
-            return self.free_ids.pop()
-        busy = {job.seq.seq_id for job in self.jobs}
-        idle = [s for s in self.owners.values() if s.seq_id not in busy]
-        if not idle:
-            return None
-        victim = min(idle, key=lambda s: s.last_used)
-        seq_id = victim.seq_id
-        self._drop_sequence(victim)
-        return self.free_ids.pop() if seq_id is not None else None
+    def _new_sequence(self, kv: _SessionKV) -> _Sequence | None:
+        if not self.free_ids:
+            idle = [s for s in self.owners.values() if not s.busy]
+            if not idle:
+                return None
+            self._drop(min(idle, key=lambda s: s.last_used))
+        seq = _Sequence(self.free_ids.pop(), kv)
+        kv.sequences.append(seq)
+        self.owners[seq.seq_id] = seq
+        return seq
 
-    def _drop_sequence(self, seq: _Sequence) -> None:
-        if seq.seq_id is None or any(job.seq is seq for job in self.jobs):
-            return
+    def _drop(self, seq: _Sequence) -> None:
+        """Give the sequence id back; its session will evaluate its prompt again."""
         llama_cpp.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
         del self.owners[seq.seq_id]
         self.free_ids.append(seq.seq_id)
-        seq.seq_id = None
+        seq.owner.sequences.remove(seq)
         seq.tokens.clear()
 
     def _sampler(self, sampling: Sampling) -> Any:
@@ -401,6 +434,7 @@ class _Runner:
             if take <= 0:
                 continue
             seq = job.seq
+            assert seq is not None  # every admitted job has its sequence
             base = len(seq.tokens)
             for i in range(take):
                 batch.token[n + i] = job.pending[i]
@@ -419,11 +453,11 @@ class _Runner:
         if status != 0:
             error = EngineError("engine_failed", f"llama_decode failed with status {status}")
             for job, _, _ in plan:
-                self._resync(job.seq)
-                self._finish(job, error)
+                self._finish(job, error, forget=True)
             return
         for job, take, index in plan:
             seq = job.seq
+            assert seq is not None
             seq.tokens.extend(job.pending[:take])
             if job.stats.sampled_tokens == 0:
                 job.stats.evaluated_tokens += take
@@ -447,41 +481,38 @@ class _Runner:
                 job.pending.append(token)
 
     def _make_room(self) -> None:
-        """The KV cache is full: drop idle sequences, else fail the largest running job."""
-        busy = {job.seq.seq_id for job in self.jobs}
-        idle = [s for s in self.owners.values() if s.seq_id not in busy and s.tokens]
+        """The KV cache is full: drop the least recently used idle sequence, else fail
+        the running turn that holds the most."""
+        idle = [s for s in self.owners.values() if not s.busy and s.tokens]
         if idle:
-            for seq in idle:
-                self._drop_sequence(seq)
+            self._drop(min(idle, key=lambda s: s.last_used))
             return
-        victim = max(self.jobs, key=lambda j: len(j.seq.tokens) + len(j.pending))
-        self._finish(
-            victim,
-            EngineError(
-                "engine_overloaded",
-                "the KV cache cannot hold every running session; retry shortly",
-                before_first_token=victim.stats.sampled_tokens == 0,
-            ),
+
+        def held(job: _Job) -> int:
+            return len(job.pending) + (len(job.seq.tokens) if job.seq is not None else 0)
+
+        victim = max(self.jobs, key=held)
+        error = EngineError(
+            "engine_overloaded",
+            "the KV cache cannot hold every running session; retry shortly",
+            before_first_token=victim.stats.sampled_tokens == 0,
         )
-        victim.seq.tokens.clear()
-        if victim.seq.seq_id is not None:
-            llama_cpp.llama_memory_seq_rm(self.memory, victim.seq.seq_id, -1, -1)
+        self._finish(victim, error, forget=True)
 
-    def _resync(self, seq: _Sequence) -> None:
-        """After a failed decode the KV may hold part of the batch: trust nothing."""
-        if seq.seq_id is not None:
-            llama_cpp.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
-        seq.tokens.clear()
-
-    def _finish(self, job: _Job, error: EngineError | None) -> None:
+    def _finish(self, job: _Job, error: EngineError | None, *, forget: bool = False) -> None:
+        """End a turn. `forget`: its sequence's KV is not trustworthy (a failed decode may
+        have left part of a batch in it), so the sequence is dropped."""
         if job in self.jobs:
             self.jobs.remove(job)
         if job.sampler is not None:
             llama_cpp.llama_sampler_free(job.sampler)
             job.sampler = None
-        job.seq.last_used = next(self.clock)
-        if job.seq.closed:
-            self._drop_sequence(job.seq)
+        seq = job.seq
+        if seq is not None:
+            seq.busy = False
+            seq.last_used = next(self.clock)
+            if forget or seq.owner.closed:
+                self._drop(seq)
         job.finished.set()
         job.deliver(error)
 
