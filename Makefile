@@ -21,7 +21,9 @@ venv: $(BIN)/python
 develop: venv
 	$(BIN)/maturin develop --release -q -E test,dev
 
-native: venv
+# llama-cpp-python (GGML_NATIVE=OFF), the SmolLM2 GGUF and llama-server, built once per
+# user into ~/.cache/hotloop/native and installed from there (python/hotloop/native_deps.py).
+native: develop
 	$(BIN)/python -m hotloop.native_deps
 
 serve: develop native
