@@ -47,6 +47,7 @@ class BackgroundStore:
 
     def __init__(
         self,
+        connect: Callable[[], Database],
         database: Database,
         thread: ThreadPoolExecutor,
         *,
@@ -54,7 +55,9 @@ class BackgroundStore:
         max_batch: int,
         metrics: Metrics | None,
     ) -> None:
+        self._connect = connect
         self._database = database
+        self._reader: Database | None = None
         self._thread = thread
         self._queue: asyncio.Queue[StoredResponse | None] = asyncio.Queue(queue_size)
         self._pending: dict[str, StoredResponse] = {}
@@ -171,20 +174,28 @@ class BackgroundStore:
         )
 
     async def load_chain(self, response_id: str, owner: str | None) -> Chain | None:
-        newest_first: list[StoredResponse] = []
+        newest, cursor = self._pending_chain(response_id)
+        older = [] if cursor is None else await self._call(self._database.chain, cursor)
+        return _chain(newest + older, owner)
+
+    def load_chain_now(self, response_id: str, owner: str | None) -> Chain | None:
+        # The reader is a second connection on the loop's thread: WAL lets it read
+        # while the store thread writes, without waiting for it.
+        if self._reader is None:
+            self._reader = self._connect()
+        newest, cursor = self._pending_chain(response_id)
+        older = [] if cursor is None else self._reader.chain(cursor)
+        return _chain(newest + older, owner)
+
+    def _pending_chain(self, response_id: str) -> tuple[list[StoredResponse], str | None]:
+        """The newest part of a chain still in the queue, and where the database part
+        starts (puts commit in order, so every older ancestor is in the database)."""
+        newest: list[StoredResponse] = []
         cursor: str | None = response_id
-        while cursor is not None:
-            queued = self._pending.get(cursor)
-            found = (
-                [queued] if queued is not None else await self._call(self._database.chain, cursor)
-            )
-            if not found:
-                return None
-            newest_first.extend(found)
-            cursor = found[-1].previous_response_id
-        if not all(may_read(r.owner, owner) for r in newest_first):
-            return None
-        return Chain(responses=newest_first[::-1])
+        while cursor is not None and cursor in self._pending:
+            newest.append(self._pending[cursor])
+            cursor = newest[-1].previous_response_id
+        return newest, cursor
 
     def pending(self) -> int:
         return len(self._pending)
@@ -200,6 +211,17 @@ class BackgroundStore:
         await self._drainer
         await self._call(self._database.close)
         self._thread.shutdown(wait=True)
+        if self._reader is not None:
+            self._reader.close()
+
+
+def _chain(newest_first: list[StoredResponse], owner: str | None) -> Chain | None:
+    # Complete only if it reaches a root: a deleted ancestor makes the whole chain a miss.
+    if not newest_first or newest_first[-1].previous_response_id is not None:
+        return None
+    if not all(may_read(r.owner, owner) for r in newest_first):
+        return None
+    return Chain(responses=newest_first[::-1])
 
 
 __all__ = ["BackgroundStore", "Database"]
