@@ -1,0 +1,121 @@
+"""The command line: `hotloop serve`.
+
+Every option of `ServerConfig` is a flag here and a `HOTLOOP_*` environment variable;
+flags win. The server runs under uvicorn with the sans-I/O WebSocket implementation
+(`websockets-sansio`), httptools and uvloop. With `--workers N`, the resolved
+configuration is handed to the worker processes through the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from hotloop.config import ServerConfig
+from hotloop.engines.base import Engine
+from hotloop.transport import App
+
+# Engine name -> module; each module provides `from_config(ServerConfig) -> Engine`.
+ENGINES = {
+    "sim": "hotloop.engines.sim",
+    "llama": "hotloop.engines.llama",
+    "upstream": "hotloop.engines.upstream",
+}
+
+
+def load_engine(config: ServerConfig) -> Engine:
+    module = ENGINES.get(config.engine)
+    if module is None:
+        raise SystemExit(f"unknown engine {config.engine!r}; choose one of {', '.join(ENGINES)}")
+    engine: Engine = importlib.import_module(module).from_config(config)
+    return engine
+
+
+def create_app() -> App:
+    """The application a uvicorn worker builds (configuration from the environment)."""
+    config = ServerConfig.from_env()
+    return App(load_engine(config), config)
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hotloop", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the Responses-API server")
+    for option in ServerConfig.options():
+        flag = "--" + option.name.replace("_", "-")
+        env = ServerConfig.env_name(option.name)
+        default = option.default
+        help_text = f"{option.metadata['help']} [env {env}; default {default!r}]"
+        if str(option.type) == "bool":
+            serve.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            serve.add_argument(flag, metavar=option.name.upper(), help=help_text)
+    return parser
+
+
+def config_env(config: ServerConfig) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for option in ServerConfig.options():
+        value: Any = getattr(config, option.name)
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            value = ",".join(value)
+        env[ServerConfig.env_name(option.name)] = (
+            str(value).lower() if isinstance(value, bool) else str(value)
+        )
+    return env
+
+
+def serve(config: ServerConfig) -> None:
+    import uvicorn
+
+    os.environ.update(config_env(config))
+    base = f"http://{config.host}:{config.port}/v1"
+    print(
+        f"hotloop: engine {config.engine}, serving {base}\n"
+        f"  WebSocket mode: ws://{config.host}:{config.port}/v1/responses\n"
+        f'  OpenAI(base_url="{base}", api_key=...).responses.connect()',
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        "hotloop.cli:create_app",
+        factory=True,
+        host=config.host,
+        port=config.port,
+        workers=config.workers,
+        log_level=config.log_level,
+        loop="uvloop",
+        http="httptools",
+        ws="websockets-sansio",
+        # Frames up to twice the protocol limit reach the app, which answers an
+        # oversize frame with an `error` event; beyond that the socket closes (1009).
+        ws_max_size=2 * config.max_frame_bytes,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = argument_parser().parse_args(argv)
+    if args.command == "serve":
+        overrides: dict[str, Any] = {}
+        for option in ServerConfig.options():
+            value = getattr(args, option.name)
+            if value is None:
+                continue
+            overrides[option.name] = (
+                value if isinstance(value, bool) else ServerConfig.parse(option.name, value)
+            )
+        try:
+            config = ServerConfig.from_env(**overrides)
+        except ValueError as e:
+            raise SystemExit(f"hotloop: {e}") from e
+        serve(config)
+
+
+if __name__ == "__main__":
+    main()
