@@ -83,7 +83,9 @@ class BackgroundStore:
         except BaseException:
             thread.shutdown(wait=False)
             raise
-        return cls(database, thread, queue_size=queue_size, max_batch=max_batch, metrics=metrics)
+        return cls(
+            connect, database, thread, queue_size=queue_size, max_batch=max_batch, metrics=metrics
+        )
 
     async def _call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         loop = asyncio.get_running_loop()
