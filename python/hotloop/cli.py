@@ -15,9 +15,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hotloop.auth import ApiKeys
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
+from hotloop.ledger import Ledger
+from hotloop.protocol import ConnectionLimits
 from hotloop.transport import App
+from hotloop.transport.http import HttpApi
 
 # Engine name -> module; each module provides `from_config(ServerConfig) -> Engine`.
 ENGINES = {
@@ -38,7 +42,27 @@ def load_engine(config: ServerConfig) -> Engine:
 def create_app() -> App:
     """The application a uvicorn worker builds (configuration from the environment)."""
     config = ServerConfig.from_env()
-    return App(load_engine(config), config)
+    return build_app(load_engine(config), config)
+
+
+def build_app(engine: Engine, config: ServerConfig) -> App:
+    """The whole server around `engine`: WebSocket mode, the HTTP routes, and the
+    ledger (store in `config.data_dir`, usage, metrics, shutdown drain)."""
+    ledger = Ledger(
+        engine,
+        cache_memory_bytes=config.cache_memory_bytes,
+        max_cached_bytes=config.max_cached_bytes,
+        data_dir=config.data_dir,
+    )
+    http = HttpApi(
+        ledger,
+        model=config.model or engine.model,
+        keys=ApiKeys(config.api_keys),
+        limits=ConnectionLimits(
+            max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
+        ),
+    )
+    return App(ledger.engine, config, http=http, ledger=ledger)
 
 
 def argument_parser() -> argparse.ArgumentParser:

@@ -1,10 +1,11 @@
 """Graceful shutdown: on SIGTERM/SIGINT stop accepting, let in-flight responses finish
 up to a deadline, then close connections and flush the store.
 
-Owns `Drain` (the count of in-flight responses, and the switch that refuses new ones)
-and `Server`, a uvicorn server whose shutdown drains before uvicorn closes sockets:
-plain uvicorn closes every WebSocket with 1012 at once, which would cut responses in
-the middle. The order is:
+Owns `Drain` (the count of in-flight responses, and the switch that refuses new ones;
+`Drain.engine` wraps the engine so that every generation, over either transport, is
+one in-flight response) and `Server`, a uvicorn server whose shutdown drains before
+uvicorn closes sockets: plain uvicorn closes every WebSocket with 1012 at once, which
+would cut responses in the middle. The order is:
 
 1. stop listening (new connections are refused by the kernel);
 2. refuse new responses on open connections (`ShuttingDown`, 503);
@@ -21,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import contextmanager
 
 import uvicorn
+
+from hotloop._core import ChatFormat, Prompt
+from hotloop.engines.base import Engine, EngineError, EngineSession, Sampling
 
 log = logging.getLogger("hotloop.shutdown")
 
@@ -53,18 +57,31 @@ class Drain:
     def in_flight(self) -> int:
         return self._in_flight
 
-    @contextmanager
-    def response(self) -> Iterator[None]:
-        """Admit one response for its whole life (raises ShuttingDown once draining)."""
+    def admit(self) -> None:
+        """Count one more response in flight (raises ShuttingDown once draining)."""
         if self.draining:
             raise ShuttingDown
         self._in_flight += 1
+
+    def release(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    @contextmanager
+    def response(self) -> Iterator[None]:
+        """Admit one response for the duration of the block."""
+        self.admit()
         try:
             yield
         finally:
-            self._in_flight -= 1
-            if self._in_flight == 0 and self._idle is not None:
-                self._idle.set()
+            self.release()
+
+    def engine(self, engine: Engine) -> Engine:
+        """`engine`, with each generation counted as an in-flight response. Once
+        draining, a generation that has not started fails with EngineError
+        `server_shutting_down` (the client gets `response.failed`, a terminal event)."""
+        return _DrainedEngine(engine, self)
 
     async def wait(self, deadline: float) -> bool:
         """Refuse new responses from now on and wait up to `deadline` seconds for the
@@ -78,6 +95,56 @@ class Drain:
         except asyncio.TimeoutError:
             return False
         return True
+
+
+class _DrainedEngine:
+    def __init__(self, engine: Engine, drain: Drain) -> None:
+        self._engine = engine
+        self._drain = drain
+
+    @property
+    def model(self) -> str:
+        return self._engine.model
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        return self._engine.chat_format
+
+    @property
+    def context_window(self) -> int:
+        return self._engine.context_window
+
+    async def start(self) -> None:
+        await self._engine.start()
+
+    def session(self) -> EngineSession:
+        return _DrainedSession(self._engine.session(), self._drain)
+
+    async def close(self) -> None:
+        await self._engine.close()
+
+
+class _DrainedSession:
+    def __init__(self, session: EngineSession, drain: Drain) -> None:
+        self._session = session
+        self._drain = drain
+
+    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+        try:
+            self._drain.admit()
+        except ShuttingDown as e:
+            raise EngineError(e.code, e.message) from e
+        stream = self._session.generate(prompt, sampling)
+        try:
+            async for batch in stream:
+                yield batch
+        finally:
+            if isinstance(stream, AsyncGenerator):
+                await stream.aclose()
+            self._drain.release()
+
+    async def close(self) -> None:
+        await self._session.close()
 
 
 class Server(uvicorn.Server):
