@@ -20,6 +20,7 @@ from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
 from hotloop.protocol import ConnectionLimits
+from hotloop.shutdown import Server
 from hotloop.transport import App
 from hotloop.transport.http import HttpApi
 
@@ -107,8 +108,7 @@ def serve(config: ServerConfig) -> None:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(
-        "hotloop.cli:create_app",
+    options: dict[str, Any] = dict(
         factory=True,
         host=config.host,
         port=config.port,
@@ -121,6 +121,17 @@ def serve(config: ServerConfig) -> None:
         # oversize frame with an `error` event; beyond that the socket closes (1009).
         ws_max_size=2 * config.max_frame_bytes,
     )
+    if config.workers > 1:
+        # uvicorn's supervisor builds its own Server per worker: on shutdown open
+        # WebSockets close with 1012 at once (the store is still flushed).
+        uvicorn.run("hotloop.cli:create_app", **options)
+        return
+    server = Server(
+        uvicorn.Config("hotloop.cli:create_app", **options), drain_deadline=config.drain_timeout
+    )
+    server.run()
+    if not server.started:
+        raise SystemExit(3)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
