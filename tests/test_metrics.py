@@ -37,6 +37,7 @@ def test_exposition_is_well_formed_and_counts() -> None:
     metrics.turn_overhead.labels("http").observe(0.00025)
     metrics.turn_overhead.labels("http").observe(0.003)
     metrics.store_pending = lambda: 4
+    metrics.cache_evictions = lambda: {"budget": 3}
     usage.record("key_abc", input_tokens=10, cached_tokens=4, output_tokens=5)
 
     text = metrics.render()
@@ -49,6 +50,7 @@ def test_exposition_is_well_formed_and_counts() -> None:
     assert got['hotloop_prompt_tokens_total{source="cache"}'] == 900
     assert got['hotloop_prompt_tokens_total{source="rendered"}'] == 100
     assert got["hotloop_store_pending"] == 4
+    assert got['hotloop_cache_evictions_total{cache="budget"}'] == 3
     assert got['hotloop_usage_tokens_total{key="key_abc",kind="cached"}'] == 4
 
     # Buckets are cumulative and end at +Inf = count.

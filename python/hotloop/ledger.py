@@ -52,6 +52,10 @@ class Ledger:
         self.budget = CacheBudget(cache_memory_bytes)
         self.store: Store | None = None
         self._data_dir = data_dir
+        self.metrics.cache_evictions = lambda: {
+            "budget": self.budget.evictions,
+            "process": sum(cache.evictions for cache in self._http_caches.values()),
+        }
         self._max_cached_bytes = max_cached_bytes
         self._policy = policy
         self._http_caches: dict[str | None, ConnectionCache] = {}

@@ -8,8 +8,10 @@ layers call the instruments; usage per API key is rendered from `Usage`.
 Instruments (all names prefixed `hotloop_`):
 - connections (gauge, open WebSockets) and connections_total
 - turns_total{transport,outcome}
-- cache_hits_total / cache_misses_total / cache_evictions_total{cache}
-  (`cache` = `connection` for a socket's cache, `process` for the HTTP one)
+- cache_hits_total / cache_misses_total{cache}: `connection` (a socket's cache),
+  `process` (the HTTP caches), `store` (rebuilt from the store)
+- cache_evictions_total{cache}: `budget` (the global cap), `process` (an HTTP cache's
+  own cap); read from the caches when scraped
 - prompt_tokens_total{source}: `cache` (served from the rendered-token cache) vs
   `rendered` (parsed, rendered and tokenized this turn)
 - turn_overhead_seconds{transport}: server time from receiving a request to the first
@@ -174,11 +176,6 @@ class Metrics:
             "previous_response_id not in the rendered-token cache.",
             ("cache",),
         )
-        self.cache_evictions = CounterFamily(
-            "hotloop_cache_evictions_total",
-            "Cached states dropped (memory limit or a failed continuation).",
-            ("cache",),
-        )
         self.prompt_tokens = CounterFamily(
             "hotloop_prompt_tokens_total",
             "Prompt tokens by source: served from the cache or rendered this turn.",
@@ -193,6 +190,8 @@ class Metrics:
         self.store_writes = Counter()
         self.store_errors = Counter()
         self.store_pending: Callable[[], int] = lambda: 0
+        # The caches count their own LRU evictions; read when scraped.
+        self.cache_evictions: Callable[[], dict[str, int]] = dict
 
     def record_prompt(self, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Account one turn's prompt: what came from the cache, what was rendered."""
@@ -214,7 +213,6 @@ class Metrics:
             self.turns,
             self.cache_hits,
             self.cache_misses,
-            self.cache_evictions,
             self.prompt_tokens,
             self.turn_overhead,
         ):
@@ -237,6 +235,13 @@ class Metrics:
             "Stored responses queued, not yet committed.",
             self.store_pending(),
         )
+        lines += _labelled(
+            "hotloop_cache_evictions_total",
+            "counter",
+            "Cached states dropped for memory (the global budget or a cache's own limit).",
+            "cache",
+            self.cache_evictions(),
+        )
         if self.usage is not None:
             lines.extend(_usage_lines(self.usage))
         return "\n".join(lines) + "\n"
@@ -253,6 +258,14 @@ def _usage_lines(usage: Usage) -> Iterator[str]:
             ("output", totals.output_tokens),
         ):
             yield f'{name}{{key="{_escape(key)}",kind="{kind}"}} {value}'
+
+
+def _labelled(
+    name: str, kind: str, help_text: str, label: str, values: dict[str, int]
+) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    lines += [f'{name}{{{label}="{_escape(k)}"}} {_number(v)}' for k, v in values.items()]
+    return lines
 
 
 def _scalar(name: str, kind: str, help_text: str, value: float) -> list[str]:

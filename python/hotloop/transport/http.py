@@ -19,6 +19,7 @@ decisions are the `Connection`'s; bookkeeping after a response is the `Ledger`'s
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -36,6 +37,8 @@ from hotloop.protocol.errors import ProtocolError
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
 from hotloop.transport.asgi import Receive, Scope, Send
+
+log = logging.getLogger("hotloop.http")
 
 Emit = Callable[[bytes], Awaitable[None]]
 
@@ -248,6 +251,10 @@ class HttpApi:
             connection.engine_done(work.key)
         except EngineError as e:
             connection.engine_failed(work.key, e)
+        except Exception as e:
+            # A bug in an engine must still end the response with a terminal event.
+            log.exception("engine failed on an HTTP response")
+            connection.engine_failed(work.key, EngineError("engine_crashed", repr(e)))
         finally:
             if isinstance(stream, AsyncGenerator):
                 await stream.aclose()
