@@ -1,4 +1,5 @@
-"""The drain in isolation: in-flight accounting, refusal once draining, the deadline."""
+"""The drain in isolation: in-flight accounting through the drained engine, refusal
+once draining, the deadline; and API keys."""
 
 from __future__ import annotations
 
@@ -11,30 +12,25 @@ from hotloop.shutdown import Drain, ShuttingDown
 
 async def test_wait_returns_when_the_last_response_finishes() -> None:
     drain = Drain()
-    release = asyncio.Event()
-
-    async def respond() -> None:
-        with drain.response():
-            await release.wait()
-
-    task = asyncio.create_task(respond())
-    await asyncio.sleep(0)
-    assert drain.in_flight == 1
+    drain.admit()
+    drain.admit()
     waiter = asyncio.create_task(drain.wait(deadline=3600))
     await asyncio.sleep(0)
     assert drain.draining and not waiter.done()
-    with pytest.raises(ShuttingDown), drain.response():
-        pass
-    release.set()
+    with pytest.raises(ShuttingDown):
+        drain.admit()
+    drain.release()
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    drain.release()
     assert await waiter
-    await task
     assert drain.in_flight == 0
 
 
 async def test_wait_gives_up_at_the_deadline() -> None:
     drain = Drain()
-    with drain.response():
-        assert not await drain.wait(deadline=0)
+    drain.admit()
+    assert not await drain.wait(deadline=0)
 
 
 async def test_idle_drain_is_immediate() -> None:

@@ -22,13 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING
 
 import uvicorn
 
-from hotloop._core import ChatFormat, Prompt
-from hotloop.engines.base import Engine, EngineError, EngineSession, Sampling
+from hotloop.engines.base import EngineError
+
+if TYPE_CHECKING:
+    from hotloop._core import ChatFormat, Prompt
+    from hotloop.engines.base import Engine, EngineSession, Sampling
 
 log = logging.getLogger("hotloop.shutdown")
 
@@ -46,7 +49,7 @@ class ShuttingDown(Exception):
 
 
 class Drain:
-    """In-flight responses of this process. Each response runs inside `response()`."""
+    """In-flight responses of this process: each is admitted, then released."""
 
     def __init__(self) -> None:
         self._in_flight = 0
@@ -67,15 +70,6 @@ class Drain:
         self._in_flight -= 1
         if self._in_flight == 0 and self._idle is not None:
             self._idle.set()
-
-    @contextmanager
-    def response(self) -> Iterator[None]:
-        """Admit one response for the duration of the block."""
-        self.admit()
-        try:
-            yield
-        finally:
-            self.release()
 
     def engine(self, engine: Engine) -> Engine:
         """`engine`, with each generation counted as an in-flight response. Once

@@ -158,6 +158,9 @@ class HttpApi:
     async def _create(
         self, scope: Scope, receive: Receive, send: Send, principal: str | None
     ) -> None:
+        if self.ledger.drain.draining:
+            # Only a kept-alive connection can still send one: the listener is closed.
+            raise ShuttingDown
         body = await _read_body(scope, receive, self.limits.max_frame_bytes)
         start = time.perf_counter_ns()
         try:
