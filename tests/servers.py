@@ -88,6 +88,10 @@ def hotloop_server(
     frame it sent was valid for the SDK."""
     app = App(sim_engine(script, speed), ServerConfig(engine="sim", **config))
     checked = Validating(app)
-    with serving(checked, ws_max_size=2 * app.config.max_frame_bytes) as url:
+    options = {
+        "ws_max_size": 2 * app.config.max_frame_bytes,
+        "ws_per_message_deflate": app.config.websocket_deflate,
+    }
+    with serving(checked, **options) as url:
         yield url
     assert checked.invalid == []

@@ -55,7 +55,8 @@ class Client:
 
     def __init__(self, **limits: Any) -> None:
         self.observer = Recorder()
-        self.cache = ConnectionCache(1 << 30, CacheBudget(1 << 30))
+        self.budget = CacheBudget(1 << 30)
+        self.cache = ConnectionCache(1 << 30, self.budget)
         self.conn = Connection(
             chat_format=FORMAT,
             context_window=1 << 20,
@@ -143,6 +144,7 @@ def test_continuation_serves_history_from_cache() -> None:
     client = Client()
     first = client.turn("one")["response"]
     second = client.turn("two", previous_response_id=first["id"])["response"]
+    assert client.budget.hits == 1
     details = second["usage"]["input_tokens_details"]
     assert details["cached_tokens"] > 0
     assert second["previous_response_id"] == first["id"]
@@ -373,4 +375,15 @@ def test_cache_is_bounded_per_connection_and_globally(budget_bytes: int) -> None
     first = client.turn()["response"]["id"]
     second = client.turn()["response"]["id"]
     assert first not in client.cache and second in client.cache
-    assert client.cache.evictions + budget.evictions == 1
+    assert budget.evictions == 1
+    assert budget.hits == 0 and budget.misses == 0
+
+
+def test_cache_leaves_the_global_budget_when_the_socket_closes() -> None:
+    client = Client()
+    client.turn()
+    assert client.budget.used_bytes > 0
+    client.conn.lifetime_reached()
+    client.pump()
+    client.conn.connection_lost()
+    assert client.budget.used_bytes == 0 and len(client.cache) == 0

@@ -48,7 +48,7 @@ def run(parsed: list[tuple[object, ...]], stream_id: str | None = None) -> list[
     events = ResponseEvents(FIELDS, stream_id=stream_id)
     frames = [events.lifecycle("response.created", "in_progress")]
     frames.append(events.lifecycle("response.in_progress", "in_progress"))
-    events.feed(parsed, frames)
+    events.feed(parsed, frames.append)
     usage = Usage(input_tokens=10, cached_tokens=4, cache_write_tokens=6, output_tokens=3)
     frames.append(events.lifecycle("response.completed", "completed", usage=usage))
     return [validate(f) for f in frames]
@@ -62,7 +62,6 @@ def test_text_answer_has_the_exact_event_sequence() -> None:
         "response.output_item.added",
         "response.content_part.added",
         "response.output_text.delta",
-        "response.output_text.delta",
         "response.output_text.done",
         "response.content_part.done",
         "response.output_item.done",
@@ -70,8 +69,8 @@ def test_text_answer_has_the_exact_event_sequence() -> None:
     ]
     assert [e["sequence_number"] for e in got] == list(range(len(got)))
     assert all("stream_id" not in e for e in got)
-    delta = got[5]
-    assert delta["delta"] == 'lo \u00e9"' and delta["logprobs"] == []
+    delta = got[4]
+    assert delta["delta"] == 'Hello \u00e9"' and delta["logprobs"] == []
     assert delta["item_id"].startswith("msg_") and delta["content_index"] == 0
     final = got[-1]["response"]
     assert final["output"][0]["content"][0]["text"] == 'Hello \u00e9"'
@@ -119,9 +118,8 @@ def test_tool_turn_items_and_stream_id_echo() -> None:
         "response.reasoning_text.done",
         "response.output_item.done",
     ]
-    assert kinds[6:10] == [
+    assert kinds[6:9] == [
         "response.output_item.added",
-        "response.function_call_arguments.delta",
         "response.function_call_arguments.delta",
         "response.function_call_arguments.done",
     ]
@@ -166,3 +164,16 @@ def test_failed_and_cancelled_terminals_validate() -> None:
         )
     )
     assert truncated["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_deltas_of_one_batch_coalesce_per_item_in_order() -> None:
+    events = ResponseEvents(FIELDS)
+    frames: list[bytes] = []
+    events.feed([("message_start", 0)], frames.append)
+    events.feed([("text", 0, "a"), ("text", 0, "b"), ("message_done", 0, "ab")], frames.append)
+    events.feed([("message_start", 1), ("text", 1, "c")], frames.append)
+    events.feed([("text", 1, "d"), ("text", 1, "e")], frames.append)
+    got = [validate(f) for f in frames]
+    deltas = [(e["output_index"], e["delta"]) for e in got if e["type"].endswith(".delta")]
+    assert deltas == [(0, "ab"), (1, "c"), (1, "de")]
+    assert [e["sequence_number"] for e in got] == list(range(len(got)))

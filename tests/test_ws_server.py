@@ -11,7 +11,7 @@ import pytest
 from hotloop.engines.sim import SimScript, SimSpeed
 from sdk_events import validate
 from servers import hotloop_server
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosedOK, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
@@ -84,6 +84,12 @@ def test_bad_input_keeps_the_socket_and_other_sockets_usable(url: str) -> None:
         assert validate(ws.recv())["status"] == 400
         send(ws, {"type": "response.create", "input": "x", "stream_id": "bad id"})
         assert validate(ws.recv())["error"]["code"] == "invalid_stream_id"
+        send(ws, {"type": "response.create", "input": "x"})
+        parent = until_terminal(ws)[-1]["response"]["id"]
+        stray = [{"type": "function_call_output", "call_id": "call_nope", "output": "x"}]
+        send(ws, {"type": "response.create", "input": stray, "previous_response_id": parent})
+        refused = validate(ws.recv())
+        assert refused["status"] == 400 and refused["error"]["param"].startswith("input")
         send(other, {"type": "response.create", "input": "x"})
         assert until_terminal(other)[-1]["type"] == "response.completed"
         send(ws, {"type": "response.create", "input": "x"})
@@ -139,7 +145,6 @@ def test_lifetime_closes_an_idle_socket_with_1000() -> None:
         with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
             frame = validate(ws.recv(timeout=30))
             assert frame["error"]["code"] == "websocket_connection_limit_reached"
-            with pytest.raises(Exception) as closed:
+            with pytest.raises(ConnectionClosedOK) as closed:
                 ws.recv(timeout=30)
-            assert getattr(closed.value, "rcvd", None) is not None
-            assert closed.value.rcvd.code == 1000  # type: ignore[attr-defined]
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000

@@ -120,6 +120,7 @@ def serve(config: ServerConfig) -> None:
         # Frames up to twice the protocol limit reach the app, which answers an
         # oversize frame with an `error` event; beyond that the socket closes (1009).
         ws_max_size=2 * config.max_frame_bytes,
+        ws_per_message_deflate=config.websocket_deflate,
     )
     if config.workers > 1:
         # uvicorn's supervisor builds its own Server per worker: on shutdown open

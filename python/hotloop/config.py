@@ -47,6 +47,9 @@ class ServerConfig:
         (), "comma-separated Bearer keys; auth is on when any is given", _keys
     )
     websocket: bool = _option(True, "serve WebSocket mode (off: upgrades get 426)", _flag)
+    websocket_deflate: bool = _option(
+        False, "accept permessage-deflate (smaller frames, more CPU per streamed token)", _flag
+    )
     connection_lifetime: float = _option(3600.0, "WebSocket connection lifetime")
     max_frame_bytes: int = _option(16 * MIB, "largest client frame accepted")
     max_queued_bytes: int = _option(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,7 +154,7 @@ class ResponseEvents:
         # `head` is an open JSON object without its closing brace.
         seq = self._seq
         self._seq = seq + 1
-        return head + b',"sequence_number":' + str(seq).encode() + self._tail
+        return b'%b,"sequence_number":%d%b' % (head, seq, self._tail)
 
     def event(self, kind: str, **fields: Any) -> bytes:
         """A response event of type `kind` with these fields."""
@@ -213,22 +214,45 @@ class ResponseEvents:
             fields["logprobs"] = []
         return orjson.dumps(fields)[:-1] + b',"delta":'
 
-    def delta(self, head: bytes, text: str) -> bytes:
-        return self._frame(head + orjson.dumps(text))
-
     # ---------------------------------------------------------------- parser events
 
-    def feed(self, parsed: list[tuple[Any, ...]], frames: list[bytes]) -> None:
-        """Append the frames for the output parser's events (see `OutputParser` in
-        `_core.pyi`); the event's index is the item's `output_index`."""
+    def feed(self, parsed: list[tuple[Any, ...]], emit: Callable[[bytes], object]) -> None:
+        """Emit the frames for the output parser's events (see `OutputParser` in
+        `_core.pyi`); the event's index is the item's `output_index`.
+
+        Consecutive deltas of one item in one batch go out as one delta event: an
+        engine that hands over several tokens at once costs one frame, not one per
+        token (clients concatenate deltas; their boundaries carry no meaning)."""
+        run_index = -1
+        run: list[str] = []
         for ev in parsed:
             kind = ev[0]
             if kind == "text" or kind == "reasoning" or kind == "arguments":
-                frames.append(self._frame(self._heads[ev[1]] + orjson.dumps(ev[2])))
+                if ev[1] == run_index:
+                    run.append(ev[2])
+                    continue
+                if run:
+                    self._delta(run_index, run, emit)
+                run_index, run = ev[1], [ev[2]]
             else:
-                self._structural(ev, frames)
+                if run:
+                    self._delta(run_index, run, emit)
+                    run_index, run = -1, []
+                self._structural(ev, emit)
+        if run:
+            self._delta(run_index, run, emit)
 
-    def _structural(self, ev: tuple[Any, ...], frames: list[bytes]) -> None:
+    def _delta(self, index: int, run: list[str], emit: Callable[[bytes], object]) -> None:
+        # The per-token path: one dumps and one bytes format, nothing else.
+        seq = self._seq
+        self._seq = seq + 1
+        text = run[0] if len(run) == 1 else "".join(run)
+        emit(
+            b'%b%b,"sequence_number":%d%b'
+            % (self._heads[index], orjson.dumps(text), seq, self._tail)
+        )
+
+    def _structural(self, ev: tuple[Any, ...], emit: Callable[[bytes], object]) -> None:
         kind, index = ev[0], ev[1]
         item: dict[str, Any]
         if kind == "message_start":
@@ -236,8 +260,8 @@ class ResponseEvents:
             self._ids[index] = item_id
             self._heads[index] = self.delta_head("response.output_text.delta", item_id, index, 0)
             item = {"id": item_id, "type": "message", "role": "assistant"}
-            frames.append(self.item_added(index, {**item, "status": "in_progress", "content": []}))
-            frames.append(
+            emit(self.item_added(index, {**item, "status": "in_progress", "content": []}))
+            emit(
                 self.event(
                     "response.content_part.added",
                     item_id=item_id,
@@ -249,19 +273,19 @@ class ResponseEvents:
         elif kind == "message_done":
             item_id, text = self._ids[index], ev[2]
             ids = {"item_id": item_id, "output_index": index, "content_index": 0}
-            frames.append(self.event("response.output_text.done", **ids, text=text, logprobs=[]))
-            frames.append(self.event("response.content_part.done", **ids, part=_text_part(text)))
+            emit(self.event("response.output_text.done", **ids, text=text, logprobs=[]))
+            emit(self.event("response.content_part.done", **ids, part=_text_part(text)))
             item = {"id": item_id, "type": "message", "role": "assistant", "status": "completed"}
-            frames.append(self.item_done(index, {**item, "content": [_text_part(text)]}))
+            emit(self.item_done(index, {**item, "content": [_text_part(text)]}))
         elif kind == "reasoning_start":
             item_id = new_id("rs_")
             self._ids[index] = item_id
             self._heads[index] = self.delta_head("response.reasoning_text.delta", item_id, index, 0)
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": []}
-            frames.append(self.item_added(index, {**item, "status": "in_progress"}))
+            emit(self.item_added(index, {**item, "status": "in_progress"}))
         elif kind == "reasoning_done":
             item_id, text = self._ids[index], ev[2]
-            frames.append(
+            emit(
                 self.event(
                     "response.reasoning_text.done",
                     item_id=item_id,
@@ -272,19 +296,17 @@ class ResponseEvents:
             )
             content = [{"type": "reasoning_text", "text": text}]
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": content}
-            frames.append(self.item_done(index, {**item, "status": "completed"}))
+            emit(self.item_done(index, {**item, "status": "completed"}))
         elif kind == "call_start":
             item_id = new_id("fc_")
             self._ids[index] = item_id
             head = self.delta_head("response.function_call_arguments.delta", item_id, index, None)
             self._heads[index] = head
             item = {"id": item_id, "type": "function_call", "call_id": ev[3], "name": ev[2]}
-            frames.append(
-                self.item_added(index, {**item, "arguments": "", "status": "in_progress"})
-            )
+            emit(self.item_added(index, {**item, "arguments": "", "status": "in_progress"}))
         elif kind == "call_done":
             item_id, name, call_id, arguments = self._ids[index], ev[2], ev[3], ev[4]
-            frames.append(
+            emit(
                 self.event(
                     "response.function_call_arguments.done",
                     item_id=item_id,
@@ -294,9 +316,7 @@ class ResponseEvents:
                 )
             )
             item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name}
-            frames.append(
-                self.item_done(index, {**item, "arguments": arguments, "status": "completed"})
-            )
+            emit(self.item_done(index, {**item, "arguments": arguments, "status": "completed"}))
         else:
             raise ValueError(f"unknown output parser event {kind!r}")
 

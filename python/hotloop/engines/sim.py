@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 from array import array
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from hotloop._core import ChatFormat, Prompt
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
+
+TIMER_RESOLUTION = 0.001
 
 
 @dataclass(frozen=True)
@@ -110,48 +113,57 @@ class SimEngine:
         """Nothing to release: sessions hold only their own prefix-cache model."""
 
 
+@dataclass
+class _Sequence:
+    """A prompt the simulated engine has processed, the ids it then generated, and
+    how many calls of the script that prompt holds."""
+
+    prompt: Prompt
+    output: list[int]
+    calls: int
+
+
 class SimSession:
-    """One connection's simulated engine: its prefix cache and its script position."""
+    """One connection's simulated engine: its prefix cache (the last few sequences it
+    processed, as a real engine's KV cache holds several) and its script position."""
+
+    CACHED_SEQUENCES = 8
 
     def __init__(self, engine: SimEngine) -> None:
         self._engine = engine
-        self._seen: Prompt | None = None
-        self._seen_output: list[int] = []
-        # Calls of the script already in the last prompt, and how far it was scanned.
-        self._calls = 0
-        self._scanned = 0
+        self._recent: deque[_Sequence] = deque(maxlen=self.CACHED_SEQUENCES)
         self.prefill_tokens = 0
         """Prompt tokens this session had to prefill (not in its prefix cache)."""
 
-    def _observe(self, prompt: Prompt) -> int:
-        """Update the prefix-cache model and the script position for `prompt`;
-        return the number of prompt tokens that were cached."""
-        seen = self._seen
-        cached = 0 if seen is None else prompt.common_prefix_len(seen)
-        extends = seen is not None and cached == len(seen)
+    def _observe(self, prompt: Prompt) -> tuple[int, int]:
+        """Find the cached sequence `prompt` extends furthest; return the prompt
+        tokens that were cached and the script's calls found in the prompt."""
         marker = self._engine.call_ids[:-1]  # the call without its stop token
-        if not extends:
-            self._calls, self._scanned = 0, 0
-        # Resume the scan where a call could still end inside the new tokens.
-        start = max(0, self._scanned - max(len(marker) - 1, 0))
+        cached, base, scanned = 0, None, 0
+        for seq in self._recent:
+            shared = prompt.common_prefix_len(seq.prompt)
+            if shared > cached:
+                cached = shared
+            if shared == len(seq.prompt) and shared >= scanned:
+                base, scanned = seq, shared
+        # Calls are counted incrementally from the sequence this prompt extends:
+        # resume where a call could still end inside the new tokens.
+        start = max(0, scanned - max(len(marker) - 1, 0))
         tail = prompt.tokens_from(start)
-        if (
-            extends
-            and self._seen_output
-            and tail[cached - start :][: len(self._seen_output)] == (self._seen_output)
-        ):
-            cached += len(self._seen_output)
-        self._calls += count_occurrences(tail, marker)
-        self._scanned = len(prompt)
-        self._seen = prompt
-        return cached
+        calls = 0 if base is None else base.calls
+        if base is not None and base.output:
+            after = tail[scanned - start :][: len(base.output)]
+            if after == base.output:
+                cached = max(cached, scanned + len(base.output))
+        calls += count_occurrences(tail, marker)
+        self._recent.append(_Sequence(prompt, [], calls))
+        return cached, calls
 
     def choose(self, prompt: Prompt) -> tuple[list[int], int]:
         """The ids the script answers `prompt` with, and the uncached prompt tokens."""
-        cached = self._observe(prompt)
+        cached, calls = self._observe(prompt)
         engine = self._engine
-        script = engine.script
-        if engine.call_ids and self._calls < script.tool_calls:
+        if engine.call_ids and calls < engine.script.tool_calls:
             return engine.call_ids, len(prompt) - cached
         return engine.answer_ids, len(prompt) - cached
 
@@ -164,17 +176,20 @@ class SimSession:
         first = loop.time() + speed.first_token_delay(uncached)
         rate = speed.tokens_per_second
         sent = 0
-        self._seen_output = []
+        output = self._recent[-1].output
         while sent < len(ids):
             due = first + sent / rate
             now = loop.time()
             if now < due:
-                await asyncio.sleep(due - now)
+                # Event loop timers tick in milliseconds (libuv): a shorter sleep would
+                # spin, so faster models deliver several tokens per wake, as batched
+                # engines do.
+                await asyncio.sleep(max(due - now, TIMER_RESOLUTION))
                 now = loop.time()
             # Tokens whose time has come go out together: a slow consumer gets batches.
             upto = min(len(ids), max(sent + 1, int((now - first) * rate) + 1))
             batch = ids[sent:upto]
-            self._seen_output.extend(batch)
+            output.extend(batch)
             sent = upto
             yield batch
 

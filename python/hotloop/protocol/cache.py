@@ -27,12 +27,16 @@ class CachedResponse:
 
 class CacheBudget:
     """The process-wide cap on cached state, shared by every connection's cache.
-    Evicts the globally least recently used entry when the total exceeds the cap."""
+    Evicts the globally least recently used entry when the total exceeds the cap, and
+    counts lookups and evictions of all connections (for metrics)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.used_bytes = 0
+        self.hits = 0
+        self.misses = 0
         self.evictions = 0
+        """Entries dropped for memory, by a connection's bound or the global one."""
         self._lru: OrderedDict[str, ConnectionCache] = OrderedDict()
 
     def admit(self, response_id: str, cache: ConnectionCache, size: int) -> None:
@@ -69,7 +73,10 @@ class ConnectionCache:
 
     def get(self, response_id: str) -> CachedResponse | None:
         entry = self._entries.get(response_id)
-        if entry is not None:
+        if entry is None:
+            self._budget.misses += 1
+        else:
+            self._budget.hits += 1
             self._entries.move_to_end(response_id)
             self._budget.touch(response_id)
         return entry
@@ -82,6 +89,7 @@ class ConnectionCache:
         while self.used_bytes > self.max_bytes and len(self._entries) > 1:
             self.evict(next(iter(self._entries)))
             self.evictions += 1
+            self._budget.evictions += 1
         self._budget.admit(response_id, self, size)
 
     def evict(self, response_id: str) -> None:

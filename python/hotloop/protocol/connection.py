@@ -192,11 +192,13 @@ class Connection:
         """One text frame from the client."""
         if self.closed:
             return
-        if len(frame) > self.limits.max_frame_bytes:
+        # `isascii` is O(1) on str: only non-ASCII text pays for measuring its bytes.
+        size = len(frame) if isinstance(frame, bytes) or frame.isascii() else len(frame.encode())
+        if size > self.limits.max_frame_bytes:
             self._refuse(
                 ProtocolError(
                     "frame_too_large",
-                    f"The frame is {len(frame)} bytes; this server accepts at most "
+                    f"The frame is {size} bytes; this server accepts at most "
                     f"{self.limits.max_frame_bytes} bytes per frame.",
                 )
             )
@@ -208,7 +210,7 @@ class Connection:
             self._refuse(ProtocolError.from_core(e))
             return
         if isinstance(event, CreateRequest):
-            self._create(event, len(frame), self._clock() - start)
+            self._create(event, size, self._clock() - start)
         elif isinstance(event, CancelEvent):
             self._cancel(event)
         elif isinstance(event, ProcessedEvent):
@@ -256,9 +258,7 @@ class Connection:
         active = self._active.get(key)
         if active is None:
             return False
-        frames: list[bytes] = []
-        active.events.feed(active.parser.feed(ids), frames)
-        self._actions.extend(frames)
+        active.events.feed(active.parser.feed(ids), self._actions.append)
         return not active.parser.stopped
 
     def engine_done(self, key: int) -> None:
@@ -267,9 +267,7 @@ class Connection:
         if active is None:
             return
         parsed, outcome, message = active.parser.finish()
-        frames: list[bytes] = []
-        active.events.feed(parsed, frames)
-        self._actions.extend(frames)
+        active.events.feed(parsed, self._actions.append)
         usage = self._usage(active)
         if outcome == "malformed":
             self._fail(active, f"The model's output could not be parsed: {message}", usage)

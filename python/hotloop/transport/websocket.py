@@ -79,8 +79,17 @@ class Socket:
         self._has_output = asyncio.Event()
         self._has_room = asyncio.Event()
         self._has_room.set()
+        self.stalls = 0
+        """How often generation paused because the client read too slowly."""
+        self.paused = asyncio.Event()
+        """Set while generation is paused until the client reads (health and tests)."""
         self._generating: dict[int, asyncio.Task[None]] = {}
         self._closing = False
+
+    @property
+    def outbox_bytes(self) -> int:
+        """Bytes of frames waiting for the client."""
+        return self._outbox_bytes
 
     async def run(self, receive: Receive) -> None:
         loop = asyncio.get_running_loop()
@@ -90,9 +99,9 @@ class Socket:
             await self._read(receive)
         finally:
             timer.cancel()
-            if not self.connection.closed:
-                self.connection.connection_lost()
-                self._dispatch()
+            # Also after a lifetime close: the cache must leave the global budget.
+            self.connection.connection_lost()
+            self._dispatch()
             for task in list(self._generating.values()):
                 task.cancel()
             writer.cancel()
@@ -140,8 +149,10 @@ class Socket:
                 self._outbox.append(action)
         if self._outbox:
             self._has_output.set()
-            if self._outbox_bytes > self._high_water:
+            if self._outbox_bytes > self._high_water and self._has_room.is_set():
                 self._has_room.clear()
+                self.paused.set()
+                self.stalls += 1
 
     async def _generate(self, work: Generate) -> None:
         connection = self.connection
@@ -185,11 +196,18 @@ class Socket:
                         return
                     self._outbox_bytes -= len(item)
                     await send({"type": "websocket.send", "text": item.decode()})
-                    if self._outbox_bytes <= self._high_water:
-                        self._has_room.set()
+                    # Resume at half the mark, so a reader at the limit does not make
+                    # generation stop and start on every frame.
+                    if self.paused.is_set() and self._outbox_bytes <= self._high_water // 2:
+                        self._resume()
                 self._has_output.clear()
-                self._has_room.set()
+                if self.paused.is_set():
+                    self._resume()
         except OSError:
             # The client is gone (uvicorn's ClientDisconnected); the reader sees the
             # disconnect and cleans up.
-            self._has_room.set()
+            self._resume()
+
+    def _resume(self) -> None:
+        self._has_room.set()
+        self.paused.clear()
