@@ -32,12 +32,12 @@ def test_exposition_is_well_formed_and_counts() -> None:
     metrics.turns.labels("http", "completed").inc()
     metrics.turns.labels("http", "completed").inc()
     metrics.turns.labels("websocket", "failed").inc()
-    metrics.cache_hits.labels("process").inc()
+    metrics.store_rebuilds.inc()
     metrics.record_prompt(prompt_tokens=1000, cached_tokens=900)
     metrics.turn_overhead.labels("http").observe(0.00025)
     metrics.turn_overhead.labels("http").observe(0.003)
     metrics.store_pending = lambda: 4
-    metrics.cache_evictions = lambda: {"budget": 3}
+    metrics.cache_counts = lambda: (5, 2, 3)
     usage.record("key_abc", input_tokens=10, cached_tokens=4, output_tokens=5)
 
     text = metrics.render()
@@ -46,11 +46,13 @@ def test_exposition_is_well_formed_and_counts() -> None:
     assert got["hotloop_connections"] == 1
     assert got['hotloop_turns_total{transport="http",outcome="completed"}'] == 2
     assert got['hotloop_turns_total{transport="websocket",outcome="failed"}'] == 1
-    assert got['hotloop_cache_hits_total{cache="process"}'] == 1
+    assert got["hotloop_cache_hits_total"] == 5
+    assert got["hotloop_cache_misses_total"] == 2
+    assert got["hotloop_store_rebuilds_total"] == 1
     assert got['hotloop_prompt_tokens_total{source="cache"}'] == 900
     assert got['hotloop_prompt_tokens_total{source="rendered"}'] == 100
     assert got["hotloop_store_pending"] == 4
-    assert got['hotloop_cache_evictions_total{cache="budget"}'] == 3
+    assert got["hotloop_cache_evictions_total"] == 3
     assert got['hotloop_usage_tokens_total{key="key_abc",kind="cached"}'] == 4
 
     # Buckets are cumulative and end at +Inf = count.

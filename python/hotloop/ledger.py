@@ -52,10 +52,11 @@ class Ledger:
         self.budget = CacheBudget(cache_memory_bytes)
         self.store: Store | None = None
         self._data_dir = data_dir
-        self.metrics.cache_evictions = lambda: {
-            "budget": self.budget.evictions,
-            "process": sum(cache.evictions for cache in self._http_caches.values()),
-        }
+        self.metrics.cache_counts = lambda: (
+            self.budget.hits,
+            self.budget.misses,
+            self.budget.evictions,
+        )
         self._max_cached_bytes = max_cached_bytes
         self._policy = policy
         self._http_caches: dict[str | None, ConnectionCache] = {}
@@ -123,7 +124,7 @@ class Ledger:
         except CoreError as e:
             log.warning("stored chain of %s no longer renders: %s", response_id, e.message)
             return None
-        self.metrics.cache_hits.labels("store").inc()
+        self.metrics.store_rebuilds.inc()
         return conversation.checkpoint()
 
     # ---------------------------------------------------------------- observers
@@ -189,7 +190,6 @@ class Books:
         self.transport = transport
 
     def lookup(self, response_id: str) -> Checkpoint | None:
-        self.ledger.metrics.cache_misses.labels("connection").inc()
         return self.ledger.restore_now(response_id, self.owner)
 
     def finished(self, response: Finished) -> None:

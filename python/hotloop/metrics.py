@@ -8,10 +8,9 @@ layers call the instruments; usage per API key is rendered from `Usage`.
 Instruments (all names prefixed `hotloop_`):
 - connections (gauge, open WebSockets) and connections_total
 - turns_total{transport,outcome}
-- cache_hits_total / cache_misses_total{cache}: `connection` (a socket's cache),
-  `process` (the HTTP caches), `store` (rebuilt from the store)
-- cache_evictions_total{cache}: `budget` (the global cap), `process` (an HTTP cache's
-  own cap); read from the caches when scraped
+- cache_hits_total / cache_misses_total / cache_evictions_total: every cache (the
+  sockets' and the HTTP ones), read from the shared budget when scraped
+- store_rebuilds_total: misses answered by rebuilding a stored chain
 - prompt_tokens_total{source}: `cache` (served from the rendered-token cache) vs
   `rendered` (parsed, rendered and tokenized this turn)
 - turn_overhead_seconds{transport}: server time from receiving a request to the first
@@ -166,16 +165,6 @@ class Metrics:
             "Responses finished, by transport and outcome.",
             ("transport", "outcome"),
         )
-        self.cache_hits = CounterFamily(
-            "hotloop_cache_hits_total",
-            "previous_response_id found in the rendered-token cache.",
-            ("cache",),
-        )
-        self.cache_misses = CounterFamily(
-            "hotloop_cache_misses_total",
-            "previous_response_id not in the rendered-token cache.",
-            ("cache",),
-        )
         self.prompt_tokens = CounterFamily(
             "hotloop_prompt_tokens_total",
             "Prompt tokens by source: served from the cache or rendered this turn.",
@@ -190,8 +179,10 @@ class Metrics:
         self.store_writes = Counter()
         self.store_errors = Counter()
         self.store_pending: Callable[[], int] = lambda: 0
-        # The caches count their own LRU evictions; read when scraped.
-        self.cache_evictions: Callable[[], dict[str, int]] = dict
+        # The caches count their own lookups and evictions (hits, misses, evictions);
+        # read when scraped.
+        self.cache_counts: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
+        self.store_rebuilds = Counter()
 
     def record_prompt(self, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Account one turn's prompt: what came from the cache, what was rendered."""
@@ -211,8 +202,6 @@ class Metrics:
         )
         for family in (
             self.turns,
-            self.cache_hits,
-            self.cache_misses,
             self.prompt_tokens,
             self.turn_overhead,
         ):
@@ -235,12 +224,18 @@ class Metrics:
             "Stored responses queued, not yet committed.",
             self.store_pending(),
         )
-        lines += _labelled(
-            "hotloop_cache_evictions_total",
+        hits, misses, evictions = self.cache_counts()
+        for name, help_text, value in (
+            ("hits", "previous_response_id found in a rendered-token cache.", hits),
+            ("misses", "previous_response_id not in the rendered-token cache.", misses),
+            ("evictions", "Cached states dropped to stay within memory limits.", evictions),
+        ):
+            lines += _scalar(f"hotloop_cache_{name}_total", "counter", help_text, value)
+        lines += _scalar(
+            "hotloop_store_rebuilds_total",
             "counter",
-            "Cached states dropped for memory (the global budget or a cache's own limit).",
-            "cache",
-            self.cache_evictions(),
+            "Cache misses answered by rebuilding a stored chain.",
+            self.store_rebuilds.value,
         )
         if self.usage is not None:
             lines.extend(_usage_lines(self.usage))
@@ -258,14 +253,6 @@ def _usage_lines(usage: Usage) -> Iterator[str]:
             ("output", totals.output_tokens),
         ):
             yield f'{name}{{key="{_escape(key)}",kind="{kind}"}} {value}'
-
-
-def _labelled(
-    name: str, kind: str, help_text: str, label: str, values: dict[str, int]
-) -> list[str]:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    lines += [f'{name}{{{label}="{_escape(k)}"}} {_number(v)}' for k, v in values.items()]
-    return lines
 
 
 def _scalar(name: str, kind: str, help_text: str, value: float) -> list[str]:

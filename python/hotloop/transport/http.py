@@ -197,11 +197,8 @@ class HttpApi:
         """Make `parent` a cache hit when the store can rebuild it."""
         if parent is None:
             return
-        metrics = self.ledger.metrics
         if parent in cache:
-            metrics.cache_hits.labels("process").inc()
             return
-        metrics.cache_misses.labels("process").inc()
         checkpoint = await self.ledger.restore(parent, books.owner)
         if checkpoint is not None:
             cache.put(parent, checkpoint, None)
