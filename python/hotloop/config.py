@@ -63,6 +63,9 @@ class ServerConfig:
         4096 * MIB, "cached conversation state across all connections"
     )
     data_dir: str = _option("hotloop-data", "directory for the durable store")
+    drain_timeout: float = _option(
+        30.0, "on SIGTERM/SIGINT, how long in-flight responses get to finish"
+    )
     workers: int = _option(1, "server processes sharing the port")
     log_level: str = _option("info", "critical, error, warning, info, debug or trace")
     # The in-process engine (--engine llama).

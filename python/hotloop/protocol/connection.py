@@ -236,6 +236,12 @@ class Connection:
                 )
             )
 
+    def receive_request(self, request: CreateRequest, size: int, parse_ns: int = 0) -> None:
+        """A request parsed by the caller (an HTTP `POST /v1/responses` body of `size`
+        bytes, parsed in `parse_ns`): the same turn as a `response.create` frame."""
+        if not self.closed:
+            self._create(request, size, parse_ns)
+
     def receive_bytes(self, frame: bytes) -> None:
         """One binary frame: refused, the socket stays open."""
         if not self.closed:
