@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ENGINE ?= llama
 
-.PHONY: all venv develop native serve test test-rust test-python lint bench clean
+.PHONY: all venv develop native serve test test-rust test-python lint bench bench-ci clean
 
 all: develop
 
@@ -19,7 +19,7 @@ venv: $(BIN)/python
 
 # Builds hotloop._core (release) and installs the package with its test and dev extras.
 develop: venv
-	$(BIN)/maturin develop --release -q -E test,dev
+	$(BIN)/maturin develop --release -q -E test,dev,bench
 
 native: venv
 	$(BIN)/python -m hotloop.native_deps
