@@ -46,5 +46,9 @@ lint: develop
 bench: develop native
 	$(BIN)/pytest benches -q --benchmark-only
 
+# CI's microbenchmarks: only ratios measured in one run, with wide margins (quick mode).
+bench-ci: develop
+	$(BIN)/pytest benches/test_ratios.py -q -s --benchmark-disable
+
 clean:
 	rm -rf $(VENV) target
