@@ -29,9 +29,9 @@ import httpx
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
+from hotloop.bench.command import MODES
 from hotloop.bench.rollout import Rollout
 
-MODES = ("http_full", "http_previous", "websocket")
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 
 

@@ -23,13 +23,19 @@ import platform
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hotloop.bench.agent import MODES, Agent, AgentRun, open_transport
-from hotloop.bench.load import LoadPoint, LoadRun, crossing
-from hotloop.bench.proc import ServerProcess
-from hotloop.bench.report import SimParameters, plot_agent_runs, plot_load, summarise
 from hotloop.bench.rollout import Rollout, build_rollout
+
+if TYPE_CHECKING:
+    from hotloop.bench.agent import AgentRun
+    from hotloop.bench.load import LoadPoint
+    from hotloop.bench.proc import ServerProcess
+    from hotloop.bench.report import SimParameters
+
+# The clients, plots and progress bars need the `bench` extra; `hotloop serve` must not,
+# so they are imported when a benchmark runs, not when the command line is built.
+MODES = ("http_full", "http_previous", "websocket")
 
 MODEL = "sim"
 API_KEY = "bench"
@@ -83,6 +89,8 @@ def _sim_flags(sim: SimParameters, script: Path | None) -> list[str]:
 async def _agent_run(
     server: ServerProcess, rollout: Rollout, mode: str, tool_time: float, label: str
 ) -> AgentRun:
+    from hotloop.bench.agent import Agent, open_transport
+
     transport = await open_transport(mode, server.base_url, server.ws_url, API_KEY)
     bar = _progress(len(rollout.steps) + 1, label)
     try:
@@ -102,6 +110,9 @@ async def _agent_run(
 
 
 def run_agent(args: argparse.Namespace) -> dict[str, Any]:
+    from hotloop.bench.proc import ServerProcess
+    from hotloop.bench.report import SimParameters, plot_agent_runs, summarise
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rollout = build_rollout(args.seed, tool_calls=args.tool_calls)
@@ -171,6 +182,10 @@ def _targets(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_load(args: argparse.Namespace) -> dict[str, Any]:
+    from hotloop.bench.load import crossing
+    from hotloop.bench.proc import ServerProcess
+    from hotloop.bench.report import SimParameters, plot_load
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rollouts = [build_rollout(seed, tool_calls=args.tool_calls) for seed in range(args.rollouts)]
@@ -215,6 +230,8 @@ def _load_point(
     workers: int,
     args: argparse.Namespace,
 ) -> LoadPoint:
+    from hotloop.bench.load import LoadRun
+
     bar = _progress(0, f"workers={workers} agents={agents}")
     try:
         run = LoadRun(
@@ -249,6 +266,8 @@ def _load_script() -> list[str]:
 
 
 def run_plot(args: argparse.Namespace) -> None:
+    from hotloop.bench.report import plot_agent_runs, plot_load
+
     out = Path(args.out)
     if (out / "agent.json").is_file():
         plot_agent_runs(json.loads((out / "agent.json").read_text()), out)
