@@ -114,6 +114,7 @@ impl ChatFormat for Mock {
             bytes: Vec::new(),
             items: Vec::new(),
             stopped: false,
+            fed: 0,
         })
     }
     fn render_completion(&self, items: &[Item], r: &mut Renderer) {
@@ -142,6 +143,7 @@ struct MockParser {
     bytes: Vec<u8>,
     items: Vec<Item>,
     stopped: bool,
+    fed: usize,
 }
 
 impl OutputParser for MockParser {
@@ -149,6 +151,7 @@ impl OutputParser for MockParser {
         if self.stopped {
             return;
         }
+        self.fed += 1;
         let text = String::from_utf8_lossy(&self.bytes).into_owned();
         match id {
             RETURN => {
@@ -179,6 +182,15 @@ impl OutputParser for MockParser {
     }
     fn items(&self) -> &[Item] {
         &self.items
+    }
+    fn stopped(&self) -> bool {
+        self.stopped
+    }
+    fn output_tokens(&self) -> usize {
+        self.fed
+    }
+    fn reasoning_tokens(&self) -> usize {
+        0
     }
 }
 
