@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hotloop.bench import command as bench
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.transport import App
@@ -88,6 +89,7 @@ def argument_parser() -> argparse.ArgumentParser:
             serve.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         else:
             serve.add_argument(flag, metavar=option.name.upper(), help=help_text)
+    bench.register(commands)
     return parser
 
 
@@ -136,6 +138,8 @@ def serve(config: ServerConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = argument_parser().parse_args(argv)
+    if args.command == "bench":
+        bench.main(args)
     if args.command == "serve":
         overrides: dict[str, Any] = {}
         for option in ServerConfig.options():

@@ -21,7 +21,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,14 +110,24 @@ async def _agent_run(
 
 
 def run_agent(args: argparse.Namespace) -> dict[str, Any]:
-    from hotloop.bench.proc import ServerProcess
-    from hotloop.bench.report import SimParameters, plot_agent_runs, summarise
+    from hotloop.bench.report import plot_agent_runs
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rollout = build_rollout(args.seed, tool_calls=args.tool_calls)
-    script = out / "rollout.json"
-    script.write_text(json.dumps(rollout.to_json()))
+    with tempfile.TemporaryDirectory(prefix="hotloop-bench-") as scratch:
+        script = Path(scratch) / "sim_script.json"
+        script.write_text(json.dumps(rollout.sim_script()))
+        results = _agent_speeds(args, rollout, script)
+    (out / "agent.json").write_text(json.dumps(results, indent=1))
+    plot_agent_runs(results, out)
+    return results
+
+
+def _agent_speeds(args: argparse.Namespace, rollout: Rollout, script: Path) -> dict[str, Any]:
+    from hotloop.bench.proc import ServerProcess
+    from hotloop.bench.report import SimParameters, summarise
+
     modes = args.modes.split(",")
     peers = [p for p in args.baseline.split(",") if p]
     results: dict[str, Any] = {
@@ -157,8 +167,6 @@ def run_agent(args: argparse.Namespace) -> dict[str, Any]:
             )
         entry["targets"] = _targets(entry)
         results["speeds"].append(entry)
-    (out / "agent.json").write_text(json.dumps(results, indent=1))
-    plot_agent_runs(results, out)
     return results
 
 
@@ -318,14 +326,3 @@ def main(args: argparse.Namespace) -> None:
         run_load(args)
     else:
         run_plot(args)
-
-
-def standalone(argv: Sequence[str] | None = None) -> None:
-    """`python -m hotloop.bench.command ...`, for a tree whose CLI does not list `bench`."""
-    parser = argparse.ArgumentParser(prog="hotloop")
-    register(parser.add_subparsers(dest="command", required=True))
-    main(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    standalone()

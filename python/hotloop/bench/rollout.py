@@ -154,6 +154,15 @@ class Rollout:
             "output": self.steps[index].output,
         }
 
+    def sim_script(self) -> dict[str, Any]:
+        """The sim engine's replay script (`hotloop serve --engine sim --sim-script`):
+        each step's reasoning and call, then the answer."""
+        turns: list[dict[str, Any]] = [
+            {"reasoning": s.reasoning, "calls": [[s.call.name, s.call.arguments]]}
+            for s in self.steps
+        ]
+        return {"turns": [*turns, {"text": self.answer}]}
+
     @property
     def tool_output_bytes(self) -> int:
         return sum(len(step.output.encode()) for step in self.steps)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from hotloop._core import Policy
+from hotloop.bench.peer import Peer
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.events import error_body
@@ -58,6 +59,7 @@ class App:
             max_frame_bytes=self.config.max_frame_bytes,
             max_queued_bytes=self.config.max_queued_bytes,
         )
+        self.baseline = Peer(self.config.baseline) if self.config.baseline else None
 
     @property
     def model(self) -> str:
@@ -120,6 +122,7 @@ class App:
             limits=self._limits,
             policy=self._policy,
             observer=self._observer,
+            baseline=self.baseline,
             principal=key if config.auth else None,
         )
         socket = Socket(
