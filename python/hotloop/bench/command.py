@@ -84,8 +84,6 @@ def _sim_flags(sim: SimParameters, script: Path | None) -> list[str]:
         MODEL,
         "--api-keys",
         API_KEY,
-        "--log-level",
-        "warning",
         "--sim-tokens-per-second",
         f"{sim.tokens_per_second:g}",
         "--sim-ttft",
