@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hotloop.auth import ApiKeys
+from hotloop.bench import command as bench
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
@@ -113,6 +114,7 @@ def argument_parser() -> argparse.ArgumentParser:
             serve.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         else:
             serve.add_argument(flag, metavar=option.name.upper(), help=help_text)
+    bench.register(commands)
     return parser
 
 
@@ -171,6 +173,8 @@ def serve(config: ServerConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = argument_parser().parse_args(argv)
+    if args.command == "bench":
+        bench.main(args)
     if args.command == "serve":
         overrides: dict[str, Any] = {}
         for option in ServerConfig.options():

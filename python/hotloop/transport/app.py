@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from hotloop._core import Policy
+from hotloop.bench.peer import Peer
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.events import error_body
@@ -66,6 +67,7 @@ class App:
             max_frame_bytes=self.config.max_frame_bytes,
             max_queued_bytes=self.config.max_queued_bytes,
         )
+        self.baseline = Peer(self.config.baseline) if self.config.baseline else None
 
     @property
     def model(self) -> str:
@@ -136,6 +138,7 @@ class App:
                 if self.ledger is None
                 else self.ledger.observer(key if config.auth else None)
             ),
+            baseline=self.baseline,
             principal=key if config.auth else None,
         )
         socket = Socket(
