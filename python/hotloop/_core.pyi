@@ -49,6 +49,22 @@ class StreamDecoder:
     def feed(self, ids: Sequence[int]) -> str: ...
     def finish(self) -> str: ...
 
+class IncrementalText:
+    """A growing text that keeps its token ids: appending a chunk re-encodes only the
+    last pre-tokenizer pieces (rust/src/tokenizer/incremental.rs)."""
+
+    def __init__(self, tokenizer: Tokenizer, text: str = "") -> None: ...
+    def push(self, chunk: str) -> int:
+        """Append `chunk`; returns the index of the first id that changed."""
+    @property
+    def text(self) -> str: ...
+    def ids(self) -> list[int]: ...
+    def ids_from(self, start: int) -> list[int]: ...
+    def __len__(self) -> int: ...
+    @property
+    def fallbacks(self) -> int:
+        """Appends whose overlap check failed and re-encoded the whole text."""
+
 # ---------------------------------------------------------------- chat formats
 
 class ChatFormat:
@@ -174,7 +190,12 @@ class Prompt:
     def common_prefix_len(self, other: Prompt) -> int:
         """Length of the shared prefix; O(shared chunks) when both share storage."""
 
-ParseEvent = tuple[str, int] | tuple[str, int, str] | tuple[str, int, str, str] | tuple[str, int, str, str, str]
+ParseEvent = (
+    tuple[str, int]
+    | tuple[str, int, str]
+    | tuple[str, int, str, str]
+    | tuple[str, int, str, str, str]
+)
 
 class OutputParser:
     """Streaming output parser for one turn. Events are tuples:
@@ -184,7 +205,9 @@ class OutputParser:
     ("call_done", index, name, call_id, arguments)."""
 
     def feed(self, ids: Sequence[int]) -> list[ParseEvent]: ...
-    def finish(self) -> tuple[list[ParseEvent], Literal["stopped", "truncated", "malformed"], str | None]:
+    def finish(
+        self,
+    ) -> tuple[list[ParseEvent], Literal["stopped", "truncated", "malformed"], str | None]:
         """Close open items. Returns events, the outcome, and a message when malformed."""
     @property
     def stopped(self) -> bool:

@@ -19,7 +19,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use foldhash::HashMap as FastMap;
 use serde::Deserialize;
 
 use super::gguf::{self, Metadata, Value};
@@ -114,7 +114,7 @@ pub struct ByteLevelBpe {
     /// The token of each single byte: the symbols a piece starts from.
     byte_ids: [u32; 256],
     /// (left id << 32 | right id) -> (rank, merged id).
-    merges: FxHashMap<u64, (u32, u32)>,
+    merges: FastMap<u64, (u32, u32)>,
     /// Control, unknown and user-defined tokens by their literal text.
     specials: HashMap<String, u32>,
     /// User-defined tokens, longest first: matched in text before pre-tokenization.
@@ -179,7 +179,7 @@ impl ByteLevelBpe {
 
         // A merge whose parts or result are not tokens can never apply to symbols that
         // are tokens; such merges only occur in damaged vocabularies and are skipped.
-        let mut merges = FxHashMap::default();
+        let mut merges = FastMap::default();
         merges.reserve(v.merges.len());
         for (rank, (left, right)) in v.merges.iter().enumerate() {
             let joined = format!("{left}{right}");
