@@ -17,7 +17,6 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::ops::Range;
 use std::path::Path;
-use std::sync::Arc;
 
 use foldhash::HashMap as FastMap;
 use serde::Deserialize;
@@ -519,16 +518,6 @@ impl Tokenizer for ByteLevelBpe {
     fn vocab_size(&self) -> usize {
         self.kinds.len()
     }
-}
-
-/// Load a byte-level BPE tokenizer from a GGUF file.
-pub fn from_gguf(path: &Path) -> Result<Arc<dyn Tokenizer>> {
-    Ok(Arc::new(ByteLevelBpe::from_gguf(path)?))
-}
-
-/// Load a byte-level BPE tokenizer from the bytes of a `tokenizer.json`.
-pub fn from_tokenizer_json(data: &[u8]) -> Result<Arc<dyn Tokenizer>> {
-    Ok(Arc::new(ByteLevelBpe::from_tokenizer_json(data)?))
 }
 
 // ---------------------------------------------------------------- tokenizer.json
