@@ -398,3 +398,26 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn random_completions_round_trip(
+        answer in "[\\PC\n]{0,40}",
+        calls in proptest::collection::vec(("[a-z_]{1,12}", proptest::collection::btree_map("[a-z]{1,5}", "\\PC{0,12}", 0..4)), 0..3),
+    ) {
+        prop_assume!(!answer.contains("<tool_call>"));
+        let f = chatml();
+        let mut items = Vec::new();
+        if !answer.is_empty() {
+            items.push(assistant(&answer));
+        }
+        for (name, args) in &calls {
+            // Arguments come back as the template writes them (Python's json.dumps).
+            items.push(call("", name, &tojson(&serde_json::to_value(args).unwrap())));
+        }
+        let parsed = parse(&f, &completion(&f, &items));
+        prop_assert_eq!(parsed.outcome, Outcome::Stopped);
+        prop_assert!(same_items(&parsed.items, &items), "{:?} vs {:?}", parsed.items, items);
+    }
+}
