@@ -329,6 +329,19 @@ fn calls_in_other_shapes_are_parsed_whole() {
 }
 
 #[test]
+fn a_long_call_parsed_whole_finds_its_closing_tag() {
+    let f = chatml();
+    let long = "日本 </tool_call ".repeat(2000);
+    let args = format!(r#"{{"x": "{long}"}}"#);
+    let parsed = parse_text(
+        &f,
+        &format!(r#"<tool_call>{{"arguments": {args}, "name": "f"}}</tool_call>"#),
+    );
+    assert_eq!(parsed.outcome, Outcome::Stopped);
+    assert!(same_items(&parsed.items, &[call("", "f", &args)]));
+}
+
+#[test]
 fn a_call_cut_off_mid_arguments_is_truncated() {
     let f = chatml();
     let mut ids = Vec::new();
