@@ -170,13 +170,13 @@ pub struct ChatMlParser {
 
 /// Length of the longest suffix of `text` that could grow into `\n<tool_call>`.
 fn tag_prefix_len(text: &str) -> usize {
-    let with_newline = format!("\n{OPEN_TAG}");
-    (1..with_newline.len().min(text.len() + 1))
+    const OPEN_LINE: &str = "\n<tool_call>";
+    (1..OPEN_LINE.len().min(text.len() + 1))
         .rev()
         .find(|&n| {
             text.is_char_boundary(text.len() - n) && {
                 let tail = &text[text.len() - n..];
-                with_newline.starts_with(tail) || OPEN_TAG.starts_with(tail)
+                OPEN_LINE.starts_with(tail) || OPEN_TAG.starts_with(tail)
             }
         })
         .unwrap_or(0)
