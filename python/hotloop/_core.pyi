@@ -93,6 +93,10 @@ class Policy:
     """The built-in content policy: a multi-pattern matcher over new text only."""
 
     def __init__(self, patterns: Sequence[str], *, case_insensitive: bool = True) -> None: ...
+    def check(self, request: CreateRequest) -> None:
+        """Raise CoreError `content_policy_violation` (param: the offending text, e.g.
+        `input[2].content[0].text`) if the request's instructions or input hit a pattern.
+        Case-insensitive matching folds ASCII letters only."""
 
 class CreateRequest:
     """A parsed `response.create` event (flat or nested form) or a `POST /v1/responses`
@@ -115,6 +119,8 @@ class CreateRequest:
     reasoning_effort: str | None
     input_item_count: int
     input_bytes: int
+    skipped_tools: list[tuple[str, str | None]]
+    """Tools of types this server does not run, `(type, name)`: accepted, not rendered."""
     @property
     def input_json(self) -> str:
         """The input as a JSON array of items (a string input becomes one user message)."""
@@ -174,7 +180,12 @@ class Prompt:
     def common_prefix_len(self, other: Prompt) -> int:
         """Length of the shared prefix; O(shared chunks) when both share storage."""
 
-ParseEvent = tuple[str, int] | tuple[str, int, str] | tuple[str, int, str, str] | tuple[str, int, str, str, str]
+ParseEvent = (
+    tuple[str, int]
+    | tuple[str, int, str]
+    | tuple[str, int, str, str]
+    | tuple[str, int, str, str, str]
+)
 
 class OutputParser:
     """Streaming output parser for one turn. Events are tuples:
@@ -184,7 +195,9 @@ class OutputParser:
     ("call_done", index, name, call_id, arguments)."""
 
     def feed(self, ids: Sequence[int]) -> list[ParseEvent]: ...
-    def finish(self) -> tuple[list[ParseEvent], Literal["stopped", "truncated", "malformed"], str | None]:
+    def finish(
+        self,
+    ) -> tuple[list[ParseEvent], Literal["stopped", "truncated", "malformed"], str | None]:
         """Close open items. Returns events, the outcome, and a message when malformed."""
     @property
     def stopped(self) -> bool:
