@@ -1,5 +1,6 @@
 """hotloop: a Responses-API server whose WebSocket mode keeps an agent's state warm."""
 
 from hotloop._core import __version__
+from hotloop.tokenizer import StreamDecoder, Tokenizer
 
-__all__ = ["__version__"]
+__all__ = ["StreamDecoder", "Tokenizer", "__version__"]

@@ -10,6 +10,7 @@
 //!
 //! No pyo3 type appears below `bindings` (compiled only with the `python` feature).
 
+pub mod conversation;
 pub mod error;
 pub mod format;
 pub mod item;

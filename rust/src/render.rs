@@ -73,6 +73,21 @@ impl<'t> Renderer<'t> {
         &self.run
     }
 
+    /// Number of tokens encoded so far (the open run not included).
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty() && self.run.is_empty()
+    }
+
+    /// The tokens encoded so far and the open run, not encoded: the rendered-token cache
+    /// keeps the run as text so that the next append can continue it exactly.
+    pub fn into_parts(self) -> (Vec<u32>, String) {
+        (self.tokens, self.run)
+    }
+
     /// All tokens, with the open run encoded.
     pub fn finish(mut self) -> Vec<u32> {
         self.flush();

@@ -7,6 +7,12 @@
 
 use std::sync::Arc;
 
+pub mod chatml;
+pub mod harmony;
+pub mod output;
+#[cfg(test)]
+mod transcript;
+
 use crate::item::{Item, ItemKind, Prefix};
 use crate::render::Renderer;
 use crate::tokenizer::Tokenizer;
@@ -81,6 +87,12 @@ pub trait OutputParser: Send {
     fn finish(&mut self, out: &mut Vec<ParseEvent>) -> Outcome;
     /// The completed output items so far (function calls carry their minted call ids).
     fn items(&self) -> &[Item];
+    /// A stop token was sampled: the engine should stop.
+    fn stopped(&self) -> bool;
+    /// Tokens fed so far (usage `output_tokens`).
+    fn output_tokens(&self) -> usize;
+    /// Of those, the tokens of reasoning items (usage `reasoning_tokens`).
+    fn reasoning_tokens(&self) -> usize;
 }
 
 pub trait ChatFormat: Send + Sync {

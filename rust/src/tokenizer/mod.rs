@@ -1,12 +1,26 @@
 //! Tokenizers: the BPE encodings the chat formats and the cache are built on.
 //!
+//! - [`openai`]: the embedded OpenAI encodings (`o200k_base`, `o200k_harmony`, `cl100k_base`).
+//! - [`bytelevel`]: byte-level BPE for open models, from GGUF metadata ([`gguf`]) or a
+//!   `tokenizer.json`, split by the llama.cpp-exact [`pretokenizer`].
+//! - [`detok`]: streaming detokenization (ids in, whole UTF-8 characters out).
+//! - [`incremental`]: a growing text that keeps its ids as chunks are appended.
+//!
 //! Every tokenizer encodes user and tool text as *plain text*: a string such as
 //! `<|end|>` inside a message is ordinary bytes, never a special token. Only chat
 //! formats insert special tokens, by id.
 
+use std::path::Path;
 use std::sync::Arc;
 
+use crate::error::Result;
+
+pub mod bytelevel;
+pub mod detok;
+pub mod gguf;
+pub mod incremental;
 pub mod openai;
+pub mod pretokenizer;
 
 /// A BPE tokenizer with a pre-tokenizer (the regex split that makes encoding local).
 pub trait Tokenizer: Send + Sync {
@@ -44,4 +58,14 @@ pub trait Tokenizer: Send + Sync {
 /// `o200k_base`, `o200k_harmony`, `cl100k_base`.
 pub fn by_name(name: &str) -> Option<Arc<dyn Tokenizer>> {
     openai::by_name(name)
+}
+
+/// A byte-level BPE tokenizer from a GGUF file's tokenizer metadata.
+pub fn from_gguf(path: &Path) -> Result<Arc<dyn Tokenizer>> {
+    bytelevel::from_gguf(path)
+}
+
+/// A byte-level BPE tokenizer from the bytes of a Hugging Face `tokenizer.json`.
+pub fn from_tokenizer_json(data: &[u8]) -> Result<Arc<dyn Tokenizer>> {
+    bytelevel::from_tokenizer_json(data)
 }

@@ -1,28 +1,49 @@
-//! OpenAI encodings, embedded by the `bpe-openai` crate (no download at run time).
-//! `o200k_harmony` is `o200k_base` plus the harmony special tokens gpt-oss uses.
+//! OpenAI encodings, embedded by the `bpe-openai` crate (no download at run time):
+//! `o200k_base`, `o200k_harmony` (o200k plus the harmony special tokens gpt-oss uses)
+//! and `cl100k_base`.
+//!
+//! Encoding is the pre-tokenizer split of `bpe-openai` (its regexes reproduce tiktoken's
+//! `pat_str`) followed by the linear-time backtracking BPE of the `bpe` crate. A piece
+//! that is itself a token (most words) is answered by one hash lookup, as tiktoken does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
+
+use rustc_hash::FxHashMap;
 
 use super::Tokenizer;
 
 pub struct OpenAiTokenizer {
     name: &'static str,
     inner: &'static bpe_openai::Tokenizer,
+    /// Token bytes -> id for the ordinary vocabulary: the single-token fast path.
+    whole: FxHashMap<&'static [u8], u32>,
     /// id -> literal text, for special and reserved tokens (ids above the ordinary vocabulary).
     specials: HashMap<u32, String>,
+    /// literal text -> id; may hold aliases (two names for one id).
     by_text: HashMap<String, u32>,
     vocab_size: usize,
 }
 
 impl OpenAiTokenizer {
-    fn new(name: &'static str, inner: &'static bpe_openai::Tokenizer, specials: Vec<(String, u32)>) -> Self {
+    fn new(
+        name: &'static str,
+        inner: &'static bpe_openai::Tokenizer,
+        specials: Vec<(String, u32)>,
+        aliases: &[(&str, u32)],
+    ) -> Self {
         let ordinary = inner.bpe.num_tokens();
         let top = specials.iter().map(|(_, id)| *id as usize + 1).max().unwrap_or(0);
+        let whole = (0..ordinary as u32)
+            .map(|id| (inner.bpe.token_bytes(id), id))
+            .collect();
+        let mut by_text: HashMap<String, u32> = specials.iter().cloned().collect();
+        by_text.extend(aliases.iter().map(|(t, id)| (t.to_string(), *id)));
         OpenAiTokenizer {
             name,
             inner,
-            by_text: specials.iter().cloned().collect(),
+            whole,
+            by_text,
             specials: specials.into_iter().map(|(t, id)| (id, t)).collect(),
             vocab_size: ordinary.max(top),
         }
@@ -36,8 +57,10 @@ fn o200k_specials() -> Vec<(String, u32)> {
     ]
 }
 
-/// The harmony vocabulary: o200k_base ids 0..199998, then specials and a reserved range
-/// up to 201087 (tiktoken's `o200k_harmony`).
+/// The harmony vocabulary, as tiktoken's `o200k_harmony` defines it: o200k_base ids
+/// 0..199997, `<|startoftext|>` and `<|endoftext|>`, then 200000..201087 where the named
+/// harmony tokens sit among `<|reserved_N|>` ids. 200018 keeps o200k's `<|endofprompt|>`
+/// name; tiktoken and openai-harmony also call it `<|reserved_200018|>` (an alias here).
 fn o200k_harmony_specials() -> Vec<(String, u32)> {
     let named: &[(&str, u32)] = &[
         ("<|startoftext|>", 199_998),
@@ -75,6 +98,7 @@ static O200K_BASE: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
         "o200k_base",
         bpe_openai::o200k_base(),
         o200k_specials(),
+        &[],
     ))
 });
 static O200K_HARMONY: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
@@ -82,6 +106,7 @@ static O200K_HARMONY: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
         "o200k_harmony",
         bpe_openai::o200k_base(),
         o200k_harmony_specials(),
+        &[("<|reserved_200018|>", 200_018)],
     ))
 });
 static CL100K_BASE: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
@@ -89,6 +114,7 @@ static CL100K_BASE: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
         "cl100k_base",
         bpe_openai::cl100k_base(),
         cl100k_specials(),
+        &[],
     ))
 });
 
@@ -108,8 +134,12 @@ impl Tokenizer for OpenAiTokenizer {
     }
 
     fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        out.reserve(text.len() / 4);
         for piece in self.inner.split(text) {
-            out.extend(self.inner.bpe.encode_via_backtracking(piece.as_bytes()));
+            match self.whole.get(piece.as_bytes()) {
+                Some(&id) => out.push(id),
+                None => out.extend(self.inner.bpe.encode_via_backtracking(piece.as_bytes())),
+            }
         }
     }
 
@@ -117,10 +147,16 @@ impl Tokenizer for OpenAiTokenizer {
         Box::new(self.inner.split(text))
     }
 
+    /// Ids in the gaps of a vocabulary (e.g. 199998 in `o200k_base`) and ids past its
+    /// end have no bytes.
     fn token_bytes(&self, id: u32) -> &[u8] {
-        match self.specials.get(&id) {
-            Some(text) => text.as_bytes(),
-            None => self.inner.bpe.token_bytes(id),
+        if let Some(text) = self.specials.get(&id) {
+            return text.as_bytes();
+        }
+        if (id as usize) < self.inner.bpe.num_tokens() {
+            self.inner.bpe.token_bytes(id)
+        } else {
+            &[]
         }
     }
 
@@ -149,5 +185,60 @@ mod tests {
         assert!(ids.len() > 1);
         assert!(ids.iter().all(|&id| !t.is_special(id)));
         assert_eq!(t.special("<|end|>"), Some(200_007));
+    }
+
+    #[test]
+    fn harmony_ids_match_tiktoken() {
+        let t = by_name("o200k_harmony").unwrap();
+        let expect = [
+            ("<|startoftext|>", 199_998),
+            ("<|endoftext|>", 199_999),
+            ("<|reserved_200000|>", 200_000),
+            ("<|reserved_200001|>", 200_001),
+            ("<|return|>", 200_002),
+            ("<|constrain|>", 200_003),
+            ("<|reserved_200004|>", 200_004),
+            ("<|channel|>", 200_005),
+            ("<|start|>", 200_006),
+            ("<|end|>", 200_007),
+            ("<|message|>", 200_008),
+            ("<|reserved_200011|>", 200_011),
+            ("<|call|>", 200_012),
+            ("<|reserved_200013|>", 200_013),
+            ("<|endofprompt|>", 200_018),
+            ("<|reserved_200018|>", 200_018),
+            ("<|reserved_201087|>", 201_087),
+        ];
+        for (name, id) in expect {
+            assert_eq!(t.special(name), Some(id), "{name}");
+            assert!(t.is_special(id));
+        }
+        assert_eq!(t.special("<|reserved_201088|>"), None);
+        assert_eq!(t.vocab_size(), 201_088);
+        assert_eq!(t.token_bytes(200_018), b"<|endofprompt|>");
+        assert!(!t.is_special(199_997));
+    }
+
+    #[test]
+    fn gaps_have_no_bytes() {
+        let t = by_name("o200k_base").unwrap();
+        assert_eq!(t.token_bytes(199_998), b"");
+        assert_eq!(t.token_bytes(300_000), b"");
+        let c = by_name("cl100k_base").unwrap();
+        assert_eq!(c.token_bytes(100_256), b"");
+        assert_eq!(c.vocab_size(), 100_277);
+    }
+
+    #[test]
+    fn known_encodings() {
+        // Reference ids from tiktoken.
+        let t = by_name("cl100k_base").unwrap();
+        let mut ids = Vec::new();
+        t.encode("hello world", &mut ids);
+        assert_eq!(ids, vec![15339, 1917]);
+        let o = by_name("o200k_base").unwrap();
+        ids.clear();
+        o.encode("hello world", &mut ids);
+        assert_eq!(ids, vec![24912, 2375]);
     }
 }

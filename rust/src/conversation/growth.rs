@@ -1,0 +1,314 @@
+//! Growing text: re-tokenizing the end of one text run after text was added to it.
+//!
+//! BPE never merges across a pre-tokenizer piece boundary, so the ids of a text are the
+//! ids of its pieces, concatenated. When text is added at byte `join`, the pieces that end
+//! well before the join keep their ids; only the last pieces before the join and what
+//! follows are encoded again. The restart is taken two pieces before the join and at least
+//! [`MARGIN`] bytes before it (the pre-tokenizer's lookahead never reaches that far back),
+//! and the re-encoded ids of the unchanged stretch are checked against the cached ids
+//! before they are trusted; a failed check makes the caller re-encode the whole segment.
+//!
+//! This module also finds *which* text of an item's rendering grew: the item is rendered
+//! twice through a [`Recorder`], a tokenizer that encodes nothing and records each text
+//! instead, and the two recordings are compared.
+
+use std::sync::Mutex;
+
+use crate::tokenizer::Tokenizer;
+
+/// Bytes between the restart and the join. The o200k/cl100k pre-tokenizers look at most
+/// three characters ahead (`'ll`), i.e. at most 12 bytes; 32 leaves room for any of them.
+pub const MARGIN: usize = 32;
+
+/// Stands for "an encoded text" in a recording; no vocabulary has this id.
+const PLACEHOLDER: u32 = u32::MAX;
+
+/// A tokenizer that records the texts a renderer asks it to encode and emits one
+/// placeholder id for each. Special tokens and their ids come from the real tokenizer.
+pub(crate) struct Recorder<'t> {
+    inner: &'t dyn Tokenizer,
+    texts: Mutex<Vec<String>>,
+}
+
+impl<'t> Recorder<'t> {
+    pub fn new(inner: &'t dyn Tokenizer) -> Self {
+        Recorder {
+            inner,
+            texts: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn into_texts(self) -> Vec<String> {
+        self.texts.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Tokenizer for Recorder<'_> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        self.texts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(text.to_owned());
+        out.push(PLACEHOLDER);
+    }
+    fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
+        self.inner.pieces(text)
+    }
+    fn token_bytes(&self, id: u32) -> &[u8] {
+        self.inner.token_bytes(id)
+    }
+    fn special(&self, name: &str) -> Option<u32> {
+        self.inner.special(name)
+    }
+    fn is_special(&self, id: u32) -> bool {
+        self.inner.is_special(id)
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+}
+
+/// An item's rendering with every encoded text replaced by a placeholder.
+pub(crate) struct Recording {
+    /// Special ids, verbatim ids, and a [`PLACEHOLDER`] per encoded text.
+    pub shape: Vec<u32>,
+    /// The encoded texts, in order.
+    pub texts: Vec<String>,
+    /// The text run left open at the end.
+    pub run: String,
+}
+
+/// Where two recordings of one item differ.
+pub(crate) enum Change {
+    /// The `index`-th encoded text; `after` = the tokens the rendering emits after it.
+    Text { index: usize, after: Vec<Position> },
+    /// Only the open run at the end.
+    Run,
+}
+
+/// An element of a recording that follows the changed text.
+pub(crate) enum Position {
+    Id,
+    Text(usize),
+}
+
+impl Recording {
+    /// The single text that differs between two recordings, or None when their structure
+    /// differs (more than one text changed, or specials appeared).
+    pub fn change(&self, grown: &Recording) -> Option<Change> {
+        if self.shape != grown.shape || self.texts.len() != grown.texts.len() {
+            return None;
+        }
+        let mut changed = (0..self.texts.len()).filter(|&i| self.texts[i] != grown.texts[i]);
+        match (changed.next(), changed.next()) {
+            (None, _) if self.run != grown.run => Some(Change::Run),
+            (Some(index), None) if self.run == grown.run => {
+                let mut text = 0;
+                let mut after = Vec::new();
+                for &id in &self.shape {
+                    if id == PLACEHOLDER {
+                        if text > index {
+                            after.push(Position::Text(text));
+                        }
+                        text += 1;
+                    } else if text > index {
+                        after.push(Position::Id);
+                    }
+                }
+                Some(Change::Text { index, after })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The result of re-tokenizing a grown text.
+pub(crate) struct Regrown {
+    /// How many cached ids at the end of the old text are replaced.
+    pub drop: usize,
+    /// Their replacement: the ids of the new text from the restart on.
+    pub ids: Vec<u32>,
+    /// A piece boundary of the new text, far enough before its growth point to restart
+    /// from next time without scanning the text from its beginning.
+    pub hint: usize,
+}
+
+/// Re-tokenize `new`, which shares a prefix with `old`. `cached_tail(n)` returns the last
+/// `n` cached ids of `old` (or fewer if the text has fewer). `hint`, when given, is a piece
+/// boundary of `old` found by an earlier call. None means the check against the cached
+/// ids failed: the caller re-encodes from scratch.
+pub(crate) fn regrow(
+    tokenizer: &dyn Tokenizer,
+    old: &str,
+    new: &str,
+    hint: Option<usize>,
+    cached_tail: impl FnOnce(usize) -> Vec<u32>,
+) -> Option<Regrown> {
+    let mut join = old.bytes().zip(new.bytes()).take_while(|(a, b)| a == b).count();
+    while !old.is_char_boundary(join) {
+        join -= 1;
+    }
+    let restart = match hint {
+        Some(h) if h + MARGIN <= join && old.is_char_boundary(h) => h,
+        _ => restart_before(tokenizer, old, 0, join),
+    };
+
+    // The cached ids of old[restart..]: walk back over them until their bytes add up.
+    let want = old.len() - restart;
+    let tail = cached_tail(want);
+    let mut bytes = 0;
+    let mut drop = 0;
+    for &id in tail.iter().rev() {
+        if bytes >= want {
+            break;
+        }
+        bytes += tokenizer.token_bytes(id).len();
+        drop += 1;
+    }
+    if bytes != want {
+        return None;
+    }
+    let old_ids = &tail[tail.len() - drop..];
+
+    let mut ids = Vec::with_capacity(drop + (new.len() - old.len()) / 2);
+    let mut starts = Vec::new();
+    let mut at = restart;
+    for piece in tokenizer.pieces(&new[restart..]) {
+        starts.push(at);
+        tokenizer.encode(piece, &mut ids);
+        at += piece.len();
+    }
+
+    // The stretch between the restart and MARGIN bytes before the join is unchanged text:
+    // its re-encoded ids must equal the cached ones.
+    let stable = join.saturating_sub(MARGIN).saturating_sub(restart);
+    let mut covered = 0;
+    for (a, b) in old_ids.iter().zip(ids.iter()) {
+        let len = tokenizer.token_bytes(*a).len();
+        if covered + len > stable {
+            break;
+        }
+        if a != b {
+            return None;
+        }
+        covered += len;
+    }
+
+    // The next growth most likely continues where this one ended.
+    let next_join = new.len() - (old.len() - join);
+    let hint = two_back(starts.iter().copied().take_while(|&s| s + MARGIN <= next_join)).unwrap_or(restart);
+    Some(Regrown { drop, ids, hint })
+}
+
+/// A piece boundary of `text` two pieces and at least MARGIN bytes before `join`, found by
+/// scanning from `from` (a known boundary); `from` itself when none is.
+fn restart_before(tokenizer: &dyn Tokenizer, text: &str, from: usize, join: usize) -> usize {
+    let mut at = from;
+    let starts = tokenizer.pieces(&text[from..]).map(|piece| {
+        let start = at;
+        at += piece.len();
+        start
+    });
+    two_back(starts.take_while(|&s| s + MARGIN <= join)).unwrap_or(from)
+}
+
+/// The second-to-last of a sequence of piece starts (the last one alone if only one).
+fn two_back(starts: impl Iterator<Item = usize>) -> Option<usize> {
+    let (mut last, mut before) = (None, None);
+    for s in starts {
+        before = last;
+        last = Some(s);
+    }
+    before.or(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer;
+    use proptest::prelude::*;
+
+    fn encode(t: &dyn Tokenizer, s: &str) -> Vec<u32> {
+        let mut v = Vec::new();
+        t.encode(s, &mut v);
+        v
+    }
+
+    /// Grow `parts[0]` by each following part; every step must equal a full encode.
+    fn check_growth(name: &str, parts: &[String]) -> Result<(), TestCaseError> {
+        let t = tokenizer::by_name(name).unwrap();
+        let mut text = parts[0].clone();
+        let mut ids = encode(t.as_ref(), &text);
+        let mut hint = None;
+        for part in &parts[1..] {
+            let new = format!("{text}{part}");
+            match regrow(t.as_ref(), &text, &new, hint, |n| {
+                ids[ids.len().saturating_sub(n)..].to_vec()
+            }) {
+                Some(r) => {
+                    ids.truncate(ids.len() - r.drop);
+                    ids.extend(r.ids);
+                    hint = Some(r.hint);
+                }
+                None => {
+                    ids = encode(t.as_ref(), &new);
+                    hint = None;
+                }
+            }
+            text = new;
+            prop_assert_eq!(&ids, &encode(t.as_ref(), &text), "text {:?}", text);
+        }
+        Ok(())
+    }
+
+    fn piece_text() -> impl Strategy<Value = String> {
+        let atoms = prop_oneof![
+            Just(" ".to_string()),
+            Just("  ".to_string()),
+            Just("\n".to_string()),
+            Just("\r\n".to_string()),
+            Just("\t".to_string()),
+            Just("'ll".to_string()),
+            Just("'s".to_string()),
+            Just("é".to_string()),
+            Just("日本".to_string()),
+            Just("🦀".to_string()),
+            Just("{\"a\": 1}".to_string()),
+            "[a-zA-Z]{1,8}",
+            "[0-9]{1,7}",
+            "[ !-/:-@]{1,4}",
+            "\\PC{1,3}",
+        ];
+        prop::collection::vec(atoms, 0..12).prop_map(|v| v.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn growing_text_equals_full_encode_o200k(parts in prop::collection::vec(piece_text(), 1..12)) {
+            check_growth("o200k_base", &parts)?;
+        }
+
+        #[test]
+        fn growing_text_equals_full_encode_cl100k(parts in prop::collection::vec(piece_text(), 1..12)) {
+            check_growth("cl100k_base", &parts)?;
+        }
+    }
+
+    #[test]
+    fn long_whitespace_and_letter_runs() {
+        let parts: Vec<String> = vec![
+            "a".repeat(300),
+            "a".repeat(100),
+            " ".repeat(200),
+            "x".into(),
+            " ".repeat(50),
+            "\n\n".into(),
+            "9".repeat(40),
+        ];
+        check_growth("o200k_base", &parts).unwrap();
+    }
+}

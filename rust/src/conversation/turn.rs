@@ -1,0 +1,98 @@
+//! The output side of one turn: the format's streaming parser, wrapped so that the ids it
+//! saw are exactly what `Conversation::commit_output` appends to history.
+
+use crate::format::{Outcome, OutputParser, ParseEvent};
+use crate::item::Item;
+
+/// What `Conversation::extend` and `append_items` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Turn {
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the cache: kept, not rendered again.
+    pub cached_tokens: usize,
+    /// Prompt tokens rendered by this call.
+    pub new_tokens: usize,
+    /// The prefix (instructions, tools) changed and the chain re-rendered from it.
+    pub invalidated: bool,
+}
+
+/// Identifies the open turn a parser was made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TurnId {
+    pub conversation: u64,
+    pub serial: u64,
+}
+
+pub struct TurnParser {
+    inner: Box<dyn OutputParser>,
+    stop: Vec<u32>,
+    sampled: Vec<u32>,
+    stopped: bool,
+    in_reasoning: bool,
+    reasoning_tokens: usize,
+    pub(crate) turn: TurnId,
+}
+
+impl TurnParser {
+    pub(crate) fn new(inner: Box<dyn OutputParser>, stop: &[u32], turn: TurnId) -> Self {
+        TurnParser {
+            inner,
+            stop: stop.to_vec(),
+            sampled: Vec::new(),
+            stopped: false,
+            in_reasoning: false,
+            reasoning_tokens: 0,
+            turn,
+        }
+    }
+
+    /// Feed one sampled id. Ids after a stop token are not part of the turn and are ignored.
+    pub fn feed(&mut self, id: u32, out: &mut Vec<ParseEvent>) {
+        if self.stopped {
+            return;
+        }
+        self.sampled.push(id);
+        let was_reasoning = self.in_reasoning;
+        let from = out.len();
+        self.inner.feed(id, out);
+        for event in &out[from..] {
+            match event {
+                ParseEvent::ReasoningStart { .. } => self.in_reasoning = true,
+                ParseEvent::ReasoningDone { .. } => self.in_reasoning = false,
+                _ => {}
+            }
+        }
+        if was_reasoning || self.in_reasoning {
+            self.reasoning_tokens += 1;
+        }
+        if self.stop.contains(&id) {
+            self.stopped = true;
+        }
+    }
+
+    pub fn finish(&mut self, out: &mut Vec<ParseEvent>) -> Outcome {
+        self.inner.finish(out)
+    }
+
+    /// A stop token was sampled: the engine should stop.
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    pub fn output_tokens(&self) -> usize {
+        self.sampled.len()
+    }
+
+    /// Sampled ids that fell inside reasoning items.
+    pub fn reasoning_tokens(&self) -> usize {
+        self.reasoning_tokens
+    }
+
+    pub fn sampled(&self) -> &[u32] {
+        &self.sampled
+    }
+
+    pub fn items(&self) -> &[Item] {
+        self.inner.items()
+    }
+}

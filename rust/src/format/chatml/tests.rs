@@ -1,0 +1,308 @@
+//! ChatML against an OpenAI vocabulary with `<|im_start|>`/`<|im_end|>` added (the
+//! exactness tests against the SmolLM2 template and llama.cpp are in tests/test_format_chatml.py).
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+use crate::format::transcript::{completion, output, parse, same_items, segments, text};
+use crate::format::{Outcome, ParseEvent};
+use crate::tokenizer;
+
+const IM_START: u32 = 200_100;
+const IM_END: u32 = 200_101;
+
+/// o200k_base plus the two ChatML special tokens.
+struct ChatVocab(Arc<dyn Tokenizer>);
+
+impl Tokenizer for ChatVocab {
+    fn name(&self) -> &str {
+        "o200k_chatml"
+    }
+    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        self.0.encode(text, out)
+    }
+    fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
+        self.0.pieces(text)
+    }
+    fn token_bytes(&self, id: u32) -> &[u8] {
+        match id {
+            IM_START => b"<|im_start|>",
+            IM_END => b"<|im_end|>",
+            _ => self.0.token_bytes(id),
+        }
+    }
+    fn special(&self, name: &str) -> Option<u32> {
+        match name {
+            "<|im_start|>" => Some(IM_START),
+            "<|im_end|>" => Some(IM_END),
+            _ => self.0.special(name),
+        }
+    }
+    fn is_special(&self, id: u32) -> bool {
+        id == IM_START || id == IM_END || self.0.is_special(id)
+    }
+    fn vocab_size(&self) -> usize {
+        IM_END as usize + 1
+    }
+}
+
+const SMOL_SYSTEM: &str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+
+fn chatml() -> ChatMl {
+    let vocab: Arc<dyn Tokenizer> = Arc::new(ChatVocab(tokenizer::by_name("o200k_base").unwrap()));
+    ChatMl::new(vocab, Some(SMOL_SYSTEM.into())).unwrap()
+}
+
+fn user(text: &str) -> Item {
+    Item::Message {
+        role: Role::User,
+        text: text.into(),
+    }
+}
+
+fn assistant(text: &str) -> Item {
+    Item::Message {
+        role: Role::Assistant,
+        text: text.into(),
+    }
+}
+
+fn call(id: &str, name: &str, arguments: &str) -> Item {
+    Item::FunctionCall {
+        call_id: id.into(),
+        name: name.into(),
+        arguments: arguments.into(),
+    }
+}
+
+fn result(id: &str, output: &str) -> Item {
+    Item::FunctionCallOutput {
+        call_id: id.into(),
+        output: output.into(),
+    }
+}
+
+fn weather_tool() -> Tool {
+    Tool {
+        name: "get_weather".into(),
+        description: Some("Weather now".into()),
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        strict: false,
+    }
+}
+
+#[test]
+fn tokenizer_without_im_tokens_is_refused() {
+    let err = ChatMl::new(tokenizer::by_name("o200k_base").unwrap(), None)
+        .err()
+        .unwrap();
+    assert_eq!(err.code, Code::InvalidVocabulary);
+}
+
+#[test]
+fn smollm2_template_text_with_default_system() {
+    let f = chatml();
+    let items = [user("Hi"), assistant("Hello!"), user("Bye")];
+    let all = segments(&f, &Prefix::default(), &items).concat();
+    assert_eq!(
+        text(&f, &all),
+        format!(
+            "<|im_start|>system\n{SMOL_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
+        )
+    );
+}
+
+#[test]
+fn qwen_tool_template_text() {
+    let f = chatml();
+    let prefix = Prefix {
+        instructions: Some("Be brief.".into()),
+        tools: vec![weather_tool()],
+        reasoning_effort: None,
+    };
+    let items = [
+        user("Weather in Paris and Rome?"),
+        assistant("Checking."),
+        call("a", "get_weather", r#"{"city":"Paris"}"#),
+        call("b", "get_weather", r#"{"city":"Rome"}"#),
+        result("a", "sunny"),
+        result("b", "rain"),
+    ];
+    let all = segments(&f, &prefix, &items).concat();
+    let expected = "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\
+{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather now\", \"parameters\": \
+{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\n\
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n\
+<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n\
+<|im_start|>user\nWeather in Paris and Rome?<|im_end|>\n\
+<|im_start|>assistant\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n\
+<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call><|im_end|>\n\
+<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrain\n</tool_response><|im_end|>\n\
+<|im_start|>assistant\n";
+    assert_eq!(text(&f, &all), expected);
+}
+
+#[test]
+fn segments_concatenate_to_the_whole_template_tokenized_at_once() {
+    // Turns that are not merged with a neighbour join only at special tokens: exact for any vocabulary.
+    let f = chatml();
+    let items = [
+        user("Hi there,\n\n  friend"),
+        assistant("Hello!  "),
+        user("Weather?"),
+        call("a", "get_weather", r#"{"city": "Paris"}"#),
+        result("a", "  sunny\n\n"),
+    ];
+    let segs = segments(&f, &Prefix::default(), &items);
+    let whole = text(&f, &segs.concat());
+    let mut at_once = Vec::new();
+    let mut rest = whole.as_str();
+    while !rest.is_empty() {
+        let next = [("<|im_start|>", IM_START), ("<|im_end|>", IM_END)]
+            .iter()
+            .filter_map(|(tag, id)| rest.find(tag).map(|at| (at, *tag, *id)))
+            .min();
+        match next {
+            Some((at, tag, id)) => {
+                f.tokenizer().encode(&rest[..at], &mut at_once);
+                at_once.push(id);
+                rest = &rest[at + tag.len()..];
+            }
+            None => {
+                f.tokenizer().encode(rest, &mut at_once);
+                rest = "";
+            }
+        }
+    }
+    assert_eq!(segs.concat(), at_once);
+}
+
+#[test]
+fn sampled_history_equals_rendered_history() {
+    let f = chatml();
+    let items = [
+        assistant("Let me look."),
+        call("a", "get_weather", r#"{"city": "Paris"}"#),
+    ];
+    let sampled = completion(&f, &items);
+    let segs = segments(&f, &Prefix::default(), &[user("q")]);
+    let mut history = segs.concat();
+    history.extend(output(&f, &sampled));
+    // The next segment closes the turn, as it would after rendered items.
+    let next = segments(
+        &f,
+        &Prefix::default(),
+        &[
+            user("q"),
+            assistant("Let me look."),
+            call("a", "get_weather", "{}"),
+            user("more"),
+        ],
+    );
+    history.extend(&next[4]);
+    let mut rendered = segments(
+        &f,
+        &Prefix::default(),
+        &[user("q"), items[0].clone(), items[1].clone(), user("more")],
+    );
+    rendered.pop();
+    assert_eq!(text(&f, &history), text(&f, &rendered.concat()));
+}
+
+#[test]
+fn completion_round_trips_through_the_parser() {
+    let f = chatml();
+    for items in [
+        vec![assistant("Plain answer — ünïcödé 🤔")],
+        vec![call("a", "get_weather", r#"{"city": "Paris"}"#)],
+        vec![
+            assistant("Checking two."),
+            call("a", "get_weather", r#"{"city": "Paris"}"#),
+            call("b", "get_weather", r#"{"city": "日本"}"#),
+        ],
+    ] {
+        let ids = completion(&f, &items);
+        let parsed = parse(&f, &ids);
+        assert_eq!(parsed.outcome, Outcome::Stopped);
+        assert!(same_items(&parsed.items, &items), "{:?}", parsed.items);
+        assert_eq!(parsed.output_tokens, ids.len());
+        assert_eq!(parsed.reasoning_tokens, 0);
+    }
+}
+
+#[test]
+fn text_that_only_looks_like_a_tag_is_released() {
+    let f = chatml();
+    let ids = completion(&f, &[assistant("a <tool> and\n<tool_c")]);
+    let parsed = parse(&f, &ids);
+    assert_eq!(parsed.items, [assistant("a <tool> and\n<tool_c")]);
+    let deltas: String = parsed
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            ParseEvent::TextDelta { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deltas, "a <tool> and\n<tool_c");
+}
+
+fn outcome_of(f: &ChatMl, text: &str, end: bool) -> Outcome {
+    let mut ids = Vec::new();
+    f.tokenizer().encode(text, &mut ids);
+    if end {
+        ids.push(IM_END);
+    }
+    parse(f, &ids).outcome
+}
+
+#[test]
+fn off_format_output_is_malformed_with_a_reason() {
+    let f = chatml();
+    let reason = |o: Outcome| match o {
+        Outcome::Malformed(m) => m,
+        other => panic!("expected malformed, got {other:?}"),
+    };
+    assert!(reason(outcome_of(&f, "<tool_call>\n{\"name\": \"f\"", true)).contains("unterminated"));
+    assert!(reason(outcome_of(
+        &f,
+        "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
+        true
+    ))
+    .contains("no function name"));
+    assert!(
+        reason(outcome_of(&f, "<tool_call>\nnot json\n</tool_call>", true)).contains("not a JSON object")
+    );
+    let parsed = parse(&f, &[IM_START]);
+    assert!(reason(parsed.outcome).contains("unexpected special token"));
+    let parsed = parse(&f, &[IM_END, 15]);
+    assert!(reason(parsed.outcome).contains("after the stop token"));
+    assert_eq!(outcome_of(&f, "cut off", false), Outcome::Truncated);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn random_tokens_never_panic(ids in proptest::collection::vec(
+        prop_oneof![0u32..1000, 199_000u32..199_998, Just(199_999), Just(200_018), Just(IM_START), Just(IM_END), Just(u32::MAX)], 0..60)) {
+        let f = chatml();
+        let parsed = parse(&f, &ids);
+        prop_assert!(parsed.output_tokens == ids.len());
+    }
+
+    #[test]
+    fn random_text_round_trips(text in "[a-z <>_/\n{}\"é🤔]{0,40}") {
+        let f = chatml();
+        let items = [assistant(&text)];
+        let parsed = parse(&f, &completion(&f, &items));
+        // Text without a complete <tool_call> is one message (none when empty).
+        if !text.contains("<tool_call>") && !text.is_empty() {
+            prop_assert!(same_items(&parsed.items, &items));
+        }
+    }
+}

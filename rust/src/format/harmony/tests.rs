@@ -1,0 +1,304 @@
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+use crate::format::transcript::{completion, output, parse, same_items, segments, text};
+use crate::format::{Outcome, ParseEvent};
+use crate::item::Tool;
+
+fn call(id: &str, name: &str, arguments: &str) -> Item {
+    Item::FunctionCall {
+        call_id: id.into(),
+        name: name.into(),
+        arguments: arguments.into(),
+    }
+}
+
+fn weather_prefix() -> Prefix {
+    Prefix {
+        instructions: Some("Always respond in riddles".into()),
+        tools: vec![Tool {
+            name: "get_current_weather".into(),
+            description: Some("Gets the current weather in the provided location.".into()),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "location": {"type": "string", "description": "The city and state, e.g. San Francisco, CA"},
+                    "format": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"}
+                },
+                "required": ["location"]
+            }),
+            strict: false,
+        }],
+        reasoning_effort: Some("high".into()),
+    }
+}
+
+#[test]
+fn prefix_matches_openai_harmony_text() {
+    let h = Harmony::new();
+    let segs = segments(&h, &weather_prefix(), &[]);
+    let expected = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n\
+Knowledge cutoff: 2024-06\n\nReasoning: high\n\n\
+# Valid channels: analysis, commentary, final. Channel must be included for every message.\n\
+Calls to these tools must go to the commentary channel: 'functions'.<|end|>\
+<|start|>developer<|message|># Instructions\n\nAlways respond in riddles\n\n# Tools\n\n## functions\n\n\
+namespace functions {\n\n// Gets the current weather in the provided location.\n\
+type get_current_weather = (_: {\n// The city and state, e.g. San Francisco, CA\nlocation: string,\n\
+format?: \"celsius\" | \"fahrenheit\", // default: celsius\n}) => any;\n\n} // namespace functions<|end|>";
+    assert_eq!(text(&h, &segs[0]), expected);
+    assert_eq!(text(&h, &segs[1]), "<|start|>assistant");
+}
+
+#[test]
+fn items_render_as_harmony_messages() {
+    let h = Harmony::new();
+    let items = vec![
+        Item::Message {
+            role: Role::User,
+            text: "Weather in SF?".into(),
+        },
+        Item::Reasoning {
+            text: "Need the tool.".into(),
+        },
+        call("c1", "get_current_weather", r#"{"location":"SF"}"#),
+        Item::FunctionCallOutput {
+            call_id: "c1".into(),
+            output: "sunny".into(),
+        },
+        Item::Message {
+            role: Role::Assistant,
+            text: "It is sunny.".into(),
+        },
+    ];
+    let segs = segments(&h, &Prefix::default(), &items);
+    let texts: Vec<String> = segs[1..].iter().map(|s| text(&h, s)).collect();
+    assert_eq!(
+        texts,
+        [
+            "<|start|>user<|message|>Weather in SF?<|end|>",
+            "<|start|>assistant<|channel|>analysis<|message|>Need the tool.<|end|>",
+            "<|start|>assistant to=functions.get_current_weather<|channel|>commentary <|constrain|>json<|message|>{\"location\":\"SF\"}<|call|>",
+            "<|start|>functions.get_current_weather to=assistant<|channel|>commentary<|message|>sunny<|end|>",
+            "<|start|>assistant<|channel|>final<|message|>It is sunny.<|end|>",
+            "<|start|>assistant",
+        ]
+    );
+}
+
+#[test]
+fn sampled_history_equals_rendered_history() {
+    let h = Harmony::new();
+    for items in [
+        vec![
+            Item::Reasoning { text: "think".into() },
+            Item::Message {
+                role: Role::Assistant,
+                text: "answer".into(),
+            },
+        ],
+        vec![
+            Item::Reasoning { text: "think".into() },
+            call("c", "f", r#"{"a": 1}"#),
+        ],
+        vec![Item::Message {
+            role: Role::Assistant,
+            text: "only text".into(),
+        }],
+    ] {
+        let sampled = completion(&h, &items);
+        let segs = segments(&h, &Prefix::default(), &items);
+        let rendered: Vec<u32> = segs[1..segs.len() - 1].concat();
+        let mut history = segs.last().unwrap().clone();
+        history.extend(output(&h, &sampled));
+        assert_eq!(history, rendered);
+    }
+}
+
+#[test]
+fn completion_round_trips_through_the_parser() {
+    let h = Harmony::new();
+    let items = vec![
+        Item::Reasoning {
+            text: "Let me think… 🤔".into(),
+        },
+        Item::Message {
+            role: Role::Assistant,
+            text: "Calling now — ünïcödé".into(),
+        },
+        call("x", "lookup", r#"{"q": "日本"}"#),
+    ];
+    let ids = completion(&h, &items);
+    let parsed = parse(&h, &ids);
+    assert_eq!(parsed.outcome, Outcome::Stopped);
+    assert!(same_items(&parsed.items, &items), "{:?}", parsed.items);
+    assert_eq!(parsed.output_tokens, ids.len());
+    assert!(parsed.reasoning_tokens > 0 && parsed.reasoning_tokens < ids.len());
+    let Item::FunctionCall { call_id, .. } = &parsed.items[2] else {
+        panic!()
+    };
+    assert!(parsed.events.contains(&ParseEvent::CallDone {
+        index: 2,
+        name: "lookup".into(),
+        call_id: call_id.clone(),
+        arguments: r#"{"q": "日本"}"#.into(),
+    }));
+    // Deltas concatenate to the texts and each is whole UTF-8 (they are Strings).
+    let reasoning: String = parsed
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            ParseEvent::ReasoningDelta { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasoning, "Let me think… 🤔");
+}
+
+#[test]
+fn parses_the_channel_before_recipient_form_models_sample() {
+    let h = Harmony::new();
+    let s = h.specials();
+    let mut ids = Vec::new();
+    let t = h.tokenizer();
+    ids.push(s.channel);
+    t.encode("commentary to=functions.get_weather", &mut ids);
+    ids.push(s.constrain);
+    t.encode("json", &mut ids);
+    ids.push(s.message);
+    t.encode(r#"{"city":"Paris"}"#, &mut ids);
+    ids.push(s.call);
+    let parsed = parse(&h, &ids);
+    assert_eq!(parsed.outcome, Outcome::Stopped);
+    assert!(same_items(
+        &parsed.items,
+        &[call("", "get_weather", r#"{"city":"Paris"}"#)]
+    ));
+}
+
+fn malformed(h: &Harmony, pieces: &[Result<u32, &str>]) -> String {
+    let mut ids = Vec::new();
+    for p in pieces {
+        match p {
+            Ok(id) => ids.push(*id),
+            Err(text) => h.tokenizer().encode(text, &mut ids),
+        }
+    }
+    match parse(h, &ids).outcome {
+        Outcome::Malformed(m) => m,
+        other => panic!("expected malformed, got {other:?}"),
+    }
+}
+
+#[test]
+fn off_format_output_is_malformed_with_a_reason() {
+    let h = Harmony::new();
+    let s = h.specials();
+    let m = malformed(
+        &h,
+        &[Ok(s.channel), Err("thoughts"), Ok(s.message), Err("x"), Ok(s.end)],
+    );
+    assert!(m.contains("unknown channel"), "{m}");
+    let m = malformed(
+        &h,
+        &[
+            Ok(s.channel),
+            Err("commentary to=functions."),
+            Ok(s.message),
+            Ok(s.call),
+        ],
+    );
+    assert!(m.contains("no name"), "{m}");
+    let m = malformed(&h, &[Ok(s.channel), Err("final"), Ok(s.ret)]);
+    assert!(m.contains("unterminated"), "{m}");
+    let m = malformed(
+        &h,
+        &[Ok(s.channel), Err("final"), Ok(s.message), Err("hi"), Ok(s.call)],
+    );
+    assert!(m.contains("ended a message"), "{m}");
+    let m = malformed(
+        &h,
+        &[
+            Ok(s.channel),
+            Err("final"),
+            Ok(s.message),
+            Err("hi"),
+            Ok(s.ret),
+            Err("more"),
+        ],
+    );
+    assert!(m.contains("after the stop token"), "{m}");
+    let m = malformed(
+        &h,
+        &[
+            Ok(s.channel),
+            Err("final"),
+            Ok(s.message),
+            Err("hi"),
+            Ok(s.end),
+            Err("x"),
+        ],
+    );
+    assert!(m.contains("expected <|start|>"), "{m}");
+    let m = malformed(&h, &[Ok(s.channel), Err("final"), Ok(s.message), Ok(s.start)]);
+    assert!(m.contains("never ended"), "{m}");
+    let m = malformed(&h, &[Ok(s.message), Err("x"), Ok(s.end)]);
+    assert!(m.contains("no channel"), "{m}");
+    let m = malformed(&h, &[Ok(s.channel), Err("final"), Ok(s.message), Ok(u32::MAX)]);
+    assert!(m.contains("outside the vocabulary"), "{m}");
+}
+
+#[test]
+fn invalid_utf8_is_malformed() {
+    let h = Harmony::new();
+    let s = h.specials();
+    // A lone continuation byte: find the single-byte token for 0x80.
+    let t = h.tokenizer();
+    let lone = (0..t.vocab_size() as u32)
+        .find(|&id| !t.is_special(id) && t.token_bytes(id) == [0x80])
+        .expect("o200k has byte tokens");
+    let m = malformed(
+        &h,
+        &[
+            Ok(s.channel),
+            Err("final"),
+            Ok(s.message),
+            Err("a"),
+            Ok(lone),
+            Ok(s.ret),
+        ],
+    );
+    assert!(m.contains("invalid UTF-8"), "{m}");
+}
+
+#[test]
+fn truncated_output_keeps_what_was_written() {
+    let h = Harmony::new();
+    let ids = completion(
+        &h,
+        &[Item::Message {
+            role: Role::Assistant,
+            text: "a long answer".into(),
+        }],
+    );
+    let parsed = parse(&h, &ids[..ids.len() - 1]);
+    assert_eq!(parsed.outcome, Outcome::Truncated);
+    assert_eq!(
+        parsed.items,
+        [Item::Message {
+            role: Role::Assistant,
+            text: "a long answer".into()
+        }]
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    #[test]
+    fn random_tokens_never_panic(ids in proptest::collection::vec(
+        prop_oneof![0u32..201_100, 200_000u32..200_020, Just(u32::MAX)], 0..60)) {
+        let h = Harmony::new();
+        let parsed = parse(&h, &ids);
+        prop_assert!(parsed.output_tokens == ids.len());
+    }
+}

@@ -1,0 +1,234 @@
+//! The output items a streaming parser is building: shared by every format's parser.
+//!
+//! A format's parser decides *what* the model is writing (a message, reasoning, a call)
+//! from its own markup; this module owns the rest: item indices, minted call ids, the
+//! start/delta/done events, the finished [`Item`]s, and UTF-8 safety of text deltas
+//! (a delta never ends inside a multi-byte character). It knows nothing about tokens.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::ParseEvent;
+use crate::item::{Item, Role};
+
+/// A fresh call id: `call_` + 24 random alphanumerics, as OpenAI mints them.
+///
+/// Randomness comes from std's per-process random SipHash keys mixed with a counter, so
+/// ids never repeat within a process and differ across processes without a new
+/// dependency. Ids only need to be unique, not secret.
+pub fn mint_call_id() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let keys = RandomState::new();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut id = String::with_capacity(29);
+    id.push_str("call_");
+    let mut word = 0u64;
+    for i in 0..24u64 {
+        if i % 8 == 0 {
+            let mut h = keys.build_hasher();
+            h.write_u64(n);
+            h.write_u64(i);
+            word = h.finish();
+        }
+        id.push(ALPHABET[(word % ALPHABET.len() as u64) as usize] as char);
+        word /= ALPHABET.len() as u64;
+    }
+    id
+}
+
+/// Bytes of a text that arrive token by token, released only as whole UTF-8 characters.
+#[derive(Debug, Default)]
+pub struct Utf8Tail {
+    pending: Vec<u8>,
+}
+
+impl Utf8Tail {
+    /// Add bytes; append the complete characters to `text`. Bytes that can never be
+    /// valid UTF-8 are an error (the model wrote invalid UTF-8).
+    pub fn push(&mut self, bytes: &[u8], text: &mut String) -> Result<(), String> {
+        self.pending.extend_from_slice(bytes);
+        match std::str::from_utf8(&self.pending) {
+            Ok(s) => {
+                text.push_str(s);
+                self.pending.clear();
+                Ok(())
+            }
+            Err(e) if e.error_len().is_none() => {
+                let valid = e.valid_up_to();
+                // The prefix is valid by construction of `valid_up_to`.
+                text.push_str(std::str::from_utf8(&self.pending[..valid]).unwrap_or_default());
+                self.pending.drain(..valid);
+                Ok(())
+            }
+            Err(e) => Err(format!(
+                "invalid UTF-8 in model output (byte 0x{:02x})",
+                self.pending[e.valid_up_to()]
+            )),
+        }
+    }
+
+    /// True when no bytes of an incomplete character are held back.
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.pending.clear();
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenKind {
+    Message,
+    Reasoning,
+    Call,
+}
+
+#[derive(Debug)]
+struct Open {
+    index: usize,
+    kind: OpenKind,
+    name: String,
+    call_id: String,
+    text: String,
+}
+
+/// The items of one model turn, in output order, with at most one open item.
+#[derive(Debug, Default)]
+pub struct OutputItems {
+    items: Vec<Item>,
+    open: Option<Open>,
+    next_index: usize,
+}
+
+impl OutputItems {
+    pub fn items(&self) -> &[Item] {
+        &self.items
+    }
+
+    pub fn open_kind(&self) -> Option<OpenKind> {
+        self.open.as_ref().map(|o| o.kind)
+    }
+
+    /// Start an item (closing any open one first). Calls get a freshly minted id.
+    pub fn start(&mut self, kind: OpenKind, name: &str, out: &mut Vec<ParseEvent>) {
+        self.close(out);
+        let index = self.next_index;
+        self.next_index += 1;
+        let call_id = if kind == OpenKind::Call {
+            mint_call_id()
+        } else {
+            String::new()
+        };
+        out.push(match kind {
+            OpenKind::Message => ParseEvent::MessageStart { index },
+            OpenKind::Reasoning => ParseEvent::ReasoningStart { index },
+            OpenKind::Call => ParseEvent::CallStart {
+                index,
+                name: name.to_owned(),
+                call_id: call_id.clone(),
+            },
+        });
+        self.open = Some(Open {
+            index,
+            kind,
+            name: name.to_owned(),
+            call_id,
+            text: String::new(),
+        });
+    }
+
+    /// Append text to the open item (a no-op when nothing is open or `text` is empty).
+    pub fn push(&mut self, text: &str, out: &mut Vec<ParseEvent>) {
+        let Some(open) = self.open.as_mut() else { return };
+        if text.is_empty() {
+            return;
+        }
+        open.text.push_str(text);
+        let index = open.index;
+        let text = text.to_owned();
+        out.push(match open.kind {
+            OpenKind::Message => ParseEvent::TextDelta { index, text },
+            OpenKind::Reasoning => ParseEvent::ReasoningDelta { index, text },
+            OpenKind::Call => ParseEvent::ArgumentsDelta { index, text },
+        });
+    }
+
+    /// Finish the open item, if any: its done event, and it joins `items`.
+    pub fn close(&mut self, out: &mut Vec<ParseEvent>) {
+        let Some(Open {
+            index,
+            kind,
+            name,
+            call_id,
+            text,
+        }) = self.open.take()
+        else {
+            return;
+        };
+        let (event, item) = match kind {
+            OpenKind::Message => (
+                ParseEvent::MessageDone {
+                    index,
+                    text: text.clone(),
+                },
+                Item::Message {
+                    role: Role::Assistant,
+                    text,
+                },
+            ),
+            OpenKind::Reasoning => (
+                ParseEvent::ReasoningDone {
+                    index,
+                    text: text.clone(),
+                },
+                Item::Reasoning { text },
+            ),
+            OpenKind::Call => (
+                ParseEvent::CallDone {
+                    index,
+                    name: name.clone(),
+                    call_id: call_id.clone(),
+                    arguments: text.clone(),
+                },
+                Item::FunctionCall {
+                    call_id,
+                    name,
+                    arguments: text,
+                },
+            ),
+        };
+        out.push(event);
+        self.items.push(item);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_ids_are_openai_shaped_and_distinct() {
+        let a = mint_call_id();
+        let b = mint_call_id();
+        assert_eq!(a.len(), 29);
+        assert!(a.starts_with("call_"));
+        assert!(a[5..].bytes().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn utf8_tail_holds_back_partial_characters() {
+        let mut tail = Utf8Tail::default();
+        let mut text = String::new();
+        let euro = "€".as_bytes();
+        tail.push(&euro[..1], &mut text).unwrap();
+        assert_eq!(text, "");
+        tail.push(&euro[1..], &mut text).unwrap();
+        assert_eq!(text, "€");
+        assert!(tail.is_empty());
+        assert!(tail.push(&[0xff], &mut text).is_err());
+    }
+}

