@@ -162,11 +162,8 @@ impl CreateRequest {
     fn fill(&mut self, body: &Body, outer_stream_id: Option<&RawValue>, limits: &Limits) -> Result<()> {
         let max = limits.max_text_bytes;
         // The lane first, so that an error about anything else can still name it.
-        self.stream_id = field::opt_string(
-            body.stream_id.or(outer_stream_id),
-            &Path::root("stream_id"),
-            256 * 4,
-        )?;
+        self.stream_id =
+            field::opt_string(body.stream_id.or(outer_stream_id), &Path::root("stream_id"), max)?;
         self.model = field::opt_string(body.model, &Path::root("model"), max)?;
         self.previous_response_id = field::opt_string(
             body.previous_response_id,
