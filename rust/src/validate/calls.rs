@@ -196,6 +196,55 @@ mod tests {
         assert!(e.message.contains("'zz'"), "{}", e.message);
     }
 
+    proptest::proptest! {
+        /// Against a model of the rule: an output answers a call open before it; a call
+        /// may not reuse an open id; a failing delta changes nothing.
+        #[test]
+        fn apply_matches_the_rule_and_is_atomic(
+            deltas in proptest::collection::vec(
+                proptest::collection::vec((proptest::bool::ANY, 0u8..4), 0..5),
+                1..8,
+            )
+        ) {
+            let mut calls = OpenCalls::new();
+            let mut model: Vec<String> = Vec::new();
+            for delta in deltas {
+                let items: Vec<Item> = delta
+                    .iter()
+                    .map(|&(is_call, id)| {
+                        let id = format!("c{id}");
+                        if is_call { call(&id, "f") } else { output(&id) }
+                    })
+                    .collect();
+                let mut next = model.clone();
+                let valid = items.iter().all(|item| match item {
+                    Item::FunctionCall { call_id, .. } if !next.contains(call_id) => {
+                        next.push(call_id.clone());
+                        true
+                    }
+                    Item::FunctionCallOutput { call_id, .. } if next.contains(call_id) => {
+                        next.retain(|c| c != call_id);
+                        true
+                    }
+                    _ => false,
+                });
+                let before = calls.clone();
+                let result = calls.apply(&items);
+                proptest::prop_assert_eq!(result.is_ok(), valid);
+                if valid {
+                    model = next;
+                } else {
+                    proptest::prop_assert_eq!(&calls, &before);
+                }
+                let mut ids: Vec<_> = calls.ids().map(str::to_string).collect();
+                ids.sort();
+                let mut expected = model.clone();
+                expected.sort();
+                proptest::prop_assert_eq!(ids, expected);
+            }
+        }
+    }
+
     #[test]
     fn context_budget() {
         check_context_budget(100, 20, 8, 128).unwrap();
