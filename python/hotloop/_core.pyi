@@ -180,7 +180,12 @@ class Prompt:
     def common_prefix_len(self, other: Prompt) -> int:
         """Length of the shared prefix; O(shared chunks) when both share storage."""
 
-ParseEvent = tuple[str, int] | tuple[str, int, str] | tuple[str, int, str, str] | tuple[str, int, str, str, str]
+ParseEvent = (
+    tuple[str, int]
+    | tuple[str, int, str]
+    | tuple[str, int, str, str]
+    | tuple[str, int, str, str, str]
+)
 
 class OutputParser:
     """Streaming output parser for one turn. Events are tuples:
@@ -190,7 +195,9 @@ class OutputParser:
     ("call_done", index, name, call_id, arguments)."""
 
     def feed(self, ids: Sequence[int]) -> list[ParseEvent]: ...
-    def finish(self) -> tuple[list[ParseEvent], Literal["stopped", "truncated", "malformed"], str | None]:
+    def finish(
+        self,
+    ) -> tuple[list[ParseEvent], Literal["stopped", "truncated", "malformed"], str | None]:
         """Close open items. Returns events, the outcome, and a message when malformed."""
     @property
     def stopped(self) -> bool:

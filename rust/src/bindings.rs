@@ -180,6 +180,84 @@ impl PyStreamDecoder {
     }
 }
 
+// ---------------------------------------------------------------- chat formats
+
+use crate::format::chatml::ChatMl;
+use crate::format::harmony::Harmony;
+use crate::format::ChatFormat;
+use crate::item::{Item, Role};
+use crate::render::Renderer;
+
+/// A chat format: how items become prompt tokens and sampled tokens become items.
+#[pyclass(name = "ChatFormat", module = "hotloop._core", frozen)]
+pub(crate) struct PyChatFormat {
+    pub(crate) inner: Arc<dyn ChatFormat>,
+}
+
+#[pymethods]
+impl PyChatFormat {
+    #[staticmethod]
+    fn harmony() -> PyChatFormat {
+        PyChatFormat {
+            inner: Arc::new(Harmony::new()),
+        }
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (tokenizer, default_system=None))]
+    fn chatml(tokenizer: &PyTokenizer, default_system: Option<String>) -> PyResult<PyChatFormat> {
+        let format = ChatMl::new(tokenizer.inner.clone(), default_system)?;
+        Ok(PyChatFormat {
+            inner: Arc::new(format),
+        })
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    #[getter]
+    fn tokenizer(&self) -> PyTokenizer {
+        PyTokenizer {
+            inner: self.inner.tokenizer().clone(),
+        }
+    }
+
+    #[getter]
+    fn stop_tokens(&self) -> Vec<u32> {
+        self.inner.stop_tokens().to_vec()
+    }
+
+    /// Reasoning, then text, then calls (`(name, arguments_json)`), as the model samples them.
+    #[pyo3(signature = (*, text=None, reasoning=None, calls=Vec::new()))]
+    fn completion_tokens(
+        &self,
+        text: Option<String>,
+        reasoning: Option<String>,
+        calls: Vec<(String, String)>,
+    ) -> Vec<u32> {
+        let mut items = Vec::new();
+        items.extend(reasoning.map(|text| Item::Reasoning { text }));
+        items.extend(text.map(|text| Item::Message {
+            role: Role::Assistant,
+            text,
+        }));
+        items.extend(calls.into_iter().map(|(name, arguments)| Item::FunctionCall {
+            call_id: String::new(),
+            name,
+            arguments,
+        }));
+        let mut r = Renderer::new(self.inner.tokenizer().as_ref());
+        self.inner.render_completion(&items, &mut r);
+        r.finish()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ChatFormat({})", self.inner.name())
+    }
+}
+
 // ---------------------------------------------------------------- requests
 
 /// Frames above this size are parsed with the GIL released: other threads (a second
@@ -481,6 +559,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CoreError", m.py().get_type::<CoreError>())?;
     m.add_class::<PyTokenizer>()?;
     m.add_class::<PyStreamDecoder>()?;
+    m.add_class::<PyChatFormat>()?;
     m.add_class::<PyLimits>()?;
     m.add_class::<PyPolicy>()?;
     m.add_class::<PyCreateRequest>()?;

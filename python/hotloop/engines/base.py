@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from hotloop._core import ChatFormat, Prompt
+if TYPE_CHECKING:
+    # Annotations only: engines (and their tests) import without the compiled classes.
+    from hotloop._core import ChatFormat, Prompt
 
 
 @dataclass(frozen=True)

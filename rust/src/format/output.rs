@@ -3,7 +3,7 @@
 //! A format's parser decides *what* the model is writing (a message, reasoning, a call)
 //! from its own markup; this module owns the rest: item indices, minted call ids, the
 //! start/delta/done events, the finished [`Item`]s, and UTF-8 safety of text deltas
-//! (a delta never ends inside a multi-byte character). It knows nothing about tokens.
+//! (a delta never ends inside a multi-byte character; decoding is the tokenizer's).
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::ParseEvent;
 use crate::item::{Item, Role};
+use crate::tokenizer::detok::StreamDecoder;
+use crate::tokenizer::Tokenizer;
 
 /// A fresh call id: `call_` + 24 random alphanumerics, as OpenAI mints them.
 ///
@@ -38,44 +40,46 @@ pub fn mint_call_id() -> String {
     id
 }
 
-/// Bytes of a text that arrive token by token, released only as whole UTF-8 characters.
+/// The text of sampled tokens, released as whole characters by the tokenizer's
+/// [`StreamDecoder`]. Unlike display decoding, bytes that are not UTF-8 are an error
+/// here (the model wrote invalid output), so replacements are checked against the bytes.
 #[derive(Debug, Default)]
-pub struct Utf8Tail {
-    pending: Vec<u8>,
+pub struct SampledText {
+    decoder: StreamDecoder,
 }
 
-impl Utf8Tail {
-    /// Add bytes; append the complete characters to `text`. Bytes that can never be
-    /// valid UTF-8 are an error (the model wrote invalid UTF-8).
-    pub fn push(&mut self, bytes: &[u8], text: &mut String) -> Result<(), String> {
-        self.pending.extend_from_slice(bytes);
-        match std::str::from_utf8(&self.pending) {
-            Ok(s) => {
-                text.push_str(s);
-                self.pending.clear();
-                Ok(())
-            }
-            Err(e) if e.error_len().is_none() => {
-                let valid = e.valid_up_to();
-                // The prefix is valid by construction of `valid_up_to`.
-                text.push_str(std::str::from_utf8(&self.pending[..valid]).unwrap_or_default());
-                self.pending.drain(..valid);
-                Ok(())
-            }
-            Err(e) => Err(format!(
-                "invalid UTF-8 in model output (byte 0x{:02x})",
-                self.pending[e.valid_up_to()]
-            )),
+impl SampledText {
+    /// Decode one token; append the characters it completes to `text`.
+    pub fn push(&mut self, tokenizer: &dyn Tokenizer, id: u32, text: &mut String) -> Result<(), String> {
+        let held = self.decoder.pending().to_vec();
+        let start = text.len();
+        self.decoder.feed(tokenizer, &[id], text);
+        let replaced = text[start..].matches(char::REPLACEMENT_CHARACTER).count();
+        if replaced == 0 {
+            return Ok(());
         }
+        // U+FFFD the model actually wrote is the bytes EF BF BD; any other is a replacement.
+        let mut consumed = held;
+        consumed.extend_from_slice(tokenizer.token_bytes(id));
+        consumed.truncate(consumed.len() - self.decoder.pending().len());
+        let written = consumed
+            .windows(3)
+            .filter(|w| *w == "\u{FFFD}".as_bytes())
+            .count();
+        if replaced > written {
+            return Err("invalid UTF-8 in model output".to_owned());
+        }
+        Ok(())
     }
 
     /// True when no bytes of an incomplete character are held back.
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
+    pub fn is_complete(&self) -> bool {
+        self.decoder.pending().is_empty()
     }
 
+    /// Drop a held-back partial character (output cut off mid-character).
     pub fn clear(&mut self) {
-        self.pending.clear();
+        self.decoder = StreamDecoder::new();
     }
 }
 
@@ -220,15 +224,31 @@ mod tests {
     }
 
     #[test]
-    fn utf8_tail_holds_back_partial_characters() {
-        let mut tail = Utf8Tail::default();
+    fn sampled_text_holds_back_partial_characters_and_rejects_invalid_bytes() {
+        let t = crate::tokenizer::by_name("o200k_base").unwrap();
+        let byte_token = |b: u8| {
+            (0..t.vocab_size() as u32)
+                .find(|&id| !t.is_special(id) && t.token_bytes(id) == [b])
+                .unwrap()
+        };
+        let mut sampled = SampledText::default();
         let mut text = String::new();
         let euro = "€".as_bytes();
-        tail.push(&euro[..1], &mut text).unwrap();
+        sampled.push(t.as_ref(), byte_token(euro[0]), &mut text).unwrap();
         assert_eq!(text, "");
-        tail.push(&euro[1..], &mut text).unwrap();
+        assert!(!sampled.is_complete());
+        for &b in &euro[1..] {
+            sampled.push(t.as_ref(), byte_token(b), &mut text).unwrap();
+        }
         assert_eq!(text, "€");
-        assert!(tail.is_empty());
-        assert!(tail.push(&[0xff], &mut text).is_err());
+        assert!(sampled.is_complete());
+        // A replacement character the model wrote is text; a lone continuation byte is not.
+        let mut ids = Vec::new();
+        t.encode("\u{FFFD}", &mut ids);
+        for id in ids {
+            sampled.push(t.as_ref(), id, &mut text).unwrap();
+        }
+        assert_eq!(text, "€\u{FFFD}");
+        assert!(sampled.push(t.as_ref(), byte_token(0x80), &mut text).is_err());
     }
 }

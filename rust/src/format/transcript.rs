@@ -1,8 +1,10 @@
 //! Test support: drive a format the way the conversation layer does (one renderer per
 //! segment, `Context` from the previous item) and run its parser over sampled ids.
 
+use serde_json::Value;
+
 use super::{ChatFormat, Context, Outcome, ParseEvent};
-use crate::item::{Item, ItemKind, Prefix};
+use crate::item::{Item, ItemKind, Prefix, Role, Tool};
 use crate::render::Renderer;
 
 /// The conversation as segments: the prefix, one per item, then the generation header.
@@ -102,4 +104,80 @@ pub fn same_items(parsed: &[Item], expected: &[Item]) -> bool {
             .collect()
     };
     strip(parsed) == strip(expected)
+}
+
+/// A case of the golden vectors in tests/golden/ (written by the Python tests from the
+/// reference renderers): a conversation and what the reference rendered for it.
+pub struct GoldenCase {
+    pub name: String,
+    pub prefix: Prefix,
+    pub items: Vec<Item>,
+    pub tokens: Vec<u32>,
+    pub text: Option<String>,
+}
+
+pub fn golden(json: &str) -> Vec<GoldenCase> {
+    let cases: Vec<Value> = serde_json::from_str(json).expect("golden vectors are JSON");
+    cases.iter().map(golden_case).collect()
+}
+
+fn golden_case(case: &Value) -> GoldenCase {
+    let s = |v: &Value, k: &str| v[k].as_str().map(str::to_owned);
+    let p = &case["prefix"];
+    let tools = p["tools"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let prefix = Prefix {
+        instructions: s(p, "instructions"),
+        tools: tools
+            .iter()
+            .map(|t| Tool {
+                name: s(t, "name").unwrap_or_default(),
+                description: s(t, "description"),
+                parameters: t["parameters"].clone(),
+                strict: false,
+            })
+            .collect(),
+        reasoning_effort: s(p, "reasoning_effort"),
+    };
+    let field = |v: &Value, k: &str| s(v, k).unwrap_or_default();
+    let items = case["items"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|i| match i["type"].as_str() {
+            Some("message") => Item::Message {
+                role: match i["role"].as_str() {
+                    Some("system") => Role::System,
+                    Some("developer") => Role::Developer,
+                    Some("user") => Role::User,
+                    _ => Role::Assistant,
+                },
+                text: field(i, "text"),
+            },
+            Some("reasoning") => Item::Reasoning {
+                text: field(i, "text"),
+            },
+            Some("function_call") => Item::FunctionCall {
+                call_id: field(i, "call_id"),
+                name: field(i, "name"),
+                arguments: field(i, "arguments"),
+            },
+            _ => Item::FunctionCallOutput {
+                call_id: field(i, "call_id"),
+                output: field(i, "output"),
+            },
+        })
+        .collect();
+    let tokens = case["tokens"].as_array().map(Vec::as_slice).unwrap_or_default();
+    GoldenCase {
+        name: field(case, "name"),
+        prefix,
+        items,
+        tokens: tokens
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|t| t as u32)
+            .collect(),
+        text: s(case, "text"),
+    }
 }

@@ -8,10 +8,10 @@
 //! consecutive tool results), so an item that may be continued leaves its turn open and
 //! the next segment (or the generation header) starts with the closing `<|im_end|>\n`.
 //! A segment's tokens thus never depend on what follows. Where a continuation joins text
-//! to text (`...</tool_call>` + `\n<tool_call>...`), the join is at a newline followed by
-//! `<`, which byte-level BPE pre-tokenizers of the GPT-2 family (SmolLM2's) always split;
-//! pre-tokenizers that glue a newline to the punctuation before it (Qwen2's, o200k's)
-//! may tokenize such a merged turn differently from the template, never otherwise.
+//! to text (`...</tool_call>` + `\n<tool_call>...`), a renderer that carries its open run
+//! into the next segment (the conversation cache does) tokenizes the join exactly; encoded
+//! on their own, the segments still match for pre-tokenizers of the GPT-2 family
+//! (SmolLM2's), which always split before the `\n<` of the join.
 //!
 //! Differences from the templates, by design: developer messages render as `system`
 //! turns; with no instructions the default system turn belongs to the prefix, so a

@@ -3,15 +3,17 @@
 //!
 //! Tags are text here (SmolLM2 has no special tokens for them), so the parser works on
 //! decoded characters: text is released as deltas except a tail that could still become
-//! `\n<tool_call>`. A call is held until `</tool_call>` and then parsed as
-//! `{"name": ..., "arguments": ...}`; its arguments arrive as one delta.
+//! `\n<tool_call>`. A call in the template's shape, `{"name": "...", "arguments": {...}}`,
+//! starts once its name is read and streams its arguments as they arrive (a small JSON
+//! scanner finds where the arguments object ends); any other shape is parsed whole at
+//! `</tool_call>`. Either way the whole call is checked as JSON before it is done.
 
 use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::format::output::{OpenKind, OutputItems, Utf8Tail};
+use crate::format::output::{OpenKind, OutputItems, SampledText};
 use crate::format::{Outcome, OutputParser, ParseEvent};
 use crate::item::Item;
 use crate::tokenizer::Tokenizer;
@@ -23,12 +25,124 @@ const CLOSE_TAG: &str = "</tool_call>";
 enum State {
     /// Free text; a message is open once some was released.
     Text,
-    /// Inside `<tool_call>`, waiting for `</tool_call>`.
-    Call,
+    /// Inside `<tool_call>`; `body` is what was consumed of it so far.
+    Call {
+        body: String,
+        part: CallPart,
+    },
     /// After a call: whitespace is skipped until the next call or text.
     AfterCall,
     Stopped,
     Failed(String),
+}
+
+#[derive(Debug)]
+enum CallPart {
+    /// Before `"arguments": `: the name is not known yet.
+    Head,
+    /// Streaming the arguments object.
+    Arguments(ObjectScan),
+    /// After the arguments: the rest of the call up to `</tool_call>`.
+    Tail,
+    /// Not in the template's shape: parsed whole at `</tool_call>`.
+    Whole,
+}
+
+/// Where a JSON object ends, one character at a time (strings and escapes aware).
+#[derive(Debug, Default)]
+struct ObjectScan {
+    depth: u32,
+    in_string: bool,
+    escape: bool,
+}
+
+enum Scan {
+    /// Whitespace before the object.
+    Skip,
+    Take,
+    /// The object's closing brace.
+    Last,
+    /// The value is not an object.
+    NotObject,
+}
+
+impl ObjectScan {
+    fn push(&mut self, c: char) -> Scan {
+        if self.depth == 0 {
+            return match c {
+                '{' => {
+                    self.depth = 1;
+                    Scan::Take
+                }
+                c if c.is_whitespace() => Scan::Skip,
+                _ => Scan::NotObject,
+            };
+        }
+        if self.in_string {
+            match (self.escape, c) {
+                (true, _) => self.escape = false,
+                (false, '\\') => self.escape = true,
+                (false, '"') => self.in_string = false,
+                _ => {}
+            }
+            return Scan::Take;
+        }
+        match c {
+            '"' => self.in_string = true,
+            '{' | '[' => self.depth += 1,
+            '}' | ']' => {
+                self.depth -= 1;
+                if self.depth == 0 {
+                    return Scan::Last;
+                }
+            }
+            _ => {}
+        }
+        Scan::Take
+    }
+}
+
+enum Head {
+    /// The text so far is a prefix of the template's shape.
+    Incomplete,
+    Mismatch,
+    /// The name, and the length of `{"name": "...", "arguments": ` with its whitespace.
+    Matched(String, usize),
+}
+
+/// Match the start of a call in the template's shape: `{"name": "NAME", "arguments": `.
+fn call_head(text: &str) -> Head {
+    let mut rest = text;
+    for literal in ["{", "\"name\"", ":", "\""] {
+        rest = rest.trim_start();
+        if let Some(after) = rest.strip_prefix(literal) {
+            rest = after;
+        } else if literal.starts_with(rest) {
+            return Head::Incomplete;
+        } else {
+            return Head::Mismatch;
+        }
+    }
+    // Names are identifiers: one with an escape is left to the whole-call parse.
+    let Some(end) = rest.find(['"', '\\']) else {
+        return Head::Incomplete;
+    };
+    if rest.as_bytes()[end] == b'\\' {
+        return Head::Mismatch;
+    }
+    let name = rest[..end].to_owned();
+    rest = &rest[end + 1..];
+    for literal in [",", "\"arguments\"", ":"] {
+        rest = rest.trim_start();
+        if let Some(after) = rest.strip_prefix(literal) {
+            rest = after;
+        } else if literal.starts_with(rest) {
+            return Head::Incomplete;
+        } else {
+            return Head::Mismatch;
+        }
+    }
+    Head::Matched(name, text.len() - rest.len())
 }
 
 #[derive(Deserialize)]
@@ -43,7 +157,7 @@ pub struct ChatMlParser {
     stop: Vec<u32>,
     state: State,
     items: OutputItems,
-    utf8: Utf8Tail,
+    text: SampledText,
     /// Decoded text not yet released.
     pending: String,
     output_tokens: usize,
@@ -70,7 +184,7 @@ impl ChatMlParser {
             stop,
             state: State::Text,
             items: OutputItems::default(),
-            utf8: Utf8Tail::default(),
+            text: SampledText::default(),
             pending: String::new(),
             output_tokens: 0,
         }
@@ -106,7 +220,10 @@ impl ChatMlParser {
                         self.release_text(&text, out);
                         self.items.close(out);
                         self.pending.drain(..at + OPEN_TAG.len());
-                        self.state = State::Call;
+                        self.state = State::Call {
+                            body: String::new(),
+                            part: CallPart::Head,
+                        };
                         continue;
                     }
                     let keep = tag_prefix_len(&self.pending);
@@ -114,46 +231,114 @@ impl ChatMlParser {
                     self.release_text(&text, out);
                     return Ok(());
                 }
-                State::Call => {
-                    let Some(at) = self.pending.find(CLOSE_TAG) else {
+                State::Call { .. } => {
+                    if !self.call_step(out)? {
                         return Ok(());
-                    };
-                    let body: String = self.pending.drain(..at + CLOSE_TAG.len()).collect();
-                    self.call(&body[..at], out)?;
-                    self.state = State::AfterCall;
+                    }
                 }
                 State::Stopped | State::Failed(_) => return Ok(()),
             }
         }
     }
 
-    fn call(&mut self, body: &str, out: &mut Vec<ParseEvent>) -> Result<(), String> {
+    /// Consume pending call text; true when the call is done and parsing moves on.
+    fn call_step(&mut self, out: &mut Vec<ParseEvent>) -> Result<bool, String> {
+        let State::Call { body, part } = &mut self.state else {
+            return Ok(true);
+        };
+        loop {
+            match part {
+                CallPart::Head => match call_head(&self.pending) {
+                    Head::Matched(name, len) => {
+                        if name.is_empty() {
+                            return Err("<tool_call> with no function name".to_owned());
+                        }
+                        self.items.start(OpenKind::Call, &name, out);
+                        body.extend(self.pending.drain(..len));
+                        *part = CallPart::Arguments(ObjectScan::default());
+                    }
+                    Head::Mismatch => *part = CallPart::Whole,
+                    Head::Incomplete if self.pending.contains(CLOSE_TAG) => *part = CallPart::Whole,
+                    Head::Incomplete => return Ok(false),
+                },
+                CallPart::Arguments(scan) => {
+                    let mut taken = 0;
+                    let mut delta = String::new();
+                    let mut next = None;
+                    for c in self.pending.chars() {
+                        match scan.push(c) {
+                            Scan::Skip => {}
+                            Scan::Take => delta.push(c),
+                            Scan::Last => {
+                                delta.push(c);
+                                next = Some(CallPart::Tail);
+                            }
+                            Scan::NotObject => next = Some(CallPart::Whole),
+                        }
+                        if next.is_some() {
+                            // A value that is not an object is left for the whole-call parse.
+                            if !matches!(next, Some(CallPart::Whole)) {
+                                taken += c.len_utf8();
+                            }
+                            break;
+                        }
+                        taken += c.len_utf8();
+                    }
+                    self.items.push(&delta, out);
+                    body.extend(self.pending.drain(..taken));
+                    match next {
+                        Some(p) => *part = p,
+                        None => return Ok(false),
+                    }
+                }
+                CallPart::Tail | CallPart::Whole => {
+                    let Some(at) = self.pending.find(CLOSE_TAG) else {
+                        return Ok(false);
+                    };
+                    body.extend(self.pending.drain(..at));
+                    self.pending.drain(..CLOSE_TAG.len());
+                    let whole = matches!(part, CallPart::Whole);
+                    let body = std::mem::take(body);
+                    self.finish_call(&body, whole, out)?;
+                    self.state = State::AfterCall;
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// Check the whole call as JSON; a call not streamed so far is emitted now.
+    fn finish_call(&mut self, body: &str, whole: bool, out: &mut Vec<ParseEvent>) -> Result<(), String> {
         let parsed: CallBody = serde_json::from_str(body.trim())
             .map_err(|e| format!("<tool_call> is not a JSON object: {e}"))?;
         let name = parsed
             .name
             .filter(|n| !n.is_empty())
             .ok_or("<tool_call> with no function name")?;
-        let arguments = match parsed.arguments {
-            // Some models write the arguments as a JSON string holding the object.
-            Some(raw) => match serde_json::from_str::<String>(raw.get()) {
-                Ok(inner) => inner,
-                Err(_) => raw.get().to_owned(),
-            },
-            None => "{}".to_owned(),
-        };
-        self.items.start(OpenKind::Call, &name, out);
-        self.items.push(&arguments, out);
+        if whole {
+            let arguments = match parsed.arguments {
+                // Some models write the arguments as a JSON string holding the object.
+                Some(raw) => match serde_json::from_str::<String>(raw.get()) {
+                    Ok(inner) => inner,
+                    Err(_) => raw.get().to_owned(),
+                },
+                None => "{}".to_owned(),
+            };
+            if self.items.open_kind() != Some(OpenKind::Call) {
+                self.items.start(OpenKind::Call, &name, out);
+            }
+            self.items.push(&arguments, out);
+        }
         self.items.close(out);
         Ok(())
     }
 
     fn stop(&mut self, out: &mut Vec<ParseEvent>) -> Result<(), String> {
-        if !self.utf8.is_empty() {
+        if !self.text.is_complete() {
             return Err("output ended inside a UTF-8 character".to_owned());
         }
         match self.state {
-            State::Call => return Err("unterminated <tool_call>".to_owned()),
+            State::Call { .. } => return Err("unterminated <tool_call>".to_owned()),
             // What was held back as a possible tag is text after all.
             State::Text => {
                 let text = std::mem::take(&mut self.pending);
@@ -182,8 +367,7 @@ impl ChatMlParser {
         if self.tokenizer.is_special(id) {
             return Err(format!("unexpected special token {} in the answer", name()));
         }
-        self.utf8
-            .push(self.tokenizer.token_bytes(id), &mut self.pending)?;
+        self.text.push(self.tokenizer.as_ref(), id, &mut self.pending)?;
         self.advance(out)
     }
 }
@@ -200,13 +384,14 @@ impl OutputParser for ChatMlParser {
         match &self.state {
             State::Failed(message) => Outcome::Malformed(message.clone()),
             State::Stopped => Outcome::Stopped,
-            // Cut off: keep the text so far; an unfinished call is dropped.
-            State::Text | State::Call | State::AfterCall => {
+            // Cut off: keep the text so far; a call cut off after its name is closed with the
+            // arguments streamed so far (the response is incomplete either way).
+            State::Text | State::Call { .. } | State::AfterCall => {
                 if matches!(self.state, State::Text) {
                     let text = std::mem::take(&mut self.pending);
                     self.release_text(&text, out);
                 }
-                self.utf8.clear();
+                self.text.clear();
                 self.items.close(out);
                 self.state = State::AfterCall;
                 self.pending.clear();

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::format::transcript::{completion, output, parse, same_items, segments, text};
+use crate::format::transcript::{completion, golden, output, parse, same_items, segments, text};
 use crate::format::{Outcome, ParseEvent};
 use crate::tokenizer;
 
@@ -148,6 +148,17 @@ For each function call, return a json object with function name and arguments wi
 }
 
 #[test]
+fn text_equals_the_templates_golden_vectors() {
+    let f = chatml();
+    let cases = golden(include_str!("../../../../tests/golden/chatml_render.json"));
+    assert!(!cases.is_empty());
+    for case in cases {
+        let ours = text(&f, &segments(&f, &case.prefix, &case.items).concat());
+        assert_eq!(Some(ours), case.text, "case {}", case.name);
+    }
+}
+
+#[test]
 fn segments_concatenate_to_the_whole_template_tokenized_at_once() {
     // Turns that are not merged with a neighbour join only at special tokens: exact for any vocabulary.
     let f = chatml();
@@ -250,6 +261,87 @@ fn text_that_only_looks_like_a_tag_is_released() {
         })
         .collect();
     assert_eq!(deltas, "a <tool> and\n<tool_c");
+}
+
+fn parse_text(f: &ChatMl, text: &str) -> crate::format::transcript::Parsed {
+    let mut ids = Vec::new();
+    f.tokenizer().encode(text, &mut ids);
+    ids.push(IM_END);
+    parse(f, &ids)
+}
+
+#[test]
+fn call_arguments_stream_before_the_call_ends() {
+    let f = chatml();
+    let args = r#"{"path": "src/main.rs", "lines": [1, 2, 3], "note": "a } and \" inside"}"#;
+    let parsed = parse_text(
+        &f,
+        &format!("<tool_call>\n{{\"name\": \"read\", \"arguments\": {args}}}\n</tool_call>"),
+    );
+    assert_eq!(parsed.outcome, Outcome::Stopped);
+    assert!(
+        same_items(&parsed.items, &[call("", "read", args)]),
+        "{:?}",
+        parsed.items
+    );
+    let deltas: Vec<&str> = parsed
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            ParseEvent::ArgumentsDelta { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(deltas.len() > 3, "{deltas:?}");
+    assert_eq!(deltas.concat(), args);
+    assert!(matches!(parsed.events[0], ParseEvent::CallStart { .. }));
+}
+
+#[test]
+fn calls_in_other_shapes_are_parsed_whole() {
+    let f = chatml();
+    for (text, name, args) in [
+        (
+            r#"<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call>"#,
+            "f",
+            r#"{"a": 1}"#,
+        ),
+        (
+            r#"<tool_call>{"name": "f", "arguments": "{\"a\": 1}"}</tool_call>"#,
+            "f",
+            r#"{"a": 1}"#,
+        ),
+        (
+            r#"<tool_call>{"name":"g","arguments":{"x":"</tool_call>"}}</tool_call>"#,
+            "g",
+            r#"{"x":"</tool_call>"}"#,
+        ),
+        (r#"<tool_call>{"name": "h"}</tool_call>"#, "h", "{}"),
+    ] {
+        let parsed = parse_text(&f, text);
+        assert_eq!(parsed.outcome, Outcome::Stopped, "{text}");
+        assert!(
+            same_items(&parsed.items, &[call("", name, args)]),
+            "{text}: {:?}",
+            parsed.items
+        );
+    }
+}
+
+#[test]
+fn a_call_cut_off_mid_arguments_is_truncated() {
+    let f = chatml();
+    let mut ids = Vec::new();
+    f.tokenizer().encode(
+        r#"Sure.
+<tool_call>
+{"name": "f", "arguments": {"a": "#,
+        &mut ids,
+    );
+    let parsed = parse(&f, &ids);
+    assert_eq!(parsed.outcome, Outcome::Truncated);
+    assert_eq!(parsed.items[0], assistant("Sure."));
+    assert!(matches!(&parsed.items[1], Item::FunctionCall { name, .. } if name == "f"));
 }
 
 fn outcome_of(f: &ChatMl, text: &str, end: bool) -> Outcome {

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::{Specials, FUNCTIONS};
-use crate::format::output::{OpenKind, OutputItems, Utf8Tail};
+use crate::format::output::{OpenKind, OutputItems, SampledText};
 use crate::format::{Outcome, OutputParser, ParseEvent};
 use crate::item::Item;
 use crate::tokenizer::Tokenizer;
@@ -48,7 +48,7 @@ pub struct HarmonyParser {
     s: Specials,
     state: State,
     items: OutputItems,
-    utf8: Utf8Tail,
+    text: SampledText,
     output_tokens: usize,
     reasoning_tokens: usize,
 }
@@ -63,7 +63,7 @@ impl HarmonyParser {
                 first: true,
             },
             items: OutputItems::default(),
-            utf8: Utf8Tail::default(),
+            text: SampledText::default(),
             output_tokens: 0,
             reasoning_tokens: 0,
         }
@@ -126,7 +126,7 @@ impl HarmonyParser {
                 }
                 if !self.tokenizer.is_special(id) {
                     let mut text = String::new();
-                    self.utf8.push(self.tokenizer.token_bytes(id), &mut text)?;
+                    self.text.push(self.tokenizer.as_ref(), id, &mut text)?;
                     self.items.push(&text, out);
                     return Ok(());
                 }
@@ -155,7 +155,7 @@ impl HarmonyParser {
     }
 
     fn close(&mut self, out: &mut Vec<ParseEvent>) -> Result<(), String> {
-        if !self.utf8.is_empty() {
+        if !self.text.is_complete() {
             return Err("message ended inside a UTF-8 character".to_owned());
         }
         self.items.close(out);
@@ -234,7 +234,7 @@ impl OutputParser for HarmonyParser {
             State::Stopped => Outcome::Stopped,
             State::Content { .. } => {
                 // Cut off mid-message: keep what was written, minus a partial character.
-                self.utf8.clear();
+                self.text.clear();
                 self.items.close(out);
                 self.state = State::BetweenMessages;
                 Outcome::Truncated

@@ -2,7 +2,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::format::transcript::{completion, output, parse, same_items, segments, text};
+use crate::format::transcript::{completion, golden, output, parse, same_items, segments, text};
 use crate::format::{Outcome, ParseEvent};
 use crate::item::Tool;
 
@@ -300,5 +300,79 @@ proptest! {
         let h = Harmony::new();
         let parsed = parse(&h, &ids);
         prop_assert!(parsed.output_tokens == ids.len());
+    }
+}
+
+#[test]
+fn segments_equal_openai_harmony_golden_vectors() {
+    let h = Harmony::new();
+    let cases = golden(include_str!("../../../../tests/golden/harmony_render.json"));
+    assert!(!cases.is_empty());
+    for case in cases {
+        let ours = segments(&h, &case.prefix, &case.items).concat();
+        assert_eq!(text(&h, &ours), text(&h, &case.tokens), "case {}", case.name);
+        assert_eq!(ours, case.tokens, "case {}", case.name);
+    }
+}
+
+#[test]
+fn parser_reads_what_openai_harmony_reads() {
+    let h = Harmony::new();
+    let golden: Vec<serde_json::Value> =
+        serde_json::from_str(include_str!("../../../../tests/golden/harmony_parse.json")).unwrap();
+    assert!(!golden.is_empty());
+    for case in &golden {
+        let name = case["name"].as_str().unwrap();
+        let tokens: Vec<u32> = case["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        let expected: Vec<Item> = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let text = m["text"].as_str().unwrap().to_owned();
+                match (m["channel"].as_str(), m["recipient"].as_str()) {
+                    (_, Some(recipient)) => call("", recipient.strip_prefix("functions.").unwrap(), &text),
+                    (Some("analysis"), None) => Item::Reasoning { text },
+                    _ => Item::Message {
+                        role: Role::Assistant,
+                        text,
+                    },
+                }
+            })
+            .collect();
+        let parsed = parse(&h, &tokens);
+        assert_eq!(parsed.outcome, Outcome::Stopped, "case {name}");
+        assert!(
+            same_items(&parsed.items, &expected),
+            "case {name}: {:?}",
+            parsed.items
+        );
+        // The streamed deltas add up to the finished items.
+        let mut streamed = std::collections::BTreeMap::<usize, String>::new();
+        for event in &parsed.events {
+            if let ParseEvent::TextDelta { index, text }
+            | ParseEvent::ReasoningDelta { index, text }
+            | ParseEvent::ArgumentsDelta { index, text } = event
+            {
+                streamed.entry(*index).or_default().push_str(text);
+            }
+        }
+        for (index, item) in parsed.items.iter().enumerate() {
+            let whole = match item {
+                Item::Message { text, .. } | Item::Reasoning { text } => text,
+                Item::FunctionCall { arguments, .. } => arguments,
+                Item::FunctionCallOutput { output, .. } => output,
+            };
+            assert_eq!(
+                streamed.get(&index).map(String::as_str).unwrap_or(""),
+                whole,
+                "case {name}"
+            );
+        }
     }
 }

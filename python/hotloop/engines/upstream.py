@@ -1,0 +1,531 @@
+"""The upstream engine: a remote inference server that takes token ids.
+
+Owns the wire dialects (vLLM `POST /v1/completions`, SGLang `POST /generate`, llama.cpp
+server `POST /completion`), the keep-alive HTTP client, replica choice and health, and
+the mapping of upstream failures to `EngineError` codes. It must not see text or items:
+prompts go out as the exact ids of the rendered-token cache, sampled ids come back.
+
+Routing: a session (one client connection) is pinned to one replica, chosen when it
+first generates (fewest pinned sessions among healthy replicas), so every turn of the
+connection lands on the replica whose prefix cache holds its history. A replica that
+fails (connection refused, timeout, 5xx) is marked unhealthy for `cooldown` seconds and
+skipped for new pins; a request that fails before its first token is retried on
+another replica (the session re-pins there); after the first token a failure ends the
+response, since the client has already seen output.
+
+Error codes (stable): `upstream_unavailable` (no replica answered),
+`upstream_timeout` (no data within the read timeout), `upstream_rejected` (4xx: the
+request itself is wrong, not retried), `upstream_error` (5xx or an error event in the
+stream), `upstream_protocol` (a response we cannot parse).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
+import orjson
+
+from hotloop.engines.base import EngineError, Sampling
+
+if TYPE_CHECKING:
+    from hotloop._core import ChatFormat, Prompt
+
+
+class Chunk:
+    """One parsed stream event: new sampled ids, and whether the upstream finished."""
+
+    __slots__ = ("done", "ids")
+
+    def __init__(self, ids: list[int], done: bool) -> None:
+        self.ids = ids
+        self.done = done
+
+
+class Dialect(Protocol):
+    """How one inference server spells a token-id completion request and its stream."""
+
+    name: str
+    path: str
+    models_path: str | None
+    """Where the server lists the model names it accepts, if requests must name one."""
+
+    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]: ...
+
+    def stream(self) -> DialectStream:
+        """Per-request parser state (some servers stream cumulative ids)."""
+        ...
+
+
+class DialectStream(Protocol):
+    def parse(self, event: dict[str, Any]) -> Chunk: ...
+
+
+def _stream_error(event: dict[str, Any]) -> EngineError | None:
+    """The error object vLLM, SGLang and llama.cpp put in the stream, if any."""
+    err = event.get("error")
+    if err is None:
+        return None
+    message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+    return EngineError("upstream_error", f"upstream reported an error: {message}")
+
+
+def _ids(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) for t in value):
+        raise EngineError("upstream_protocol", f"expected a list of token ids in `{where}`")
+    return value
+
+
+class VllmDialect:
+    """vLLM's OpenAI-compatible completions with a token-id prompt.
+
+    `return_token_ids` makes each streamed choice carry `token_ids` (the delta since the
+    previous chunk); `skip_special_tokens: false` keeps special ids in the output, since
+    our parser needs them.
+    """
+
+    name = "vllm"
+    path = "/v1/completions"
+    models_path: str | None = "/v1/models"
+
+    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": ids,
+            "max_tokens": sampling.max_output_tokens,
+            "stream": True,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "stop_token_ids": list(sampling.stop_tokens),
+        }
+        if sampling.temperature is not None:
+            body["temperature"] = sampling.temperature
+        if sampling.top_p is not None:
+            body["top_p"] = sampling.top_p
+        return body
+
+    def stream(self) -> DialectStream:
+        return _VllmStream()
+
+
+class _VllmStream:
+    def parse(self, event: dict[str, Any]) -> Chunk:
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices:
+            # vLLM sends a usage-only chunk last when asked; nothing to emit.
+            if "usage" in event:
+                return Chunk([], False)
+            raise EngineError("upstream_protocol", "vLLM chunk without choices")
+        choice = choices[0]
+        ids = _ids(choice.get("token_ids") or [], "choices[0].token_ids")
+        return Chunk(ids, choice.get("finish_reason") is not None)
+
+
+class SglangDialect:
+    """SGLang's native `/generate` with `input_ids`.
+
+    SGLang streams `output_ids` cumulatively by default and as deltas with
+    `--incremental-streaming-output`; `meta_info.completion_tokens` (always cumulative)
+    tells the two apart, so either server setting works.
+    """
+
+    name = "sglang"
+    path = "/generate"
+    models_path: str | None = None
+
+    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "max_new_tokens": sampling.max_output_tokens,
+            "stop_token_ids": list(sampling.stop_tokens),
+            "skip_special_tokens": False,
+        }
+        if sampling.temperature is not None:
+            params["temperature"] = sampling.temperature
+        if sampling.top_p is not None:
+            params["top_p"] = sampling.top_p
+        return {"input_ids": ids, "sampling_params": params, "stream": True}
+
+    def stream(self) -> DialectStream:
+        return _SglangStream()
+
+
+class _SglangStream:
+    def __init__(self) -> None:
+        self.emitted = 0
+
+    def parse(self, event: dict[str, Any]) -> Chunk:
+        meta = event.get("meta_info")
+        if not isinstance(meta, dict):
+            raise EngineError("upstream_protocol", "SGLang chunk without meta_info")
+        ids = _ids(event.get("output_ids"), "output_ids")
+        total = meta.get("completion_tokens")
+        if total == len(ids) and len(ids) >= self.emitted:
+            ids = ids[self.emitted :]
+        self.emitted += len(ids)
+        finish = meta.get("finish_reason")
+        if isinstance(finish, dict) and finish.get("type") == "abort":
+            raise EngineError("upstream_error", f"SGLang aborted: {finish.get('message')}")
+        return Chunk(ids, finish is not None)
+
+
+class LlamaCppDialect:
+    """llama.cpp server's native `/completion` with a token-array prompt.
+
+    `cache_prompt` keeps the slot's KV for the next turn (the server's own prefix
+    reuse); each streamed event carries the sampled id in `tokens`, the last one has
+    `stop: true` and the server's `timings`.
+    """
+
+    name = "llamacpp"
+    path = "/completion"
+    models_path: str | None = None
+
+    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "prompt": ids,
+            "n_predict": sampling.max_output_tokens,
+            "stream": True,
+            "return_tokens": True,
+            "cache_prompt": True,
+        }
+        if sampling.temperature is not None:
+            body["temperature"] = sampling.temperature
+        if sampling.top_p is not None:
+            body["top_p"] = sampling.top_p
+        return body
+
+    def stream(self) -> DialectStream:
+        return _LlamaCppStream()
+
+
+class _LlamaCppStream:
+    def __init__(self) -> None:
+        self.timings: dict[str, Any] | None = None
+
+    def parse(self, event: dict[str, Any]) -> Chunk:
+        ids = _ids(event.get("tokens", []), "tokens")
+        done = bool(event.get("stop"))
+        if done and isinstance(event.get("timings"), dict):
+            self.timings = event["timings"]
+        return Chunk(ids, done)
+
+
+DIALECTS: dict[str, Dialect] = {
+    d.name: d for d in (VllmDialect(), SglangDialect(), LlamaCppDialect())
+}
+
+
+@dataclass
+class Replica:
+    url: str
+    sessions: int = 0
+    served_model: str | None = None
+    """The model name the replica reported (vLLM), resolved at its first session."""
+    unhealthy_until: float = 0.0
+    failures: int = 0
+
+    def healthy(self, now: float) -> bool:
+        return now >= self.unhealthy_until
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """`replicas` are base URLs (`http://10.0.0.5:8000`); `served_model` is the name the
+    upstream knows the model by (vLLM checks it; None: ask the replica's `/v1/models`),
+    `model` the name our clients use."""
+
+    dialect: str
+    replicas: tuple[str, ...]
+    model: str
+    context_window: int
+    chat_format: str = "harmony"
+    """`harmony` (gpt-oss, o200k_harmony) or `chatml` (Qwen, SmolLM: needs `tokenizer`)."""
+    tokenizer: str | None = None
+    """For `chatml`: a `.gguf` or `tokenizer.json` path, or an OpenAI encoding name."""
+    default_system: str | None = None
+    served_model: str | None = None
+    api_key: str | None = None
+    connect_timeout: float = 5.0
+    read_timeout: float = 120.0
+    cooldown: float = 10.0
+    max_connections: int = 256
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class UpstreamEngine:
+    """A model served by remote replicas speaking one dialect."""
+
+    def __init__(self, config: UpstreamConfig, chat_format: ChatFormat | None = None) -> None:
+        if config.dialect not in DIALECTS:
+            known = ", ".join(sorted(DIALECTS))
+            raise ValueError(f"unknown upstream dialect {config.dialect!r} (known: {known})")
+        if not config.replicas:
+            raise ValueError("an upstream engine needs at least one replica URL")
+        self.config = config
+        self.dialect = DIALECTS[config.dialect]
+        self.replicas = [Replica(url.rstrip("/")) for url in config.replicas]
+        self._chat_format = chat_format
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        if self._chat_format is None:
+            self._chat_format = chat_format_from(self.config)
+        return self._chat_format
+
+    @property
+    def context_window(self) -> int:
+        return self.config.context_window
+
+    async def start(self) -> None:
+        headers = dict(self.config.headers)
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        limits = httpx.Limits(
+            max_connections=self.config.max_connections,
+            max_keepalive_connections=self.config.max_connections,
+        )
+        timeout = httpx.Timeout(
+            connect=self.config.connect_timeout,
+            read=self.config.read_timeout,
+            write=self.config.read_timeout,
+            pool=self.config.connect_timeout,
+        )
+        self._client = httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout)
+
+    def session(self) -> UpstreamSession:
+        return UpstreamSession(self)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise EngineError("upstream_unavailable", "the upstream engine is not started")
+        return self._client
+
+    def pin(self, exclude: Sequence[Replica] = ()) -> Replica | None:
+        """The replica for a new session: healthy, fewest sessions; None if all excluded."""
+        now = time.monotonic()
+        candidates = [r for r in self.replicas if r not in exclude]
+        if not candidates:
+            return None
+        healthy = [r for r in candidates if r.healthy(now)]
+        # With every candidate in cooldown, try the one that failed longest ago rather
+        # than refusing: an outage shorter than the cooldown should not fail requests.
+        pool = healthy or sorted(candidates, key=lambda r: r.unhealthy_until)[:1]
+        replica = min(pool, key=lambda r: r.sessions)
+        replica.sessions += 1
+        return replica
+
+    def unpin(self, replica: Replica) -> None:
+        replica.sessions -= 1
+
+    def mark_failed(self, replica: Replica) -> None:
+        replica.failures += 1
+        replica.unhealthy_until = time.monotonic() + self.config.cooldown
+
+    def mark_ok(self, replica: Replica) -> None:
+        replica.unhealthy_until = 0.0
+
+
+def chat_format_from(config: UpstreamConfig) -> ChatFormat:
+    """The chat format the upstream's model was trained on, from the configuration."""
+    from hotloop._core import ChatFormat, Tokenizer
+
+    if config.chat_format == "harmony":
+        return ChatFormat.harmony()
+    if config.chat_format != "chatml":
+        raise ValueError(f"unknown chat format {config.chat_format!r} (harmony or chatml)")
+    source = config.tokenizer
+    if source is None:
+        raise ValueError("the chatml format needs a tokenizer (.gguf, tokenizer.json or name)")
+    if source.endswith(".gguf"):
+        tokenizer = Tokenizer.from_gguf(source)
+    elif source.endswith(".json"):
+        tokenizer = Tokenizer.from_tokenizer_json(Path(source).read_bytes())
+    else:
+        tokenizer = Tokenizer.openai(source)
+    return ChatFormat.chatml(tokenizer, default_system=config.default_system)
+
+
+class _RetryElsewhere(Exception):
+    """A failure before the first token that another replica may not have."""
+
+    def __init__(self, error: EngineError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class UpstreamSession:
+    """One connection's pin to a replica."""
+
+    def __init__(self, engine: UpstreamEngine) -> None:
+        self.engine = engine
+        self.replica: Replica | None = None
+        self.last_timings: dict[str, Any] | None = None
+        """The upstream's own timings of the last turn (llama.cpp server only)."""
+
+    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+        ids = prompt.tokens()
+        tried: list[Replica] = []
+        last_error = EngineError("upstream_unavailable", "no upstream replica is configured")
+        while True:
+            if self.replica is None or self.replica in tried:
+                self._repin(tried)
+            replica = self.replica
+            if replica is None:
+                raise last_error
+            tried.append(replica)
+            try:
+                async for batch in self._stream(replica, ids, sampling):
+                    yield batch
+                return
+            except _RetryElsewhere as retry:
+                self.engine.mark_failed(replica)
+                last_error = retry.error
+
+    def _repin(self, exclude: Sequence[Replica]) -> None:
+        if self.replica is not None:
+            self.engine.unpin(self.replica)
+        self.replica = self.engine.pin(exclude)
+
+    async def _stream(
+        self, replica: Replica, ids: list[int], sampling: Sampling
+    ) -> AsyncIterator[list[int]]:
+        engine = self.engine
+        dialect = engine.dialect
+        parser = dialect.stream()
+        started = False
+        try:
+            model = await self._served_model(replica)
+            body = dialect.body(model, ids, sampling)
+            async with engine.client.stream(
+                "POST",
+                replica.url + dialect.path,
+                content=orjson.dumps(body),
+                headers={"Content-Type": "application/json"},
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise self._status_error(replica, response)
+                done = False
+                # Read to the end of the stream even after the finishing event, so the
+                # keep-alive connection goes back to the pool instead of being closed.
+                async for event in _sse_events(response):
+                    error = _stream_error(event)
+                    if error is not None:
+                        if not started:
+                            raise _RetryElsewhere(error)
+                        raise EngineError(error.code, error.message, before_first_token=False)
+                    if done:
+                        continue
+                    chunk = parser.parse(event)
+                    if chunk.ids:
+                        started = True
+                        yield chunk.ids
+                    done = chunk.done
+                if not done:
+                    raise EngineError(
+                        "upstream_error",
+                        f"{replica.url} closed the stream before finishing",
+                        before_first_token=not started,
+                    )
+            engine.mark_ok(replica)
+            if isinstance(parser, _LlamaCppStream):
+                self.last_timings = parser.timings
+        except httpx.TimeoutException as e:
+            error = EngineError(
+                "upstream_timeout",
+                f"{replica.url} sent nothing for {engine.config.read_timeout:g}s"
+                f" ({type(e).__name__})",
+                before_first_token=not started,
+            )
+            if not started:
+                raise _RetryElsewhere(error) from e
+            raise error from e
+        except httpx.TransportError as e:
+            error = EngineError(
+                "upstream_unavailable",
+                f"{replica.url}: {type(e).__name__}: {e}",
+                before_first_token=not started,
+            )
+            if not started:
+                raise _RetryElsewhere(error) from e
+            raise error from e
+        except EngineError as e:
+            e.before_first_token = not started
+            raise
+
+    async def _served_model(self, replica: Replica) -> str:
+        """The name to put in requests: configured, or asked of the replica once."""
+        config = self.engine.config
+        models_path = self.engine.dialect.models_path
+        if config.served_model is not None or models_path is None:
+            return config.served_model or config.model
+        if replica.served_model is None:
+            response = await self.engine.client.get(replica.url + models_path)
+            if response.status_code >= 400:
+                raise self._status_error(replica, response)
+            try:
+                replica.served_model = str(orjson.loads(response.content)["data"][0]["id"])
+            except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+                raise EngineError(
+                    "upstream_protocol", f"{replica.url}{models_path} lists no model"
+                ) from e
+        return replica.served_model
+
+    def _status_error(self, replica: Replica, response: httpx.Response) -> Exception:
+        detail = _error_message(response.content)
+        status = response.status_code
+        if status < 500:
+            return EngineError(
+                "upstream_rejected", f"{replica.url} refused the request ({status}): {detail}"
+            )
+        return _RetryElsewhere(
+            EngineError("upstream_error", f"{replica.url} failed ({status}): {detail}")
+        )
+
+    async def close(self) -> None:
+        if self.replica is not None:
+            self.engine.unpin(self.replica)
+            self.replica = None
+
+
+def _error_message(content: bytes) -> str:
+    try:
+        payload = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content[:200].decode("utf-8", "replace")
+    err = payload.get("error", payload) if isinstance(payload, dict) else payload
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err)
+
+
+async def _sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """`data:` payloads of a server-sent-event stream, as JSON objects, until `[DONE]`."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise EngineError("upstream_protocol", f"malformed stream event: {data[:200]}") from e
+        if not isinstance(event, dict):
+            raise EngineError("upstream_protocol", f"stream event is not an object: {data[:200]}")
+        yield event

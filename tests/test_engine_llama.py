@@ -1,0 +1,183 @@
+"""The embedded llama engine with the real SmolLM2 model: KV reuse across turns measured
+by llama.cpp's own counters, cancellation, sessions sharing the model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from engine_conversation import IM_END, IdsPrompt, first_turn, next_turn
+from hotloop.engines.base import EngineError, Sampling
+from hotloop.engines.llama import LlamaConfig, LlamaEngine, LlamaSession
+
+pytestmark = pytest.mark.model
+
+GREEDY = Sampling(max_output_tokens=24, temperature=0.0, stop_tokens=(IM_END,))
+ENDLESS = Sampling(max_output_tokens=1500, temperature=0.0)  # no stop token
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[LlamaEngine]:
+    engine = LlamaEngine(LlamaConfig(n_ctx=4096, max_sequences=2, n_threads=1))
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+async def collect(session: LlamaSession, ids: list[int], sampling: Sampling) -> list[int]:
+    out: list[int] = []
+    async for batch in session.generate(IdsPrompt(ids), sampling):  # type: ignore[arg-type]
+        out.extend(batch)
+    return out
+
+
+async def test_turn_two_evaluates_only_the_new_tokens(engine: LlamaEngine) -> None:
+    session = engine.session()
+    p1 = first_turn("What is the capital of France?")
+    reply1 = await collect(session, p1, GREEDY)
+    assert reply1
+
+    p2 = next_turn(p1, reply1, "And of Italy?")
+    before, _ = engine.perf()
+    reply2 = await collect(session, p2, GREEDY)
+    after, _ = engine.perf()
+    assert reply2
+
+    # The KV holds turn 1's prompt and every sampled id but the last (sampled, never
+    # fed back): that last id and the new user turn are all turn 2 evaluates.
+    new_tokens = len(p2) - (len(p1) + len(reply1) - 1)
+    assert after - before == new_tokens
+    turn = session.last_turn
+    assert turn is not None
+    assert turn.evaluated_tokens == new_tokens
+    assert turn.reused_tokens == len(p2) - new_tokens
+
+    # The same prompt on a fresh session pays for all of it.
+    fresh = engine.session()
+    before, _ = engine.perf()
+    await collect(fresh, p2, GREEDY)
+    after, _ = engine.perf()
+    assert after - before == len(p2)
+    await fresh.close()
+    await session.close()
+
+
+async def test_closing_the_stream_stops_within_one_token(engine: LlamaEngine) -> None:
+    session = engine.session()
+    stream = session.generate(IdsPrompt(first_turn("Count to one thousand.")), ENDLESS)  # type: ignore[arg-type]
+    first = await anext(stream)
+    assert first
+    await stream.aclose()
+    await session.settled()
+    turn = session.last_turn
+    assert turn is not None and turn.sampled_at_cancel is not None
+    assert turn.sampled_tokens - turn.sampled_at_cancel <= 1
+    assert turn.sampled_tokens < ENDLESS.max_output_tokens
+    await session.close()
+
+
+async def test_cancelling_the_consumer_task_stops_generation(engine: LlamaEngine) -> None:
+    session = engine.session()
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in session.generate(IdsPrompt(first_turn("Tell a long story.")), ENDLESS):  # type: ignore[arg-type]
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await session.settled()
+    turn = session.last_turn
+    assert turn is not None and turn.sampled_at_cancel is not None
+    assert turn.sampled_tokens - turn.sampled_at_cancel <= 1
+    await session.close()
+
+
+async def test_two_sessions_interleave_and_keep_their_own_kv(engine: LlamaEngine) -> None:
+    a, b = engine.session(), engine.session()
+    order: list[str] = []
+    sampling = Sampling(max_output_tokens=40, temperature=0.0)
+
+    async def run(name: str, session: LlamaSession, ids: list[int]) -> list[int]:
+        out: list[int] = []
+        async for batch in session.generate(IdsPrompt(ids), sampling):  # type: ignore[arg-type]
+            order.append(name)
+            out.extend(batch)
+        return out
+
+    pa = first_turn("Name three fruits.")
+    pb = first_turn("Name three colours.")
+    ra, rb = await asyncio.gather(run("a", a, pa), run("b", b, pb))
+    assert len(ra) == len(rb) == 40
+    # Token-level interleaving: each session streamed while the other was still running.
+    assert order.index("b") < len(order) - 1 - order[::-1].index("a")
+    assert order.index("a") < len(order) - 1 - order[::-1].index("b")
+
+    # Each session's sequence survived the other's turn: turn 2 reuses it.
+    pa2 = next_turn(pa, ra, "Which is sweetest?")
+    await collect(a, pa2, GREEDY)
+    assert a.last_turn is not None
+    assert a.last_turn.reused_tokens == len(pa) + len(ra) - 1
+    pb2 = next_turn(pb, rb, "Which is brightest?")
+    await collect(b, pb2, GREEDY)
+    assert b.last_turn is not None
+    assert b.last_turn.reused_tokens == len(pb) + len(rb) - 1
+    await a.close()
+    await b.close()
+
+
+async def test_concurrent_lanes_of_one_session_share_their_common_prefix(
+    engine: LlamaEngine,
+) -> None:
+    session = engine.session()
+    base = first_turn("Name a fruit.")
+    reply = await collect(session, base, GREEDY)
+    lane_a = next_turn(base, reply, "Name a vegetable.")
+    lane_b = next_turn(base, reply, "Name a colour.")
+    shared = len(base) + len(reply) - 1  # what the session's sequence holds
+    long = Sampling(max_output_tokens=30, temperature=0.0)
+
+    stream_a = session.generate(IdsPrompt(lane_a), long)  # type: ignore[arg-type]
+    assert await anext(stream_a)  # lane a is generating on the session's sequence
+    stats_a = session.last_turn
+    out_b = await collect(session, lane_b, long)  # lane b forks while a runs
+    stats_b = session.last_turn
+    rest_a = [t async for batch in stream_a for t in batch]
+    assert out_b and rest_a
+    assert stats_a is not None and stats_b is not None
+    assert stats_a.reused_tokens == shared
+    # The fork copied the common prefix from lane a's sequence instead of evaluating it.
+    common = next(i for i, (x, y) in enumerate(zip(lane_a, lane_b, strict=False)) if x != y)
+    assert stats_b.reused_tokens == common
+    assert stats_b.evaluated_tokens == len(lane_b) - common
+    await session.close()
+
+
+async def test_more_sessions_than_sequences_evicts_the_least_recent(engine: LlamaEngine) -> None:
+    sessions = [engine.session() for _ in range(3)]  # the engine has two sequences
+    prompts = [first_turn(f"Say the number {i}.") for i in range(3)]
+    replies = [await collect(s, p, GREEDY) for s, p in zip(sessions, prompts, strict=True)]
+    # Session 0 was idle longest when session 2 needed a sequence: it starts over.
+    again = next_turn(prompts[0], replies[0], "Again.")
+    await collect(sessions[0], again, GREEDY)
+    assert sessions[0].last_turn is not None
+    assert sessions[0].last_turn.reused_tokens == 0
+    # Session 2 kept its sequence.
+    again2 = next_turn(prompts[2], replies[2], "Again.")
+    await collect(sessions[2], again2, GREEDY)
+    assert sessions[2].last_turn is not None
+    assert sessions[2].last_turn.reused_tokens == len(prompts[2]) + len(replies[2]) - 1
+    for s in sessions:
+        await s.close()
+
+
+async def test_a_prompt_longer_than_the_context_is_refused(engine: LlamaEngine) -> None:
+    session = engine.session()
+    with pytest.raises(EngineError) as info:
+        await collect(session, [IM_END] * (engine.context_window + 1), GREEDY)
+    assert info.value.code == "context_length_exceeded"
+    await session.close()

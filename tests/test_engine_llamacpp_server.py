@@ -1,0 +1,84 @@
+"""The upstream engine's llama.cpp dialect against a real `llama-server` on loopback
+serving SmolLM2: streamed ids, and the server's own timings showing that turns 2+ of a
+conversation evaluate only their new prompt tokens."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from engine_conversation import IM_END, IdsPrompt, first_turn, next_turn
+from hotloop.engines.base import Sampling
+from hotloop.engines.llama_server import LlamaServer
+from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine, UpstreamSession
+from hotloop.native_deps import ensure_llama_server, smollm2_gguf_path
+
+pytestmark = pytest.mark.model
+
+SAMPLING = Sampling(max_output_tokens=24, temperature=0.0, stop_tokens=(IM_END,))
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[UpstreamEngine]:
+    # `make test` builds the binary first (make native); this only finds it in the cache.
+    server = LlamaServer(
+        ensure_llama_server(), smollm2_gguf_path(), n_ctx=4096, parallel=2, threads=1
+    )
+    await server.start()
+    config = UpstreamConfig(
+        dialect="llamacpp", replicas=(server.url,), model="smollm2", context_window=4096
+    )
+    engine = UpstreamEngine(config, chat_format=object())  # type: ignore[arg-type]
+    await engine.start()
+    yield engine
+    await engine.close()
+    await server.stop()
+
+
+async def collect(session: UpstreamSession, ids: list[int]) -> list[int]:
+    out: list[int] = []
+    async for batch in session.generate(IdsPrompt(ids), SAMPLING):  # type: ignore[arg-type]
+        out.extend(batch)
+    return out
+
+
+async def test_turns_after_the_first_evaluate_only_new_prompt_tokens(
+    engine: UpstreamEngine,
+) -> None:
+    session = engine.session()
+    prompt = first_turn("What is the capital of France?")
+    reply = await collect(session, prompt)
+    assert reply and reply[-1] == IM_END
+    assert session.last_timings is not None
+    assert session.last_timings["prompt_n"] == len(prompt)
+
+    for question in ("And of Italy?", "And of Spain?"):
+        following = next_turn(prompt, reply, question)
+        # The server's slot holds the previous prompt and the reply but its last id
+        # (sampled, never decoded): everything else is served from its KV cache.
+        new_tokens = len(following) - (len(prompt) + len(reply) - 1)
+        reply = await collect(session, following)
+        timings = session.last_timings
+        assert timings is not None
+        assert timings["prompt_n"] == new_tokens
+        assert timings["cache_n"] == len(following) - new_tokens
+        prompt = following
+    await session.close()
+
+
+async def test_two_sessions_keep_their_own_slots(engine: UpstreamEngine) -> None:
+    a, b = engine.session(), engine.session()
+    pa = first_turn("Name three fruits.")
+    pb = first_turn("Name three colours.")
+    ra = await collect(a, pa)
+    rb = await collect(b, pb)
+    pa2 = next_turn(pa, ra, "Which is sweetest?")
+    await collect(a, pa2)
+    assert a.last_timings is not None
+    assert a.last_timings["cache_n"] > len(pa) // 2
+    pb2 = next_turn(pb, rb, "Which is brightest?")
+    await collect(b, pb2)
+    assert b.last_timings is not None
+    assert b.last_timings["cache_n"] > len(pb) // 2
+    await a.close()
+    await b.close()
