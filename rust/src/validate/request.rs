@@ -106,7 +106,10 @@ pub struct CreateRequest {
     /// Bytes of the raw `input` field.
     pub input_bytes: usize,
     /// The fields a Response echoes, defaults and nulls filled in (`{}` when `error`
-    /// is set). `model` is null when the request named none: the server fills in its own.
+    /// is set), compact, in a fixed order. `model` is null when the request named none,
+    /// spelled `"model":null` before any field that could contain that text (only
+    /// `instructions`, `max_output_tokens` and `metadata` precede it), so the server can
+    /// substitute its own model name with one string replacement.
     pub response_fields_json: String,
 }
 
