@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ENGINE ?= llama
 
-.PHONY: all venv develop native serve test test-rust test-python lint bench clean
+.PHONY: all venv develop native serve test test-rust test-python lint bench bench-ci clean
 
 all: develop
 
@@ -19,7 +19,7 @@ venv: $(BIN)/python
 
 # Builds hotloop._core (release) and installs the package with its test and dev extras.
 develop: venv
-	$(BIN)/maturin develop --release -q -E test,dev
+	$(BIN)/maturin develop --release -q -E test,dev,bench
 
 # llama-cpp-python (GGML_NATIVE=OFF), the SmolLM2 GGUF and llama-server, built once per
 # user into ~/.cache/hotloop/native and installed from there (python/hotloop/native_deps.py).
@@ -47,6 +47,10 @@ lint: develop
 
 bench: develop native
 	$(BIN)/pytest benches -q --benchmark-only
+
+# CI's microbenchmarks: only ratios measured in one run, with wide margins (quick mode).
+bench-ci: develop
+	$(BIN)/pytest benches/test_ratios.py -q -s --benchmark-disable
 
 clean:
 	rm -rf $(VENV) target

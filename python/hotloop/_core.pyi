@@ -93,6 +93,10 @@ class Policy:
     """The built-in content policy: a multi-pattern matcher over new text only."""
 
     def __init__(self, patterns: Sequence[str], *, case_insensitive: bool = True) -> None: ...
+    def check(self, request: CreateRequest) -> None:
+        """Raise CoreError `content_policy_violation` (param: the offending text, e.g.
+        `input[2].content[0].text`) if the request's instructions or input hit a pattern.
+        Case-insensitive matching folds ASCII letters only."""
 
 class CreateRequest:
     """A parsed `response.create` event (flat or nested form) or a `POST /v1/responses`
@@ -115,6 +119,8 @@ class CreateRequest:
     reasoning_effort: str | None
     input_item_count: int
     input_bytes: int
+    skipped_tools: list[tuple[str, str | None]]
+    """Tools of types this server does not run, `(type, name)`: accepted, not rendered."""
     @property
     def input_json(self) -> str:
         """The input as a JSON array of items (a string input becomes one user message)."""

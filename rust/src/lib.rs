@@ -16,6 +16,7 @@ pub mod format;
 pub mod item;
 pub mod render;
 pub mod tokenizer;
+pub mod validate;
 
 #[cfg(feature = "python")]
 mod bindings;

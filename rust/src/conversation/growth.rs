@@ -12,6 +12,7 @@
 //! twice through a [`Recorder`], a tokenizer that encodes nothing and records each text
 //! instead, and the two recordings are compared.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::tokenizer::Tokenizer;
@@ -53,6 +54,67 @@ impl Tokenizer for Recorder<'_> {
             .unwrap_or_else(|e| e.into_inner())
             .push(text.to_owned());
         out.push(PLACEHOLDER);
+    }
+    fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
+        self.inner.pieces(text)
+    }
+    fn token_bytes(&self, id: u32) -> &[u8] {
+        self.inner.token_bytes(id)
+    }
+    fn special(&self, name: &str) -> Option<u32> {
+        self.inner.special(name)
+    }
+    fn is_special(&self, id: u32) -> bool {
+        self.inner.is_special(id)
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+}
+
+/// A tokenizer for rendering after a chain's open run. The first text the renderer encodes
+/// starts with that run (the renderer continues it), and the run's ids are cached: that
+/// text is re-tokenized from just before the run's end instead of from its start.
+pub(crate) struct Continuation<'t> {
+    inner: &'t dyn Tokenizer,
+    /// The open run and its cached ids, until the first encode takes them.
+    run: Mutex<Option<(&'t str, Vec<u32>)>>,
+    /// Cached ids the first encode kept.
+    reused: AtomicUsize,
+}
+
+impl<'t> Continuation<'t> {
+    pub fn new(inner: &'t dyn Tokenizer, run: &'t str, ids: Vec<u32>) -> Self {
+        Continuation {
+            inner,
+            run: Mutex::new(Some((run, ids))),
+            reused: AtomicUsize::new(0),
+        }
+    }
+
+    /// How many of the run's cached ids were kept rather than encoded again.
+    pub fn reused(&self) -> usize {
+        self.reused.load(Ordering::Relaxed)
+    }
+}
+
+impl Tokenizer for Continuation<'_> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        let cached = self.run.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((run, ids)) = cached.filter(|(run, _)| text.starts_with(run)) {
+            let tail = |n: usize| ids[ids.len().saturating_sub(n)..].to_vec();
+            if let Some(regrown) = regrow(self.inner, run, text, None, tail) {
+                let kept = ids.len() - regrown.drop;
+                self.reused.store(kept, Ordering::Relaxed);
+                out.extend_from_slice(&ids[..kept]);
+                out.extend_from_slice(&regrown.ids);
+                return;
+            }
+        }
+        self.inner.encode(text, out);
     }
     fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
         self.inner.pieces(text)

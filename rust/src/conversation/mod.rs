@@ -27,13 +27,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use chunks::Chunks;
-use growth::{Change, Position, Recorder, Recording};
+use growth::{Change, Continuation, Position, Recorder, Recording};
 use segment::{Body, PrefixEntry, Rendering, Segment, Step};
 
 use crate::error::{Code, Error, Result};
 use crate::format::{ChatFormat, Context};
 use crate::item::{Item, Prefix};
 use crate::render::Renderer;
+use crate::tokenizer::Tokenizer;
 
 pub use prompt::Prompt;
 use turn::TurnId;
@@ -217,7 +218,20 @@ impl Chain {
         let prev = from.checked_sub(1).and_then(|i| self.segment(i).kind());
         let before = self.clone();
         let earlier = |id: &str| before.call_name(id);
-        let mut rendering = Rendering::new(format, start, carried.as_deref().unwrap_or(""), prev, &earlier);
+        let carried = carried.as_deref().unwrap_or("");
+        // Appending after an open run continues it: its cached ids spare re-encoding it whole.
+        let continuation = (from == self.segments.len() && self.run_tokens > 0).then(|| {
+            Continuation::new(
+                format.tokenizer().as_ref(),
+                carried,
+                self.tokens.to_vec(start, self.tokens.len()),
+            )
+        });
+        let tokenizer: &dyn Tokenizer = match &continuation {
+            Some(c) => c,
+            None => format.tokenizer().as_ref(),
+        };
+        let mut rendering = Rendering::new(format, tokenizer, start, carried, prev, &earlier);
         self.tokens.truncate(start);
         self.segments.truncate(from);
         let count = steps.len();
@@ -228,15 +242,16 @@ impl Chain {
         let (ids, run) = rendering.renderer.into_parts();
         self.tokens.extend_from_slice(&ids);
         let mut provisional = Vec::new();
-        format.tokenizer().encode(&run, &mut provisional);
+        tokenizer.encode(&run, &mut provisional);
         self.tokens.extend_from_slice(&provisional);
         self.run = Arc::from(run);
         self.run_tokens = provisional.len();
         self.hint = None;
+        let reused = continuation.as_ref().map_or(0, Continuation::reused);
         Work {
-            kept: start,
+            kept: start + reused,
             segments: count,
-            tokens: ids.len() + provisional.len(),
+            tokens: ids.len() + provisional.len() - reused,
         }
     }
 
@@ -611,11 +626,7 @@ impl Conversation {
 
     /// A parser for the open turn's output.
     pub fn parser(&self) -> Result<TurnParser> {
-        Ok(TurnParser::new(
-            self.format.parser(),
-            self.format.stop_tokens(),
-            self.open_turn_id()?,
-        ))
+        Ok(TurnParser::new(self.format.parser(), self.open_turn_id()?))
     }
 
     /// Append the ids the parser saw, verbatim, and record its items (function calls

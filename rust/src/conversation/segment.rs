@@ -14,6 +14,7 @@ use super::chunks::Element;
 use crate::format::{ChatFormat, Context};
 use crate::item::{Item, ItemKind, Prefix, Role};
 use crate::render::Renderer;
+use crate::tokenizer::Tokenizer;
 
 /// The prefix with its size measured once (tool schemas are large and only their size is
 /// needed for memory accounting).
@@ -155,14 +156,17 @@ pub(crate) struct Rendering<'a> {
 }
 
 impl<'a> Rendering<'a> {
+    /// Render after `carried`, the open run, with `tokenizer` (the format's, or one that
+    /// knows the run's cached ids).
     pub fn new(
         format: &'a dyn ChatFormat,
+        tokenizer: &'a dyn Tokenizer,
         base: usize,
         carried: &str,
         prev: Option<ItemKind>,
         earlier: &'a dyn Fn(&str) -> Option<String>,
     ) -> Self {
-        let mut renderer = Renderer::new(format.tokenizer().as_ref());
+        let mut renderer = Renderer::new(tokenizer);
         renderer.text(carried);
         Rendering {
             format,

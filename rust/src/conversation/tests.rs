@@ -369,8 +369,7 @@ fn prefix(choice: u8) -> Prefix {
     }
 }
 
-fn run_ops(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
-    let format = mock();
+fn run_ops(format: Arc<dyn ChatFormat>, ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
     let mut conv = Conversation::new(Arc::clone(&format), 1_000_000);
     let mut model = Model::default();
     let mut saved: Vec<(Checkpoint, Model)> = Vec::new();
@@ -442,8 +441,9 @@ fn run_ops(ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
                     parser.feed(id, &mut events);
                 }
                 prop_assert!(parser.stopped());
+                parser.finish(&mut events);
                 conv.commit_output(&parser).unwrap();
-                let parsed = parser.items()[0].clone();
+                let parsed = parser.items().last().cloned().unwrap();
                 if let Item::FunctionCall { call_id, .. } = &parsed {
                     model.open_calls.push(call_id.clone());
                 }
@@ -481,7 +481,13 @@ proptest! {
     /// tokens of rendering that conversation from scratch, and checkpoints never change.
     #[test]
     fn cache_equals_render_from_scratch(ops in prop::collection::vec(op(), 1..25)) {
-        run_ops(ops)?;
+        run_ops(mock(), ops)?;
+    }
+
+    /// The same under the real harmony format.
+    #[test]
+    fn harmony_cache_equals_render_from_scratch(ops in prop::collection::vec(op(), 1..25)) {
+        run_ops(Arc::new(crate::format::harmony::Harmony::new()), ops)?;
     }
 }
 
@@ -628,4 +634,32 @@ fn checkpoints_share_history_and_account_only_what_they_add() {
         "{} vs {ideal}",
         conv.memory_bytes()
     );
+}
+
+#[test]
+fn appending_after_a_long_open_run_continues_it() {
+    // Consecutive tool outputs form one run in the mock (as in ChatML): each append
+    // continues the run the previous one left open.
+    let format = mock();
+    let mut conv = Conversation::new(Arc::clone(&format), 10_000_000);
+    let calls: Vec<Item> = (0..200)
+        .map(|i| Item::FunctionCall {
+            call_id: format!("c{i}"),
+            name: "exec".into(),
+            arguments: "{}".into(),
+        })
+        .collect();
+    conv.append_items(calls.clone(), None).unwrap();
+    let mut model = Model::default();
+    model.add_items(&calls);
+    for i in 0..200 {
+        let answer = Item::FunctionCallOutput {
+            call_id: format!("c{i}"),
+            output: format!("total {i}\n-rw-r--r-- 1 root root 425 Nov 29 README.md\n"),
+        };
+        let turn = conv.append_items(vec![answer.clone()], None).unwrap();
+        model.add_items(&[answer]);
+        assert!(turn.new_tokens < 60, "{i} {turn:?}");
+    }
+    assert_eq!(conv.prompt().tokens(), model.render(format.as_ref()));
 }

@@ -25,49 +25,26 @@ pub(crate) struct TurnId {
 
 pub struct TurnParser {
     inner: Box<dyn OutputParser>,
-    stop: Vec<u32>,
     sampled: Vec<u32>,
-    stopped: bool,
-    in_reasoning: bool,
-    reasoning_tokens: usize,
     pub(crate) turn: TurnId,
 }
 
 impl TurnParser {
-    pub(crate) fn new(inner: Box<dyn OutputParser>, stop: &[u32], turn: TurnId) -> Self {
+    pub(crate) fn new(inner: Box<dyn OutputParser>, turn: TurnId) -> Self {
         TurnParser {
             inner,
-            stop: stop.to_vec(),
             sampled: Vec::new(),
-            stopped: false,
-            in_reasoning: false,
-            reasoning_tokens: 0,
             turn,
         }
     }
 
     /// Feed one sampled id. Ids after a stop token are not part of the turn and are ignored.
     pub fn feed(&mut self, id: u32, out: &mut Vec<ParseEvent>) {
-        if self.stopped {
+        if self.inner.stopped() {
             return;
         }
         self.sampled.push(id);
-        let was_reasoning = self.in_reasoning;
-        let from = out.len();
         self.inner.feed(id, out);
-        for event in &out[from..] {
-            match event {
-                ParseEvent::ReasoningStart { .. } => self.in_reasoning = true,
-                ParseEvent::ReasoningDone { .. } => self.in_reasoning = false,
-                _ => {}
-            }
-        }
-        if was_reasoning || self.in_reasoning {
-            self.reasoning_tokens += 1;
-        }
-        if self.stop.contains(&id) {
-            self.stopped = true;
-        }
     }
 
     pub fn finish(&mut self, out: &mut Vec<ParseEvent>) -> Outcome {
@@ -76,18 +53,19 @@ impl TurnParser {
 
     /// A stop token was sampled: the engine should stop.
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.inner.stopped()
     }
 
     pub fn output_tokens(&self) -> usize {
-        self.sampled.len()
+        self.inner.output_tokens()
     }
 
     /// Sampled ids that fell inside reasoning items.
     pub fn reasoning_tokens(&self) -> usize {
-        self.reasoning_tokens
+        self.inner.reasoning_tokens()
     }
 
+    /// The ids this turn sampled, verbatim: what `commit_output` appends.
     pub fn sampled(&self) -> &[u32] {
         &self.sampled
     }

@@ -1,0 +1,243 @@
+"""CI microbenchmarks: the per-turn work of the server, checked only as ratios measured in
+one run, with wide margins (never absolute times: CI machines differ and are shared).
+
+Each check times two things on the same data in the same process and asserts how many
+times faster one is than the other:
+
+- append vs full re-render: extending a 100k-token conversation by one tool output, vs
+  rendering and tokenizing the whole conversation again (>= 50x);
+- delta validation is O(delta): the same turn on a 100k-token history vs a short one
+  (<= 5x apart);
+- parsing a continuation frame vs a full-history frame (>= 20x);
+- tokenizing: hotloop's o200k encoder vs tiktoken on the same 100k-token text (no more
+  than 2x slower);
+- output parsing: hotloop's streaming parser vs openai-harmony's, token by token;
+- event serialisation: one text-delta event, vs the SDK's pydantic model (>= 2x);
+- the peer: a stateless server's per-turn prompt work (openai-harmony re-rendering the
+  whole conversation) vs hotloop's append (>= 50x).
+
+`make bench-ci` runs them in quick mode (`--benchmark-disable`, 3 repetitions); `make
+bench` runs them with pytest-benchmark's statistics. Repetitions take the minimum, the
+least noisy estimate of a CPU-bound operation's cost on a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+import tiktoken
+from hotloop._core import ChatFormat, Conversation, Tokenizer, parse_event, parse_request
+from hotloop.bench.peer import Peer, use_local_vocab
+from hotloop.bench.rollout import Rollout, build_rollout
+from hotloop.events import ResponseEvents
+from openai.types.responses import ResponseTextDeltaEvent
+from openai_harmony import HarmonyEncodingName, Role, StreamableParser, load_harmony_encoding
+
+STEPS = 50
+
+
+def fastest(fn: Callable[[], Any], repeat: int) -> float:
+    """The minimum wall time of `repeat` calls, in seconds."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.fixture(scope="module")
+def repeat(request: pytest.FixtureRequest) -> int:
+    return 3 if request.config.getoption("benchmark_disable") else 15
+
+
+@pytest.fixture(scope="module")
+def rollout() -> Rollout:
+    return build_rollout(2, tool_calls=STEPS)
+
+
+@pytest.fixture(scope="module")
+def harmony() -> ChatFormat:
+    return ChatFormat.harmony()
+
+
+def _conversation(fmt: ChatFormat, rollout: Rollout, steps: int) -> Conversation:
+    conversation = Conversation(fmt, context_window=1 << 21)
+    conversation.append_items(
+        json.dumps(rollout.history_items(steps)),
+        instructions=rollout.instructions,
+        tools_json=json.dumps(rollout.tools),
+    )
+    return conversation
+
+
+def _turn_items(rollout: Rollout, index: int) -> str:
+    """The items one agent turn adds: the model's reasoning and call, then the output."""
+    return json.dumps([*rollout.step_items(index), rollout.tool_result(index)])
+
+
+def test_append_vs_full_rerender_at_100k_tokens(
+    benchmark: Any, harmony: ChatFormat, rollout: Rollout, repeat: int
+) -> None:
+    base = _conversation(harmony, rollout, STEPS - 1).checkpoint()
+    assert base.token_count > 100_000
+    delta = _turn_items(rollout, STEPS - 1)
+
+    def append() -> None:
+        base.fork().append_items(delta)
+
+    def full() -> None:
+        _conversation(harmony, rollout, STEPS)
+
+    benchmark(append)
+    ratio = fastest(full, repeat) / fastest(append, repeat)
+    print(f"full re-render / append at {base.token_count} tokens: {ratio:.0f}x")
+    assert ratio >= 50
+
+
+def _request(rollout: Rollout, index: int) -> bytes:
+    return orjson.dumps(
+        {
+            "model": "sim",
+            "instructions": rollout.instructions,
+            "tools": rollout.tools,
+            "previous_response_id": "resp_bench",
+            "input": [rollout.tool_result(index)],
+        }
+    )
+
+
+def test_delta_validation_does_not_grow_with_history(
+    benchmark: Any, harmony: ChatFormat, rollout: Rollout, repeat: int
+) -> None:
+    costs = {}
+    for steps in (3, STEPS - 1):
+        conversation = _conversation(harmony, rollout, steps)
+        conversation.append_items(json.dumps(rollout.step_items(steps)))
+        checkpoint = conversation.checkpoint()
+        request = parse_request(_request(rollout, steps))
+
+        def turn(checkpoint: Any = checkpoint, request: Any = request) -> None:
+            checkpoint.fork().extend(request)
+
+        costs[checkpoint.token_count] = fastest(turn, repeat)
+        if steps == STEPS - 1:
+            benchmark(turn)
+    (short, short_cost), (long, long_cost) = sorted(costs.items())
+    print(f"extend at {long} vs {short} tokens: {long_cost / short_cost:.2f}x")
+    assert long_cost / short_cost <= 5
+
+
+def test_parse_continuation_vs_full_history_frame(
+    benchmark: Any, rollout: Rollout, repeat: int
+) -> None:
+    delta = b'{"type":"response.create",' + _request(rollout, STEPS - 1)[1:]
+    body = {
+        "type": "response.create",
+        "model": "sim",
+        "instructions": rollout.instructions,
+        "tools": rollout.tools,
+        "input": rollout.history_items(STEPS),
+    }
+    full = orjson.dumps(body)
+    benchmark(parse_event, delta)
+    ratio = fastest(lambda: parse_event(full), repeat) / fastest(lambda: parse_event(delta), repeat)
+    print(f"parse full-history frame ({len(full)} B) / continuation ({len(delta)} B): {ratio:.0f}x")
+    assert ratio >= 20
+
+
+def test_tokenize_against_tiktoken(benchmark: Any, rollout: Rollout, repeat: int) -> None:
+    use_local_vocab()  # tiktoken loads o200k_base from the local file
+    text = "\n".join(step.output for step in rollout.steps)
+    ours = Tokenizer.openai("o200k_base")
+    reference = tiktoken.get_encoding("o200k_base")
+    assert ours.encode(text) == reference.encode_ordinary(text)
+    benchmark(ours.encode, text)
+    ratio = fastest(lambda: reference.encode_ordinary(text), repeat) / fastest(
+        lambda: ours.encode(text), repeat
+    )
+    print(f"tiktoken / hotloop on {len(text)} bytes: {ratio:.2f}x")
+    assert ratio >= 0.5
+
+
+def test_output_parser_against_openai_harmony(
+    benchmark: Any, harmony: ChatFormat, rollout: Rollout, repeat: int
+) -> None:
+    use_local_vocab()
+    step = rollout.steps[10]
+    ids = harmony.completion_tokens(
+        reasoning=step.reasoning, calls=[(step.call.name, step.call.arguments)]
+    )
+    conversation = Conversation(harmony, context_window=1 << 20)
+    encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+    def ours() -> None:
+        parser = conversation.parser()
+        for token in ids:
+            parser.feed([token])
+        parser.finish()
+
+    def reference() -> None:
+        parser = StreamableParser(encoding, role=Role.ASSISTANT)
+        for token in ids:
+            parser.process(token)
+
+    benchmark(ours)
+    ratio = fastest(reference, repeat) / fastest(ours, repeat)
+    print(f"openai-harmony / hotloop streaming parse of {len(ids)} tokens: {ratio:.2f}x")
+    assert ratio >= 1
+
+
+def test_delta_event_serialisation_against_sdk_model(benchmark: Any, repeat: int) -> None:
+    events = ResponseEvents('{"model":"sim"}')
+    frames: list[bytes] = []
+    events.feed([("message_start", 0)], frames.append)
+    deltas = [f" token{i}" for i in range(200)]
+    # One parser event per token, as the engine streams them one at a time.
+    parsed = [[("text", 0, delta)] for delta in deltas]
+
+    def ours() -> None:
+        for one in parsed:
+            events.feed(one, frames.append)
+        frames.clear()
+
+    def sdk() -> None:
+        for number, delta in enumerate(deltas):
+            ResponseTextDeltaEvent(
+                type="response.output_text.delta",
+                item_id="msg_0",
+                output_index=0,
+                content_index=0,
+                delta=delta,
+                logprobs=[],
+                sequence_number=number,
+            ).model_dump_json()
+
+    benchmark(ours)
+    ratio = fastest(sdk, repeat) / fastest(ours, repeat)
+    print(f"pydantic SDK model / hotloop per delta event: {ratio:.1f}x")
+    assert ratio >= 2
+
+
+def test_peer_full_rerender_vs_append(
+    benchmark: Any, harmony: ChatFormat, rollout: Rollout, repeat: int
+) -> None:
+    peer = Peer("harmony")
+    history = json.dumps(rollout.history_items(STEPS))
+    base = _conversation(harmony, rollout, STEPS - 1).checkpoint()
+    delta = _turn_items(rollout, STEPS - 1)
+
+    def peer_turn() -> None:
+        peer.render("resp_peer", None, history, rollout.instructions, rollout.tools)
+
+    benchmark(lambda: base.fork().append_items(delta))
+    ratio = fastest(peer_turn, max(2, repeat // 3)) / fastest(
+        lambda: base.fork().append_items(delta), repeat
+    )
+    print(f"peer (openai-harmony) turn / hotloop append at {base.token_count} tokens: {ratio:.0f}x")
+    assert ratio >= 50

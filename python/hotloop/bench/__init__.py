@@ -1,0 +1,9 @@
+"""`hotloop bench`: the evidence that a WebSocket agent loop spends almost no time in the
+API server, however long the conversation.
+
+This package owns the benchmark side only: realistic coding-agent rollouts (`rollout`),
+clients that replay them against a live server in each transport mode (`agent`), server
+CPU accounting from /proc (`proc`), the re-render-everything peer (`peer`), the
+concurrency driver (`load`), and the JSON/PNG reports (`report`). It never imports the
+server's internals: everything it measures goes over a socket.
+"""

@@ -1,0 +1,284 @@
+"""One agent replaying a rollout against a live server, in one of three client modes.
+
+- `http_full`: stateless HTTP; every request carries the whole history (what most agent
+  frameworks send to a Chat-Completions-style endpoint, and what Codex falls back to).
+- `http_previous`: HTTP with `previous_response_id` and `store: true`.
+- `websocket`: one socket for the whole task, each turn a `response.create` carrying only
+  the new tool output and `previous_response_id` (`store: false`, as Codex does).
+
+Each turn records the time to the first streamed token, the time to the terminal event,
+the server's CPU time and the usage the server reported. The tool's run time is simulated
+by the agent waiting `tool_time` seconds before it answers (a tool runs on the client;
+the server is idle meanwhile), so end-to-end time is comparable to the ideal of
+inference plus tool time. The client is kept thin (orjson, one raw socket or one
+keep-alive HTTP connection) and its CPU time is recorded separately.
+
+This module owns the client side of one agent; it knows nothing about the server's
+internals, and talks only the wire protocol of docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import httpx
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+
+from hotloop.bench.command import MODES
+from hotloop.bench.rollout import Rollout
+
+TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
+
+
+class BenchError(Exception):
+    """The server answered a turn with something other than a completed response."""
+
+
+@dataclass
+class Reply:
+    """What the client saw of one response."""
+
+    first_token_at: float | None = None
+    done_at: float = 0.0
+    events: int = 0
+    response: dict[str, Any] = field(default_factory=dict)
+    terminal: str = ""
+
+
+class Transport(Protocol):
+    async def create(self, body: dict[str, Any]) -> Reply: ...
+
+    async def close(self) -> None: ...
+
+
+def _observe(reply: Reply, event: dict[str, Any]) -> bool:
+    """Fold one server event into `reply`; True once the response is over."""
+    reply.events += 1
+    kind = event.get("type", "")
+    if reply.first_token_at is None and kind.endswith(".delta"):
+        reply.first_token_at = time.perf_counter()
+    if kind in TERMINAL:
+        reply.done_at = time.perf_counter()
+        reply.terminal = kind
+        reply.response = event.get("response") or {"error": event.get("error")}
+        return True
+    return False
+
+
+class WebSocketTransport:
+    """One socket for the whole task (raw `websockets`, no compression)."""
+
+    def __init__(self, socket: ClientConnection) -> None:
+        self._socket = socket
+
+    @classmethod
+    async def open(cls, url: str, api_key: str) -> WebSocketTransport:
+        socket = await connect(
+            url,
+            max_size=None,
+            compression=None,
+            additional_headers={"Authorization": f"Bearer {api_key}"},
+        )
+        return cls(socket)
+
+    async def create(self, body: dict[str, Any]) -> Reply:
+        reply = Reply()
+        await self._socket.send(orjson.dumps({"type": "response.create", **body}).decode())
+        async for frame in self._socket:
+            if _observe(reply, orjson.loads(frame)):
+                return reply
+        raise BenchError("the server closed the socket in the middle of a response")
+
+    async def close(self) -> None:
+        await self._socket.close()
+
+
+class HttpTransport:
+    """`POST /v1/responses` with `stream: true` over one keep-alive connection."""
+
+    def __init__(self, base_url: str, api_key: str) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=httpx.Timeout(600.0),
+            headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
+            limits=httpx.Limits(max_connections=1),
+        )
+
+    async def create(self, body: dict[str, Any]) -> Reply:
+        reply = Reply()
+        payload = orjson.dumps({**body, "stream": True})
+        async with self._client.stream("POST", "/responses", content=payload) as response:
+            if response.status_code != 200:
+                detail = (await response.aread()).decode(errors="replace")
+                raise BenchError(f"HTTP {response.status_code}: {detail[:500]}")
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and _observe(reply, orjson.loads(line[6:])):
+                    return reply
+        raise BenchError("the server ended the SSE stream without a terminal event")
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass
+class TurnRecord:
+    """One turn as measured by the client. Times in seconds, CPU in nanoseconds."""
+
+    index: int
+    ttft: float
+    latency: float
+    server_cpu_ns: int
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    request_bytes: int
+    events: int
+    replayed: bool
+    """The server's call was the rollout's call for this step (the sim replayed it)."""
+
+
+@dataclass
+class AgentRun:
+    """One rollout replayed in one mode."""
+
+    mode: str
+    turns: list[TurnRecord]
+    wall: float
+    tool_time: float
+    client_cpu_ns: int
+    server_cpu_ns: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _usage(response: dict[str, Any]) -> tuple[int, int, int]:
+    usage = response.get("usage") or {}
+    details = usage.get("input_tokens_details") or {}
+    return (
+        int(usage.get("input_tokens", 0)),
+        int(details.get("cached_tokens", 0)),
+        int(usage.get("output_tokens", 0)),
+    )
+
+
+class Agent:
+    """Replays `rollout` in `mode`; the first turn sends the task, each later turn the
+    tool output answering the call the server made."""
+
+    def __init__(
+        self,
+        rollout: Rollout,
+        mode: str,
+        transport: Transport,
+        *,
+        model: str,
+        tool_time: float = 0.0,
+        server_cpu_ns: Callable[[], int] = lambda: 0,
+        on_turn: Callable[[TurnRecord], None] = lambda turn: None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        self.rollout = rollout
+        self.mode = mode
+        self.transport = transport
+        self.model = model
+        self.tool_time = tool_time
+        self.server_cpu_ns = server_cpu_ns
+        self.on_turn = on_turn
+        self.history: list[dict[str, Any]] = []
+
+    def _body(self, new_items: list[dict[str, Any]], previous: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "instructions": self.rollout.instructions,
+            "tools": self.rollout.tools,
+            "store": self.mode == "http_previous",
+        }
+        if self.mode == "http_full":
+            self.history.extend(new_items)
+            body["input"] = self.history
+        else:
+            body["input"] = new_items
+            if previous is not None:
+                body["previous_response_id"] = previous
+        return body
+
+    async def run(self) -> AgentRun:
+        rollout = self.rollout
+        turns: list[TurnRecord] = []
+        new_items: list[dict[str, Any]] = [
+            {"type": "message", "role": "user", "content": rollout.task}
+        ]
+        previous: str | None = None
+        client_start = time.process_time_ns()
+        wall_start = time.perf_counter()
+        cpu_mark = self.server_cpu_ns()
+        for index in range(len(rollout.steps) + 1):
+            body = self._body(new_items, previous)
+            request_bytes = len(orjson.dumps(body))
+            sent = time.perf_counter()
+            reply = await self.transport.create(body)
+            if reply.terminal != "response.completed":
+                raise BenchError(f"turn {index}: {reply.terminal}: {reply.response}")
+            response = reply.response
+            output = response.get("output") or []
+            calls = [item for item in output if item.get("type") == "function_call"]
+            replayed = False
+            if index < len(rollout.steps) and calls:
+                step = rollout.steps[index]
+                replayed = (calls[0]["name"], calls[0]["arguments"]) == (
+                    step.call.name,
+                    step.call.arguments,
+                )
+            input_tokens, cached_tokens, output_tokens = _usage(response)
+            record = TurnRecord(
+                index=index,
+                ttft=(reply.first_token_at or reply.done_at) - sent,
+                latency=reply.done_at - sent,
+                server_cpu_ns=0,
+                input_tokens=input_tokens,
+                cached_tokens=cached_tokens,
+                output_tokens=output_tokens,
+                request_bytes=request_bytes,
+                events=reply.events,
+                replayed=replayed,
+            )
+            turns.append(record)
+            if index == len(rollout.steps) or not calls:
+                break
+            if self.mode == "http_full":
+                # A stateless client replays the model's output items verbatim.
+                self.history.extend(output)
+            previous = response["id"]
+            new_items = [rollout.tool_result(index, call_id=calls[0]["call_id"])]
+            if self.tool_time:
+                # The tool runs on the client: simulated run time, not synchronisation.
+                await asyncio.sleep(self.tool_time)
+            # Server CPU of a turn runs from its request to the next one, so work the
+            # server defers past the terminal event (usage, persistence) is counted.
+            now = self.server_cpu_ns()
+            record.server_cpu_ns, cpu_mark = now - cpu_mark, now
+            self.on_turn(record)
+        now = self.server_cpu_ns()
+        turns[-1].server_cpu_ns = now - cpu_mark
+        self.on_turn(turns[-1])
+        return AgentRun(
+            mode=self.mode,
+            turns=turns,
+            wall=time.perf_counter() - wall_start,
+            tool_time=self.tool_time,
+            client_cpu_ns=time.process_time_ns() - client_start,
+            server_cpu_ns=sum(t.server_cpu_ns for t in turns),
+        )
+
+
+async def open_transport(mode: str, base_url: str, ws_url: str, api_key: str) -> Transport:
+    if mode == "websocket":
+        return await WebSocketTransport.open(ws_url, api_key)
+    return HttpTransport(base_url, api_key)

@@ -1,0 +1,338 @@
+"""`hotloop bench`: the agent-loop benchmark, the concurrency sweep, and re-plotting.
+
+    hotloop bench agent   # rollout x {65, 1000, 4000} tok/s x {http_full, http_previous,
+                          # websocket}, plus the peer; writes benches/results/agent.json + PNGs
+    hotloop bench load    # 10..500 agents on one process and on --workers 2
+    hotloop bench plot    # redraw the PNGs from the JSON files
+
+Each configuration gets a fresh `hotloop serve --engine sim` on a free loopback port, so
+runs do not share caches; the server is stopped after it. Results go to
+`benches/results/` by default.
+
+This module owns the command line and the sequencing of runs; measuring is in `agent`,
+`load` and `report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from hotloop.bench.rollout import Rollout, build_rollout
+
+if TYPE_CHECKING:
+    from hotloop.bench.agent import AgentRun
+    from hotloop.bench.load import LoadPoint
+    from hotloop.bench.proc import ServerProcess
+    from hotloop.bench.report import SimParameters
+
+# The clients, plots and progress bars need the `bench` extra; `hotloop serve` must not,
+# so they are imported when a benchmark runs, not when the command line is built.
+MODES = ("http_full", "http_previous", "websocket")
+
+T = TypeVar("T")
+MODEL = "sim"
+API_KEY = "bench"
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a client on uvloop where it exists: the client's own overhead stays small."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    result: T = uvloop.run(coroutine)
+    return result
+
+
+def _progress(total: int, description: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=description, unit="turn", file=sys.stderr, leave=False)
+
+
+def _sim_flags(sim: SimParameters, script: Path | None) -> list[str]:
+    flags = [
+        "--engine",
+        "sim",
+        "--model",
+        MODEL,
+        "--api-keys",
+        API_KEY,
+        "--sim-tokens-per-second",
+        f"{sim.tokens_per_second:g}",
+        "--sim-ttft",
+        f"{sim.ttft:g}",
+        "--sim-prefill-tokens-per-second",
+        f"{sim.prefill_tokens_per_second:g}",
+    ]
+    if script is not None:
+        flags += ["--sim-script", str(script)]
+    return flags
+
+
+async def _agent_run(
+    server: ServerProcess, rollout: Rollout, mode: str, tool_time: float, label: str
+) -> AgentRun:
+    from hotloop.bench.agent import Agent, open_transport
+
+    transport = await open_transport(mode, server.base_url, server.ws_url, API_KEY)
+    bar = _progress(len(rollout.steps) + 1, label)
+    try:
+        agent = Agent(
+            rollout,
+            mode,
+            transport,
+            model=MODEL,
+            tool_time=tool_time,
+            server_cpu_ns=server.cpu_ns,
+            on_turn=lambda turn: bar.update(1),
+        )
+        return await agent.run()
+    finally:
+        bar.close()
+        await transport.close()
+
+
+def run_agent(args: argparse.Namespace) -> dict[str, Any]:
+    from hotloop.bench.report import plot_agent_runs
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rollout = build_rollout(args.seed, tool_calls=args.tool_calls)
+    with tempfile.TemporaryDirectory(prefix="hotloop-bench-") as scratch:
+        script = Path(scratch) / "sim_script.json"
+        script.write_text(json.dumps(rollout.sim_script()))
+        results = _agent_speeds(args, rollout, script)
+    (out / "agent.json").write_text(json.dumps(results, indent=1))
+    plot_agent_runs(results, out)
+    return results
+
+
+def _agent_speeds(args: argparse.Namespace, rollout: Rollout, script: Path) -> dict[str, Any]:
+    from hotloop.bench.proc import ServerProcess
+    from hotloop.bench.report import SimParameters, summarise
+
+    modes = args.modes.split(",")
+    peers = [p for p in args.baseline.split(",") if p]
+    results: dict[str, Any] = {
+        "machine": _machine(),
+        "rollout": {
+            "seed": rollout.seed,
+            "project": rollout.project,
+            "tool_calls": len(rollout.steps),
+            "tool_output_bytes": rollout.tool_output_bytes,
+            "corpus": rollout.corpus,
+        },
+        "tool_time_s": args.tool_time,
+        "speeds": [],
+    }
+    for speed in _floats(args.speeds):
+        sim = SimParameters(speed, args.sim_ttft, args.sim_prefill)
+        entry: dict[str, Any] = {"tokens_per_second": speed, "sim": vars(sim), "runs": {}}
+        configurations = [("", m) for m in modes] + [
+            (peer, m) for peer in peers for m in args.baseline_modes.split(",")
+        ]
+        for peer, mode in configurations:
+            flags = _sim_flags(sim, script)
+            if peer:
+                flags += ["--baseline", peer]
+            label = f"{speed:g} tok/s {f'peer:{peer} ' if peer else ''}{mode}"
+            with ServerProcess.start(flags) as server:
+                run = _run(_agent_run(server, rollout, mode, args.tool_time, label))
+            summary = summarise(run, sim)
+            name = f"peer_{peer}_{mode}" if peer else mode
+            entry["runs"][name] = {"summary": summary, **run.to_json()}
+            print(
+                f"{label:40s} wall {summary['wall_s']:7.2f}s  ideal {summary['ideal_s']:7.2f}s  "
+                f"x{summary['ratio_to_ideal']:.3f}  server cpu/turn "
+                f"{summary['server_cpu_per_turn_ms_median']:.2f} ms  ttft p50 "
+                f"{summary['ttft_p50_ms']:.1f} ms  client cpu {summary['client_cpu_s']:.2f}s",
+                file=sys.stderr,
+            )
+        entry["targets"] = _targets(entry)
+        results["speeds"].append(entry)
+    return results
+
+
+def _targets(entry: dict[str, Any]) -> dict[str, Any]:
+    runs = entry["runs"]
+    found: dict[str, Any] = {}
+    if "websocket" in runs:
+        found["websocket_ratio_to_ideal"] = runs["websocket"]["summary"]["ratio_to_ideal"]
+        if "http_full" in runs:
+            ws = runs["websocket"]["summary"]["wall_s"]
+            full = runs["http_full"]["summary"]["wall_s"]
+            # "40% faster" read as speed: http_full takes >= 1.4x the WebSocket time.
+            found["http_full_over_websocket"] = full / ws
+            found["websocket_time_saved_vs_http_full"] = 1 - ws / full
+        for name, run in runs.items():
+            if name.startswith("peer_"):
+                found[f"{name}_over_websocket"] = (
+                    run["summary"]["wall_s"] / runs["websocket"]["summary"]["wall_s"]
+                )
+    return found
+
+
+def run_load(args: argparse.Namespace) -> dict[str, Any]:
+    from hotloop.bench.load import crossing
+    from hotloop.bench.proc import ServerProcess
+    from hotloop.bench.report import SimParameters, plot_load
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rollouts = [build_rollout(seed, tool_calls=args.tool_calls) for seed in range(args.rollouts)]
+    sim = SimParameters(args.sim_speed, args.sim_ttft, args.sim_prefill)
+    results: dict[str, Any] = {
+        "machine": _machine(),
+        "sim": vars(sim),
+        "tool_time_s": args.tool_time,
+        "window_s": args.window,
+        "series": [],
+    }
+    for workers in _ints(args.workers):
+        points: list[LoadPoint] = []
+        for agents in _ints(args.agents):
+            flags = _sim_flags(sim, None) + _load_script()
+            with ServerProcess.start(flags, workers=workers) as server:
+                point = _load_point(server, rollouts, agents, workers, args)
+            points.append(point)
+            print(
+                f"workers={workers} agents={agents:4d}: {point.turns_per_s:7.1f} turns/s "
+                f"{point.tokens_per_s:9.0f} tok/s  ttft p50 {point.ttft_p50_ms:6.1f} ms "
+                f"p99 {point.ttft_p99_ms:7.1f} ms  server {point.server_cpu_cores:.2f} cores  "
+                f"rss/conn {point.rss_per_connection_kb:7.0f} KB  errors {point.errors}",
+                file=sys.stderr,
+            )
+        results["series"].append(
+            {
+                "workers": workers,
+                "points": [p.to_json() for p in points],
+                "p99_ttft_passes_50ms_at_agents": crossing(points),
+            }
+        )
+    (out / "load.json").write_text(json.dumps(results, indent=1))
+    plot_load(results, out)
+    return results
+
+
+def _load_point(
+    server: ServerProcess,
+    rollouts: list[Rollout],
+    agents: int,
+    workers: int,
+    args: argparse.Namespace,
+) -> LoadPoint:
+    from hotloop.bench.load import LoadRun
+
+    bar = _progress(0, f"workers={workers} agents={agents}")
+    try:
+        run = LoadRun(
+            server,
+            rollouts,
+            agents,
+            workers=workers,
+            window=args.window,
+            tool_time=args.tool_time,
+            model=MODEL,
+            api_key=API_KEY,
+            on_turn=lambda: bar.update(1),
+        )
+        return _run(run.run())
+    finally:
+        bar.close()
+
+
+def _load_script() -> list[str]:
+    """Under load the sim always calls the shell tool with a typical command (about 60
+    output tokens with its preamble): which call it makes does not change the server's
+    work, and agents answer whatever call they get."""
+    arguments = json.dumps({"cmd": "sed -n '1,200p' email/message.py", "workdir": "."})
+    return [
+        "--sim-tool",
+        "exec_command",
+        "--sim-tool-calls",
+        "1000000",
+        "--sim-tool-arguments",
+        arguments,
+    ]
+
+
+def run_plot(args: argparse.Namespace) -> None:
+    from hotloop.bench.report import plot_agent_runs, plot_load
+
+    out = Path(args.out)
+    if (out / "agent.json").is_file():
+        plot_agent_runs(json.loads((out / "agent.json").read_text()), out)
+    if (out / "load.json").is_file():
+        plot_load(json.loads((out / "load.json").read_text()), out)
+
+
+def register(commands: Any) -> None:
+    """Add `bench` and its subcommands to the `hotloop` command line."""
+    bench = commands.add_parser("bench", help="measure the server (see benches/README)")
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+
+    agent = kinds.add_parser("agent", help="one agent rollout in every client mode")
+    agent.add_argument("--speeds", default="65,1000,4000", help="sim tokens/s, comma-separated")
+    agent.add_argument("--modes", default=",".join(MODES))
+    agent.add_argument("--tool-calls", type=int, default=50)
+    agent.add_argument("--seed", type=int, default=2)
+    agent.add_argument("--tool-time", type=float, default=0.0, help="seconds per tool call")
+    agent.add_argument(
+        "--baseline", default="harmony", help="peer flavours to run too (harmony,template or '')"
+    )
+    agent.add_argument("--baseline-modes", default="http_full,websocket")
+
+    load = kinds.add_parser("load", help="concurrent agents, one WebSocket each")
+    load.add_argument("--agents", default="10,100,500")
+    load.add_argument("--workers", default="1,2")
+    load.add_argument("--window", type=float, default=20.0, help="seconds measured per point")
+    load.add_argument("--tool-time", type=float, default=1.0)
+    load.add_argument("--tool-calls", type=int, default=40)
+    load.add_argument("--rollouts", type=int, default=4, help="distinct rollouts shared by agents")
+    load.add_argument("--sim-speed", type=float, default=100.0, help="sim tokens/s per agent")
+
+    kinds.add_parser("plot", help="redraw the PNGs from the results JSON")
+
+    # Under load the engine's own latency is kept small (fast prefill, 10 ms to first
+    # token), so time to first token shows the server's queueing, not the model's.
+    for parser, ttft, prefill in ((agent, 0.02, 20000.0), (load, 0.01, 1e7)):
+        parser.add_argument("--sim-ttft", type=float, default=ttft)
+        parser.add_argument("--sim-prefill", type=float, default=prefill)
+    for parser in (agent, load, kinds.choices["plot"]):
+        parser.add_argument("--out", default="benches/results")
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.bench_command == "agent":
+        run_agent(args)
+    elif args.bench_command == "load":
+        run_load(args)
+    else:
+        run_plot(args)

@@ -1,0 +1,169 @@
+"""The server under test, seen from outside: start it, find its processes, read their
+CPU time and memory.
+
+CPU time comes from each process's CPU-time clock (`clock_gettime` on the clock id Linux
+derives from a pid), which has nanosecond resolution and counts every thread, also
+threads that have exited; /proc/PID/stat only ticks every 10 ms, too coarse for one turn.
+With `--workers N` the server is a supervisor plus N worker processes: all are counted.
+
+This module owns process handling for the benchmarks; it never talks the protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Linux's encoding of a process-wide CPU clock id: CPUCLOCK_SCHED (2) on ~pid << 3.
+_CPUCLOCK_SCHED = 2
+
+
+def _cpu_clock(pid: int) -> int:
+    return ((~pid) << 3) | _CPUCLOCK_SCHED
+
+
+def process_cpu_ns(pid: int) -> int:
+    """CPU time (user + system, all threads) of a live process, in nanoseconds."""
+    return time.clock_gettime_ns(_cpu_clock(pid))
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a live process, in bytes (0 if it has gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid`, found by scanning /proc (the kernel's `children` file is
+    not available on every kernel)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        # Field 4 is the parent pid; the command name (field 2) may contain spaces.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class ServerProcess:
+    """A `hotloop serve` process tree started for one benchmark configuration."""
+
+    args: list[str]
+    port: int
+    process: subprocess.Popen[str]
+    log: list[str] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def start(
+        cls, flags: Sequence[str], *, workers: int = 1, timeout: float = 120.0
+    ) -> ServerProcess:
+        """Start `hotloop serve` on a free loopback port and return once it accepts
+        connections (uvicorn says so on stderr; no polling)."""
+        port = free_port()
+        args = [
+            sys.executable,
+            "-m",
+            "hotloop.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "info",
+            *flags,
+        ]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        process = subprocess.Popen(
+            args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
+        )
+        server = cls(args, port, process)
+        server._wait_ready(workers, timeout)
+        return server
+
+    def _wait_ready(self, workers: int, timeout: float) -> None:
+        ready = threading.Event()
+
+        def drain() -> None:
+            # Reads stderr for the server's whole life, so it never blocks on a full pipe.
+            assert self.process.stderr is not None
+            started = 0
+            for line in self.process.stderr:
+                self.log.append(line.rstrip())
+                if "Application startup complete" in line:
+                    started += 1
+                    if started >= workers:
+                        ready.set()
+            ready.set()  # the server exited: stop waiting
+
+        threading.Thread(target=drain, name="hotloop-serve-log", daemon=True).start()
+        if not ready.wait(timeout) or self.process.poll() is not None:
+            self.stop()
+            tail = "\n".join(self.log[-20:])
+            raise RuntimeError(f"hotloop serve did not start ({' '.join(self.args)}):\n{tail}")
+        self.pids = [self.process.pid, *children(self.process.pid)]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/responses"
+
+    def cpu_ns(self) -> int:
+        """CPU time of the whole tree (supervisor and workers) so far."""
+        total = 0
+        for pid in self.pids:
+            try:
+                total += process_cpu_ns(pid)
+            except OSError:
+                continue  # a worker that exited keeps no clock; nothing to count
+        return total
+
+    def rss_bytes(self) -> int:
+        return sum(rss_bytes(pid) for pid in self.pids)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

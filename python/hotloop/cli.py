@@ -1,0 +1,195 @@
+"""The command line: `hotloop serve`.
+
+Every option of `ServerConfig` is a flag here and a `HOTLOOP_*` environment variable;
+flags win. The server runs under uvicorn with the sans-I/O WebSocket implementation
+(`websockets-sansio`), httptools and uvloop. With `--workers N`, the resolved
+configuration is handed to the worker processes through the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hotloop.auth import ApiKeys
+from hotloop.bench import command as bench
+from hotloop.config import ServerConfig
+from hotloop.engines.base import Engine
+from hotloop.ledger import Ledger
+from hotloop.protocol import ConnectionLimits
+from hotloop.shutdown import Server
+from hotloop.transport import App
+from hotloop.transport.http import HttpApi
+
+
+def sim_engine(config: ServerConfig) -> Engine:
+    from hotloop.engines.sim import from_config
+
+    return from_config(config)
+
+
+def llama_engine(config: ServerConfig) -> Engine:
+    from hotloop.engines.llama import LlamaConfig, LlamaEngine
+
+    options: dict[str, Any] = {"model_path": config.llama_model_path, "n_ctx": config.llama_context}
+    if config.model:
+        options["model"] = config.model
+    engine: Engine = LlamaEngine(LlamaConfig(**options))
+    return engine
+
+
+def upstream_engine(config: ServerConfig) -> Engine:
+    if not config.upstream_replicas:
+        raise SystemExit("hotloop: --engine upstream needs --upstream-replicas URL[,URL...]")
+    from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+
+    engine: Engine = UpstreamEngine(
+        UpstreamConfig(
+            dialect=config.upstream_dialect,
+            replicas=config.upstream_replicas,
+            model=config.model or config.upstream_served_model or "default",
+            served_model=config.upstream_served_model,
+            context_window=config.upstream_context_window,
+            chat_format=config.upstream_format,
+            tokenizer=config.upstream_tokenizer,
+        )
+    )
+    return engine
+
+
+# Engines are imported only when chosen: llama needs llama-cpp-python, sim needs nothing.
+ENGINES: dict[str, Callable[[ServerConfig], Engine]] = {
+    "sim": sim_engine,
+    "llama": llama_engine,
+    "upstream": upstream_engine,
+}
+
+
+def load_engine(config: ServerConfig) -> Engine:
+    build = ENGINES.get(config.engine)
+    if build is None:
+        raise SystemExit(f"unknown engine {config.engine!r}; choose one of {', '.join(ENGINES)}")
+    return build(config)
+
+
+def create_app() -> App:
+    """The application a uvicorn worker builds (configuration from the environment)."""
+    config = ServerConfig.from_env()
+    return build_app(load_engine(config), config)
+
+
+def build_app(engine: Engine, config: ServerConfig) -> App:
+    """The whole server around `engine`: WebSocket mode, the HTTP routes, and the
+    ledger (store in `config.data_dir`, usage, metrics, shutdown drain)."""
+    ledger = Ledger(
+        engine,
+        cache_memory_bytes=config.cache_memory_bytes,
+        max_cached_bytes=config.max_cached_bytes,
+        data_dir=config.data_dir,
+    )
+    http = HttpApi(
+        ledger,
+        model=config.model or engine.model,
+        keys=ApiKeys(config.api_keys),
+        limits=ConnectionLimits(
+            max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
+        ),
+    )
+    return App(ledger.engine, config, http=http, ledger=ledger)
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hotloop", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the Responses-API server")
+    for option in ServerConfig.options():
+        flag = "--" + option.name.replace("_", "-")
+        env = ServerConfig.env_name(option.name)
+        default = option.default
+        help_text = f"{option.metadata['help']} [env {env}; default {default!r}]"
+        if str(option.type) == "bool":
+            serve.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            serve.add_argument(flag, metavar=option.name.upper(), help=help_text)
+    bench.register(commands)
+    return parser
+
+
+def config_env(config: ServerConfig) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for option in ServerConfig.options():
+        value: Any = getattr(config, option.name)
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            value = ",".join(value)
+        env[ServerConfig.env_name(option.name)] = (
+            str(value).lower() if isinstance(value, bool) else str(value)
+        )
+    return env
+
+
+def serve(config: ServerConfig) -> None:
+    import uvicorn
+
+    os.environ.update(config_env(config))
+    base = f"http://{config.host}:{config.port}/v1"
+    print(
+        f"hotloop: engine {config.engine}, serving {base}\n"
+        f"  WebSocket mode: ws://{config.host}:{config.port}/v1/responses\n"
+        f'  OpenAI(base_url="{base}", api_key=...).responses.connect()',
+        file=sys.stderr,
+        flush=True,
+    )
+    options: dict[str, Any] = dict(
+        factory=True,
+        host=config.host,
+        port=config.port,
+        workers=config.workers,
+        log_level=config.log_level,
+        loop="uvloop",
+        http="httptools",
+        ws="websockets-sansio",
+        # Frames up to twice the protocol limit reach the app, which answers an
+        # oversize frame with an `error` event; beyond that the socket closes (1009).
+        ws_max_size=2 * config.max_frame_bytes,
+        ws_per_message_deflate=config.websocket_deflate,
+    )
+    if config.workers > 1:
+        # uvicorn's supervisor builds its own Server per worker: on shutdown open
+        # WebSockets close with 1012 at once (the store is still flushed).
+        uvicorn.run("hotloop.cli:create_app", **options)
+        return
+    server = Server(
+        uvicorn.Config("hotloop.cli:create_app", **options), drain_deadline=config.drain_timeout
+    )
+    server.run()
+    if not server.started:
+        raise SystemExit(3)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = argument_parser().parse_args(argv)
+    if args.command == "bench":
+        bench.main(args)
+    if args.command == "serve":
+        overrides: dict[str, Any] = {}
+        for option in ServerConfig.options():
+            value = getattr(args, option.name)
+            if value is None:
+                continue
+            overrides[option.name] = (
+                value if isinstance(value, bool) else ServerConfig.parse(option.name, value)
+            )
+        try:
+            config = ServerConfig.from_env(**overrides)
+        except ValueError as e:
+            raise SystemExit(f"hotloop: {e}") from e
+        serve(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""The simulated engine (`--engine sim`): a deterministic model with a configurable
+speed, for measuring the server's own cost at 1,000-4,000 tokens/s without a GPU.
+
+It answers by a script: call one function N times (with fixed arguments), then answer
+with a fixed text; or replay recorded turns in order (`--sim-script`: `hotloop bench`
+replays a coding-agent rollout call for call). Its output is real token ids in the
+model's chat format (`ChatFormat.completion_tokens`), so they go through the real
+output parser and are cached verbatim like any model's. It models an engine's prefix
+cache per session, falling back to the engine's most recent sequences for a fresh
+session (an HTTP request), as an engine-wide prefix cache would:
+the time to first token grows with the prompt tokens that do not extend what the
+session has already seen (its previous prompt plus its previous output), so a server
+that changes earlier tokens pays for it as it would on a real engine.
+
+Timing runs on the event loop's clock: `asyncio.sleep` here *is* the simulated
+inference time, not synchronisation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import orjson
+
+from hotloop._core import ChatFormat, Prompt
+from hotloop.config import ServerConfig
+from hotloop.engines.base import Sampling
+
+TIMER_RESOLUTION = 0.001
+
+
+@dataclass(frozen=True)
+class SimTurn:
+    """One replayed model turn: optional reasoning, then a text answer or calls
+    (`(name, arguments_json)` pairs)."""
+
+    reasoning: str | None = None
+    text: str | None = None
+    calls: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class SimScript:
+    """What the simulated model says: `tool_calls` calls of `tool`, then `text`; or,
+    when `turns` is given (`--sim-script`), those turns in order, the last one repeated.
+    A prompt's position in `turns` is the number of their calls it holds, in order, so
+    agents replaying a recorded rollout get its calls back whatever the transport."""
+
+    text: str = "Done."
+    tool: str | None = None
+    tool_calls: int = 0
+    tool_arguments: str = "{}"
+    turns: tuple[SimTurn, ...] = ()
+
+    @classmethod
+    def load(cls, path: str) -> SimScript:
+        """A replay script: `{"turns": [{"reasoning", "text", "calls": [[name, args]]}]}`."""
+        with open(path, "rb") as f:
+            data = orjson.loads(f.read())
+        turns = tuple(
+            SimTurn(
+                reasoning=t.get("reasoning"),
+                text=t.get("text"),
+                calls=tuple((str(name), str(args)) for name, args in t.get("calls", ())),
+            )
+            for t in data["turns"]
+        )
+        if not turns:
+            raise ValueError(f"{path}: a replay script needs at least one turn")
+        return cls(turns=turns)
+
+
+@dataclass(frozen=True)
+class SimSpeed:
+    """Decode speed, time to first token for a fully cached prompt, and prefill speed
+    for the prompt tokens the simulated prefix cache does not hold."""
+
+    tokens_per_second: float = 1000.0
+    ttft: float = 0.02
+    prefill_tokens_per_second: float = 20000.0
+
+    def first_token_delay(self, uncached_tokens: int) -> float:
+        return self.ttft + uncached_tokens / self.prefill_tokens_per_second
+
+
+def count_occurrences(haystack: list[int], needle: list[int]) -> int:
+    """Non-overlapping occurrences of a token sequence, searched in C over the ids'
+    bytes (only matches aligned to a whole token count)."""
+    if not needle or len(needle) > len(haystack):
+        return 0
+    hay = array("i", haystack).tobytes()
+    pat = array("i", needle).tobytes()
+    count, pos = 0, _find_aligned(hay, pat, 0)
+    while pos >= 0:
+        count += 1
+        pos = _find_aligned(hay, pat, pos + len(pat))
+    return count
+
+
+def _find_aligned(hay: bytes, pat: bytes, start: int) -> int:
+    """The first match of `pat` in `hay` at or after `start` that starts on a token."""
+    pos = hay.find(pat, start)
+    while pos >= 0 and pos % 4:
+        pos = hay.find(pat, pos + 1)
+    return pos
+
+
+class SimEngine:
+    """A simulated model over a real chat format (see the module docstring)."""
+
+    def __init__(
+        self,
+        chat_format: ChatFormat,
+        *,
+        model: str = "sim",
+        context_window: int = 1 << 20,
+        speed: SimSpeed | None = None,
+        script: SimScript | None = None,
+    ) -> None:
+        self._format = chat_format
+        self._model = model
+        self._context_window = context_window
+        self.speed = speed or SimSpeed()
+        self.script = script or SimScript()
+        self.answer_ids = chat_format.completion_tokens(text=self.script.text)
+        self.call_ids: list[int] = []
+        if self.script.tool is not None and self.script.tool_calls > 0:
+            call = (self.script.tool, self.script.tool_arguments)
+            self.call_ids = chat_format.completion_tokens(calls=[call])
+        # A replayed script: per turn, the ids it answers with and the ids of its calls
+        # without the stop token, which mark the turn in later prompts.
+        self.turns = [
+            (
+                chat_format.completion_tokens(
+                    reasoning=turn.reasoning, text=turn.text, calls=turn.calls
+                ),
+                chat_format.completion_tokens(calls=turn.calls)[:-1] if turn.calls else [],
+            )
+            for turn in self.script.turns
+        ]
+        # How far back a call can start and still end in new tokens: the longest marker.
+        markers = [len(self.call_ids) - 1] + [len(marker) for _, marker in self.turns]
+        self.marker_span = max(max(markers) - 1, 0)
+        # The last sequences of every session: a fresh session (one HTTP request) finds
+        # its conversation's earlier turns here, as in an engine-wide prefix cache.
+        self.recent: deque[_Sequence] = deque(maxlen=64)
+
+    def advance(self, tail: list[int], position: int) -> int:
+        """The script position after the prompt tokens `tail`, from `position`."""
+        if not self.turns:
+            return position + count_occurrences(tail, self.call_ids[:-1])
+        hay, pos = array("i", tail).tobytes(), 0
+        while position < len(self.turns) and self.turns[position][1]:
+            pat = array("i", self.turns[position][1]).tobytes()
+            pos = _find_aligned(hay, pat, pos)
+            if pos < 0:
+                break
+            position, pos = position + 1, pos + len(pat)
+        return position
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        return self._format
+
+    @property
+    def context_window(self) -> int:
+        return self._context_window
+
+    async def start(self) -> None:
+        """Nothing to load: the script's token ids are computed at construction."""
+
+    def session(self) -> SimSession:
+        return SimSession(self)
+
+    async def close(self) -> None:
+        """Nothing to release: sessions hold only their own prefix-cache model."""
+
+
+@dataclass
+class _Sequence:
+    """A prompt the simulated engine has processed, the ids it then generated, and
+    how many calls of the script that prompt holds."""
+
+    prompt: Prompt
+    output: list[int]
+    calls: int
+
+
+class SimSession:
+    """One connection's simulated engine: its prefix cache (the last few sequences it
+    processed, as a real engine's KV cache holds several) and its script position."""
+
+    CACHED_SEQUENCES = 8
+
+    def __init__(self, engine: SimEngine) -> None:
+        self._engine = engine
+        self._recent: deque[_Sequence] = deque(maxlen=self.CACHED_SEQUENCES)
+        self.prefill_tokens = 0
+        """Prompt tokens this session had to prefill (not in its prefix cache)."""
+
+    def _observe(self, prompt: Prompt) -> tuple[int, int]:
+        """Find the cached sequence `prompt` extends furthest; return the prompt
+        tokens that were cached and the script's calls found in the prompt."""
+        engine = self._engine
+        cached, base, scanned = 0, None, 0
+        # Newest first: in a chain the newest sequence a prompt extends is the longest,
+        # so the search stops there (the engine-wide list holds whole conversations).
+        for seq in reversed(self._recent or engine.recent):
+            shared = prompt.common_prefix_len(seq.prompt)
+            if shared > cached:
+                cached = shared
+            if shared == len(seq.prompt) and shared >= scanned:
+                base, scanned = seq, shared
+                break
+        # Calls are counted incrementally from the sequence this prompt extends:
+        # resume where a call could still end inside the new tokens.
+        start = max(0, scanned - engine.marker_span)
+        tail = prompt.tokens_from(start)
+        calls = 0 if base is None else base.calls
+        if base is not None and base.output:
+            after = tail[scanned - start :][: len(base.output)]
+            if after == base.output:
+                cached = max(cached, scanned + len(base.output))
+        calls = engine.advance(tail, calls)
+        self._recent.append(_Sequence(prompt, [], calls))
+        engine.recent.append(self._recent[-1])
+        return cached, calls
+
+    def choose(self, prompt: Prompt) -> tuple[list[int], int]:
+        """The ids the script answers `prompt` with, and the uncached prompt tokens."""
+        cached, calls = self._observe(prompt)
+        engine = self._engine
+        if engine.turns:
+            return engine.turns[min(calls, len(engine.turns) - 1)][0], len(prompt) - cached
+        if engine.call_ids and calls < engine.script.tool_calls:
+            return engine.call_ids, len(prompt) - cached
+        return engine.answer_ids, len(prompt) - cached
+
+    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+        ids, uncached = self.choose(prompt)
+        self.prefill_tokens += uncached
+        ids = ids[: sampling.max_output_tokens]
+        speed = self._engine.speed
+        loop = asyncio.get_running_loop()
+        first = loop.time() + speed.first_token_delay(uncached)
+        rate = speed.tokens_per_second
+        sent = 0
+        output = self._recent[-1].output
+        while sent < len(ids):
+            due = first + sent / rate
+            now = loop.time()
+            if now < due:
+                # Event loop timers tick in milliseconds (libuv): a shorter sleep would
+                # spin, so faster models deliver several tokens per wake, as batched
+                # engines do.
+                await asyncio.sleep(max(due - now, TIMER_RESOLUTION))
+                now = loop.time()
+            # Tokens whose time has come go out together: a slow consumer gets batches.
+            upto = min(len(ids), max(sent + 1, int((now - first) * rate) + 1))
+            batch = ids[sent:upto]
+            output.extend(batch)
+            sent = upto
+            yield batch
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+def from_config(config: ServerConfig) -> SimEngine:
+    """The engine `hotloop serve --engine sim` runs: harmony (gpt-oss's format)."""
+    return SimEngine(
+        ChatFormat.harmony(),
+        model=config.model or "sim",
+        speed=SimSpeed(
+            tokens_per_second=config.sim_tokens_per_second,
+            ttft=config.sim_ttft,
+            prefill_tokens_per_second=config.sim_prefill_tokens_per_second,
+        ),
+        script=SimScript.load(config.sim_script)
+        if config.sim_script
+        else SimScript(
+            text=config.sim_text,
+            tool=config.sim_tool,
+            tool_calls=config.sim_tool_calls,
+            tool_arguments=config.sim_tool_arguments,
+        ),
+    )

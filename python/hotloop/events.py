@@ -1,0 +1,325 @@
+"""Server events and Response objects as JSON bytes, shared by WebSocket frames and SSE.
+
+This module owns the wire shape of everything a response emits: ids (`resp_`, `msg_`,
+`fc_`, `rs_`), the per-response `sequence_number`, the `stream_id` echo, the Response
+object (the request's echoed fields are spliced in as the core serialised them, never
+rebuilt as dicts), output items, usage and error envelopes. It does not decide *when*
+an event is sent; the protocol state machine does.
+
+Per streamed token the cost is one `orjson.dumps` of the delta string and a bytes join:
+the fixed parts of each delta event are built once per output item.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+def new_id(prefix: str) -> str:
+    """A fresh object id such as `resp_8f...`: 24 random bytes, hex."""
+    return prefix + os.urandom(24).hex()
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one response. `cached_tokens` are prompt tokens served from the
+    rendered-token cache; `cache_write_tokens` are the prompt tokens rendered and added
+    to it by this turn."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {
+                "cached_tokens": self.cached_tokens,
+                "cache_write_tokens": self.cache_write_tokens,
+            },
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+            "total_tokens": self.input_tokens + self.output_tokens,
+        }
+
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    426: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+def error_object(
+    code: str, message: str, param: str | None = None, status: int = 400
+) -> dict[str, Any]:
+    """The `error` member shared by the HTTP body and the WebSocket envelope."""
+    return {
+        "type": ERROR_TYPES.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        ),
+        "code": code,
+        "message": message,
+        "param": param,
+    }
+
+
+def error_event(
+    code: str,
+    message: str,
+    param: str | None = None,
+    *,
+    status: int = 400,
+    stream_id: str | None = None,
+) -> bytes:
+    """The WebSocket error envelope (protocol.md section 7). `status` is always present:
+    a client that gets an error without it cannot tell a bad request from an outage."""
+    event: dict[str, Any] = {
+        "type": "error",
+        "status": status,
+        "error": error_object(code, message, param, status),
+    }
+    if stream_id is not None:
+        event["stream_id"] = stream_id
+    return orjson.dumps(event)
+
+
+def error_body(code: str, message: str, param: str | None = None, status: int = 400) -> bytes:
+    """The HTTP error body: `{"error": {...}}`."""
+    return orjson.dumps({"error": error_object(code, message, param, status)})
+
+
+class ResponseEvents:
+    """The event stream of one response: it numbers events, echoes `stream_id`, and
+    serialises the Response object around the request's echoed fields.
+
+    `fields_json` is `CreateRequest.response_fields_json`: a JSON object that already
+    holds model, tools, tool_choice, instructions, previous_response_id and the other
+    echoed request fields, nulls filled in.
+    """
+
+    __slots__ = (
+        "_fields",
+        "_heads",
+        "_ids",
+        "_seq",
+        "_tail",
+        "created_at",
+        "output",
+        "response_id",
+        "stream_id",
+    )
+
+    def __init__(
+        self,
+        fields_json: str,
+        *,
+        stream_id: str | None = None,
+        response_id: str | None = None,
+        created_at: int | None = None,
+    ) -> None:
+        self.response_id = response_id or new_id("resp_")
+        self.stream_id = stream_id
+        self.created_at = int(time.time()) if created_at is None else created_at
+        self.output: list[dict[str, Any]] = []
+        self._seq = 0
+        # Per output index: the item id and the pre-serialised head of its delta events.
+        self._ids: dict[int, str] = {}
+        self._heads: dict[int, bytes] = {}
+        inner = fields_json.strip()[1:-1].strip().encode()
+        self._fields = b"," + inner + b"}" if inner else b"}"
+        self._tail = (
+            b"}" if stream_id is None else b',"stream_id":' + orjson.dumps(stream_id) + b"}"
+        )
+
+    @property
+    def sequence_number(self) -> int:
+        """The number the next event will carry."""
+        return self._seq
+
+    def _frame(self, head: bytes) -> bytes:
+        # `head` is an open JSON object without its closing brace.
+        seq = self._seq
+        self._seq = seq + 1
+        return b'%b,"sequence_number":%d%b' % (head, seq, self._tail)
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        """A response event of type `kind` with these fields."""
+        body = orjson.dumps({"type": kind, **fields})
+        return self._frame(body[:-1])
+
+    def response_json(
+        self,
+        status: str,
+        *,
+        output: list[dict[str, Any]] | None = None,
+        usage: Usage | None = None,
+        error: dict[str, Any] | None = None,
+        incomplete_reason: str | None = None,
+    ) -> bytes:
+        """The full Response object; `usage` is null until the response is terminal."""
+        head = orjson.dumps(
+            {
+                "id": self.response_id,
+                "object": "response",
+                "created_at": self.created_at,
+                "status": status,
+                "output": self.output if output is None else output,
+                "usage": None if usage is None else usage.as_dict(),
+                "error": error,
+                "incomplete_details": (
+                    None if incomplete_reason is None else {"reason": incomplete_reason}
+                ),
+                "background": False,
+            }
+        )
+        return head[:-1] + self._fields
+
+    def lifecycle(self, kind: str, status: str, **response: Any) -> bytes:
+        """`response.created` / `in_progress` / `completed` / `failed` / `incomplete`."""
+        head = (
+            b'{"type":"' + kind.encode() + b'","response":' + self.response_json(status, **response)
+        )
+        return self._frame(head)
+
+    # ---------------------------------------------------------------- output items
+
+    def item_added(self, index: int, item: dict[str, Any]) -> bytes:
+        return self.event("response.output_item.added", output_index=index, item=item)
+
+    def item_done(self, index: int, item: dict[str, Any]) -> bytes:
+        self.output.append(item)
+        return self.event("response.output_item.done", output_index=index, item=item)
+
+    def delta_head(self, kind: str, item_id: str, index: int, content: int | None) -> bytes:
+        """The fixed part of a delta event of one item, built once: per token only the
+        delta string is serialised."""
+        fields: dict[str, Any] = {"type": kind, "item_id": item_id, "output_index": index}
+        if content is not None:
+            fields["content_index"] = content
+        if kind == "response.output_text.delta":
+            fields["logprobs"] = []
+        return orjson.dumps(fields)[:-1] + b',"delta":'
+
+    # ---------------------------------------------------------------- parser events
+
+    def feed(self, parsed: list[tuple[Any, ...]], emit: Callable[[bytes], object]) -> None:
+        """Emit the frames for the output parser's events (see `OutputParser` in
+        `_core.pyi`); the event's index is the item's `output_index`.
+
+        Consecutive deltas of one item in one batch go out as one delta event: an
+        engine that hands over several tokens at once costs one frame, not one per
+        token (clients concatenate deltas; their boundaries carry no meaning)."""
+        run_index = -1
+        run: list[str] = []
+        for ev in parsed:
+            kind = ev[0]
+            if kind == "text" or kind == "reasoning" or kind == "arguments":
+                if ev[1] == run_index:
+                    run.append(ev[2])
+                    continue
+                if run:
+                    self._delta(run_index, run, emit)
+                run_index, run = ev[1], [ev[2]]
+            else:
+                if run:
+                    self._delta(run_index, run, emit)
+                    run_index, run = -1, []
+                self._structural(ev, emit)
+        if run:
+            self._delta(run_index, run, emit)
+
+    def _delta(self, index: int, run: list[str], emit: Callable[[bytes], object]) -> None:
+        # The per-token path: one dumps and one bytes format, nothing else.
+        seq = self._seq
+        self._seq = seq + 1
+        text = run[0] if len(run) == 1 else "".join(run)
+        emit(
+            b'%b%b,"sequence_number":%d%b'
+            % (self._heads[index], orjson.dumps(text), seq, self._tail)
+        )
+
+    def _structural(self, ev: tuple[Any, ...], emit: Callable[[bytes], object]) -> None:
+        kind, index = ev[0], ev[1]
+        item: dict[str, Any]
+        if kind == "message_start":
+            item_id = new_id("msg_")
+            self._ids[index] = item_id
+            self._heads[index] = self.delta_head("response.output_text.delta", item_id, index, 0)
+            item = {"id": item_id, "type": "message", "role": "assistant"}
+            emit(self.item_added(index, {**item, "status": "in_progress", "content": []}))
+            emit(
+                self.event(
+                    "response.content_part.added",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=_text_part(""),
+                )
+            )
+        elif kind == "message_done":
+            item_id, text = self._ids[index], ev[2]
+            ids = {"item_id": item_id, "output_index": index, "content_index": 0}
+            emit(self.event("response.output_text.done", **ids, text=text, logprobs=[]))
+            emit(self.event("response.content_part.done", **ids, part=_text_part(text)))
+            item = {"id": item_id, "type": "message", "role": "assistant", "status": "completed"}
+            emit(self.item_done(index, {**item, "content": [_text_part(text)]}))
+        elif kind == "reasoning_start":
+            item_id = new_id("rs_")
+            self._ids[index] = item_id
+            self._heads[index] = self.delta_head("response.reasoning_text.delta", item_id, index, 0)
+            item = {"id": item_id, "type": "reasoning", "summary": [], "content": []}
+            emit(self.item_added(index, {**item, "status": "in_progress"}))
+        elif kind == "reasoning_done":
+            item_id, text = self._ids[index], ev[2]
+            emit(
+                self.event(
+                    "response.reasoning_text.done",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    text=text,
+                )
+            )
+            content = [{"type": "reasoning_text", "text": text}]
+            item = {"id": item_id, "type": "reasoning", "summary": [], "content": content}
+            emit(self.item_done(index, {**item, "status": "completed"}))
+        elif kind == "call_start":
+            item_id = new_id("fc_")
+            self._ids[index] = item_id
+            head = self.delta_head("response.function_call_arguments.delta", item_id, index, None)
+            self._heads[index] = head
+            item = {"id": item_id, "type": "function_call", "call_id": ev[3], "name": ev[2]}
+            emit(self.item_added(index, {**item, "arguments": "", "status": "in_progress"}))
+        elif kind == "call_done":
+            item_id, name, call_id, arguments = self._ids[index], ev[2], ev[3], ev[4]
+            emit(
+                self.event(
+                    "response.function_call_arguments.done",
+                    item_id=item_id,
+                    output_index=index,
+                    name=name,
+                    arguments=arguments,
+                )
+            )
+            item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name}
+            emit(self.item_done(index, {**item, "arguments": arguments, "status": "completed"}))
+        else:
+            raise ValueError(f"unknown output parser event {kind!r}")
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

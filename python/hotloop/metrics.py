@@ -1,0 +1,282 @@
+"""Process metrics in the Prometheus text format (`GET /metrics`).
+
+Owns the instruments the server updates (plain counters, gauges and one histogram; an
+update is an attribute add on the event loop, no lock, no allocation) and their
+rendering. It does not decide what is counted where: the protocol and transport
+layers call the instruments; usage per API key is rendered from `Usage`.
+
+Instruments (all names prefixed `hotloop_`):
+- connections (gauge, open WebSockets) and connections_total
+- turns_total{transport,outcome}
+- cache_hits_total / cache_misses_total / cache_evictions_total: every cache (the
+  sockets' and the HTTP ones), read from the shared budget when scraped
+- store_rebuilds_total: misses answered by rebuilding a stored chain
+- prompt_tokens_total{source}: `cache` (served from the rendered-token cache) vs
+  `rendered` (parsed, rendered and tokenized this turn)
+- turn_overhead_seconds{transport}: server time from receiving a request to the first
+  engine call
+- store_writes_total, store_errors_total, store_pending
+- usage_tokens_total{key,kind} from `Usage`
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hotloop.usage import Usage
+
+Labels = tuple[str, ...]
+
+# 50 us .. 1 s: the per-turn budget is 0.3 ms, a stateless full-history turn can take
+# hundreds of milliseconds.
+OVERHEAD_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.0002,
+    0.0003,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+)
+
+
+class Counter:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class Gauge:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value -= amount
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
+class Histogram:
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+
+class Family:
+    """One metric name with its labelled children, created on first use."""
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        help_text: str,
+        labels: Labels = (),
+        make: Callable[[], Counter | Gauge | Histogram] = Counter,
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self.help = help_text
+        self.label_names = labels
+        self._make = make
+        self.children: dict[Labels, Counter | Gauge | Histogram] = {}
+
+    def _child(self, values: Labels) -> Counter | Gauge | Histogram:
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = self._make()
+        return child
+
+    def render(self) -> Iterator[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} {self.kind}"
+        for values, child in self.children.items():
+            labels = ",".join(
+                f'{k}="{_escape(v)}"' for k, v in zip(self.label_names, values, strict=True)
+            )
+            if isinstance(child, Histogram):
+                yield from _histogram_lines(self.name, labels, child)
+            else:
+                yield (
+                    f"{self.name}{{{labels}}} {_number(child.value)}"
+                    if labels
+                    else (f"{self.name} {_number(child.value)}")
+                )
+
+
+class CounterFamily(Family):
+    def __init__(self, name: str, help_text: str, labels: Labels = ()) -> None:
+        super().__init__(name, "counter", help_text, labels, Counter)
+
+    def labels(self, *values: str) -> Counter:
+        child = self._child(values)
+        assert isinstance(child, Counter)
+        return child
+
+
+class HistogramFamily(Family):
+    def __init__(self, name: str, help_text: str, labels: Labels, bounds: Sequence[float]) -> None:
+        super().__init__(name, "histogram", help_text, labels, lambda: Histogram(bounds))
+
+    def labels(self, *values: str) -> Histogram:
+        child = self._child(values)
+        assert isinstance(child, Histogram)
+        return child
+
+
+class Metrics:
+    """The process's instruments. One instance per process, shared by every transport."""
+
+    def __init__(self, usage: Usage | None = None) -> None:
+        self.usage = usage
+        self.connections = Gauge()
+        self.connections_total = Counter()
+        self.turns = CounterFamily(
+            "hotloop_turns_total",
+            "Responses finished, by transport and outcome.",
+            ("transport", "outcome"),
+        )
+        self.prompt_tokens = CounterFamily(
+            "hotloop_prompt_tokens_total",
+            "Prompt tokens by source: served from the cache or rendered this turn.",
+            ("source",),
+        )
+        self.turn_overhead = HistogramFamily(
+            "hotloop_turn_overhead_seconds",
+            "Server time from receiving a request to the first engine call.",
+            ("transport",),
+            OVERHEAD_BUCKETS,
+        )
+        self.store_writes = Counter()
+        self.store_errors = Counter()
+        self.store_pending: Callable[[], int] = lambda: 0
+        # The caches count their own lookups and evictions (hits, misses, evictions);
+        # read when scraped.
+        self.cache_counts: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
+        self.store_rebuilds = Counter()
+
+    def record_prompt(self, *, prompt_tokens: int, cached_tokens: int) -> None:
+        """Account one turn's prompt: what came from the cache, what was rendered."""
+        self.prompt_tokens.labels("cache").inc(cached_tokens)
+        self.prompt_tokens.labels("rendered").inc(prompt_tokens - cached_tokens)
+
+    def render(self) -> str:
+        lines: list[str] = []
+        lines += _scalar(
+            "hotloop_connections", "gauge", "Open WebSocket connections.", self.connections.value
+        )
+        lines += _scalar(
+            "hotloop_connections_total",
+            "counter",
+            "WebSocket connections accepted.",
+            self.connections_total.value,
+        )
+        for family in (
+            self.turns,
+            self.prompt_tokens,
+            self.turn_overhead,
+        ):
+            lines.extend(family.render())
+        lines += _scalar(
+            "hotloop_store_writes_total",
+            "counter",
+            "Stored responses committed.",
+            self.store_writes.value,
+        )
+        lines += _scalar(
+            "hotloop_store_errors_total",
+            "counter",
+            "Stored responses lost to a failed write.",
+            self.store_errors.value,
+        )
+        lines += _scalar(
+            "hotloop_store_pending",
+            "gauge",
+            "Stored responses queued, not yet committed.",
+            self.store_pending(),
+        )
+        hits, misses, evictions = self.cache_counts()
+        for name, help_text, value in (
+            ("hits", "previous_response_id found in a rendered-token cache.", hits),
+            ("misses", "previous_response_id not in the rendered-token cache.", misses),
+            ("evictions", "Cached states dropped to stay within memory limits.", evictions),
+        ):
+            lines += _scalar(f"hotloop_cache_{name}_total", "counter", help_text, value)
+        lines += _scalar(
+            "hotloop_store_rebuilds_total",
+            "counter",
+            "Cache misses answered by rebuilding a stored chain.",
+            self.store_rebuilds.value,
+        )
+        if self.usage is not None:
+            lines.extend(_usage_lines(self.usage))
+        return "\n".join(lines) + "\n"
+
+
+def _usage_lines(usage: Usage) -> Iterator[str]:
+    name = "hotloop_usage_tokens_total"
+    yield f"# HELP {name} Tokens used per API key id: input, cached (part of input), output."
+    yield f"# TYPE {name} counter"
+    for key, totals in usage.keys().items():
+        for kind, value in (
+            ("input", totals.input_tokens),
+            ("cached", totals.cached_tokens),
+            ("output", totals.output_tokens),
+        ):
+            yield f'{name}{{key="{_escape(key)}",kind="{kind}"}} {value}'
+
+
+def _scalar(name: str, kind: str, help_text: str, value: float) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {_number(value)}"]
+
+
+def _histogram_lines(name: str, labels: str, h: Histogram) -> Iterator[str]:
+    sep = "," if labels else ""
+    cumulative = 0
+    for bound, count in zip(h.bounds, h.counts, strict=False):
+        cumulative += count
+        yield f'{name}_bucket{{{labels}{sep}le="{bound}"}} {cumulative}'
+    yield f'{name}_bucket{{{labels}{sep}le="+Inf"}} {h.count}'
+    suffix = f"{{{labels}}}" if labels else ""
+    yield f"{name}_sum{suffix} {h.sum!r}"
+    yield f"{name}_count{suffix} {h.count}"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+__all__ = ["OVERHEAD_BUCKETS", "Counter", "Gauge", "Histogram", "Metrics"]

@@ -1,0 +1,29 @@
+"""WebSocket mode's protocol logic, without I/O: the per-connection state machine
+(`Connection`), its connection cache of checkpoints, and the protocol's error type."""
+
+from hotloop.protocol.cache import CacheBudget, ConnectionCache
+from hotloop.protocol.connection import (
+    Action,
+    Cancel,
+    Close,
+    Connection,
+    ConnectionLimits,
+    Finished,
+    Generate,
+    Observer,
+)
+from hotloop.protocol.errors import ProtocolError
+
+__all__ = [
+    "Action",
+    "CacheBudget",
+    "Cancel",
+    "Close",
+    "Connection",
+    "ConnectionCache",
+    "ConnectionLimits",
+    "Finished",
+    "Generate",
+    "Observer",
+    "ProtocolError",
+]

@@ -1,0 +1,630 @@
+"""The per-connection protocol state machine of WebSocket mode (sans-I/O).
+
+`Connection` is fed client frames (`receive_text`, `receive_bytes`), engine results
+(`engine_output`, `engine_done`, `engine_failed`) and time (`lifetime_reached`), and
+answers with `actions()`: server frames (bytes) to send in order, `Generate` /
+`Cancel` work for the engine, and at most one `Close`. It owns lanes (FIFO within a
+lane, concurrent across lanes), the queue and its limits, the in-flight cap, cancel,
+the connection lifetime, event sequencing, error envelopes and the connection cache
+of checkpoints. It performs no I/O and never awaits: the transport pumps frames in
+and out, and runs the engine work it is handed.
+
+A turn: parse the frame -> look up `previous_response_id` (connection cache, then the
+`Observer`'s fallback) -> fork the checkpoint (before `response.in_progress`, so a
+fork never loses its parent) or start a new conversation -> `extend` with only the
+new items -> prompt -> `Generate` -> parser events -> terminal -> `commit_output` and
+a checkpoint under the new response id.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import orjson
+
+from hotloop._core import (
+    CancelEvent,
+    ChatFormat,
+    Checkpoint,
+    Conversation,
+    CoreError,
+    CreateRequest,
+    Limits,
+    OutputParser,
+    Policy,
+    ProcessedEvent,
+    Prompt,
+    Turn,
+    UnknownEvent,
+    parse_event,
+)
+from hotloop.engines.base import EngineError, Sampling
+from hotloop.events import ResponseEvents, Usage, error_event
+from hotloop.protocol.cache import ConnectionCache
+from hotloop.protocol.errors import ProtocolError
+
+STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+MAX_IN_FLIGHT = 16
+MAX_NAMED_LANES = 32
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Engine work: stream sampled ids for `prompt`, feeding them to
+    `engine_output(key, ids)`, then call `engine_done(key)` (or `engine_failed`)."""
+
+    key: int
+    prompt: Prompt
+    sampling: Sampling
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop the engine work of `key`; the connection already sent its terminal event."""
+
+    key: int
+
+
+@dataclass(frozen=True)
+class Close:
+    """Close the socket after sending every frame before this action."""
+
+    code: int = 1000
+    reason: str = ""
+
+
+Action = bytes | Generate | Cancel | Close
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A response that reached its terminal event, for work off the critical path
+    (persistence when `request.store`, usage accounting, metrics)."""
+
+    response_id: str
+    request: CreateRequest
+    response_json: bytes
+    """The terminal Response object."""
+    checkpoint: Checkpoint | None
+    """Where to continue from; None when the response cannot be continued."""
+    usage: Usage
+    principal: str | None
+    """The API key the connection authenticated with."""
+    overhead_ns: int
+    """Server time from the start of the turn to the engine call (parse, lookup,
+    validate, render, tokenize)."""
+    turn: Turn | None
+
+
+class Observer(Protocol):
+    """What the connection tells the rest of the server, and asks it."""
+
+    def lookup(self, response_id: str) -> Checkpoint | None:
+        """A `previous_response_id` missed the connection cache: the process-wide
+        cache or the durable store may still rebuild it."""
+        ...
+
+    def finished(self, response: Finished) -> None:
+        """Called once per terminal Response; must not block."""
+        ...
+
+
+class Baseline(Protocol):
+    """A stateless peer's per-turn prompt work, run beside the cache for comparison
+    (`hotloop serve --baseline`, see hotloop.bench.peer); the cache still feeds the
+    engine."""
+
+    def render_request(self, response_id: str, request: CreateRequest) -> object: ...
+
+    def commit(self, response_id: str, response_json: bytes) -> None: ...
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Per-connection bounds; each breach is a clear `error` event, never a drop."""
+
+    max_frame_bytes: int = 16 * 1024 * 1024
+    max_queued_bytes: int = 64 * 1024 * 1024
+    request: Limits | None = None
+
+
+@dataclass
+class _Pending:
+    request: CreateRequest
+    size: int
+    parse_ns: int
+
+
+@dataclass
+class _Active:
+    key: int
+    lane: _Lane
+    request: CreateRequest
+    events: ResponseEvents
+    conversation: Conversation
+    parser: OutputParser
+    turn: Turn
+    parent: str | None
+    evicts_parent: bool
+    overhead_ns: int
+
+
+@dataclass
+class _Lane:
+    name: str | None
+    queue: deque[_Pending] = field(default_factory=deque)
+    active: _Active | None = None
+
+
+class Connection:
+    """One WebSocket connection's protocol state (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        chat_format: ChatFormat,
+        context_window: int,
+        model: str,
+        cache: ConnectionCache,
+        limits: ConnectionLimits | None = None,
+        policy: Policy | None = None,
+        observer: Observer | None = None,
+        principal: str | None = None,
+        clock: Callable[[], int] = time.perf_counter_ns,
+        baseline: Baseline | None = None,
+    ) -> None:
+        self.cache = cache
+        self.limits = limits or ConnectionLimits()
+        self._format = chat_format
+        self._context_window = context_window
+        self._model = model
+        self._stop_tokens = tuple(chat_format.stop_tokens)
+        self._policy = policy
+        self._observer = observer
+        self._principal = principal
+        self._clock = clock
+        self._baseline = baseline
+        self._lanes: dict[str | None, _Lane] = {None: _Lane(None)}
+        self._ready: deque[_Lane] = deque()
+        self._active: dict[int, _Active] = {}
+        self._next_key = 0
+        self._queued_bytes = 0
+        self._actions: list[Action] = []
+        self._expiring = False
+        self.closed = False
+
+    # ---------------------------------------------------------------- inputs
+
+    def receive_text(self, frame: str | bytes) -> None:
+        """One text frame from the client."""
+        if self.closed:
+            return
+        # `isascii` is O(1) on str: only non-ASCII text pays for measuring its bytes.
+        size = len(frame) if isinstance(frame, bytes) or frame.isascii() else len(frame.encode())
+        if size > self.limits.max_frame_bytes:
+            self._refuse(
+                ProtocolError(
+                    "frame_too_large",
+                    f"The frame is {size} bytes; this server accepts at most "
+                    f"{self.limits.max_frame_bytes} bytes per frame.",
+                )
+            )
+            return
+        start = self._clock()
+        try:
+            event = parse_event(frame, self.limits.request)
+        except CoreError as e:
+            self._refuse(ProtocolError.from_core(e))
+            return
+        if isinstance(event, CreateRequest):
+            self._create(event, size, self._clock() - start)
+        elif isinstance(event, CancelEvent):
+            self._cancel(event)
+        elif isinstance(event, ProcessedEvent):
+            pass  # Codex acknowledges each response; an error here breaks its next turn.
+        elif isinstance(event, UnknownEvent):
+            self._refuse(
+                ProtocolError(
+                    "unknown_event_type",
+                    f"Unknown event type '{event.type}'. Supported: response.create, "
+                    "response.cancel, response.processed.",
+                    "type",
+                ),
+                self._echo(event.stream_id),
+            )
+        else:
+            # response.append: the long-running-response extension is not enabled.
+            self._refuse(
+                ProtocolError(
+                    "unknown_event_type",
+                    f"'{event.type}' needs the long-running-response extension, "
+                    "which this server does not enable.",
+                    "type",
+                )
+            )
+
+    def receive_request(self, request: CreateRequest, size: int, parse_ns: int = 0) -> None:
+        """A request parsed by the caller (an HTTP `POST /v1/responses` body of `size`
+        bytes, parsed in `parse_ns`): the same turn as a `response.create` frame."""
+        if not self.closed:
+            self._create(request, size, parse_ns)
+
+    def receive_bytes(self, frame: bytes) -> None:
+        """One binary frame: refused, the socket stays open."""
+        if not self.closed:
+            self._refuse(
+                ProtocolError(
+                    "binary_frame_not_supported",
+                    "Binary frames are not supported: send each event as a JSON text frame.",
+                )
+            )
+
+    def engine_output(self, key: int, ids: list[int]) -> bool:
+        """Sampled ids for response `key`. Returns whether the engine should go on
+        (False once the model sampled a stop token or the response was abandoned)."""
+        active = self._active.get(key)
+        if active is None:
+            return False
+        active.events.feed(active.parser.feed(ids), self._actions.append)
+        return not active.parser.stopped
+
+    def engine_done(self, key: int) -> None:
+        """The engine finished response `key` (stop token or max_output_tokens)."""
+        active = self._active.pop(key, None)
+        if active is None:
+            return
+        parsed, outcome, message = active.parser.finish()
+        active.events.feed(parsed, self._actions.append)
+        usage = self._usage(active)
+        if outcome == "malformed":
+            self._fail(active, f"The model's output could not be parsed: {message}", usage)
+            return
+        checkpoint: Checkpoint | None = None
+        try:
+            active.conversation.commit_output(active.parser)
+            checkpoint = active.conversation.checkpoint()
+        except CoreError as e:
+            self._fail(active, f"The model's output could not be recorded: {e.message}", usage)
+            return
+        if outcome == "truncated":
+            kind, status, reason = "response.incomplete", "incomplete", "max_output_tokens"
+        else:
+            kind, status, reason = "response.completed", "completed", None
+        self._terminal(active, kind, status, usage, checkpoint, incomplete_reason=reason)
+
+    def engine_failed(self, key: int, error: EngineError) -> None:
+        active = self._active.pop(key, None)
+        if active is not None:
+            self._fail(
+                active, f"The engine failed ({error.code}): {error.message}", self._usage(active)
+            )
+
+    def lifetime_reached(self) -> None:
+        """The connection's lifetime is over: finish what is in flight, refuse the
+        rest, then close with 1000. Never cuts a response in the middle."""
+        self._expiring = True
+        self._finish_expiry()
+
+    def connection_lost(self) -> None:
+        """The client went away: stop all generation; the cache dies with the socket."""
+        self.closed = True
+        for active in self._active.values():
+            self._actions.append(Cancel(active.key))
+        self._active.clear()
+        for lane in self._lanes.values():
+            lane.queue.clear()
+            lane.active = None
+        self._ready.clear()
+        self._queued_bytes = 0
+        self.cache.clear()
+
+    # ---------------------------------------------------------------- outputs
+
+    def actions(self) -> list[Action]:
+        """Everything to do since the last call, in order."""
+        out, self._actions = self._actions, []
+        return out
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active)
+
+    @property
+    def busy(self) -> bool:
+        """Something is generating or waiting in a queue."""
+        return bool(self._active) or self._queued_bytes > 0 or bool(self._ready)
+
+    # ---------------------------------------------------------------- requests
+
+    def _echo(self, stream_id: str | None) -> str | None:
+        # Only a well-formed name is echoed: an invalid one may be anything at all.
+        return stream_id if stream_id is not None and STREAM_ID.fullmatch(stream_id) else None
+
+    def _refuse(self, error: ProtocolError, stream_id: str | None = None) -> None:
+        self._actions.append(
+            error_event(
+                error.code, error.message, error.param, status=error.status, stream_id=stream_id
+            )
+        )
+
+    def _create(self, request: CreateRequest, size: int, parse_ns: int) -> None:
+        name = request.stream_id
+        if name is not None and not STREAM_ID.fullmatch(name):
+            self._refuse(
+                ProtocolError(
+                    "invalid_stream_id",
+                    "stream_id must be 1-256 characters of letters, digits, '_', '.' or '-'.",
+                    "stream_id",
+                )
+            )
+            return
+        if request.error is not None:
+            self._refuse(ProtocolError.from_core(request.error), name)
+            return
+        if request.background:
+            self._refuse(
+                ProtocolError(
+                    "invalid_value",
+                    "background responses are not supported over WebSocket mode.",
+                    "background",
+                ),
+                name,
+            )
+            return
+        if self._expiring:
+            self._refuse(self._lifetime_error(), name)
+            return
+        lane = self._lanes.get(name)
+        if lane is None:
+            if len(self._lanes) - 1 >= MAX_NAMED_LANES:
+                self._refuse(
+                    ProtocolError(
+                        "websocket_stream_limit_reached",
+                        f"This connection already uses {MAX_NAMED_LANES} stream_ids; "
+                        "open a new connection for more lanes.",
+                        "stream_id",
+                    ),
+                    name,
+                )
+                return
+            lane = self._lanes[name] = _Lane(name)
+        if self._queued_bytes + size > self.limits.max_queued_bytes:
+            self._refuse(
+                ProtocolError(
+                    "websocket_queue_limit_reached",
+                    f"{self._queued_bytes} bytes of requests are already queued on this "
+                    f"connection (limit {self.limits.max_queued_bytes}); wait for responses "
+                    "to finish before sending more.",
+                ),
+                name,
+            )
+            return
+        lane.queue.append(_Pending(request, size, parse_ns))
+        self._queued_bytes += size
+        if lane.active is None and len(lane.queue) == 1:
+            self._ready.append(lane)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Start queued requests while lanes are free and the in-flight cap allows."""
+        while self._ready and len(self._active) < MAX_IN_FLIGHT and not self._expiring:
+            lane = self._ready.popleft()
+            pending = lane.queue.popleft()
+            self._queued_bytes -= pending.size
+            self._start(lane, pending)
+            if lane.active is None and lane.queue:
+                self._ready.append(lane)
+
+    def _start(self, lane: _Lane, pending: _Pending) -> None:
+        """Run the turn up to the engine call; errors end the request here."""
+        request = pending.request
+        start = self._clock()
+        parent = request.previous_response_id
+        evicts_parent = False
+        if parent is not None:
+            cached = self.cache.get(parent)
+            checkpoint = cached.checkpoint if cached is not None else None
+            if checkpoint is None and self._observer is not None:
+                checkpoint = self._observer.lookup(parent)
+            if checkpoint is None:
+                self._refuse(ProtocolError.not_found(parent), lane.name)
+                return
+            # A continuation on the lane that made the parent consumes it on failure;
+            # a fork from another lane must leave the parent to its own lane.
+            evicts_parent = cached is not None and cached.lane == lane.name
+            conversation = checkpoint.fork()
+        else:
+            conversation = Conversation(
+                self._format, context_window=self._context_window, policy=self._policy
+            )
+        try:
+            turn = conversation.extend(request)
+        except CoreError as e:
+            if evicts_parent and parent is not None:
+                self.cache.evict(parent)
+            self._refuse(ProtocolError.from_core(e), lane.name)
+            return
+        fields = request.response_fields_json
+        if request.model is None:
+            fields = fields.replace(
+                '"model":null', '"model":' + orjson.dumps(self._model).decode(), 1
+            )
+        events = ResponseEvents(fields, stream_id=lane.name)
+        if self._baseline is not None:
+            self._baseline.render_request(events.response_id, request)
+        if not request.generate:
+            self._warm_up(request, events, conversation, turn, pending, start)
+            return
+        key = self._next_key
+        self._next_key += 1
+        active = _Active(
+            key=key,
+            lane=lane,
+            request=request,
+            events=events,
+            conversation=conversation,
+            parser=conversation.parser(),
+            turn=turn,
+            parent=parent,
+            evicts_parent=evicts_parent,
+            overhead_ns=0,
+        )
+        prompt = conversation.prompt()
+        budget = self._context_window - len(prompt)
+        max_tokens = request.max_output_tokens
+        sampling = Sampling(
+            max_output_tokens=budget if max_tokens is None else min(max_tokens, budget),
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stop_tokens=self._stop_tokens,
+        )
+        lane.active = active
+        self._active[key] = active
+        self._actions.append(events.lifecycle("response.created", "in_progress"))
+        self._actions.append(events.lifecycle("response.in_progress", "in_progress"))
+        active.overhead_ns = pending.parse_ns + self._clock() - start
+        self._actions.append(Generate(key, prompt, sampling))
+
+    def _warm_up(
+        self,
+        request: CreateRequest,
+        events: ResponseEvents,
+        conversation: Conversation,
+        turn: Turn,
+        pending: _Pending,
+        start: int,
+    ) -> None:
+        """`generate: false`: the state is rendered and cached under a fresh id, with
+        an empty output and zero usage."""
+        checkpoint = conversation.checkpoint()
+        usage = Usage()
+        self._actions.append(events.lifecycle("response.created", "in_progress"))
+        final = events.response_json("completed", output=[], usage=usage)
+        self._actions.append(
+            events.lifecycle("response.completed", "completed", output=[], usage=usage)
+        )
+        self.cache.put(events.response_id, checkpoint, events.stream_id)
+        self._report(
+            Finished(
+                events.response_id,
+                request,
+                final,
+                checkpoint,
+                usage,
+                self._principal,
+                pending.parse_ns + self._clock() - start,
+                turn,
+            )
+        )
+
+    # ---------------------------------------------------------------- endings
+
+    def _usage(self, active: _Active) -> Usage:
+        turn = active.turn
+        return Usage(
+            input_tokens=turn.prompt_tokens,
+            cached_tokens=turn.cached_tokens,
+            cache_write_tokens=turn.new_tokens,
+            output_tokens=active.parser.output_tokens,
+            reasoning_tokens=active.parser.reasoning_tokens,
+        )
+
+    def _terminal(
+        self,
+        active: _Active,
+        kind: str,
+        status: str,
+        usage: Usage,
+        checkpoint: Checkpoint | None,
+        *,
+        error: dict[str, str] | None = None,
+        incomplete_reason: str | None = None,
+    ) -> None:
+        events = active.events
+        final = events.response_json(
+            status, usage=usage, error=error, incomplete_reason=incomplete_reason
+        )
+        self._actions.append(
+            events.lifecycle(
+                kind, status, usage=usage, error=error, incomplete_reason=incomplete_reason
+            )
+        )
+        if checkpoint is not None:
+            self.cache.put(events.response_id, checkpoint, active.lane.name)
+        self._report(
+            Finished(
+                events.response_id,
+                active.request,
+                final,
+                checkpoint,
+                usage,
+                self._principal,
+                active.overhead_ns,
+                active.turn,
+            )
+        )
+        self._release(active)
+
+    def _fail(self, active: _Active, message: str, usage: Usage) -> None:
+        if active.evicts_parent and active.parent is not None:
+            self.cache.evict(active.parent)
+        error = {"code": "server_error", "message": message}
+        self._terminal(active, "response.failed", "failed", usage, None, error=error)
+
+    def _cancel(self, event: CancelEvent) -> None:
+        target: _Active | None = None
+        if event.response_id is not None:
+            target = next(
+                (a for a in self._active.values() if a.events.response_id == event.response_id),
+                None,
+            )
+        else:
+            lane = self._lanes.get(event.stream_id)
+            target = lane.active if lane is not None else None
+        if target is None:
+            return  # Already finished: the cancel crossed the terminal event on the wire.
+        del self._active[target.key]
+        self._actions.append(Cancel(target.key))
+        # Items still open are dropped: the cancelled response reports what completed.
+        self._terminal(target, "response.incomplete", "cancelled", self._usage(target), None)
+
+    def _release(self, active: _Active) -> None:
+        lane = active.lane
+        lane.active = None
+        if lane.queue:
+            self._ready.append(lane)
+        self._pump()
+        self._finish_expiry()
+
+    def _report(self, finished: Finished) -> None:
+        if self._baseline is not None:
+            self._baseline.commit(finished.response_id, finished.response_json)
+        if self._observer is not None:
+            self._observer.finished(finished)
+
+    def _lifetime_error(self) -> ProtocolError:
+        return ProtocolError(
+            "websocket_connection_limit_reached",
+            "This connection reached its lifetime limit; open a new connection to continue.",
+        )
+
+    def _finish_expiry(self) -> None:
+        if not self._expiring or self._active or self.closed:
+            return
+        refused = False
+        for lane in self._lanes.values():
+            while lane.queue:
+                lane.queue.popleft()
+                self._refuse(self._lifetime_error(), lane.name)
+                refused = True
+        if not refused:
+            self._refuse(self._lifetime_error())
+        self._ready.clear()
+        self._queued_bytes = 0
+        self.closed = True
+        self._actions.append(Close(1000, "connection lifetime reached"))

@@ -1,0 +1,37 @@
+"""The protocol layer's one error type and its mapping from the layers below.
+
+A `ProtocolError` is a request the protocol refuses: it becomes one `error` event
+(WebSocket) or one HTTP error body, with a stable `code`, a `param` pointing into the
+request, and an HTTP `status`. Core (`CoreError`) and engine (`EngineError`) failures
+are mapped here once; nothing else formats wire errors.
+"""
+
+from __future__ import annotations
+
+from hotloop._core import CoreError
+
+
+class ProtocolError(Exception):
+    """A refused request: `status` (HTTP semantics), stable `code`, `message`, `param`."""
+
+    def __init__(
+        self, code: str, message: str, param: str | None = None, *, status: int = 400
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.status = status
+
+    @classmethod
+    def from_core(cls, error: CoreError) -> ProtocolError:
+        """Every core failure is the client's: a 400 with the core's code and param."""
+        return cls(error.code, error.message, error.param)
+
+    @classmethod
+    def not_found(cls, response_id: str) -> ProtocolError:
+        return cls(
+            "previous_response_not_found",
+            f"Previous response with id '{response_id}' not found.",
+            "previous_response_id",
+        )

@@ -1,0 +1,182 @@
+"""Graceful shutdown: on SIGTERM/SIGINT stop accepting, let in-flight responses finish
+up to a deadline, then close connections and flush the store.
+
+Owns `Drain` (the count of in-flight responses, and the switch that refuses new ones;
+`Drain.engine` wraps the engine so that every generation, over either transport, is
+one in-flight response) and `Server`, a uvicorn server whose shutdown drains before
+uvicorn closes sockets: plain uvicorn closes every WebSocket with 1012 at once, which
+would cut responses in the middle. The order is:
+
+1. stop listening (new connections are refused by the kernel);
+2. refuse new responses on open connections (`ShuttingDown`, 503);
+3. wait until no response is in flight, or the deadline passes;
+4. uvicorn's own shutdown: close connections, then the ASGI lifespan shutdown, where
+   the app closes its store (`Store.close` flushes the background writer).
+
+Every response whose terminal event was sent was put to the store before the terminal
+event returned, so step 4 persists all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from hotloop.engines.base import EngineError
+
+if TYPE_CHECKING:
+    from hotloop._core import ChatFormat, Prompt
+    from hotloop.engines.base import Engine, EngineSession, Sampling
+
+log = logging.getLogger("hotloop.shutdown")
+
+
+class ShuttingDown(Exception):
+    """A new response was refused because the server is draining: code
+    `server_shutting_down`, HTTP status 503 (`server_error`); clients retry elsewhere."""
+
+    code = "server_shutting_down"
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__("The server is shutting down; retry on another connection.")
+        self.message = str(self)
+
+
+class Drain:
+    """In-flight responses of this process: each is admitted, then released."""
+
+    def __init__(self) -> None:
+        self._in_flight = 0
+        self._idle: asyncio.Event | None = None
+        self.draining = False
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def admit(self) -> None:
+        """Count one more response in flight (raises ShuttingDown once draining)."""
+        if self.draining:
+            raise ShuttingDown
+        self._in_flight += 1
+
+    def release(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    def engine(self, engine: Engine) -> Engine:
+        """`engine`, with each generation counted as an in-flight response. Once
+        draining, a generation that has not started fails with EngineError
+        `server_shutting_down` (the client gets `response.failed`, a terminal event)."""
+        return _DrainedEngine(engine, self)
+
+    async def wait(self, deadline: float) -> bool:
+        """Refuse new responses from now on and wait up to `deadline` seconds for the
+        in-flight ones. True if all finished."""
+        self.draining = True
+        if self._in_flight == 0:
+            return True
+        self._idle = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._idle.wait(), deadline)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+class _DrainedEngine:
+    def __init__(self, engine: Engine, drain: Drain) -> None:
+        self._engine = engine
+        self._drain = drain
+
+    @property
+    def model(self) -> str:
+        return self._engine.model
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        return self._engine.chat_format
+
+    @property
+    def context_window(self) -> int:
+        return self._engine.context_window
+
+    async def start(self) -> None:
+        await self._engine.start()
+
+    def session(self) -> EngineSession:
+        return _DrainedSession(self._engine.session(), self._drain)
+
+    async def close(self) -> None:
+        await self._engine.close()
+
+
+class _DrainedSession:
+    def __init__(self, session: EngineSession, drain: Drain) -> None:
+        self._session = session
+        self._drain = drain
+
+    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+        try:
+            self._drain.admit()
+        except ShuttingDown as e:
+            raise EngineError(e.code, e.message) from e
+        stream = self._session.generate(prompt, sampling)
+        try:
+            async for batch in stream:
+                yield batch
+        finally:
+            if isinstance(stream, AsyncGenerator):
+                await stream.aclose()
+            self._drain.release()
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server with a drain step before its shutdown. The ASGI app exposes its
+    `Drain` as `app.drain` (found through uvicorn's middleware wrappers), so this also
+    works with `--workers N`, where each worker process loads its own app."""
+
+    def __init__(self, config: uvicorn.Config, *, drain_deadline: float = 30.0) -> None:
+        super().__init__(config)
+        self.drain_deadline = drain_deadline
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        drain = _find_drain(self.config.loaded_app)
+        if drain is not None and not self.force_exit:
+            if drain.in_flight:
+                log.info("draining %d in-flight responses", drain.in_flight)
+            if not await drain.wait(self.drain_deadline):
+                log.warning(
+                    "%d responses still running after %.1fs; closing their connections",
+                    drain.in_flight,
+                    self.drain_deadline,
+                )
+        await super().shutdown(sockets)
+
+
+def _find_drain(app: object) -> Drain | None:
+    # uvicorn wraps the app (proxy headers, message logging); each wrapper keeps the
+    # inner app as `.app`.
+    for _ in range(8):
+        drain = getattr(app, "drain", None)
+        if isinstance(drain, Drain):
+            return drain
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
+__all__ = ["Drain", "Server", "ShuttingDown"]

@@ -1,0 +1,167 @@
+"""The hotloop ASGI application: routing, the WebSocket upgrade and the lifespan.
+
+`App` is a raw ASGI callable (no framework on the hot path). It serves WebSocket mode
+on `GET /v1/responses` and hands every HTTP request to the HTTP routes it was given
+(`transport/http.py`). It can run on its own (`hotloop serve`, uvicorn) or be mounted
+inside an existing Starlette/FastAPI application; when mounted, the host's lifespan
+must call `start()` and `close()` (Starlette does not forward lifespan events to
+mounted apps).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hotloop._core import Policy
+from hotloop.bench.peer import Peer
+from hotloop.config import ServerConfig
+from hotloop.engines.base import Engine
+from hotloop.events import error_body
+from hotloop.ledger import Ledger
+from hotloop.protocol import CacheBudget, Connection, ConnectionCache, ConnectionLimits, Observer
+from hotloop.transport.asgi import ASGIApp, Receive, Scope, Send
+from hotloop.transport.websocket import Socket, bearer_key, deny, key_allowed
+
+log = logging.getLogger("hotloop")
+
+RESPONSES_PATHS = ("/v1/responses", "/responses")
+
+
+def route_path(scope: Scope) -> str:
+    """The path below the mount point (Starlette keeps the full path in `path` and
+    the mount prefix in `root_path`)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :] or "/"
+    return path
+
+
+class App:
+    """The server as one ASGI application (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: ServerConfig | None = None,
+        *,
+        http: ASGIApp | None = None,
+        observer: Observer | None = None,
+        ledger: Ledger | None = None,
+        policy: Policy | None = None,
+    ) -> None:
+        self.engine = engine
+        self.config = config or ServerConfig()
+        self.budget = (
+            CacheBudget(self.config.cache_memory_bytes) if ledger is None else ledger.budget
+        )
+        self.connections = 0
+        self._http = http
+        self._observer = observer
+        # Store, usage, metrics and the shutdown drain (`hotloop.shutdown.Server`
+        # finds `drain` here).
+        self.ledger = ledger
+        self.drain = None if ledger is None else ledger.drain
+        self._policy = policy
+        self._limits = ConnectionLimits(
+            max_frame_bytes=self.config.max_frame_bytes,
+            max_queued_bytes=self.config.max_queued_bytes,
+        )
+        self.baseline = Peer(self.config.baseline) if self.config.baseline else None
+
+    @property
+    def model(self) -> str:
+        return self.config.model or self.engine.model
+
+    async def start(self) -> None:
+        await self.engine.start()
+        if self.ledger is not None:
+            await self.ledger.start()
+
+    async def close(self) -> None:
+        if self.ledger is not None:
+            await self.ledger.close()
+        await self.engine.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "websocket":
+            await self._websocket(scope, receive, send)
+        elif kind == "http":
+            if self._http is not None:
+                await self._http(scope, receive, send)
+            else:
+                await _not_found(send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as e:
+                    log.exception("engine failed to start")
+                    await send({"type": "lifespan.startup.failed", "message": repr(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()  # websocket.connect
+        config = self.config
+        if route_path(scope) not in RESPONSES_PATHS:
+            await deny(scope, send, 404, "not_found", "WebSocket mode is served on /v1/responses.")
+            return
+        if not config.websocket:
+            await deny(scope, send, 426, "websocket_disabled", "WebSocket mode is off: use HTTP.")
+            return
+        key = bearer_key(scope)
+        if config.auth and not key_allowed(key, config.api_keys):
+            message = "Missing API key." if key is None else "Incorrect API key provided."
+            await deny(scope, send, 401, "invalid_api_key", message)
+            return
+        await send({"type": "websocket.accept"})
+        connection = Connection(
+            chat_format=self.engine.chat_format,
+            context_window=self.engine.context_window,
+            model=self.model,
+            cache=ConnectionCache(config.max_cached_bytes, self.budget),
+            limits=self._limits,
+            policy=self._policy,
+            observer=(
+                self._observer
+                if self.ledger is None
+                else self.ledger.observer(key if config.auth else None)
+            ),
+            baseline=self.baseline,
+            principal=key if config.auth else None,
+        )
+        socket = Socket(
+            connection,
+            self.engine.session(),
+            send,
+            high_water=config.send_buffer_bytes,
+            lifetime=config.connection_lifetime,
+        )
+        self.connections += 1
+        if self.ledger is not None:
+            self.ledger.metrics.connections_total.inc()
+            self.ledger.metrics.connections.inc()
+        try:
+            await socket.run(receive)
+        finally:
+            self.connections -= 1
+            if self.ledger is not None:
+                self.ledger.metrics.connections.dec()
+
+
+async def _not_found(send: Send) -> None:
+    body = error_body("not_found", "Not found.", None, 404)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 404, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

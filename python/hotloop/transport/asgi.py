@@ -1,0 +1,11 @@
+"""The ASGI callables' types (the spec's dict messages, typed loosely on purpose:
+the app reads only the keys it needs)."""
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]

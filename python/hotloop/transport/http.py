@@ -1,0 +1,472 @@
+"""The HTTP half of the Responses API, as one raw ASGI callable.
+
+Routes (each also without the `/v1` prefix, and below any mount point):
+
+- `POST /v1/responses`: JSON, or with `"stream": true` SSE frames (`event:` + `data:`)
+  carrying exactly the WebSocket payloads. The turn runs through the same sans-I/O
+  `Connection` as WebSocket mode, with the process-wide cache of the caller's key as
+  its cache, so `previous_response_id` continues warm state without re-rendering; a
+  miss rebuilds the chain from the store first.
+- `GET` / `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`
+- `GET /v1/models`, `GET /v1/models/{id}`, `GET /v1/usage` (the caller's token usage)
+- `GET /health` (503 while draining, so load balancers stop routing here), `GET /metrics`
+
+This module owns HTTP concerns only: routing, bodies and their size limit, Bearer auth,
+query parameters, SSE framing, client disconnects and error envelopes. Protocol
+decisions are the `Connection`'s; bookkeeping after a response is the `Ledger`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+
+from hotloop._core import CoreError, Policy, parse_request
+from hotloop.auth import ApiKeys, AuthError
+from hotloop.engines.base import EngineError
+from hotloop.events import error_body
+from hotloop.ledger import Books, Ledger
+from hotloop.protocol import Connection, ConnectionCache, ConnectionLimits, Finished, Generate
+from hotloop.protocol.errors import ProtocolError
+from hotloop.shutdown import ShuttingDown
+from hotloop.store import StoreError
+from hotloop.transport.asgi import Receive, Scope, Send
+
+log = logging.getLogger("hotloop.http")
+
+Emit = Callable[[bytes], Awaitable[None]]
+
+JSON = b"application/json"
+METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+MAX_PAGE = 100
+
+
+class _ClientGone(Exception):
+    """The client disconnected before the request was read: nobody to answer."""
+
+
+class HttpApi:
+    """Every HTTP route of the server (see the module docstring)."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        model: str,
+        keys: ApiKeys,
+        limits: ConnectionLimits | None = None,
+        policy: Policy | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.model = model
+        self.keys = keys
+        self.limits = limits or ConnectionLimits()
+        self.policy = policy
+        self.created = int(time.time())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._route(scope, receive, send)
+        except _ClientGone:
+            return
+        except ProtocolError as e:
+            await _error(send, e)
+        except AuthError as e:
+            await _error(send, ProtocolError(e.code, e.message, status=401))
+        except ShuttingDown as e:
+            await _error(send, ProtocolError(e.code, e.message, status=e.status))
+        except StoreError as e:
+            await _error(send, ProtocolError(e.code, e.message, status=503))
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method: str = scope["method"]
+        parts = _route_path(scope).strip("/").split("/")
+        if parts[0] == "v1":
+            parts = parts[1:]
+        if parts == ["health"]:
+            _allow(method, "GET")
+            await self._health(send)
+            return
+        if parts == ["metrics"]:
+            _allow(method, "GET")
+            await _reply(send, 200, self.ledger.metrics.render().encode(), METRICS_TYPE)
+            return
+        if not parts or parts[0] not in ("responses", "models", "usage"):
+            raise ProtocolError("not_found", f"No route for {method} {scope['path']}.", status=404)
+        authorization = _header(scope, b"authorization")
+        owner = self.keys.authenticate(authorization)
+        # The protocol layer names callers by key (it hashes them into ids itself).
+        principal = None if owner is None or authorization is None else _bearer(authorization)
+        match parts:
+            case ["responses"]:
+                _allow(method, "POST")
+                await self._create(scope, receive, send, principal)
+            case ["responses", response_id]:
+                _allow(method, "GET", "DELETE")
+                if method == "GET":
+                    await self._retrieve(send, response_id, owner)
+                else:
+                    await self._delete(send, response_id, owner)
+            case ["responses", response_id, "input_items"]:
+                _allow(method, "GET")
+                await self._input_items(scope, send, response_id, owner)
+            case ["models"]:
+                _allow(method, "GET")
+                body = {"object": "list", "data": [self._model_object()]}
+                await _reply(send, 200, orjson.dumps(body))
+            case ["models", name]:
+                _allow(method, "GET")
+                if name != self.model:
+                    raise ProtocolError(
+                        "model_not_found",
+                        f"The model '{name}' does not exist.",
+                        "model",
+                        status=404,
+                    )
+                await _reply(send, 200, orjson.dumps(self._model_object()))
+            case ["usage"]:
+                _allow(method, "GET")
+                totals = self.ledger.usage.of(owner)
+                body = {"object": "usage", "key": owner or "anonymous", **totals.to_json()}
+                await _reply(send, 200, orjson.dumps(body))
+            case _:
+                raise ProtocolError(
+                    "not_found", f"No route for {method} {scope['path']}.", status=404
+                )
+
+    def _model_object(self) -> dict[str, Any]:
+        return {"id": self.model, "object": "model", "created": self.created, "owned_by": "hotloop"}
+
+    async def _health(self, send: Send) -> None:
+        draining = self.ledger.drain.draining
+        body = {"status": "draining" if draining else "ok", "model": self.model}
+        await _reply(send, 503 if draining else 200, orjson.dumps(body))
+
+    # ---------------------------------------------------------------- POST /v1/responses
+
+    async def _create(
+        self, scope: Scope, receive: Receive, send: Send, principal: str | None
+    ) -> None:
+        if self.ledger.drain.draining:
+            # Only a kept-alive connection can still send one: the listener is closed.
+            raise ShuttingDown
+        body = await _read_body(scope, receive, self.limits.max_frame_bytes)
+        start = time.perf_counter_ns()
+        try:
+            request = parse_request(body, self.limits.request)
+        except CoreError as e:
+            raise ProtocolError.from_core(e) from e
+        books = self.ledger.observer(principal, "http")
+        cache = self.ledger.http_cache(books.owner)
+        await self._warm(cache, books, request.previous_response_id)
+        exchange = _Exchange(books, cache)
+        connection = Connection(
+            chat_format=self.ledger.engine.chat_format,
+            context_window=self.ledger.engine.context_window,
+            model=self.model,
+            cache=cache,
+            limits=self.limits,
+            policy=self.policy,
+            observer=exchange,
+            principal=principal,
+        )
+        connection.receive_request(request, len(body), time.perf_counter_ns() - start)
+        actions = connection.actions()
+        refusal = next((a for a in actions if isinstance(a, bytes) and _is_error(a)), None)
+        if refusal is not None:
+            await _reply_refusal(send, refusal)
+            return
+        if request.stream:
+            await self._stream(receive, send, connection, actions)
+        else:
+            await self._run(receive, connection, actions, _discard)
+            await _reply_final(send, exchange.result)
+
+    async def _warm(self, cache: ConnectionCache, books: Books, parent: str | None) -> None:
+        """Make `parent` a cache hit when the store can rebuild it."""
+        if parent is None:
+            return
+        if parent in cache:
+            return
+        checkpoint = await self.ledger.restore(parent, books.owner)
+        if checkpoint is not None:
+            cache.put(parent, checkpoint, None)
+
+    async def _stream(
+        self, receive: Receive, send: Send, connection: Connection, actions: list[Any]
+    ) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+
+        async def emit(frame: bytes) -> None:
+            await send({"type": "http.response.body", "body": sse_frame(frame), "more_body": True})
+
+        await self._run(receive, connection, actions, emit)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _run(
+        self, receive: Receive, connection: Connection, actions: list[Any], emit: Emit
+    ) -> None:
+        """Send the frames so far, then run the engine work; a client that disconnects
+        cancels generation (uvicorn's `send` to a closed connection is silent)."""
+        work = None
+        for action in actions:
+            if isinstance(action, bytes):
+                await emit(action)
+            elif isinstance(action, Generate):
+                work = action
+        if work is None:
+            return
+        generation = asyncio.ensure_future(self._generate(connection, work, emit))
+        watcher = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((generation, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not generation.done():
+                generation.cancel()
+            await asyncio.gather(generation, watcher, return_exceptions=True)
+        if generation.done() and not generation.cancelled():
+            generation.result()
+
+    async def _generate(self, connection: Connection, work: Generate, emit: Emit) -> None:
+        session = self.ledger.engine.session()
+        stream = session.generate(work.prompt, work.sampling)
+        try:
+            async for ids in stream:
+                more = connection.engine_output(work.key, ids)
+                await _emit_frames(connection, emit)
+                if not more:
+                    break
+            connection.engine_done(work.key)
+        except EngineError as e:
+            connection.engine_failed(work.key, e)
+        except Exception as e:
+            # A bug in an engine must still end the response with a terminal event.
+            log.exception("engine failed on an HTTP response")
+            connection.engine_failed(work.key, EngineError("engine_crashed", repr(e)))
+        finally:
+            if isinstance(stream, AsyncGenerator):
+                await stream.aclose()
+            await session.close()
+        await _emit_frames(connection, emit)
+
+    # ---------------------------------------------------------------- stored responses
+
+    async def _retrieve(self, send: Send, response_id: str, owner: str | None) -> None:
+        store = self.ledger.store
+        found = None if store is None else await store.get(response_id, owner)
+        if found is None:
+            raise _not_found(response_id)
+        await _reply(send, 200, found)
+
+    async def _delete(self, send: Send, response_id: str, owner: str | None) -> None:
+        store = self.ledger.store
+        if store is None or not await store.delete(response_id, owner):
+            raise _not_found(response_id)
+        # A deleted response cannot be continued either.
+        self.ledger.http_cache(owner).evict(response_id)
+        body = {"id": response_id, "object": "response", "deleted": True}
+        await _reply(send, 200, orjson.dumps(body))
+
+    async def _input_items(
+        self, scope: Scope, send: Send, response_id: str, owner: str | None
+    ) -> None:
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        order = _query(query, "order") or "desc"
+        if order not in ("asc", "desc"):
+            raise ProtocolError("invalid_value", "order must be 'asc' or 'desc'.", "order")
+        limit_text = _query(query, "limit") or "20"
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+            raise ProtocolError(
+                "invalid_value", f"limit must be an integer from 1 to {MAX_PAGE}.", "limit"
+            )
+        store = self.ledger.store
+        page = (
+            None
+            if store is None
+            else await store.list_input_items(
+                response_id,
+                owner,
+                order="asc" if order == "asc" else "desc",
+                limit=int(limit_text),
+                after=_query(query, "after"),
+            )
+        )
+        if page is None:
+            raise _not_found(response_id)
+        await _reply(send, 200, page.to_json())
+
+
+class _Exchange:
+    """The observer of one HTTP request's `Connection`: keeps the finished response
+    for the reply, drops `store=false` state from the process cache (nothing of such
+    a response outlives its request), and books the response."""
+
+    def __init__(self, books: Books, cache: ConnectionCache) -> None:
+        self._books = books
+        self._cache = cache
+        self.result: Finished | None = None
+
+    def lookup(self, response_id: str) -> None:
+        # `HttpApi._warm` already tried the store before the request started.
+        return None
+
+    def finished(self, response: Finished) -> None:
+        self.result = response
+        if not response.request.store:
+            self._cache.evict(response.response_id)
+        self._books.ledger.record(response, "http")
+
+
+def sse_frame(frame: bytes) -> bytes:
+    """One server event as an SSE frame: `event: <type>`, `data: <payload>`."""
+    return b"event: " + _event_type(frame) + b"\ndata: " + frame + b"\n\n"
+
+
+def _event_type(frame: bytes) -> bytes:
+    # Every event is serialised with "type" first (events.py); fall back to parsing.
+    if frame.startswith(b'{"type":"'):
+        end = frame.find(b'"', 9)
+        if end > 9:
+            return frame[9:end]
+    kind = orjson.loads(frame).get("type", "message")
+    return str(kind).encode()
+
+
+def _is_error(frame: bytes) -> bool:
+    return frame.startswith(b'{"type":"error"')
+
+
+async def _emit_frames(connection: Connection, emit: Emit) -> None:
+    for action in connection.actions():
+        if isinstance(action, bytes):
+            await emit(action)
+
+
+async def _discard(frame: bytes) -> None:
+    return None
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> ProtocolError:
+    return ProtocolError(
+        "request_too_large",
+        f"The request body is {size} bytes; this server accepts at most {limit}.",
+        status=413,
+    )
+
+
+def _not_found(response_id: str) -> ProtocolError:
+    return ProtocolError(
+        "response_not_found", f"No response found with id '{response_id}'.", status=404
+    )
+
+
+def _allow(method: str, *allowed: str) -> None:
+    if method not in allowed:
+        raise ProtocolError(
+            "method_not_allowed",
+            f"{method} is not allowed here; use {' or '.join(allowed)}.",
+            status=405,
+        )
+
+
+def _route_path(scope: Scope) -> str:
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def _bearer(authorization: bytes) -> str:
+    return authorization.strip().partition(b" ")[2].strip().decode("latin-1")
+
+
+def _query(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[0] if values else None
+
+
+async def _reply(send: Send, status: int, body: bytes, content_type: bytes = JSON) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _error(send: Send, error: ProtocolError) -> None:
+    await _reply(
+        send, error.status, error_body(error.code, error.message, error.param, error.status)
+    )
+
+
+async def _reply_refusal(send: Send, frame: bytes) -> None:
+    """A request the protocol refused: the WebSocket envelope becomes status + body."""
+    event = orjson.loads(frame)
+    await _reply(send, event["status"], orjson.dumps({"error": event["error"]}))
+
+
+async def _reply_final(send: Send, finished: Finished | None) -> None:
+    if finished is None:
+        # The engine stopped without a terminal event: only a disconnect does that,
+        # and then nobody is listening.
+        return
+    response = orjson.loads(finished.response_json)
+    if response["status"] == "failed":
+        error = response.get("error") or {}
+        await _error(
+            send,
+            ProtocolError(
+                error.get("code", "server_error"),
+                error.get("message", "The response failed."),
+                status=500,
+            ),
+        )
+        return
+    await _reply(send, 200, finished.response_json)
+
+
+__all__ = ["HttpApi", "sse_frame"]

@@ -1,0 +1,213 @@
+"""One WebSocket connection's I/O: the upgrade (auth, mode off), then three kinds of
+task around one sans-I/O `Connection`: the reader (client frames in), one writer
+(server frames out, in order, through a bounded outbox) and one task per response
+being generated (engine ids in).
+
+It owns only I/O concerns: backpressure (generation pauses while the outbox is above
+its high-water mark, so a slow reader cannot grow server memory without bound), the
+lifetime timer, and cancelling generation when the client disconnects. Every protocol
+decision is the `Connection`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections import deque
+from collections.abc import AsyncGenerator
+
+from hotloop.engines.base import EngineError, EngineSession
+from hotloop.events import error_body
+from hotloop.protocol import Cancel, Close, Connection, Generate
+from hotloop.transport.asgi import Receive, Scope, Send
+
+log = logging.getLogger("hotloop.websocket")
+
+
+def bearer_key(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, key = value.decode("latin-1").partition(" ")
+            return key.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+def key_allowed(key: str | None, keys: tuple[str, ...]) -> bool:
+    # Compare against every key in constant time: timing must not reveal a prefix.
+    if key is None:
+        return False
+    found = False
+    for allowed in keys:
+        found |= hmac.compare_digest(key.encode(), allowed.encode())
+    return found
+
+
+async def deny(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
+    """Refuse the upgrade with an HTTP status and a JSON error body (when the server
+    supports the ASGI denial-response extension; otherwise a plain close, 403)."""
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = error_body(code, message, None, status)
+        headers = [(b"content-type", b"application/json")]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
+
+
+class Socket:
+    """Drives one accepted connection until either side closes it."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        session: EngineSession,
+        send: Send,
+        *,
+        high_water: int,
+        lifetime: float,
+    ) -> None:
+        self.connection = connection
+        self._session = session
+        self._send = send
+        self._high_water = high_water
+        self._lifetime = lifetime
+        self._outbox: deque[bytes | Close] = deque()
+        self._outbox_bytes = 0
+        self._has_output = asyncio.Event()
+        self._has_room = asyncio.Event()
+        self._has_room.set()
+        self.stalls = 0
+        """How often generation paused because the client read too slowly."""
+        self.paused = asyncio.Event()
+        """Set while generation is paused until the client reads (health and tests)."""
+        self._generating: dict[int, asyncio.Task[None]] = {}
+        self._closing = False
+
+    @property
+    def outbox_bytes(self) -> int:
+        """Bytes of frames waiting for the client."""
+        return self._outbox_bytes
+
+    async def run(self, receive: Receive) -> None:
+        loop = asyncio.get_running_loop()
+        writer = asyncio.create_task(self._write())
+        timer = loop.call_later(self._lifetime, self._expire)
+        try:
+            await self._read(receive)
+        finally:
+            timer.cancel()
+            # Also after a lifetime close: the cache must leave the global budget.
+            self.connection.connection_lost()
+            self._dispatch()
+            for task in list(self._generating.values()):
+                task.cancel()
+            writer.cancel()
+            await asyncio.gather(writer, *self._generating.values(), return_exceptions=True)
+            await self._session.close()
+
+    # ---------------------------------------------------------------- reading
+
+    async def _read(self, receive: Receive) -> None:
+        connection = self.connection
+        while True:
+            message = await receive()
+            kind = message["type"]
+            if kind == "websocket.receive":
+                text = message.get("text")
+                if text is not None:
+                    connection.receive_text(text)
+                else:
+                    connection.receive_bytes(message.get("bytes") or b"")
+                self._dispatch()
+                # A client that writes without reading is paused here too.
+                await self._has_room.wait()
+            elif kind == "websocket.disconnect":
+                return
+
+    def _expire(self) -> None:
+        self.connection.lifetime_reached()
+        self._dispatch()
+
+    # ---------------------------------------------------------------- the state machine's actions
+
+    def _dispatch(self) -> None:
+        for action in self.connection.actions():
+            if isinstance(action, bytes):
+                self._outbox.append(action)
+                self._outbox_bytes += len(action)
+            elif isinstance(action, Generate):
+                task = asyncio.create_task(self._generate(action))
+                self._generating[action.key] = task
+            elif isinstance(action, Cancel):
+                stopped = self._generating.pop(action.key, None)
+                if stopped is not None:
+                    stopped.cancel()
+            else:
+                self._outbox.append(action)
+        if self._outbox:
+            self._has_output.set()
+            if self._outbox_bytes > self._high_water and self._has_room.is_set():
+                self._has_room.clear()
+                self.paused.set()
+                self.stalls += 1
+
+    async def _generate(self, work: Generate) -> None:
+        connection = self.connection
+        key = work.key
+        ids_stream = self._session.generate(work.prompt, work.sampling)
+        try:
+            async for ids in ids_stream:
+                more = connection.engine_output(key, ids)
+                self._dispatch()
+                if not more:
+                    break
+                # Backpressure: the engine waits while the client is behind.
+                await self._has_room.wait()
+            connection.engine_done(key)
+        except EngineError as e:
+            connection.engine_failed(key, e)
+        except Exception as e:
+            # A bug in an engine must still end the response with a terminal event.
+            log.exception("engine failed on response %d", key)
+            connection.engine_failed(key, EngineError("engine_crashed", repr(e)))
+        finally:
+            if isinstance(ids_stream, AsyncGenerator):
+                await ids_stream.aclose()
+            self._generating.pop(key, None)
+            self._dispatch()
+
+    # ---------------------------------------------------------------- writing
+
+    async def _write(self) -> None:
+        send = self._send
+        outbox = self._outbox
+        try:
+            while True:
+                await self._has_output.wait()
+                while outbox:
+                    item = outbox.popleft()
+                    if isinstance(item, Close):
+                        await send(
+                            {"type": "websocket.close", "code": item.code, "reason": item.reason}
+                        )
+                        return
+                    self._outbox_bytes -= len(item)
+                    await send({"type": "websocket.send", "text": item.decode()})
+                    # Resume at half the mark, so a reader at the limit does not make
+                    # generation stop and start on every frame.
+                    if self.paused.is_set() and self._outbox_bytes <= self._high_water // 2:
+                        self._resume()
+                self._has_output.clear()
+                if self.paused.is_set():
+                    self._resume()
+        except OSError:
+            # The client is gone (uvicorn's ClientDisconnected); the reader sees the
+            # disconnect and cleans up.
+            self._resume()
+
+    def _resume(self) -> None:
+        self._has_room.set()
+        self.paused.clear()

@@ -1,0 +1,53 @@
+//! Request parsing and delta validation, on the raw bytes of a frame.
+//!
+//! A client frame goes in once ([`parse_event`], or [`parse_request`] for an HTTP body)
+//! and comes out as a [`ClientEvent`]; a `response.create` becomes a [`CreateRequest`]
+//! holding the parsed [`Item`](crate::item::Item)s, the [`Prefix`](crate::item::Prefix)
+//! (instructions, function tools, reasoning effort), the sampling settings and the JSON
+//! the server echoes. Schema problems do not fail the parse: they are kept in
+//! `CreateRequest::error` so the server can still answer on the request's lane.
+//!
+//! What depends on the conversation chain is checked by the conversation with the types
+//! here, over the new items only: [`OpenCalls`] (every `function_call_output` answers an
+//! open call), [`check_context_budget`] and the content [`Policy`].
+//!
+//! This module owns no state of a connection or a conversation and renders nothing.
+
+mod calls;
+mod event;
+mod field;
+mod input;
+mod path;
+mod policy;
+mod request;
+mod schema;
+mod shape;
+mod tools;
+
+pub use calls::{check_context_budget, OpenCalls};
+pub use event::{parse_event, AppendEvent, ClientEvent};
+pub use input::{Input, TextSource};
+pub use policy::Policy;
+pub use request::{parse_request, CreateRequest};
+pub use tools::{SkippedTool, ToolChoice, Tools};
+
+/// Per-request bounds checked while parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Items in `input`.
+    pub max_items: usize,
+    /// Bytes of any one text (a message, a part, a tool output, instructions).
+    pub max_text_bytes: usize,
+    /// Entries in `tools`.
+    pub max_tools: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_items: 10_000,
+            max_text_bytes: 10 * 1024 * 1024,
+            max_tools: 512,
+        }
+    }
+}

@@ -1,0 +1,78 @@
+"""The peer renders whole conversations with the reference libraries, offline."""
+
+import hashlib
+
+import orjson
+import pytest
+from hotloop.bench.peer import O200K_SHA256, Peer, PeerError, vocab_dir
+from hotloop.bench.rollout import Rollout, build_rollout
+
+
+@pytest.fixture(scope="module")
+def rollout() -> Rollout:
+    return build_rollout(1, tool_calls=6)
+
+
+def test_vocabulary_is_openais_file_byte_for_byte() -> None:
+    data = (vocab_dir() / "o200k_base.tiktoken").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == O200K_SHA256
+
+
+def _chain(peer: Peer, rollout: Rollout, steps: int) -> list[int]:
+    """Render turn by turn through previous_response_id; return the last prompt."""
+    previous = None
+    ids: list[int] = []
+    for index in range(steps + 1):
+        new = [rollout.history_items(0)[0]] if index == 0 else [rollout.tool_result(index - 1)]
+        response_id = f"resp_{index}"
+        ids = peer.render(
+            response_id, previous, orjson.dumps(new).decode(), rollout.instructions, rollout.tools
+        )
+        if index < steps:
+            peer.commit(response_id, orjson.dumps({"output": rollout.step_items(index)}))
+        previous = response_id
+    return ids
+
+
+@pytest.mark.parametrize("flavour", ["harmony", "template"])
+def test_chained_turn_renders_the_same_as_full_history(flavour: str, rollout: Rollout) -> None:
+    chained = _chain(Peer(flavour), rollout, 4)
+    full = Peer(flavour).render(
+        "resp_full",
+        None,
+        orjson.dumps(rollout.history_items(4)).decode(),
+        rollout.instructions,
+        rollout.tools,
+    )
+    assert chained == full
+    assert len(full) > 1000
+
+
+def test_harmony_prompt_ends_with_the_assistant_header(rollout: Rollout) -> None:
+    import tiktoken
+
+    ids = _chain(Peer("harmony"), rollout, 2)
+    # o200k_harmony's specials: <|start|> 200006, "assistant" follows it.
+    assert ids[-2] == 200006
+    text = tiktoken.get_encoding("o200k_base").decode([i for i in ids if i < 199998])
+    assert rollout.steps[1].output[:200] in text
+    assert "functions.exec_command" in text
+
+
+def test_template_prompt_holds_tool_output_verbatim(rollout: Rollout) -> None:
+    import tiktoken
+
+    ids = _chain(Peer("template"), rollout, 3)
+    text = tiktoken.get_encoding("o200k_base").decode(ids)
+    assert text.endswith("<|im_start|>assistant\n")
+    assert rollout.steps[2].output in text
+
+
+def test_unknown_previous_response_is_an_error(rollout: Rollout) -> None:
+    with pytest.raises(PeerError, match="resp_missing"):
+        Peer("template").render("resp_1", "resp_missing", "[]", None, [])
+
+
+def test_unknown_flavour_is_an_error() -> None:
+    with pytest.raises(PeerError, match="unknown baseline"):
+        Peer("vllm")

@@ -1,0 +1,71 @@
+"""The arithmetic behind the README's figures: the ideal, percentiles, the 50 ms crossing."""
+
+import pytest
+from hotloop.bench.agent import AgentRun, TurnRecord
+from hotloop.bench.load import LoadPoint, crossing
+from hotloop.bench.report import SimParameters, ideal_time, new_tokens, percentile, summarise
+
+
+def _turn(index: int, input_tokens: int, output_tokens: int, ttft: float = 0.03) -> TurnRecord:
+    return TurnRecord(
+        index=index,
+        ttft=ttft,
+        latency=0.1,
+        server_cpu_ns=1_000_000,
+        input_tokens=input_tokens,
+        cached_tokens=0,
+        output_tokens=output_tokens,
+        request_bytes=100,
+        events=10,
+        replayed=True,
+    )
+
+
+def test_new_tokens_are_what_extends_the_previous_prompt_and_output() -> None:
+    turns = [_turn(0, 1000, 50), _turn(1, 1550, 40), _turn(2, 1590, 10)]
+    assert new_tokens(turns) == [1000, 500, 0]
+
+
+def test_ideal_is_inference_plus_tool_time() -> None:
+    sim = SimParameters(tokens_per_second=100.0, ttft=0.02, prefill_tokens_per_second=10_000.0)
+    turns = [_turn(0, 1000, 51), _turn(1, 2051, 11)]
+    run = AgentRun("websocket", turns, wall=2.0, tool_time=0.5, client_cpu_ns=0, server_cpu_ns=0)
+    # turn 0: 0.02 + 1000/10000 + 50/100; turn 1: 0.02 + 1000/10000 + 10/100; one tool run.
+    assert ideal_time(run, sim) == pytest.approx(0.62 + 0.22 + 0.5)
+    summary = summarise(run, sim)
+    assert summary["ratio_to_ideal"] == pytest.approx(2.0 / 1.34)
+    assert summary["server_cpu_per_turn_ms_median"] == pytest.approx(1.0)
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values[:50], 99) == 50.0
+    assert percentile([], 99) == 0.0
+
+
+def _point(agents: int, p99: float) -> LoadPoint:
+    return LoadPoint(
+        agents=agents,
+        workers=1,
+        window_s=10.0,
+        turns=100,
+        turns_per_s=10.0,
+        tokens_per_s=1000.0,
+        ttft_p50_ms=p99 / 2,
+        ttft_p99_ms=p99,
+        server_cpu_cores=0.5,
+        client_cpu_cores=0.5,
+        rss_idle_mb=100.0,
+        rss_loaded_mb=200.0,
+        rss_per_connection_kb=100.0,
+        errors=0,
+    )
+
+
+def test_crossing_interpolates_between_loads() -> None:
+    points = [_point(100, 90.0), _point(10, 20.0), _point(50, 40.0)]
+    assert crossing(points) == pytest.approx(50 + 0.2 * 50)
+    assert crossing([_point(10, 60.0)]) == 10.0
+    assert crossing([_point(10, 20.0)]) is None

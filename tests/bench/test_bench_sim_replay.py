@@ -1,0 +1,71 @@
+"""The sim engine replays a recorded rollout call for call, over WebSocket-style sessions
+(one per connection) and HTTP-style ones (one per request), and charges only new tokens."""
+
+import json
+from pathlib import Path
+
+import orjson
+from hotloop._core import ChatFormat, Conversation, parse_request
+from hotloop.bench.rollout import Rollout, build_rollout
+from hotloop.engines.base import Sampling
+from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
+
+FORMAT = ChatFormat.harmony()
+SAMPLING = Sampling(max_output_tokens=100_000)
+
+
+def _engine(rollout: Rollout, tmp_path: Path) -> SimEngine:
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps(rollout.sim_script()))
+    speed = SimSpeed(tokens_per_second=1e6, ttft=0.0, prefill_tokens_per_second=1e9)
+    return SimEngine(FORMAT, speed=speed, script=SimScript.load(str(path)))
+
+
+async def _replay(sim: SimEngine, rollout: Rollout, per_request: bool) -> list[int]:
+    """Drive a conversation through the engine; returns each turn's uncached tokens."""
+    conversation = Conversation(FORMAT, context_window=1 << 21)
+    prefix = {"instructions": rollout.instructions, "tools": rollout.tools}
+    conversation.extend(parse_request(orjson.dumps({"input": rollout.task, **prefix})))
+    session = sim.session()
+    uncached = []
+    for index in range(len(rollout.steps) + 1):
+        if per_request:
+            session = sim.session()
+        prompt = conversation.prompt()
+        ids, new = session.choose(prompt)
+        uncached.append(new)
+        parser = conversation.parser()
+        parser.feed(ids)
+        _, outcome, _ = parser.finish()
+        assert outcome == "stopped"
+        conversation.commit_output(parser)
+        assert ids == sim.turns[index][0]
+        if index < len(rollout.steps):
+            (call_id,) = conversation.open_call_ids
+            answer = [rollout.tool_result(index, call_id=call_id)]
+            conversation.extend(parse_request(orjson.dumps({"input": answer, **prefix})))
+    return uncached
+
+
+async def test_replays_every_turn_over_one_session(tmp_path: Path) -> None:
+    rollout = build_rollout(4, tool_calls=6)
+    uncached = await _replay(_engine(rollout, tmp_path), rollout, per_request=False)
+    # After the first turn only the tool output and headers are new to the engine.
+    outputs = [len(s.output) for s in rollout.steps]
+    assert all(new < size for new, size in zip(uncached[1:], outputs, strict=True))
+
+
+async def test_replays_every_turn_with_a_session_per_request(tmp_path: Path) -> None:
+    rollout = build_rollout(4, tool_calls=6)
+    sim = _engine(rollout, tmp_path)
+    per_session = await _replay(sim, rollout, per_request=False)
+    per_request = await _replay(_engine(rollout, tmp_path), rollout, per_request=True)
+    # The engine-wide recent sequences give a fresh session the same cache hits.
+    assert per_request == per_session
+
+
+def test_answer_is_the_last_turn(tmp_path: Path) -> None:
+    rollout = build_rollout(4, tool_calls=5)
+    sim = _engine(rollout, tmp_path)
+    assert sim.turns[-1][0] == FORMAT.completion_tokens(text=rollout.answer)
+    assert len(sim.turns) == len(rollout.steps) + 1

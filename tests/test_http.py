@@ -1,0 +1,349 @@
+"""The HTTP half, spoken by the real openai SDK against a real server (uvicorn, sim
+engine, SQLite store): create (JSON and SSE), retrieve, delete, input items, models,
+usage, health and metrics; warm continuations through the process cache, rebuilds
+from the store after a restart, owner isolation, and every error envelope. Payloads
+are validated strictly with the SDK's pydantic models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop.engines.sim import SimScript
+from hotloop.transport import App
+from openai import OpenAI
+from openai.types import Model
+from openai.types.responses import Response, ResponseItemList
+from sdk_events import validate
+from servers import serving, sim_engine
+
+KEY = "sk-http"
+OTHER_KEY = "sk-other"
+TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "exec_command",
+        "description": "Run a shell command.",
+        "parameters": {
+            "type": "object",
+            "properties": {"cmd": {"type": "string"}},
+            "required": ["cmd"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    }
+]
+
+
+def hotloop_app(data_dir: Path, script: SimScript | None = None, **config: Any) -> App:
+    settings = ServerConfig(
+        engine="sim", api_keys=(KEY, OTHER_KEY), data_dir=str(data_dir), **config
+    )
+    return build_app(sim_engine(script), settings)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("store")
+
+
+@pytest.fixture(scope="module")
+def url(data_dir: Path) -> Iterator[str]:
+    with serving(hotloop_app(data_dir)) as base:
+        yield base
+
+
+@pytest.fixture
+def client(url: str) -> OpenAI:
+    return OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+
+
+def strict_response(raw: bytes) -> Response:
+    return Response.model_validate_json(raw, strict=True)
+
+
+def create_raw(client: OpenAI, **body: Any) -> Response:
+    """`client.responses.create`, validating the raw body strictly first."""
+    raw = client.responses.with_raw_response.create(model="sim", **body)
+    strict_response(raw.http_response.content)
+    return raw.parse()
+
+
+def sse_events(url: str, body: dict[str, Any], key: str = KEY) -> list[dict[str, Any]]:
+    """POST with `stream: true`; every frame checked: `event:` names the payload's type
+    and the payload validates as the SDK's server event."""
+    events: list[dict[str, Any]] = []
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.stream(
+        "POST", url + "/v1/responses", json={**body, "stream": True}, headers=headers
+    ) as reply:
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        for block in reply.read().decode().split("\n\n"):
+            if not block:
+                continue
+            name, data = block.split("\n")
+            assert name.startswith("event: ") and data.startswith("data: ")
+            event = validate(data[len("data: ") :])
+            assert event["type"] == name[len("event: ") :]
+            events.append(event)
+    return events
+
+
+def test_create_returns_a_strict_response(client: OpenAI) -> None:
+    response = create_raw(client, input="hello")
+    assert response.status == "completed"
+    assert response.output_text == "Done."
+    assert response.id.startswith("resp_")
+    assert response.usage is not None
+    assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
+    assert response.store is True
+
+
+def test_sse_frames_are_the_websocket_payloads(url: str) -> None:
+    events = sse_events(url, {"model": "sim", "input": "hello"})
+    kinds = [e["type"] for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert "response.output_text.delta" in kinds
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert all("stream_id" not in e for e in events)
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == "Done."
+
+
+def test_sdk_streaming(client: OpenAI) -> None:
+    with client.responses.create(model="sim", input="hello", stream=True) as stream:
+        events = list(stream)
+    assert events[0].type == "response.created"
+    final = events[-1]
+    assert final.type == "response.completed"
+    assert final.response.output_text == "Done."
+
+
+def test_retrieve_input_items_and_delete(client: OpenAI) -> None:
+    items: list[Any] = [
+        {"role": "developer", "content": "Be terse."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "one"}]},
+        {"role": "user", "content": "two"},
+    ]
+    created = create_raw(client, input=items)
+    raw = client.responses.with_raw_response.retrieve(created.id)
+    assert strict_response(raw.http_response.content) == created
+
+    raw_items = client.responses.input_items.with_raw_response.list(created.id, order="asc")
+    listed = ResponseItemList.model_validate_json(raw_items.http_response.content, strict=True)
+    assert [item.type for item in listed.data] == ["message"] * 3
+    texts = [item.content[0].text for item in listed.data]  # type: ignore[union-attr]
+    assert texts == ["Be terse.", "one", "two"]
+    # Auto-pagination walks the `after` cursor one item at a time, newest first.
+    walked = [item.id for item in client.responses.input_items.list(created.id, limit=1)]
+    assert walked == [item.id for item in reversed(listed.data)]
+
+    client.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(created.id)
+
+
+def test_previous_response_id_continues_warm_state(client: OpenAI, url: str) -> None:
+    first = create_raw(client, input="hello", instructions="Be terse.")
+    second = create_raw(
+        client, input="and again", previous_response_id=first.id, instructions="Be terse."
+    )
+    assert second.previous_response_id == first.id
+    assert second.usage is not None and first.usage is not None
+    # Only the new item was rendered: the whole first turn came from the cache.
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    metrics = httpx.get(url + "/metrics").text
+    assert "hotloop_cache_hits_total 0" not in metrics
+
+
+def test_store_false_leaves_nothing_behind(client: OpenAI) -> None:
+    response = create_raw(client, input="secret", store=False)
+    assert response.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="sim", input="more", previous_response_id=response.id)
+    assert refused.value.code == "previous_response_not_found"
+    assert refused.value.param == "previous_response_id"
+
+
+def test_another_key_sees_nothing(client: OpenAI, url: str) -> None:
+    mine = create_raw(client, input="mine")
+    other = OpenAI(base_url=url + "/v1", api_key=OTHER_KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.delete(mine.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        other.responses.create(model="sim", input="steal", previous_response_id=mine.id)
+    assert refused.value.code == "previous_response_not_found"
+    assert client.responses.retrieve(mine.id).id == mine.id
+
+
+def test_a_restarted_server_continues_from_the_store(tmp_path: Path) -> None:
+    with serving(hotloop_app(tmp_path)) as base:
+        client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+        first = create_raw(client, input="remember this", instructions="Be terse.")
+        second = create_raw(client, input="and this", previous_response_id=first.id)
+    with serving(hotloop_app(tmp_path)) as base:
+        client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+        assert client.responses.retrieve(second.id) == second
+        third = create_raw(client, input="what now", previous_response_id=second.id)
+        assert third.status == "completed"
+        assert third.previous_response_id == second.id
+        assert third.usage is not None and second.usage is not None
+        # The rebuilt chain is served from the cache like a warm one.
+        assert third.usage.input_tokens > second.usage.input_tokens
+        assert third.usage.input_tokens_details.cached_tokens > 0
+        metrics = httpx.get(base + "/metrics").text
+        assert "hotloop_store_rebuilds_total 1" in metrics
+
+
+def test_tool_loop_over_http(tmp_path: Path) -> None:
+    script = SimScript(text="All done.", tool="exec_command", tool_calls=2, tool_arguments="{}")
+    with serving(hotloop_app(tmp_path, script)) as base:
+        client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+        response = create_raw(client, input="list files", tools=TOOLS)
+        calls = 0
+        while True:
+            fc = [item for item in response.output if item.type == "function_call"]
+            if not fc:
+                break
+            calls += 1
+            output = [{"type": "function_call_output", "call_id": fc[0].call_id, "output": "ok"}]
+            response = create_raw(
+                client, input=output, tools=TOOLS, previous_response_id=response.id
+            )
+        assert calls == 2
+        assert response.output_text == "All done."
+
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(
+                model="sim",
+                tools=TOOLS,
+                previous_response_id=response.id,
+                input=[{"type": "function_call_output", "call_id": "call_nope", "output": "x"}],
+            )
+        assert refused.value.param is not None and refused.value.param.startswith("input")
+
+
+def test_models_usage_health(client: OpenAI, url: str) -> None:
+    raw = client.models.with_raw_response.list()
+    listed = orjson.loads(raw.http_response.content)
+    assert [Model.model_validate(m, strict=True).id for m in listed["data"]] == ["sim"]
+    assert client.models.retrieve("sim").id == "sim"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-nothing")
+
+    create_raw(client, input="count me")
+    headers = {"authorization": f"Bearer {KEY}"}
+    usage = httpx.get(url + "/v1/usage", headers=headers).json()
+    assert usage["key"].startswith("key_") and KEY not in usage["key"]
+    assert usage["responses"] >= 1 and usage["output_tokens"] > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    metrics = httpx.get(url + "/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert f'hotloop_usage_tokens_total{{key="{usage["key"]}",kind="output"}}' in metrics.text
+    assert 'hotloop_turns_total{transport="http",outcome="completed"}' in metrics.text
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+
+
+def error_of(reply: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert reply.status_code == status, reply.text
+    body = reply.json()
+    assert set(body) == {"error"}
+    error: dict[str, Any] = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code and error["message"]
+    return error
+
+
+def test_bad_requests_get_clear_errors(url: str) -> None:
+    auth = {"authorization": f"Bearer {KEY}"}
+    post = url + "/v1/responses"
+    error = error_of(
+        httpx.post(post, content=b'{"model": "sim", "input": ', headers=auth), 400, "invalid_json"
+    )
+    assert error["type"] == "invalid_request_error"
+    error_of(
+        httpx.post(post, json={"model": "sim", "input": "x", "background": True}, headers=auth),
+        400,
+        "invalid_value",
+    )
+    error = error_of(
+        httpx.post(
+            post,
+            json={"model": "sim", "input": "x", "previous_response_id": "resp_unknown"},
+            headers=auth,
+        ),
+        400,
+        "previous_response_not_found",
+    )
+    assert error["param"] == "previous_response_id" and "resp_unknown" in error["message"]
+    error_of(httpx.get(url + "/v1/responses/resp_unknown", headers=auth), 404, "response_not_found")
+    error_of(
+        httpx.get(url + "/v1/responses/resp_x/input_items?limit=0", headers=auth),
+        400,
+        "invalid_value",
+    )
+    error_of(
+        httpx.get(url + "/v1/responses/resp_x/input_items?order=up", headers=auth),
+        400,
+        "invalid_value",
+    )
+    error_of(httpx.put(post, headers=auth), 405, "method_not_allowed")
+    error_of(httpx.get(url + "/v1/nothing", headers=auth), 404, "not_found")
+
+
+def test_auth_failures(url: str) -> None:
+    post = url + "/v1/responses"
+    body = {"model": "sim", "input": "x"}
+    for headers, code in (
+        ({}, "missing_api_key"),
+        ({"authorization": "Bearer sk-wrong"}, "invalid_api_key"),
+        ({"authorization": "Basic sk-http"}, "invalid_api_key"),
+    ):
+        reply = httpx.post(post, json=body, headers=headers)
+        error = error_of(reply, 401, code)
+        assert error["type"] == "authentication_error"
+        assert reply.headers["www-authenticate"] == "Bearer"
+    with pytest.raises(openai.AuthenticationError):
+        OpenAI(base_url=url + "/v1", api_key="sk-wrong", max_retries=0).models.list()
+    # Health and metrics stay open for probes and scrapers.
+    assert httpx.get(url + "/health").status_code == 200
+    assert httpx.get(url + "/metrics").status_code == 200
+
+
+def test_oversize_body(tmp_path: Path) -> None:
+    with serving(hotloop_app(tmp_path, max_frame_bytes=1024)) as base:
+        reply = httpx.post(
+            base + "/v1/responses",
+            json={"model": "sim", "input": "x" * 4096},
+            headers={"authorization": f"Bearer {KEY}"},
+        )
+        error_of(reply, 413, "request_too_large")

@@ -1,0 +1,94 @@
+"""Metrics and usage through their public API: counters, the histogram's cumulative
+buckets, labels, per-key usage, and a Prometheus text exposition a parser accepts."""
+
+from __future__ import annotations
+
+import re
+
+from hotloop.metrics import Metrics
+from hotloop.usage import ANONYMOUS, Usage
+
+# One sample line of the text format: name{labels} value
+SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_]+="[^"]*",?)*\})? -?[0-9.e+-]+$')
+
+
+def samples(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert line.startswith(("# HELP ", "# TYPE ")), line
+            continue
+        assert SAMPLE.match(line), line
+        name, value = line.rsplit(" ", 1)
+        out[name] = float(value)
+    return out
+
+
+def test_exposition_is_well_formed_and_counts() -> None:
+    usage = Usage()
+    metrics = Metrics(usage)
+    metrics.connections.inc()
+    metrics.connections_total.inc()
+    metrics.turns.labels("http", "completed").inc()
+    metrics.turns.labels("http", "completed").inc()
+    metrics.turns.labels("websocket", "failed").inc()
+    metrics.store_rebuilds.inc()
+    metrics.record_prompt(prompt_tokens=1000, cached_tokens=900)
+    metrics.turn_overhead.labels("http").observe(0.00025)
+    metrics.turn_overhead.labels("http").observe(0.003)
+    metrics.store_pending = lambda: 4
+    metrics.cache_counts = lambda: (5, 2, 3)
+    usage.record("key_abc", input_tokens=10, cached_tokens=4, output_tokens=5)
+
+    text = metrics.render()
+    assert text.endswith("\n")
+    got = samples(text)
+    assert got["hotloop_connections"] == 1
+    assert got['hotloop_turns_total{transport="http",outcome="completed"}'] == 2
+    assert got['hotloop_turns_total{transport="websocket",outcome="failed"}'] == 1
+    assert got["hotloop_cache_hits_total"] == 5
+    assert got["hotloop_cache_misses_total"] == 2
+    assert got["hotloop_store_rebuilds_total"] == 1
+    assert got['hotloop_prompt_tokens_total{source="cache"}'] == 900
+    assert got['hotloop_prompt_tokens_total{source="rendered"}'] == 100
+    assert got["hotloop_store_pending"] == 4
+    assert got["hotloop_cache_evictions_total"] == 3
+    assert got['hotloop_usage_tokens_total{key="key_abc",kind="cached"}'] == 4
+
+    # Buckets are cumulative and end at +Inf = count.
+    assert got['hotloop_turn_overhead_seconds_bucket{transport="http",le="0.0002"}'] == 0
+    assert got['hotloop_turn_overhead_seconds_bucket{transport="http",le="0.0003"}'] == 1
+    assert got['hotloop_turn_overhead_seconds_bucket{transport="http",le="0.005"}'] == 2
+    assert got['hotloop_turn_overhead_seconds_bucket{transport="http",le="+Inf"}'] == 2
+    assert got['hotloop_turn_overhead_seconds_count{transport="http"}'] == 2
+
+
+def test_every_family_has_one_help_and_type() -> None:
+    text = Metrics(Usage()).render()
+    names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert len(names) == len(set(names))
+    assert len([line for line in text.splitlines() if line.startswith("# HELP")]) == len(names)
+
+
+def test_label_values_are_escaped() -> None:
+    usage = Usage()
+    usage.record('we"ird\\key', input_tokens=1, cached_tokens=0, output_tokens=1)
+    line = next(line for line in Metrics(usage).render().splitlines() if 'kind="input"' in line)
+    assert line == 'hotloop_usage_tokens_total{key="we\\"ird\\\\key",kind="input"} 1'
+
+
+def test_usage_totals_per_key() -> None:
+    usage = Usage()
+    usage.record("key_a", input_tokens=100, cached_tokens=80, output_tokens=7)
+    usage.record("key_a", input_tokens=50, cached_tokens=50, output_tokens=3)
+    usage.record(None, input_tokens=1, cached_tokens=0, output_tokens=1)
+    assert usage.of("key_a").to_json() == {
+        "responses": 2,
+        "input_tokens": 150,
+        "cached_tokens": 130,
+        "output_tokens": 10,
+        "total_tokens": 160,
+    }
+    assert usage.of(None).responses == 1
+    assert set(usage.keys()) == {"key_a", ANONYMOUS}
+    assert usage.of("key_unused").responses == 0

@@ -1,0 +1,56 @@
+"""The drain in isolation: in-flight accounting through the drained engine, refusal
+once draining, the deadline; and API keys."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hotloop.auth import ApiKeys, AuthError, key_id
+from hotloop.shutdown import Drain, ShuttingDown
+
+
+async def test_wait_returns_when_the_last_response_finishes() -> None:
+    drain = Drain()
+    drain.admit()
+    drain.admit()
+    waiter = asyncio.create_task(drain.wait(deadline=3600))
+    await asyncio.sleep(0)
+    assert drain.draining and not waiter.done()
+    with pytest.raises(ShuttingDown):
+        drain.admit()
+    drain.release()
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    drain.release()
+    assert await waiter
+    assert drain.in_flight == 0
+
+
+async def test_wait_gives_up_at_the_deadline() -> None:
+    drain = Drain()
+    drain.admit()
+    assert not await drain.wait(deadline=0)
+
+
+async def test_idle_drain_is_immediate() -> None:
+    assert await Drain().wait(deadline=0)
+
+
+def test_api_keys() -> None:
+    keys = ApiKeys(["sk-one", "sk-two"])
+    assert keys.enabled
+    assert keys.authenticate(b"Bearer sk-two") == key_id("sk-two")
+    assert keys.authenticate(b"bearer  sk-one ") == key_id("sk-one")
+    for header, code in (
+        (None, "missing_api_key"),
+        (b"", "missing_api_key"),
+        (b"sk-one", "invalid_api_key"),
+        (b"Basic sk-one", "invalid_api_key"),
+        (b"Bearer sk-three", "invalid_api_key"),
+    ):
+        with pytest.raises(AuthError) as refused:
+            keys.authenticate(header)
+        assert refused.value.code == code
+    assert ApiKeys().authenticate(None) is None
+    assert key_id("sk-one").startswith("key_") and "sk-one" not in key_id("sk-one")

@@ -1,0 +1,198 @@
+"""SIGTERM on the real server (`hotloop serve`, a subprocess) while responses stream over
+HTTP and WebSocket: the in-flight responses finish, the process exits cleanly, and after
+a restart on the same data directory every acknowledged stored response is readable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from websockets.sync.client import connect
+
+KEY = "sk-drain"
+AUTH = {"authorization": f"Bearer {KEY}"}
+# Slow enough that a response is still streaming when the signal arrives.
+LONG_TEXT = " ".join(f"word{i}" for i in range(150))
+READY = "Application startup complete"
+HANG_GUARD = 120.0  # seconds; only bounds a broken run, never part of what is checked
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Served:
+    """A `hotloop serve` process whose log is drained by a thread (a full pipe would
+    block the server); `ready` is set once uvicorn reports startup complete."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log: list[str] = []
+        self.ready = threading.Event()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hotloop.cli",
+                "serve",
+                "--engine=sim",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(data_dir),
+                "--api-keys",
+                KEY,
+                "--sim-text",
+                LONG_TEXT,
+                "--sim-tokens-per-second",
+                "150",
+                "--sim-ttft",
+                "0",
+                "--log-level",
+                "info",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line)
+            if READY in line:
+                self.ready.set()
+        self.ready.set()  # exited: let the waiter see it
+
+    def wait_ready(self) -> None:
+        assert self.ready.wait(HANG_GUARD)
+        assert self.process.poll() is None, "".join(self.log)
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(HANG_GUARD)
+        self._reader.join(HANG_GUARD)
+        return code
+
+
+@contextmanager
+def served(data_dir: Path) -> Iterator[Served]:
+    server = Served(data_dir)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+
+
+class HttpStream(threading.Thread):
+    """One streaming POST; `started` is set at `response.created`."""
+
+    def __init__(self, url: str, n: int) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.body = {"model": "sim", "input": f"stream {n}", "stream": True}
+        self.started = threading.Event()
+        self.terminal: dict[str, Any] | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.stream(
+                "POST", self.url + "/v1/responses", json=self.body, headers=AUTH, timeout=None
+            ) as reply:
+                for line in reply.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    event = orjson.loads(line[len("data: ") :])
+                    if event["type"] == "response.created":
+                        self.started.set()
+                    if event["type"] in ("response.completed", "response.failed", "error"):
+                        self.terminal = event
+        finally:
+            self.started.set()
+
+
+class SocketStream(threading.Thread):
+    """One WebSocket response.create; `started` is set at `response.created`."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url.replace("http://", "ws://") + "/v1/responses"
+        self.started = threading.Event()
+        self.terminal: dict[str, Any] | None = None
+
+    def run(self) -> None:
+        try:
+            with connect(self.url, additional_headers=AUTH) as ws:
+                ws.send(
+                    orjson.dumps(
+                        {"type": "response.create", "model": "sim", "input": "ws"}
+                    ).decode()
+                )
+                while self.terminal is None:
+                    event = orjson.loads(ws.recv(HANG_GUARD))
+                    if event["type"] == "response.created":
+                        self.started.set()
+                    if event["type"] in ("response.completed", "response.failed", "error"):
+                        self.terminal = event
+        finally:
+            self.started.set()
+
+
+def test_sigterm_finishes_in_flight_responses_and_loses_nothing(tmp_path: Path) -> None:
+    acknowledged: dict[str, dict[str, Any]] = {}
+    with served(tmp_path) as server:
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=HANG_GUARD) as http:
+            for n in range(5):
+                reply = http.post("/v1/responses", json={"model": "sim", "input": f"quick {n}"})
+                assert reply.status_code == 200
+                acknowledged[reply.json()["id"]] = reply.json()
+            forgotten = http.post(
+                "/v1/responses", json={"model": "sim", "input": "zdr", "store": False}
+            ).json()["id"]
+
+        in_flight: list[HttpStream | SocketStream] = [HttpStream(server.url, n) for n in range(3)]
+        in_flight.append(SocketStream(server.url))
+        for stream in in_flight:
+            stream.start()
+        for stream in in_flight:
+            assert stream.started.wait(HANG_GUARD)
+            assert stream.terminal is None, "the response finished before the signal"
+
+        assert server.stop() == 0, "".join(server.log)
+        for stream in in_flight:
+            stream.join(HANG_GUARD)
+            assert stream.terminal is not None
+            assert stream.terminal["type"] == "response.completed", stream.terminal
+            response = stream.terminal["response"]
+            assert response["output"][0]["content"][0]["text"] == LONG_TEXT
+            acknowledged[response["id"]] = response
+
+    with (
+        served(tmp_path) as server,
+        httpx.Client(base_url=server.url, headers=AUTH, timeout=HANG_GUARD) as http,
+    ):
+        for response_id, response in acknowledged.items():
+            stored = http.get(f"/v1/responses/{response_id}")
+            assert stored.status_code == 200, response_id
+            assert stored.json() == response
+        assert http.get(f"/v1/responses/{forgotten}").status_code == 404

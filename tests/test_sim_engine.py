@@ -1,0 +1,130 @@
+"""The simulated engine: deterministic script through the real chat format and output
+parser, its per-session prefix-cache model, and its pacing (checked by content and by
+the model's own arithmetic, never by wall time)."""
+
+from __future__ import annotations
+
+import orjson
+from hotloop._core import ChatFormat, Conversation, parse_request
+from hotloop.config import ServerConfig
+from hotloop.engines.base import Sampling
+from hotloop.engines.sim import (
+    SimEngine,
+    SimScript,
+    SimSpeed,
+    count_occurrences,
+    from_config,
+)
+
+FORMAT = ChatFormat.harmony()
+SCRIPT = SimScript(
+    text="Finished.", tool="exec_command", tool_calls=2, tool_arguments='{"cmd":"ls"}'
+)
+SAMPLING = Sampling(max_output_tokens=10_000)
+
+
+def engine(script: SimScript = SCRIPT) -> SimEngine:
+    speed = SimSpeed(tokens_per_second=1e6, ttft=0.0, prefill_tokens_per_second=1e9)
+    return SimEngine(FORMAT, speed=speed, script=script)
+
+
+def request(body: str) -> Conversation:
+    conversation = Conversation(FORMAT, context_window=1 << 20)
+    conversation.extend(parse_request(body))
+    return conversation
+
+
+def test_count_occurrences_is_token_aligned() -> None:
+    assert count_occurrences([1, 2, 3, 1, 2, 3, 1, 2], [1, 2, 3]) == 2
+    assert count_occurrences([1, 2], [1, 2, 3]) == 0
+    # 256 encodes as bytes 00 01 00 00: a byte-level match that is not token-aligned.
+    assert count_occurrences([256, 1], [1 << 16]) == 0
+    assert count_occurrences([5], []) == 0
+
+
+async def test_script_calls_then_answers_through_the_real_parser() -> None:
+    sim = engine()
+    session = sim.session()
+    conversation = request('{"model":"sim","input":"go"}')
+    outputs = []
+    for _ in range(3):
+        parser = conversation.parser()
+        ids: list[int] = []
+        async for batch in session.generate(conversation.prompt(), SAMPLING):
+            ids.extend(batch)
+            parser.feed(batch)
+        _, outcome, _ = parser.finish()
+        assert outcome == "stopped" and parser.stopped
+        conversation.commit_output(parser)
+        outputs.append(ids)
+        calls = conversation.open_call_ids
+        if calls:
+            output = {"type": "function_call_output", "call_id": calls[0], "output": "x"}
+            conversation.extend(parse_request(orjson.dumps({"input": [output]})))
+    assert outputs == [sim.call_ids, sim.call_ids, sim.answer_ids]
+
+
+async def test_prefix_cache_model_charges_only_new_tokens() -> None:
+    sim = engine(SimScript(text="ok"))
+    session = sim.session()
+    conversation = request('{"model":"sim","input":"first question"}')
+    first = conversation.prompt()
+    _, uncached = session.choose(first)
+    assert uncached == len(first)
+    parser = conversation.parser()
+    async for batch in session.generate(first, SAMPLING):
+        parser.feed(batch)
+    parser.finish()
+    conversation.commit_output(parser)
+    conversation.extend(parse_request('{"input":"second"}'))
+    second = conversation.prompt()
+    _, uncached = session.choose(second)
+    # Only the new input (and headers) must be prefilled: the old prompt and the
+    # model's own output are in the simulated cache.
+    assert 0 < uncached < len(second) - len(first)
+    other = request('{"model":"sim","input":"an unrelated conversation"}').prompt()
+    _, uncached = session.choose(other)
+    assert uncached == len(other) - other.common_prefix_len(second)
+    assert sim.speed.first_token_delay(1000) > sim.speed.first_token_delay(10)
+
+
+async def test_max_output_tokens_truncates() -> None:
+    sim = engine(SimScript(text="many words " * 50))
+    out: list[int] = []
+    session = sim.session()
+    async for batch in session.generate(request('{"input":"x"}').prompt(), Sampling(7)):
+        out.extend(batch)
+    assert out == sim.answer_ids[:7]
+
+
+def test_from_config_reads_the_sim_options() -> None:
+    config = ServerConfig(
+        engine="sim",
+        model="gpt-sim",
+        sim_tokens_per_second=4000.0,
+        sim_tool="f",
+        sim_tool_calls=3,
+        sim_tool_arguments='{"a":1}',
+    )
+    sim = from_config(config)
+    assert sim.model == "gpt-sim" and sim.speed.tokens_per_second == 4000.0
+    assert sim.script == SimScript(text="Done.", tool="f", tool_calls=3, tool_arguments='{"a":1}')
+    assert sim.call_ids == sim.chat_format.completion_tokens(calls=[("f", '{"a":1}')])
+
+
+async def test_prefix_cache_holds_interleaved_conversations() -> None:
+    sim = engine(SimScript(text="ok"))
+    session = sim.session()
+    lanes = [request('{"input":"lane a"}'), request('{"input":"lane b, other text"}')]
+    for conversation in lanes:
+        parser = conversation.parser()
+        async for batch in session.generate(conversation.prompt(), SAMPLING):
+            parser.feed(batch)
+        parser.finish()
+        conversation.commit_output(parser)
+    first = lanes[0]
+    before = len(first.prompt())
+    first.extend(parse_request('{"input":"more for a"}'))
+    _, uncached = session.choose(first.prompt())
+    # Lane b ran in between; lane a's sequence is still in the simulated cache.
+    assert uncached == len(first.prompt()) - before

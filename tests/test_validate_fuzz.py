@@ -1,0 +1,179 @@
+"""Fuzzing the request parser through Python: random bytes, random JSON, and mutations of
+valid requests always give a CoreError or a parsed event, never a panic or a crash, and
+what a parsed request exposes is well formed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hotloop._core import (
+    AppendEvent,
+    CancelEvent,
+    CoreError,
+    CreateRequest,
+    Limits,
+    ProcessedEvent,
+    UnknownEvent,
+    parse_event,
+    parse_request,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+CODES = {
+    "invalid_json",
+    "invalid_type",
+    "missing_required_parameter",
+    "invalid_value",
+    "string_above_max_length",
+    "array_above_max_length",
+    "invalid_tool_schema",
+    "unsupported_content",
+}
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
+    max_leaves=25,
+)
+
+VALID: dict[str, Any] = {
+    "type": "response.create",
+    "model": "m",
+    "stream_id": "lane",
+    "instructions": "be brief",
+    "input": [
+        {"role": "developer", "content": "rules"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "ok"},
+    ],
+    "tools": [
+        {
+            "type": "function",
+            "name": "f",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "string"}, "b": {"$ref": "#/$defs/B"}},
+                "required": ["a"],
+                "$defs": {"B": {"type": "array", "items": {"enum": [1, 2]}}},
+            },
+        },
+        {"type": "custom", "name": "apply_patch"},
+    ],
+    "tool_choice": {"type": "function", "name": "f"},
+    "metadata": {"k": "v"},
+    "reasoning": {"effort": "low"},
+    "text": {"format": {"type": "text"}},
+    "temperature": 1.0,
+    "top_p": 0.5,
+    "max_output_tokens": 10,
+}
+
+
+def paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every location in a JSON document, the root included."""
+    found = [prefix]
+    if isinstance(value, dict):
+        for key, child in value.items():
+            found += paths(child, (*prefix, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            found += paths(child, (*prefix, i))
+    return found
+
+
+def replaced(doc: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    copy = dict(doc) if isinstance(doc, dict) else list(doc)
+    copy[path[0]] = replaced(doc[path[0]], path[1:], new)
+    return copy
+
+
+def check_outcome(frame: str | bytes, limits: Limits | None = None) -> None:
+    try:
+        event = parse_event(frame, limits)
+    except CoreError as error:
+        assert error.code == "invalid_json"
+        return
+    assert isinstance(
+        event, CreateRequest | CancelEvent | ProcessedEvent | AppendEvent | UnknownEvent
+    )
+    if isinstance(event, CreateRequest):
+        if event.error is not None:
+            assert event.error.code in CODES, event.error.code
+            assert event.error.param is None or isinstance(event.error.param, str)
+            assert event.error.message
+        else:
+            fields = json.loads(event.response_fields_json)
+            assert isinstance(fields["tools"], list)
+            assert isinstance(json.loads(event.input_json), list)
+            assert event.input_item_count == len(json.loads(event.input_json))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes(frame: bytes) -> None:
+    check_outcome(frame)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.sampled_from(["response.create", "response.append", "response.cancel", "x"]))
+def test_random_json_events(value: Any, kind: str) -> None:
+    check_outcome(json.dumps(value))
+    if isinstance(value, dict):
+        check_outcome(json.dumps({**value, "type": kind}))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.data())
+def test_mutations_of_a_valid_request(data: st.DataObject) -> None:
+    doc: Any = VALID
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        path = data.draw(st.sampled_from(paths(doc)))
+        if path and path[0] == "type":
+            continue
+        doc = replaced(doc, path, data.draw(json_values))
+    check_outcome(json.dumps(doc))
+    check_outcome(json.dumps(doc), Limits(max_items=2, max_text_bytes=3, max_tools=1))
+    if isinstance(doc, dict):
+        nested = {"type": "response.create", "response": doc}
+        check_outcome(json.dumps(nested))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=100))
+def test_random_http_bodies(body: str) -> None:
+    try:
+        request = parse_request(body)
+    except CoreError as error:
+        assert error.code == "invalid_json"
+    else:
+        assert isinstance(request, CreateRequest)
+
+
+def test_the_valid_request_is_valid() -> None:
+    request = parse_event(json.dumps(VALID))
+    assert isinstance(request, CreateRequest)
+    assert request.error is None, request.error
+    assert request.input_item_count == 5
+
+
+def test_deep_nesting_is_an_error_not_a_stack_overflow() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    check_outcome(f'{{"type": "response.create", "input": {deep}}}')
+    schema = '{"items":' * 5_000 + "{}" + "}" * 5_000
+    check_outcome(
+        '{"type": "response.create", "tools": [{"type": "function", "name": "f", "parameters": '
+        + schema
+        + "}]}"
+    )
