@@ -347,3 +347,32 @@ def test_oversize_body(tmp_path: Path) -> None:
             headers={"authorization": f"Bearer {KEY}"},
         )
         error_of(reply, 413, "request_too_large")
+
+
+def test_websocket_and_http_share_the_store(client: OpenAI) -> None:
+    """A stored HTTP response continues on a new socket (rebuilt from the store), and a
+    stored WebSocket response is readable over HTTP and continues on another socket."""
+    over_http = create_raw(client, input="started over HTTP")
+
+    def one_turn(**body: Any) -> Any:
+        with client.responses.connect() as conn:
+            conn.response.create(model="sim", **body)
+            while True:
+                raw = conn.recv_bytes()
+                event = validate(raw)
+                if event["type"] in TERMINAL or event["type"] == "error":
+                    break
+            assert event["type"] == "response.completed", event
+            return conn.parse_event(raw).response  # type: ignore[union-attr]
+
+    continued = one_turn(input="go on", previous_response_id=over_http.id)
+    assert continued.previous_response_id == over_http.id
+    assert continued.usage.input_tokens_details.cached_tokens > 0
+    stored = client.responses.retrieve(continued.id)
+    assert stored.id == continued.id and stored.output_text == "Done."
+    again = one_turn(input="and on", previous_response_id=continued.id)
+    assert again.previous_response_id == continued.id
+
+    private = one_turn(input="not kept", store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(private.id)
