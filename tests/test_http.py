@@ -14,9 +14,11 @@ import httpx
 import openai
 import orjson
 import pytest
+from hotloop._core import ChatFormat
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript
+from hotloop.store.sqlite import SQLiteDatabase
 from hotloop.transport import App
 from openai import OpenAI
 from openai.types import Model
@@ -210,6 +212,12 @@ def test_a_restarted_server_continues_from_the_store(tmp_path: Path) -> None:
         client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
         first = create_raw(client, input="remember this", instructions="Be terse.")
         second = create_raw(client, input="and this", previous_response_id=first.id)
+    # The sampled ids are stored verbatim beside the response.
+    database = SQLiteDatabase(tmp_path / "responses.sqlite3")
+    chain = database.chain(second.id)
+    database.close()
+    assert [r.id for r in chain] == [second.id, first.id]
+    assert ChatFormat.harmony().tokenizer.decode(chain[0].output_token_ids).endswith("Done.<|end|>")
     with serving(hotloop_app(tmp_path)) as base:
         client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
         assert client.responses.retrieve(second.id) == second

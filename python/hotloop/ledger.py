@@ -166,6 +166,7 @@ class Ledger:
                 created_at=response["created_at"],
                 response=finished.response_json,
                 input_items=request.input_json.encode(),
+                output_token_ids=_output_ids(finished),
             )
             task = asyncio.get_running_loop().create_task(self._put(stored))
             self._puts.add(task)
@@ -177,6 +178,14 @@ class Ledger:
             await self.store.put(stored)
         except StoreError as e:
             log.error("response %s not stored: %s", stored.id, e.message)
+
+
+def _output_ids(finished: Finished) -> list[int]:
+    """The assistant segment as the cache holds it: the sampled ids verbatim (with the
+    format's end-of-message token). Empty when the response cannot be continued."""
+    if finished.checkpoint is None or finished.turn is None:
+        return []
+    return finished.checkpoint.fork().prompt().tokens_from(finished.turn.prompt_tokens)
 
 
 class Books:
