@@ -6,6 +6,7 @@ are validated strictly with the SDK's pydantic models."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from hotloop._core import ChatFormat
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
-from hotloop.engines.sim import SimScript
+from hotloop.engines.sim import SimScript, SimSpeed
 from hotloop.store.sqlite import SQLiteDatabase
 from hotloop.transport import App
 from openai import OpenAI
@@ -384,3 +385,38 @@ def test_websocket_and_http_share_the_store(client: OpenAI) -> None:
     private = one_turn(input="not kept", store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(private.id)
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_generation(tmp_path: Path) -> None:
+    slow = SimSpeed(tokens_per_second=50.0, ttft=0.0, prefill_tokens_per_second=1e9)
+    text = " ".join(f"word{i}" for i in range(500))  # about 20 s at this speed
+    settings = ServerConfig(engine="sim", api_keys=(KEY,), data_dir=str(tmp_path))
+    app = build_app(sim_engine(SimScript(text=text), slow), settings)
+    assert app.ledger is not None
+    drain = app.ledger.drain
+    ended = threading.Event()
+    release = drain.release
+
+    def released() -> None:
+        release()
+        ended.set()
+
+    drain.release = released  # type: ignore[method-assign]
+    headers = {"authorization": f"Bearer {KEY}"}
+    with serving(app) as base:
+        body = {"model": "sim", "input": "talk", "stream": True}
+        with httpx.stream("POST", base + "/v1/responses", json=body, headers=headers) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: ") and "response.output_text.delta" in line:
+                    break
+        # Leaving the block closed the connection mid-stream.
+        assert ended.wait(60)
+        assert drain.in_flight == 0
+        # The server is fine, and the abandoned response was never booked.
+        quick = httpx.post(
+            base + "/v1/responses",
+            json={"model": "sim", "input": "short", "max_output_tokens": 2},
+            headers=headers,
+        )
+        assert quick.json()["status"] == "incomplete"
+        assert httpx.get(base + "/v1/usage", headers=headers).json()["responses"] == 1
