@@ -160,6 +160,7 @@ struct CallBody<'a> {
 pub struct ChatMlParser {
     tokenizer: Arc<dyn Tokenizer>,
     stop: Vec<u32>,
+    im_start: u32,
     state: State,
     items: OutputItems,
     text: SampledText,
@@ -183,10 +184,11 @@ fn tag_prefix_len(text: &str) -> usize {
 }
 
 impl ChatMlParser {
-    pub fn new(tokenizer: Arc<dyn Tokenizer>, stop: Vec<u32>) -> ChatMlParser {
+    pub fn new(tokenizer: Arc<dyn Tokenizer>, stop: Vec<u32>, im_start: u32) -> ChatMlParser {
         ChatMlParser {
             tokenizer,
             stop,
+            im_start,
             state: State::Text,
             items: OutputItems::default(),
             text: SampledText::default(),
@@ -381,9 +383,11 @@ impl ChatMlParser {
         if self.stop.contains(&id) {
             return self.stop(out);
         }
-        if self.tokenizer.is_special(id) {
-            return Err(format!("unexpected special token {} in the answer", name()));
+        if id == self.im_start {
+            return Err("<|im_start|> in the answer: the model began another turn".to_owned());
         }
+        // Any other special token is text: vocabularies give tags such as Qwen's
+        // `<tool_call>` a token of their own, which the model samples as one.
         self.text.push(self.tokenizer.as_ref(), id, &mut self.pending)?;
         self.advance(out)
     }

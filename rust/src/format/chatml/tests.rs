@@ -13,6 +13,9 @@ use crate::tokenizer;
 
 const IM_START: u32 = 200_100;
 const IM_END: u32 = 200_101;
+/// Tags with a token of their own, as in Qwen2.5's vocabulary (user-defined, not control).
+const TOOL_CALL: u32 = 200_102;
+const TOOL_CALL_END: u32 = 200_103;
 
 /// o200k_base plus the two ChatML special tokens.
 struct ChatVocab(Arc<dyn Tokenizer>);
@@ -31,6 +34,8 @@ impl Tokenizer for ChatVocab {
         match id {
             IM_START => b"<|im_start|>",
             IM_END => b"<|im_end|>",
+            TOOL_CALL => b"<tool_call>",
+            TOOL_CALL_END => b"</tool_call>",
             _ => self.0.token_bytes(id),
         }
     }
@@ -42,10 +47,10 @@ impl Tokenizer for ChatVocab {
         }
     }
     fn is_special(&self, id: u32) -> bool {
-        id == IM_START || id == IM_END || self.0.is_special(id)
+        (IM_START..=TOOL_CALL_END).contains(&id) || self.0.is_special(id)
     }
     fn vocab_size(&self) -> usize {
-        IM_END as usize + 1
+        TOOL_CALL_END as usize + 1
     }
 }
 
@@ -329,6 +334,23 @@ fn calls_in_other_shapes_are_parsed_whole() {
 }
 
 #[test]
+fn tags_sampled_as_single_tokens_are_read_as_text() {
+    let f = chatml();
+    let mut ids = Vec::new();
+    f.tokenizer().encode("Checking.\n", &mut ids);
+    ids.push(TOOL_CALL);
+    f.tokenizer()
+        .encode("\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n", &mut ids);
+    ids.extend([TOOL_CALL_END, IM_END]);
+    let parsed = parse(&f, &ids);
+    assert_eq!(parsed.outcome, Outcome::Stopped);
+    assert!(same_items(
+        &parsed.items,
+        &[assistant("Checking."), call("", "f", r#"{"a": 1}"#)]
+    ));
+}
+
+#[test]
 fn a_long_call_parsed_whole_finds_its_closing_tag() {
     let f = chatml();
     let long = "日本 </tool_call ".repeat(2000);
@@ -384,7 +406,7 @@ fn off_format_output_is_malformed_with_a_reason() {
         reason(outcome_of(&f, "<tool_call>\nnot json\n</tool_call>", true)).contains("not a JSON object")
     );
     let parsed = parse(&f, &[IM_START]);
-    assert!(reason(parsed.outcome).contains("unexpected special token"));
+    assert!(reason(parsed.outcome).contains("began another turn"));
     let parsed = parse(&f, &[IM_END, 15]);
     assert!(reason(parsed.outcome).contains("after the stop token"));
     assert_eq!(outcome_of(&f, "cut off", false), Outcome::Truncated);
@@ -394,7 +416,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
     #[test]
     fn random_tokens_never_panic(ids in proptest::collection::vec(
-        prop_oneof![0u32..1000, 199_000u32..199_998, Just(199_999), Just(200_018), Just(IM_START), Just(IM_END), Just(u32::MAX)], 0..60)) {
+        prop_oneof![0u32..1000, 199_000u32..199_998, Just(199_999), Just(200_018), Just(IM_START), Just(IM_END), Just(TOOL_CALL), Just(TOOL_CALL_END), Just(u32::MAX)], 0..60)) {
         let f = chatml();
         let parsed = parse(&f, &ids);
         prop_assert!(parsed.output_tokens == ids.len());
