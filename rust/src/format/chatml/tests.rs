@@ -175,26 +175,7 @@ fn segments_concatenate_to_the_whole_template_tokenized_at_once() {
         result("a", "  sunny\n\n"),
     ];
     let segs = segments(&f, &Prefix::default(), &items);
-    let whole = text(&f, &segs.concat());
-    let mut at_once = Vec::new();
-    let mut rest = whole.as_str();
-    while !rest.is_empty() {
-        let next = [("<|im_start|>", IM_START), ("<|im_end|>", IM_END)]
-            .iter()
-            .filter_map(|(tag, id)| rest.find(tag).map(|at| (at, *tag, *id)))
-            .min();
-        match next {
-            Some((at, tag, id)) => {
-                f.tokenizer().encode(&rest[..at], &mut at_once);
-                at_once.push(id);
-                rest = &rest[at + tag.len()..];
-            }
-            None => {
-                f.tokenizer().encode(rest, &mut at_once);
-                rest = "";
-            }
-        }
-    }
+    let at_once = tokenize_template(&f, &text(&f, &segs.concat()));
     assert_eq!(segs.concat(), at_once);
 }
 
@@ -454,5 +435,58 @@ proptest! {
         let parsed = parse(&f, &completion(&f, &items));
         prop_assert_eq!(parsed.outcome, Outcome::Stopped);
         prop_assert!(same_items(&parsed.items, &items), "{:?} vs {:?}", parsed.items, items);
+    }
+}
+
+/// `text` tokenized as llama.cpp tokenizes a rendered template: special tokens by name,
+/// each text run between them encoded as one string.
+fn tokenize_template(f: &ChatMl, text: &str) -> Vec<u32> {
+    let mut ids = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let next = [("<|im_start|>", IM_START), ("<|im_end|>", IM_END)]
+            .iter()
+            .filter_map(|(tag, id)| rest.find(tag).map(|at| (at, *tag, *id)))
+            .min();
+        let Some((at, tag, id)) = next else {
+            f.tokenizer().encode(rest, &mut ids);
+            break;
+        };
+        f.tokenizer().encode(&rest[..at], &mut ids);
+        ids.push(id);
+        rest = &rest[at + tag.len()..];
+    }
+    ids
+}
+
+#[test]
+fn conversation_cache_tokenizes_the_template_as_one_string_at_every_split() {
+    // o200k glues a newline to the punctuation before it, so merged turns (a text and its
+    // calls, consecutive results) are exact only because the cache carries the open run.
+    use crate::conversation::{Conversation, Delta};
+    let format: Arc<dyn ChatFormat> = Arc::new(chatml());
+    for case in golden(include_str!("../../../../tests/golden/chatml_render.json")) {
+        let template = case.text.clone().unwrap();
+        let expected = tokenize_template(&chatml(), &template);
+        for split in 0..=case.items.len() {
+            let mut conversation = Conversation::new(format.clone(), 1 << 20);
+            conversation
+                .append_items(case.items[..split].to_vec(), Some(case.prefix.clone()))
+                .unwrap();
+            let delta = Delta {
+                prefix: case.prefix.clone(),
+                items: case.items[split..].to_vec(),
+                max_output_tokens: None,
+            };
+            conversation.extend(delta).unwrap();
+            let ours = conversation.prompt().tokens();
+            assert_eq!(
+                text(&chatml(), &ours),
+                template,
+                "case {} split {split}",
+                case.name
+            );
+            assert_eq!(ours, expected, "case {} split {split}", case.name);
+        }
     }
 }
