@@ -220,11 +220,14 @@ impl ChatMlParser {
                     self.state = State::Text;
                 }
                 State::Text => {
+                    let in_message = self.items.open_kind() == Some(OpenKind::Message);
                     if let Some(at) = self.pending.find(OPEN_TAG) {
                         let text = &self.pending[..at];
                         // The template puts a newline between the text and the call.
                         let text = text.strip_suffix('\n').unwrap_or(text).to_owned();
-                        self.release_text(&text, out);
+                        if in_message || !text.trim().is_empty() {
+                            self.release_text(&text, out);
+                        }
                         self.items.close(out);
                         self.pending.drain(..at + OPEN_TAG.len());
                         self.state = State::Call {
@@ -234,8 +237,12 @@ impl ChatMlParser {
                         };
                         continue;
                     }
-                    let keep = tag_prefix_len(&self.pending);
-                    let text: String = self.pending.drain(..self.pending.len() - keep).collect();
+                    let ready = self.pending.len() - tag_prefix_len(&self.pending);
+                    // Whitespace before anything else may still precede a call: no message yet.
+                    if !in_message && self.pending[..ready].trim().is_empty() {
+                        return Ok(());
+                    }
+                    let text: String = self.pending.drain(..ready).collect();
                     self.release_text(&text, out);
                     return Ok(());
                 }

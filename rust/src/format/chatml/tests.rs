@@ -315,6 +315,24 @@ fn calls_in_other_shapes_are_parsed_whole() {
 }
 
 #[test]
+fn whitespace_before_a_call_is_not_a_message() {
+    let f = chatml();
+    let parsed = parse_text(
+        &f,
+        "\n\n <tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+    );
+    assert!(
+        same_items(&parsed.items, &[call("", "f", "{}")]),
+        "{:?}",
+        parsed.items
+    );
+    assert!(!parsed
+        .events
+        .iter()
+        .any(|e| matches!(e, ParseEvent::MessageStart { .. })));
+}
+
+#[test]
 fn tags_sampled_as_single_tokens_are_read_as_text() {
     let f = chatml();
     let mut ids = Vec::new();
@@ -425,7 +443,8 @@ proptest! {
         prop_assume!(!answer.contains("<tool_call>"));
         let f = chatml();
         let mut items = Vec::new();
-        if !answer.is_empty() {
+        // Whitespace alone before calls is not an answer.
+        if !answer.is_empty() && (calls.is_empty() || !answer.trim().is_empty()) {
             items.push(assistant(&answer));
         }
         for (name, args) in &calls {
