@@ -364,6 +364,20 @@ def test_parser_streams_a_completion_through_the_python_api() -> None:
     assert 0 < parser.reasoning_tokens < len(ids)
 
 
+def test_off_format_output_finishes_malformed_with_the_reason() -> None:
+    fmt = ChatFormat.harmony()
+    conversation = _core.Conversation(fmt, context_window=1 << 20)
+    conversation.extend(_core.parse_request(json.dumps({"model": "gpt-oss", "input": "Hi"})))
+    tokenizer = fmt.tokenizer
+    special = tokenizer.special
+    ids = [special("<|channel|>"), *tokenizer.encode("thoughts"), special("<|message|>")]
+    parser = conversation.parser()
+    parser.feed([i for i in ids if i is not None])
+    _, outcome, message = parser.finish()
+    assert outcome == "malformed"
+    assert message is not None and "unknown channel" in message
+
+
 def test_stop_tokens_are_the_assistant_action_stops(reference: HarmonyEncoding) -> None:
     fmt = ChatFormat.harmony()
     assert fmt.name == "harmony"
