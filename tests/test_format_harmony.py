@@ -185,6 +185,17 @@ CASES: list[dict[str, Any]] = [
             user(""),
         ],
     },
+    {
+        "name": "empty_texts",
+        "prefix": {"instructions": ""},
+        "items": [
+            user("?"),
+            {"type": "reasoning", "text": ""},
+            call("c9", "noop", "{}"),
+            output("c9", ""),
+            {"type": "message", "role": "assistant", "text": ""},
+        ],
+    },
 ]
 
 # Sampled outputs (after the generation header `<|start|>assistant`) in the shapes gpt-oss
