@@ -101,6 +101,14 @@ def count_occurrences(haystack: list[int], needle: list[int]) -> int:
     return count
 
 
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two id lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
+
+
 def _find_aligned(hay: bytes, pat: bytes, start: int) -> int:
     """The first match of `pat` in `hay` at or after `start` that starts on a token."""
     pos = hay.find(pat, start)
@@ -226,9 +234,10 @@ class SimSession:
         tail = prompt.tokens_from(start)
         calls = 0 if base is None else base.calls
         if base is not None and base.output:
+            # The engine's cache also holds what it generated, up to where the history
+            # differs from it (harmony records a final `<|return|>` as `<|end|>`).
             after = tail[scanned - start :][: len(base.output)]
-            if after == base.output:
-                cached = max(cached, scanned + len(base.output))
+            cached = max(cached, scanned + shared_prefix(after, base.output))
         calls = engine.advance(tail, calls)
         self._recent.append(_Sequence(prompt, [], calls))
         engine.recent.append(self._recent[-1])
