@@ -244,14 +244,19 @@ class SimSession:
         return cached, calls
 
     def choose(self, prompt: Prompt) -> tuple[list[int], int]:
-        """The ids the script answers `prompt` with, and the uncached prompt tokens."""
+        """The ids the script answers `prompt` with, and the uncached prompt tokens.
+        The sequence is recorded with these ids as its output; `generate` narrows that
+        to what it actually emitted."""
         cached, calls = self._observe(prompt)
         engine = self._engine
         if engine.turns:
-            return engine.turns[min(calls, len(engine.turns) - 1)][0], len(prompt) - cached
-        if engine.call_ids and calls < engine.script.tool_calls:
-            return engine.call_ids, len(prompt) - cached
-        return engine.answer_ids, len(prompt) - cached
+            ids = engine.turns[min(calls, len(engine.turns) - 1)][0]
+        elif engine.call_ids and calls < engine.script.tool_calls:
+            ids = engine.call_ids
+        else:
+            ids = engine.answer_ids
+        self._recent[-1].output = list(ids)
+        return ids, len(prompt) - cached
 
     async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
         ids, uncached = self.choose(prompt)
@@ -262,7 +267,9 @@ class SimSession:
         first = loop.time() + speed.first_token_delay(uncached)
         rate = speed.tokens_per_second
         sent = 0
+        # Truncated or cancelled, the engine holds only what it emitted.
         output = self._recent[-1].output
+        output.clear()
         while sent < len(ids):
             due = first + sent / rate
             now = loop.time()
