@@ -118,6 +118,9 @@ pub struct ByteLevelBpe {
     specials: HashMap<String, u32>,
     /// User-defined tokens, longest first: matched in text before pre-tokenization.
     user_defined: Vec<(String, u32)>,
+    /// Tokens whose own bytes encode to exactly themselves (checked at load): a piece
+    /// equal to one of them is answered by one lookup instead of the merge loop.
+    whole: FastMap<Box<[u8]>, u32>,
 }
 
 fn invalid(message: impl Into<String>) -> Error {
@@ -191,7 +194,7 @@ impl ByteLevelBpe {
             }
         }
 
-        Ok(ByteLevelBpe {
+        let mut bpe = ByteLevelBpe {
             name: v.name,
             pre: v.pre,
             bytes,
@@ -201,7 +204,31 @@ impl ByteLevelBpe {
             merges,
             specials,
             user_defined,
-        })
+            whole: FastMap::default(),
+        };
+        bpe.whole = bpe.self_encoding_tokens();
+        Ok(bpe)
+    }
+
+    /// Ordinary tokens of two bytes or more that BPE spells as themselves. Usually all
+    /// of them, but a vocabulary may hold tokens no merge sequence reaches, so each is
+    /// encoded once here rather than assumed.
+    fn self_encoding_tokens(&self) -> FastMap<Box<[u8]>, u32> {
+        let mut whole = FastMap::default();
+        let mut work = Work::default();
+        let mut ids = Vec::new();
+        for id in 0..self.kinds.len() as u32 {
+            let bytes = self.token_bytes(id);
+            if bytes.len() < 2 || self.kinds[id as usize].is_literal() {
+                continue;
+            }
+            ids.clear();
+            self.encode_piece(bytes, &mut work, &mut ids);
+            if ids == [id] {
+                whole.insert(bytes.into(), id);
+            }
+        }
+        whole
     }
 
     /// Build from the tokenizer metadata of a GGUF file (`tokenizer.ggml.model` = `gpt2`).
@@ -322,20 +349,14 @@ impl ByteLevelBpe {
     /// Call `f` with each piece of `text`: its byte range and, for a user-defined
     /// token matched in the text, that token's id.
     fn for_each_piece(&self, text: &str, mut f: impl FnMut(Range<usize>, Option<u32>)) {
-        let mut ranges = Vec::new();
         if self.user_defined.is_empty() {
-            self.pre.split(text, 0..text.len(), &mut ranges);
-            ranges.into_iter().for_each(|r| f(r, None));
+            self.pre.split(text, 0..text.len(), &mut |r| f(r, None));
             return;
         }
         for (range, token) in self.partition(text) {
             match token {
                 Some(id) => f(range, Some(id)),
-                None => {
-                    ranges.clear();
-                    self.pre.split(text, range, &mut ranges);
-                    ranges.drain(..).for_each(|r| f(r, None));
-                }
+                None => self.pre.split(text, range, &mut |r| f(r, None)),
             }
         }
     }
@@ -490,7 +511,13 @@ impl Tokenizer for ByteLevelBpe {
         out.reserve(text.len() / 3);
         self.for_each_piece(text, |range, token| match token {
             Some(id) => out.push(id),
-            None => self.encode_piece(&text.as_bytes()[range], &mut work, out),
+            None => {
+                let piece = &text.as_bytes()[range];
+                match self.whole.get(piece) {
+                    Some(&id) => out.push(id),
+                    None => self.encode_piece(piece, &mut work, out),
+                }
+            }
         });
     }
 
