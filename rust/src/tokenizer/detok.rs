@@ -62,11 +62,6 @@ impl StreamDecoder {
             self.pending.clear();
         }
     }
-
-    /// Bytes held back, waiting for the rest of a character.
-    pub fn pending(&self) -> &[u8] {
-        &self.pending
-    }
 }
 
 #[cfg(test)]
