@@ -68,14 +68,11 @@ impl<T> Node<T> {
         }
     }
 
-    fn empty(height: u32) -> Node<T>
-    where
-        T: Element,
-    {
+    fn empty(height: u32) -> Node<T> {
         if height == 0 {
-            Node::Leaf(Arc::new(Vec::with_capacity(T::LEAF)))
+            Node::Leaf(Arc::new(Vec::new()))
         } else {
-            Node::Branch(Arc::new(Vec::with_capacity(FAN)))
+            Node::Branch(Arc::new(Vec::new()))
         }
     }
 
@@ -273,9 +270,11 @@ fn fill<T: Element>(node: &mut Node<T>, height: u32, filled: usize, xs: &[T]) ->
         Node::Leaf(v) => {
             let v = Arc::make_mut(v);
             let n = (T::LEAF - v.len()).min(xs.len());
-            // A leaf copied on write has capacity == len; reserve exactly what it may still
-            // hold so that no leaf ever holds more than LEAF elements of capacity.
-            v.reserve_exact(T::LEAF - v.len());
+            // Grow by doubling, capped at LEAF: a checkpoint that shares a partial leaf
+            // keeps only what it holds (a copy on write has capacity == len), and no leaf
+            // ever has more than LEAF elements of capacity.
+            let cap = (v.len() + n).max(2 * v.len()).min(T::LEAF);
+            v.reserve_exact(cap - v.len());
             v.extend_from_slice(&xs[..n]);
             n
         }
