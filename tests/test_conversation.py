@@ -10,9 +10,6 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from hotloop._core import (
     ChatFormat,
     Conversation,
@@ -22,6 +19,8 @@ from hotloop._core import (
     parse_request,
 )
 from hotloop.native_deps import smollm2_gguf_path
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 WINDOW = 1 << 24
 
@@ -152,6 +151,7 @@ def test_turns_checkpoints_and_forks(name: str) -> None:
     conversation = fresh(format)
     checkpoints = []
     prompts = []
+    call_id = ""
     for turn in range(4):
         if turn == 0:
             delta: list[dict[str, Any]] | str = "list the files"
