@@ -8,7 +8,6 @@ from typing import Any
 
 import orjson
 import pytest
-
 from hotloop import TokenCache
 from hotloop._core import ChatFormat, Conversation, CoreError
 
