@@ -121,17 +121,17 @@ struct Chain {
 }
 
 impl Chain {
-    fn new(format: &dyn ChatFormat, prefix: Prefix) -> Chain {
-        let mut chain = Chain {
+    /// An empty chain: nothing is rendered, not even the prefix, until the first append
+    /// (so that the first turn's tokens all count as new, none as cached).
+    fn new() -> Chain {
+        Chain {
             tokens: Chunks::default(),
             segments: Chunks::default(),
             run: Arc::from(""),
             run_tokens: 0,
             open_calls: Arc::new(Vec::new()),
             hint: None,
-        };
-        chain.rewrite(format, 0, vec![Step::Prefix(PrefixEntry::new(prefix))]);
-        chain
+        }
     }
 
     /// Tokens that are final (the provisional encoding of the open run excluded).
@@ -144,9 +144,10 @@ impl Chain {
     }
 
     fn prefix(&self) -> &Prefix {
-        match &self.segment(0).body {
-            Body::Prefix(entry) => &entry.prefix,
-            _ => unreachable!("a chain starts with its prefix"),
+        match self.segments.get(0).map(|s| &s.body) {
+            Some(Body::Prefix(entry)) => &entry.prefix,
+            Some(_) => unreachable!("a chain starts with its prefix"),
+            None => &NO_PREFIX,
         }
     }
 
@@ -325,6 +326,13 @@ fn grown(item: &Item, chunk: &str) -> Item {
 
 static CONVERSATION_IDS: AtomicU64 = AtomicU64::new(1);
 
+/// The prefix of a chain that has rendered nothing yet.
+static NO_PREFIX: Prefix = Prefix {
+    instructions: None,
+    tools: Vec::new(),
+    reasoning_effort: None,
+};
+
 /// The rendered-token cache of one response chain.
 pub struct Conversation {
     format: Arc<dyn ChatFormat>,
@@ -378,7 +386,7 @@ impl Checkpoint {
 
 impl Conversation {
     pub fn new(format: Arc<dyn ChatFormat>, context_window: usize) -> Self {
-        let chain = Chain::new(format.as_ref(), Prefix::default());
+        let chain = Chain::new();
         Conversation {
             format,
             context_window,
@@ -497,7 +505,12 @@ impl Conversation {
         let mut open = next.open_calls.as_ref().clone();
         admit_calls(&mut open, &items)?;
         let history = next.history_len();
-        let prefix = prefix.filter(|p| p != next.prefix());
+        // An empty chain renders its prefix first, whatever it is.
+        let prefix = match prefix {
+            None if history == 0 => Some(Prefix::default()),
+            p if history == 0 => p,
+            p => p.filter(|p| p != next.prefix()),
+        };
         let invalidated = prefix.is_some() && history > 1;
         let mut steps = Vec::with_capacity(history + items.len() + 1);
         let from = match prefix {
@@ -557,9 +570,9 @@ impl Conversation {
         let closed = next
             .turn_open()
             .then(|| next.rewrite(self.format.as_ref(), next.segments.len() - 1, Vec::new()));
-        let last = next.segments.len() - 1;
-        let seg = next.segment(last).clone();
-        let (Body::Item(old), true) = (&seg.body, last > 0) else {
+        let last = next.segments.len().saturating_sub(1);
+        let seg = next.segments.get(last).cloned();
+        let (Some(Body::Item(old)), true) = (seg.as_ref().map(|s| &s.body), last > 0) else {
             return Err(Error::new(
                 Code::InvalidValue,
                 "append_text grows the last input item, and the conversation does not end with one",

@@ -197,6 +197,8 @@ impl OutputParser for MockParser {
 /// A conversation as a list, rendered from scratch: the reference.
 #[derive(Clone, Default, Debug)]
 struct Model {
+    /// A conversation renders nothing, not even its prefix, until its first append.
+    started: bool,
     prefix: Prefix,
     entries: Vec<Entry>,
     open_turn: bool,
@@ -212,6 +214,9 @@ enum Entry {
 
 impl Model {
     fn render(&self, format: &dyn ChatFormat) -> Vec<u32> {
+        if !self.started {
+            return Vec::new();
+        }
         let mut r = Renderer::new(format.tokenizer().as_ref());
         format.render_prefix(&self.prefix, &mut r);
         let mut names: HashMap<String, String> = HashMap::new();
@@ -253,6 +258,7 @@ impl Model {
     }
 
     fn add_items(&mut self, items: &[Item]) {
+        self.started = true;
         self.open_turn = false;
         for item in items {
             match item {
