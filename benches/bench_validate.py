@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 import pytest
-
 from hotloop._core import CreateRequest, parse_event
 
-TOOL_OUTPUT_LINE = 'src/server.py:42:    return {"status": "ok", "path": "/tmp/x\\y"}  # tab\there\n'
+# A line of tool output with the escapes real outputs have (quotes, backslashes, tabs).
+TOOL_OUTPUT_LINE = 'src/app.py:42:    return {"status": "ok", "path": "/tmp/x\\y"}  # \tnote\n'
 
 TOOLS: list[dict[str, Any]] = [
     {

@@ -259,6 +259,41 @@ def full_response(request: CreateRequest) -> dict[str, Any]:
             ],
         },
         {"tool_choice": "required", "tools": [{"type": "function", "name": "g"}]},
+        {
+            # What Codex sends: tools the server does not run are echoed as sent.
+            "model": "gpt-5-codex",
+            "store": False,
+            "reasoning": {"effort": "medium", "summary": "auto"},
+            "text": {"verbosity": "medium", "format": {"type": "text"}},
+            "tools": [
+                {
+                    "type": "function",
+                    "name": "exec_command",
+                    "description": "Runs a command.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"cmd": {"type": "string"}},
+                        "required": ["cmd"],
+                        "additionalProperties": False,
+                    },
+                    "strict": False,
+                },
+                {
+                    "type": "custom",
+                    "name": "apply_patch",
+                    "description": "Applies a patch.",
+                    "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"},
+                },
+                {
+                    "type": "namespace",
+                    "name": "mcp_docs",
+                    "description": "Docs server.",
+                    "tools": [{"type": "function", "name": "search", "parameters": {}}],
+                },
+                {"type": "tool_search"},
+                {"type": "web_search"},
+            ],
+        },
     ],
 )
 def test_response_fields_validate_against_the_sdk_model(fields: dict[str, Any]) -> None:

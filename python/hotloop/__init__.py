@@ -2,6 +2,6 @@
 
 from hotloop._core import __version__
 from hotloop.tokencache import TokenCache
-from hotloop.tokenizer import StreamDecoder, Tokenizer
+from hotloop.tokenizer import IncrementalText, StreamDecoder, Tokenizer
 
-__all__ = ["StreamDecoder", "TokenCache", "Tokenizer", "__version__"]
+__all__ = ["IncrementalText", "StreamDecoder", "TokenCache", "Tokenizer", "__version__"]

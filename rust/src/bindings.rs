@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 use crate::error::{Code, Error};
-use crate::tokenizer::{self, detok, Tokenizer};
+use crate::tokenizer::{self, detok, incremental, Tokenizer};
 use crate::validate::{self, ClientEvent};
 
 // ---------------------------------------------------------------- errors
@@ -177,6 +177,48 @@ impl PyStreamDecoder {
         let mut out = String::new();
         self.decoder.finish(&mut out);
         out
+    }
+}
+
+#[pyclass(name = "IncrementalText", module = "hotloop._core")]
+pub(crate) struct PyIncrementalText {
+    tokenizer: Py<PyTokenizer>,
+    inner: incremental::IncrementalText,
+}
+
+#[pymethods]
+impl PyIncrementalText {
+    #[new]
+    #[pyo3(signature = (tokenizer, text = ""))]
+    fn new(tokenizer: Py<PyTokenizer>, text: &str) -> Self {
+        let inner = incremental::IncrementalText::with_text(tokenizer.get().inner.as_ref(), text);
+        PyIncrementalText { tokenizer, inner }
+    }
+
+    fn push(&mut self, chunk: &str) -> usize {
+        self.inner.push_str(self.tokenizer.get().inner.as_ref(), chunk)
+    }
+
+    #[getter]
+    fn text(&self) -> &str {
+        self.inner.text()
+    }
+
+    fn ids(&self) -> Vec<u32> {
+        self.inner.ids().to_vec()
+    }
+
+    fn ids_from(&self, start: usize) -> Vec<u32> {
+        self.inner.ids().get(start..).unwrap_or_default().to_vec()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.ids().len()
+    }
+
+    #[getter]
+    fn fallbacks(&self) -> u64 {
+        self.inner.stats().fallbacks
     }
 }
 
@@ -823,6 +865,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CoreError", m.py().get_type::<CoreError>())?;
     m.add_class::<PyTokenizer>()?;
     m.add_class::<PyStreamDecoder>()?;
+    m.add_class::<PyIncrementalText>()?;
     m.add_class::<PyChatFormat>()?;
     m.add_class::<PyLimits>()?;
     m.add_class::<PyPolicy>()?;

@@ -10,18 +10,12 @@ use std::collections::HashMap;
 use crate::error::{Code, Error, Result};
 use crate::item::Item;
 
-/// Function calls of a chain by call id: their function name and whether an output
-/// answered them. Answered calls stay known so a tool result can still name its function.
+/// The function calls of a chain still waiting for their output, by call id, with their
+/// function names. Answered calls leave the set, so it stays as small as the number of
+/// calls in flight and a conversation can clone it per turn.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OpenCalls {
-    calls: HashMap<String, Call>,
-    open: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Call {
-    name: String,
-    answered: bool,
+    calls: HashMap<String, String>,
 }
 
 impl OpenCalls {
@@ -36,20 +30,10 @@ impl OpenCalls {
         for item in items {
             match item {
                 Item::FunctionCall { call_id, name, .. } => {
-                    self.calls.insert(
-                        call_id.clone(),
-                        Call {
-                            name: name.clone(),
-                            answered: false,
-                        },
-                    );
-                    self.open += 1;
+                    self.calls.insert(call_id.clone(), name.clone());
                 }
                 Item::FunctionCallOutput { call_id, .. } => {
-                    if let Some(call) = self.calls.get_mut(call_id) {
-                        call.answered = true;
-                        self.open -= 1;
-                    }
+                    self.calls.remove(call_id);
                 }
                 _ => {}
             }
@@ -57,37 +41,33 @@ impl OpenCalls {
         Ok(())
     }
 
-    /// The check of [`OpenCalls::apply`] without recording anything.
+    /// The check of [`OpenCalls::apply`] without recording anything: a
+    /// `function_call_output` must answer a call open before it (in the chain or earlier in
+    /// `items`), and a `function_call` must not reuse the id of an open call.
     pub fn check(&self, items: &[Item]) -> Result<()> {
-        // Calls opened or answered by this delta, by call id (true = answered).
+        // Calls this delta opened (false) or answered (true), by call id.
         let mut delta: HashMap<&str, bool> = HashMap::new();
-        for item in items {
+        let open = |delta: &HashMap<&str, bool>, id: &str| match delta.get(id) {
+            Some(answered) => !answered,
+            None => self.calls.contains_key(id),
+        };
+        for (i, item) in items.iter().enumerate() {
             match item {
                 Item::FunctionCall { call_id, .. } => {
-                    let open_before = self.is_open(call_id);
-                    if open_before || delta.get(call_id.as_str()) == Some(&false) {
+                    if open(&delta, call_id) {
                         return Err(input_error(format!(
-                            "Duplicate function call '{call_id}': a call with this call_id is \
-                             already waiting for its output."
+                            "input[{i}] is a function_call with call_id '{call_id}', but a call \
+                             with this call_id is already waiting for its output."
                         )));
                     }
                     delta.insert(call_id, false);
                 }
                 Item::FunctionCallOutput { call_id, .. } => {
-                    let open = match delta.get(call_id.as_str()) {
-                        Some(answered) => !answered,
-                        None => self.is_open(call_id),
-                    };
-                    if !open {
-                        let why = if self.calls.contains_key(call_id) || delta.contains_key(call_id.as_str())
-                        {
-                            "that call already has an output"
-                        } else {
-                            "no function call with this call_id was made in this conversation"
-                        };
+                    if !open(&delta, call_id) {
                         return Err(input_error(format!(
-                            "No open function call found for function_call_output with call_id \
-                             '{call_id}': {why}."
+                            "input[{i}] is a function_call_output for call_id '{call_id}', which \
+                             is not an open function_call of this conversation (never made, or \
+                             already answered)."
                         )));
                     }
                     delta.insert(call_id, true);
@@ -99,34 +79,35 @@ impl OpenCalls {
     }
 
     pub fn is_open(&self, call_id: &str) -> bool {
-        self.calls.get(call_id).is_some_and(|c| !c.answered)
+        self.calls.contains_key(call_id)
     }
 
-    /// Function name of a call of this chain (answered or not).
+    /// Function name of an open call.
     pub fn name(&self, call_id: &str) -> Option<&str> {
-        self.calls.get(call_id).map(|c| c.name.as_str())
+        self.calls.get(call_id).map(String::as_str)
     }
 
-    /// Call ids still waiting for an output (unordered).
-    pub fn open_ids(&self) -> impl Iterator<Item = &str> {
-        self.calls
-            .iter()
-            .filter(|(_, c)| !c.answered)
-            .map(|(id, _)| id.as_str())
+    /// Call ids waiting for an output (unordered).
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.calls.keys().map(String::as_str)
     }
 
-    pub fn open_count(&self) -> usize {
-        self.open
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
     }
 
     /// Approximate heap bytes held, for the conversation's memory accounting.
     pub fn memory_bytes(&self) -> usize {
-        let per_entry = std::mem::size_of::<(String, Call)>() + 8;
+        let per_entry = std::mem::size_of::<(String, String)>() + 8;
         self.calls.capacity() * per_entry
             + self
                 .calls
                 .iter()
-                .map(|(id, c)| id.capacity() + c.name.capacity())
+                .map(|(id, name)| id.capacity() + name.capacity())
                 .sum::<usize>()
     }
 }
@@ -183,13 +164,15 @@ mod tests {
     fn outputs_answer_calls_of_the_chain_or_the_same_input() {
         let mut calls = OpenCalls::new();
         calls.apply(&[call("a", "ls"), call("b", "cat")]).unwrap();
-        assert_eq!(calls.open_count(), 2);
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls.name("a"), Some("ls"));
         calls.apply(&[output("a"), call("c", "rm"), output("c")]).unwrap();
         assert!(calls.is_open("b"));
         assert!(!calls.is_open("a") && !calls.is_open("c"));
-        assert_eq!(calls.name("a"), Some("ls"));
-        assert_eq!(calls.open_ids().collect::<Vec<_>>(), vec!["b"]);
-        assert_eq!(calls.open_count(), 1);
+        assert_eq!(calls.ids().collect::<Vec<_>>(), vec!["b"]);
+        // An answered id may be used again by a later call.
+        calls.apply(&[call("a", "ls"), output("a")]).unwrap();
+        assert_eq!(calls.len(), 1);
     }
 
     #[test]
@@ -197,22 +180,69 @@ mod tests {
         let mut calls = OpenCalls::new();
         calls.apply(&[call("a", "ls")]).unwrap();
         let before = calls.clone();
-        for bad in [
-            vec![output("zz")],
-            vec![output("a"), output("a")],
-            vec![call("a", "ls")],
-            vec![call("n", "x"), call("n", "x")],
+        for (bad, at) in [
+            (vec![output("zz")], "input[0]"),
+            (vec![output("a"), output("a")], "input[1]"),
+            (vec![call("a", "ls")], "input[0]"),
+            (vec![call("n", "x"), call("n", "x")], "input[1]"),
         ] {
             let e = calls.apply(&bad).unwrap_err();
             assert_eq!(e.code, Code::UnknownCallId);
             assert_eq!(e.param.as_deref(), Some("input"));
+            assert!(e.message.starts_with(at), "{}", e.message);
             assert_eq!(calls, before);
         }
         let e = calls.apply(&[output("zz")]).unwrap_err();
         assert!(e.message.contains("'zz'"), "{}", e.message);
-        calls.apply(&[output("a")]).unwrap();
-        let e = calls.apply(&[output("a")]).unwrap_err();
-        assert!(e.message.contains("already has an output"), "{}", e.message);
+    }
+
+    proptest::proptest! {
+        /// Against a model of the rule: an output answers a call open before it; a call
+        /// may not reuse an open id; a failing delta changes nothing.
+        #[test]
+        fn apply_matches_the_rule_and_is_atomic(
+            deltas in proptest::collection::vec(
+                proptest::collection::vec((proptest::bool::ANY, 0u8..4), 0..5),
+                1..8,
+            )
+        ) {
+            let mut calls = OpenCalls::new();
+            let mut model: Vec<String> = Vec::new();
+            for delta in deltas {
+                let items: Vec<Item> = delta
+                    .iter()
+                    .map(|&(is_call, id)| {
+                        let id = format!("c{id}");
+                        if is_call { call(&id, "f") } else { output(&id) }
+                    })
+                    .collect();
+                let mut next = model.clone();
+                let valid = items.iter().all(|item| match item {
+                    Item::FunctionCall { call_id, .. } if !next.contains(call_id) => {
+                        next.push(call_id.clone());
+                        true
+                    }
+                    Item::FunctionCallOutput { call_id, .. } if next.contains(call_id) => {
+                        next.retain(|c| c != call_id);
+                        true
+                    }
+                    _ => false,
+                });
+                let before = calls.clone();
+                let result = calls.apply(&items);
+                proptest::prop_assert_eq!(result.is_ok(), valid);
+                if valid {
+                    model = next;
+                } else {
+                    proptest::prop_assert_eq!(&calls, &before);
+                }
+                let mut ids: Vec<_> = calls.ids().map(str::to_string).collect();
+                ids.sort();
+                let mut expected = model.clone();
+                expected.sort();
+                proptest::prop_assert_eq!(ids, expected);
+            }
+        }
     }
 
     #[test]

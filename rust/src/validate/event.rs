@@ -172,6 +172,13 @@ mod tests {
 
     #[test]
     fn response_fields_have_defaults_and_nulls() {
+        let r = create_request(r#"{"type":"response.create","input":"x","instructions":"\"model\":null"}"#);
+        let at = r.response_fields_json.find(r#""model":null"#).unwrap();
+        assert!(
+            r.response_fields_json[..at].ends_with(r#"{},"#),
+            "{}",
+            r.response_fields_json
+        );
         let r = create_request(r#"{"type":"response.create","input":"x"}"#);
         let fields: Value = serde_json::from_str(&r.response_fields_json).unwrap();
         assert_eq!(

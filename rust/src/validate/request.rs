@@ -106,7 +106,10 @@ pub struct CreateRequest {
     /// Bytes of the raw `input` field.
     pub input_bytes: usize,
     /// The fields a Response echoes, defaults and nulls filled in (`{}` when `error`
-    /// is set). `model` is null when the request named none: the server fills in its own.
+    /// is set), compact, in a fixed order. `model` is null when the request named none,
+    /// spelled `"model":null` before any field that could contain that text (only
+    /// `instructions`, `max_output_tokens` and `metadata` precede it), so the server can
+    /// substitute its own model name with one string replacement.
     pub response_fields_json: String,
 }
 
@@ -162,11 +165,8 @@ impl CreateRequest {
     fn fill(&mut self, body: &Body, outer_stream_id: Option<&RawValue>, limits: &Limits) -> Result<()> {
         let max = limits.max_text_bytes;
         // The lane first, so that an error about anything else can still name it.
-        self.stream_id = field::opt_string(
-            body.stream_id.or(outer_stream_id),
-            &Path::root("stream_id"),
-            256 * 4,
-        )?;
+        self.stream_id =
+            field::opt_string(body.stream_id.or(outer_stream_id), &Path::root("stream_id"), max)?;
         self.model = field::opt_string(body.model, &Path::root("model"), max)?;
         self.previous_response_id = field::opt_string(
             body.previous_response_id,

@@ -236,6 +236,9 @@ fn percent_decode(s: &str) -> Option<String> {
     while i < bytes.len() {
         if bytes[i] == b'%' {
             let hex = s.get(i + 1..i + 3)?;
+            if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return None;
+            }
             out.push(u8::from_str_radix(hex, 16).ok()?);
             i += 3;
         } else {
@@ -334,6 +337,10 @@ mod tests {
             "tools[0].parameters.$ref"
         );
         assert_eq!(param_of(json!({"$ref": "#/a%zz"})), "tools[0].parameters.$ref");
+        assert_eq!(
+            param_of(json!({"$ref": "#/a%+1", "a\u{1}": {}})),
+            "tools[0].parameters.$ref"
+        );
         assert_eq!(
             param_of(json!({"minLength": -1})),
             "tools[0].parameters.minLength"
