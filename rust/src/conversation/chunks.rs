@@ -223,7 +223,12 @@ impl<T: Element> Chunks<T> {
                     h -= 1;
                 }
                 while height > h {
+                    // Above the base's height everything is new except, possibly, the
+                    // leftmost subtree, which is compared below.
                     bytes += own_bytes(node);
+                    if let Node::Branch(children) = node {
+                        bytes += children[1..].iter().map(|c| unique(c, None)).sum::<usize>();
+                    }
                     node = node.first_child();
                     height -= 1;
                 }
@@ -451,6 +456,11 @@ mod tests {
                     let expect = sv.iter().zip(v.iter()).take_while(|(a, b)| a == b).count();
                     prop_assert_eq!(sc.common_prefix_len(&c), expect);
                     prop_assert_eq!(c.common_prefix_len(sc), expect);
+                    // What one holds = what the other holds + what it adds - what it lacks.
+                    prop_assert_eq!(
+                        c.unique_bytes(None) + sc.unique_bytes(Some(&c)),
+                        sc.unique_bytes(None) + c.unique_bytes(Some(sc))
+                    );
                 }
             }
         }

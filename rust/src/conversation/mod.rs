@@ -118,6 +118,9 @@ struct Chain {
     run_tokens: usize,
     open_calls: Arc<Vec<OpenCall>>,
     hint: Option<GrowthHint>,
+    /// Everything the chain holds (`unique_bytes(None)`), kept up to date by
+    /// `Conversation::replace_chain` in O(changed nodes).
+    bytes: usize,
 }
 
 impl Chain {
@@ -131,6 +134,7 @@ impl Chain {
             run_tokens: 0,
             open_calls: Arc::new(Vec::new()),
             hint: None,
+            bytes: 0,
         }
     }
 
@@ -536,7 +540,7 @@ impl Conversation {
                 self.context_window,
             )?;
         }
-        self.chain = next;
+        self.replace_chain(next);
         self.count(&work);
         if invalidated {
             self.stats.invalidations += 1;
@@ -550,6 +554,15 @@ impl Conversation {
             new_tokens: prompt_tokens - work.kept,
             invalidated,
         })
+    }
+
+    /// Install a chain built from the current one, accounting the bytes it added and
+    /// dropped (a walk over the nodes that differ, not over the history).
+    fn replace_chain(&mut self, mut next: Chain) {
+        let added = next.unique_bytes(Some(&self.chain));
+        let dropped = self.chain.unique_bytes(Some(&next));
+        next.bytes = self.chain.bytes + added - dropped;
+        self.chain = next;
     }
 
     fn count(&mut self, work: &Work) {
@@ -596,7 +609,7 @@ impl Conversation {
                 }
             }
         }
-        self.chain = next;
+        self.replace_chain(next);
         Ok(self.chain.tokens.len() - before.common_prefix_len(&self.chain.tokens))
     }
 
@@ -732,8 +745,10 @@ impl Conversation {
             items,
             sampled: parser.sampled().to_vec(),
         };
-        let work = self.chain.rewrite(self.format.as_ref(), from, vec![step]);
-        self.chain.open_calls = Arc::new(open);
+        let mut next = self.chain.clone();
+        let work = next.rewrite(self.format.as_ref(), from, vec![step]);
+        next.open_calls = Arc::new(open);
+        self.replace_chain(next);
         self.count(&work);
         Ok(())
     }
@@ -756,7 +771,7 @@ impl Conversation {
 
     /// Everything this conversation holds (shared or not).
     pub fn memory_bytes(&self) -> usize {
-        size_of::<Conversation>() + self.chain.unique_bytes(None)
+        size_of::<Conversation>() + self.chain.bytes
     }
 
     /// Call ids of function calls that have no output yet, oldest first.

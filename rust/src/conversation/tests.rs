@@ -474,6 +474,7 @@ fn run_ops(format: Arc<dyn ChatFormat>, ops: Vec<Op>) -> std::result::Result<(),
         );
         prop_assert_eq!(conv.open_call_ids(), model.open_calls.clone());
         prop_assert_eq!(conv.stats().text_fallbacks, 0);
+        prop_assert_eq!(conv.chain.bytes, conv.chain.unique_bytes(None));
     }
     for (checkpoint, m) in &saved {
         prop_assert_eq!(checkpoint.prompt().tokens(), m.render(format.as_ref()));
