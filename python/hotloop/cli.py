@@ -89,7 +89,8 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         engine,
         cache_memory_bytes=config.cache_memory_bytes,
         max_cached_bytes=config.max_cached_bytes,
-        data_dir=config.data_dir,
+        # An empty data directory means no durable store: store=true is then a no-op.
+        data_dir=config.data_dir or None,
     )
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None
