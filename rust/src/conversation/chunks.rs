@@ -17,7 +17,7 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 /// Children per branch.
-pub const FAN: usize = 32;
+pub const FAN: usize = 16;
 
 /// Bytes of an `Arc` allocation's header (strong and weak counts).
 const ARC_HEADER: usize = 2 * size_of::<usize>();
