@@ -438,11 +438,12 @@ impl Conversation {
             }
             policy.check_input(&request.input)?;
         }
-        self.extend(Delta {
-            prefix: request.prefix.clone(),
-            items: request.input.items.clone(),
-            max_output_tokens: request.max_output_tokens.map(|n| n as usize),
-        })
+        // Requests resend their instructions and tools every turn: copy them only when
+        // they differ from the chain's.
+        let prefix = (self.chain.history_len() == 0 || request.prefix != *self.prefix())
+            .then(|| request.prefix.clone());
+        let max_output = request.max_output_tokens.map_or(0, |n| n as usize);
+        self.apply(prefix, request.input.items.clone(), true, Some(max_output))
     }
 
     /// `append_items` from JSON: `items_json` is an `input` array (or string),
