@@ -75,6 +75,10 @@ pub struct Delta {
     pub max_output_tokens: Option<usize>,
 }
 
+/// A function call still waiting for its output. The chain keeps only these (a handful),
+/// not every call of its history as `validate::OpenCalls` does, so that the copy a turn
+/// makes of them is O(open calls), not O(history); a tool result naming an older call
+/// finds its function by walking the segments back (only when re-rendering history).
 #[derive(Clone)]
 struct OpenCall {
     call_id: String,
@@ -400,14 +404,6 @@ impl Conversation {
             id: CONVERSATION_IDS.fetch_add(1, Ordering::Relaxed),
             turns: 0,
         }
-    }
-
-    pub fn format(&self) -> &Arc<dyn ChatFormat> {
-        &self.format
-    }
-
-    pub fn context_window(&self) -> usize {
-        self.context_window
     }
 
     /// The prefix the chain is rendered with.
