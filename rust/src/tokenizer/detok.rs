@@ -55,6 +55,11 @@ impl StreamDecoder {
         self.pending.drain(..drop);
     }
 
+    /// The held-back bytes of an incomplete character (empty between characters).
+    pub fn pending(&self) -> &[u8] {
+        &self.pending
+    }
+
     /// End of stream: an incomplete character left over becomes U+FFFD.
     pub fn finish(&mut self, out: &mut String) {
         if !self.pending.is_empty() {
