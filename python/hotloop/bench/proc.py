@@ -116,13 +116,15 @@ class ServerProcess:
         def drain() -> None:
             # Reads stderr for the server's whole life, so it never blocks on a full pipe.
             assert self.process.stderr is not None
-            started = 0
+            # Ready: every worker has started its application, and the socket is bound
+            # (one process binds after its startup; a supervisor binds before forking).
+            started, bound = 0, False
             for line in self.process.stderr:
                 self.log.append(line.rstrip())
-                if "Application startup complete" in line:
-                    started += 1
-                    if started >= workers:
-                        ready.set()
+                started += "Application startup complete" in line
+                bound = bound or "Uvicorn running on" in line
+                if bound and started >= workers:
+                    ready.set()
             ready.set()  # the server exited: stop waiting
 
         threading.Thread(target=drain, name="hotloop-serve-log", daemon=True).start()
