@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -77,6 +78,7 @@ class ServerProcess:
     args: list[str]
     port: int
     process: subprocess.Popen[str]
+    data_dir: tempfile.TemporaryDirectory[str]
     log: list[str] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
 
@@ -87,6 +89,8 @@ class ServerProcess:
         """Start `hotloop serve` on a free loopback port and return once it accepts
         connections (uvicorn says so on stderr; no polling)."""
         port = free_port()
+        # Each server gets its own durable store, removed with it.
+        data_dir = tempfile.TemporaryDirectory(prefix="hotloop-bench-data-")
         args = [
             sys.executable,
             "-m",
@@ -100,13 +104,15 @@ class ServerProcess:
             str(workers),
             "--log-level",
             "info",
+            "--data-dir",
+            data_dir.name,
             *flags,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         process = subprocess.Popen(
             args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
         )
-        server = cls(args, port, process)
+        server = cls(args, port, process, data_dir)
         server._wait_ready(workers, timeout)
         return server
 
@@ -163,6 +169,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.data_dir.cleanup()
 
     def __enter__(self) -> ServerProcess:
         return self

@@ -90,7 +90,7 @@ def plot_agent_runs(results: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    speeds = results["speeds"]
+    speeds = sorted(results["speeds"], key=lambda s: s["tokens_per_second"])
     labels = [f"{s['tokens_per_second']:g} tok/s" for s in speeds]
     modes = list(speeds[0]["runs"])
 
