@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -170,9 +171,17 @@ def serve(config: ServerConfig) -> None:
     server = Server(
         uvicorn.Config("hotloop.cli:create_app", **options), drain_deadline=config.drain_timeout
     )
+    # After a graceful shutdown uvicorn restores the previous SIGTERM/SIGINT handlers and
+    # raises the signal again; the drain has run by then, so that ends in exit status 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _drained)
     server.run()
     if not server.started:
         raise SystemExit(3)
+
+
+def _drained(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
