@@ -43,7 +43,8 @@ impl From<Error> for PyErr {
 // ---------------------------------------------------------------- tokenizers
 
 /// Texts at least this long are encoded with the GIL released (below it, releasing
-/// costs more than it lets other threads gain).
+/// costs more than it lets other threads gain). Renders use it too, by input bytes: a
+/// render's cost is its tokenization.
 const RELEASE_GIL_BYTES: usize = 4096;
 
 #[pyclass(name = "Tokenizer", module = "hotloop._core", frozen)]
@@ -766,6 +767,10 @@ impl PyCheckpoint {
     }
 }
 
+/// Not frozen: `extend` and `append_items` hold a mutable borrow while the GIL is
+/// released, so another thread using the same object meanwhile gets pyo3's
+/// "already mutably borrowed" `RuntimeError`, never a data race (and pyo3 only accepts
+/// the class because `Conversation` is `Send`).
 #[pyclass(name = "Conversation", module = "hotloop._core")]
 struct PyConversation {
     inner: Conversation,
@@ -787,24 +792,35 @@ impl PyConversation {
         }
     }
 
-    fn extend(&mut self, request: PyRef<'_, PyCreateRequest>) -> PyResult<PyTurn> {
-        Ok(self
-            .inner
-            .extend_request(&request.inner, self.policy.as_deref())?
-            .into())
+    /// Renders and tokenizes the request's new items; a large input (an agent's first
+    /// request with its whole history) is worked on with the GIL released, so the
+    /// server can run it in a worker thread while its event loop goes on.
+    fn extend(&mut self, py: Python<'_>, request: PyRef<'_, PyCreateRequest>) -> PyResult<PyTurn> {
+        let request = &request.inner;
+        let (inner, policy) = (&mut self.inner, self.policy.as_deref());
+        let turn = if request.input_bytes >= RELEASE_GIL_BYTES {
+            py.allow_threads(|| inner.extend_request(request, policy))
+        } else {
+            inner.extend_request(request, policy)
+        };
+        Ok(turn?.into())
     }
 
     #[pyo3(signature = (items_json, *, instructions = None, tools_json = None))]
     fn append_items(
         &mut self,
+        py: Python<'_>,
         items_json: &str,
         instructions: Option<String>,
         tools_json: Option<&str>,
     ) -> PyResult<PyTurn> {
-        Ok(self
-            .inner
-            .append_json(items_json, instructions, tools_json)?
-            .into())
+        let inner = &mut self.inner;
+        let turn = if items_json.len() >= RELEASE_GIL_BYTES {
+            py.allow_threads(|| inner.append_json(items_json, instructions, tools_json))
+        } else {
+            inner.append_json(items_json, instructions, tools_json)
+        };
+        Ok(turn?.into())
     }
 
     fn append_text(&mut self, chunk: &str) -> PyResult<usize> {

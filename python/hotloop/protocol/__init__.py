@@ -12,6 +12,7 @@ from hotloop.protocol.connection import (
     Finished,
     Generate,
     Observer,
+    Render,
 )
 from hotloop.protocol.errors import ProtocolError
 
@@ -28,4 +29,5 @@ __all__ = [
     "Generate",
     "Observer",
     "ProtocolError",
+    "Render",
 ]

@@ -12,8 +12,10 @@ and out, and runs the engine work it is handed.
 A turn: parse the frame -> look up `previous_response_id` (connection cache, then the
 `Observer`'s fallback) -> fork the checkpoint (before `response.in_progress`, so a
 fork never loses its parent) or start a new conversation -> `extend` with only the
-new items -> prompt -> `Generate` -> parser events -> terminal -> `commit_output` and
-a checkpoint under the new response id.
+new items (a large input is handed out as `Render` work, so the transport runs it off
+the event loop; the lane waits for it, other lanes and connections go on) -> prompt ->
+`Generate` -> parser events -> terminal -> `commit_output` and a checkpoint under the
+new response id.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ log = logging.getLogger("hotloop.protocol")
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 MAX_IN_FLIGHT = 16
 MAX_NAMED_LANES = 32
+# Inputs at least this large are rendered off the event loop. Rendering costs about
+# 0.1 us a byte (tokenization), a hop to a worker thread and back about 100 us: an
+# agent's tool output (a few KB) stays inline, a resumed history (hundreds of KB, tens
+# of ms) no longer stalls every other connection's frames and handshakes.
+RENDER_OFFLOAD_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,17 @@ class Generate:
     key: int
     prompt: Prompt
     sampling: Sampling
+
+
+@dataclass(frozen=True)
+class Render:
+    """Render work too large for the event loop: run `conversation.extend(request)` in
+    a worker thread (the core releases the GIL for it), then call
+    `render_done(key, turn)`, or `render_failed(key, error)` with its `CoreError`."""
+
+    key: int
+    conversation: Conversation
+    request: CreateRequest
 
 
 @dataclass(frozen=True)
@@ -81,7 +99,7 @@ class Close:
     reason: str = ""
 
 
-Action = bytes | Generate | Cancel | Close
+Action = bytes | Generate | Render | Cancel | Close
 
 
 @dataclass(frozen=True)
@@ -158,10 +176,28 @@ class _Active:
 
 
 @dataclass
+class _Rendering:
+    """A turn waiting for its `Render` work; it holds its lane like an active turn."""
+
+    lane: _Lane
+    pending: _Pending
+    conversation: Conversation
+    parent: str | None
+    evicts_parent: bool
+    start: int
+    cancelled: bool = False
+
+
+@dataclass
 class _Lane:
     name: str | None
     queue: deque[_Pending] = field(default_factory=deque)
     active: _Active | None = None
+    rendering: _Rendering | None = None
+
+    @property
+    def free(self) -> bool:
+        return self.active is None and self.rendering is None
 
 
 class Connection:
@@ -195,6 +231,7 @@ class Connection:
         self._lanes: dict[str | None, _Lane] = {None: _Lane(None)}
         self._ready: deque[_Lane] = deque()
         self._active: dict[int, _Active] = {}
+        self._rendering: dict[int, _Rendering] = {}
         self._next_key = 0
         self._queued_bytes = 0
         self._actions: list[Action] = []
@@ -308,6 +345,27 @@ class Connection:
                 active, f"The engine failed ({error.code}): {error.message}", self._usage(active)
             )
 
+    def render_done(self, key: int, turn: Turn) -> None:
+        """The `Render` work `key` finished: the turn goes on to the engine."""
+        rendering = self._end_render(key)
+        if rendering is None:
+            return
+        self._rendered(rendering, turn)
+        active = rendering.lane.active
+        if rendering.cancelled and active is not None:
+            # The cancel came while rendering: the same frames as a cancel right after
+            # `response.in_progress` of an inline render.
+            self._cancel_active(active)
+        else:
+            self._lane_freed(rendering.lane)
+
+    def render_failed(self, key: int, error: CoreError) -> None:
+        """The `Render` work `key` raised: the request is refused, the lane goes on."""
+        rendering = self._end_render(key)
+        if rendering is not None:
+            self._render_refused(rendering, error)
+            self._lane_freed(rendering.lane)
+
     def lifetime_reached(self) -> None:
         """The connection's lifetime is over: finish what is in flight, refuse the
         rest, then close with 1000. Never cuts a response in the middle."""
@@ -320,9 +378,13 @@ class Connection:
         for active in self._active.values():
             self._actions.append(Cancel(active.key))
         self._active.clear()
+        # A render still running in a worker thread finishes on its own; its result
+        # finds no turn and is dropped.
+        self._rendering.clear()
         for lane in self._lanes.values():
             lane.queue.clear()
             lane.active = None
+            lane.rendering = None
         self._ready.clear()
         self._queued_bytes = 0
         self.cache.clear()
@@ -336,12 +398,12 @@ class Connection:
 
     @property
     def in_flight(self) -> int:
-        return len(self._active)
+        return len(self._active) + len(self._rendering)
 
     @property
     def busy(self) -> bool:
-        """Something is generating or waiting in a queue."""
-        return bool(self._active) or self._queued_bytes > 0 or bool(self._ready)
+        """Something is rendering, generating or waiting in a queue."""
+        return self.in_flight > 0 or self._queued_bytes > 0 or bool(self._ready)
 
     # ---------------------------------------------------------------- requests
 
@@ -412,7 +474,7 @@ class Connection:
             return
         lane.queue.append(_Pending(request, size, parse_ns))
         self._queued_bytes += size
-        if lane.active is None and len(lane.queue) == 1:
+        if lane.free and len(lane.queue) == 1:
             self._ready.append(lane)
         self._pump()
 
@@ -428,12 +490,12 @@ class Connection:
 
     def _pump(self) -> None:
         """Start queued requests while lanes are free and the in-flight cap allows."""
-        while self._ready and len(self._active) < MAX_IN_FLIGHT and not self._expiring:
+        while self._ready and self.in_flight < MAX_IN_FLIGHT and not self._expiring:
             lane = self._ready.popleft()
             pending = lane.queue.popleft()
             self._queued_bytes -= pending.size
             self._start(lane, pending)
-            if lane.active is None and lane.queue:
+            if lane.free and lane.queue:
                 self._ready.append(lane)
 
     def _start(self, lane: _Lane, pending: _Pending) -> None:
@@ -458,13 +520,36 @@ class Connection:
             conversation = Conversation(
                 self._format, context_window=self._context_window, policy=self._policy
             )
+        rendering = _Rendering(lane, pending, conversation, parent, evicts_parent, start)
+        if request.input_bytes >= RENDER_OFFLOAD_BYTES:
+            key = self._next_key
+            self._next_key += 1
+            lane.rendering = self._rendering[key] = rendering
+            self._actions.append(Render(key, conversation, request))
+            return
         try:
             turn = conversation.extend(request)
         except CoreError as e:
-            if evicts_parent and parent is not None:
-                self.cache.evict(parent)
-            self._refuse(ProtocolError.from_core(e), lane.name)
+            self._render_refused(rendering, e)
             return
+        self._rendered(rendering, turn)
+
+    def _end_render(self, key: int) -> _Rendering | None:
+        # None when the client went away meanwhile.
+        rendering = self._rendering.pop(key, None)
+        if rendering is not None:
+            rendering.lane.rendering = None
+        return rendering
+
+    def _render_refused(self, rendering: _Rendering, error: CoreError) -> None:
+        if rendering.evicts_parent and rendering.parent is not None:
+            self.cache.evict(rendering.parent)
+        self._refuse(ProtocolError.from_core(error), rendering.lane.name)
+
+    def _rendered(self, rendering: _Rendering, turn: Turn) -> None:
+        """The rest of `_start`, once the new items are in the conversation."""
+        lane, pending, conversation = rendering.lane, rendering.pending, rendering.conversation
+        request, parent, start = pending.request, rendering.parent, rendering.start
         fields = request.response_fields_json
         if request.model is None:
             fields = fields.replace(
@@ -487,7 +572,7 @@ class Connection:
             parser=conversation.parser(),
             turn=turn,
             parent=parent,
-            evicts_parent=evicts_parent,
+            evicts_parent=rendering.evicts_parent,
             overhead_ns=0,
         )
         prompt = conversation.prompt()
@@ -606,16 +691,25 @@ class Connection:
             lane = self._lanes.get(event.stream_id)
             target = lane.active if lane is not None else None
         if target is None:
-            return  # Already finished: the cancel crossed the terminal event on the wire.
+            lane = self._lanes.get(event.stream_id) if event.response_id is None else None
+            if lane is not None and lane.rendering is not None:
+                lane.rendering.cancelled = True
+            # Otherwise already finished: the cancel crossed the terminal event on the wire.
+            return
+        self._cancel_active(target)
+
+    def _cancel_active(self, target: _Active) -> None:
         del self._active[target.key]
         self._actions.append(Cancel(target.key))
         # Items still open are dropped: the cancelled response reports what completed.
         self._terminal(target, "response.incomplete", "cancelled", self._usage(target), None)
 
     def _release(self, active: _Active) -> None:
-        lane = active.lane
-        lane.active = None
-        if lane.queue:
+        active.lane.active = None
+        self._lane_freed(active.lane)
+
+    def _lane_freed(self, lane: _Lane) -> None:
+        if lane.free and lane.queue:
             self._ready.append(lane)
         self._pump()
         self._finish_expiry()
@@ -633,7 +727,7 @@ class Connection:
         )
 
     def _finish_expiry(self) -> None:
-        if not self._expiring or self._active or self.closed:
+        if not self._expiring or self.in_flight or self.closed:
             return
         refused = False
         for lane in self._lanes.values():

@@ -39,11 +39,13 @@ from hotloop.protocol import (
     ConnectionLimits,
     Finished,
     Generate,
+    Render,
 )
 from hotloop.protocol.errors import ProtocolError
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
 from hotloop.transport.asgi import Receive, Scope, Send
+from hotloop.transport.websocket import render_off_loop
 
 log = logging.getLogger("hotloop.http")
 
@@ -193,6 +195,11 @@ class HttpApi:
         )
         connection.receive_request(request, len(body), time.perf_counter_ns() - start)
         actions = connection.actions()
+        work = next((a for a in actions if isinstance(a, Render)), None)
+        if work is not None:
+            # A full history: rendered off the event loop, the turn goes on after it.
+            await render_off_loop(connection, work)
+            actions = [a for a in actions if a is not work] + connection.actions()
         refusal = next((a for a in actions if isinstance(a, bytes) and _is_error(a)), None)
         if refusal is not None:
             await _reply_refusal(send, refusal)

@@ -17,9 +17,10 @@ import logging
 from collections import deque
 from collections.abc import AsyncGenerator
 
+from hotloop._core import CoreError
 from hotloop.engines.base import EngineError, EngineSession
 from hotloop.events import error_body
-from hotloop.protocol import Cancel, Close, Connection, Generate
+from hotloop.protocol import Cancel, Close, Connection, Generate, Render
 from hotloop.transport.asgi import Receive, Scope, Send
 
 log = logging.getLogger("hotloop.websocket")
@@ -57,6 +58,19 @@ async def deny(scope: Scope, send: Send, status: int, code: str, message: str) -
         await send({"type": "websocket.close", "code": 1008})
 
 
+async def render_off_loop(connection: Connection, work: Render) -> None:
+    """Run a large render in a worker thread (the core releases the GIL for it) and
+    hand its result back to the connection; the event loop serves everyone meanwhile.
+    Cancelling the caller abandons the result: the thread finishes on its own, on a
+    conversation nothing else holds."""
+    try:
+        turn = await asyncio.to_thread(work.conversation.extend, work.request)
+    except CoreError as e:
+        connection.render_failed(work.key, e)
+    else:
+        connection.render_done(work.key, turn)
+
+
 class Socket:
     """Drives one accepted connection until either side closes it."""
 
@@ -84,6 +98,7 @@ class Socket:
         self.paused = asyncio.Event()
         """Set while generation is paused until the client reads (health and tests)."""
         self._generating: dict[int, asyncio.Task[None]] = {}
+        """Engine work and offloaded renders, by key (both end with the socket)."""
         self._closing = False
 
     @property
@@ -141,6 +156,8 @@ class Socket:
             elif isinstance(action, Generate):
                 task = asyncio.create_task(self._generate(action))
                 self._generating[action.key] = task
+            elif isinstance(action, Render):
+                self._generating[action.key] = asyncio.create_task(self._render(action))
             elif isinstance(action, Cancel):
                 stopped = self._generating.pop(action.key, None)
                 if stopped is not None:
@@ -178,6 +195,13 @@ class Socket:
                 await ids_stream.aclose()
             self._generating.pop(key, None)
             self._dispatch()
+
+    async def _render(self, work: Render) -> None:
+        try:
+            await render_off_loop(self.connection, work)
+        finally:
+            self._generating.pop(work.key, None)
+        self._dispatch()
 
     # ---------------------------------------------------------------- writing
 

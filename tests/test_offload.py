@@ -1,0 +1,286 @@
+"""Large renders run off the event loop: the connection hands them out as `Render`
+work, the transport runs them in a worker thread (the core releases the GIL), and
+meanwhile other lanes, other connections and new handshakes go on. Order within a
+lane holds; a cancel or a disconnect during a render behaves as it would without it.
+
+Ordering is proven with events (a render held in its worker thread by a gate), never
+with timings."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+import pytest
+from hotloop._core import ChatFormat, Conversation, CoreError, CreateRequest, parse_request
+from hotloop.engines.sim import SimSpeed
+from hotloop.protocol import (
+    CacheBudget,
+    Cancel,
+    Close,
+    Connection,
+    ConnectionCache,
+    Generate,
+    Render,
+)
+from hotloop.protocol.connection import RENDER_OFFLOAD_BYTES
+from sdk_events import validate
+from servers import hotloop_server
+from websockets.sync.client import ClientConnection, connect
+
+FORMAT = ChatFormat.harmony()
+ANSWER = FORMAT.completion_tokens(text="Hello there, friend.")
+# An agent resuming a task: its first request carries a long tool output.
+HISTORY = "line of a long tool output, as read from a file\n" * (RENDER_OFFLOAD_BYTES // 32)
+T = TypeVar("T")
+
+
+class Driver:
+    """Plays the client, the engine and the transport against one Connection; renders
+    run only when the test says so."""
+
+    def __init__(self, context_window: int = 1 << 20) -> None:
+        self.cache = ConnectionCache(1 << 30, CacheBudget(1 << 30))
+        self.conn = Connection(
+            chat_format=FORMAT, context_window=context_window, model="sim", cache=self.cache
+        )
+        self.renders: dict[int, Render] = {}
+        self.generating: dict[int, Generate] = {}
+        self.cancelled: list[int] = []
+        self.closed: Close | None = None
+
+    def pump(self) -> list[dict[str, Any]]:
+        frames = []
+        for action in self.conn.actions():
+            if isinstance(action, bytes):
+                frames.append(validate(action))
+            elif isinstance(action, Render):
+                self.renders[action.key] = action
+            elif isinstance(action, Generate):
+                self.generating[action.key] = action
+            elif isinstance(action, Cancel):
+                self.cancelled.append(action.key)
+                self.generating.pop(action.key)
+            else:
+                self.closed = action
+        return frames
+
+    def create(self, text: str, **fields: Any) -> list[dict[str, Any]]:
+        event = {"type": "response.create", "model": "sim", "input": text, **fields}
+        self.conn.receive_text(orjson.dumps(event).decode())
+        return self.pump()
+
+    def render(self, key: int | None = None) -> list[dict[str, Any]]:
+        """Run one handed-out render (here, on the test's thread) and report it."""
+        work = self.renders.pop(min(self.renders) if key is None else key)
+        try:
+            turn = work.conversation.extend(work.request)
+        except CoreError as e:
+            self.conn.render_failed(work.key, e)
+        else:
+            self.conn.render_done(work.key, turn)
+        return self.pump()
+
+    def finish(self, key: int | None = None) -> list[dict[str, Any]]:
+        work = self.generating.pop(min(self.generating) if key is None else key)
+        self.conn.engine_output(work.key, ANSWER)
+        self.conn.engine_done(work.key)
+        return self.pump()
+
+
+def kinds(frames: list[dict[str, Any]]) -> list[str]:
+    return [f["type"] for f in frames]
+
+
+STARTED = ["response.created", "response.in_progress"]
+
+
+def test_small_input_renders_inline_large_input_is_handed_out() -> None:
+    driver = Driver()
+    assert kinds(driver.create("a short tool output")) == STARTED
+    assert driver.renders == {}
+    assert driver.create(HISTORY, stream_id="big") == []
+    (work,) = driver.renders.values()
+    assert work.request.input_bytes >= RENDER_OFFLOAD_BYTES
+    assert driver.conn.busy and driver.conn.in_flight == 2
+    assert kinds(driver.render()) == STARTED
+    (_, big) = driver.generating.values()
+    assert len(big.prompt) > RENDER_OFFLOAD_BYTES // 8
+
+
+def test_other_lanes_go_on_while_a_lane_renders() -> None:
+    driver = Driver()
+    driver.create(HISTORY, stream_id="big")
+    assert len(driver.renders) == 1
+    # A whole turn on another lane, start to terminal, while the render is out.
+    assert kinds(driver.create("quick", stream_id="small")) == STARTED
+    done = driver.finish()
+    assert done[-1]["type"] == "response.completed" and done[-1]["stream_id"] == "small"
+    assert len(driver.renders) == 1
+    started = driver.render()
+    assert kinds(started) == STARTED and started[0]["stream_id"] == "big"
+    assert driver.finish()[-1]["type"] == "response.completed"
+
+
+def test_order_within_a_lane_holds_across_a_render() -> None:
+    driver = Driver()
+    driver.create(HISTORY)
+    # Queued behind the render, though it would render inline at once.
+    assert driver.create("next") == []
+    assert driver.generating == {}
+    first = driver.render()
+    assert kinds(first) == STARTED
+    assert len(driver.generating) == 1
+    second = driver.finish()
+    assert kinds(second)[-3:] == ["response.completed", *STARTED]
+    assert second[-1]["response"]["id"] != first[0]["response"]["id"]
+    # Each response numbers its own events: the first's all come before the second's.
+    seqs = [f["sequence_number"] for f in first + second[:-2]]
+    assert seqs == list(range(len(seqs)))
+
+
+def test_a_queued_large_input_renders_after_the_lane_frees() -> None:
+    driver = Driver()
+    assert kinds(driver.create("first")) == STARTED
+    assert driver.create(HISTORY) == []
+    assert driver.renders == {}  # not before the lane's first response is done
+    assert driver.finish()[-1]["type"] == "response.completed"
+    assert len(driver.renders) == 1
+    assert kinds(driver.render()) == STARTED
+
+
+def test_cancel_during_a_render_cancels_the_response_once_started() -> None:
+    driver = Driver()
+    driver.create(HISTORY, stream_id="a")
+    driver.conn.receive_text(orjson.dumps({"type": "response.cancel", "stream_id": "a"}))
+    assert driver.pump() == []
+    frames = driver.render()
+    # The same frames as a cancel right after an inline render's `in_progress`.
+    assert kinds(frames) == [*STARTED, "response.incomplete"]
+    assert frames[-1]["response"]["status"] == "cancelled"
+    assert driver.generating == {} and len(driver.cancelled) == 1
+    assert not driver.conn.busy
+    assert kinds(driver.create("again", stream_id="a")) == STARTED
+
+
+def test_disconnect_during_a_render_drops_its_result() -> None:
+    driver = Driver()
+    driver.create(HISTORY)
+    driver.create("queued behind it")
+    driver.conn.connection_lost()
+    assert driver.pump() == []
+    assert driver.render() == []
+    assert driver.generating == {} and not driver.conn.busy
+
+
+def test_a_failed_render_is_refused_and_the_lane_goes_on() -> None:
+    driver = Driver(context_window=2000)
+    driver.create(HISTORY)
+    assert driver.create("short") == []
+    frames = driver.render()
+    assert kinds(frames) == ["error", *STARTED]
+    assert frames[0]["error"]["code"] == "context_length_exceeded"
+
+
+def test_lifetime_waits_for_a_render() -> None:
+    driver = Driver()
+    driver.create(HISTORY)
+    driver.conn.lifetime_reached()
+    assert driver.pump() == [] and driver.closed is None
+    assert kinds(driver.render()) == STARTED
+    frames = driver.finish()
+    assert kinds(frames)[-2:] == ["response.completed", "error"]
+    assert driver.closed == Close(1000, "connection lifetime reached")
+
+
+# ---------------------------------------------------------------- the core, across threads
+
+
+def large_request() -> CreateRequest:
+    body = {"model": "sim", "input": HISTORY * 64}
+    return parse_request(orjson.dumps(body))
+
+
+def run_beside(work: Callable[[], T], probe: Callable[[], object]) -> tuple[T, list[object]]:
+    """Run `work` in a thread and call `probe` on this one until it is done; returns the
+    work's result and what every probe returned or raised."""
+    results: list[T] = []
+    thread = threading.Thread(target=lambda: results.append(work()))
+    seen: list[object] = []
+    thread.start()
+    while thread.is_alive():
+        try:
+            seen.append(probe())
+        except RuntimeError as e:
+            seen.append(e)
+    thread.join()
+    return results[0], seen
+
+
+def test_extend_releases_the_gil_and_a_second_user_gets_a_clean_error() -> None:
+    conversation = Conversation(FORMAT, context_window=1 << 22)
+    request = large_request()
+    turn, seen = run_beside(lambda: conversation.extend(request), lambda: conversation.token_count)
+    # This thread ran Python while the render was in progress: the GIL was released,
+    # and pyo3's borrow flag refused the concurrent read.
+    errors = [e for e in seen if isinstance(e, RuntimeError)]
+    assert errors, "the render held the GIL: nothing else ran meanwhile"
+    assert all("borrowed" in str(e) for e in errors)
+    assert conversation.token_count == turn.prompt_tokens > 100_000
+
+
+def test_a_concurrent_extend_on_the_same_conversation_is_refused() -> None:
+    conversation = Conversation(FORMAT, context_window=1 << 22)
+    request = large_request()
+    small = parse_request(orjson.dumps({"model": "sim", "input": "hi"}))
+    _, seen = run_beside(lambda: conversation.extend(request), lambda: conversation.extend(small))
+    refused = [e for e in seen if isinstance(e, RuntimeError)]
+    assert refused and all("borrowed" in str(e) for e in refused)
+
+
+# ---------------------------------------------------------------- over real sockets
+
+
+def recv_until(ws: ClientConnection, kind: str) -> list[dict[str, Any]]:
+    frames = []
+    while True:
+        frames.append(validate(ws.recv()))
+        if frames[-1]["type"] in (kind, "error"):
+            return frames
+
+
+def test_a_long_render_does_not_block_other_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    started = threading.Event()
+    gate = threading.Event()
+    to_thread = asyncio.to_thread
+
+    async def gated(work: Callable[..., T], *args: Any) -> T:
+        def held() -> T:
+            started.set()
+            gate.wait()
+            return work(*args)
+
+        return await to_thread(held)
+
+    # The render is held in its worker thread until the other connections are done.
+    monkeypatch.setattr(asyncio, "to_thread", gated)
+    speed = SimSpeed(tokens_per_second=1e6, ttft=0.0, prefill_tokens_per_second=1e9)
+    with hotloop_server(speed=speed) as base:
+        url = base.replace("http://", "ws://") + "/v1/responses"
+        with connect(url) as big, connect(url) as small:
+            big.send(orjson.dumps({"type": "response.create", "input": HISTORY}).decode())
+            assert started.wait(timeout=60)
+            small.send(orjson.dumps({"type": "response.create", "input": "quick"}).decode())
+            assert recv_until(small, "response.completed")[-1]["type"] == "response.completed"
+            # A new handshake and a whole turn on it, still during the render.
+            with connect(url) as late:
+                late.send(orjson.dumps({"type": "response.create", "input": "hi"}).decode())
+                assert recv_until(late, "response.completed")[-1]["type"] == "response.completed"
+            assert not gate.is_set()
+            gate.set()
+            frames = recv_until(big, "response.completed")
+        assert kinds(frames)[:2] == STARTED and frames[-1]["type"] == "response.completed"
+        assert [f["sequence_number"] for f in frames] == list(range(len(frames)))
