@@ -11,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Conversation, CoreError, CreateRequest, parse_request
-from hotloop.engines.sim import SimSpeed
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop.engines.sim import SimEngine, SimSpeed
 from hotloop.protocol import (
     CacheBudget,
     Cancel,
@@ -28,7 +32,7 @@ from hotloop.protocol import (
 )
 from hotloop.protocol.connection import RENDER_OFFLOAD_BYTES
 from sdk_events import validate
-from servers import hotloop_server
+from servers import FAST, hotloop_server, serving
 from websockets.sync.client import ClientConnection, connect
 
 FORMAT = ChatFormat.harmony()
@@ -284,3 +288,22 @@ def test_a_long_render_does_not_block_other_connections(monkeypatch: pytest.Monk
             frames = recv_until(big, "response.completed")
         assert kinds(frames)[:2] == STARTED and frames[-1]["type"] == "response.completed"
         assert [f["sequence_number"] for f in frames] == list(range(len(frames)))
+
+
+def test_http_renders_a_full_history_off_the_loop_and_refuses_a_failed_one(
+    tmp_path: Path,
+) -> None:
+    body = {"model": "sim", "input": [{"role": "user", "content": HISTORY}]}
+    config = ServerConfig(engine="sim", data_dir=str(tmp_path))
+    for context_window in (1 << 20, 4096):
+        engine = SimEngine(FORMAT, model="sim", speed=FAST, context_window=context_window)
+        with serving(build_app(engine, config)) as base:
+            reply = httpx.post(base + "/v1/responses", json=body, timeout=60)
+            short = httpx.post(base + "/v1/responses", json={"model": "sim", "input": "hi"})
+        assert short.status_code == 200
+        if context_window == 4096:
+            assert reply.status_code == 400
+            assert reply.json()["error"]["code"] == "context_length_exceeded"
+        else:
+            assert reply.status_code == 200 and reply.json()["status"] == "completed"
+            assert reply.json()["usage"]["input_tokens"] > RENDER_OFFLOAD_BYTES // 8
