@@ -244,7 +244,9 @@ class Conversation:
         """Apply the request's prefix (instructions, tools), validate its input items
         against this chain (open calls, context budget with max_output_tokens, policy on
         new text only), render and tokenize only them, and open the assistant turn.
-        Raises CoreError and leaves the conversation unchanged on failure."""
+        Raises CoreError and leaves the conversation unchanged on failure. Releases the
+        GIL from 4 KB of input (so it can run in a worker thread); meanwhile another
+        thread using this object gets RuntimeError ("already mutably borrowed")."""
     def append_items(
         self,
         items_json: str,
