@@ -61,6 +61,12 @@ async def test_turn_two_evaluates_only_the_new_tokens(engine: LlamaEngine) -> No
     assert other.last_turn.evaluated_tokens == 1
     await other.close()
     await session.close()
+    # Closed connections leave their sequences behind as donors for the next one.
+    later = engine.session()
+    await collect(later, p2, GREEDY)
+    assert later.last_turn is not None
+    assert later.last_turn.reused_tokens == len(p2) - 1
+    await later.close()
 
 
 async def test_closing_the_stream_stops_within_one_token(engine: LlamaEngine) -> None:

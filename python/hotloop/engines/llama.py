@@ -12,9 +12,10 @@ tokens. A connection running lanes concurrently gets a sequence per lane in flig
 turn takes the session's idle sequence with the longest common prefix. A turn whose
 prompt shares a longer prefix with any other sequence (a fork of a busy lane, a new
 connection with the same system prompt and tools) starts from a copy of it: shared KV
-cells (`llama_memory_seq_cp`), nothing re-evaluated. More sequences wanted than exist:
-the least recently used idle one is dropped (its session's next turn evaluates its
-prompt again). The KV cache full: idle sequences are dropped first; if the running turns
+cells (`llama_memory_seq_cp`), nothing re-evaluated. A closed session's sequences stay
+as such donors until evicted. More sequences wanted than exist: an idle one is dropped,
+closed sessions' first, then the least recently used (its session's next turn evaluates
+its prompt again). The KV cache full: idle sequences are dropped first; if the running turns
 alone do not fit, the one holding the most fails with `engine_overloaded`.
 
 Scheduling. One worker thread runs every decode (llama.cpp contexts are not
@@ -341,10 +342,9 @@ class _Runner:
             if isinstance(command, _Job):
                 self._admit(command)
             else:
+                # Its sequences stay as donors (the next connection of the same agent
+                # shares their system prompt) until evicted, closed sessions' first.
                 command.closed = True
-                for seq in list(command.sequences):
-                    if not seq.busy:
-                        self._drop(seq)
 
     def _admit(self, job: _Job) -> None:
         if job.cancelled:
@@ -396,7 +396,7 @@ class _Runner:
             idle = [s for s in self.owners.values() if not s.busy]
             if not idle:
                 return None
-            self._drop(min(idle, key=lambda s: s.last_used))
+            self._drop(min(idle, key=_eviction_order))
         seq = _Sequence(self.free_ids.pop(), kv)
         kv.sequences.append(seq)
         self.owners[seq.seq_id] = seq
@@ -493,7 +493,7 @@ class _Runner:
         the running turn that holds the most."""
         idle = [s for s in self.owners.values() if not s.busy and s.tokens]
         if idle:
-            self._drop(min(idle, key=lambda s: s.last_used))
+            self._drop(min(idle, key=_eviction_order))
             return
 
         def held(job: _Job) -> int:
@@ -519,10 +519,15 @@ class _Runner:
         if seq is not None:
             seq.busy = False
             seq.last_used = next(self.clock)
-            if forget or seq.owner.closed:
+            if forget:
                 self._drop(seq)
         job.finished.set()
         job.deliver(error)
+
+
+def _eviction_order(seq: _Sequence) -> tuple[bool, int]:
+    """Closed sessions' sequences go first, then the least recently used."""
+    return (not seq.owner.closed, seq.last_used)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
