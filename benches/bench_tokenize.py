@@ -15,7 +15,7 @@ from typing import Any
 
 import llama_cpp
 import pytest
-from hotloop import Tokenizer
+from hotloop import IncrementalText, Tokenizer
 
 from tests import corpus, references
 
@@ -107,4 +107,32 @@ def test_pathological_growth(benchmark: Any, vocabulary: str, kind: str) -> None
     benchmark.extra_info.update(
         {f"ns_per_byte_{size}": round(v, 1) for size, v in ns.items()},
         growth_1m_vs_10k=round(ns[SIZES[-1]] / ns[SIZES[0]], 2),
+    )
+
+
+@pytest.mark.parametrize("vocabulary", ["o200k_base", "smollm2"])
+def test_incremental_append(benchmark: Any, vocabulary: str) -> None:
+    """Appending a 2 KB chunk of prose to a text of 10 KB, 100 KB or 1 MB: the cost
+    follows the chunk, not the text; a full re-encode at 1 MB is the comparison."""
+    tok = (
+        Tokenizer.openai(vocabulary)
+        if vocabulary != "smollm2"
+        else Tokenizer.from_gguf(references.smollm2_gguf())
+    )
+    prose = "".join(t for label, t in corpus.documents() if label.endswith(".py"))
+    chunk = prose[:2048]
+    runs = {size: IncrementalText(tok, prose[:size]) for size in SIZES}
+    append_us: dict[int, list[float]] = {size: [] for size in SIZES}
+
+    def round_() -> None:
+        for size, run in runs.items():
+            append_us[size].append(_cpu(lambda run=run: [run.push(chunk) for _ in range(20)]) / 20)
+
+    benchmark.pedantic(round_, rounds=ROUNDS, iterations=1)
+    full = statistics.median(_cpu(lambda: tok.encode(prose[: SIZES[-1]])) for _ in range(3))
+    us = {size: statistics.median(v) * 1e6 for size, v in append_us.items()}
+    benchmark.extra_info.update(
+        {f"append_us_{size}": round(v, 1) for size, v in us.items()},
+        full_encode_1m_us=round(full * 1e6),
+        full_vs_append_1m=round(full * 1e6 / us[SIZES[-1]]),
     )

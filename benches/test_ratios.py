@@ -174,6 +174,7 @@ def test_output_parser_against_openai_harmony(
         reasoning=step.reasoning, calls=[(step.call.name, step.call.arguments)]
     )
     conversation = Conversation(harmony, context_window=1 << 20)
+    conversation.extend(parse_request(b'{"input": "go"}'))  # parsers need an open turn
     encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
 
     def ours() -> None:

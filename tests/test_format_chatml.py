@@ -218,6 +218,56 @@ def smollm2_format() -> _core.ChatFormat:
     )
 
 
+def request_body(case: dict[str, Any]) -> str:
+    """The case as a `POST /v1/responses` body."""
+    input_items = [
+        {"type": "message", "role": i["role"], "content": i["text"]}
+        if i["type"] == "message"
+        else i
+        for i in case["items"]
+    ]
+    body: dict[str, Any] = {"model": "smollm2", "input": input_items}
+    if "instructions" in case["prefix"]:
+        body["instructions"] = case["prefix"]["instructions"]
+    if "tools" in case["prefix"]:
+        body["tools"] = [{"type": "function", **t} for t in case["prefix"]["tools"]]
+    return json.dumps(body)
+
+
+def test_conversation_prompt_equals_template_tokenized_by_llama_cpp() -> None:
+    """End to end: request parsing, validation, the rendered-token cache and ChatML over
+    SmolLM2's tokenizer give the ids llama.cpp gives the rendered template."""
+    fmt = smollm2_format()
+    for case in json.loads(GOLDEN.read_text()):
+        conversation = _core.Conversation(fmt, context_window=1 << 20)
+        conversation.extend(_core.parse_request(request_body(case)))
+        assert conversation.prompt().tokens() == case["tokens"], case["name"]
+
+
+def test_parser_streams_calls_through_the_python_api() -> None:
+    fmt = smollm2_format()
+    conversation = _core.Conversation(fmt, context_window=1 << 20)
+    conversation.extend(_core.parse_request(json.dumps({"model": "smollm2", "input": "ls?"})))
+    calls = [("exec_command", '{"cmd": "ls -la"}'), ("exec_command", '{"cmd": "pwd"}')]
+    ids = fmt.completion_tokens(text="Running both.", calls=calls)
+    parser = conversation.parser()
+    events = [e for i in ids for e in parser.feed([i])]
+    tail, outcome, message = parser.finish()
+    assert (outcome, message) == ("stopped", None)
+    events += tail
+    done = [e for e in events if e[0] in ("message_done", "call_done")]
+    assert done[0] == ("message_done", 0, "Running both.")
+    assert [(e[1], e[2], e[4]) for e in done[1:]] == [(1, *calls[0]), (2, *calls[1])]
+    call_ids = [e[3] for e in done[1:]]
+    assert all(c.startswith("call_") and len(c) == 29 for c in call_ids)
+    assert len(set(call_ids)) == 2
+    for index, (_, arguments) in enumerate(calls, start=1):
+        deltas = [e[2] for e in events if e[0] == "arguments" and e[1] == index]
+        assert len(deltas) > 1 and "".join(deltas) == arguments
+    assert parser.output_tokens == len(ids)
+    assert parser.reasoning_tokens == 0
+
+
 def test_stop_tokens_are_the_models_end_tokens() -> None:
     fmt = smollm2_format()
     assert fmt.name == "chatml"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hotloop import _core
 from hotloop._core import ChatFormat
 from openai_harmony import (
     Author,
@@ -184,6 +185,17 @@ CASES: list[dict[str, Any]] = [
             user(""),
         ],
     },
+    {
+        "name": "empty_texts",
+        "prefix": {"instructions": ""},
+        "items": [
+            user("?"),
+            {"type": "reasoning", "text": ""},
+            call("c9", "noop", "{}"),
+            output("c9", ""),
+            {"type": "message", "role": "assistant", "text": ""},
+        ],
+    },
 ]
 
 # Sampled outputs (after the generation header `<|start|>assistant`) in the shapes gpt-oss
@@ -302,6 +314,79 @@ def test_golden_vectors_are_what_openai_harmony_renders(reference: HarmonyEncodi
     assert [{k: v for k, v in g.items() if k != "tokens"} for g in golden] == CASES
     for case in golden:
         assert render_reference(reference, case) == case["tokens"], case["name"]
+
+
+def request_body(case: dict[str, Any]) -> str:
+    """The case as a `POST /v1/responses` body."""
+    input_items: list[dict[str, Any]] = []
+    for item in case["items"]:
+        if item["type"] == "message":
+            input_items.append({"type": "message", "role": item["role"], "content": item["text"]})
+        elif item["type"] == "reasoning":
+            content = [{"type": "reasoning_text", "text": item["text"]}]
+            input_items.append({"type": "reasoning", "summary": [], "content": content})
+        else:
+            input_items.append(item)
+    body: dict[str, Any] = {"model": "gpt-oss", "input": input_items}
+    prefix = case["prefix"]
+    if "instructions" in prefix:
+        body["instructions"] = prefix["instructions"]
+    if "tools" in prefix:
+        body["tools"] = [{"type": "function", **t} for t in prefix["tools"]]
+    if "reasoning_effort" in prefix:
+        body["reasoning"] = {"effort": prefix["reasoning_effort"]}
+    return json.dumps(body)
+
+
+def test_conversation_prompt_equals_openai_harmony(reference: HarmonyEncoding) -> None:
+    """End to end: request parsing, validation, the rendered-token cache and harmony.
+    Validation gives a tool without `parameters` the API's default, an empty object
+    schema, so the reference renders the tools that way too."""
+    empty = {"type": "object", "properties": {}}
+    for case in json.loads(GOLDEN.read_text()):
+        tools = [{"parameters": empty, **t} for t in case["prefix"].get("tools", [])]
+        normalized = {**case, "prefix": {**case["prefix"], "tools": tools}}
+        conversation = _core.Conversation(ChatFormat.harmony(), context_window=1 << 20)
+        conversation.extend(_core.parse_request(request_body(case)))
+        expected = render_reference(reference, normalized)
+        assert conversation.prompt().tokens() == expected, case["name"]
+
+
+def test_parser_streams_a_completion_through_the_python_api() -> None:
+    fmt = ChatFormat.harmony()
+    conversation = _core.Conversation(fmt, context_window=1 << 20)
+    conversation.extend(_core.parse_request(json.dumps({"model": "gpt-oss", "input": "Hi"})))
+    ids = fmt.completion_tokens(reasoning="Greet back — briefly.", text="Hello! 👋")
+    parser = conversation.parser()
+    events = [e for i in ids for e in parser.feed([i])]
+    assert parser.stopped
+    tail, outcome, message = parser.finish()
+    assert (outcome, message) == ("stopped", None)
+    events += tail
+    assert [e[0] for e in events if e[0] not in ("text", "reasoning")] == [
+        "reasoning_start",
+        "reasoning_done",
+        "message_start",
+        "message_done",
+    ]
+    assert "".join(e[2] for e in events if e[0] == "reasoning") == "Greet back — briefly."
+    assert "".join(e[2] for e in events if e[0] == "text") == "Hello! 👋"
+    assert parser.output_tokens == len(ids)
+    assert 0 < parser.reasoning_tokens < len(ids)
+
+
+def test_off_format_output_finishes_malformed_with_the_reason() -> None:
+    fmt = ChatFormat.harmony()
+    conversation = _core.Conversation(fmt, context_window=1 << 20)
+    conversation.extend(_core.parse_request(json.dumps({"model": "gpt-oss", "input": "Hi"})))
+    tokenizer = fmt.tokenizer
+    special = tokenizer.special
+    ids = [special("<|channel|>"), *tokenizer.encode("thoughts"), special("<|message|>")]
+    parser = conversation.parser()
+    parser.feed([i for i in ids if i is not None])
+    _, outcome, message = parser.finish()
+    assert outcome == "malformed"
+    assert message is not None and "unknown channel" in message
 
 
 def test_stop_tokens_are_the_assistant_action_stops(reference: HarmonyEncoding) -> None:

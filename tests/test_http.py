@@ -6,6 +6,7 @@ are validated strictly with the SDK's pydantic models."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,11 @@ import httpx
 import openai
 import orjson
 import pytest
+from hotloop._core import ChatFormat
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
-from hotloop.engines.sim import SimScript
+from hotloop.engines.sim import SimScript, SimSpeed
+from hotloop.store.sqlite import SQLiteDatabase
 from hotloop.transport import App
 from openai import OpenAI
 from openai.types import Model
@@ -210,6 +213,12 @@ def test_a_restarted_server_continues_from_the_store(tmp_path: Path) -> None:
         client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
         first = create_raw(client, input="remember this", instructions="Be terse.")
         second = create_raw(client, input="and this", previous_response_id=first.id)
+    # The sampled ids are stored verbatim beside the response.
+    database = SQLiteDatabase(tmp_path / "responses.sqlite3")
+    chain = database.chain(second.id)
+    database.close()
+    assert [r.id for r in chain] == [second.id, first.id]
+    assert ChatFormat.harmony().tokenizer.decode(chain[0].output_token_ids).endswith("Done.<|end|>")
     with serving(hotloop_app(tmp_path)) as base:
         client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
         assert client.responses.retrieve(second.id) == second
@@ -347,3 +356,67 @@ def test_oversize_body(tmp_path: Path) -> None:
             headers={"authorization": f"Bearer {KEY}"},
         )
         error_of(reply, 413, "request_too_large")
+
+
+def test_websocket_and_http_share_the_store(client: OpenAI) -> None:
+    """A stored HTTP response continues on a new socket (rebuilt from the store), and a
+    stored WebSocket response is readable over HTTP and continues on another socket."""
+    over_http = create_raw(client, input="started over HTTP")
+
+    def one_turn(**body: Any) -> Any:
+        with client.responses.connect() as conn:
+            conn.response.create(model="sim", **body)
+            while True:
+                raw = conn.recv_bytes()
+                event = validate(raw)
+                if event["type"] in TERMINAL or event["type"] == "error":
+                    break
+            assert event["type"] == "response.completed", event
+            return conn.parse_event(raw).response  # type: ignore[union-attr]
+
+    continued = one_turn(input="go on", previous_response_id=over_http.id)
+    assert continued.previous_response_id == over_http.id
+    assert continued.usage.input_tokens_details.cached_tokens > 0
+    stored = client.responses.retrieve(continued.id)
+    assert stored.id == continued.id and stored.output_text == "Done."
+    again = one_turn(input="and on", previous_response_id=continued.id)
+    assert again.previous_response_id == continued.id
+
+    private = one_turn(input="not kept", store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(private.id)
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_generation(tmp_path: Path) -> None:
+    slow = SimSpeed(tokens_per_second=50.0, ttft=0.0, prefill_tokens_per_second=1e9)
+    text = " ".join(f"word{i}" for i in range(500))  # about 20 s at this speed
+    settings = ServerConfig(engine="sim", api_keys=(KEY,), data_dir=str(tmp_path))
+    app = build_app(sim_engine(SimScript(text=text), slow), settings)
+    assert app.ledger is not None
+    drain = app.ledger.drain
+    ended = threading.Event()
+    release = drain.release
+
+    def released() -> None:
+        release()
+        ended.set()
+
+    drain.release = released  # type: ignore[method-assign]
+    headers = {"authorization": f"Bearer {KEY}"}
+    with serving(app) as base:
+        body = {"model": "sim", "input": "talk", "stream": True}
+        with httpx.stream("POST", base + "/v1/responses", json=body, headers=headers) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: ") and "response.output_text.delta" in line:
+                    break
+        # Leaving the block closed the connection mid-stream.
+        assert ended.wait(60)
+        assert drain.in_flight == 0
+        # The server is fine, and the abandoned response was never booked.
+        quick = httpx.post(
+            base + "/v1/responses",
+            json={"model": "sim", "input": "short", "max_output_tokens": 2},
+            headers=headers,
+        )
+        assert quick.json()["status"] == "incomplete"
+        assert httpx.get(base + "/v1/usage", headers=headers).json()["responses"] == 1

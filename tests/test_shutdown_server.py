@@ -178,7 +178,9 @@ def test_sigterm_finishes_in_flight_responses_and_loses_nothing(tmp_path: Path) 
             assert stream.started.wait(HANG_GUARD)
             assert stream.terminal is None, "the response finished before the signal"
 
-        assert server.stop() == 0, "".join(server.log)
+        # uvicorn shuts down cleanly, then re-raises the signal it caught.
+        assert server.stop() in (0, -signal.SIGTERM), "".join(server.log)
+        assert "Application shutdown complete" in "".join(server.log)
         for stream in in_flight:
             stream.join(HANG_GUARD)
             assert stream.terminal is not None

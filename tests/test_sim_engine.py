@@ -5,15 +5,17 @@ the model's own arithmetic, never by wall time)."""
 from __future__ import annotations
 
 import orjson
-from hotloop._core import ChatFormat, Conversation, parse_request
+from hotloop._core import ChatFormat, Conversation, Prompt, parse_request
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
 from hotloop.engines.sim import (
     SimEngine,
     SimScript,
+    SimSession,
     SimSpeed,
     count_occurrences,
     from_config,
+    shared_prefix,
 )
 
 FORMAT = ChatFormat.harmony()
@@ -64,6 +66,25 @@ async def test_script_calls_then_answers_through_the_real_parser() -> None:
     assert outputs == [sim.call_ids, sim.call_ids, sim.answer_ids]
 
 
+async def generate_turn(session: SimSession, conversation: Conversation) -> list[int]:
+    """One generation through the parser, committed; returns the sampled ids."""
+    parser = conversation.parser()
+    ids: list[int] = []
+    async for batch in session.generate(conversation.prompt(), SAMPLING):
+        ids.extend(batch)
+        parser.feed(batch)
+    parser.finish()
+    conversation.commit_output(parser)
+    return ids
+
+
+def expected_uncached(prompt: Prompt, earlier: Prompt, sampled: list[int]) -> int:
+    """Tokens of `prompt` beyond `earlier` + the ids sampled after it (as far as the
+    history still holds them verbatim)."""
+    tail = prompt.tokens_from(len(earlier))
+    return len(prompt) - len(earlier) - shared_prefix(tail, sampled)
+
+
 async def test_prefix_cache_model_charges_only_new_tokens() -> None:
     sim = engine(SimScript(text="ok"))
     session = sim.session()
@@ -71,16 +92,13 @@ async def test_prefix_cache_model_charges_only_new_tokens() -> None:
     first = conversation.prompt()
     _, uncached = session.choose(first)
     assert uncached == len(first)
-    parser = conversation.parser()
-    async for batch in session.generate(first, SAMPLING):
-        parser.feed(batch)
-    parser.finish()
-    conversation.commit_output(parser)
+    sampled = await generate_turn(session, conversation)
     conversation.extend(parse_request('{"input":"second"}'))
     second = conversation.prompt()
     _, uncached = session.choose(second)
     # Only the new input (and headers) must be prefilled: the old prompt and the
     # model's own output are in the simulated cache.
+    assert uncached == expected_uncached(second, first, sampled)
     assert 0 < uncached < len(second) - len(first)
     other = request('{"model":"sim","input":"an unrelated conversation"}').prompt()
     _, uncached = session.choose(other)
@@ -116,15 +134,11 @@ async def test_prefix_cache_holds_interleaved_conversations() -> None:
     sim = engine(SimScript(text="ok"))
     session = sim.session()
     lanes = [request('{"input":"lane a"}'), request('{"input":"lane b, other text"}')]
-    for conversation in lanes:
-        parser = conversation.parser()
-        async for batch in session.generate(conversation.prompt(), SAMPLING):
-            parser.feed(batch)
-        parser.finish()
-        conversation.commit_output(parser)
+    prompts = [lane.prompt() for lane in lanes]
+    sampled = [await generate_turn(session, lane) for lane in lanes]
     first = lanes[0]
-    before = len(first.prompt())
     first.extend(parse_request('{"input":"more for a"}'))
     _, uncached = session.choose(first.prompt())
     # Lane b ran in between; lane a's sequence is still in the simulated cache.
-    assert uncached == len(first.prompt()) - before
+    assert uncached == expected_uncached(first.prompt(), prompts[0], sampled[0])
+    assert uncached < len(first.prompt()) - len(prompts[0])

@@ -15,6 +15,8 @@ import pytest
 import tiktoken
 from hotloop import StreamDecoder, Tokenizer
 from hotloop._core import CoreError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests import corpus, references
 from tests.references import OPENAI
@@ -28,6 +30,11 @@ def reference() -> dict[str, tiktoken.Encoding]:
 @pytest.fixture(scope="module")
 def smollm2_path() -> str:
     return references.smollm2_gguf()
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path: str) -> Tokenizer:
+    return Tokenizer.from_gguf(smollm2_path)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +119,17 @@ def test_smollm2_matches_llama_cpp_on_corpus(smollm2_path: str, llama: llama_cpp
     for label, text in corpus.documents():
         theirs = llama.tokenize(text.encode(), add_bos=False, special=False)
         _assert_same(label, text, ours.encode(text), theirs, ours)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
+def test_random_unicode_matches_references(
+    text: str, smollm2: Tokenizer, llama: llama_cpp.Llama, reference: dict[str, tiktoken.Encoding]
+) -> None:
+    """Any code point, any category: the character tables agree with the references."""
+    assert smollm2.encode(text) == llama.tokenize(text.encode(), add_bos=False, special=False)
+    for name in ("o200k_base", "cl100k_base"):
+        assert Tokenizer.openai(name).encode(text) == reference[name].encode_ordinary(text)
 
 
 def test_smollm2_vocabulary(smollm2_path: str, llama: llama_cpp.Llama) -> None:

@@ -1,6 +1,7 @@
 """hotloop: a Responses-API server whose WebSocket mode keeps an agent's state warm."""
 
 from hotloop._core import __version__
+from hotloop.tokencache import TokenCache
 from hotloop.tokenizer import IncrementalText, StreamDecoder, Tokenizer
 
-__all__ = ["IncrementalText", "StreamDecoder", "Tokenizer", "__version__"]
+__all__ = ["IncrementalText", "StreamDecoder", "TokenCache", "Tokenizer", "__version__"]

@@ -253,7 +253,7 @@ class Conversation:
         tools_json: str | None = None,
     ) -> Turn:
         """`extend` without a request (TokenCache and store rebuilds). Does not open an
-        assistant turn."""
+        assistant turn. `instructions` or `tools_json` None keeps the current one."""
     def append_text(self, chunk: str) -> int:
         """Grow the last item's text (streamed or chunked content); returns tokens changed."""
     def prompt(self) -> Prompt:
@@ -271,4 +271,5 @@ class Conversation:
     def open_call_ids(self) -> list[str]: ...
     @property
     def stats(self) -> dict[str, int]:
-        """segments_rendered, tokens_rendered, tokens_reused, invalidations."""
+        """segments_rendered, tokens_rendered, tokens_reused, invalidations, and
+        text_fallbacks (growing texts re-encoded whole because the in-place check failed)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -89,7 +90,8 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         engine,
         cache_memory_bytes=config.cache_memory_bytes,
         max_cached_bytes=config.max_cached_bytes,
-        data_dir=config.data_dir,
+        # An empty data directory means no durable store: store=true is then a no-op.
+        data_dir=config.data_dir or None,
     )
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None
@@ -170,9 +172,17 @@ def serve(config: ServerConfig) -> None:
     server = Server(
         uvicorn.Config("hotloop.cli:create_app", **options), drain_deadline=config.drain_timeout
     )
+    # After a graceful shutdown uvicorn restores the previous SIGTERM/SIGINT handlers and
+    # raises the signal again; the drain has run by then, so that ends in exit status 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _drained)
     server.run()
     if not server.started:
         raise SystemExit(3)
+
+
+def _drained(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

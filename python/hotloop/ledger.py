@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from pathlib import Path
 
 import orjson
@@ -61,6 +62,7 @@ class Ledger:
         self._policy = policy
         self._http_caches: dict[str | None, ConnectionCache] = {}
         self._puts: set[asyncio.Task[None]] = set()
+        self._unbooked: deque[tuple[Finished, str]] = deque()
 
     async def start(self) -> None:
         """Open the durable store (when a data directory is configured)."""
@@ -71,6 +73,7 @@ class Ledger:
     async def close(self) -> None:
         """Persist everything acknowledged: wait for scheduled puts, then flush and
         close the store. Called after the last response has ended."""
+        self._book_all()
         if self._puts:
             await asyncio.gather(*self._puts)
         if self.store is not None:
@@ -136,7 +139,13 @@ class Ledger:
 
     def record(self, response: Finished, transport: str) -> None:
         """Book a finished response on the loop's next turn, after the terminal frame."""
-        asyncio.get_running_loop().call_soon(self._book, response, transport)
+        if not self._unbooked:
+            asyncio.get_running_loop().call_soon(self._book_all)
+        self._unbooked.append((response, transport))
+
+    def _book_all(self) -> None:
+        while self._unbooked:
+            self._book(*self._unbooked.popleft())
 
     def _book(self, finished: Finished, transport: str) -> None:
         owner = key_id(finished.principal) if finished.principal is not None else None
@@ -166,6 +175,7 @@ class Ledger:
                 created_at=response["created_at"],
                 response=finished.response_json,
                 input_items=request.input_json.encode(),
+                output_token_ids=_output_ids(finished),
             )
             task = asyncio.get_running_loop().create_task(self._put(stored))
             self._puts.add(task)
@@ -177,6 +187,14 @@ class Ledger:
             await self.store.put(stored)
         except StoreError as e:
             log.error("response %s not stored: %s", stored.id, e.message)
+
+
+def _output_ids(finished: Finished) -> list[int]:
+    """The assistant segment as the cache holds it: the sampled ids verbatim (with the
+    format's end-of-message token). Empty when the response cannot be continued."""
+    if finished.checkpoint is None or finished.turn is None:
+        return []
+    return finished.checkpoint.fork().prompt().tokens_from(finished.turn.prompt_tokens)
 
 
 class Books:

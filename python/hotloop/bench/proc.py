@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -77,6 +78,7 @@ class ServerProcess:
     args: list[str]
     port: int
     process: subprocess.Popen[str]
+    data_dir: tempfile.TemporaryDirectory[str]
     log: list[str] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
 
@@ -87,6 +89,8 @@ class ServerProcess:
         """Start `hotloop serve` on a free loopback port and return once it accepts
         connections (uvicorn says so on stderr; no polling)."""
         port = free_port()
+        # Each server gets its own durable store, removed with it.
+        data_dir = tempfile.TemporaryDirectory(prefix="hotloop-bench-data-")
         args = [
             sys.executable,
             "-m",
@@ -100,13 +104,15 @@ class ServerProcess:
             str(workers),
             "--log-level",
             "info",
+            "--data-dir",
+            data_dir.name,
             *flags,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         process = subprocess.Popen(
             args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
         )
-        server = cls(args, port, process)
+        server = cls(args, port, process, data_dir)
         server._wait_ready(workers, timeout)
         return server
 
@@ -116,13 +122,15 @@ class ServerProcess:
         def drain() -> None:
             # Reads stderr for the server's whole life, so it never blocks on a full pipe.
             assert self.process.stderr is not None
-            started = 0
+            # Ready: every worker has started its application, and the socket is bound
+            # (one process binds after its startup; a supervisor binds before forking).
+            started, bound = 0, False
             for line in self.process.stderr:
                 self.log.append(line.rstrip())
-                if "Application startup complete" in line:
-                    started += 1
-                    if started >= workers:
-                        ready.set()
+                started += "Application startup complete" in line
+                bound = bound or "Uvicorn running on" in line
+                if bound and started >= workers:
+                    ready.set()
             ready.set()  # the server exited: stop waiting
 
         threading.Thread(target=drain, name="hotloop-serve-log", daemon=True).start()
@@ -161,6 +169,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.data_dir.cleanup()
 
     def __enter__(self) -> ServerProcess:
         return self

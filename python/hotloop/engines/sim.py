@@ -101,6 +101,14 @@ def count_occurrences(haystack: list[int], needle: list[int]) -> int:
     return count
 
 
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two id lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
+
+
 def _find_aligned(hay: bytes, pat: bytes, start: int) -> int:
     """The first match of `pat` in `hay` at or after `start` that starts on a token."""
     pos = hay.find(pat, start)
@@ -226,23 +234,29 @@ class SimSession:
         tail = prompt.tokens_from(start)
         calls = 0 if base is None else base.calls
         if base is not None and base.output:
+            # The engine's cache also holds what it generated, up to where the history
+            # differs from it (harmony records a final `<|return|>` as `<|end|>`).
             after = tail[scanned - start :][: len(base.output)]
-            if after == base.output:
-                cached = max(cached, scanned + len(base.output))
+            cached = max(cached, scanned + shared_prefix(after, base.output))
         calls = engine.advance(tail, calls)
         self._recent.append(_Sequence(prompt, [], calls))
         engine.recent.append(self._recent[-1])
         return cached, calls
 
     def choose(self, prompt: Prompt) -> tuple[list[int], int]:
-        """The ids the script answers `prompt` with, and the uncached prompt tokens."""
+        """The ids the script answers `prompt` with, and the uncached prompt tokens.
+        The sequence is recorded with these ids as its output; `generate` narrows that
+        to what it actually emitted."""
         cached, calls = self._observe(prompt)
         engine = self._engine
         if engine.turns:
-            return engine.turns[min(calls, len(engine.turns) - 1)][0], len(prompt) - cached
-        if engine.call_ids and calls < engine.script.tool_calls:
-            return engine.call_ids, len(prompt) - cached
-        return engine.answer_ids, len(prompt) - cached
+            ids = engine.turns[min(calls, len(engine.turns) - 1)][0]
+        elif engine.call_ids and calls < engine.script.tool_calls:
+            ids = engine.call_ids
+        else:
+            ids = engine.answer_ids
+        self._recent[-1].output = list(ids)
+        return ids, len(prompt) - cached
 
     async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
         ids, uncached = self.choose(prompt)
@@ -253,7 +267,9 @@ class SimSession:
         first = loop.time() + speed.first_token_delay(uncached)
         rate = speed.tokens_per_second
         sent = 0
+        # Truncated or cancelled, the engine holds only what it emitted.
         output = self._recent[-1].output
+        output.clear()
         while sent < len(ids):
             due = first + sent / rate
             now = loop.time()

@@ -542,10 +542,13 @@ class Connection:
 
     def _usage(self, active: _Active) -> Usage:
         turn = active.turn
+        # A new conversation renders its fixed prefix in this very turn: nothing of its
+        # prompt came from the cache, whatever the core kept between its own steps.
+        cached = 0 if active.parent is None else turn.cached_tokens
         return Usage(
             input_tokens=turn.prompt_tokens,
-            cached_tokens=turn.cached_tokens,
-            cache_write_tokens=turn.new_tokens,
+            cached_tokens=cached,
+            cache_write_tokens=turn.prompt_tokens - cached,
             output_tokens=active.parser.output_tokens,
             reasoning_tokens=active.parser.reasoning_tokens,
         )

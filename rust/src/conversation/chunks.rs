@@ -17,7 +17,7 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 /// Children per branch.
-pub const FAN: usize = 32;
+pub const FAN: usize = 16;
 
 /// Bytes of an `Arc` allocation's header (strong and weak counts).
 const ARC_HEADER: usize = 2 * size_of::<usize>();
@@ -68,14 +68,11 @@ impl<T> Node<T> {
         }
     }
 
-    fn empty(height: u32) -> Node<T>
-    where
-        T: Element,
-    {
+    fn empty(height: u32) -> Node<T> {
         if height == 0 {
-            Node::Leaf(Arc::new(Vec::with_capacity(T::LEAF)))
+            Node::Leaf(Arc::new(Vec::new()))
         } else {
-            Node::Branch(Arc::new(Vec::with_capacity(FAN)))
+            Node::Branch(Arc::new(Vec::new()))
         }
     }
 
@@ -226,7 +223,12 @@ impl<T: Element> Chunks<T> {
                     h -= 1;
                 }
                 while height > h {
+                    // Above the base's height everything is new except, possibly, the
+                    // leftmost subtree, which is compared below.
                     bytes += own_bytes(node);
+                    if let Node::Branch(children) = node {
+                        bytes += children[1..].iter().map(|c| unique(c, None)).sum::<usize>();
+                    }
                     node = node.first_child();
                     height -= 1;
                 }
@@ -273,9 +275,11 @@ fn fill<T: Element>(node: &mut Node<T>, height: u32, filled: usize, xs: &[T]) ->
         Node::Leaf(v) => {
             let v = Arc::make_mut(v);
             let n = (T::LEAF - v.len()).min(xs.len());
-            // A leaf copied on write has capacity == len; reserve exactly what it may still
-            // hold so that no leaf ever holds more than LEAF elements of capacity.
-            v.reserve_exact(T::LEAF - v.len());
+            // Grow by doubling, capped at LEAF: a checkpoint that shares a partial leaf
+            // keeps only what it holds (a copy on write has capacity == len), and no leaf
+            // ever has more than LEAF elements of capacity.
+            let cap = (v.len() + n).max(2 * v.len()).min(T::LEAF);
+            v.reserve_exact(cap - v.len());
             v.extend_from_slice(&xs[..n]);
             n
         }
@@ -452,6 +456,11 @@ mod tests {
                     let expect = sv.iter().zip(v.iter()).take_while(|(a, b)| a == b).count();
                     prop_assert_eq!(sc.common_prefix_len(&c), expect);
                     prop_assert_eq!(c.common_prefix_len(sc), expect);
+                    // What one holds = what the other holds + what it adds - what it lacks.
+                    prop_assert_eq!(
+                        c.unique_bytes(None) + sc.unique_bytes(Some(&c)),
+                        sc.unique_bytes(None) + c.unique_bytes(Some(sc))
+                    );
                 }
             }
         }

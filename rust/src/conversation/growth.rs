@@ -218,19 +218,24 @@ pub(crate) fn regrow(
         _ => restart_before(tokenizer, old, 0, join),
     };
 
-    // The cached ids of old[restart..]: walk back over them until their bytes add up.
-    let want = old.len() - restart;
-    let tail = cached_tail(want);
-    let mut bytes = 0;
+    // The cached ids of old[restart..]: walk back over them, each id spelling the bytes
+    // just before the previous one's. A vocabulary that drops bytes it cannot spell
+    // (SmolLM2 does, like llama.cpp) makes this fail: the caller re-encodes instead.
+    let tail = cached_tail(old.len() - restart);
+    let mut end = old.len();
     let mut drop = 0;
     for &id in tail.iter().rev() {
-        if bytes >= want {
+        if end == restart {
             break;
         }
-        bytes += tokenizer.token_bytes(id).len();
+        let bytes = tokenizer.token_bytes(id);
+        if end < restart + bytes.len() || &old.as_bytes()[end - bytes.len()..end] != bytes {
+            return None;
+        }
+        end -= bytes.len();
         drop += 1;
     }
-    if bytes != want {
+    if end != restart {
         return None;
     }
     let old_ids = &tail[tail.len() - drop..];

@@ -75,6 +75,10 @@ pub struct Delta {
     pub max_output_tokens: Option<usize>,
 }
 
+/// A function call still waiting for its output. The chain keeps only these (a handful),
+/// not every call of its history as `validate::OpenCalls` does, so that the copy a turn
+/// makes of them is O(open calls), not O(history); a tool result naming an older call
+/// finds its function by walking the segments back (only when re-rendering history).
 #[derive(Clone)]
 struct OpenCall {
     call_id: String,
@@ -118,20 +122,24 @@ struct Chain {
     run_tokens: usize,
     open_calls: Arc<Vec<OpenCall>>,
     hint: Option<GrowthHint>,
+    /// Everything the chain holds (`unique_bytes(None)`), kept up to date by
+    /// `Conversation::replace_chain` in O(changed nodes).
+    bytes: usize,
 }
 
 impl Chain {
-    fn new(format: &dyn ChatFormat, prefix: Prefix) -> Chain {
-        let mut chain = Chain {
+    /// An empty chain: nothing is rendered, not even the prefix, until the first append
+    /// (so that the first turn's tokens all count as new, none as cached).
+    fn new() -> Chain {
+        Chain {
             tokens: Chunks::default(),
             segments: Chunks::default(),
             run: Arc::from(""),
             run_tokens: 0,
             open_calls: Arc::new(Vec::new()),
             hint: None,
-        };
-        chain.rewrite(format, 0, vec![Step::Prefix(PrefixEntry::new(prefix))]);
-        chain
+            bytes: 0,
+        }
     }
 
     /// Tokens that are final (the provisional encoding of the open run excluded).
@@ -144,9 +152,10 @@ impl Chain {
     }
 
     fn prefix(&self) -> &Prefix {
-        match &self.segment(0).body {
-            Body::Prefix(entry) => &entry.prefix,
-            _ => unreachable!("a chain starts with its prefix"),
+        match self.segments.get(0).map(|s| &s.body) {
+            Some(Body::Prefix(entry)) => &entry.prefix,
+            Some(_) => unreachable!("a chain starts with its prefix"),
+            None => &NO_PREFIX,
         }
     }
 
@@ -325,6 +334,13 @@ fn grown(item: &Item, chunk: &str) -> Item {
 
 static CONVERSATION_IDS: AtomicU64 = AtomicU64::new(1);
 
+/// The prefix of a chain that has rendered nothing yet.
+static NO_PREFIX: Prefix = Prefix {
+    instructions: None,
+    tools: Vec::new(),
+    reasoning_effort: None,
+};
+
 /// The rendered-token cache of one response chain.
 pub struct Conversation {
     format: Arc<dyn ChatFormat>,
@@ -378,7 +394,7 @@ impl Checkpoint {
 
 impl Conversation {
     pub fn new(format: Arc<dyn ChatFormat>, context_window: usize) -> Self {
-        let chain = Chain::new(format.as_ref(), Prefix::default());
+        let chain = Chain::new();
         Conversation {
             format,
             context_window,
@@ -388,14 +404,6 @@ impl Conversation {
             id: CONVERSATION_IDS.fetch_add(1, Ordering::Relaxed),
             turns: 0,
         }
-    }
-
-    pub fn format(&self) -> &Arc<dyn ChatFormat> {
-        &self.format
-    }
-
-    pub fn context_window(&self) -> usize {
-        self.context_window
     }
 
     /// The prefix the chain is rendered with.
@@ -426,11 +434,12 @@ impl Conversation {
             }
             policy.check_input(&request.input)?;
         }
-        self.extend(Delta {
-            prefix: request.prefix.clone(),
-            items: request.input.items.clone(),
-            max_output_tokens: request.max_output_tokens.map(|n| n as usize),
-        })
+        // Requests resend their instructions and tools every turn: copy them only when
+        // they differ from the chain's.
+        let prefix = (self.chain.history_len() == 0 || request.prefix != *self.prefix())
+            .then(|| request.prefix.clone());
+        let max_output = request.max_output_tokens.map_or(0, |n| n as usize);
+        self.apply(prefix, request.input.items.clone(), true, Some(max_output))
     }
 
     /// `append_items` from JSON: `items_json` is an `input` array (or string),
@@ -497,7 +506,12 @@ impl Conversation {
         let mut open = next.open_calls.as_ref().clone();
         admit_calls(&mut open, &items)?;
         let history = next.history_len();
-        let prefix = prefix.filter(|p| p != next.prefix());
+        // An empty chain renders its prefix first, whatever it is.
+        let prefix = match prefix {
+            None if history == 0 => Some(Prefix::default()),
+            p if history == 0 => p,
+            p => p.filter(|p| p != next.prefix()),
+        };
         let invalidated = prefix.is_some() && history > 1;
         let mut steps = Vec::with_capacity(history + items.len() + 1);
         let from = match prefix {
@@ -523,7 +537,7 @@ impl Conversation {
                 self.context_window,
             )?;
         }
-        self.chain = next;
+        self.replace_chain(next);
         self.count(&work);
         if invalidated {
             self.stats.invalidations += 1;
@@ -537,6 +551,15 @@ impl Conversation {
             new_tokens: prompt_tokens - work.kept,
             invalidated,
         })
+    }
+
+    /// Install a chain built from the current one, accounting the bytes it added and
+    /// dropped (a walk over the nodes that differ, not over the history).
+    fn replace_chain(&mut self, mut next: Chain) {
+        let added = next.unique_bytes(Some(&self.chain));
+        let dropped = self.chain.unique_bytes(Some(&next));
+        next.bytes = self.chain.bytes + added - dropped;
+        self.chain = next;
     }
 
     fn count(&mut self, work: &Work) {
@@ -557,9 +580,9 @@ impl Conversation {
         let closed = next
             .turn_open()
             .then(|| next.rewrite(self.format.as_ref(), next.segments.len() - 1, Vec::new()));
-        let last = next.segments.len() - 1;
-        let seg = next.segment(last).clone();
-        let (Body::Item(old), true) = (&seg.body, last > 0) else {
+        let last = next.segments.len().saturating_sub(1);
+        let seg = next.segments.get(last).cloned();
+        let (Some(Body::Item(old)), true) = (seg.as_ref().map(|s| &s.body), last > 0) else {
             return Err(Error::new(
                 Code::InvalidValue,
                 "append_text grows the last input item, and the conversation does not end with one",
@@ -583,7 +606,7 @@ impl Conversation {
                 }
             }
         }
-        self.chain = next;
+        self.replace_chain(next);
         Ok(self.chain.tokens.len() - before.common_prefix_len(&self.chain.tokens))
     }
 
@@ -719,8 +742,10 @@ impl Conversation {
             items,
             sampled: parser.sampled().to_vec(),
         };
-        let work = self.chain.rewrite(self.format.as_ref(), from, vec![step]);
-        self.chain.open_calls = Arc::new(open);
+        let mut next = self.chain.clone();
+        let work = next.rewrite(self.format.as_ref(), from, vec![step]);
+        next.open_calls = Arc::new(open);
+        self.replace_chain(next);
         self.count(&work);
         Ok(())
     }
@@ -743,7 +768,7 @@ impl Conversation {
 
     /// Everything this conversation holds (shared or not).
     pub fn memory_bytes(&self) -> usize {
-        size_of::<Conversation>() + self.chain.unique_bytes(None)
+        size_of::<Conversation>() + self.chain.bytes
     }
 
     /// Call ids of function calls that have no output yet, oldest first.

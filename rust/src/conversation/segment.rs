@@ -78,7 +78,7 @@ pub(crate) fn item_bytes(item: &Item) -> usize {
 const ARC_HEADER: usize = 2 * size_of::<usize>();
 
 impl Element for Segment {
-    const LEAF: usize = 16;
+    const LEAF: usize = 8;
     fn heap_bytes(&self) -> usize {
         let carried = self.carried.as_ref().map_or(0, |c| ARC_HEADER + c.len());
         carried

@@ -12,6 +12,7 @@ use super::*;
 use crate::format::{Outcome, OutputParser, ParseEvent};
 use crate::item::{ItemKind, Role, Tool};
 use crate::tokenizer::{self, Tokenizer};
+use crate::validate::{self, CreateRequest, Limits, Policy};
 
 const START: u32 = 200_006;
 const END: u32 = 200_007;
@@ -197,6 +198,8 @@ impl OutputParser for MockParser {
 /// A conversation as a list, rendered from scratch: the reference.
 #[derive(Clone, Default, Debug)]
 struct Model {
+    /// A conversation renders nothing, not even its prefix, until its first append.
+    started: bool,
     prefix: Prefix,
     entries: Vec<Entry>,
     open_turn: bool,
@@ -212,6 +215,9 @@ enum Entry {
 
 impl Model {
     fn render(&self, format: &dyn ChatFormat) -> Vec<u32> {
+        if !self.started {
+            return Vec::new();
+        }
         let mut r = Renderer::new(format.tokenizer().as_ref());
         format.render_prefix(&self.prefix, &mut r);
         let mut names: HashMap<String, String> = HashMap::new();
@@ -253,6 +259,7 @@ impl Model {
     }
 
     fn add_items(&mut self, items: &[Item]) {
+        self.started = true;
         self.open_turn = false;
         for item in items {
             match item {
@@ -468,6 +475,7 @@ fn run_ops(format: Arc<dyn ChatFormat>, ops: Vec<Op>) -> std::result::Result<(),
         );
         prop_assert_eq!(conv.open_call_ids(), model.open_calls.clone());
         prop_assert_eq!(conv.stats().text_fallbacks, 0);
+        prop_assert_eq!(conv.chain.bytes, conv.chain.unique_bytes(None));
     }
     for (checkpoint, m) in &saved {
         prop_assert_eq!(checkpoint.prompt().tokens(), m.render(format.as_ref()));
@@ -662,4 +670,74 @@ fn appending_after_a_long_open_run_continues_it() {
         assert!(turn.new_tokens < 60, "{i} {turn:?}");
     }
     assert_eq!(conv.prompt().tokens(), model.render(format.as_ref()));
+}
+
+fn parsed(body: &str) -> CreateRequest {
+    validate::parse_request(body.as_bytes(), &Limits::default()).unwrap()
+}
+
+#[test]
+fn requests_extend_with_policy_on_new_text_only() {
+    let harmony: Arc<dyn ChatFormat> = Arc::new(crate::format::harmony::Harmony::new());
+    let policy = Policy::new(&["secret"], true).unwrap();
+    let mut conv = Conversation::new(harmony, 100_000);
+    let first = conv
+        .extend_request(
+            &parsed(r#"{"instructions":"Be brief.","input":"hi"}"#),
+            Some(&policy),
+        )
+        .unwrap();
+    assert_eq!(first.cached_tokens, 0);
+    let before = conv.prompt().tokens();
+    let err = conv
+        .extend_request(
+            &parsed(r#"{"instructions":"Be brief.","input":"a SECRET"}"#),
+            Some(&policy),
+        )
+        .unwrap_err();
+    assert_eq!(
+        (err.code, err.param.as_deref()),
+        (Code::ContentPolicyViolation, Some("input"))
+    );
+    let err = conv
+        .extend_request(
+            &parsed(r#"{"instructions":"tell secret","input":"x"}"#),
+            Some(&policy),
+        )
+        .unwrap_err();
+    assert_eq!(err.param.as_deref(), Some("instructions"));
+    let err = conv
+        .extend_request(&parsed(r#"{"input":[{"type":"nope"}]}"#), None)
+        .unwrap_err();
+    assert_eq!(err.code, Code::UnsupportedContent);
+    assert_eq!(conv.prompt().tokens(), before);
+    let next = conv
+        .extend_request(
+            &parsed(r#"{"instructions":"Be brief.","input":"more"}"#),
+            Some(&policy),
+        )
+        .unwrap();
+    assert!(!next.invalidated && next.cached_tokens > 0);
+}
+
+#[test]
+fn json_appends_keep_the_prefix_unless_given() {
+    let harmony: Arc<dyn ChatFormat> = Arc::new(crate::format::harmony::Harmony::new());
+    let mut conv = Conversation::new(Arc::clone(&harmony), 100_000);
+    let tools = r#"[{"type":"function","name":"ls","parameters":{"type":"object"}}]"#;
+    conv.append_json(
+        r#"[{"role":"user","content":"hi"}]"#,
+        Some("Be brief.".into()),
+        Some(tools),
+    )
+    .unwrap();
+    let turn = conv.append_json(r#""more""#, None, None).unwrap();
+    assert!(!turn.invalidated);
+    assert_eq!(conv.prefix().instructions.as_deref(), Some("Be brief."));
+    assert_eq!(conv.prefix().tools.len(), 1);
+    let turn = conv.append_json("[]", None, Some("[]")).unwrap();
+    assert!(turn.invalidated && conv.prefix().tools.is_empty());
+    assert_eq!(conv.prefix().instructions.as_deref(), Some("Be brief."));
+    let err = conv.append_json("[] , 1", None, None).unwrap_err();
+    assert_eq!(err.code, Code::InvalidJson);
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 pub mod chatml;
 pub mod harmony;
-pub mod output;
+pub(crate) mod output;
 #[cfg(test)]
 mod transcript;
 

@@ -118,6 +118,9 @@ pub struct ByteLevelBpe {
     specials: HashMap<String, u32>,
     /// User-defined tokens, longest first: matched in text before pre-tokenization.
     user_defined: Vec<(String, u32)>,
+    /// Tokens whose own bytes encode to exactly themselves (checked at load): a piece
+    /// equal to one of them is answered by one lookup instead of the merge loop.
+    whole: FastMap<Box<[u8]>, u32>,
 }
 
 fn invalid(message: impl Into<String>) -> Error {
@@ -191,7 +194,7 @@ impl ByteLevelBpe {
             }
         }
 
-        Ok(ByteLevelBpe {
+        let mut bpe = ByteLevelBpe {
             name: v.name,
             pre: v.pre,
             bytes,
@@ -201,7 +204,31 @@ impl ByteLevelBpe {
             merges,
             specials,
             user_defined,
-        })
+            whole: FastMap::default(),
+        };
+        bpe.whole = bpe.self_encoding_tokens();
+        Ok(bpe)
+    }
+
+    /// Ordinary tokens of two bytes or more that BPE spells as themselves. Usually all
+    /// of them, but a vocabulary may hold tokens no merge sequence reaches, so each is
+    /// encoded once here rather than assumed.
+    fn self_encoding_tokens(&self) -> FastMap<Box<[u8]>, u32> {
+        let mut whole = FastMap::default();
+        let mut work = Work::default();
+        let mut ids = Vec::new();
+        for id in 0..self.kinds.len() as u32 {
+            let bytes = self.token_bytes(id);
+            if bytes.len() < 2 || self.kinds[id as usize].is_literal() {
+                continue;
+            }
+            ids.clear();
+            self.encode_piece(bytes, &mut work, &mut ids);
+            if ids == [id] {
+                whole.insert(bytes.into(), id);
+            }
+        }
+        whole
     }
 
     /// Build from the tokenizer metadata of a GGUF file (`tokenizer.ggml.model` = `gpt2`).
@@ -322,20 +349,14 @@ impl ByteLevelBpe {
     /// Call `f` with each piece of `text`: its byte range and, for a user-defined
     /// token matched in the text, that token's id.
     fn for_each_piece(&self, text: &str, mut f: impl FnMut(Range<usize>, Option<u32>)) {
-        let mut ranges = Vec::new();
         if self.user_defined.is_empty() {
-            self.pre.split(text, 0..text.len(), &mut ranges);
-            ranges.into_iter().for_each(|r| f(r, None));
+            self.pre.split(text, 0..text.len(), &mut |r| f(r, None));
             return;
         }
         for (range, token) in self.partition(text) {
             match token {
                 Some(id) => f(range, Some(id)),
-                None => {
-                    ranges.clear();
-                    self.pre.split(text, range, &mut ranges);
-                    ranges.drain(..).for_each(|r| f(r, None));
-                }
+                None => self.pre.split(text, range, &mut |r| f(r, None)),
             }
         }
     }
@@ -386,31 +407,31 @@ impl ByteLevelBpe {
             prev: if i == 0 { NONE } else { i as u32 - 1 },
             next: if i as u32 + 1 == n { NONE } else { i as u32 + 1 },
         }));
-        for i in 0..n - 1 {
-            self.push_pair(work, i);
-        }
-        while let Some(Reverse(cand)) = work.heap.pop() {
-            let left = &work.syms[cand.left as usize];
-            // Skip pairs made stale by an earlier merge (either side changed).
-            if left.id != cand.left_id
-                || left.next == NONE
-                || work.syms[left.next as usize].id != cand.right_id
-            {
-                continue;
-            }
-            let right = left.next;
+        let mut initial = std::mem::take(&mut work.heap).into_vec();
+        initial.extend((0..n - 1).filter_map(|i| self.candidate(&work.syms, i)));
+        work.heap = BinaryHeap::from(initial);
+        while let Some(Reverse(key)) = work.heap.pop() {
+            let (rank, left) = ((key >> 32) as u32, key as u32);
+            let sym = work.syms[left as usize];
+            // A stale entry: the pair at `left` changed since it was queued. Ranks are
+            // unique per merge, so the same rank means the same pair.
+            let merged = match self.merge_at(&work.syms, left) {
+                Some((r, merged)) if r == rank => merged,
+                _ => continue,
+            };
+            let right = sym.next;
             let after = work.syms[right as usize].next;
-            work.syms[cand.left as usize].id = cand.merged;
-            work.syms[cand.left as usize].next = after;
+            work.syms[left as usize].id = merged;
+            work.syms[left as usize].next = after;
             work.syms[right as usize].id = NONE;
             if after != NONE {
-                work.syms[after as usize].prev = cand.left;
+                work.syms[after as usize].prev = left;
             }
-            let prev = work.syms[cand.left as usize].prev;
-            if prev != NONE {
-                self.push_pair(work, prev);
+            for i in [sym.prev, left] {
+                if let Some(c) = self.candidate(&work.syms, i) {
+                    work.heap.push(c);
+                }
             }
-            self.push_pair(work, cand.left);
         }
         let mut i = 0;
         while i != NONE {
@@ -422,22 +443,21 @@ impl ByteLevelBpe {
         }
     }
 
-    /// Queue the merge of symbol `left` with its right neighbour, if the vocabulary has one.
-    fn push_pair(&self, work: &mut Work, left: u32) {
-        let l = work.syms[left as usize];
-        if l.next == NONE {
-            return;
+    /// The merge (rank, merged id) of live symbol `left` with its right neighbour.
+    fn merge_at(&self, syms: &[Sym], left: u32) -> Option<(u32, u32)> {
+        let l = syms.get(left as usize)?;
+        if l.id == NONE || l.next == NONE {
+            return None;
         }
-        let r = work.syms[l.next as usize].id;
-        if let Some(&(rank, merged)) = self.merges.get(&pair_key(l.id, r)) {
-            work.heap.push(Reverse(Candidate {
-                rank,
-                left,
-                left_id: l.id,
-                right_id: r,
-                merged,
-            }));
-        }
+        self.merges
+            .get(&pair_key(l.id, syms[l.next as usize].id))
+            .copied()
+    }
+
+    /// The heap entry for the pair at `left`: lowest rank first, then leftmost.
+    fn candidate(&self, syms: &[Sym], left: u32) -> Option<Reverse<u64>> {
+        self.merge_at(syms, left)
+            .map(|(rank, _)| Reverse(((rank as u64) << 32) | left as u64))
     }
 }
 
@@ -463,21 +483,12 @@ struct Sym {
     next: u32,
 }
 
-/// A candidate merge; the heap pops the lowest rank, then the leftmost.
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
-struct Candidate {
-    rank: u32,
-    left: u32,
-    left_id: u32,
-    right_id: u32,
-    merged: u32,
-}
-
 /// Scratch buffers reused across the pieces of one `encode` call.
 #[derive(Default)]
 struct Work {
     syms: Vec<Sym>,
-    heap: BinaryHeap<Reverse<Candidate>>,
+    /// Candidate merges as (rank << 32 | left symbol), popped smallest first.
+    heap: BinaryHeap<Reverse<u64>>,
 }
 
 impl Tokenizer for ByteLevelBpe {
@@ -490,7 +501,13 @@ impl Tokenizer for ByteLevelBpe {
         out.reserve(text.len() / 3);
         self.for_each_piece(text, |range, token| match token {
             Some(id) => out.push(id),
-            None => self.encode_piece(&text.as_bytes()[range], &mut work, out),
+            None => {
+                let piece = &text.as_bytes()[range];
+                match self.whole.get(piece) {
+                    Some(&id) => out.push(id),
+                    None => self.encode_piece(piece, &mut work, out),
+                }
+            }
         });
     }
 

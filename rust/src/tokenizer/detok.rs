@@ -55,17 +55,17 @@ impl StreamDecoder {
         self.pending.drain(..drop);
     }
 
+    /// The held-back bytes of an incomplete character (empty between characters).
+    pub fn pending(&self) -> &[u8] {
+        &self.pending
+    }
+
     /// End of stream: an incomplete character left over becomes U+FFFD.
     pub fn finish(&mut self, out: &mut String) {
         if !self.pending.is_empty() {
             out.push_str(&String::from_utf8_lossy(&self.pending));
             self.pending.clear();
         }
-    }
-
-    /// Bytes held back, waiting for the rest of a character.
-    pub fn pending(&self) -> &[u8] {
-        &self.pending
     }
 }
 

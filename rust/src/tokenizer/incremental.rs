@@ -100,15 +100,11 @@ impl IncrementalText {
         self.stats
     }
 
-    /// Bytes held: text, ids and the boundary tail.
+    /// Bytes held: text, ids and the boundary tail (for the cache's memory accounting).
     pub fn memory_bytes(&self) -> usize {
         self.text.capacity()
             + self.ids.capacity() * 4
             + self.tail.capacity() * std::mem::size_of::<Boundary>()
-    }
-
-    pub fn into_parts(self) -> (String, Vec<u32>) {
-        (self.text, self.ids)
     }
 
     /// Append `chunk`. Returns the index of the first id that changed: ids before it are
@@ -280,6 +276,7 @@ mod tests {
         let stats = inc.stats();
         assert_eq!(stats.fallbacks, 0);
         assert!(stats.bytes_encoded < 100 * 3 * word.len() as u64, "{stats:?}");
+        assert!(inc.memory_bytes() >= inc.text().len() + 4 * inc.ids().len());
         assert_eq!(inc.ids(), full(tok.as_ref(), inc.text()));
     }
 

@@ -222,7 +222,11 @@ impl ChatFormat for ChatMl {
     }
 
     fn parser(&self) -> Box<dyn OutputParser> {
-        Box::new(ChatMlParser::new(self.tokenizer.clone(), self.stop.clone()))
+        Box::new(ChatMlParser::new(
+            self.tokenizer.clone(),
+            self.stop.clone(),
+            self.im_start,
+        ))
     }
 
     /// Text, then `<tool_call>` blocks, as one run, then `<|im_end|>`. Reasoning has no

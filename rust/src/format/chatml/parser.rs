@@ -160,6 +160,7 @@ struct CallBody<'a> {
 pub struct ChatMlParser {
     tokenizer: Arc<dyn Tokenizer>,
     stop: Vec<u32>,
+    im_start: u32,
     state: State,
     items: OutputItems,
     text: SampledText,
@@ -183,10 +184,11 @@ fn tag_prefix_len(text: &str) -> usize {
 }
 
 impl ChatMlParser {
-    pub fn new(tokenizer: Arc<dyn Tokenizer>, stop: Vec<u32>) -> ChatMlParser {
+    pub fn new(tokenizer: Arc<dyn Tokenizer>, stop: Vec<u32>, im_start: u32) -> ChatMlParser {
         ChatMlParser {
             tokenizer,
             stop,
+            im_start,
             state: State::Text,
             items: OutputItems::default(),
             text: SampledText::default(),
@@ -218,11 +220,14 @@ impl ChatMlParser {
                     self.state = State::Text;
                 }
                 State::Text => {
+                    let in_message = self.items.open_kind() == Some(OpenKind::Message);
                     if let Some(at) = self.pending.find(OPEN_TAG) {
                         let text = &self.pending[..at];
                         // The template puts a newline between the text and the call.
                         let text = text.strip_suffix('\n').unwrap_or(text).to_owned();
-                        self.release_text(&text, out);
+                        if in_message || !text.trim().is_empty() {
+                            self.release_text(&text, out);
+                        }
                         self.items.close(out);
                         self.pending.drain(..at + OPEN_TAG.len());
                         self.state = State::Call {
@@ -232,8 +237,12 @@ impl ChatMlParser {
                         };
                         continue;
                     }
-                    let keep = tag_prefix_len(&self.pending);
-                    let text: String = self.pending.drain(..self.pending.len() - keep).collect();
+                    let ready = self.pending.len() - tag_prefix_len(&self.pending);
+                    // Whitespace before anything else may still precede a call: no message yet.
+                    if !in_message && self.pending[..ready].trim().is_empty() {
+                        return Ok(());
+                    }
+                    let text: String = self.pending.drain(..ready).collect();
                     self.release_text(&text, out);
                     return Ok(());
                 }
@@ -381,9 +390,11 @@ impl ChatMlParser {
         if self.stop.contains(&id) {
             return self.stop(out);
         }
-        if self.tokenizer.is_special(id) {
-            return Err(format!("unexpected special token {} in the answer", name()));
+        if id == self.im_start {
+            return Err("<|im_start|> in the answer: the model began another turn".to_owned());
         }
+        // Any other special token is text: vocabularies give tags such as Qwen's
+        // `<tool_call>` a token of their own, which the model samples as one.
         self.text.push(self.tokenizer.as_ref(), id, &mut self.pending)?;
         self.advance(out)
     }

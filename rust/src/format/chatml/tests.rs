@@ -13,6 +13,9 @@ use crate::tokenizer;
 
 const IM_START: u32 = 200_100;
 const IM_END: u32 = 200_101;
+/// Tags with a token of their own, as in Qwen2.5's vocabulary (user-defined, not control).
+const TOOL_CALL: u32 = 200_102;
+const TOOL_CALL_END: u32 = 200_103;
 
 /// o200k_base plus the two ChatML special tokens.
 struct ChatVocab(Arc<dyn Tokenizer>);
@@ -31,6 +34,8 @@ impl Tokenizer for ChatVocab {
         match id {
             IM_START => b"<|im_start|>",
             IM_END => b"<|im_end|>",
+            TOOL_CALL => b"<tool_call>",
+            TOOL_CALL_END => b"</tool_call>",
             _ => self.0.token_bytes(id),
         }
     }
@@ -42,10 +47,10 @@ impl Tokenizer for ChatVocab {
         }
     }
     fn is_special(&self, id: u32) -> bool {
-        id == IM_START || id == IM_END || self.0.is_special(id)
+        (IM_START..=TOOL_CALL_END).contains(&id) || self.0.is_special(id)
     }
     fn vocab_size(&self) -> usize {
-        IM_END as usize + 1
+        TOOL_CALL_END as usize + 1
     }
 }
 
@@ -170,26 +175,7 @@ fn segments_concatenate_to_the_whole_template_tokenized_at_once() {
         result("a", "  sunny\n\n"),
     ];
     let segs = segments(&f, &Prefix::default(), &items);
-    let whole = text(&f, &segs.concat());
-    let mut at_once = Vec::new();
-    let mut rest = whole.as_str();
-    while !rest.is_empty() {
-        let next = [("<|im_start|>", IM_START), ("<|im_end|>", IM_END)]
-            .iter()
-            .filter_map(|(tag, id)| rest.find(tag).map(|at| (at, *tag, *id)))
-            .min();
-        match next {
-            Some((at, tag, id)) => {
-                f.tokenizer().encode(&rest[..at], &mut at_once);
-                at_once.push(id);
-                rest = &rest[at + tag.len()..];
-            }
-            None => {
-                f.tokenizer().encode(rest, &mut at_once);
-                rest = "";
-            }
-        }
-    }
+    let at_once = tokenize_template(&f, &text(&f, &segs.concat()));
     assert_eq!(segs.concat(), at_once);
 }
 
@@ -329,6 +315,41 @@ fn calls_in_other_shapes_are_parsed_whole() {
 }
 
 #[test]
+fn whitespace_before_a_call_is_not_a_message() {
+    let f = chatml();
+    let parsed = parse_text(
+        &f,
+        "\n\n <tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+    );
+    assert!(
+        same_items(&parsed.items, &[call("", "f", "{}")]),
+        "{:?}",
+        parsed.items
+    );
+    assert!(!parsed
+        .events
+        .iter()
+        .any(|e| matches!(e, ParseEvent::MessageStart { .. })));
+}
+
+#[test]
+fn tags_sampled_as_single_tokens_are_read_as_text() {
+    let f = chatml();
+    let mut ids = Vec::new();
+    f.tokenizer().encode("Checking.\n", &mut ids);
+    ids.push(TOOL_CALL);
+    f.tokenizer()
+        .encode("\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n", &mut ids);
+    ids.extend([TOOL_CALL_END, IM_END]);
+    let parsed = parse(&f, &ids);
+    assert_eq!(parsed.outcome, Outcome::Stopped);
+    assert!(same_items(
+        &parsed.items,
+        &[assistant("Checking."), call("", "f", r#"{"a": 1}"#)]
+    ));
+}
+
+#[test]
 fn a_long_call_parsed_whole_finds_its_closing_tag() {
     let f = chatml();
     let long = "日本 </tool_call ".repeat(2000);
@@ -384,7 +405,7 @@ fn off_format_output_is_malformed_with_a_reason() {
         reason(outcome_of(&f, "<tool_call>\nnot json\n</tool_call>", true)).contains("not a JSON object")
     );
     let parsed = parse(&f, &[IM_START]);
-    assert!(reason(parsed.outcome).contains("unexpected special token"));
+    assert!(reason(parsed.outcome).contains("began another turn"));
     let parsed = parse(&f, &[IM_END, 15]);
     assert!(reason(parsed.outcome).contains("after the stop token"));
     assert_eq!(outcome_of(&f, "cut off", false), Outcome::Truncated);
@@ -394,7 +415,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
     #[test]
     fn random_tokens_never_panic(ids in proptest::collection::vec(
-        prop_oneof![0u32..1000, 199_000u32..199_998, Just(199_999), Just(200_018), Just(IM_START), Just(IM_END), Just(u32::MAX)], 0..60)) {
+        prop_oneof![0u32..1000, 199_000u32..199_998, Just(199_999), Just(200_018), Just(IM_START), Just(IM_END), Just(TOOL_CALL), Just(TOOL_CALL_END), Just(u32::MAX)], 0..60)) {
         let f = chatml();
         let parsed = parse(&f, &ids);
         prop_assert!(parsed.output_tokens == ids.len());
@@ -422,7 +443,8 @@ proptest! {
         prop_assume!(!answer.contains("<tool_call>"));
         let f = chatml();
         let mut items = Vec::new();
-        if !answer.is_empty() {
+        // Whitespace alone before calls is not an answer.
+        if !answer.is_empty() && (calls.is_empty() || !answer.trim().is_empty()) {
             items.push(assistant(&answer));
         }
         for (name, args) in &calls {
@@ -432,5 +454,58 @@ proptest! {
         let parsed = parse(&f, &completion(&f, &items));
         prop_assert_eq!(parsed.outcome, Outcome::Stopped);
         prop_assert!(same_items(&parsed.items, &items), "{:?} vs {:?}", parsed.items, items);
+    }
+}
+
+/// `text` tokenized as llama.cpp tokenizes a rendered template: special tokens by name,
+/// each text run between them encoded as one string.
+fn tokenize_template(f: &ChatMl, text: &str) -> Vec<u32> {
+    let mut ids = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let next = [("<|im_start|>", IM_START), ("<|im_end|>", IM_END)]
+            .iter()
+            .filter_map(|(tag, id)| rest.find(tag).map(|at| (at, *tag, *id)))
+            .min();
+        let Some((at, tag, id)) = next else {
+            f.tokenizer().encode(rest, &mut ids);
+            break;
+        };
+        f.tokenizer().encode(&rest[..at], &mut ids);
+        ids.push(id);
+        rest = &rest[at + tag.len()..];
+    }
+    ids
+}
+
+#[test]
+fn conversation_cache_tokenizes_the_template_as_one_string_at_every_split() {
+    // o200k glues a newline to the punctuation before it, so merged turns (a text and its
+    // calls, consecutive results) are exact only because the cache carries the open run.
+    use crate::conversation::{Conversation, Delta};
+    let format: Arc<dyn ChatFormat> = Arc::new(chatml());
+    for case in golden(include_str!("../../../../tests/golden/chatml_render.json")) {
+        let template = case.text.clone().unwrap();
+        let expected = tokenize_template(&chatml(), &template);
+        for split in 0..=case.items.len() {
+            let mut conversation = Conversation::new(format.clone(), 1 << 20);
+            conversation
+                .append_items(case.items[..split].to_vec(), Some(case.prefix.clone()))
+                .unwrap();
+            let delta = Delta {
+                prefix: case.prefix.clone(),
+                items: case.items[split..].to_vec(),
+                max_output_tokens: None,
+            };
+            conversation.extend(delta).unwrap();
+            let ours = conversation.prompt().tokens();
+            assert_eq!(
+                text(&chatml(), &ours),
+                template,
+                "case {} split {split}",
+                case.name
+            );
+            assert_eq!(ours, expected, "case {} split {split}", case.name);
+        }
     }
 }

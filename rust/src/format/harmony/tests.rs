@@ -400,3 +400,29 @@ proptest! {
         prop_assert!(same_items(&parsed.items, &items), "{:?}", parsed.items);
     }
 }
+
+#[test]
+fn conversation_cache_renders_openai_harmony_golden_vectors_at_every_split() {
+    use crate::conversation::{Conversation, Delta};
+    let format: Arc<dyn ChatFormat> = Arc::new(Harmony::new());
+    for case in golden(include_str!("../../../../tests/golden/harmony_render.json")) {
+        for split in 0..=case.items.len() {
+            let mut conversation = Conversation::new(format.clone(), 1 << 20);
+            conversation
+                .append_items(case.items[..split].to_vec(), Some(case.prefix.clone()))
+                .unwrap();
+            let delta = Delta {
+                prefix: case.prefix.clone(),
+                items: case.items[split..].to_vec(),
+                max_output_tokens: None,
+            };
+            conversation.extend(delta).unwrap();
+            assert_eq!(
+                conversation.prompt().tokens(),
+                case.tokens,
+                "case {} split {split}",
+                case.name
+            );
+        }
+    }
+}

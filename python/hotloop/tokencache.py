@@ -1,0 +1,148 @@
+"""`TokenCache`: the rendered-token cache on its own, as a tokenizer cache for any service.
+
+Give it a conversation id and the conversation's new items (or more text for its last
+item); get back the prompt tokens, rendered through a chat format and tokenized, with
+only the new part rendered. Conversations are evicted least recently used once the
+cache holds more than `max_bytes`.
+
+This module owns the id -> conversation map and its byte bound. Rendering, tokenization
+and the chain itself are the compiled core's (`hotloop._core.Conversation`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from hotloop._core import ChatFormat, Conversation, Prompt
+
+JsonItems = str | bytes | Sequence[Mapping[str, Any]]
+
+
+def _json(value: JsonItems) -> str:
+    """Items as the JSON text the core parses (encoded once, here, if given as objects)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode()
+    return orjson.dumps(list(value)).decode()
+
+
+class TokenCache:
+    """Prompt tokens per conversation, appended to instead of recomputed.
+
+    >>> from hotloop import TokenCache
+    >>> from hotloop._core import ChatFormat
+    >>> cache = TokenCache(ChatFormat.harmony())
+    >>> hi = [{"role": "user", "content": "Hi"}]
+    >>> first = cache.append("conv-1", hi, instructions="Be brief.")
+    >>> later = cache.append("conv-1", [{"role": "assistant", "content": "Hello!"}])
+    >>> later.common_prefix_len(first) == len(first)
+    True
+    """
+
+    def __init__(
+        self,
+        format: ChatFormat,
+        *,
+        max_bytes: int = 256 * 1024 * 1024,
+        context_window: int = 1 << 40,
+    ) -> None:
+        """`format` renders every conversation; `max_bytes` bounds the memory they hold
+        together; `context_window` is the longest prompt a conversation may reach."""
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        self._format = format
+        self._max_bytes = max_bytes
+        self._context_window = context_window
+        self._conversations: OrderedDict[str, tuple[Conversation, int]] = OrderedDict()
+        self._bytes = 0
+        self.evictions = 0
+        """Conversations dropped to stay under `max_bytes`."""
+
+    def append(
+        self,
+        conversation_id: str,
+        items: JsonItems = (),
+        *,
+        instructions: str | None = None,
+        tools: JsonItems | None = None,
+    ) -> Prompt:
+        """Append Responses-API input items (a JSON array or a list of dicts) to the
+        conversation, creating it if unknown, and return its prompt. `instructions` and
+        `tools`, when given, replace the conversation's; when they differ from the cached
+        ones the conversation re-renders (counted in `stats(...)["invalidations"]`).
+        Raises `CoreError` for invalid items; the conversation is then unchanged."""
+        conversation = self._conversation(conversation_id)
+        conversation.append_items(
+            _json(items),
+            instructions=instructions,
+            tools_json=None if tools is None else _json(tools),
+        )
+        return self._touched(conversation_id, conversation)
+
+    def append_text(self, conversation_id: str, chunk: str) -> Prompt:
+        """Grow the text of the conversation's last item (a streamed message, a tool output
+        arriving in chunks) and return the prompt. Only the end of that text is
+        re-tokenized. Raises KeyError for an unknown conversation."""
+        conversation = self._get(conversation_id)
+        conversation.append_text(chunk)
+        return self._touched(conversation_id, conversation)
+
+    def prompt(self, conversation_id: str) -> Prompt:
+        """The conversation's prompt tokens. Raises KeyError for an unknown conversation."""
+        conversation = self._get(conversation_id)
+        self._conversations.move_to_end(conversation_id)
+        return conversation.prompt()
+
+    def stats(self, conversation_id: str) -> dict[str, int]:
+        """The conversation's work counters (segments/tokens rendered and reused,
+        invalidations)."""
+        return self._get(conversation_id).stats
+
+    def forget(self, conversation_id: str) -> None:
+        """Drop a conversation (no error if unknown)."""
+        entry = self._conversations.pop(conversation_id, None)
+        if entry is not None:
+            self._bytes -= entry[1]
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by all cached conversations."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._conversations)
+
+    def __contains__(self, conversation_id: object) -> bool:
+        return conversation_id in self._conversations
+
+    def _get(self, conversation_id: str) -> Conversation:
+        entry = self._conversations.get(conversation_id)
+        if entry is None:
+            raise KeyError(conversation_id)
+        return entry[0]
+
+    def _conversation(self, conversation_id: str) -> Conversation:
+        entry = self._conversations.get(conversation_id)
+        if entry is not None:
+            return entry[0]
+        conversation = Conversation(self._format, context_window=self._context_window)
+        self._conversations[conversation_id] = (conversation, 0)
+        return conversation
+
+    def _touched(self, conversation_id: str, conversation: Conversation) -> Prompt:
+        """Re-measure a conversation after a change, mark it most recently used, and evict
+        the least recently used others while the cache is over its bound."""
+        size = conversation.memory_bytes
+        self._bytes += size - self._conversations[conversation_id][1]
+        self._conversations[conversation_id] = (conversation, size)
+        self._conversations.move_to_end(conversation_id)
+        while self._bytes > self._max_bytes and len(self._conversations) > 1:
+            _, (_, dropped) = self._conversations.popitem(last=False)
+            self._bytes -= dropped
+            self.evictions += 1
+        return conversation.prompt()

@@ -1,0 +1,93 @@
+"""`hotloop.TokenCache`: prompt tokens per conversation id, appended to, bounded by bytes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hotloop import TokenCache
+from hotloop._core import ChatFormat, Conversation, CoreError
+
+HARMONY = ChatFormat.harmony()
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def from_scratch(items: list[dict[str, Any]], **prefix: Any) -> list[int]:
+    conversation = Conversation(HARMONY, context_window=1 << 30)
+    conversation.append_items(orjson.dumps(items).decode(), **prefix)
+    return conversation.prompt().tokens()
+
+
+def test_appends_give_the_tokens_of_the_whole_conversation() -> None:
+    cache = TokenCache(HARMONY)
+    items = [user(f"message {i}") for i in range(5)]
+    first = cache.append("a", items[:2], instructions="Be brief.")
+    later = cache.append("a", orjson.dumps(items[2:]))
+    assert later.tokens() == from_scratch(items, instructions="Be brief.")
+    assert later.common_prefix_len(first) == len(first)
+    assert cache.stats("a")["invalidations"] == 0
+    assert "a" in cache and len(cache) == 1
+
+
+def test_growing_text_and_tools() -> None:
+    cache = TokenCache(HARMONY)
+    tools = [{"type": "function", "name": "ls", "parameters": {"type": "object"}}]
+    cache.append("a", [user("")], tools=tools)
+    for chunk in ["streamed ", "in ", "pieces"]:
+        prompt = cache.append_text("a", chunk)
+    tools_json = orjson.dumps(tools).decode()
+    assert prompt.tokens() == from_scratch([user("streamed in pieces")], tools_json=tools_json)
+    # New instructions re-render the conversation, and say so.
+    cache.append("a", [], instructions="New rules.")
+    assert cache.stats("a")["invalidations"] == 1
+    expected = from_scratch(
+        [user("streamed in pieces")], instructions="New rules.", tools_json=tools_json
+    )
+    assert cache.prompt("a").tokens() == expected
+
+
+def test_unknown_ids_and_bad_items() -> None:
+    cache = TokenCache(HARMONY)
+    with pytest.raises(KeyError):
+        cache.append_text("nope", "x")
+    with pytest.raises(KeyError):
+        cache.prompt("nope")
+    cache.append("a", [user("hi")])
+    before = cache.prompt("a").tokens()
+    answer = [{"type": "function_call_output", "call_id": "missing", "output": "x"}]
+    with pytest.raises(CoreError) as error:
+        cache.append("a", answer)
+    assert error.value.code == "unknown_call_id"
+    assert cache.prompt("a").tokens() == before
+    cache.forget("a")
+    cache.forget("a")
+    assert "a" not in cache and cache.memory_bytes == 0
+
+
+def test_least_recently_used_conversations_are_evicted_by_bytes() -> None:
+    long_text = "a fairly long message for the byte bound " * 100
+    probe = TokenCache(HARMONY)
+    probe.append("x", [user(long_text)])
+    size = probe.memory_bytes
+    cache = TokenCache(HARMONY, max_bytes=int(size * 3.5))
+    for name in "abc":
+        cache.append(name, [user(long_text)])
+    cache.prompt("a")  # a is now more recent than b
+    cache.append("d", [user(long_text)])
+    assert "b" not in cache and {"a", "c", "d"} <= {n for n in "abcd" if n in cache}
+    assert cache.evictions == 1
+    assert cache.memory_bytes <= size * 3.5
+
+
+def test_the_readme_example_runs() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("## The rendered-token cache") :]
+    example = re.search(r"```python\n(.*?)```", section, re.S)
+    assert example is not None
+    exec(compile(example.group(1), "README.md", "exec"), {})
