@@ -57,6 +57,7 @@ def upstream_engine(config: ServerConfig) -> Engine:
             context_window=config.upstream_context_window,
             chat_format=config.upstream_format,
             tokenizer=config.upstream_tokenizer,
+            default_system=config.upstream_default_system,
         )
     )
     return engine
