@@ -12,11 +12,14 @@
 3. The whole server (`hotloop serve --engine sim` in its own process, a WebSocket client
    in this one): the server process's user and system CPU per streamed token at the same
    rates, read from /proc. This adds uvicorn's frame encoding, the kernel's TCP send
-   (on loopback it also runs the client's receive path) and (2) to (1).
+   and (2) to (1).
+4. The kernel's part of a frame: the CPU one `send` of a delta frame costs the sending
+   thread over loopback TCP, one send per millisecond as the server sends one frame per
+   wake-up (on loopback the client's TCP receive runs inside the sender's call too).
 
 Reported: medians over `--rounds` of microseconds of CPU per token, frames per token
 (one batch's deltas of one item go out as one frame), and the server's own cost, (3)
-minus (2), as a ratio of the 10 us budget.
+minus (2), per token as a ratio of the 10 us budget and per frame.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -46,6 +50,13 @@ FORMAT = ChatFormat.harmony()
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 BUDGET_US = 10.0
 TURNS = 3
+# A text delta frame as the server sends it at 4,000 tokens/s (about four tokens).
+DELTA = (
+    b'{"type":"response.output_text.delta","item_id":"msg_' + b"0" * 48 + b'",'
+    b'"output_index":0,"content_index":0,"logprobs":[],"delta":" word word word word",'
+    b'"sequence_number":1234}'
+)
+DELTA_FRAME = b"\x81\x7e" + len(DELTA).to_bytes(2, "big") + DELTA  # FIN, text, 16-bit length
 
 
 class Steps:
@@ -113,6 +124,34 @@ async def pacing(tokens_per_second: float, words: int) -> tuple[float, float]:
     return (time.process_time() - start) / tokens * 1e6, tokens / wakes
 
 
+def loopback_send(frame: bytes, sends: int) -> float:
+    """CPU microseconds of the sending thread per `send` of `frame` on loopback TCP."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(listener.getsockname())
+    sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    receiver, _ = listener.accept()
+
+    def drain() -> None:
+        while receiver.recv(1 << 16):
+            pass
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    spent = 0.0
+    try:
+        for _ in range(sends):
+            time.sleep(0.001)  # pacing: one frame per engine wake-up, as the server sends
+            start = time.thread_time()
+            sender.send(frame)
+            spent += time.thread_time() - start
+    finally:
+        sender.close()
+        reader.join()
+        receiver.close()
+        listener.close()
+    return spent / sends * 1e6
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,11 +159,14 @@ def free_port() -> int:
         return port
 
 
-def process_cpu(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of a process, all its threads."""
+def process_cpu(pid: int) -> tuple[float, float, float]:
+    """CPU seconds of a process, all its threads: user and system from /proc (in clock
+    ticks of 10 ms), and their sum to the nanosecond from the process's CPU clock."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+    # Linux's clock id for another process's CPU time: ~pid << 3 | CPUCLOCK_SCHED.
+    cpu = time.clock_gettime((~pid << 3) | 2)
+    return int(fields[11]) / tick, int(fields[12]) / tick, cpu
 
 
 class Served:
@@ -171,19 +213,21 @@ class Served:
                 return frame, frames
 
     def measure(self) -> tuple[float, float, float, float]:
-        """User and system CPU microseconds per token, frames per token, tokens/s."""
+        """CPU microseconds per token, the share of it in user mode, frames per token,
+        tokens/s."""
         pid = self.server.pid
-        (user0, system0), wall0 = process_cpu(pid), time.perf_counter()
+        (user0, system0, cpu0), wall0 = process_cpu(pid), time.perf_counter()
         tokens = frames = 0
         for _ in range(TURNS):
             last, n = self._turn(self.previous)
             self.previous = last["response"]["id"]
             tokens += last["response"]["usage"]["output_tokens"]
             frames += n
-        (user1, system1), wall1 = process_cpu(pid), time.perf_counter()
+        (user1, system1, cpu1), wall1 = process_cpu(pid), time.perf_counter()
+        ticks = (user1 - user0) + (system1 - system0)
         return (
-            (user1 - user0) / tokens * 1e6,
-            (system1 - system0) / tokens * 1e6,
+            (cpu1 - cpu0) / tokens * 1e6,
+            (user1 - user0) / ticks if ticks else 1.0,
             frames / tokens,
             tokens / (wall1 - wall0),
         )
@@ -220,16 +264,19 @@ def main() -> None:
                 rounds.append((*served.measure(), *uvloop.run(pacing(rate, words))))
         finally:
             served.close()
-        user, system, frames, achieved, paced, per_wake = (
+        total, user_share, frames, achieved, paced, per_wake = (
             median(r[i] for r in rounds) for i in range(6)
         )
-        own = median(r[0] + r[1] - r[4] for r in rounds)
+        own = median(r[0] - r[4] for r in rounds)
+        kernel = median(loopback_send(DELTA_FRAME, 1000) for _ in range(args.rounds))
         print(
-            f"  {rate:6.0f} tokens/s (achieved {achieved:.0f}): {user + system:6.2f} us "
-            f"({user:.2f} user + {system:.2f} system), {frames:.2f} frames/token\n"
+            f"  {rate:6.0f} tokens/s (achieved {achieved:.0f}): {total:6.2f} us "
+            f"({user_share:.0%} user), {frames:.2f} frames/token\n"
             f"    sim pacing alone (engine cost, {per_wake:.1f} tokens/wake-up): {paced:6.2f} us\n"
             f"    server's own (whole process minus pacing): {own:6.2f} us = "
-            f"{own / BUDGET_US:.2f}x the {BUDGET_US:.0f} us budget"
+            f"{own / BUDGET_US:.2f}x the {BUDGET_US:.0f} us budget ({own / frames:.1f} us/frame)\n"
+            f"    of which the kernel's loopback TCP send of a frame: {kernel:.1f} us per frame "
+            f"= {kernel * frames:.2f} us"
         )
 
 
