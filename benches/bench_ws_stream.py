@@ -60,23 +60,41 @@ DELTA_FRAME = b"\x81\x7e" + len(DELTA).to_bytes(2, "big") + DELTA  # FIN, text, 
 
 
 class Steps:
-    """An engine that yields `batch` ids per event-loop step, with no pacing."""
+    """An engine that yields `batch` ids per event-loop step, `pause` seconds apart (0:
+    back to back, so the path stays in the CPU's caches)."""
 
-    def __init__(self, ids: list[int], batch: int) -> None:
+    def __init__(self, ids: list[int], batch: int, pause: float = 0.0) -> None:
         self.ids = ids
         self.batch = batch
+        self.pause = pause
 
     async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
         for at in range(0, len(self.ids), self.batch):
             yield self.ids[at : at + self.batch]
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.pause)  # the engine's pacing, as in the sim
 
     async def close(self) -> None:
         """Nothing to release."""
 
 
-async def in_process(ids: list[int], batch: int) -> tuple[float, float]:
-    """CPU microseconds per token and frames per token of our own path."""
+def go_prompt() -> Prompt:
+    """The prompt of a first turn that says "go"."""
+    conversation = Conversation(FORMAT, context_window=1 << 22)
+    conversation.extend(parse_request('{"model":"sim","input":"go"}'))
+    return conversation.prompt()
+
+
+async def steps_alone(ids: list[int], batch: int, pause: float) -> float:
+    """CPU microseconds per token of `Steps` with a consumer that does nothing."""
+    start = time.process_time()
+    async for _ in Steps(ids, batch, pause).generate(go_prompt(), Sampling(0)):
+        pass
+    return (time.process_time() - start) / len(ids) * 1e6
+
+
+async def in_process(ids: list[int], batch: int, pause: float = 0.0) -> tuple[float, float]:
+    """CPU microseconds per token and frames per token of our own path (with `Steps`'
+    own cost)."""
     connection = Connection(
         chat_format=FORMAT,
         context_window=1 << 22,
@@ -100,7 +118,7 @@ async def in_process(ids: list[int], batch: int) -> tuple[float, float]:
         await done.wait()
         return {"type": "websocket.disconnect", "code": 1000}
 
-    socket_ = Socket(connection, Steps(ids, batch), send, high_water=1 << 24, lifetime=3600)
+    socket_ = Socket(connection, Steps(ids, batch, pause), send, high_water=1 << 24, lifetime=3600)
     start = time.process_time()
     await socket_.run(receive)
     spent = time.process_time() - start
@@ -114,11 +132,9 @@ async def pacing(tokens_per_second: float, words: int) -> tuple[float, float]:
         speed=SimSpeed(tokens_per_second=tokens_per_second, ttft=0.0),
         script=SimScript(text="word " * words),
     )
-    conversation = Conversation(FORMAT, context_window=1 << 22)
-    conversation.extend(parse_request('{"model":"sim","input":"go"}'))
     tokens = wakes = 0
     start = time.process_time()
-    async for ids in sim.session().generate(conversation.prompt(), Sampling(1 << 22)):
+    async for ids in sim.session().generate(go_prompt(), Sampling(1 << 22)):
         tokens += len(ids)
         wakes += 1
     return (time.process_time() - start) / tokens * 1e6, tokens / wakes
@@ -254,6 +270,15 @@ def main() -> None:
         runs = [uvloop.run(in_process(ids, batch)) for _ in range(args.rounds)]
         us, frames = median(r[0] for r in runs), median(r[1] for r in runs)
         print(f"  {batch} token(s) per engine step: {us:6.2f} us/token, {frames:.2f} frames/token")
+    # The same path woken by a 1 ms timer per batch, as in the server: between wake-ups
+    # other processes run, and the path starts from cold caches.
+    cold = [
+        uvloop.run(in_process(ids, 4, 0.001))[0] - uvloop.run(steps_alone(ids, 4, 0.001))
+        for _ in range(args.rounds)
+    ]
+    print(
+        f"  4 tokens per 1 ms timer wake-up, minus the pacing alone: {median(cold):6.2f} us/token"
+    )
     print("whole server process (uvicorn websockets-sansio, uvloop, sim engine), per token:")
     for rate in (1000.0, 4000.0):
         words = int(rate * 3 / 4)  # about 0.75 s per turn
