@@ -4,15 +4,16 @@
 
 1. Our path alone, in process: the protocol state machine, the Rust output parser, event
    serialisation and the socket's sends, with a no-op ASGI `send` and an engine that
-   hands over one token (or a batch of four) per event-loop step.
+   hands over one token (or a batch of four) per event-loop step; then four per 1 ms
+   timer wake-up, minus that pacing alone: the same code starting from cold caches.
 2. The simulated engine's pacing alone, in process: `SimSession.generate` at 1,000 and
    4,000 tokens/s with a consumer that does nothing. Each batch is one timer wake-up
    of the event loop (epoll, the timer, the generator); that is engine cost, which a
    real engine pays in its own thread or process.
 3. The whole server (`hotloop serve --engine sim` in its own process, a WebSocket client
-   in this one): the server process's user and system CPU per streamed token at the same
-   rates, read from /proc. This adds uvicorn's frame encoding, the kernel's TCP send
-   and (2) to (1).
+   in this one): the server process's CPU per streamed token at the same rates, from
+   its CPU clock (the user share from /proc). This adds uvicorn's frame encoding, the
+   kernel's TCP send and (2) to (1).
 4. The kernel's part of a frame: the CPU one `send` of a delta frame costs the sending
    thread over loopback TCP, one send per millisecond as the server sends one frame per
    wake-up (on loopback the client's TCP receive runs inside the sender's call too).
