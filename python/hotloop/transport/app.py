@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from hotloop._core import Policy
+from hotloop.auth import ApiKeys, AuthError
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.events import error_body
@@ -26,7 +27,8 @@ from hotloop.protocol import (
     Observer,
 )
 from hotloop.transport.asgi import ASGIApp, Receive, Scope, Send
-from hotloop.transport.websocket import Socket, bearer_key, deny, key_allowed
+from hotloop.transport.http import header
+from hotloop.transport.websocket import Socket, deny
 
 log = logging.getLogger("hotloop")
 
@@ -56,9 +58,12 @@ class App:
         ledger: Ledger | None = None,
         policy: Policy | None = None,
         baseline: Baseline | None = None,
+        keys: ApiKeys | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
+        # The same check as the HTTP routes (`build_app` hands both one `ApiKeys`).
+        self.keys = ApiKeys(self.config.api_keys) if keys is None else keys
         self.budget = (
             CacheBudget(self.config.cache_memory_bytes) if ledger is None else ledger.budget
         )
@@ -127,11 +132,12 @@ class App:
         if not config.websocket:
             await deny(scope, send, 426, "websocket_disabled", "WebSocket mode is off: use HTTP.")
             return
-        key = bearer_key(scope)
-        if config.auth and not key_allowed(key, config.api_keys):
-            message = "Missing API key." if key is None else "Incorrect API key provided."
-            await deny(scope, send, 401, "invalid_api_key", message)
+        try:
+            credential = self.keys.authenticate(header(scope, b"authorization"))
+        except AuthError as e:
+            await deny(scope, send, 401, e.code, e.message)
             return
+        key = None if credential is None else credential.key
         await send({"type": "websocket.accept"})
         connection = Connection(
             chat_format=self.engine.chat_format,
@@ -140,13 +146,9 @@ class App:
             cache=ConnectionCache(config.max_cached_bytes, self.budget),
             limits=self._limits,
             policy=self._policy,
-            observer=(
-                self._observer
-                if self.ledger is None
-                else self.ledger.observer(key if config.auth else None)
-            ),
+            observer=(self._observer if self.ledger is None else self.ledger.observer(key)),
             baseline=self.baseline,
-            principal=key if config.auth else None,
+            principal=key,
         )
         socket = Socket(
             connection,

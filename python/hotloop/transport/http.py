@@ -113,10 +113,9 @@ class HttpApi:
             return
         if not parts or parts[0] not in ("responses", "models", "usage"):
             raise ProtocolError("not_found", f"No route for {method} {scope['path']}.", status=404)
-        authorization = _header(scope, b"authorization")
-        owner = self.keys.authenticate(authorization)
+        credential = self.keys.authenticate(header(scope, b"authorization"))
         # The protocol layer names callers by key (it hashes them into ids itself).
-        principal = None if owner is None or authorization is None else _bearer(authorization)
+        principal, owner = credential if credential is not None else (None, None)
         match parts:
             case ["responses"]:
                 _allow(method, "POST")
@@ -374,7 +373,7 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    declared = _header(scope, b"content-length")
+    declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
     chunks: list[bytes] = []
@@ -423,15 +422,12 @@ def _route_path(scope: Scope) -> str:
     return path
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """A request header's value (the first, when repeated), as the ASGI server gave it."""
     for key, value in scope.get("headers", ()):
         if key == name:
             return bytes(value)
     return None
-
-
-def _bearer(authorization: bytes) -> str:
-    return authorization.strip().partition(b" ")[2].strip().decode("latin-1")
 
 
 def _query(query: dict[str, list[str]], name: str) -> str | None:
