@@ -105,12 +105,7 @@ class Finished:
 
 
 class Observer(Protocol):
-    """What the connection tells the rest of the server, and asks it."""
-
-    def lookup(self, response_id: str) -> Checkpoint | None:
-        """A `previous_response_id` missed the connection cache: the process-wide
-        cache or the durable store may still rebuild it."""
-        ...
+    """What the connection tells the rest of the server."""
 
     def finished(self, response: Finished) -> None:
         """Called once per terminal Response; must not block."""
@@ -444,9 +439,8 @@ class Connection:
         evicts_parent = False
         if parent is not None:
             cached = self.cache.get(parent)
+            # The transport already tried the store (`Ledger.warm`): a miss here is final.
             checkpoint = cached.checkpoint if cached is not None else None
-            if checkpoint is None and self._observer is not None:
-                checkpoint = self._observer.lookup(parent)
             if checkpoint is None:
                 self._refuse(ProtocolError.not_found(parent), lane.name)
                 return

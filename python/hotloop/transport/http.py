@@ -177,7 +177,7 @@ class HttpApi:
             raise ProtocolError.from_core(e) from e
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
-        await self._warm(cache, books, request.previous_response_id)
+        await self.ledger.warm(cache, request.previous_response_id, books.owner)
         exchange = _Exchange(books, cache)
         connection = Connection(
             chat_format=self.ledger.engine.chat_format,
@@ -201,16 +201,6 @@ class HttpApi:
         else:
             await self._run(receive, connection, actions, _discard)
             await _reply_final(send, exchange.result)
-
-    async def _warm(self, cache: ConnectionCache, books: Books, parent: str | None) -> None:
-        """Make `parent` a cache hit when the store can rebuild it."""
-        if parent is None:
-            return
-        if parent in cache:
-            return
-        checkpoint = await self.ledger.restore(parent, books.owner)
-        if checkpoint is not None:
-            cache.put(parent, checkpoint, None)
 
     async def _stream(
         self, receive: Receive, send: Send, connection: Connection, actions: list[Any]
@@ -326,10 +316,6 @@ class _Exchange:
         self._books = books
         self._cache = cache
         self.result: Finished | None = None
-
-    def lookup(self, response_id: str) -> None:
-        # `HttpApi._warm` already tried the store before the request started.
-        return None
 
     def finished(self, response: Finished) -> None:
         self.result = response
