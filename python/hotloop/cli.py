@@ -96,16 +96,17 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
     )
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None
+    keys = ApiKeys(config.api_keys)
     http = HttpApi(
         ledger,
         baseline=baseline,
         model=config.model or engine.model,
-        keys=ApiKeys(config.api_keys),
+        keys=keys,
         limits=ConnectionLimits(
             max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
         ),
     )
-    return App(ledger.engine, config, http=http, ledger=ledger, baseline=baseline)
+    return App(ledger.engine, config, http=http, ledger=ledger, baseline=baseline, keys=keys)
 
 
 def argument_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,6 @@ decision is the `Connection`'s.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator
@@ -24,24 +23,6 @@ from hotloop.protocol import Cancel, Close, Connection, Generate
 from hotloop.transport.asgi import Receive, Scope, Send
 
 log = logging.getLogger("hotloop.websocket")
-
-
-def bearer_key(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            scheme, _, key = value.decode("latin-1").partition(" ")
-            return key.strip() if scheme.lower() == "bearer" else None
-    return None
-
-
-def key_allowed(key: str | None, keys: tuple[str, ...]) -> bool:
-    # Compare against every key in constant time: timing must not reveal a prefix.
-    if key is None:
-        return False
-    found = False
-    for allowed in keys:
-        found |= hmac.compare_digest(key.encode(), allowed.encode())
-    return found
 
 
 async def deny(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
