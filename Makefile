@@ -50,7 +50,7 @@ bench: develop native
 
 # CI's microbenchmarks: only ratios measured in one run, with wide margins (quick mode).
 bench-ci: develop
-	$(BIN)/pytest benches/test_ratios.py -q -s --benchmark-disable
+	$(BIN)/pytest benches/test_ratios.py benches/test_store_ratios.py -q -s --benchmark-disable
 
 clean:
 	rm -rf $(VENV) target

@@ -6,7 +6,8 @@ Engines: `llama` (SmolLM2-135M in-process) and `upstream` with the llama.cpp dia
 against a local `llama-server` serving the same GGUF with the same thread count, so the
 ratio between them is the cost of the HTTP hop and the server. Each round is a two-turn
 conversation on a fresh session: turn 1 evaluates its whole prompt (cold), turn 2 only
-its new tokens (warm KV). Decode speed is measured from the first to the last id.
+its new tokens (warm KV); rounds alternate between the engines. Decode speed is measured
+from the first to the last id.
 Reported as medians over rounds, and as ratios upstream/llama.
 """
 
@@ -62,19 +63,16 @@ async def one_turn(
     return ttft, tps, out
 
 
-async def measure(engine: Engine, rounds: int, tokens: int) -> Samples:
-    samples = Samples()
-    for i in range(rounds):
-        session = engine.session()
-        p1 = first_turn(f"Write a short poem about the number {i}.")
-        cold, tps1, reply = await one_turn(engine, session, p1, tokens)
-        p2 = next_turn(p1, reply, "Now a shorter one.")
-        warm, tps2, _ = await one_turn(engine, session, p2, tokens)
-        await session.close()
-        samples.cold_ttft.append(cold)
-        samples.warm_ttft.append(warm)
-        samples.decode_tps.extend([tps1, tps2])
-    return samples
+async def one_round(engine: Engine, i: int, tokens: int, samples: Samples) -> None:
+    session = engine.session()
+    p1 = first_turn(f"Write a short poem about the number {i}.")
+    cold, tps1, reply = await one_turn(engine, session, p1, tokens)
+    p2 = next_turn(p1, reply, "Now a shorter one.")
+    warm, tps2, _ = await one_turn(engine, session, p2, tokens)
+    await session.close()
+    samples.cold_ttft.append(cold)
+    samples.warm_ttft.append(warm)
+    samples.decode_tps.extend([tps1, tps2])
 
 
 async def main() -> None:
@@ -85,25 +83,27 @@ async def main() -> None:
     args = parser.parse_args()
     gguf = smollm2_gguf_path()
 
-    results: dict[str, Samples] = {}
     llama = LlamaEngine(LlamaConfig(n_ctx=4096, n_threads=args.threads))
-    await llama.start()
-    results["llama"] = await measure(llama, args.rounds, args.tokens)
-    await llama.close()
-
     server = LlamaServer(ensure_llama_server(), gguf, n_ctx=4096, parallel=1, threads=args.threads)
-    await server.start()
-    try:
-        upstream = UpstreamEngine(
-            UpstreamConfig(
-                dialect="llamacpp", replicas=(server.url,), model="smollm2", context_window=4096
-            )
+    upstream = UpstreamEngine(
+        UpstreamConfig(
+            dialect="llamacpp", replicas=(server.url,), model="smollm2", context_window=4096
         )
-        await upstream.start()
-        results["upstream (llama-server)"] = await measure(upstream, args.rounds, args.tokens)
-        await upstream.close()
+    )
+    results = {"llama": Samples(), "upstream (llama-server)": Samples()}
+    await llama.start()
+    await server.start()
+    await upstream.start()
+    try:
+        # Rounds alternate between the engines so load from elsewhere on the machine
+        # hits both alike and the ratios stay meaningful.
+        for i in range(args.rounds):
+            await one_round(llama, i, args.tokens, results["llama"])
+            await one_round(upstream, i, args.tokens, results["upstream (llama-server)"])
     finally:
+        await upstream.close()
         await server.stop()
+        await llama.close()
 
     print(f"{args.rounds} rounds, {args.tokens} output tokens, {args.threads} thread(s); medians")
     print(f"{'engine':<26}{'cold TTFT ms':>14}{'warm TTFT ms':>14}{'decode tok/s':>14}")

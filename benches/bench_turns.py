@@ -7,7 +7,8 @@ for two engines: SmolLM2 in-process (`--engine llama`, the slow-model regime whe
 API server's work hides behind inference) and the simulated engine at 1,000 tokens/s
 (where it does not). Each configuration gets its own `hotloop serve` process on a free
 loopback port. A turn replays one tool call the agent made and its output (~1 KB), and
-the model answers in at most `--tokens` tokens. Reported: median seconds per
+the model answers in at most `--tokens` tokens (`--output-lines` sizes the tool output).
+Reported: median seconds per
 conversation, and HTTP/WebSocket ratios.
 """
 
@@ -38,10 +39,15 @@ TOOL = {
     },
     "strict": True,
 }
-LISTING = "\n".join(f"-rw-r--r-- 1 dev dev {1000 + i:>6} src/module_{i:02d}.py" for i in range(24))
 
 
-def tool_turn(k: int) -> list[dict[str, Any]]:
+def listing(lines: int) -> str:
+    return "\n".join(
+        f"-rw-r--r-- 1 dev dev {1000 + i:>6} src/module_{i:02d}.py" for i in range(lines)
+    )
+
+
+def tool_turn(k: int, output: str) -> list[dict[str, Any]]:
     call_id = f"call_{k:024d}"
     return [
         {
@@ -50,7 +56,7 @@ def tool_turn(k: int) -> list[dict[str, Any]]:
             "name": "exec_command",
             "arguments": json.dumps({"cmd": f"ls -l src # step {k}"}),
         },
-        {"type": "function_call_output", "call_id": call_id, "output": LISTING},
+        {"type": "function_call_output", "call_id": call_id, "output": output},
     ]
 
 
@@ -91,7 +97,9 @@ class Server:
         self.process.wait()
 
 
-def websocket_conversation(client: OpenAI, model: str, turns: int, tokens: int) -> float:
+def websocket_conversation(
+    client: OpenAI, model: str, turns: int, tokens: int, output: str
+) -> float:
     start = time.perf_counter()
     with client.responses.connect() as conn:
         previous: str | None = None
@@ -99,7 +107,7 @@ def websocket_conversation(client: OpenAI, model: str, turns: int, tokens: int) 
             items = [{"type": "message", "role": "user", "content": "Check the sources."}]
             conn.response.create(
                 model=model,
-                input=items if k == 0 else tool_turn(k),
+                input=items if k == 0 else tool_turn(k, output),
                 tools=[TOOL],  # type: ignore[list-item]
                 store=False,
                 max_output_tokens=tokens,
@@ -115,14 +123,14 @@ def websocket_conversation(client: OpenAI, model: str, turns: int, tokens: int) 
     return time.perf_counter() - start
 
 
-def http_conversation(client: OpenAI, model: str, turns: int, tokens: int) -> float:
+def http_conversation(client: OpenAI, model: str, turns: int, tokens: int, output: str) -> float:
     start = time.perf_counter()
     history: list[Any] = []
     for k in range(turns):
         if k == 0:
             history.append({"type": "message", "role": "user", "content": "Check the sources."})
         else:
-            history.extend(tool_turn(k))
+            history.extend(tool_turn(k, output))
         response = client.responses.create(
             model=model,
             input=history,
@@ -141,7 +149,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--output-lines", type=int, default=24, help="lines of tool output")
     args = parser.parse_args()
+    output = listing(args.output_lines)
     engines = {
         "llama (SmolLM2-135M)": ("SmolLM2-135M-Instruct", ["--engine", "llama"]),
         "sim at 1,000 tok/s": ("sim", ["--engine", "sim", "--sim-tokens-per-second", "1000"]),
@@ -152,14 +162,11 @@ def main() -> None:
         server = Server(*flags)
         try:
             client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-            ws = [
-                websocket_conversation(client, model, args.turns, args.tokens)
-                for _ in range(args.rounds)
-            ]
-            http = [
-                http_conversation(client, model, args.turns, args.tokens)
-                for _ in range(args.rounds)
-            ]
+            ws: list[float] = []
+            http: list[float] = []
+            for _ in range(args.rounds):  # alternating, so machine load hits both alike
+                ws.append(websocket_conversation(client, model, args.turns, args.tokens, output))
+                http.append(http_conversation(client, model, args.turns, args.tokens, output))
         finally:
             server.stop()
         w, h = statistics.median(ws), statistics.median(http)

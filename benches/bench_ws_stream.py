@@ -1,17 +1,26 @@
 """Server CPU per streamed token in WebSocket mode, in one run:
 
-    .venv/bin/python benches/bench_ws_stream.py [--tokens 6000]
+    .venv/bin/python benches/bench_ws_stream.py [--tokens 6000] [--rounds 5]
 
 1. Our path alone, in process: the protocol state machine, the Rust output parser, event
-   serialisation and the socket driver's dispatch, with a no-op ASGI `send` and an
-   engine that hands over one token (or a batch of four) per event-loop step.
-2. The whole server (`hotloop serve --engine sim` in its own process, a WebSocket client
-   in this one): the server process's CPU time per streamed token at 1,000 and 4,000
-   tokens/s, read from /proc. This adds uvicorn's frame encoding, the kernel's TCP send
-   and the simulated engine's own timers to (1).
+   serialisation and the socket's sends, with a no-op ASGI `send` and an engine that
+   hands over one token (or a batch of four) per event-loop step; then four per 1 ms
+   timer wake-up, minus that pacing alone: the same code starting from cold caches.
+2. The simulated engine's pacing alone, in process: `SimSession.generate` at 1,000,
+   4,000 and 8,000 tokens/s with a consumer that does nothing. Each batch is one timer wake-up
+   of the event loop (epoll, the timer, the generator); that is engine cost, which a
+   real engine pays in its own thread or process.
+3. The whole server (`hotloop serve --engine sim` in its own process, a WebSocket client
+   in this one): the server process's CPU per streamed token at the same rates, from
+   its CPU clock (the user share from /proc). This adds uvicorn's frame encoding, the
+   kernel's TCP send and (2) to (1).
+4. The kernel's part of a frame: the CPU one `send` of a delta frame costs the sending
+   thread over loopback TCP, one send per millisecond as the server sends one frame per
+   wake-up (on loopback the client's TCP receive runs inside the sender's call too).
 
-Reported: microseconds of CPU per token, and frames per token (one batch's deltas of
-one item go out as one frame).
+Reported: medians over `--rounds` of microseconds of CPU per token, frames per token
+(one batch's deltas of one item go out as one frame), and the server's own cost, (3)
+minus (2), per token as a ratio of the 10 us budget and per frame.
 """
 
 from __future__ import annotations
@@ -20,16 +29,19 @@ import argparse
 import asyncio
 import os
 import socket
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import uvloop
-from hotloop._core import ChatFormat, Prompt
+from hotloop._core import ChatFormat, Conversation, Prompt, parse_request
 from hotloop.engines.base import Sampling
+from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
 from hotloop.transport.asgi import Message
 from hotloop.transport.websocket import Socket
@@ -37,26 +49,53 @@ from websockets.sync.client import connect
 
 FORMAT = ChatFormat.harmony()
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
+BUDGET_US = 10.0
+TURNS = 3
+# A text delta frame as the server sends it at 4,000 tokens/s (about four tokens).
+DELTA = (
+    b'{"type":"response.output_text.delta","item_id":"msg_' + b"0" * 48 + b'",'
+    b'"output_index":0,"content_index":0,"logprobs":[],"delta":" word word word word",'
+    b'"sequence_number":1234}'
+)
+DELTA_FRAME = b"\x81\x7e" + len(DELTA).to_bytes(2, "big") + DELTA  # FIN, text, 16-bit length
 
 
 class Steps:
-    """An engine that yields `batch` ids per event-loop step, with no pacing."""
+    """An engine that yields `batch` ids per event-loop step, `pause` seconds apart (0:
+    back to back, so the path stays in the CPU's caches)."""
 
-    def __init__(self, ids: list[int], batch: int) -> None:
+    def __init__(self, ids: list[int], batch: int, pause: float = 0.0) -> None:
         self.ids = ids
         self.batch = batch
+        self.pause = pause
 
     async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
         for at in range(0, len(self.ids), self.batch):
             yield self.ids[at : at + self.batch]
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.pause)  # the engine's pacing, as in the sim
 
     async def close(self) -> None:
         """Nothing to release."""
 
 
-async def in_process(ids: list[int], batch: int) -> tuple[float, float]:
-    """CPU microseconds per token and frames per token of our own path."""
+def go_prompt() -> Prompt:
+    """The prompt of a first turn that says "go"."""
+    conversation = Conversation(FORMAT, context_window=1 << 22)
+    conversation.extend(parse_request('{"model":"sim","input":"go"}'))
+    return conversation.prompt()
+
+
+async def steps_alone(ids: list[int], batch: int, pause: float) -> float:
+    """CPU microseconds per token of `Steps` with a consumer that does nothing."""
+    start = time.process_time()
+    async for _ in Steps(ids, batch, pause).generate(go_prompt(), Sampling(0)):
+        pass
+    return (time.process_time() - start) / len(ids) * 1e6
+
+
+async def in_process(ids: list[int], batch: int, pause: float = 0.0) -> tuple[float, float]:
+    """CPU microseconds per token and frames per token of our own path (with `Steps`'
+    own cost)."""
     connection = Connection(
         chat_format=FORMAT,
         context_window=1 << 22,
@@ -80,11 +119,54 @@ async def in_process(ids: list[int], batch: int) -> tuple[float, float]:
         await done.wait()
         return {"type": "websocket.disconnect", "code": 1000}
 
-    socket_ = Socket(connection, Steps(ids, batch), send, high_water=1 << 24, lifetime=3600)
+    socket_ = Socket(connection, Steps(ids, batch, pause), send, high_water=1 << 24, lifetime=3600)
     start = time.process_time()
     await socket_.run(receive)
     spent = time.process_time() - start
     return spent / len(ids) * 1e6, frames / len(ids)
+
+
+async def pacing(tokens_per_second: float, words: int) -> tuple[float, float]:
+    """CPU microseconds per token and tokens per wake-up of the sim's pacing alone."""
+    sim = SimEngine(
+        FORMAT,
+        speed=SimSpeed(tokens_per_second=tokens_per_second, ttft=0.0),
+        script=SimScript(text="word " * words),
+    )
+    tokens = wakes = 0
+    start = time.process_time()
+    async for ids in sim.session().generate(go_prompt(), Sampling(1 << 22)):
+        tokens += len(ids)
+        wakes += 1
+    return (time.process_time() - start) / tokens * 1e6, tokens / wakes
+
+
+def loopback_send(frame: bytes, sends: int) -> float:
+    """CPU microseconds of the sending thread per `send` of `frame` on loopback TCP."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(listener.getsockname())
+    sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    receiver, _ = listener.accept()
+
+    def drain() -> None:
+        while receiver.recv(1 << 16):
+            pass
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    spent = 0.0
+    try:
+        for _ in range(sends):
+            time.sleep(0.001)  # pacing: one frame per engine wake-up, as the server sends
+            start = time.thread_time()
+            sender.send(frame)
+            spent += time.thread_time() - start
+    finally:
+        sender.close()
+        reader.join()
+        receiver.close()
+        listener.close()
+    return spent / sends * 1e6
 
 
 def free_port() -> int:
@@ -94,80 +176,134 @@ def free_port() -> int:
         return port
 
 
-def process_cpu(pid: int) -> float:
+def process_cpu(pid: int) -> tuple[float, float, float]:
+    """CPU seconds of a process, all its threads: user and system from /proc (in clock
+    ticks of 10 ms), and their sum to the nanosecond from the process's CPU clock."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    # Linux's clock id for another process's CPU time: ~pid << 3 | CPUCLOCK_SCHED.
+    cpu = time.clock_gettime((~pid << 3) | 2)
+    return int(fields[11]) / tick, int(fields[12]) / tick, cpu
 
 
-def served(tokens_per_second: float, words: int) -> tuple[float, float, float]:
-    """Server CPU microseconds per token, frames per token, achieved tokens/s."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "HOTLOOP_ENGINE": "sim",
-        "HOTLOOP_PORT": str(port),
-        "HOTLOOP_LOG_LEVEL": "warning",
-        "HOTLOOP_DATA_DIR": f"/tmp/hotloop-bench-{port}",
-        "HOTLOOP_SIM_TTFT": "0",
-        "HOTLOOP_SIM_TOKENS_PER_SECOND": str(tokens_per_second),
-        "HOTLOOP_SIM_TEXT": "word " * words,
-    }
-    server = subprocess.Popen([sys.executable, "-m", "hotloop.cli", "serve"], env=env)
-    try:
-        ws = None
+class Served:
+    """`hotloop serve --engine sim` at one rate, and a WebSocket client of it."""
+
+    def __init__(self, tokens_per_second: float, words: int) -> None:
+        port = free_port()
+        env = {
+            **os.environ,
+            "HOTLOOP_ENGINE": "sim",
+            "HOTLOOP_PORT": str(port),
+            "HOTLOOP_LOG_LEVEL": "warning",
+            "HOTLOOP_DATA_DIR": "",
+            "HOTLOOP_SIM_TTFT": "0",
+            "HOTLOOP_SIM_TOKENS_PER_SECOND": str(tokens_per_second),
+            "HOTLOOP_SIM_TEXT": "word " * words,
+        }
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "hotloop.cli", "serve"], env=env, stdout=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 60
-        while ws is None:
+        while True:
             try:
-                ws = connect(f"ws://127.0.0.1:{port}/v1/responses", max_size=None)
+                self.ws = connect(f"ws://127.0.0.1:{port}/v1/responses", max_size=None)
+                break
             except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
+                if time.monotonic() > deadline or self.server.poll() is not None:
+                    self.close()
                     raise
                 time.sleep(0.1)  # the server process is starting; nothing to wait on
+        first, _ = self._turn(None)  # warm: imports, first allocations
+        self.previous: str = first["response"]["id"]
 
-        def turn(previous: str | None) -> tuple[dict[str, Any], int]:
-            event: dict[str, Any] = {"type": "response.create", "input": "go", "store": False}
-            if previous:
-                event["previous_response_id"] = previous
-            ws.send(orjson.dumps(event).decode())
-            frames = 0
-            while True:
-                frame = orjson.loads(ws.recv())
-                frames += 1
-                if frame["type"] in TERMINAL:
-                    return frame, frames
+    def _turn(self, previous: str | None) -> tuple[dict[str, Any], int]:
+        event: dict[str, Any] = {"type": "response.create", "input": "go", "store": False}
+        if previous:
+            event["previous_response_id"] = previous
+        self.ws.send(orjson.dumps(event).decode())
+        frames = 0
+        while True:
+            frame = orjson.loads(self.ws.recv())
+            frames += 1
+            if frame["type"] in TERMINAL:
+                return frame, frames
 
-        first, _ = turn(None)  # warm: imports, first allocations
-        previous = first["response"]["id"]
-        cpu0, wall0 = process_cpu(server.pid), time.perf_counter()
+    def measure(self) -> tuple[float, float, float, float]:
+        """CPU microseconds per token, the share of it in user mode, frames per token,
+        tokens/s."""
+        pid = self.server.pid
+        (user0, system0, cpu0), wall0 = process_cpu(pid), time.perf_counter()
         tokens = frames = 0
-        for _ in range(3):
-            last, n = turn(previous)
-            previous = last["response"]["id"]
+        for _ in range(TURNS):
+            last, n = self._turn(self.previous)
+            self.previous = last["response"]["id"]
             tokens += last["response"]["usage"]["output_tokens"]
             frames += n
-        cpu1, wall1 = process_cpu(server.pid), time.perf_counter()
-        ws.close()
-        return (cpu1 - cpu0) / tokens * 1e6, frames / tokens, tokens / (wall1 - wall0)
-    finally:
-        server.terminate()
-        server.wait()
+        (user1, system1, cpu1), wall1 = process_cpu(pid), time.perf_counter()
+        ticks = (user1 - user0) + (system1 - system0)
+        return (
+            (cpu1 - cpu0) / tokens * 1e6,
+            (user1 - user0) / ticks if ticks else 1.0,
+            frames / tokens,
+            tokens / (wall1 - wall0),
+        )
+
+    def close(self) -> None:
+        if hasattr(self, "ws"):
+            self.ws.close()
+        self.server.terminate()
+        self.server.wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=6000, help="tokens per in-process run")
+    parser.add_argument("--rounds", type=int, default=5, help="measurements per figure")
     args = parser.parse_args()
+    median = statistics.median
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; medians of {args.rounds}"
+    )
     ids = FORMAT.completion_tokens(text="word " * args.tokens)
     print("our path, in process (no socket):")
     for batch in (1, 4):
-        us, frames = uvloop.run(in_process(ids, batch))
+        runs = [uvloop.run(in_process(ids, batch)) for _ in range(args.rounds)]
+        us, frames = median(r[0] for r in runs), median(r[1] for r in runs)
         print(f"  {batch} token(s) per engine step: {us:6.2f} us/token, {frames:.2f} frames/token")
-    print("whole server process (uvicorn websockets-sansio, uvloop, sim engine):")
-    for rate, words in ((1000.0, 1000), (4000.0, 3000)):
-        us, frames, achieved = served(rate, words)
+    # The same path woken by a 1 ms timer per batch, as in the server: between wake-ups
+    # other processes run, and the path starts from cold caches.
+    cold = [
+        uvloop.run(in_process(ids, 4, 0.001))[0] - uvloop.run(steps_alone(ids, 4, 0.001))
+        for _ in range(args.rounds)
+    ]
+    print(
+        f"  4 tokens per 1 ms timer wake-up, minus the pacing alone: {median(cold):6.2f} us/token"
+    )
+    print("whole server process (uvicorn websockets-sansio, uvloop, sim engine), per token:")
+    # 8,000 tokens/s: about twice the tokens per wake-up and per frame as at 4,000.
+    for rate in (1000.0, 4000.0, 8000.0):
+        words = int(rate * 3 / 4)  # about 0.75 s per turn
+        served = Served(rate, words)
+        try:
+            rounds = []
+            for _ in range(args.rounds):
+                rounds.append((*served.measure(), *uvloop.run(pacing(rate, words))))
+        finally:
+            served.close()
+        total, user_share, frames, achieved, paced, per_wake = (
+            median(r[i] for r in rounds) for i in range(6)
+        )
+        own = median(r[0] - r[4] for r in rounds)
+        kernel = median(loopback_send(DELTA_FRAME, 1000) for _ in range(args.rounds))
         print(
-            f"  {rate:6.0f} tokens/s: {us:6.2f} us/token, {frames:.2f} frames/token "
-            f"(achieved {achieved:.0f} tokens/s)"
+            f"  {rate:6.0f} tokens/s (achieved {achieved:.0f}): {total:6.2f} us "
+            f"({user_share:.0%} user), {frames:.2f} frames/token\n"
+            f"    sim pacing alone (engine cost, {per_wake:.1f} tokens/wake-up): {paced:6.2f} us\n"
+            f"    server's own (whole process minus pacing): {own:6.2f} us = "
+            f"{own / BUDGET_US:.2f}x the {BUDGET_US:.0f} us budget ({own / frames:.1f} us/frame)\n"
+            f"    of which the kernel's loopback TCP send of a frame: {kernel:.1f} us per frame "
+            f"= {kernel * frames:.2f} us"
         )
 
 

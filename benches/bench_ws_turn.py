@@ -50,9 +50,6 @@ class Responses:
     def __init__(self) -> None:
         self.last: Finished | None = None
 
-    def lookup(self, response_id: str) -> None:
-        return None
-
     def finished(self, response: Finished) -> None:
         self.last = response
 

@@ -4,9 +4,11 @@ failover, error codes, timeouts and cancellation."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 from engine_conversation import IdsPrompt
 from fake_upstreams import FakeUpstream, Script, closed_port_url, serving
@@ -255,3 +257,51 @@ def test_chat_formats_from_configuration() -> None:
     )
     assert chatml.name == "chatml"
     assert chatml.tokenizer.vocab_size == 49152
+
+
+async def test_a_connection_closed_before_answering_is_retried_on_the_same_replica(
+    chat_format: Any,
+) -> None:
+    # What a keep-alive race looks like from the client: the server accepts the request,
+    # then closes the connection without a byte of response. A raw server does it once.
+    requests = 0
+    body = b"".join(
+        b"data: "
+        + orjson.dumps({"choices": [{"index": 0, "token_ids": [t], "finish_reason": None}]})
+        + b"\n\n"
+        for t in REPLY[:-1]
+    )
+    body += (
+        b"data: "
+        + orjson.dumps(
+            {"choices": [{"index": 0, "token_ids": REPLY[-1:], "finish_reason": "stop"}]}
+        )
+        + b"\n\ndata: [DONE]\n\n"
+    )
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        requests += 1
+        if requests > 1:
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    engine = await started(chat_format, "vllm", f"http://127.0.0.1:{port}", served_model="m")
+    session = engine.session()
+    assert await collect(session) == REPLY
+    assert requests == 2
+    assert engine.replicas[0].failures == 0
+    await session.close()
+    await engine.close()
+    server.close()
+    await server.wait_closed()

@@ -79,6 +79,11 @@ SHELL = {
     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
 }
 
+# A function without `parameters` is listed without them (the template dumps the tool as
+# given), unlike one whose parameters are an empty object schema.
+PING = {"name": "ping", "description": "Check the service is up."}
+REFRESH = {"name": "refresh", "parameters": {"type": "object", "properties": {}}}
+
 
 def msg(role: str, text: str) -> dict[str, Any]:
     return {"type": "message", "role": role, "text": text}
@@ -130,6 +135,11 @@ CASES: list[dict[str, Any]] = [
             call("c", "exec_command", '{"cmd": "ls -la | head"}'),
             output("c", "total 0\n"),
         ],
+    },
+    {
+        "name": "tools_without_parameters",
+        "prefix": {"tools": [PING, REFRESH]},
+        "items": [msg("user", "Is it up?"), call("p", "ping", "{}"), output("p", "pong")],
     },
 ]
 

@@ -26,6 +26,7 @@ from openai.types import Model
 from openai.types.responses import Response, ResponseItemList
 from sdk_events import validate
 from servers import serving, sim_engine
+from websockets.sync.client import connect
 
 KEY = "sk-http"
 OTHER_KEY = "sk-other"
@@ -231,6 +232,41 @@ def test_a_restarted_server_continues_from_the_store(tmp_path: Path) -> None:
         assert third.usage.input_tokens_details.cached_tokens > 0
         metrics = httpx.get(base + "/metrics").text
         assert "hotloop_store_rebuilds_total 1" in metrics
+
+
+def test_a_websocket_continues_a_stored_response_read_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A WebSocket cache miss with store=true rebuilds from the store like HTTP does:
+    the read runs in the store's thread (it used to be a synchronous read on the
+    event loop's thread, which stalled every connection)."""
+    readers: list[str] = []
+    chain = SQLiteDatabase.chain
+
+    def recording_chain(self: SQLiteDatabase, response_id: str) -> Any:
+        readers.append(threading.current_thread().name)
+        return chain(self, response_id)
+
+    monkeypatch.setattr(SQLiteDatabase, "chain", recording_chain)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    create = {"type": "response.create", "model": "sim", "input": "remember this"}
+
+    def turn(base: str, event: dict[str, Any]) -> dict[str, Any]:
+        url = base.replace("http://", "ws://") + "/v1/responses"
+        with connect(url, additional_headers=headers) as ws:
+            ws.send(orjson.dumps(event).decode())
+            while (frame := validate(ws.recv()))["type"] not in TERMINAL:
+                pass
+        return frame["response"]
+
+    with serving(hotloop_app(tmp_path)) as base:
+        first = turn(base, create)
+    # A restarted server: nothing cached, the chain is only in the database.
+    with serving(hotloop_app(tmp_path)) as base:
+        second = turn(base, {**create, "input": "and this", "previous_response_id": first["id"]})
+    assert second["status"] == "completed"
+    assert second["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    assert readers and all(name.startswith("hotloop-store") for name in readers)
 
 
 def test_tool_loop_over_http(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hotloop._core import ChatFormat, Checkpoint
+from hotloop._core import ChatFormat
 from hotloop.engines.base import EngineError
 from hotloop.protocol import (
     CacheBudget,
@@ -41,10 +41,6 @@ class Recorder:
 
     def __init__(self) -> None:
         self.done: list[Finished] = []
-        self.stored: dict[str, Checkpoint] = {}
-
-    def lookup(self, response_id: str) -> Checkpoint | None:
-        return self.stored.get(response_id)
 
     def finished(self, response: Finished) -> None:
         self.done.append(response)
@@ -160,13 +156,17 @@ def test_unknown_previous_response_is_an_error_and_the_socket_goes_on() -> None:
     assert client.turn()["type"] == "response.completed"
 
 
-def test_observer_rebuilds_a_miss() -> None:
+def test_a_miss_rebuilt_into_the_cache_continues() -> None:
+    # The transports rebuild a stored parent into the cache before the request arrives.
     client = Client()
     first = client.turn()["response"]
     checkpoint = client.observer.done[0].checkpoint
     assert checkpoint is not None
     client.cache.evict(first["id"])
-    client.observer.stored[first["id"]] = checkpoint
+    assert errors(client.create("again", previous_response_id=first["id"])) == [
+        "previous_response_not_found"
+    ]
+    client.cache.put(first["id"], checkpoint, None)
     assert client.turn("again", previous_response_id=first["id"])["type"] == "response.completed"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hotloop.auth import ApiKeys, AuthError, key_id
+from hotloop.auth import ApiKeys, AuthError, Credential, key_id
 from hotloop.shutdown import Drain, ShuttingDown
 
 
@@ -40,8 +40,8 @@ async def test_idle_drain_is_immediate() -> None:
 def test_api_keys() -> None:
     keys = ApiKeys(["sk-one", "sk-two"])
     assert keys.enabled
-    assert keys.authenticate(b"Bearer sk-two") == key_id("sk-two")
-    assert keys.authenticate(b"bearer  sk-one ") == key_id("sk-one")
+    assert keys.authenticate(b"Bearer sk-two") == Credential("sk-two", key_id("sk-two"))
+    assert keys.authenticate(b"bearer  sk-one ") == Credential("sk-one", key_id("sk-one"))
     for header, code in (
         (None, "missing_api_key"),
         (b"", "missing_api_key"),

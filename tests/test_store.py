@@ -290,15 +290,3 @@ async def test_a_failed_write_is_counted_and_does_not_wedge_the_writer(
     await store.close()
     assert metrics.store_writes.value == 1
     assert list(db.rows) == ["resp_ok"]
-
-
-async def test_load_chain_now_reads_without_awaiting(store: Store) -> None:
-    await store.put(response("resp_1", owner="key_a"))
-    await store.put(response("resp_2", previous="resp_1", owner="key_a"))
-    await store.flush()
-    await store.put(response("resp_3", previous="resp_2", owner="key_a"))
-    chain = store.load_chain_now("resp_3", "key_a")
-    assert chain is not None
-    assert [r.id for r in chain.responses] == ["resp_1", "resp_2", "resp_3"]
-    assert store.load_chain_now("resp_3", "key_b") is None
-    assert store.load_chain_now("resp_missing", "key_a") is None

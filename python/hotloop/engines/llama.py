@@ -9,12 +9,14 @@ cache; each session (client connection) owns a sequence while it is alive and ke
 it the ids it evaluated. A new turn evaluates only the part of its prompt past the
 longest common prefix with that sequence, so turn 2 of a conversation costs only its new
 tokens. A connection running lanes concurrently gets a sequence per lane in flight; a
-turn takes the session's idle sequence with the longest common prefix, and a fork of a
-busy lane starts from a copy of its prefix (shared KV cells, nothing re-evaluated). More
-sequences wanted than exist: the least recently used idle one is dropped (its next turn
-evaluates the whole prompt again). The KV cache full: idle sequences are dropped first;
-if the running turns alone do not fit, the one holding the most fails with
-`engine_overloaded`.
+turn takes the session's idle sequence with the longest common prefix. A turn whose
+prompt shares a longer prefix with any other sequence (a fork of a busy lane, a new
+connection with the same system prompt and tools) starts from a copy of it: shared KV
+cells (`llama_memory_seq_cp`), nothing re-evaluated. A closed session's sequences stay
+as such donors until evicted. More sequences wanted than exist: an idle one is dropped,
+closed sessions' first, then the least recently used (its session's next turn evaluates
+its prompt again). The KV cache full: idle sequences are dropped first; if the running turns
+alone do not fit, the one holding the most fails with `engine_overloaded`.
 
 Scheduling. One worker thread runs every decode (llama.cpp contexts are not
 thread-safe): each step puts one token of every generating session plus a chunk of
@@ -340,43 +342,47 @@ class _Runner:
             if isinstance(command, _Job):
                 self._admit(command)
             else:
+                # Its sequences stay as donors (the next connection of the same agent
+                # shares their system prompt) until evicted, closed sessions' first.
                 command.closed = True
-                for seq in list(command.sequences):
-                    if not seq.busy:
-                        self._drop(seq)
 
     def _admit(self, job: _Job) -> None:
         if job.cancelled:
             self._finish(job, None)
             return
         prompt = job.prompt
-        # The session's sequence sharing the longest prefix with this prompt: the lane's
-        # own on a follow-up turn, another lane's when this turn forks from it.
-        best: _Sequence | None = None
-        reuse = 0
+        # Where the turn runs: the session's idle sequence sharing the longest prefix with
+        # the prompt (the lane's own on a follow-up turn), else a new sequence.
+        seq: _Sequence | None = None
+        held = 0
         for candidate in job.kv.sequences:
             n = _common_prefix(candidate.tokens, prompt)
-            if best is None or n > reuse or (n == reuse and best.busy and not candidate.busy):
-                best, reuse = candidate, n
-        # Always evaluate at least one id: sampling needs fresh logits for this prompt.
-        reuse = min(reuse, len(prompt) - 1)
-        if best is not None and not best.busy:
-            seq = best
-        else:
-            fresh = self._new_sequence(job.kv)
-            if fresh is None:
+            if not candidate.busy and (seq is None or n > held):
+                seq, held = candidate, n
+        if seq is None:
+            seq = self._new_sequence(job.kv)
+            if seq is None:
                 self._finish(job, EngineError("engine_overloaded", "every KV sequence is busy"))
                 return
-            seq = fresh
-            if best is not None and reuse > 0:
-                # Share the prefix's KV cells (a unified cache copies no data for this).
-                llama_cpp.llama_memory_seq_cp(self.memory, best.seq_id, seq.seq_id, 0, reuse)
-                seq.tokens = best.tokens[:reuse]
-            else:
-                reuse = 0
-        if reuse < len(seq.tokens):
-            llama_cpp.llama_memory_seq_rm(self.memory, seq.seq_id, reuse, -1)
-            del seq.tokens[reuse:]
+        # What it can start from: the longest prefix any sequence holds, this session's
+        # or another's (a fork of a busy lane, the system prompt and tools every
+        # connection of an agent shares). Found after `_new_sequence`, which may evict.
+        donor: _Sequence | None = None
+        shared = held
+        for candidate in self.owners.values():
+            n = _common_prefix(candidate.tokens, prompt)
+            if n > shared:
+                donor, shared = candidate, n
+        # Always evaluate at least one id: sampling needs fresh logits for this prompt.
+        reuse = min(shared, len(prompt) - 1)
+        keep = min(held, reuse)
+        if keep < len(seq.tokens):
+            llama_cpp.llama_memory_seq_rm(self.memory, seq.seq_id, keep, -1)
+            del seq.tokens[keep:]
+        if donor is not None and reuse > keep:
+            # Share the donor's KV cells for the rest (a unified cache copies no data).
+            llama_cpp.llama_memory_seq_cp(self.memory, donor.seq_id, seq.seq_id, keep, reuse)
+            seq.tokens.extend(donor.tokens[keep:reuse])
         seq.busy = True
         seq.last_used = next(self.clock)
         job.seq = seq
@@ -390,7 +396,7 @@ class _Runner:
             idle = [s for s in self.owners.values() if not s.busy]
             if not idle:
                 return None
-            self._drop(min(idle, key=lambda s: s.last_used))
+            self._drop(min(idle, key=_eviction_order))
         seq = _Sequence(self.free_ids.pop(), kv)
         kv.sequences.append(seq)
         self.owners[seq.seq_id] = seq
@@ -487,7 +493,7 @@ class _Runner:
         the running turn that holds the most."""
         idle = [s for s in self.owners.values() if not s.busy and s.tokens]
         if idle:
-            self._drop(min(idle, key=lambda s: s.last_used))
+            self._drop(min(idle, key=_eviction_order))
             return
 
         def held(job: _Job) -> int:
@@ -513,10 +519,15 @@ class _Runner:
         if seq is not None:
             seq.busy = False
             seq.last_used = next(self.clock)
-            if forget or seq.owner.closed:
+            if forget:
                 self._drop(seq)
         job.finished.set()
         job.deliver(error)
+
+
+def _eviction_order(seq: _Sequence) -> tuple[bool, int]:
+    """Closed sessions' sequences go first, then the least recently used."""
+    return (not seq.owner.closed, seq.last_used)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -361,11 +361,14 @@ def chat_format_from(config: UpstreamConfig) -> ChatFormat:
 
 
 class _RetryElsewhere(Exception):
-    """A failure before the first token that another replica may not have."""
+    """A failure before the first token that another replica may not have. `stale`: the
+    replica closed a pooled keep-alive connection as we reused it, before answering; the
+    replica is fine and the request is worth one more try there."""
 
-    def __init__(self, error: EngineError) -> None:
+    def __init__(self, error: EngineError, *, stale: bool = False) -> None:
         super().__init__(error.message)
         self.error = error
+        self.stale = stale
 
 
 class UpstreamSession:
@@ -380,6 +383,7 @@ class UpstreamSession:
     async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
         ids = prompt.tokens()
         tried: list[Replica] = []
+        stale_retried = False
         last_error = EngineError("upstream_unavailable", "no upstream replica is configured")
         while True:
             if self.replica is None or self.replica in tried:
@@ -387,14 +391,17 @@ class UpstreamSession:
             replica = self.replica
             if replica is None:
                 raise last_error
-            tried.append(replica)
             try:
                 async for batch in self._stream(replica, ids, sampling):
                     yield batch
                 return
             except _RetryElsewhere as retry:
-                self.engine.mark_failed(replica)
                 last_error = retry.error
+                if retry.stale and not stale_retried:
+                    stale_retried = True  # the same replica again, on a new connection
+                    continue
+                tried.append(replica)
+                self.engine.mark_failed(replica)
 
     def _repin(self, exclude: Sequence[Replica]) -> None:
         if self.replica is not None:
@@ -408,6 +415,7 @@ class UpstreamSession:
         dialect = engine.dialect
         parser = dialect.stream()
         started = False
+        responded = False
         try:
             model = await self._served_model(replica)
             body = dialect.body(model, ids, sampling)
@@ -417,6 +425,7 @@ class UpstreamSession:
                 content=orjson.dumps(body),
                 headers={"Content-Type": "application/json"},
             ) as response:
+                responded = True
                 if response.status_code >= 400:
                     await response.aread()
                     raise self._status_error(replica, response)
@@ -462,7 +471,12 @@ class UpstreamSession:
                 before_first_token=not started,
             )
             if not started:
-                raise _RetryElsewhere(error) from e
+                # Closed without a response on a connection that was open: the server
+                # dropped an idle keep-alive connection as we reused it (a benign race).
+                stale = not responded and isinstance(
+                    e, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError
+                )
+                raise _RetryElsewhere(error, stale=stale) from e
             raise error from e
         except EngineError as e:
             e.before_first_token = not started

@@ -125,12 +125,7 @@ class Finished:
 
 
 class Observer(Protocol):
-    """What the connection tells the rest of the server, and asks it."""
-
-    def lookup(self, response_id: str) -> Checkpoint | None:
-        """A `previous_response_id` missed the connection cache: the process-wide
-        cache or the durable store may still rebuild it."""
-        ...
+    """What the connection tells the rest of the server."""
 
     def finished(self, response: Finished) -> None:
         """Called once per terminal Response; must not block."""
@@ -138,11 +133,11 @@ class Observer(Protocol):
 
 
 class Baseline(Protocol):
-    """A stateless peer's per-turn prompt work, run beside the cache for comparison
-    (`hotloop serve --baseline`, see hotloop.bench.peer); the cache still feeds the
-    engine."""
+    """A stateless peer's per-turn prompt work, run instead of the cache's prompt for
+    comparison (`hotloop serve --baseline`, see hotloop.bench.peer): the engine is fed
+    the peer's prompt."""
 
-    def render_request(self, response_id: str, request: CreateRequest) -> object: ...
+    def render_request(self, response_id: str, request: CreateRequest) -> Prompt: ...
 
     def commit(self, response_id: str, response_json: bytes) -> None: ...
 
@@ -508,9 +503,8 @@ class Connection:
         evicts_parent = False
         if parent is not None:
             cached = self.cache.get(parent)
+            # The transport already tried the store (`Ledger.warm`): a miss here is final.
             checkpoint = cached.checkpoint if cached is not None else None
-            if checkpoint is None and self._observer is not None:
-                checkpoint = self._observer.lookup(parent)
             if checkpoint is None:
                 self._refuse(ProtocolError.not_found(parent), lane.name)
                 return
@@ -558,8 +552,11 @@ class Connection:
                 '"model":null', '"model":' + orjson.dumps(self._model).decode(), 1
             )
         events = ResponseEvents(fields, stream_id=lane.name)
-        if self._baseline is not None:
-            self._baseline.render_request(events.response_id, request)
+        peer_prompt = (
+            None
+            if self._baseline is None
+            else self._baseline.render_request(events.response_id, request)
+        )
         if not request.generate:
             self._warm_up(request, events, conversation, turn, pending, start)
             return
@@ -577,7 +574,7 @@ class Connection:
             evicts_parent=rendering.evicts_parent,
             overhead_ns=0,
         )
-        prompt = conversation.prompt()
+        prompt = conversation.prompt() if peer_prompt is None else peer_prompt
         budget = self._context_window - len(prompt)
         max_tokens = request.max_output_tokens
         sampling = Sampling(

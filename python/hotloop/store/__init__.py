@@ -143,11 +143,6 @@ class Store(Protocol):
         """The chain ending at `response_id`, or None if it or any ancestor is gone."""
         ...
 
-    def load_chain_now(self, response_id: str, owner: str | None) -> Chain | None:
-        """`load_chain` for callers that cannot await (the WebSocket state machine's
-        cache-miss lookup): one indexed read on the calling thread."""
-        ...
-
     def pending(self) -> int:
         """Puts accepted but not yet committed."""
         ...

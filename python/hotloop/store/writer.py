@@ -47,7 +47,6 @@ class BackgroundStore:
 
     def __init__(
         self,
-        connect: Callable[[], Database],
         database: Database,
         thread: ThreadPoolExecutor,
         *,
@@ -55,9 +54,7 @@ class BackgroundStore:
         max_batch: int,
         metrics: Metrics | None,
     ) -> None:
-        self._connect = connect
         self._database = database
-        self._reader: Database | None = None
         self._thread = thread
         self._queue: asyncio.Queue[StoredResponse | None] = asyncio.Queue(queue_size)
         self._pending: dict[str, StoredResponse] = {}
@@ -83,9 +80,7 @@ class BackgroundStore:
         except BaseException:
             thread.shutdown(wait=False)
             raise
-        return cls(
-            connect, database, thread, queue_size=queue_size, max_batch=max_batch, metrics=metrics
-        )
+        return cls(database, thread, queue_size=queue_size, max_batch=max_batch, metrics=metrics)
 
     async def _call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         loop = asyncio.get_running_loop()
@@ -180,15 +175,6 @@ class BackgroundStore:
         older = [] if cursor is None else await self._call(self._database.chain, cursor)
         return _chain(newest + older, owner)
 
-    def load_chain_now(self, response_id: str, owner: str | None) -> Chain | None:
-        # The reader is a second connection on the loop's thread: WAL lets it read
-        # while the store thread writes, without waiting for it.
-        if self._reader is None:
-            self._reader = self._connect()
-        newest, cursor = self._pending_chain(response_id)
-        older = [] if cursor is None else self._reader.chain(cursor)
-        return _chain(newest + older, owner)
-
     def _pending_chain(self, response_id: str) -> tuple[list[StoredResponse], str | None]:
         """The newest part of a chain still in the queue, and where the database part
         starts (puts commit in order, so every older ancestor is in the database)."""
@@ -213,8 +199,6 @@ class BackgroundStore:
         await self._drainer
         await self._call(self._database.close)
         self._thread.shutdown(wait=True)
-        if self._reader is not None:
-            self._reader.close()
 
 
 def _chain(newest_first: list[StoredResponse], owner: str | None) -> Chain | None:

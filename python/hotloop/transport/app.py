@@ -11,8 +11,10 @@ mounted apps).
 from __future__ import annotations
 
 import logging
+import re
 
 from hotloop._core import Policy
+from hotloop.auth import ApiKeys, AuthError
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.events import error_body
@@ -25,12 +27,19 @@ from hotloop.protocol import (
     ConnectionLimits,
     Observer,
 )
-from hotloop.transport.asgi import ASGIApp, Receive, Scope, Send
-from hotloop.transport.websocket import Socket, bearer_key, deny, key_allowed
+from hotloop.transport.asgi import ASGIApp, Message, Receive, Scope, Send
+from hotloop.transport.http import header
+from hotloop.transport.websocket import Socket, deny
 
 log = logging.getLogger("hotloop")
 
 RESPONSES_PATHS = ("/v1/responses", "/responses")
+
+# A frame's `previous_response_id`, found without parsing the frame twice. The key
+# cannot match inside a JSON string (its quotes would be escaped there); a key of the
+# same name in a nested object only costs a needless store read, and an id written
+# with escapes (no server-made id needs one) is a plain cache miss.
+PREVIOUS_RESPONSE_ID = re.compile(r'"previous_response_id"\s*:\s*"([^"\\]+)"')
 
 
 def route_path(scope: Scope) -> str:
@@ -56,9 +65,12 @@ class App:
         ledger: Ledger | None = None,
         policy: Policy | None = None,
         baseline: Baseline | None = None,
+        keys: ApiKeys | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
+        # The same check as the HTTP routes (`build_app` hands both one `ApiKeys`).
+        self.keys = ApiKeys(self.config.api_keys) if keys is None else keys
         self.budget = (
             CacheBudget(self.config.cache_memory_bytes) if ledger is None else ledger.budget
         )
@@ -127,26 +139,29 @@ class App:
         if not config.websocket:
             await deny(scope, send, 426, "websocket_disabled", "WebSocket mode is off: use HTTP.")
             return
-        key = bearer_key(scope)
-        if config.auth and not key_allowed(key, config.api_keys):
-            message = "Missing API key." if key is None else "Incorrect API key provided."
-            await deny(scope, send, 401, "invalid_api_key", message)
+        try:
+            credential = self.keys.authenticate(header(scope, b"authorization"))
+        except AuthError as e:
+            await deny(scope, send, 401, e.code, e.message)
             return
+        key = None if credential is None else credential.key
         await send({"type": "websocket.accept"})
+        cache = ConnectionCache(config.max_cached_bytes, self.budget)
+        observer = self._observer
+        if self.ledger is not None:
+            books = self.ledger.observer(key)
+            observer = books
+            receive = _warming(receive, self.ledger, cache, books.owner)
         connection = Connection(
             chat_format=self.engine.chat_format,
             context_window=self.engine.context_window,
             model=self.model,
-            cache=ConnectionCache(config.max_cached_bytes, self.budget),
+            cache=cache,
             limits=self._limits,
             policy=self._policy,
-            observer=(
-                self._observer
-                if self.ledger is None
-                else self.ledger.observer(key if config.auth else None)
-            ),
+            observer=observer,
             baseline=self.baseline,
-            principal=key if config.auth else None,
+            principal=key,
         )
         socket = Socket(
             connection,
@@ -165,6 +180,27 @@ class App:
             self.connections -= 1
             if self.ledger is not None:
                 self.ledger.metrics.connections.dec()
+
+
+def _warming(
+    receive: Receive, ledger: Ledger, cache: ConnectionCache, owner: str | None
+) -> Receive:
+    """`receive` that first rebuilds a frame's `previous_response_id` from the store
+    when the connection cache misses it (`Ledger.warm`, as HTTP does before its
+    request): the read is awaited in the store's thread instead of blocking the event
+    loop, and frames still reach the `Connection` one by one in arrival order, so the
+    order of requests within a lane is kept."""
+
+    async def receive_warm() -> Message:
+        message = await receive()
+        text = message.get("text")
+        if text is not None and '"previous_response_id"' in text:
+            found = PREVIOUS_RESPONSE_ID.search(text)
+            if found is not None:
+                await ledger.warm(cache, found[1], owner)
+        return message
+
+    return receive_warm
 
 
 async def _not_found(send: Send) -> None:

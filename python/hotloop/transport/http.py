@@ -115,10 +115,9 @@ class HttpApi:
             return
         if not parts or parts[0] not in ("responses", "models", "usage"):
             raise ProtocolError("not_found", f"No route for {method} {scope['path']}.", status=404)
-        authorization = _header(scope, b"authorization")
-        owner = self.keys.authenticate(authorization)
+        credential = self.keys.authenticate(header(scope, b"authorization"))
         # The protocol layer names callers by key (it hashes them into ids itself).
-        principal = None if owner is None or authorization is None else _bearer(authorization)
+        principal, owner = credential if credential is not None else (None, None)
         match parts:
             case ["responses"]:
                 _allow(method, "POST")
@@ -180,7 +179,7 @@ class HttpApi:
             raise ProtocolError.from_core(e) from e
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
-        await self._warm(cache, books, request.previous_response_id)
+        await self.ledger.warm(cache, request.previous_response_id, books.owner)
         exchange = _Exchange(books, cache)
         connection = Connection(
             chat_format=self.ledger.engine.chat_format,
@@ -209,16 +208,6 @@ class HttpApi:
         else:
             await self._run(receive, connection, actions, _discard)
             await _reply_final(send, exchange.result)
-
-    async def _warm(self, cache: ConnectionCache, books: Books, parent: str | None) -> None:
-        """Make `parent` a cache hit when the store can rebuild it."""
-        if parent is None:
-            return
-        if parent in cache:
-            return
-        checkpoint = await self.ledger.restore(parent, books.owner)
-        if checkpoint is not None:
-            cache.put(parent, checkpoint, None)
 
     async def _stream(
         self, receive: Receive, send: Send, connection: Connection, actions: list[Any]
@@ -335,10 +324,6 @@ class _Exchange:
         self._cache = cache
         self.result: Finished | None = None
 
-    def lookup(self, response_id: str) -> None:
-        # `HttpApi._warm` already tried the store before the request started.
-        return None
-
     def finished(self, response: Finished) -> None:
         self.result = response
         if not response.request.store:
@@ -381,7 +366,7 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    declared = _header(scope, b"content-length")
+    declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
     chunks: list[bytes] = []
@@ -430,15 +415,12 @@ def _route_path(scope: Scope) -> str:
     return path
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """A request header's value (the first, when repeated), as the ASGI server gave it."""
     for key, value in scope.get("headers", ()):
         if key == name:
             return bytes(value)
     return None
-
-
-def _bearer(authorization: bytes) -> str:
-    return authorization.strip().partition(b" ")[2].strip().decode("latin-1")
 
 
 def _query(query: dict[str, list[str]], name: str) -> str | None:

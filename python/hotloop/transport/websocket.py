@@ -1,7 +1,8 @@
 """One WebSocket connection's I/O: the upgrade (auth, mode off), then three kinds of
-task around one sans-I/O `Connection`: the reader (client frames in), one writer
-(server frames out, in order, through a bounded outbox) and one task per response
-being generated (engine ids in).
+task around one sans-I/O `Connection`: the reader (client frames in), one task per
+response being generated (engine ids in) and a writer for frames that no task is
+there to send. Frames go out in order through one bounded outbox; the task that
+filled it sends them itself, so a streamed token costs no hop through another task.
 
 It owns only I/O concerns: backpressure (generation pauses while the outbox is above
 its high-water mark, so a slow reader cannot grow server memory without bound), the
@@ -12,7 +13,6 @@ decision is the `Connection`'s.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator
@@ -24,24 +24,6 @@ from hotloop.protocol import Cancel, Close, Connection, Generate, Render
 from hotloop.transport.asgi import Receive, Scope, Send
 
 log = logging.getLogger("hotloop.websocket")
-
-
-def bearer_key(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            scheme, _, key = value.decode("latin-1").partition(" ")
-            return key.strip() if scheme.lower() == "bearer" else None
-    return None
-
-
-def key_allowed(key: str | None, keys: tuple[str, ...]) -> bool:
-    # Compare against every key in constant time: timing must not reveal a prefix.
-    if key is None:
-        return False
-    found = False
-    for allowed in keys:
-        found |= hmac.compare_digest(key.encode(), allowed.encode())
-    return found
 
 
 async def deny(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
@@ -99,7 +81,9 @@ class Socket:
         """Set while generation is paused until the client reads (health and tests)."""
         self._generating: dict[int, asyncio.Task[None]] = {}
         """Engine work and offloaded renders, by key (both end with the socket)."""
-        self._closing = False
+        self._sending = False
+        self._done = False
+        """The close frame went out, or the client is gone: nothing more to send."""
 
     @property
     def outbox_bytes(self) -> int:
@@ -137,14 +121,17 @@ class Socket:
                 else:
                     connection.receive_bytes(message.get("bytes") or b"")
                 self._dispatch()
+                await self._flush()
                 # A client that writes without reading is paused here too.
-                await self._has_room.wait()
+                if not self._has_room.is_set():
+                    await self._has_room.wait()
             elif kind == "websocket.disconnect":
                 return
 
     def _expire(self) -> None:
         self.connection.lifetime_reached()
         self._dispatch()
+        self._has_output.set()
 
     # ---------------------------------------------------------------- the state machine's actions
 
@@ -165,7 +152,6 @@ class Socket:
             else:
                 self._outbox.append(action)
         if self._outbox:
-            self._has_output.set()
             if self._outbox_bytes > self._high_water and self._has_room.is_set():
                 self._has_room.clear()
                 self.paused.set()
@@ -179,10 +165,12 @@ class Socket:
             async for ids in ids_stream:
                 more = connection.engine_output(key, ids)
                 self._dispatch()
+                await self._flush()
                 if not more:
                     break
                 # Backpressure: the engine waits while the client is behind.
-                await self._has_room.wait()
+                if not self._has_room.is_set():
+                    await self._has_room.wait()
             connection.engine_done(key)
         except EngineError as e:
             connection.engine_failed(key, e)
@@ -195,6 +183,8 @@ class Socket:
                 await ids_stream.aclose()
             self._generating.pop(key, None)
             self._dispatch()
+            # The terminal frames: this task may be cancelled, so the writer sends them.
+            self._has_output.set()
 
     async def _render(self, work: Render) -> None:
         try:
@@ -202,35 +192,60 @@ class Socket:
         finally:
             self._generating.pop(work.key, None)
         self._dispatch()
+        await self._flush()
 
     # ---------------------------------------------------------------- writing
 
     async def _write(self) -> None:
+        """Send what was queued where no task could send it (timer callbacks, the end
+        of a generation, a sender cancelled mid-frame)."""
+        while not self._done:
+            await self._has_output.wait()
+            self._has_output.clear()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Send the outbox in order. One task sends at a time: another caller returns
+        at once, and the sender in progress also sends what it queued."""
+        if self._sending or self._done:
+            return
+        self._sending = True
         send = self._send
         outbox = self._outbox
         try:
-            while True:
-                await self._has_output.wait()
-                while outbox:
-                    item = outbox.popleft()
-                    if isinstance(item, Close):
-                        await send(
-                            {"type": "websocket.close", "code": item.code, "reason": item.reason}
-                        )
-                        return
-                    self._outbox_bytes -= len(item)
-                    await send({"type": "websocket.send", "text": item.decode()})
-                    # Resume at half the mark, so a reader at the limit does not make
-                    # generation stop and start on every frame.
-                    if self.paused.is_set() and self._outbox_bytes <= self._high_water // 2:
-                        self._resume()
-                self._has_output.clear()
-                if self.paused.is_set():
+            while outbox:
+                item = outbox[0]
+                if isinstance(item, Close):
+                    await send(
+                        {"type": "websocket.close", "code": item.code, "reason": item.reason}
+                    )
+                    self._finish()
+                    return
+                await send({"type": "websocket.send", "text": item.decode()})
+                # Dequeued only once sent: a sender cancelled while uvicorn waited for
+                # the transport leaves the frame to the next one.
+                outbox.popleft()
+                self._outbox_bytes -= len(item)
+                # Resume at half the mark, so a reader at the limit does not make
+                # generation stop and start on every frame.
+                if self.paused.is_set() and self._outbox_bytes <= self._high_water // 2:
                     self._resume()
+            if self.paused.is_set():
+                self._resume()
         except OSError:
             # The client is gone (uvicorn's ClientDisconnected); the reader sees the
             # disconnect and cleans up.
-            self._resume()
+            self._finish()
+        finally:
+            self._sending = False
+            if outbox and not self._done:
+                self._has_output.set()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._outbox.clear()
+        self._outbox_bytes = 0
+        self._resume()
 
     def _resume(self) -> None:
         self._has_room.set()

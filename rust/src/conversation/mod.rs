@@ -75,10 +75,10 @@ pub struct Delta {
     pub max_output_tokens: Option<usize>,
 }
 
-/// A function call still waiting for its output. The chain keeps only these (a handful),
-/// not every call of its history as `validate::OpenCalls` does, so that the copy a turn
-/// makes of them is O(open calls), not O(history); a tool result naming an older call
-/// finds its function by walking the segments back (only when re-rendering history).
+/// A function call still waiting for its output. The chain keeps only these (a handful,
+/// answered calls leave), behind an `Arc` that checkpoints and forks share, so a turn
+/// copies O(open calls), never O(history); a tool result naming an older call finds its
+/// function by walking the segments back (only when re-rendering history).
 #[derive(Clone)]
 struct OpenCall {
     call_id: String,

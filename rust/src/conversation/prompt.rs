@@ -8,6 +8,14 @@ pub struct Prompt {
 }
 
 impl Prompt {
+    /// A prompt of ids rendered elsewhere (a peer implementation fed to the same engine);
+    /// it shares nothing with any conversation.
+    pub fn from_tokens(ids: &[u32]) -> Prompt {
+        let mut tokens = Chunks::default();
+        tokens.extend_from_slice(ids);
+        Prompt { tokens }
+    }
+
     pub fn len(&self) -> usize {
         self.tokens.len()
     }

@@ -578,6 +578,96 @@ fn errors_leave_the_conversation_unchanged() {
     assert!(conv.parser().is_err());
 }
 
+fn call(id: &str) -> Item {
+    Item::FunctionCall {
+        call_id: id.into(),
+        name: "f".into(),
+        arguments: "{}".into(),
+    }
+}
+
+fn output(id: &str) -> Item {
+    Item::FunctionCallOutput {
+        call_id: id.into(),
+        output: "ok".into(),
+    }
+}
+
+#[test]
+fn call_id_failures_name_the_item_and_change_nothing() {
+    let mut conv = Conversation::new(mock(), 100_000);
+    conv.append_items(vec![call("a")], None).unwrap();
+    let before = conv.prompt().tokens();
+    for (bad, at) in [
+        (vec![output("zz")], "input[0]"),
+        (vec![output("a"), output("a")], "input[1]"),
+        (vec![call("a")], "input[0]"),
+        (vec![call("n"), call("n")], "input[1]"),
+    ] {
+        let e = conv.append_items(bad, None).unwrap_err();
+        assert_eq!(e.code, Code::UnknownCallId);
+        assert_eq!(e.param.as_deref(), Some("input"));
+        assert!(e.message.starts_with(at), "{}", e.message);
+        assert_eq!(conv.open_call_ids(), vec!["a"]);
+        assert_eq!(conv.prompt().tokens(), before);
+    }
+    // An answered id may be used again by a later call.
+    conv.append_items(vec![output("a"), call("a"), output("a")], None)
+        .unwrap();
+    assert!(conv.open_call_ids().is_empty());
+}
+
+proptest! {
+    /// Against a model of the rule, valid and invalid deltas alike: an output answers a
+    /// call open before it (in the chain or earlier in the delta); a call may not reuse
+    /// an open id; a failing delta changes nothing; forks keep their own open calls.
+    #[test]
+    fn call_ids_follow_the_rule_and_failures_are_atomic(
+        deltas in proptest::collection::vec(
+            proptest::collection::vec((proptest::bool::ANY, 0u8..4), 0..5),
+            1..8,
+        )
+    ) {
+        let mut conv = Conversation::new(mock(), 1_000_000);
+        let mut model: Vec<String> = Vec::new();
+        let mut saved = Vec::new();
+        for delta in deltas {
+            let items: Vec<Item> = delta
+                .iter()
+                .map(|&(is_call, id)| {
+                    let id = format!("c{id}");
+                    if is_call { call(&id) } else { output(&id) }
+                })
+                .collect();
+            let mut next = model.clone();
+            let valid = items.iter().all(|item| match item {
+                Item::FunctionCall { call_id, .. } if !next.contains(call_id) => {
+                    next.push(call_id.clone());
+                    true
+                }
+                Item::FunctionCallOutput { call_id, .. } if next.contains(call_id) => {
+                    next.retain(|c| c != call_id);
+                    true
+                }
+                _ => false,
+            });
+            let before = conv.prompt().tokens();
+            let result = conv.append_items(items, None);
+            prop_assert_eq!(result.is_ok(), valid);
+            if valid {
+                model = next;
+            } else {
+                prop_assert_eq!(conv.prompt().tokens(), before);
+            }
+            prop_assert_eq!(conv.open_call_ids(), model.clone());
+            saved.push((conv.checkpoint(), model.clone()));
+        }
+        for (checkpoint, expected) in saved {
+            prop_assert_eq!(checkpoint.fork().open_call_ids(), expected);
+        }
+    }
+}
+
 #[test]
 fn growing_a_long_tool_output_stays_exact_and_cheap() {
     let format = mock();

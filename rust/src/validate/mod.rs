@@ -7,13 +7,13 @@
 //! the server echoes. Schema problems do not fail the parse: they are kept in
 //! `CreateRequest::error` so the server can still answer on the request's lane.
 //!
-//! What depends on the conversation chain is checked by the conversation with the types
-//! here, over the new items only: [`OpenCalls`] (every `function_call_output` answers an
-//! open call), [`check_context_budget`] and the content [`Policy`].
+//! What depends on the conversation chain is checked by the conversation, over the new
+//! items only: its own open calls (every `function_call_output` answers an open call),
+//! and, with the types here, [`check_context_budget`] and the content [`Policy`].
 //!
 //! This module owns no state of a connection or a conversation and renders nothing.
 
-mod calls;
+mod budget;
 mod event;
 mod field;
 mod input;
@@ -24,7 +24,7 @@ mod schema;
 mod shape;
 mod tools;
 
-pub use calls::{check_context_budget, OpenCalls};
+pub use budget::check_context_budget;
 pub use event::{parse_event, AppendEvent, ClientEvent};
 pub use input::{Input, TextSource};
 pub use policy::Policy;

@@ -131,8 +131,9 @@ fn parse_function(tool: &RawTool, path: &Path, limits: &Limits) -> Result<Tool> 
     let description = field::opt_string(tool.description, &path.key("description"), limits.max_text_bytes)?;
     let params_path = path.key("parameters");
     let parameters = match tool.parameters {
-        // The API's default: a function without arguments.
-        None => serde_json::json!({"type": "object", "properties": {}}),
+        // Kept apart from an empty object schema: templates render the two differently
+        // (openai-harmony: `() => any` against `(_: {\n}) => any`).
+        None => Value::Null,
         Some(raw) => {
             let schema: Value = serde_json::from_str(raw.get())
                 .map_err(|e| invalid_value(&params_path, format!("Invalid '{params_path}': {e}.")))?;
@@ -223,10 +224,7 @@ mod tests {
         assert_eq!(t.functions[0].name, "exec_command");
         assert!(!t.functions[0].strict);
         assert!(t.functions[1].strict);
-        assert_eq!(
-            t.functions[1].parameters,
-            serde_json::json!({"type":"object","properties":{}})
-        );
+        assert_eq!(t.functions[1].parameters, Value::Null);
         let skipped: Vec<_> = t
             .skipped
             .iter()

@@ -13,11 +13,7 @@ impl Formatter for PythonFormatter {
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        separator(w, first)
     }
 
     fn begin_object_key<W: ?Sized + std::io::Write>(
@@ -25,15 +21,20 @@ impl Formatter for PythonFormatter {
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        separator(w, first)
     }
 
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         w.write_all(b": ")
+    }
+}
+
+/// Python's item separator, before every array value and object key but the first.
+fn separator<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        w.write_all(b", ")
     }
 }
 

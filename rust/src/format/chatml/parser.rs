@@ -117,17 +117,10 @@ enum Head {
 
 /// Match the start of a call in the template's shape: `{"name": "NAME", "arguments": `.
 fn call_head(text: &str) -> Head {
-    let mut rest = text;
-    for literal in ["{", "\"name\"", ":", "\""] {
-        rest = rest.trim_start();
-        if let Some(after) = rest.strip_prefix(literal) {
-            rest = after;
-        } else if literal.starts_with(rest) {
-            return Head::Incomplete;
-        } else {
-            return Head::Mismatch;
-        }
-    }
+    let rest = match literals(text, &["{", "\"name\"", ":", "\""]) {
+        Ok(rest) => rest,
+        Err(head) => return head,
+    };
     // Names are identifiers: one with an escape is left to the whole-call parse.
     let Some(end) = rest.find(['"', '\\']) else {
         return Head::Incomplete;
@@ -136,18 +129,27 @@ fn call_head(text: &str) -> Head {
         return Head::Mismatch;
     }
     let name = rest[..end].to_owned();
-    rest = &rest[end + 1..];
-    for literal in [",", "\"arguments\"", ":"] {
+    match literals(&rest[end + 1..], &[",", "\"arguments\"", ":"]) {
+        Ok(rest) => Head::Matched(name, text.len() - rest.len()),
+        Err(head) => head,
+    }
+}
+
+/// `text` after `expected`, each literal after optional whitespace; or why not: the
+/// text ends inside them (Incomplete) or differs (Mismatch).
+fn literals<'a>(text: &'a str, expected: &[&str]) -> Result<&'a str, Head> {
+    let mut rest = text;
+    for literal in expected {
         rest = rest.trim_start();
         if let Some(after) = rest.strip_prefix(literal) {
             rest = after;
         } else if literal.starts_with(rest) {
-            return Head::Incomplete;
+            return Err(Head::Incomplete);
         } else {
-            return Head::Mismatch;
+            return Err(Head::Mismatch);
         }
     }
-    Head::Matched(name, text.len() - rest.len())
+    Ok(rest)
 }
 
 #[derive(Deserialize)]
@@ -442,5 +444,32 @@ impl OutputParser for ChatMlParser {
 
     fn reasoning_tokens(&self) -> usize {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> String {
+        match call_head(text) {
+            Head::Incomplete => "incomplete".into(),
+            Head::Mismatch => "mismatch".into(),
+            Head::Matched(name, len) => format!("{name} {len}"),
+        }
+    }
+
+    #[test]
+    fn call_heads_match_with_any_whitespace_and_wait_for_more() {
+        let full = r#"{"name": "exec", "arguments": {"cmd": "ls"}}"#;
+        assert_eq!(head(full), "exec 29");
+        assert_eq!(head(r#" { "name" :"exec" ,"arguments":{}"#), "exec 31");
+        // Every prefix of the head is incomplete, never a mismatch.
+        for end in 0..29 {
+            assert_eq!(head(&full[..end]), "incomplete", "{:?}", &full[..end]);
+        }
+        assert_eq!(head(r#"{"nam": "exec""#), "mismatch");
+        assert_eq!(head(r#"{"name": "ex\u0041", "#), "mismatch");
+        assert_eq!(head(r#"{"name": "exec", "args": {}"#), "mismatch");
     }
 }
