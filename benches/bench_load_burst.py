@@ -5,7 +5,7 @@ and records the time from its `response.create` to `response.created` (server ti
 only: the sim's first token comes after it). Also recorded: each arriving agent's
 handshake time. One `hotloop serve` process, sim engine.
 
-    python benches/results/load_burst.py    # prints one JSON line
+    python benches/bench_load_burst.py    # prints one JSON line
 
 `load_burst.json` holds runs before and after the offload, alternated back to back.
 """
@@ -42,7 +42,7 @@ FLAGS = [
 
 
 def corpus() -> str:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     files = sorted([*root.glob("python/**/*.py"), *root.glob("rust/src/**/*.rs")])
     text = "\n".join(f.read_text() for f in files)
     while len(text) < 2 * HISTORY_BYTES:
