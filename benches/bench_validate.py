@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hotloop._core import CreateRequest, parse_event
+from hotloop._core import CreateRequest, Policy, parse_event
 
 # A line of tool output with the escapes real outputs have (quotes, backslashes, tabs).
 TOOL_OUTPUT_LINE = 'src/app.py:42:    return {"status": "ok", "path": "/tmp/x\\y"}  # \tnote\n'
@@ -143,6 +143,15 @@ def test_parse_and_validate(benchmark: Any, name: str) -> None:
     request = benchmark(parse_event, frame)
     assert isinstance(request, CreateRequest) and request.error is None
     benchmark.extra_info["frame_bytes"] = len(frame)
+
+
+def test_policy_scan(benchmark: Any) -> None:
+    """The content policy over a full history: 1,000 operator patterns, one pass."""
+    request = parse_event(FRAMES["history_200kb"])
+    assert isinstance(request, CreateRequest)
+    policy = Policy([f"blocked phrase number {i}" for i in range(1000)])
+    benchmark(policy.check, request)
+    benchmark.extra_info["input_bytes"] = request.input_bytes
 
 
 def test_per_byte_cost_ratios(benchmark: Any) -> None:
