@@ -65,8 +65,7 @@ def _generated_scripts(rng: random.Random) -> Iterator[Document]:
     }
     for name, (lo, hi) in blocks.items():
         words = [
-            "".join(chr(rng.randint(lo, hi)) for _ in range(rng.randint(1, 9)))
-            for _ in range(3000)
+            "".join(chr(rng.randint(lo, hi)) for _ in range(rng.randint(1, 9))) for _ in range(3000)
         ]
         yield f"generated:{name}", " ".join(words)
     emoji = [
@@ -93,7 +92,9 @@ def _generated_scripts(rng: random.Random) -> Iterator[Document]:
 def pathological(size: int) -> list[Document]:
     """Inputs that make naive BPE or regex splitting quadratic, each `size` bytes."""
     blob = base64.b64encode(random.Random(7).randbytes(size * 3 // 4)).decode()
-    newlines = "".join(random.Random(8).choice(["\n", "\r\n", "\r", " \n", "\t\r\n", "x"]) for _ in range(size))
+    newlines = "".join(
+        random.Random(8).choice(["\n", "\r\n", "\r", " \n", "\t\r\n", "x"]) for _ in range(size)
+    )
     return [
         ("pathological:A", "A" * size),
         ("pathological:spaces", " " * size),

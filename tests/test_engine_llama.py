@@ -181,3 +181,17 @@ async def test_a_prompt_longer_than_the_context_is_refused(engine: LlamaEngine) 
         await collect(session, [IM_END] * (engine.context_window + 1), GREEDY)
     assert info.value.code == "context_length_exceeded"
     await session.close()
+
+
+async def test_the_engine_answers_in_its_chat_format(engine: LlamaEngine) -> None:
+    chat_format = engine.chat_format
+    assert chat_format.name == "chatml"
+    assert IM_END in chat_format.stop_tokens
+    session = engine.session()
+    sampling = Sampling(
+        max_output_tokens=48, temperature=0.0, stop_tokens=tuple(chat_format.stop_tokens)
+    )
+    reply = await collect(session, first_turn("What is 2+2?"), sampling)
+    assert reply[-1] in chat_format.stop_tokens
+    assert "4" in chat_format.tokenizer.decode(reply)
+    await session.close()

@@ -11,7 +11,13 @@ import pytest
 from engine_conversation import IdsPrompt
 from fake_upstreams import FakeUpstream, Script, closed_port_url, serving
 from hotloop.engines.base import EngineError, Sampling
-from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine, UpstreamSession
+from hotloop.engines.upstream import (
+    UpstreamConfig,
+    UpstreamEngine,
+    UpstreamSession,
+    chat_format_from,
+)
+from hotloop.native_deps import smollm2_gguf_path
 
 PROMPT = [1, 2, 3, 4, 5]
 SAMPLING = Sampling(max_output_tokens=16, temperature=0.5, top_p=0.9, stop_tokens=(7,))
@@ -229,3 +235,23 @@ def test_unknown_dialect_is_a_configuration_error(chat_format: Any) -> None:
             UpstreamConfig(dialect="tgi", replicas=("http://x",), model="m", context_window=1),
             chat_format,
         )
+
+
+def test_chat_formats_from_configuration() -> None:
+    harmony = chat_format_from(
+        UpstreamConfig(dialect="vllm", replicas=("http://x",), model="gpt-oss", context_window=1)
+    )
+    assert harmony.name == "harmony"
+    assert harmony.stop_tokens == [200002, 200012]  # <|return|>, <|call|>
+    chatml = chat_format_from(
+        UpstreamConfig(
+            dialect="llamacpp",
+            replicas=("http://x",),
+            model="smollm2",
+            context_window=1,
+            chat_format="chatml",
+            tokenizer=str(smollm2_gguf_path()),
+        )
+    )
+    assert chatml.name == "chatml"
+    assert chatml.tokenizer.vocab_size == 49152

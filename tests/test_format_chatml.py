@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2.sandbox
+from hotloop import _core
 from llama_cpp import Llama
 
 GOLDEN = Path(__file__).parent / "golden" / "chatml_render.json"
@@ -209,6 +210,63 @@ def test_golden_vectors_are_what_the_template_and_llama_cpp_render() -> None:
     for case in golden:
         assert render_template(case) == case["text"], case["name"]
         assert llama_tokens(case["text"]) == case["tokens"], case["name"]
+
+
+def smollm2_format() -> _core.ChatFormat:
+    return _core.ChatFormat.chatml(
+        _core.Tokenizer.from_gguf(smollm2_path()), default_system=SMOLLM2_SYSTEM
+    )
+
+
+def test_stop_tokens_are_the_models_end_tokens() -> None:
+    fmt = smollm2_format()
+    assert fmt.name == "chatml"
+    assert fmt.tokenizer.name == _core.Tokenizer.from_gguf(smollm2_path()).name
+    im_end, endoftext = llama_tokens("<|im_end|><|endoftext|>")
+    assert im_end == smollm2().token_eos()
+    assert fmt.stop_tokens == [im_end, endoftext]
+
+
+def test_chatml_needs_im_tokens() -> None:
+    try:
+        _core.ChatFormat.chatml(_core.Tokenizer.openai("o200k_base"))
+    except _core.CoreError as e:
+        assert e.code == "invalid_vocabulary"
+    else:
+        raise AssertionError("o200k_base has no <|im_start|>")
+
+
+def assistant_turn(content: str, calls: list[tuple[str, str]]) -> str:
+    """The template's text for one assistant turn, after `<|im_start|>assistant\n`."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": n, "arguments": json.loads(a)}}
+            for n, a in calls
+        ]
+    case = {"prefix": {"tools": [SHELL]}, "items": []}
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = hf_tojson
+    rendered = env.from_string(QWEN_TOOLS_TEMPLATE).render(
+        messages=[*reference_messages(case), message],
+        tools=reference_tools(case),
+        add_generation_prompt=False,
+        default_system=SMOLLM2_SYSTEM,
+    )
+    turn = rendered.rsplit("<|im_start|>assistant", 1)[1].removesuffix("\n")
+    # The generation header already wrote the newline that follows the role.
+    return turn.removeprefix("\n")
+
+
+def test_completion_tokens_are_what_llama_cpp_tokenizes_from_the_template() -> None:
+    fmt = smollm2_format()
+    for content, calls in [
+        ("Hello! How can I help you today? 😊", []),
+        ("Let me check.", [("get_weather", '{"city":"Paris"}')]),
+        ("", [("exec_command", '{"cmd": "ls -la"}'), ("exec_command", '{"cmd": "pwd"}')]),
+    ]:
+        expected = llama_tokens(assistant_turn(content, calls))
+        assert fmt.completion_tokens(text=content or None, calls=calls) == expected
 
 
 def main() -> None:

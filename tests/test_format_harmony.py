@@ -113,6 +113,11 @@ KITCHENSINK = {
 }
 
 NO_PARAMETERS = {"name": "get_location", "description": "Gets the location of the user."}
+EMPTY_OBJECT = {
+    "name": "refresh",
+    "description": "",
+    "parameters": {"type": "object", "properties": {}},
+}
 UNDESCRIBED = {
     "name": "exec_command",
     "parameters": {
@@ -154,7 +159,7 @@ CASES: list[dict[str, Any]] = [
         "name": "complex_schemas_high_effort",
         "prefix": {
             "instructions": "Use the tools.",
-            "tools": [NO_PARAMETERS, KITCHENSINK, UNDESCRIBED, WEATHER],
+            "tools": [NO_PARAMETERS, KITCHENSINK, EMPTY_OBJECT, UNDESCRIBED, WEATHER],
             "reasoning_effort": "high",
         },
         "items": [user("Go.")],

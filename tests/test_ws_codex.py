@@ -6,9 +6,11 @@ and, after a failure, the full history resent on the same socket."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
+import pytest
 from hotloop.engines.sim import SimScript
 from sdk_events import validate
 from servers import hotloop_server
@@ -79,7 +81,8 @@ def turn(ws: ClientConnection, **fields: Any) -> dict[str, Any]:
     return response
 
 
-def test_codex_session_shape() -> None:
+def test_codex_session_shape(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="hotloop.protocol")
     with hotloop_server(SCRIPT, api_keys=("sk-codex",)) as base:
         url = base.replace("http://", "ws://") + "/v1/responses?client=codex"
         with connect(url, additional_headers=HEADERS) as ws:
@@ -104,3 +107,6 @@ def test_codex_session_shape() -> None:
             # After a failure Codex resends everything, without previous_response_id.
             again = turn(ws, input=history)
             assert again["previous_response_id"] is None
+    # Tools the server cannot run are accepted, and said once per connection.
+    skipped = [r.getMessage() for r in caplog.records if "is not rendered" in r.getMessage()]
+    assert len(skipped) == 2 and any("web_search" in m for m in skipped)

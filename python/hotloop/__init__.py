@@ -1,6 +1,6 @@
 """hotloop: a Responses-API server whose WebSocket mode keeps an agent's state warm."""
 
 from hotloop._core import __version__
-from hotloop.tokenizer import StreamDecoder, Tokenizer
+from hotloop.tokenizer import IncrementalText, StreamDecoder, Tokenizer
 
-__all__ = ["StreamDecoder", "Tokenizer", "__version__"]
+__all__ = ["IncrementalText", "StreamDecoder", "Tokenizer", "__version__"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from hotloop.auth import ApiKeys
 from hotloop.bench import command as bench
+from hotloop.bench.peer import Peer
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
@@ -90,15 +91,18 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         max_cached_bytes=config.max_cached_bytes,
         data_dir=config.data_dir,
     )
+    # `--baseline`: one peer per process, shared by both transports like its store.
+    baseline = Peer(config.baseline) if config.baseline else None
     http = HttpApi(
         ledger,
+        baseline=baseline,
         model=config.model or engine.model,
         keys=ApiKeys(config.api_keys),
         limits=ConnectionLimits(
             max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
         ),
     )
-    return App(ledger.engine, config, http=http, ledger=ledger)
+    return App(ledger.engine, config, http=http, ledger=ledger, baseline=baseline)
 
 
 def argument_parser() -> argparse.ArgumentParser:

@@ -1,8 +1,9 @@
 """Tokenizers for Python callers: typed wrappers over the compiled core's BPE.
 
-Owns the public tokenizer API (`Tokenizer`, `StreamDecoder`): construction from the
-embedded OpenAI encodings, a GGUF file or a `tokenizer.json`, plain-text encoding,
-decoding, and streaming decoding. The algorithms live in Rust (rust/src/tokenizer/);
+Owns the public tokenizer API (`Tokenizer`, `StreamDecoder`, `IncrementalText`):
+construction from the embedded OpenAI encodings, a GGUF file or a `tokenizer.json`,
+plain-text encoding, decoding, streaming decoding, and incremental encoding of a
+growing text. The algorithms live in Rust (rust/src/tokenizer/);
 this module adds documentation, path handling and nothing per token.
 """
 
@@ -104,3 +105,45 @@ class StreamDecoder:
     def finish(self) -> str:
         """End of stream: returns any incomplete character left over, as U+FFFD."""
         return self._core.finish()
+
+
+class IncrementalText:
+    """A growing text that keeps its token ids, equal to ``tokenizer.encode(text)``
+    after every append.
+
+    Appending re-encodes only the last pre-tokenizer pieces before the join, so a long
+    tool output arriving in chunks costs O(chunk), not O(text). :meth:`push` returns
+    the index of the first id that changed; ids before it are kept::
+
+        run = IncrementalText(tok, "Hello")
+        start = run.push(", world")
+        cache[start:] = run.ids_from(start)
+    """
+
+    __slots__ = ("_core",)
+
+    def __init__(self, tokenizer: Tokenizer, text: str = "") -> None:
+        self._core = _core.IncrementalText(tokenizer.core, text)
+
+    def push(self, chunk: str) -> int:
+        """Append ``chunk``; returns the index of the first id that changed."""
+        return self._core.push(chunk)
+
+    @property
+    def text(self) -> str:
+        return self._core.text
+
+    def ids(self) -> list[int]:
+        return self._core.ids()
+
+    def ids_from(self, start: int) -> list[int]:
+        """The ids from index ``start`` on (what changed after a :meth:`push`)."""
+        return self._core.ids_from(start)
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    @property
+    def fallbacks(self) -> int:
+        """Appends that could not be checked locally and re-encoded the whole text."""
+        return self._core.fallbacks

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 use crate::error::{Code, Error};
-use crate::tokenizer::{self, detok, Tokenizer};
+use crate::tokenizer::{self, detok, incremental, Tokenizer};
 use crate::validate::{self, ClientEvent};
 
 // ---------------------------------------------------------------- errors
@@ -177,6 +177,48 @@ impl PyStreamDecoder {
         let mut out = String::new();
         self.decoder.finish(&mut out);
         out
+    }
+}
+
+#[pyclass(name = "IncrementalText", module = "hotloop._core")]
+pub(crate) struct PyIncrementalText {
+    tokenizer: Py<PyTokenizer>,
+    inner: incremental::IncrementalText,
+}
+
+#[pymethods]
+impl PyIncrementalText {
+    #[new]
+    #[pyo3(signature = (tokenizer, text = ""))]
+    fn new(tokenizer: Py<PyTokenizer>, text: &str) -> Self {
+        let inner = incremental::IncrementalText::with_text(tokenizer.get().inner.as_ref(), text);
+        PyIncrementalText { tokenizer, inner }
+    }
+
+    fn push(&mut self, chunk: &str) -> usize {
+        self.inner.push_str(self.tokenizer.get().inner.as_ref(), chunk)
+    }
+
+    #[getter]
+    fn text(&self) -> &str {
+        self.inner.text()
+    }
+
+    fn ids(&self) -> Vec<u32> {
+        self.inner.ids().to_vec()
+    }
+
+    fn ids_from(&self, start: usize) -> Vec<u32> {
+        self.inner.ids().get(start..).unwrap_or_default().to_vec()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.ids().len()
+    }
+
+    #[getter]
+    fn fallbacks(&self) -> u64 {
+        self.inner.stats().fallbacks
     }
 }
 
@@ -553,12 +595,277 @@ fn parse_request(
     Ok(PyCreateRequest { inner })
 }
 
+// ---------------------------------------------------------------- the cache
+
+use crate::conversation::{Checkpoint, Conversation, Prompt, Turn, TurnParser};
+use crate::format::{Outcome, ParseEvent};
+use crate::validate::Policy;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use std::sync::{Mutex, MutexGuard};
+
+#[pyclass(name = "Turn", module = "hotloop._core", frozen, get_all)]
+struct PyTurn {
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    new_tokens: usize,
+    invalidated: bool,
+}
+
+impl From<Turn> for PyTurn {
+    fn from(t: Turn) -> Self {
+        PyTurn {
+            prompt_tokens: t.prompt_tokens,
+            cached_tokens: t.cached_tokens,
+            new_tokens: t.new_tokens,
+            invalidated: t.invalidated,
+        }
+    }
+}
+
+#[pymethods]
+impl PyTurn {
+    fn __repr__(&self) -> String {
+        format!(
+            "Turn(prompt_tokens={}, cached_tokens={}, new_tokens={}, invalidated={})",
+            self.prompt_tokens,
+            self.cached_tokens,
+            self.new_tokens,
+            if self.invalidated { "True" } else { "False" }
+        )
+    }
+}
+
+#[pyclass(name = "Prompt", module = "hotloop._core", frozen)]
+struct PyPrompt {
+    inner: Prompt,
+}
+
+#[pymethods]
+impl PyPrompt {
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn tokens(&self) -> Vec<u32> {
+        self.inner.tokens()
+    }
+
+    fn tokens_from(&self, start: usize) -> Vec<u32> {
+        self.inner.tokens_from(start)
+    }
+
+    fn common_prefix_len(&self, other: PyRef<'_, PyPrompt>) -> usize {
+        self.inner.common_prefix_len(&other.inner)
+    }
+}
+
+/// `ParseEvent` as the tuples `_core.pyi` documents.
+fn event_tuple<'py>(py: Python<'py>, event: ParseEvent) -> PyResult<Bound<'py, PyTuple>> {
+    match event {
+        ParseEvent::MessageStart { index } => ("message_start", index).into_pyobject(py),
+        ParseEvent::TextDelta { index, text } => ("text", index, text).into_pyobject(py),
+        ParseEvent::MessageDone { index, text } => ("message_done", index, text).into_pyobject(py),
+        ParseEvent::ReasoningStart { index } => ("reasoning_start", index).into_pyobject(py),
+        ParseEvent::ReasoningDelta { index, text } => ("reasoning", index, text).into_pyobject(py),
+        ParseEvent::ReasoningDone { index, text } => ("reasoning_done", index, text).into_pyobject(py),
+        ParseEvent::CallStart { index, name, call_id } => {
+            ("call_start", index, name, call_id).into_pyobject(py)
+        }
+        ParseEvent::ArgumentsDelta { index, text } => ("arguments", index, text).into_pyobject(py),
+        ParseEvent::CallDone {
+            index,
+            name,
+            call_id,
+            arguments,
+        } => ("call_done", index, name, call_id, arguments).into_pyobject(py),
+    }
+}
+
+fn event_list<'py>(py: Python<'py>, events: Vec<ParseEvent>) -> PyResult<Bound<'py, PyList>> {
+    let tuples = events
+        .into_iter()
+        .map(|e| event_tuple(py, e))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, tuples)
+}
+
+/// The format's parser is `Send` but not `Sync`; the lock (never contended: one turn is
+/// driven by one task) makes the class shareable as pyo3 requires.
+#[pyclass(name = "OutputParser", module = "hotloop._core")]
+struct PyOutputParser {
+    inner: Mutex<TurnParser>,
+}
+
+impl PyOutputParser {
+    fn parser(&self) -> MutexGuard<'_, TurnParser> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[pymethods]
+impl PyOutputParser {
+    fn feed<'py>(&self, py: Python<'py>, ids: Vec<u32>) -> PyResult<Bound<'py, PyList>> {
+        let mut events = Vec::new();
+        let mut parser = self.parser();
+        for id in ids {
+            parser.feed(id, &mut events);
+        }
+        drop(parser);
+        event_list(py, events)
+    }
+
+    fn finish<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyList>, &'static str, Option<String>)> {
+        let mut events = Vec::new();
+        let (outcome, message) = match self.parser().finish(&mut events) {
+            Outcome::Stopped => ("stopped", None),
+            Outcome::Truncated => ("truncated", None),
+            Outcome::Malformed(why) => ("malformed", Some(why)),
+        };
+        Ok((event_list(py, events)?, outcome, message))
+    }
+
+    #[getter]
+    fn stopped(&self) -> bool {
+        self.parser().stopped()
+    }
+
+    #[getter]
+    fn output_tokens(&self) -> usize {
+        self.parser().output_tokens()
+    }
+
+    #[getter]
+    fn reasoning_tokens(&self) -> usize {
+        self.parser().reasoning_tokens()
+    }
+}
+
+#[pyclass(name = "Checkpoint", module = "hotloop._core", frozen)]
+struct PyCheckpoint {
+    inner: Checkpoint,
+    policy: Option<Arc<Policy>>,
+}
+
+#[pymethods]
+impl PyCheckpoint {
+    #[getter]
+    fn token_count(&self) -> usize {
+        self.inner.token_count()
+    }
+
+    #[getter]
+    fn memory_bytes(&self) -> usize {
+        self.inner.memory_bytes()
+    }
+
+    fn fork(&self) -> PyConversation {
+        PyConversation {
+            inner: self.inner.fork(),
+            policy: self.policy.clone(),
+        }
+    }
+}
+
+#[pyclass(name = "Conversation", module = "hotloop._core")]
+struct PyConversation {
+    inner: Conversation,
+    policy: Option<Arc<Policy>>,
+}
+
+#[pymethods]
+impl PyConversation {
+    #[new]
+    #[pyo3(signature = (format, *, context_window, policy = None))]
+    fn new(
+        format: PyRef<'_, PyChatFormat>,
+        context_window: usize,
+        policy: Option<PyRef<'_, PyPolicy>>,
+    ) -> Self {
+        PyConversation {
+            inner: Conversation::new(Arc::clone(&format.inner), context_window),
+            policy: policy.map(|p| Arc::clone(&p.inner)),
+        }
+    }
+
+    fn extend(&mut self, request: PyRef<'_, PyCreateRequest>) -> PyResult<PyTurn> {
+        Ok(self
+            .inner
+            .extend_request(&request.inner, self.policy.as_deref())?
+            .into())
+    }
+
+    #[pyo3(signature = (items_json, *, instructions = None, tools_json = None))]
+    fn append_items(
+        &mut self,
+        items_json: &str,
+        instructions: Option<String>,
+        tools_json: Option<&str>,
+    ) -> PyResult<PyTurn> {
+        Ok(self
+            .inner
+            .append_json(items_json, instructions, tools_json)?
+            .into())
+    }
+
+    fn append_text(&mut self, chunk: &str) -> PyResult<usize> {
+        Ok(self.inner.append_text(chunk)?)
+    }
+
+    fn prompt(&self) -> PyPrompt {
+        PyPrompt {
+            inner: self.inner.prompt(),
+        }
+    }
+
+    fn parser(&self) -> PyResult<PyOutputParser> {
+        Ok(PyOutputParser {
+            inner: Mutex::new(self.inner.parser()?),
+        })
+    }
+
+    fn commit_output(&mut self, parser: PyRef<'_, PyOutputParser>) -> PyResult<()> {
+        Ok(self.inner.commit_output(&parser.parser())?)
+    }
+
+    fn checkpoint(&mut self) -> PyCheckpoint {
+        PyCheckpoint {
+            inner: self.inner.checkpoint(),
+            policy: self.policy.clone(),
+        }
+    }
+
+    #[getter]
+    fn token_count(&self) -> usize {
+        self.inner.token_count()
+    }
+
+    #[getter]
+    fn memory_bytes(&self) -> usize {
+        self.inner.memory_bytes()
+    }
+
+    #[getter]
+    fn open_call_ids(&self) -> Vec<String> {
+        self.inner.open_call_ids()
+    }
+
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (name, value) in self.inner.stats().pairs() {
+            dict.set_item(name, value)?;
+        }
+        Ok(dict)
+    }
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CoreError", m.py().get_type::<CoreError>())?;
     m.add_class::<PyTokenizer>()?;
     m.add_class::<PyStreamDecoder>()?;
+    m.add_class::<PyIncrementalText>()?;
     m.add_class::<PyChatFormat>()?;
     m.add_class::<PyLimits>()?;
     m.add_class::<PyPolicy>()?;
@@ -569,5 +876,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyUnknownEvent>()?;
     m.add_function(wrap_pyfunction!(parse_event, m)?)?;
     m.add_function(wrap_pyfunction!(parse_request, m)?)?;
+    m.add_class::<PyTurn>()?;
+    m.add_class::<PyPrompt>()?;
+    m.add_class::<PyOutputParser>()?;
+    m.add_class::<PyCheckpoint>()?;
+    m.add_class::<PyConversation>()?;
     Ok(())
 }

@@ -177,6 +177,8 @@ class LlamaEngine:
     async def start(self) -> None:
         if self._runner is None:
             self._runner = await asyncio.to_thread(_Runner, self._model_path, self.config)
+        # Reading the GGUF's vocabulary takes a moment: not on the event loop later.
+        await asyncio.to_thread(lambda: self.chat_format)
 
     def session(self) -> LlamaSession:
         return LlamaSession(self)

@@ -4,6 +4,7 @@
 from hotloop.protocol.cache import CacheBudget, ConnectionCache
 from hotloop.protocol.connection import (
     Action,
+    Baseline,
     Cancel,
     Close,
     Connection,
@@ -16,6 +17,7 @@ from hotloop.protocol.errors import ProtocolError
 
 __all__ = [
     "Action",
+    "Baseline",
     "CacheBudget",
     "Cancel",
     "Close",

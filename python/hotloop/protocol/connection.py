@@ -18,6 +18,7 @@ a checkpoint under the new response id.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections import deque
@@ -47,6 +48,8 @@ from hotloop.engines.base import EngineError, Sampling
 from hotloop.events import ResponseEvents, Usage, error_event
 from hotloop.protocol.cache import ConnectionCache
 from hotloop.protocol.errors import ProtocolError
+
+log = logging.getLogger("hotloop.protocol")
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 MAX_IN_FLIGHT = 16
@@ -196,6 +199,7 @@ class Connection:
         self._queued_bytes = 0
         self._actions: list[Action] = []
         self._expiring = False
+        self._skipped_tools: set[tuple[str, str | None]] = set()
         self.closed = False
 
     # ---------------------------------------------------------------- inputs
@@ -366,6 +370,8 @@ class Connection:
         if request.error is not None:
             self._refuse(ProtocolError.from_core(request.error), name)
             return
+        if request.skipped_tools:
+            self._note_skipped(request.skipped_tools)
         if request.background:
             self._refuse(
                 ProtocolError(
@@ -409,6 +415,16 @@ class Connection:
         if lane.active is None and len(lane.queue) == 1:
             self._ready.append(lane)
         self._pump()
+
+    def _note_skipped(self, tools: list[tuple[str, str | None]]) -> None:
+        # Codex sends tool types no local model runs (web_search, custom, ...): they are
+        # accepted and left out of the prompt. Said once per connection, not per turn.
+        for tool in tools:
+            if tool not in self._skipped_tools:
+                self._skipped_tools.add(tool)
+                log.info(
+                    "tool %s (type %s) is not rendered: this server cannot run it", tool[1], tool[0]
+                )
 
     def _pump(self) -> None:
         """Start queued requests while lanes are free and the in-flight cap allows."""

@@ -13,12 +13,18 @@ from __future__ import annotations
 import logging
 
 from hotloop._core import Policy
-from hotloop.bench.peer import Peer
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.events import error_body
 from hotloop.ledger import Ledger
-from hotloop.protocol import CacheBudget, Connection, ConnectionCache, ConnectionLimits, Observer
+from hotloop.protocol import (
+    Baseline,
+    CacheBudget,
+    Connection,
+    ConnectionCache,
+    ConnectionLimits,
+    Observer,
+)
 from hotloop.transport.asgi import ASGIApp, Receive, Scope, Send
 from hotloop.transport.websocket import Socket, bearer_key, deny, key_allowed
 
@@ -49,6 +55,7 @@ class App:
         observer: Observer | None = None,
         ledger: Ledger | None = None,
         policy: Policy | None = None,
+        baseline: Baseline | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
@@ -67,7 +74,7 @@ class App:
             max_frame_bytes=self.config.max_frame_bytes,
             max_queued_bytes=self.config.max_queued_bytes,
         )
-        self.baseline = Peer(self.config.baseline) if self.config.baseline else None
+        self.baseline = baseline
 
     @property
     def model(self) -> str:

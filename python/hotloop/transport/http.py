@@ -32,7 +32,14 @@ from hotloop.auth import ApiKeys, AuthError
 from hotloop.engines.base import EngineError
 from hotloop.events import error_body
 from hotloop.ledger import Books, Ledger
-from hotloop.protocol import Connection, ConnectionCache, ConnectionLimits, Finished, Generate
+from hotloop.protocol import (
+    Baseline,
+    Connection,
+    ConnectionCache,
+    ConnectionLimits,
+    Finished,
+    Generate,
+)
 from hotloop.protocol.errors import ProtocolError
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
@@ -67,12 +74,14 @@ class HttpApi:
         keys: ApiKeys,
         limits: ConnectionLimits | None = None,
         policy: Policy | None = None,
+        baseline: Baseline | None = None,
     ) -> None:
         self.ledger = ledger
         self.model = model
         self.keys = keys
         self.limits = limits or ConnectionLimits()
         self.policy = policy
+        self.baseline = baseline
         self.created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -180,6 +189,7 @@ class HttpApi:
             policy=self.policy,
             observer=exchange,
             principal=principal,
+            baseline=self.baseline,
         )
         connection.receive_request(request, len(body), time.perf_counter_ns() - start)
         actions = connection.actions()

@@ -29,12 +29,14 @@ use std::sync::Arc;
 use chunks::Chunks;
 use growth::{Change, Continuation, Position, Recorder, Recording};
 use segment::{Body, PrefixEntry, Rendering, Segment, Step};
+use serde_json::value::RawValue;
 
 use crate::error::{Code, Error, Result};
 use crate::format::{ChatFormat, Context};
 use crate::item::{Item, Prefix};
 use crate::render::Renderer;
 use crate::tokenizer::Tokenizer;
+use crate::validate::{self, check_context_budget, CreateRequest, Limits, Policy};
 
 pub use prompt::Prompt;
 use turn::TurnId;
@@ -409,6 +411,75 @@ impl Conversation {
         self.apply(Some(delta.prefix), delta.items, true, Some(max_output))
     }
 
+    /// `extend` for a parsed request: refuses a request whose parse failed, checks the
+    /// content policy on new text only (instructions only when they changed), then
+    /// appends its items and opens the turn.
+    pub fn extend_request(&mut self, request: &CreateRequest, policy: Option<&Policy>) -> Result<Turn> {
+        if let Some(error) = &request.error {
+            return Err(error.clone());
+        }
+        if let Some(policy) = policy {
+            if let Some(instructions) = &request.prefix.instructions {
+                if self.prefix().instructions.as_ref() != Some(instructions) {
+                    policy.check_text(instructions, "instructions")?;
+                }
+            }
+            policy.check_input(&request.input)?;
+        }
+        self.extend(Delta {
+            prefix: request.prefix.clone(),
+            items: request.input.items.clone(),
+            max_output_tokens: request.max_output_tokens.map(|n| n as usize),
+        })
+    }
+
+    /// `append_items` from JSON: `items_json` is an `input` array (or string),
+    /// `tools_json` a `tools` array, both parsed and checked by `validate` as in a request.
+    /// `instructions` or `tools_json` None keeps the current one.
+    pub fn append_json(
+        &mut self,
+        items_json: &str,
+        instructions: Option<String>,
+        tools_json: Option<&str>,
+    ) -> Result<Turn> {
+        let not_json = |what: &str| Error::new(Code::InvalidJson, format!("{what} is not one JSON value"));
+        serde_json::from_str::<&RawValue>(items_json).map_err(|_| not_json("items_json"))?;
+        let mut body = String::with_capacity(items_json.len() + tools_json.map_or(0, str::len) + 64);
+        body.push_str("{\"input\":");
+        body.push_str(items_json);
+        if let Some(tools) = tools_json {
+            serde_json::from_str::<&RawValue>(tools).map_err(|_| not_json("tools_json"))?;
+            body.push_str(",\"tools\":");
+            body.push_str(tools);
+        }
+        if let Some(text) = &instructions {
+            body.push_str(",\"instructions\":");
+            body.push_str(&serde_json::Value::from(text.as_str()).to_string());
+        }
+        body.push('}');
+        let request = validate::parse_request(body.as_bytes(), &Limits::default())?;
+        if let Some(error) = request.error {
+            return Err(error);
+        }
+        let prefix = (instructions.is_some() || tools_json.is_some()).then(|| {
+            let current = self.prefix();
+            Prefix {
+                instructions: if instructions.is_some() {
+                    request.prefix.instructions
+                } else {
+                    current.instructions.clone()
+                },
+                tools: if tools_json.is_some() {
+                    request.prefix.tools
+                } else {
+                    current.tools.clone()
+                },
+                reasoning_effort: current.reasoning_effort.clone(),
+            }
+        });
+        self.append_items(request.input.items, prefix)
+    }
+
     /// Append items without opening a turn (token caches, rebuilds from a store). `prefix`
     /// None keeps the current one. On error the conversation is unchanged.
     pub fn append_items(&mut self, items: Vec<Item>, prefix: Option<Prefix>) -> Result<Turn> {
@@ -445,17 +516,12 @@ impl Conversation {
         next.open_calls = Arc::new(open);
         let prompt_tokens = next.tokens.len();
         if let Some(max_output) = max_output {
-            if prompt_tokens + max_output > self.context_window {
-                return Err(Error::new(
-                    Code::ContextLengthExceeded,
-                    format!(
-                        "the conversation needs {prompt_tokens} prompt tokens plus max_output_tokens \
-                         {max_output}, above the model's context window of {} tokens",
-                        self.context_window
-                    ),
-                )
-                .at("input"));
-            }
+            check_context_budget(
+                work.kept,
+                prompt_tokens - work.kept,
+                max_output,
+                self.context_window,
+            )?;
         }
         self.chain = next;
         self.count(&work);

@@ -110,7 +110,9 @@ pub trait ChatFormat: Send + Sync {
 
     /// Append a finished model turn to history: the sampled ids verbatim, with a final
     /// stop token normalised to the format's end-of-message token where they differ
-    /// (harmony samples `<|return|>` but history holds `<|end|>`).
+    /// (harmony samples `<|return|>` but history holds `<|end|>`). It leaves the turn as
+    /// `render_item` leaves the last output item, so the next item's `Context::prev` is
+    /// that item's kind (ChatML defers the closing `<|im_end|>` to the next segment).
     fn render_output(&self, sampled: &[u32], r: &mut Renderer);
 
     /// Tokens that end generation.

@@ -17,9 +17,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::ops::Range;
 use std::path::Path;
-use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use foldhash::HashMap as FastMap;
 use serde::Deserialize;
 
 use super::gguf::{self, Metadata, Value};
@@ -114,7 +113,7 @@ pub struct ByteLevelBpe {
     /// The token of each single byte: the symbols a piece starts from.
     byte_ids: [u32; 256],
     /// (left id << 32 | right id) -> (rank, merged id).
-    merges: FxHashMap<u64, (u32, u32)>,
+    merges: FastMap<u64, (u32, u32)>,
     /// Control, unknown and user-defined tokens by their literal text.
     specials: HashMap<String, u32>,
     /// User-defined tokens, longest first: matched in text before pre-tokenization.
@@ -179,7 +178,7 @@ impl ByteLevelBpe {
 
         // A merge whose parts or result are not tokens can never apply to symbols that
         // are tokens; such merges only occur in damaged vocabularies and are skipped.
-        let mut merges = FxHashMap::default();
+        let mut merges = FastMap::default();
         merges.reserve(v.merges.len());
         for (rank, (left, right)) in v.merges.iter().enumerate() {
             let joined = format!("{left}{right}");
@@ -519,16 +518,6 @@ impl Tokenizer for ByteLevelBpe {
     fn vocab_size(&self) -> usize {
         self.kinds.len()
     }
-}
-
-/// Load a byte-level BPE tokenizer from a GGUF file.
-pub fn from_gguf(path: &Path) -> Result<Arc<dyn Tokenizer>> {
-    Ok(Arc::new(ByteLevelBpe::from_gguf(path)?))
-}
-
-/// Load a byte-level BPE tokenizer from the bytes of a `tokenizer.json`.
-pub fn from_tokenizer_json(data: &[u8]) -> Result<Arc<dyn Tokenizer>> {
-    Ok(Arc::new(ByteLevelBpe::from_tokenizer_json(data)?))
 }
 
 // ---------------------------------------------------------------- tokenizer.json

@@ -32,6 +32,12 @@
 //! The caller passes the same tokenizer on every call; the value does not hold it,
 //! so one can live inside a segment without a lifetime. A special token ends a run:
 //! start a new `IncrementalText` after it.
+//!
+//! Limits: a single piece that keeps growing (100k spaces arriving in chunks, one
+//! endless word) is re-encoded whole on each append, since BPE of a piece depends on
+//! all of it. A vocabulary with user-defined tokens matched in text (none of ours
+//! so far) could complete such a token across more than three pieces before the join,
+//! which the overlap check does not see; use a full encode for those.
 
 use super::Tokenizer;
 

@@ -62,10 +62,10 @@ pub fn by_name(name: &str) -> Option<Arc<dyn Tokenizer>> {
 
 /// A byte-level BPE tokenizer from a GGUF file's tokenizer metadata.
 pub fn from_gguf(path: &Path) -> Result<Arc<dyn Tokenizer>> {
-    bytelevel::from_gguf(path)
+    Ok(Arc::new(bytelevel::ByteLevelBpe::from_gguf(path)?))
 }
 
 /// A byte-level BPE tokenizer from the bytes of a Hugging Face `tokenizer.json`.
 pub fn from_tokenizer_json(data: &[u8]) -> Result<Arc<dyn Tokenizer>> {
-    bytelevel::from_tokenizer_json(data)
+    Ok(Arc::new(bytelevel::ByteLevelBpe::from_tokenizer_json(data)?))
 }

@@ -29,8 +29,8 @@ static FLAGS: LazyLock<Vec<u8>> = LazyLock::new(|| {
             unreachable!("{class} parses to a Unicode class")
         };
         for range in set.ranges() {
-            for cp in range.start() as usize..=range.end() as usize {
-                table[cp] |= flag;
+            for f in &mut table[range.start() as usize..=range.end() as usize] {
+                *f |= flag;
             }
         }
     }

@@ -20,15 +20,20 @@ use crate::tokenizer::Tokenizer;
 
 const OPEN_TAG: &str = "<tool_call>";
 const CLOSE_TAG: &str = "</tool_call>";
+/// A call head (`{"name": "...", "arguments": `) longer than this is not in the
+/// template's shape: the call is parsed whole instead of re-matched on every token.
+const MAX_CALL_HEAD: usize = 1024;
 
 #[derive(Debug)]
 enum State {
     /// Free text; a message is open once some was released.
     Text,
-    /// Inside `<tool_call>`; `body` is what was consumed of it so far.
+    /// Inside `<tool_call>`; `body` is what was consumed of it so far, `searched` how
+    /// much of the pending text is known not to hold `</tool_call>`.
     Call {
         body: String,
         part: CallPart,
+        searched: usize,
     },
     /// After a call: whitespace is skipped until the next call or text.
     AfterCall,
@@ -165,13 +170,13 @@ pub struct ChatMlParser {
 
 /// Length of the longest suffix of `text` that could grow into `\n<tool_call>`.
 fn tag_prefix_len(text: &str) -> usize {
-    let with_newline = format!("\n{OPEN_TAG}");
-    (1..with_newline.len().min(text.len() + 1))
+    const OPEN_LINE: &str = "\n<tool_call>";
+    (1..OPEN_LINE.len().min(text.len() + 1))
         .rev()
         .find(|&n| {
             text.is_char_boundary(text.len() - n) && {
                 let tail = &text[text.len() - n..];
-                with_newline.starts_with(tail) || OPEN_TAG.starts_with(tail)
+                OPEN_LINE.starts_with(tail) || OPEN_TAG.starts_with(tail)
             }
         })
         .unwrap_or(0)
@@ -223,6 +228,7 @@ impl ChatMlParser {
                         self.state = State::Call {
                             body: String::new(),
                             part: CallPart::Head,
+                            searched: 0,
                         };
                         continue;
                     }
@@ -243,7 +249,7 @@ impl ChatMlParser {
 
     /// Consume pending call text; true when the call is done and parsing moves on.
     fn call_step(&mut self, out: &mut Vec<ParseEvent>) -> Result<bool, String> {
-        let State::Call { body, part } = &mut self.state else {
+        let State::Call { body, part, searched } = &mut self.state else {
             return Ok(true);
         };
         loop {
@@ -258,7 +264,11 @@ impl ChatMlParser {
                         *part = CallPart::Arguments(ObjectScan::default());
                     }
                     Head::Mismatch => *part = CallPart::Whole,
-                    Head::Incomplete if self.pending.contains(CLOSE_TAG) => *part = CallPart::Whole,
+                    Head::Incomplete
+                        if self.pending.len() > MAX_CALL_HEAD || self.pending.contains(CLOSE_TAG) =>
+                    {
+                        *part = CallPart::Whole
+                    }
                     Head::Incomplete => return Ok(false),
                 },
                 CallPart::Arguments(scan) => {
@@ -292,7 +302,14 @@ impl ChatMlParser {
                     }
                 }
                 CallPart::Tail | CallPart::Whole => {
-                    let Some(at) = self.pending.find(CLOSE_TAG) else {
+                    // Search only what arrived since the last token (plus a tag's overlap), so
+                    // a long call costs linear time.
+                    let mut from = searched.saturating_sub(CLOSE_TAG.len() - 1);
+                    while !self.pending.is_char_boundary(from) {
+                        from -= 1;
+                    }
+                    let Some(at) = self.pending[from..].find(CLOSE_TAG).map(|at| at + from) else {
+                        *searched = self.pending.len();
                         return Ok(false);
                     };
                     body.extend(self.pending.drain(..at));

@@ -329,6 +329,19 @@ fn calls_in_other_shapes_are_parsed_whole() {
 }
 
 #[test]
+fn a_long_call_parsed_whole_finds_its_closing_tag() {
+    let f = chatml();
+    let long = "日本 </tool_call ".repeat(2000);
+    let args = format!(r#"{{"x": "{long}"}}"#);
+    let parsed = parse_text(
+        &f,
+        &format!(r#"<tool_call>{{"arguments": {args}, "name": "f"}}</tool_call>"#),
+    );
+    assert_eq!(parsed.outcome, Outcome::Stopped);
+    assert!(same_items(&parsed.items, &[call("", "f", &args)]));
+}
+
+#[test]
 fn a_call_cut_off_mid_arguments_is_truncated() {
     let f = chatml();
     let mut ids = Vec::new();
@@ -396,5 +409,28 @@ proptest! {
         if !text.contains("<tool_call>") && !text.is_empty() {
             prop_assert!(same_items(&parsed.items, &items));
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn random_completions_round_trip(
+        answer in "[\\PC\n]{0,40}",
+        calls in proptest::collection::vec(("[a-z_]{1,12}", proptest::collection::btree_map("[a-z]{1,5}", "\\PC{0,12}", 0..4)), 0..3),
+    ) {
+        prop_assume!(!answer.contains("<tool_call>"));
+        let f = chatml();
+        let mut items = Vec::new();
+        if !answer.is_empty() {
+            items.push(assistant(&answer));
+        }
+        for (name, args) in &calls {
+            // Arguments come back as the template writes them (Python's json.dumps).
+            items.push(call("", name, &tojson(&serde_json::to_value(args).unwrap())));
+        }
+        let parsed = parse(&f, &completion(&f, &items));
+        prop_assert_eq!(parsed.outcome, Outcome::Stopped);
+        prop_assert!(same_items(&parsed.items, &items), "{:?} vs {:?}", parsed.items, items);
     }
 }

@@ -133,10 +133,11 @@ impl Harmony {
         r.special(self.specials.end);
     }
 
-    /// One assistant message of a completion; the first one continues the generation
-    /// header (`<|start|>assistant` is already in the prompt).
-    fn completion_message(&self, first: bool, item: &Item, r: &mut Renderer) {
-        if !first {
+    /// An assistant message without its end token: reasoning on `analysis`, a call on
+    /// `commentary`, text on `final`. `author` is false for the first message of a
+    /// completion, which continues the generation header (`<|start|>assistant`).
+    fn assistant_message(&self, author: bool, item: &Item, r: &mut Renderer) {
+        if author {
             r.special(self.specials.start);
             r.fragment(Role::Assistant.as_str());
         }
@@ -239,21 +240,14 @@ impl ChatFormat for Harmony {
             }
             Item::Message {
                 role: Role::Assistant,
-                text,
-            } => {
-                self.header("assistant", None, Some("final"), false, r);
-                r.fragment(text);
+                ..
+            }
+            | Item::Reasoning { .. } => {
+                self.assistant_message(true, item, r);
                 r.special(s.end);
             }
-            Item::Reasoning { text } => {
-                self.header("assistant", None, Some("analysis"), false, r);
-                r.fragment(text);
-                r.special(s.end);
-            }
-            Item::FunctionCall { name, arguments, .. } => {
-                let recipient = format!("{FUNCTIONS}.{name}");
-                self.header("assistant", Some(&recipient), Some("commentary"), true, r);
-                r.fragment(arguments);
+            Item::FunctionCall { .. } => {
+                self.assistant_message(true, item, r);
                 r.special(s.call);
             }
             Item::FunctionCallOutput { call_id, output } => {
@@ -309,7 +303,7 @@ impl ChatFormat for Harmony {
     fn render_completion(&self, items: &[Item], r: &mut Renderer) {
         let ends_with_call = matches!(items.last(), Some(Item::FunctionCall { .. }));
         for (i, item) in items.iter().enumerate() {
-            self.completion_message(i == 0, item, r);
+            self.assistant_message(i > 0, item, r);
             let last = i + 1 == items.len();
             r.special(match item {
                 Item::FunctionCall { .. } => self.specials.call,

@@ -376,3 +376,27 @@ fn parser_reads_what_openai_harmony_reads() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn random_completions_round_trip(
+        reasoning in proptest::option::of("[\\PC\n]{0,40}"),
+        answer in proptest::option::of("[\\PC\n]{0,40}"),
+        call_args in proptest::option::of(("[a-z_]{1,12}", "\\PC{0,40}")),
+    ) {
+        let h = Harmony::new();
+        let mut items = Vec::new();
+        items.extend(reasoning.map(|text| Item::Reasoning { text }));
+        items.extend(answer.map(|text| Item::Message { role: Role::Assistant, text }));
+        items.extend(call_args.map(|(name, args)| call("", &name, &args)));
+        let ids = completion(&h, &items);
+        if items.is_empty() {
+            // Nothing to say is still a (empty) final answer.
+            items.push(Item::Message { role: Role::Assistant, text: String::new() });
+        }
+        let parsed = parse(&h, &ids);
+        prop_assert_eq!(parsed.outcome, Outcome::Stopped);
+        prop_assert!(same_items(&parsed.items, &items), "{:?}", parsed.items);
+    }
+}

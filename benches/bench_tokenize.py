@@ -1,0 +1,110 @@
+"""Encode throughput of hotloop's tokenizers against their references, and growth on
+pathological inputs. Figures are ratios measured in one run (README, "Tokenizers").
+
+Timing is CPU time of this process (`time.process_time`), so other load on the machine
+does not count; the two sides of a ratio are measured in alternating rounds and
+compared by their medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import llama_cpp
+import pytest
+from hotloop import Tokenizer
+
+from tests import corpus, references
+
+ROUNDS = 5
+
+
+def _cpu(fn: Callable[[], object]) -> float:
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+def _texts() -> list[str]:
+    """The corpus without its pathological documents (measured on their own below)."""
+    return [text for label, text in corpus.documents() if not label.startswith("pathological:")]
+
+
+def _compare(
+    benchmark: Any, ours: Callable[[], object], theirs: Callable[[], object], size: int
+) -> None:
+    """Alternate rounds of both sides; record MB/s of each and the ratio of medians."""
+    ours_t: list[float] = []
+    theirs_t: list[float] = []
+
+    def round_() -> None:
+        ours_t.append(_cpu(ours))
+        theirs_t.append(_cpu(theirs))
+
+    ours()  # warm up: vocabulary loading and regex caches
+    theirs()
+    benchmark.pedantic(round_, rounds=ROUNDS, iterations=1)
+    mine, ref = statistics.median(ours_t), statistics.median(theirs_t)
+    benchmark.extra_info.update(
+        corpus_mb=round(size / 1e6, 2),
+        ours_mb_s=round(size / mine / 1e6, 1),
+        reference_mb_s=round(size / ref / 1e6, 1),
+        ratio=round(ref / mine, 2),
+    )
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_encode_vs_tiktoken(benchmark: Any, name: str) -> None:
+    texts = _texts()
+    ours, ref = Tokenizer.openai(name), references.tiktoken_encoding(name)
+    _compare(
+        benchmark,
+        lambda: [ours.encode(t) for t in texts],
+        lambda: [ref.encode_ordinary(t) for t in texts],
+        corpus.total_bytes(("", t) for t in texts),
+    )
+
+
+def test_encode_vs_llama_cpp(benchmark: Any) -> None:
+    texts = _texts()
+    path = references.smollm2_gguf()
+    ours = Tokenizer.from_gguf(path)
+    llama = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    _compare(
+        benchmark,
+        lambda: [ours.encode(t) for t in texts],
+        lambda: [llama.tokenize(t.encode(), add_bos=False, special=False) for t in texts],
+        corpus.total_bytes(("", t) for t in texts),
+    )
+
+
+SIZES = (10_000, 100_000, 1_000_000)
+KINDS = [label.split(":")[1] for label, _ in corpus.pathological(10)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("vocabulary", ["o200k_base", "smollm2"])
+def test_pathological_growth(benchmark: Any, vocabulary: str, kind: str) -> None:
+    """Time per byte at 10k, 100k and 1M bytes; linear growth keeps it flat."""
+    tok = (
+        Tokenizer.openai(vocabulary)
+        if vocabulary != "smollm2"
+        else Tokenizer.from_gguf(references.smollm2_gguf())
+    )
+    texts = {size: dict(corpus.pathological(size))[f"pathological:{kind}"] for size in SIZES}
+    per_byte: dict[int, list[float]] = {size: [] for size in SIZES}
+
+    def round_() -> None:
+        for size, text in texts.items():
+            per_byte[size].append(_cpu(lambda text=text: tok.encode(text)) / size)
+
+    tok.encode(texts[SIZES[0]])
+    benchmark.pedantic(round_, rounds=3, iterations=1)
+    ns = {size: statistics.median(v) * 1e9 for size, v in per_byte.items()}
+    benchmark.extra_info.update(
+        {f"ns_per_byte_{size}": round(v, 1) for size, v in ns.items()},
+        growth_1m_vs_10k=round(ns[SIZES[-1]] / ns[SIZES[0]], 2),
+    )
