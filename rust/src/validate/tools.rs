@@ -110,8 +110,10 @@ struct CachedTools {
     tools: Tools,
 }
 
-const TOOL_CACHE_ENTRIES: usize = 32;
-const TOOL_CACHE_MAX_BYTES: usize = 256 * 1024;
+// A process serves a handful of distinct tool lists (one per agent kind and version);
+// a parsed list holds about 5x its JSON, so the cache stays under ~12 MB.
+const TOOL_CACHE_ENTRIES: usize = 16;
+const TOOL_CACHE_MAX_BYTES: usize = 128 * 1024;
 
 static TOOL_CACHE: ToolCache = ToolCache {
     entries: Mutex::new(VecDeque::new()),
