@@ -1,6 +1,9 @@
 """Parse + validate cost of client frames: a 2 KB delta (one tool result chained with
 previous_response_id) and a 200 KB full history, per frame and per byte.
 
+A third frame is the delta with a coding agent's tool list (about 46 KB), which agents
+resend every turn; after the first parse the list comes from the core's tool cache.
+
 Ratios are measured in one run: the per-byte cost of the full history against the delta
 (parsing is linear, so about 1), and parse+validate against `orjson.loads` of the same
 frame (a pure JSON parse into Python objects, which validation alone would already need).
@@ -17,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hotloop._core import CreateRequest, parse_event
+from hotloop._core import CreateRequest, Policy, parse_event
 
 # A line of tool output with the escapes real outputs have (quotes, backslashes, tabs).
 TOOL_OUTPUT_LINE = 'src/app.py:42:    return {"status": "ok", "path": "/tmp/x\\y"}  # \tnote\n'
@@ -47,8 +50,29 @@ def text_of(size: int) -> str:
     return (TOOL_OUTPUT_LINE * (size // len(TOOL_OUTPUT_LINE) + 1))[:size]
 
 
-def delta_frame() -> bytes:
-    """One tool result of about 2 KB, as Codex chains it."""
+# A tool list the size of a coding agent's (about 46 KB), resent with every turn.
+AGENT_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "name": f"agent_tool_{i}",
+        "description": "Does one thing in the workspace. " * 12,
+        "parameters": {
+            "type": "object",
+            "properties": {
+                f"arg_{j}": {"type": "string", "description": "What this argument means. " * 4}
+                for j in range(12)
+            },
+            "required": ["arg_0"],
+            "additionalProperties": False,
+        },
+        "strict": False,
+    }
+    for i in range(20)
+]
+
+
+def delta_frame(tools: list[dict[str, Any]] | None = None) -> bytes:
+    """One tool result of about 2 KB, as Codex chains it (with its tools, if given)."""
     return orjson.dumps(
         {
             "type": "response.create",
@@ -58,7 +82,7 @@ def delta_frame() -> bytes:
             "stream": True,
             "include": ["reasoning.encrypted_content"],
             "prompt_cache_key": "session-1",
-            "tools": [],
+            "tools": tools or [],
             "input": [
                 {"type": "function_call_output", "call_id": "call_42", "output": text_of(1900)}
             ],
@@ -96,7 +120,12 @@ def history_frame(target_bytes: int = 200_000) -> bytes:
     )
 
 
-FRAMES = {"delta_2kb": delta_frame(), "history_200kb": history_frame()}
+FRAMES = {
+    "delta_2kb": delta_frame(),
+    # The second parse of the same tool list onwards takes the parsed tools from a cache.
+    "delta_2kb_with_agent_tools": delta_frame(AGENT_TOOLS),
+    "history_200kb": history_frame(),
+}
 
 
 def median_ns(fn: Callable[[bytes], object], frame: bytes, rounds: int) -> float:
@@ -114,6 +143,15 @@ def test_parse_and_validate(benchmark: Any, name: str) -> None:
     request = benchmark(parse_event, frame)
     assert isinstance(request, CreateRequest) and request.error is None
     benchmark.extra_info["frame_bytes"] = len(frame)
+
+
+def test_policy_scan(benchmark: Any) -> None:
+    """The content policy over a full history: 1,000 operator patterns, one pass."""
+    request = parse_event(FRAMES["history_200kb"])
+    assert isinstance(request, CreateRequest)
+    policy = Policy([f"blocked phrase number {i}" for i in range(1000)])
+    benchmark(policy.check, request)
+    benchmark.extra_info["input_bytes"] = request.input_bytes
 
 
 def test_per_byte_cost_ratios(benchmark: Any) -> None:

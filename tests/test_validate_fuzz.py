@@ -150,6 +150,27 @@ def test_mutations_of_a_valid_request(data: st.DataObject) -> None:
         check_outcome(json.dumps(nested))
 
 
+def outcome(frame: str | bytes) -> tuple[str, str | None, str | None]:
+    """What a parse came to: the event type and, for a failure, its code and param."""
+    try:
+        event = parse_event(frame)
+    except CoreError as error:
+        return ("raised", error.code, error.param)
+    error = getattr(event, "error", None)
+    return (event.type, error and error.code, error and error.param)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_str_and_bytes_frames_parse_alike(data: st.DataObject) -> None:
+    doc: Any = VALID
+    path = data.draw(st.sampled_from(paths(doc)))
+    if not path or path[0] != "type":
+        doc = replaced(doc, path, data.draw(json_values))
+    text = json.dumps(doc, ensure_ascii=data.draw(st.booleans()))
+    assert outcome(text) == outcome(text.encode())
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=100))
 def test_random_http_bodies(body: str) -> None:

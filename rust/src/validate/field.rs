@@ -1,9 +1,10 @@
 //! Typed reads of raw JSON values (`&RawValue` slices of the frame) with errors that
 //! name the value's path and say what was expected and what came instead.
 //!
-//! Requests are deserialized into structs of raw slices first, so fields nobody reads
-//! (Codex's `encrypted_content`, `client_metadata`, ...) are skipped without being
-//! materialised; only the fields validated here are decoded.
+//! A request's top-level fields and its tools are deserialized into structs of raw
+//! slices first, so fields nobody reads (Codex's `include`, `client_metadata`, ...) are
+//! skipped without being materialised; only the fields validated here are decoded. The
+//! input items, the bulk of the bytes, are read with `shape` instead.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
