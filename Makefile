@@ -49,7 +49,8 @@ bench: develop native
 	$(BIN)/pytest benches -q --benchmark-only
 
 # CI's microbenchmarks: only ratios measured in one run, with wide margins (quick mode).
-bench-ci: develop
+# `native` for the SmolLM2 GGUF that the open-model peer check reads.
+bench-ci: develop native
 	$(BIN)/pytest benches/test_ratios.py benches/test_store_ratios.py -q -s --benchmark-disable
 
 clean:

@@ -14,7 +14,9 @@ times faster one is than the other:
 - output parsing: hotloop's streaming parser vs openai-harmony's, token by token;
 - event serialisation: one text-delta event, vs the SDK's pydantic model (>= 2x);
 - the peer: a stateless server's per-turn prompt work (openai-harmony re-rendering the
-  whole conversation) vs hotloop's append (>= 50x).
+  whole conversation) vs hotloop's append (>= 50x);
+- the open-model peer: SmolLM2's chat template rendered by jinja2 and the whole
+  conversation tokenized by Hugging Face `tokenizers`, vs hotloop's ChatML append (>= 20x).
 
 `make bench-ci` runs them in quick mode (`--benchmark-disable`, 3 repetitions); `make
 bench` runs them with pytest-benchmark's statistics. Repetitions take the minimum, the
@@ -32,9 +34,11 @@ import orjson
 import pytest
 import tiktoken
 from hotloop._core import ChatFormat, Conversation, Tokenizer, parse_event, parse_request
+from hotloop.bench.open_model import OpenModelPeer
 from hotloop.bench.peer import Peer, use_local_vocab
 from hotloop.bench.rollout import Rollout, build_rollout
 from hotloop.events import ResponseEvents
+from hotloop.native_deps import smollm2_gguf_path
 from openai.types.responses import ResponseTextDeltaEvent
 from openai_harmony import HarmonyEncodingName, Role, StreamableParser, load_harmony_encoding
 
@@ -242,3 +246,39 @@ def test_peer_full_rerender_vs_append(
     )
     print(f"peer (openai-harmony) turn / hotloop append at {base.token_count} tokens: {ratio:.0f}x")
     assert ratio >= 50
+
+
+def test_open_model_peer_full_rerender_vs_append(
+    benchmark: Any, rollout: Rollout, repeat: int
+) -> None:
+    path = str(smollm2_gguf_path())
+    peer = OpenModelPeer(path)
+    chatml = ChatFormat.chatml(Tokenizer.from_gguf(path))
+    # A SmolLM2 chat of real text: the rollout's reasoning as assistant turns, its tool
+    # outputs as user turns (SmolLM2's template has no tools); the last turn is a user's.
+    messages = [{"role": "system", "content": rollout.instructions}]
+    messages.append({"role": "user", "content": "Begin."})
+    for step in rollout.steps:
+        messages.append({"role": "assistant", "content": step.reasoning})
+        messages.append({"role": "user", "content": step.output})
+    *history, last = messages[1:]
+    items = [{"type": "message", "role": m["role"], "content": m["content"]} for m in history]
+    conversation = Conversation(chatml, context_window=1 << 21)
+    conversation.append_items(json.dumps(items), instructions=rollout.instructions)
+    base = conversation.checkpoint()
+    assert base.token_count > 100_000
+    delta = json.dumps([{"type": "message", "role": last["role"], "content": last["content"]}])
+
+    def append() -> None:
+        base.fork().append_items(delta)
+
+    def peer_turn() -> None:
+        peer.prompt(messages)
+
+    benchmark(append)
+    ratio = fastest(peer_turn, max(2, repeat // 3)) / fastest(append, repeat)
+    print(
+        f"open-model peer (jinja2 + HF tokenizers) turn / hotloop append at "
+        f"{base.token_count} tokens: {ratio:.0f}x"
+    )
+    assert ratio >= 20

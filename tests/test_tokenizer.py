@@ -5,16 +5,15 @@ against llama.cpp's tokenizer for the same GGUF, on the corpus of tests/corpus.p
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
-from typing import Any
 
 import llama_cpp
 import pytest
 import tiktoken
+import tokenizers
 from hotloop import StreamDecoder, Tokenizer
 from hotloop._core import CoreError
+from hotloop.bench.open_model import gguf_metadata, tokenizer_json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -150,74 +149,19 @@ def test_smollm2_vocabulary(smollm2_path: str, llama: llama_cpp.Llama) -> None:
 
 
 def test_tokenizer_json_equals_gguf(smollm2_path: str) -> None:
-    """A tokenizer.json written from the GGUF vocabulary tokenizes identically."""
+    """A tokenizer.json written from the GGUF vocabulary (the open-model peer's) tokenizes
+    identically, here and in Hugging Face `tokenizers`."""
     gguf = Tokenizer.from_gguf(smollm2_path)
-    meta = _gguf_metadata(smollm2_path)
-    tokens, merges = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.merges"]
-    specials = {i for i, t in enumerate(tokens) if gguf.special(t) == i}
-    doc = {
-        "added_tokens": [
-            {"id": i, "content": tokens[i], "special": True} for i in sorted(specials)
-        ],
-        "normalizer": None,
-        "pre_tokenizer": {
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Digits", "individual_digits": True},
-                {
-                    "type": "ByteLevel",
-                    "add_prefix_space": False,
-                    "trim_offsets": True,
-                    "use_regex": True,
-                },
-            ],
-        },
-        "model": {
-            "type": "BPE",
-            "vocab": {t: i for i, t in enumerate(tokens) if i not in specials},
-            "merges": merges,
-        },
-    }
-    from_json = Tokenizer.from_tokenizer_json(json.dumps(doc))
-    assert Tokenizer.from_tokenizer_json(json.dumps(doc).encode()).vocab_size == gguf.vocab_size
+    doc = tokenizer_json(gguf_metadata(smollm2_path))
+    from_json = Tokenizer.from_tokenizer_json(doc)
+    assert Tokenizer.from_tokenizer_json(doc.encode()).vocab_size == gguf.vocab_size
+    hf = tokenizers.Tokenizer.from_str(doc)
+    assert hf.get_vocab_size() == gguf.vocab_size
+    # `encode` reads special-token literals as plain text; `tokenizers` does when told to.
+    hf.encode_special_tokens = True
     for label, text in corpus.documents()[::7]:
         assert from_json.encode(text) == gguf.encode(text), label
-
-
-def _gguf_metadata(path: str) -> dict[str, Any]:
-    """GGUF key/value metadata, read independently of the Rust reader under test."""
-    scalar = {
-        0: "B",
-        1: "b",
-        2: "H",
-        3: "h",
-        4: "I",
-        5: "i",
-        6: "f",
-        7: "?",
-        10: "Q",
-        11: "q",
-        12: "d",
-    }
-    with open(path, "rb") as f:
-
-        def read(fmt: str) -> Any:
-            return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
-
-        def string() -> str:
-            return f.read(read("Q")).decode()
-
-        def value(kind: int) -> Any:
-            if kind == 8:
-                return string()
-            if kind == 9:
-                elem, n = read("I"), read("Q")
-                return [value(elem) for _ in range(n)]
-            return read(scalar[kind])
-
-        assert f.read(4) == b"GGUF"
-        _version, _tensors, count = read("I"), read("Q"), read("Q")
-        return {string(): value(read("I")) for _ in range(count)}
+        assert hf.encode(text, add_special_tokens=False).ids == gguf.encode(text), label
 
 
 @pytest.mark.parametrize("name", OPENAI)
