@@ -30,8 +30,6 @@ import asyncio
 import os
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -40,6 +38,7 @@ from typing import Any
 import orjson
 import uvloop
 from hotloop._core import ChatFormat, Conversation, Prompt, parse_request
+from hotloop.bench.proc import ServerProcess
 from hotloop.engines.base import Sampling
 from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
@@ -169,13 +168,6 @@ def loopback_send(frame: bytes, sends: int) -> float:
     return spent / sends * 1e6
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def process_cpu(pid: int) -> tuple[float, float, float]:
     """CPU seconds of a process, all its threads: user and system from /proc (in clock
     ticks of 10 ms), and their sum to the nanosecond from the process's CPU clock."""
@@ -190,30 +182,23 @@ class Served:
     """`hotloop serve --engine sim` at one rate, and a WebSocket client of it."""
 
     def __init__(self, tokens_per_second: float, words: int) -> None:
-        port = free_port()
-        env = {
-            **os.environ,
-            "HOTLOOP_ENGINE": "sim",
-            "HOTLOOP_PORT": str(port),
-            "HOTLOOP_LOG_LEVEL": "warning",
-            "HOTLOOP_DATA_DIR": "",
-            "HOTLOOP_SIM_TTFT": "0",
-            "HOTLOOP_SIM_TOKENS_PER_SECOND": str(tokens_per_second),
-            "HOTLOOP_SIM_TEXT": "word " * words,
-        }
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "hotloop.cli", "serve"], env=env, stdout=subprocess.DEVNULL
+        self.server = ServerProcess.start(
+            [
+                "--engine",
+                "sim",
+                "--sim-ttft",
+                "0",
+                "--sim-tokens-per-second",
+                str(tokens_per_second),
+                "--sim-text",
+                "word " * words,
+            ]
         )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.ws = connect(f"ws://127.0.0.1:{port}/v1/responses", max_size=None)
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.server.poll() is not None:
-                    self.close()
-                    raise
-                time.sleep(0.1)  # the server process is starting; nothing to wait on
+        try:
+            self.ws = connect(self.server.ws_url, max_size=None)
+        except OSError:
+            self.server.stop()
+            raise
         first, _ = self._turn(None)  # warm: imports, first allocations
         self.previous: str = first["response"]["id"]
 
@@ -232,7 +217,7 @@ class Served:
     def measure(self) -> tuple[float, float, float, float]:
         """CPU microseconds per token, the share of it in user mode, frames per token,
         tokens/s."""
-        pid = self.server.pid
+        pid = self.server.process.pid
         (user0, system0, cpu0), wall0 = process_cpu(pid), time.perf_counter()
         tokens = frames = 0
         for _ in range(TURNS):
@@ -250,10 +235,8 @@ class Served:
         )
 
     def close(self) -> None:
-        if hasattr(self, "ws"):
-            self.ws.close()
-        self.server.terminate()
-        self.server.wait()
+        self.ws.close()
+        self.server.stop()
 
 
 def main() -> None:
