@@ -1,6 +1,7 @@
-"""A real hotloop server for tests: uvicorn (websockets-sansio, httptools, uvloop) in a
-thread, on a socket the test bound and put in listen mode first, so clients can
-connect at once (the kernel queues them until the server accepts): no waiting loop."""
+"""A real hotloop server for tests: uvicorn (hotloop's websockets-sansio protocol, as
+`hotloop serve` runs it, httptools, uvloop) in a thread, on a socket the test bound
+and put in listen mode first, so clients can connect at once (the kernel queues them
+until the server accepts): no waiting loop."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from hotloop._core import ChatFormat
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
 from hotloop.transport import App
-from hotloop.transport.asgi import Message, Receive, Scope, Send
+from hotloop.transport.asgi import SEND_FRAMES, Message, Receive, Scope, Send
+from hotloop.transport.frames import FrameSendingProtocol
 from pydantic import ValidationError
 from sdk_events import validate
 
@@ -41,15 +43,21 @@ class Validating:
             return
 
         async def checked(message: Message) -> None:
-            if message["type"] == "websocket.send" and message.get("text") is not None:
-                self.frames += 1
-                try:
-                    validate(message["text"])
-                except ValidationError as e:
-                    self.invalid.append(f"{message['text'][:300]}: {e}")
+            if message["type"] == SEND_FRAMES:
+                for frame in message["frames"]:
+                    self.check(frame.decode())
+            elif message["type"] == "websocket.send" and message.get("text") is not None:
+                self.check(message["text"])
             await send(message)
 
         await self.app(scope, receive, checked)
+
+    def check(self, text: str) -> None:
+        self.frames += 1
+        try:
+            validate(text)
+        except ValidationError as e:
+            self.invalid.append(f"{text[:300]}: {e}")
 
 
 @contextmanager
@@ -60,14 +68,14 @@ def serving(app: Any, **uvicorn_options: Any) -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
+    options: dict[str, Any] = {"ws": FrameSendingProtocol, **uvicorn_options}
     config = uvicorn.Config(
         app,
-        ws="websockets-sansio",
         http="httptools",
         loop="uvloop",
         lifespan="on",
         log_level="warning",
-        **uvicorn_options,
+        **options,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hotloop._core import ChatFormat, Conversation, parse_request
 from hotloop.events import ResponseEvents, Usage, error_event
 from sdk_events import validate
 
@@ -29,8 +30,7 @@ FIELDS = orjson.dumps(
 
 TEXT_TURN = [
     ("message_start", 0),
-    ("text", 0, "Hel"),
-    ("text", 0, 'lo \u00e9"'),
+    ("text", 0, 'Hello \u00e9"'),
     ("message_done", 0, 'Hello \u00e9"'),
 ]
 TOOL_TURN = [
@@ -38,8 +38,7 @@ TOOL_TURN = [
     ("reasoning", 0, "think"),
     ("reasoning_done", 0, "think"),
     ("call_start", 1, "exec_command", "call_1"),
-    ("arguments", 1, '{"cmd":'),
-    ("arguments", 1, '"ls"}'),
+    ("arguments", 1, '{"cmd":"ls"}'),
     ("call_done", 1, "exec_command", "call_1", '{"cmd":"ls"}'),
 ]
 
@@ -166,14 +165,22 @@ def test_failed_and_cancelled_terminals_validate() -> None:
     assert truncated["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
-def test_deltas_of_one_batch_coalesce_per_item_in_order() -> None:
+def test_a_batch_of_tokens_is_one_delta_event() -> None:
+    """The parser hands over a batch's deltas of one item as one event, so an engine
+    batch costs one frame however many tokens it holds."""
+    chat_format = ChatFormat.harmony()
+    conversation = Conversation(chat_format, context_window=1 << 20)
+    conversation.extend(parse_request('{"model":"sim","input":"go"}'))
+    parser = conversation.parser()
+    text = "one two three four five six seven eight"
+    ids = chat_format.completion_tokens(text=text)
     events = ResponseEvents(FIELDS)
     frames: list[bytes] = []
-    events.feed([("message_start", 0)], frames.append)
-    events.feed([("text", 0, "a"), ("text", 0, "b"), ("message_done", 0, "ab")], frames.append)
-    events.feed([("message_start", 1), ("text", 1, "c")], frames.append)
-    events.feed([("text", 1, "d"), ("text", 1, "e")], frames.append)
+    half = len(ids) // 2
+    events.feed(parser.feed(ids[:half]), frames.append)
+    events.feed(parser.feed(ids[half:]), frames.append)
+    events.feed(parser.finish()[0], frames.append)
     got = [validate(f) for f in frames]
-    deltas = [(e["output_index"], e["delta"]) for e in got if e["type"].endswith(".delta")]
-    assert deltas == [(0, "ab"), (1, "c"), (1, "de")]
+    deltas = [e["delta"] for e in got if e["type"] == "response.output_text.delta"]
+    assert len(deltas) == 2 and "".join(deltas) == text
     assert [e["sequence_number"] for e in got] == list(range(len(got)))

@@ -6,8 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hotloop._core import ChatFormat, Prompt
 from hotloop.auth import ApiKeys, AuthError, Credential, key_id
+from hotloop.engines.base import EngineError, Sampling, close_stream
+from hotloop.engines.sim import SimEngine, SimSpeed
 from hotloop.shutdown import Drain, ShuttingDown
+
+FORMAT = ChatFormat.harmony()
 
 
 async def test_wait_returns_when_the_last_response_finishes() -> None:
@@ -35,6 +40,32 @@ async def test_wait_gives_up_at_the_deadline() -> None:
 
 async def test_idle_drain_is_immediate() -> None:
     assert await Drain().wait(deadline=0)
+
+
+async def test_a_generation_is_in_flight_until_its_stream_is_closed() -> None:
+    drain = Drain()
+    engine = drain.engine(SimEngine(FORMAT, speed=SimSpeed(1e6, ttft=0.0)))
+    session = engine.session()
+    prompt = Prompt.from_tokens([1, 2, 3])
+    whole = session.generate(prompt, Sampling(1 << 10))
+    assert drain.in_flight == 1
+    got = [ids async for ids in whole]
+    assert [i for batch in got for i in batch] == FORMAT.completion_tokens(text="Done.")
+    assert drain.in_flight == 1  # until the consumer closes it, finished or not
+    await close_stream(whole)
+    await close_stream(whole)  # closing twice releases once
+    assert drain.in_flight == 0
+    cut = session.generate(prompt, Sampling(1 << 10))
+    async for _ in cut:
+        break
+    await close_stream(cut)
+    assert drain.in_flight == 0
+    waiter = asyncio.create_task(drain.wait(deadline=3600))
+    await asyncio.sleep(0)
+    with pytest.raises(EngineError) as refused:
+        session.generate(prompt, Sampling(1 << 10))
+    assert refused.value.code == "server_shutting_down"
+    assert await waiter
 
 
 def test_api_keys() -> None:

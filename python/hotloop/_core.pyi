@@ -213,7 +213,9 @@ class OutputParser:
     ("call_start", index, name, call_id), ("arguments", index, delta),
     ("call_done", index, name, call_id, arguments)."""
 
-    def feed(self, ids: Sequence[int]) -> list[ParseEvent]: ...
+    def feed(self, ids: Sequence[int]) -> list[ParseEvent]:
+        """The events of these ids; consecutive deltas of one kind for one item come
+        as one event (their text concatenated), so a batch costs one event."""
     def finish(
         self,
     ) -> tuple[list[ParseEvent], Literal["stopped", "truncated", "malformed"], str | None]:

@@ -24,6 +24,7 @@ from hotloop.ledger import Ledger
 from hotloop.protocol import ConnectionLimits
 from hotloop.shutdown import Server
 from hotloop.transport import App
+from hotloop.transport.frames import FrameSendingProtocol
 from hotloop.transport.http import HttpApi
 
 
@@ -160,7 +161,8 @@ def serve(config: ServerConfig) -> None:
         log_level=config.log_level,
         loop="uvloop",
         http="httptools",
-        ws="websockets-sansio",
+        # uvicorn's websockets-sansio protocol, with hotloop's frame-batch extension.
+        ws=FrameSendingProtocol,
         # Frames up to twice the protocol limit reach the app, which answers an
         # oversize frame with an `error` event; beyond that the socket closes (1009).
         ws_max_size=2 * config.max_frame_bytes,

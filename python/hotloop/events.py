@@ -218,39 +218,21 @@ class ResponseEvents:
 
     def feed(self, parsed: list[tuple[Any, ...]], emit: Callable[[bytes], object]) -> None:
         """Emit the frames for the output parser's events (see `OutputParser` in
-        `_core.pyi`); the event's index is the item's `output_index`.
-
-        Consecutive deltas of one item in one batch go out as one delta event: an
-        engine that hands over several tokens at once costs one frame, not one per
-        token (clients concatenate deltas; their boundaries carry no meaning)."""
-        run_index = -1
-        run: list[str] = []
+        `_core.pyi`); the event's index is the item's `output_index`. The parser hands
+        over an engine batch's deltas of one item as one event, so a batch of tokens
+        costs one frame, not one per token."""
         for ev in parsed:
             kind = ev[0]
             if kind == "text" or kind == "reasoning" or kind == "arguments":
-                if ev[1] == run_index:
-                    run.append(ev[2])
-                    continue
-                if run:
-                    self._delta(run_index, run, emit)
-                run_index, run = ev[1], [ev[2]]
+                # The per-token path: one dumps and one bytes format, nothing else.
+                seq = self._seq
+                self._seq = seq + 1
+                emit(
+                    b'%b%b,"sequence_number":%d%b'
+                    % (self._heads[ev[1]], orjson.dumps(ev[2]), seq, self._tail)
+                )
             else:
-                if run:
-                    self._delta(run_index, run, emit)
-                    run_index, run = -1, []
                 self._structural(ev, emit)
-        if run:
-            self._delta(run_index, run, emit)
-
-    def _delta(self, index: int, run: list[str], emit: Callable[[bytes], object]) -> None:
-        # The per-token path: one dumps and one bytes format, nothing else.
-        seq = self._seq
-        self._seq = seq + 1
-        text = run[0] if len(run) == 1 else "".join(run)
-        emit(
-            b'%b%b,"sequence_number":%d%b'
-            % (self._heads[index], orjson.dumps(text), seq, self._tail)
-        )
 
     def _structural(self, ev: tuple[Any, ...], emit: Callable[[bytes], object]) -> None:
         kind, index = ev[0], ev[1]

@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING
 
 import uvicorn
 
-from hotloop.engines.base import EngineError
+from hotloop.engines.base import EngineError, close_stream
 
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Prompt
@@ -123,22 +123,47 @@ class _DrainedSession:
         self._session = session
         self._drain = drain
 
-    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+    def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
         try:
             self._drain.admit()
         except ShuttingDown as e:
             raise EngineError(e.code, e.message) from e
-        stream = self._session.generate(prompt, sampling)
         try:
-            async for batch in stream:
-                yield batch
-        finally:
-            if isinstance(stream, AsyncGenerator):
-                await stream.aclose()
+            return _InFlight(self._session.generate(prompt, sampling), self._drain)
+        except BaseException:
             self._drain.release()
+            raise
 
     async def close(self) -> None:
         await self._session.close()
+
+
+class _InFlight:
+    """One generation's ids, counted in flight until the consumer closes the stream
+    (`close_stream`). Iterating goes straight to the engine's stream: this is the
+    per-token path, so the count adds no step of its own per batch."""
+
+    __slots__ = ("_closed", "_drain", "_stream")
+
+    def __init__(self, stream: AsyncIterator[list[int]], drain: Drain) -> None:
+        self._stream = stream
+        self._drain = drain
+        self._closed = False
+
+    def __aiter__(self) -> _InFlight:
+        return self
+
+    def __anext__(self) -> Awaitable[list[int]]:
+        return self._stream.__anext__()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await close_stream(self._stream)
+        finally:
+            self._drain.release()
 
 
 class Server(uvicorn.Server):

@@ -43,10 +43,19 @@ class EngineSession(Protocol):
     def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
         """Stream sampled ids in batches. Stops after a stop token or at
         `max_output_tokens`. Cancelling the consuming task (or `aclose()` on the
-        iterator) stops generation promptly. Raises EngineError on failure."""
+        iterator) stops generation promptly. Raises EngineError on failure. The
+        consumer ends every stream with `close_stream`."""
         ...
 
     async def close(self) -> None: ...
+
+
+async def close_stream(stream: AsyncIterator[list[int]]) -> None:
+    """End a stream from `EngineSession.generate`, finished or not: an engine (or a
+    wrapper counting it) releases what the generation held."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 class Engine(Protocol):

@@ -27,7 +27,7 @@ from hotloop.protocol import (
     ConnectionLimits,
     Observer,
 )
-from hotloop.transport.asgi import ASGIApp, Message, Receive, Scope, Send
+from hotloop.transport.asgi import SEND_FRAMES, ASGIApp, Message, Receive, Scope, Send
 from hotloop.transport.http import header
 from hotloop.transport.websocket import Socket, deny
 
@@ -169,6 +169,7 @@ class App:
             send,
             high_water=config.send_buffer_bytes,
             lifetime=config.connection_lifetime,
+            send_frames=SEND_FRAMES in scope.get("extensions", {}),
         )
         self.connections += 1
         if self.ledger is not None:

@@ -9,3 +9,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+SEND_FRAMES = "hotloop.websocket.send_frames"
+"""hotloop's server extension (`hotloop.transport.frames`): its name in
+`scope["extensions"]` and its message type, `{"type": SEND_FRAMES, "frames": [bytes]}`,
+each item one text frame's UTF-8 payload, all written at once."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -29,7 +29,7 @@ import orjson
 
 from hotloop._core import CoreError, Policy, parse_request
 from hotloop.auth import ApiKeys, AuthError
-from hotloop.engines.base import EngineError
+from hotloop.engines.base import EngineError, close_stream
 from hotloop.events import error_body
 from hotloop.ledger import Books, Ledger
 from hotloop.protocol import (
@@ -247,8 +247,9 @@ class HttpApi:
 
     async def _generate(self, connection: Connection, work: Generate, emit: Emit) -> None:
         session = self.ledger.engine.session()
-        stream = session.generate(work.prompt, work.sampling)
+        stream: AsyncIterator[list[int]] | None = None
         try:
+            stream = session.generate(work.prompt, work.sampling)
             async for ids in stream:
                 more = connection.engine_output(work.key, ids)
                 await _emit_frames(connection, emit)
@@ -262,8 +263,8 @@ class HttpApi:
             log.exception("engine failed on an HTTP response")
             connection.engine_failed(work.key, EngineError("engine_crashed", repr(e)))
         finally:
-            if isinstance(stream, AsyncGenerator):
-                await stream.aclose()
+            if stream is not None:
+                await close_stream(stream)
             await session.close()
         await _emit_frames(connection, emit)
 

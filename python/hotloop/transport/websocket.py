@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 
 from hotloop._core import CoreError
-from hotloop.engines.base import EngineError, EngineSession
+from hotloop.engines.base import EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.protocol import Cancel, Close, Connection, Generate, Render
-from hotloop.transport.asgi import Receive, Scope, Send
+from hotloop.transport.asgi import SEND_FRAMES, Receive, Scope, Send
 
 log = logging.getLogger("hotloop.websocket")
 
@@ -64,8 +64,12 @@ class Socket:
         *,
         high_water: int,
         lifetime: float,
+        send_frames: bool = False,
     ) -> None:
+        """`send_frames`: the server offers `hotloop.websocket.send_frames` (see
+        `hotloop.transport.frames`); the frames ready together then go out in one send."""
         self.connection = connection
+        self._send_frames = send_frames
         self._session = session
         self._send = send
         self._high_water = high_water
@@ -160,8 +164,9 @@ class Socket:
     async def _generate(self, work: Generate) -> None:
         connection = self.connection
         key = work.key
-        ids_stream = self._session.generate(work.prompt, work.sampling)
+        ids_stream: AsyncIterator[list[int]] | None = None
         try:
+            ids_stream = self._session.generate(work.prompt, work.sampling)
             async for ids in ids_stream:
                 more = connection.engine_output(key, ids)
                 self._dispatch()
@@ -179,8 +184,8 @@ class Socket:
             log.exception("engine failed on response %d", key)
             connection.engine_failed(key, EngineError("engine_crashed", repr(e)))
         finally:
-            if isinstance(ids_stream, AsyncGenerator):
-                await ids_stream.aclose()
+            if ids_stream is not None:
+                await close_stream(ids_stream)
             self._generating.pop(key, None)
             self._dispatch()
             # The terminal frames: this task may be cancelled, so the writer sends them.
@@ -221,11 +226,17 @@ class Socket:
                     )
                     self._finish()
                     return
-                await send({"type": "websocket.send", "text": item.decode()})
+                if self._send_frames:
+                    frames = self._ready_frames()
+                    await send({"type": SEND_FRAMES, "frames": frames})
+                else:
+                    frames = [item]
+                    await send({"type": "websocket.send", "text": item.decode()})
                 # Dequeued only once sent: a sender cancelled while uvicorn waited for
-                # the transport leaves the frame to the next one.
-                outbox.popleft()
-                self._outbox_bytes -= len(item)
+                # the transport leaves the frames to the next one.
+                for frame in frames:
+                    outbox.popleft()
+                    self._outbox_bytes -= len(frame)
                 # Resume at half the mark, so a reader at the limit does not make
                 # generation stop and start on every frame.
                 if self.paused.is_set() and self._outbox_bytes <= self._high_water // 2:
@@ -240,6 +251,15 @@ class Socket:
             self._sending = False
             if outbox and not self._done:
                 self._has_output.set()
+
+    def _ready_frames(self) -> list[bytes]:
+        """The frames at the head of the outbox, up to a close."""
+        frames: list[bytes] = []
+        for item in self._outbox:
+            if isinstance(item, Close):
+                break
+            frames.append(item)
+        return frames
 
     def _finish(self) -> None:
         self._done = True

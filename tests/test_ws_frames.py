@@ -1,0 +1,108 @@
+"""hotloop's uvicorn protocol (`hotloop.transport.frames`): the frames it writes itself
+parse as RFC 6455 text frames at every length encoding, a real server streams through
+it (with and without permessage-deflate negotiated), and the frames a generation has
+ready together go out in one write."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+from hotloop._core import ChatFormat, Prompt
+from hotloop.engines.base import Sampling
+from hotloop.protocol import CacheBudget, Connection, ConnectionCache
+from hotloop.transport.asgi import SEND_FRAMES, Message
+from hotloop.transport.frames import text_frame_header
+from hotloop.transport.websocket import Socket
+from sdk_events import validate
+from servers import hotloop_server
+from websockets.frames import OP_TEXT, Frame
+from websockets.streams import StreamReader
+from websockets.sync.client import connect
+
+FORMAT = ChatFormat.harmony()
+
+
+@pytest.mark.parametrize("length", [0, 1, 125, 126, 127, 65535, 65536, 70000])
+def test_header_and_payload_parse_as_one_final_text_frame(length: int) -> None:
+    payload = b"x" * length
+    reader = StreamReader()
+    reader.feed_data(text_frame_header(length) + payload + text_frame_header(2) + b"{}")
+    reader.feed_eof()
+    for expected in (payload, b"{}"):
+        parser = Frame.parse(reader.read_exact, mask=False)
+        try:
+            next(parser)
+        except StopIteration as parsed:
+            frame = parsed.value
+        assert (frame.opcode, frame.fin, frame.data) == (OP_TEXT, True, expected)
+        assert not (frame.rsv1 or frame.rsv2 or frame.rsv3)
+    assert reader.at_eof()
+
+
+@pytest.mark.parametrize("deflate", [False, True])
+def test_a_turn_with_frames_of_every_size_reaches_the_client(deflate: bool) -> None:
+    # The instructions are echoed in the Response object: frames beyond 64 KiB.
+    instructions = "Be brief. " * 7000
+    with hotloop_server(websocket_deflate=deflate) as base:
+        url = base.replace("http://", "ws://") + "/v1/responses"
+        with connect(url, max_size=None, compression="deflate" if deflate else None) as ws:
+            for _ in range(2):
+                event = {"type": "response.create", "input": "go", "instructions": instructions}
+                ws.send(orjson.dumps(event).decode())
+                frames = []
+                while (frame := validate(ws.recv()))["type"] != "response.completed":
+                    frames.append(frame)
+                assert frame["response"]["instructions"] == instructions
+                assert frames[0]["type"] == "response.created"
+                assert frames[0]["response"]["instructions"] == instructions
+                numbers = [f["sequence_number"] for f in [*frames, frame]]
+                assert numbers == list(range(len(numbers)))
+
+
+class AllAtOnce:
+    """An engine session that hands over the whole answer in one batch."""
+
+    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+        yield FORMAT.completion_tokens(text="All of it at once.")
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+async def test_frames_ready_together_go_out_in_one_send() -> None:
+    connection = Connection(
+        chat_format=FORMAT,
+        context_window=1 << 20,
+        model="sim",
+        cache=ConnectionCache(1 << 30, CacheBudget(1 << 30)),
+    )
+    sends: list[list[bytes]] = []
+    done = asyncio.Event()
+
+    async def send(message: Message) -> None:
+        assert message["type"] == SEND_FRAMES
+        sends.append(message["frames"])
+        if any(b'"response.completed"' in frame for frame in message["frames"]):
+            done.set()
+
+    pending = [orjson.dumps({"type": "response.create", "input": "go"}).decode()]
+
+    async def receive() -> Message:
+        if pending:
+            return {"type": "websocket.receive", "text": pending.pop()}
+        await done.wait()
+        return {"type": "websocket.disconnect", "code": 1000}
+
+    socket = Socket(
+        connection, AllAtOnce(), send, high_water=1 << 20, lifetime=3600, send_frames=True
+    )
+    await socket.run(receive)
+    events = [validate(frame.decode()) for frames in sends for frame in frames]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed"
+    # created + in_progress; the batch: item and part added, its delta, and (the stop
+    # token closes the message) text, part and item done; then the terminal event.
+    assert [len(frames) for frames in sends] == [2, 6, 1]
