@@ -6,25 +6,21 @@ vs over stateless HTTP (the full history every turn), end to end, in one run:
 for two engines: SmolLM2 in-process (`--engine llama`, the slow-model regime where the
 API server's work hides behind inference) and the simulated engine at 1,000 tokens/s
 (where it does not). Each configuration gets its own `hotloop serve` process on a free
-loopback port. A turn replays one tool call the agent made and its output (~1 KB), and
-the model answers in at most `--tokens` tokens (`--output-lines` sizes the tool output).
-Reported: median seconds per
-conversation, and HTTP/WebSocket ratios.
+loopback port, with its own data directory. A turn replays one tool call the agent made
+and its output (~1 KB), and the model answers in at most `--tokens` tokens
+(`--output-lines` sizes the tool output). Reported: median seconds per conversation, and
+HTTP/WebSocket ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from hotloop.bench.proc import ServerProcess
 from openai import OpenAI
 
 TOOL = {
@@ -58,43 +54,6 @@ def tool_turn(k: int, output: str) -> list[dict[str, Any]]:
         },
         {"type": "function_call_output", "call_id": call_id, "output": output},
     ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Server:
-    """`hotloop serve` in a child process, ready once uvicorn says so on stderr."""
-
-    def __init__(self, *flags: str) -> None:
-        self.port = free_port()
-        hotloop = Path(sys.executable).parent / "hotloop"
-        command = [str(hotloop), "serve", "--port", str(self.port), "--log-level", "info"]
-        self.process = subprocess.Popen(
-            [*command, *flags],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "HOTLOOP_DATA_DIR": "/tmp/hotloop-bench-turns"},
-        )
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            if "Application startup complete" in line:
-                break
-        else:
-            raise RuntimeError(f"hotloop serve {' '.join(flags)} exited before serving")
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait()
 
 
 def websocket_conversation(
@@ -159,16 +118,13 @@ def main() -> None:
     print(f"{args.turns} turns, <= {args.tokens} output tokens per turn, {args.rounds} rounds")
     print(f"{'engine':<24}{'websocket s':>13}{'http s':>10}{'http/ws':>9}")
     for name, (model, flags) in engines.items():
-        server = Server(*flags)
-        try:
+        with ServerProcess.start(flags) as server:
             client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
             ws: list[float] = []
             http: list[float] = []
             for _ in range(args.rounds):  # alternating, so machine load hits both alike
                 ws.append(websocket_conversation(client, model, args.turns, args.tokens, output))
                 http.append(http_conversation(client, model, args.turns, args.tokens, output))
-        finally:
-            server.stop()
         w, h = statistics.median(ws), statistics.median(http)
         print(f"{name:<24}{w:>13.2f}{h:>10.2f}{h / w:>9.2f}")
 

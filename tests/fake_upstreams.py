@@ -83,14 +83,15 @@ class FakeUpstream:
                 "headers": [(b"content-type", b"text/event-stream")],
             }
         )
-        events = self._vllm(request) if self.kind == "vllm" else self._sglang(request)
-        for i, event in enumerate(events):
+        chunks = self._vllm(request) if self.kind == "vllm" else self._sglang(request)
+        for i, chunk in enumerate(chunks):
             if i == self.script.hold_after:
                 await self._until_disconnect(receive)
                 return
-            if event is None:
+            if i == self.script.drop_after:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
+            event = b"data: " + orjson.dumps(chunk) + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
@@ -104,13 +105,10 @@ class FakeUpstream:
         finish = "stop" if len(reply) == len(self.script.reply) else "length"
         return reply, finish
 
-    def _vllm(self, request: dict[str, Any]) -> list[bytes | None]:
+    def _vllm(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         reply, finish = self._ids(request["max_tokens"])
-        events: list[bytes | None] = []
+        chunks: list[dict[str, Any]] = []
         for i, token in enumerate(reply):
-            if self.script.drop_after is not None and i == self.script.drop_after:
-                events.append(None)
-                break
             last = i == len(reply) - 1
             choice = {
                 "index": 0,
@@ -129,16 +127,13 @@ class FakeUpstream:
                 "model": request["model"],
                 "choices": [choice],
             }
-            events.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
-        return events
+            chunks.append(chunk)
+        return chunks
 
-    def _sglang(self, request: dict[str, Any]) -> list[bytes | None]:
+    def _sglang(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         reply, finish = self._ids(request["sampling_params"]["max_new_tokens"])
-        events: list[bytes | None] = []
+        chunks: list[dict[str, Any]] = []
         for i, token in enumerate(reply):
-            if self.script.drop_after is not None and i == self.script.drop_after:
-                events.append(None)
-                break
             last = i == len(reply) - 1
             reason: dict[str, Any] | None = None
             if last:
@@ -159,8 +154,8 @@ class FakeUpstream:
                     "cached_tokens": 0,
                 },
             }
-            events.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
-        return events
+            chunks.append(chunk)
+        return chunks
 
 
 async def _respond(send: Send, status: int, body: bytes) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -41,6 +42,20 @@ async def started(chat_format: Any, dialect: str, *urls: str, **options: Any) ->
     return engine
 
 
+@asynccontextmanager
+async def one_session(
+    chat_format: Any, dialect: str, *urls: str, **options: Any
+) -> AsyncIterator[UpstreamSession]:
+    """A started engine over `urls` and one session on it, both closed afterwards."""
+    engine = await started(chat_format, dialect, *urls, **options)
+    session = engine.session()
+    try:
+        yield session
+    finally:
+        await session.close()
+        await engine.close()
+
+
 async def collect(session: UpstreamSession, ids: list[int] = PROMPT) -> list[int]:
     out: list[int] = []
     async for batch in session.generate(IdsPrompt(ids), SAMPLING):  # type: ignore[arg-type]
@@ -55,23 +70,20 @@ async def vllm() -> AsyncIterator[FakeUpstream]:
 
 
 async def test_vllm_request_and_stream(chat_format: Any, vllm: FakeUpstream) -> None:
-    engine = await started(chat_format, "vllm", vllm.url)
-    session = engine.session()
-    assert await collect(session) == REPLY
-    (request,) = vllm.requests
-    assert request == {
-        "model": "served-by-fake",  # from the replica's /v1/models
-        "prompt": PROMPT,
-        "max_tokens": 16,
-        "stream": True,
-        "return_token_ids": True,
-        "skip_special_tokens": False,
-        "stop_token_ids": [7],
-        "temperature": 0.5,
-        "top_p": 0.9,
-    }
-    await session.close()
-    await engine.close()
+    async with one_session(chat_format, "vllm", vllm.url) as session:
+        assert await collect(session) == REPLY
+        (request,) = vllm.requests
+        assert request == {
+            "model": "served-by-fake",  # from the replica's /v1/models
+            "prompt": PROMPT,
+            "max_tokens": 16,
+            "stream": True,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "stop_token_ids": [7],
+            "temperature": 0.5,
+            "top_p": 0.9,
+        }
 
 
 async def test_vllm_model_name_is_asked_once_per_replica(chat_format: Any) -> None:
@@ -94,23 +106,20 @@ async def test_vllm_model_name_is_asked_once_per_replica(chat_format: Any) -> No
 @pytest.mark.parametrize("incremental", [False, True])
 async def test_sglang_request_and_both_streaming_modes(chat_format: Any, incremental: bool) -> None:
     async with serving(FakeUpstream("sglang", Script(incremental=incremental))) as (server,):
-        engine = await started(chat_format, "sglang", server.url)
-        session = engine.session()
-        assert await collect(session) == REPLY
-        (request,) = server.requests
-        assert request == {
-            "input_ids": PROMPT,
-            "sampling_params": {
-                "max_new_tokens": 16,
-                "stop_token_ids": [7],
-                "skip_special_tokens": False,
-                "temperature": 0.5,
-                "top_p": 0.9,
-            },
-            "stream": True,
-        }
-        await session.close()
-        await engine.close()
+        async with one_session(chat_format, "sglang", server.url) as session:
+            assert await collect(session) == REPLY
+            (request,) = server.requests
+            assert request == {
+                "input_ids": PROMPT,
+                "sampling_params": {
+                    "max_new_tokens": 16,
+                    "stop_token_ids": [7],
+                    "skip_special_tokens": False,
+                    "temperature": 0.5,
+                    "top_p": 0.9,
+                },
+                "stream": True,
+            }
 
 
 async def test_sessions_pin_to_replicas_for_every_turn(chat_format: Any) -> None:
@@ -151,24 +160,18 @@ async def test_a_refused_replica_is_skipped_before_the_first_token(
 async def test_a_5xx_before_the_first_token_retries_elsewhere(chat_format: Any) -> None:
     failing = FakeUpstream("vllm", Script(status=503))
     async with serving(failing, FakeUpstream("vllm")) as (bad, good):
-        engine = await started(chat_format, "vllm", bad.url, good.url)
-        session = engine.session()
-        assert await collect(session) == REPLY
-        assert len(bad.requests) == 1 and len(good.requests) == 1
-        await session.close()
-        await engine.close()
+        async with one_session(chat_format, "vllm", bad.url, good.url) as session:
+            assert await collect(session) == REPLY
+            assert len(bad.requests) == 1 and len(good.requests) == 1
 
 
 async def test_every_replica_failing_is_upstream_error(chat_format: Any) -> None:
     async with serving(FakeUpstream("vllm", Script(status=500))) as (bad,):
-        engine = await started(chat_format, "vllm", bad.url, closed_port_url())
-        session = engine.session()
-        with pytest.raises(EngineError) as info:
-            await collect(session)
-        assert info.value.code in {"upstream_error", "upstream_unavailable"}
-        assert info.value.before_first_token
-        await session.close()
-        await engine.close()
+        async with one_session(chat_format, "vllm", bad.url, closed_port_url()) as session:
+            with pytest.raises(EngineError) as info:
+                await collect(session)
+            assert info.value.code in {"upstream_error", "upstream_unavailable"}
+            assert info.value.before_first_token
 
 
 async def test_a_4xx_is_rejected_without_retry(chat_format: Any) -> None:
@@ -176,15 +179,12 @@ async def test_a_4xx_is_rejected_without_retry(chat_format: Any) -> None:
         bad,
         good,
     ):
-        engine = await started(chat_format, "vllm", bad.url, good.url)
-        session = engine.session()
-        with pytest.raises(EngineError) as info:
-            await collect(session)
-        assert info.value.code == "upstream_rejected"
-        assert "scripted failure" in info.value.message
-        assert good.requests == []
-        await session.close()
-        await engine.close()
+        async with one_session(chat_format, "vllm", bad.url, good.url) as session:
+            with pytest.raises(EngineError) as info:
+                await collect(session)
+            assert info.value.code == "upstream_rejected"
+            assert "scripted failure" in info.value.message
+            assert good.requests == []
 
 
 async def test_a_stream_cut_after_the_first_token_fails_without_retry(chat_format: Any) -> None:
@@ -192,43 +192,34 @@ async def test_a_stream_cut_after_the_first_token_fails_without_retry(chat_forma
         cut,
         other,
     ):
-        engine = await started(chat_format, "sglang", cut.url, other.url)
-        session = engine.session()
-        received: list[int] = []
-        with pytest.raises(EngineError) as info:
-            async for batch in session.generate(IdsPrompt(PROMPT), SAMPLING):  # type: ignore[arg-type]
-                received.extend(batch)
-        assert info.value.code == "upstream_error"
-        assert not info.value.before_first_token
-        assert received == REPLY[:2]
-        assert other.requests == []
-        await session.close()
-        await engine.close()
+        async with one_session(chat_format, "sglang", cut.url, other.url) as session:
+            received: list[int] = []
+            with pytest.raises(EngineError) as info:
+                async for batch in session.generate(IdsPrompt(PROMPT), SAMPLING):  # type: ignore[arg-type]
+                    received.extend(batch)
+            assert info.value.code == "upstream_error"
+            assert not info.value.before_first_token
+            assert received == REPLY[:2]
+            assert other.requests == []
 
 
 async def test_silence_is_a_timeout(chat_format: Any) -> None:
     async with serving(FakeUpstream("vllm", Script(hold_after=0))) as (silent,):
-        engine = await started(chat_format, "vllm", silent.url, read_timeout=0.2)
-        session = engine.session()
-        with pytest.raises(EngineError) as info:
-            await collect(session)
-        assert info.value.code == "upstream_timeout"
-        await silent.disconnected.wait()
-        await session.close()
-        await engine.close()
+        async with one_session(chat_format, "vllm", silent.url, read_timeout=0.2) as session:
+            with pytest.raises(EngineError) as info:
+                await collect(session)
+            assert info.value.code == "upstream_timeout"
+            await silent.disconnected.wait()
 
 
 async def test_closing_the_stream_disconnects_from_the_upstream(chat_format: Any) -> None:
     async with serving(FakeUpstream("vllm", Script(hold_after=2))) as (server,):
-        engine = await started(chat_format, "vllm", server.url)
-        session = engine.session()
-        stream = session.generate(IdsPrompt(PROMPT), SAMPLING)  # type: ignore[arg-type]
-        assert await anext(stream) == REPLY[:1]
-        await stream.aclose()
-        # The upstream sees the client go away, which is how vLLM/SGLang abort a request.
-        await server.disconnected.wait()
-        await session.close()
-        await engine.close()
+        async with one_session(chat_format, "vllm", server.url) as session:
+            stream = session.generate(IdsPrompt(PROMPT), SAMPLING)  # type: ignore[arg-type]
+            assert await anext(stream) == REPLY[:1]
+            await stream.aclose()
+            # The upstream sees the client go away, which is how vLLM/SGLang abort a request.
+            await server.disconnected.wait()
 
 
 def test_unknown_dialect_is_a_configuration_error(chat_format: Any) -> None:

@@ -26,25 +26,12 @@ from openai.types import Model
 from openai.types.responses import Response, ResponseItemList
 from sdk_events import validate
 from servers import serving, sim_engine
+from shell_tool import TOOLS
 from websockets.sync.client import connect
 
 KEY = "sk-http"
 OTHER_KEY = "sk-other"
 TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "name": "exec_command",
-        "description": "Run a shell command.",
-        "parameters": {
-            "type": "object",
-            "properties": {"cmd": {"type": "string"}},
-            "required": ["cmd"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    }
-]
 
 
 def hotloop_app(data_dir: Path, script: SimScript | None = None, **config: Any) -> App:

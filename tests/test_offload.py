@@ -17,82 +17,38 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 import pytest
-from hotloop._core import ChatFormat, Conversation, CoreError, CreateRequest, parse_request
+from connection_driver import FORMAT, ConnectionDriver
+from hotloop._core import Conversation, CreateRequest, parse_request
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimSpeed
 from hotloop.protocol import (
     CacheBudget,
-    Cancel,
     Close,
     Connection,
     ConnectionCache,
-    Generate,
-    Render,
 )
 from hotloop.protocol.connection import RENDER_OFFLOAD_BYTES
 from sdk_events import validate
 from servers import FAST, hotloop_server, serving
 from websockets.sync.client import ClientConnection, connect
 
-FORMAT = ChatFormat.harmony()
-ANSWER = FORMAT.completion_tokens(text="Hello there, friend.")
 # An agent resuming a task: its first request carries a long tool output.
 HISTORY = "line of a long tool output, as read from a file\n" * (RENDER_OFFLOAD_BYTES // 32)
 T = TypeVar("T")
 
 
-class Driver:
+class Driver(ConnectionDriver):
     """Plays the client, the engine and the transport against one Connection; renders
     run only when the test says so."""
 
     def __init__(self, context_window: int = 1 << 20) -> None:
         self.cache = ConnectionCache(1 << 30, CacheBudget(1 << 30))
-        self.conn = Connection(
-            chat_format=FORMAT, context_window=context_window, model="sim", cache=self.cache
+        super().__init__(
+            Connection(
+                chat_format=FORMAT, context_window=context_window, model="sim", cache=self.cache
+            )
         )
-        self.renders: dict[int, Render] = {}
-        self.generating: dict[int, Generate] = {}
-        self.cancelled: list[int] = []
-        self.closed: Close | None = None
-
-    def pump(self) -> list[dict[str, Any]]:
-        frames = []
-        for action in self.conn.actions():
-            if isinstance(action, bytes):
-                frames.append(validate(action))
-            elif isinstance(action, Render):
-                self.renders[action.key] = action
-            elif isinstance(action, Generate):
-                self.generating[action.key] = action
-            elif isinstance(action, Cancel):
-                self.cancelled.append(action.key)
-                self.generating.pop(action.key)
-            else:
-                self.closed = action
-        return frames
-
-    def create(self, text: str, **fields: Any) -> list[dict[str, Any]]:
-        event = {"type": "response.create", "model": "sim", "input": text, **fields}
-        self.conn.receive_text(orjson.dumps(event).decode())
-        return self.pump()
-
-    def render(self, key: int | None = None) -> list[dict[str, Any]]:
-        """Run one handed-out render (here, on the test's thread) and report it."""
-        work = self.renders.pop(min(self.renders) if key is None else key)
-        try:
-            turn = work.conversation.extend(work.request)
-        except CoreError as e:
-            self.conn.render_failed(work.key, e)
-        else:
-            self.conn.render_done(work.key, turn)
-        return self.pump()
-
-    def finish(self, key: int | None = None) -> list[dict[str, Any]]:
-        work = self.generating.pop(min(self.generating) if key is None else key)
-        self.conn.engine_output(work.key, ANSWER)
-        self.conn.engine_done(work.key)
-        return self.pump()
 
 
 def kinds(frames: list[dict[str, Any]]) -> list[str]:

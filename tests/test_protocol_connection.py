@@ -6,25 +6,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import pytest
-from hotloop._core import ChatFormat
+from connection_driver import ANSWER, FORMAT, ConnectionDriver
 from hotloop.engines.base import EngineError
 from hotloop.protocol import (
     CacheBudget,
-    Cancel,
     Close,
     Connection,
     ConnectionCache,
     ConnectionLimits,
     Finished,
-    Generate,
 )
 from hotloop.protocol.connection import MAX_IN_FLIGHT, MAX_NAMED_LANES
-from sdk_events import validate
 
-FORMAT = ChatFormat.harmony()
-ANSWER = FORMAT.completion_tokens(text="Hello there, friend.")
 CALL = FORMAT.completion_tokens(calls=[("exec_command", '{"cmd":"ls"}')])
 TOOLS = [
     {
@@ -46,52 +40,23 @@ class Recorder:
         self.done.append(response)
 
 
-class Client:
+class Client(ConnectionDriver):
     """Plays the client and the engine against one Connection."""
 
     def __init__(self, **limits: Any) -> None:
         self.observer = Recorder()
         self.budget = CacheBudget(1 << 30)
         self.cache = ConnectionCache(1 << 30, self.budget)
-        self.conn = Connection(
-            chat_format=FORMAT,
-            context_window=1 << 20,
-            model="sim",
-            cache=self.cache,
-            limits=ConnectionLimits(**limits),
-            observer=self.observer,
+        super().__init__(
+            Connection(
+                chat_format=FORMAT,
+                context_window=1 << 20,
+                model="sim",
+                cache=self.cache,
+                limits=ConnectionLimits(**limits),
+                observer=self.observer,
+            )
         )
-        self.generating: dict[int, Generate] = {}
-        self.cancelled: list[int] = []
-        self.closed: Close | None = None
-
-    def pump(self) -> list[dict[str, Any]]:
-        frames = []
-        for action in self.conn.actions():
-            if isinstance(action, bytes):
-                frames.append(validate(action))
-            elif isinstance(action, Generate):
-                self.generating[action.key] = action
-            elif isinstance(action, Cancel):
-                self.cancelled.append(action.key)
-                self.generating.pop(action.key)
-            else:
-                self.closed = action
-        return frames
-
-    def send(self, event: dict[str, Any] | str) -> list[dict[str, Any]]:
-        self.conn.receive_text(event if isinstance(event, str) else orjson.dumps(event).decode())
-        return self.pump()
-
-    def create(self, input: Any = "Hi", **fields: Any) -> list[dict[str, Any]]:
-        return self.send({"type": "response.create", "model": "sim", "input": input, **fields})
-
-    def finish(self, key: int | None = None, ids: list[int] = ANSWER) -> list[dict[str, Any]]:
-        """Run one generation to its end: feed `ids`, then report the engine done."""
-        work = self.generating.pop(min(self.generating) if key is None else key)
-        self.conn.engine_output(work.key, ids)
-        self.conn.engine_done(work.key)
-        return self.pump()
 
     def turn(self, input: Any = "Hi", ids: list[int] = ANSWER, **fields: Any) -> dict[str, Any]:
         """One whole turn; returns its terminal event."""

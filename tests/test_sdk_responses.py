@@ -18,22 +18,9 @@ from openai.lib.responses_websocket import (
 )
 from sdk_events import validate
 from servers import hotloop_server
+from shell_tool import TOOLS
 
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "name": "exec_command",
-        "description": "Run a shell command.",
-        "parameters": {
-            "type": "object",
-            "properties": {"cmd": {"type": "string"}},
-            "required": ["cmd"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    }
-]
 SCRIPT = SimScript(
     text="All done.", tool="exec_command", tool_calls=2, tool_arguments='{"cmd":"ls"}'
 )

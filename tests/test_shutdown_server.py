@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,58 +105,63 @@ def served(data_dir: Path) -> Iterator[Served]:
             server.process.wait()
 
 
-class HttpStream(threading.Thread):
-    """One streaming POST; `started` is set at `response.created`."""
+class InFlight(threading.Thread, ABC):
+    """One response streaming in its own thread: `started` is set at `response.created`
+    (or when the stream ends first), `terminal` is its last event."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.started = threading.Event()
+        self.terminal: dict[str, Any] | None = None
+
+    def see(self, event: dict[str, Any]) -> None:
+        if event["type"] == "response.created":
+            self.started.set()
+        if event["type"] in ("response.completed", "response.failed", "error"):
+            self.terminal = event
+
+    @abstractmethod
+    def stream(self) -> None:
+        """Send the request and `see` every event until the terminal one."""
+
+    def run(self) -> None:
+        try:
+            self.stream()
+        finally:
+            self.started.set()
+
+
+class HttpStream(InFlight):
+    """One streaming POST."""
 
     def __init__(self, url: str, n: int) -> None:
-        super().__init__(daemon=True)
+        super().__init__()
         self.url = url
         self.body = {"model": "sim", "input": f"stream {n}", "stream": True}
-        self.started = threading.Event()
-        self.terminal: dict[str, Any] | None = None
 
-    def run(self) -> None:
-        try:
-            with httpx.stream(
-                "POST", self.url + "/v1/responses", json=self.body, headers=AUTH, timeout=None
-            ) as reply:
-                for line in reply.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    event = orjson.loads(line[len("data: ") :])
-                    if event["type"] == "response.created":
-                        self.started.set()
-                    if event["type"] in ("response.completed", "response.failed", "error"):
-                        self.terminal = event
-        finally:
-            self.started.set()
+    def stream(self) -> None:
+        with httpx.stream(
+            "POST", self.url + "/v1/responses", json=self.body, headers=AUTH, timeout=None
+        ) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: "):
+                    self.see(orjson.loads(line[len("data: ") :]))
 
 
-class SocketStream(threading.Thread):
-    """One WebSocket response.create; `started` is set at `response.created`."""
+class SocketStream(InFlight):
+    """One WebSocket response.create."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
+        super().__init__()
         self.url = url.replace("http://", "ws://") + "/v1/responses"
-        self.started = threading.Event()
-        self.terminal: dict[str, Any] | None = None
 
-    def run(self) -> None:
-        try:
-            with connect(self.url, additional_headers=AUTH) as ws:
-                ws.send(
-                    orjson.dumps(
-                        {"type": "response.create", "model": "sim", "input": "ws"}
-                    ).decode()
-                )
-                while self.terminal is None:
-                    event = orjson.loads(ws.recv(HANG_GUARD))
-                    if event["type"] == "response.created":
-                        self.started.set()
-                    if event["type"] in ("response.completed", "response.failed", "error"):
-                        self.terminal = event
-        finally:
-            self.started.set()
+    def stream(self) -> None:
+        with connect(self.url, additional_headers=AUTH) as ws:
+            ws.send(
+                orjson.dumps({"type": "response.create", "model": "sim", "input": "ws"}).decode()
+            )
+            while self.terminal is None:
+                self.see(orjson.loads(ws.recv(HANG_GUARD)))
 
 
 def test_sigterm_finishes_in_flight_responses_and_loses_nothing(tmp_path: Path) -> None:
@@ -170,7 +176,7 @@ def test_sigterm_finishes_in_flight_responses_and_loses_nothing(tmp_path: Path) 
                 "/v1/responses", json={"model": "sim", "input": "zdr", "store": False}
             ).json()["id"]
 
-        in_flight: list[HttpStream | SocketStream] = [HttpStream(server.url, n) for n in range(3)]
+        in_flight: list[InFlight] = [HttpStream(server.url, n) for n in range(3)]
         in_flight.append(SocketStream(server.url))
         for stream in in_flight:
             stream.start()

@@ -14,19 +14,7 @@ import orjson
 import pytest
 from hotloop._core import ChatFormat, Conversation, Tokenizer, parse_request
 from hotloop.store import Chain, StoredResponse
-
-TOOLS = [
-    {
-        "type": "function",
-        "name": "exec_command",
-        "description": "Run a shell command.",
-        "parameters": {
-            "type": "object",
-            "properties": {"cmd": {"type": "string"}},
-            "required": ["cmd"],
-        },
-    }
-]
+from shell_tool import TOOLS
 
 
 def smollm2() -> ChatFormat:

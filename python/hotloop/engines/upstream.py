@@ -74,6 +74,13 @@ def _stream_error(event: dict[str, Any]) -> EngineError | None:
     return EngineError("upstream_error", f"upstream reported an error: {message}")
 
 
+def _set_sampling(sampling: Sampling) -> dict[str, float]:
+    """The sampling settings the request set, under the names vLLM, SGLang and llama.cpp
+    all read; an unset one is left out, so the server's default applies."""
+    fields = {"temperature": sampling.temperature, "top_p": sampling.top_p}
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 def _ids(value: Any, where: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) for t in value):
         raise EngineError("upstream_protocol", f"expected a list of token ids in `{where}`")
@@ -93,7 +100,7 @@ class VllmDialect:
     models_path: str | None = "/v1/models"
 
     def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
-        body: dict[str, Any] = {
+        return {
             "model": model,
             "prompt": ids,
             "max_tokens": sampling.max_output_tokens,
@@ -101,12 +108,8 @@ class VllmDialect:
             "return_token_ids": True,
             "skip_special_tokens": False,
             "stop_token_ids": list(sampling.stop_tokens),
+            **_set_sampling(sampling),
         }
-        if sampling.temperature is not None:
-            body["temperature"] = sampling.temperature
-        if sampling.top_p is not None:
-            body["top_p"] = sampling.top_p
-        return body
 
     def stream(self) -> DialectStream:
         return _VllmStream()
@@ -142,11 +145,8 @@ class SglangDialect:
             "max_new_tokens": sampling.max_output_tokens,
             "stop_token_ids": list(sampling.stop_tokens),
             "skip_special_tokens": False,
+            **_set_sampling(sampling),
         }
-        if sampling.temperature is not None:
-            params["temperature"] = sampling.temperature
-        if sampling.top_p is not None:
-            params["top_p"] = sampling.top_p
         return {"input_ids": ids, "sampling_params": params, "stream": True}
 
     def stream(self) -> DialectStream:
@@ -185,18 +185,14 @@ class LlamaCppDialect:
     models_path: str | None = None
 
     def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
-        body: dict[str, Any] = {
+        return {
             "prompt": ids,
             "n_predict": sampling.max_output_tokens,
             "stream": True,
             "return_tokens": True,
             "cache_prompt": True,
+            **_set_sampling(sampling),
         }
-        if sampling.temperature is not None:
-            body["temperature"] = sampling.temperature
-        if sampling.top_p is not None:
-            body["top_p"] = sampling.top_p
-        return body
 
     def stream(self) -> DialectStream:
         return _LlamaCppStream()

@@ -24,6 +24,38 @@ pub const MARGIN: usize = 32;
 /// Stands for "an encoded text" in a recording; no vocabulary has this id.
 const PLACEHOLDER: u32 = u32::MAX;
 
+/// A tokenizer that encodes text its own way over a real tokenizer's vocabulary:
+/// [`Recorder`] and [`Continuation`] differ from the tokenizer they wrap only in `encode`.
+trait Encoder: Send + Sync {
+    /// The wrapped tokenizer: name, pieces, token bytes and specials are its own.
+    fn vocabulary(&self) -> &dyn Tokenizer;
+    fn encode_text(&self, text: &str, out: &mut Vec<u32>);
+}
+
+impl<E: Encoder> Tokenizer for E {
+    fn name(&self) -> &str {
+        self.vocabulary().name()
+    }
+    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        self.encode_text(text, out);
+    }
+    fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
+        self.vocabulary().pieces(text)
+    }
+    fn token_bytes(&self, id: u32) -> &[u8] {
+        self.vocabulary().token_bytes(id)
+    }
+    fn special(&self, name: &str) -> Option<u32> {
+        self.vocabulary().special(name)
+    }
+    fn is_special(&self, id: u32) -> bool {
+        self.vocabulary().is_special(id)
+    }
+    fn vocab_size(&self) -> usize {
+        self.vocabulary().vocab_size()
+    }
+}
+
 /// A tokenizer that records the texts a renderer asks it to encode and emits one
 /// placeholder id for each. Special tokens and their ids come from the real tokenizer.
 pub(crate) struct Recorder<'t> {
@@ -44,31 +76,16 @@ impl<'t> Recorder<'t> {
     }
 }
 
-impl Tokenizer for Recorder<'_> {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl Encoder for Recorder<'_> {
+    fn vocabulary(&self) -> &dyn Tokenizer {
+        self.inner
     }
-    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+    fn encode_text(&self, text: &str, out: &mut Vec<u32>) {
         self.texts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(text.to_owned());
         out.push(PLACEHOLDER);
-    }
-    fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
-        self.inner.pieces(text)
-    }
-    fn token_bytes(&self, id: u32) -> &[u8] {
-        self.inner.token_bytes(id)
-    }
-    fn special(&self, name: &str) -> Option<u32> {
-        self.inner.special(name)
-    }
-    fn is_special(&self, id: u32) -> bool {
-        self.inner.is_special(id)
-    }
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
     }
 }
 
@@ -98,11 +115,11 @@ impl<'t> Continuation<'t> {
     }
 }
 
-impl Tokenizer for Continuation<'_> {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl Encoder for Continuation<'_> {
+    fn vocabulary(&self) -> &dyn Tokenizer {
+        self.inner
     }
-    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+    fn encode_text(&self, text: &str, out: &mut Vec<u32>) {
         let cached = self.run.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some((run, ids)) = cached.filter(|(run, _)| text.starts_with(run)) {
             let tail = |n: usize| ids[ids.len().saturating_sub(n)..].to_vec();
@@ -115,21 +132,6 @@ impl Tokenizer for Continuation<'_> {
             }
         }
         self.inner.encode(text, out);
-    }
-    fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
-        self.inner.pieces(text)
-    }
-    fn token_bytes(&self, id: u32) -> &[u8] {
-        self.inner.token_bytes(id)
-    }
-    fn special(&self, name: &str) -> Option<u32> {
-        self.inner.special(name)
-    }
-    fn is_special(&self, id: u32) -> bool {
-        self.inner.is_special(id)
-    }
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
     }
 }
 

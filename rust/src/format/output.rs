@@ -3,13 +3,14 @@
 //! A format's parser decides *what* the model is writing (a message, reasoning, a call)
 //! from its own markup; this module owns the rest: item indices, minted call ids, the
 //! start/delta/done events, the finished [`Item`]s, and UTF-8 safety of text deltas
-//! (a delta never ends inside a multi-byte character; decoding is the tokenizer's).
+//! (a delta never ends inside a multi-byte character; decoding is the tokenizer's),
+//! and [`MarkupParser`], the [`OutputParser`] every format's [`Markup`] reader runs in.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::ParseEvent;
+use super::{Outcome, OutputParser, ParseEvent};
 use crate::item::{Item, Role};
 use crate::tokenizer::detok::StreamDecoder;
 use crate::tokenizer::Tokenizer;
@@ -206,6 +207,72 @@ impl OutputItems {
         };
         out.push(event);
         self.items.push(item);
+    }
+}
+
+/// A format's reader of its own markup in sampled tokens: the part of a streaming
+/// parser that differs between formats. [`MarkupParser`] runs it.
+pub trait Markup: Send {
+    /// Read one sampled token. An error says why the output is malformed; no token is
+    /// read after one.
+    fn read(&mut self, id: u32, out: &mut Vec<ParseEvent>) -> Result<(), String>;
+    /// The output ended and every token read well: [`Outcome::Stopped`] after a stop
+    /// token, else close what is open, keeping the text so far, and [`Outcome::Truncated`].
+    fn end(&mut self, out: &mut Vec<ParseEvent>) -> Outcome;
+    fn items(&self) -> &[Item];
+    /// A stop token was read.
+    fn stopped(&self) -> bool;
+    fn reasoning_tokens(&self) -> usize;
+}
+
+/// The [`OutputParser`] around a format's [`Markup`]: it counts the tokens fed and
+/// holds the first error, after which further tokens are ignored, so no input sequence
+/// makes a format's reader handle its own failure.
+pub struct MarkupParser<M> {
+    markup: M,
+    failure: Option<String>,
+    output_tokens: usize,
+}
+
+impl<M: Markup> MarkupParser<M> {
+    pub fn new(markup: M) -> MarkupParser<M> {
+        MarkupParser {
+            markup,
+            failure: None,
+            output_tokens: 0,
+        }
+    }
+}
+
+impl<M: Markup> OutputParser for MarkupParser<M> {
+    fn feed(&mut self, id: u32, out: &mut Vec<ParseEvent>) {
+        self.output_tokens += 1;
+        if self.failure.is_none() {
+            self.failure = self.markup.read(id, out).err();
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<ParseEvent>) -> Outcome {
+        match &self.failure {
+            Some(message) => Outcome::Malformed(message.clone()),
+            None => self.markup.end(out),
+        }
+    }
+
+    fn items(&self) -> &[Item] {
+        self.markup.items()
+    }
+
+    fn stopped(&self) -> bool {
+        self.failure.is_none() && self.markup.stopped()
+    }
+
+    fn output_tokens(&self) -> usize {
+        self.output_tokens
+    }
+
+    fn reasoning_tokens(&self) -> usize {
+        self.markup.reasoning_tokens()
     }
 }
 

@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::output::MarkupParser;
 use super::{ChatFormat, Context, OutputParser};
 use crate::error::{Code, Error, Result};
 use crate::item::{Item, ItemKind, Prefix, Role, Tool};
@@ -222,11 +223,11 @@ impl ChatFormat for ChatMl {
     }
 
     fn parser(&self) -> Box<dyn OutputParser> {
-        Box::new(ChatMlParser::new(
+        Box::new(MarkupParser::new(ChatMlParser::new(
             self.tokenizer.clone(),
             self.stop.clone(),
             self.im_start,
-        ))
+        )))
     }
 
     /// Text, then `<tool_call>` blocks, as one run, then `<|im_end|>`. Reasoning has no

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::format::output::{OpenKind, OutputItems, SampledText};
-use crate::format::{Outcome, OutputParser, ParseEvent};
+use crate::format::output::{Markup, OpenKind, OutputItems, SampledText};
+use crate::format::{Outcome, ParseEvent};
 use crate::item::Item;
 use crate::tokenizer::Tokenizer;
 
@@ -38,7 +38,6 @@ enum State {
     /// After a call: whitespace is skipped until the next call or text.
     AfterCall,
     Stopped,
-    Failed(String),
 }
 
 #[derive(Debug)]
@@ -168,7 +167,6 @@ pub struct ChatMlParser {
     text: SampledText,
     /// Decoded text not yet released.
     pending: String,
-    output_tokens: usize,
 }
 
 /// Length of the longest suffix of `text` that could grow into `\n<tool_call>`.
@@ -195,7 +193,6 @@ impl ChatMlParser {
             items: OutputItems::default(),
             text: SampledText::default(),
             pending: String::new(),
-            output_tokens: 0,
         }
     }
 
@@ -253,7 +250,7 @@ impl ChatMlParser {
                         return Ok(());
                     }
                 }
-                State::Stopped | State::Failed(_) => return Ok(()),
+                State::Stopped => return Ok(()),
             }
         }
     }
@@ -378,16 +375,16 @@ impl ChatMlParser {
         self.state = State::Stopped;
         Ok(())
     }
+}
 
-    fn step(&mut self, id: u32, out: &mut Vec<ParseEvent>) -> Result<(), String> {
+impl Markup for ChatMlParser {
+    fn read(&mut self, id: u32, out: &mut Vec<ParseEvent>) -> Result<(), String> {
         if id as usize >= self.tokenizer.vocab_size() {
             return Err(format!("token id {id} is outside the vocabulary"));
         }
         let name = || String::from_utf8_lossy(self.tokenizer.token_bytes(id)).into_owned();
-        match self.state {
-            State::Failed(_) => return Ok(()),
-            State::Stopped => return Err(format!("token {:?} after the stop token", name())),
-            _ => {}
+        if let State::Stopped = self.state {
+            return Err(format!("token {:?} after the stop token", name()));
         }
         if self.stop.contains(&id) {
             return self.stop(out);
@@ -400,19 +397,9 @@ impl ChatMlParser {
         self.text.push(self.tokenizer.as_ref(), id, &mut self.pending)?;
         self.advance(out)
     }
-}
 
-impl OutputParser for ChatMlParser {
-    fn feed(&mut self, id: u32, out: &mut Vec<ParseEvent>) {
-        self.output_tokens += 1;
-        if let Err(message) = self.step(id, out) {
-            self.state = State::Failed(message);
-        }
-    }
-
-    fn finish(&mut self, out: &mut Vec<ParseEvent>) -> Outcome {
-        match &self.state {
-            State::Failed(message) => Outcome::Malformed(message.clone()),
+    fn end(&mut self, out: &mut Vec<ParseEvent>) -> Outcome {
+        match self.state {
             State::Stopped => Outcome::Stopped,
             // Cut off: keep the text so far; a call cut off after its name is closed with the
             // arguments streamed so far (the response is incomplete either way).
@@ -436,10 +423,6 @@ impl OutputParser for ChatMlParser {
 
     fn stopped(&self) -> bool {
         matches!(self.state, State::Stopped)
-    }
-
-    fn output_tokens(&self) -> usize {
-        self.output_tokens
     }
 
     fn reasoning_tokens(&self) -> usize {

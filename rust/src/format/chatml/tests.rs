@@ -7,7 +7,9 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::format::transcript::{completion, golden, output, parse, same_items, segments, text};
+use crate::format::transcript::{
+    completion, golden, output, parse, prompt_split_at, same_items, segments, text,
+};
 use crate::format::{Outcome, ParseEvent};
 use crate::tokenizer;
 
@@ -482,23 +484,12 @@ fn tokenize_template(f: &ChatMl, text: &str) -> Vec<u32> {
 fn conversation_cache_tokenizes_the_template_as_one_string_at_every_split() {
     // o200k glues a newline to the punctuation before it, so merged turns (a text and its
     // calls, consecutive results) are exact only because the cache carries the open run.
-    use crate::conversation::{Conversation, Delta};
     let format: Arc<dyn ChatFormat> = Arc::new(chatml());
     for case in golden(include_str!("../../../../tests/golden/chatml_render.json")) {
         let template = case.text.clone().unwrap();
         let expected = tokenize_template(&chatml(), &template);
         for split in 0..=case.items.len() {
-            let mut conversation = Conversation::new(format.clone(), 1 << 20);
-            conversation
-                .append_items(case.items[..split].to_vec(), Some(case.prefix.clone()))
-                .unwrap();
-            let delta = Delta {
-                prefix: case.prefix.clone(),
-                items: case.items[split..].to_vec(),
-                max_output_tokens: None,
-            };
-            conversation.extend(delta).unwrap();
-            let ours = conversation.prompt().tokens();
+            let ours = prompt_split_at(&format, &case, split);
             assert_eq!(
                 text(&chatml(), &ours),
                 template,

@@ -21,6 +21,7 @@ mod schema;
 
 use std::sync::Arc;
 
+use super::output::MarkupParser;
 use super::{ChatFormat, Context, OutputParser};
 use crate::item::{Item, Prefix, Role};
 use crate::render::Renderer;
@@ -292,7 +293,10 @@ impl ChatFormat for Harmony {
     }
 
     fn parser(&self) -> Box<dyn OutputParser> {
-        Box::new(HarmonyParser::new(self.tokenizer.clone(), self.specials))
+        Box::new(MarkupParser::new(HarmonyParser::new(
+            self.tokenizer.clone(),
+            self.specials,
+        )))
     }
 
     /// Items in order: reasoning on `analysis`, text on `final`, calls on `commentary`.

@@ -4,13 +4,15 @@
 //! content, between messages) that decides what a message is as soon as its header ends
 //! (`<|message|>`), then streams its content. Unlike it, anything off-format becomes
 //! [`Outcome::Malformed`] with the reason, never an error the caller must handle and
-//! never a panic; after a failure further tokens are ignored.
+//! never a panic; after a failure the [`MarkupParser`] it runs in ignores further tokens.
+//!
+//! [`MarkupParser`]: crate::format::output::MarkupParser
 
 use std::sync::Arc;
 
 use super::{Specials, FUNCTIONS};
-use crate::format::output::{OpenKind, OutputItems, SampledText};
-use crate::format::{Outcome, OutputParser, ParseEvent};
+use crate::format::output::{Markup, OpenKind, OutputItems, SampledText};
+use crate::format::{Outcome, ParseEvent};
 use crate::item::Item;
 use crate::tokenizer::Tokenizer;
 
@@ -32,7 +34,6 @@ enum State {
     /// After `<|end|>`: the next message must begin with `<|start|>`.
     BetweenMessages,
     Stopped,
-    Failed(String),
 }
 
 /// What a parsed header says the message is.
@@ -49,7 +50,6 @@ pub struct HarmonyParser {
     state: State,
     items: OutputItems,
     text: SampledText,
-    output_tokens: usize,
     reasoning_tokens: usize,
 }
 
@@ -64,7 +64,6 @@ impl HarmonyParser {
             },
             items: OutputItems::default(),
             text: SampledText::default(),
-            output_tokens: 0,
             reasoning_tokens: 0,
         }
     }
@@ -73,13 +72,79 @@ impl HarmonyParser {
         String::from_utf8_lossy(self.tokenizer.token_bytes(id)).into_owned()
     }
 
-    fn step(&mut self, id: u32, out: &mut Vec<ParseEvent>) -> Result<(), String> {
+    fn close(&mut self, out: &mut Vec<ParseEvent>) -> Result<(), String> {
+        if !self.text.is_complete() {
+            return Err("message ended inside a UTF-8 character".to_owned());
+        }
+        self.items.close(out);
+        Ok(())
+    }
+
+    /// Decode and interpret a header the way openai-harmony does: the channel follows
+    /// `<|channel|>`; of the remaining words, `to=X` is the recipient and a word after it
+    /// the content type (`<|constrain|>json`).
+    fn parse_header(&self, tokens: &[u32], first: bool) -> Result<Header, String> {
+        let mut bytes = Vec::new();
+        // Skip the leading <|start|> of later messages; specials inside decode to their text.
+        let body = if first { tokens } else { &tokens[1..] };
+        self.tokenizer.decode_bytes(body, &mut bytes);
+        let text = String::from_utf8(bytes).map_err(|_| "message header is not valid UTF-8".to_owned())?;
+
+        let (channel, rest) = match text.find("<|channel|>") {
+            Some(at) => {
+                let after = &text[at + "<|channel|>".len()..];
+                let len = after
+                    .find(|c: char| c.is_whitespace() || c == '<')
+                    .unwrap_or(after.len());
+                if len == 0 {
+                    return Err("<|channel|> with no channel name in the header".to_owned());
+                }
+                (Some(&after[..len]), format!("{}{}", &text[..at], &after[len..]))
+            }
+            None => (None, text.clone()),
+        };
+        let rest = rest.replace("<|constrain|>", " <|constrain|>");
+        let mut words: Vec<&str> = rest.split_ascii_whitespace().collect();
+        if words.first() == Some(&"assistant") {
+            words.remove(0);
+        } else if !first {
+            return Err(format!(
+                "message header {text:?} does not start with the assistant role"
+            ));
+        }
+        let recipient = match words.as_slice() {
+            [] => None,
+            [one] => Some(one.strip_prefix("to=").unwrap_or(one)),
+            [to, _content_type] if to.starts_with("to=") => to.strip_prefix("to="),
+            _ => return Err(format!("unexpected words in message header {text:?}")),
+        };
+
+        match (recipient, channel) {
+            (Some(recipient), _) => match recipient
+                .strip_prefix(FUNCTIONS)
+                .and_then(|r| r.strip_prefix('.'))
+            {
+                Some("") => Err(format!("function call with no name in header {text:?}")),
+                Some(name) => Ok(Header::Call(name.to_owned())),
+                None => Err(format!(
+                    "call to {recipient:?}: only functions.* tools are offered"
+                )),
+            },
+            (None, Some("analysis")) => Ok(Header::Reasoning),
+            (None, Some("final" | "commentary")) => Ok(Header::Text),
+            (None, Some(other)) => Err(format!("unknown channel {other:?}")),
+            (None, None) => Err(format!("message header {text:?} has no channel")),
+        }
+    }
+}
+
+impl Markup for HarmonyParser {
+    fn read(&mut self, id: u32, out: &mut Vec<ParseEvent>) -> Result<(), String> {
         if id as usize >= self.tokenizer.vocab_size() {
             return Err(format!("token id {id} is outside the vocabulary"));
         }
         let s = self.s;
         match &mut self.state {
-            State::Failed(_) => {}
             State::Stopped => return Err(format!("token {} after the stop token", self.name_of(id))),
             State::BetweenMessages if id == s.start => {
                 self.state = State::Header {
@@ -154,83 +219,8 @@ impl HarmonyParser {
         Ok(())
     }
 
-    fn close(&mut self, out: &mut Vec<ParseEvent>) -> Result<(), String> {
-        if !self.text.is_complete() {
-            return Err("message ended inside a UTF-8 character".to_owned());
-        }
-        self.items.close(out);
-        Ok(())
-    }
-
-    /// Decode and interpret a header the way openai-harmony does: the channel follows
-    /// `<|channel|>`; of the remaining words, `to=X` is the recipient and a word after it
-    /// the content type (`<|constrain|>json`).
-    fn parse_header(&self, tokens: &[u32], first: bool) -> Result<Header, String> {
-        let mut bytes = Vec::new();
-        // Skip the leading <|start|> of later messages; specials inside decode to their text.
-        let body = if first { tokens } else { &tokens[1..] };
-        self.tokenizer.decode_bytes(body, &mut bytes);
-        let text = String::from_utf8(bytes).map_err(|_| "message header is not valid UTF-8".to_owned())?;
-
-        let (channel, rest) = match text.find("<|channel|>") {
-            Some(at) => {
-                let after = &text[at + "<|channel|>".len()..];
-                let len = after
-                    .find(|c: char| c.is_whitespace() || c == '<')
-                    .unwrap_or(after.len());
-                if len == 0 {
-                    return Err("<|channel|> with no channel name in the header".to_owned());
-                }
-                (Some(&after[..len]), format!("{}{}", &text[..at], &after[len..]))
-            }
-            None => (None, text.clone()),
-        };
-        let rest = rest.replace("<|constrain|>", " <|constrain|>");
-        let mut words: Vec<&str> = rest.split_ascii_whitespace().collect();
-        if words.first() == Some(&"assistant") {
-            words.remove(0);
-        } else if !first {
-            return Err(format!(
-                "message header {text:?} does not start with the assistant role"
-            ));
-        }
-        let recipient = match words.as_slice() {
-            [] => None,
-            [one] => Some(one.strip_prefix("to=").unwrap_or(one)),
-            [to, _content_type] if to.starts_with("to=") => to.strip_prefix("to="),
-            _ => return Err(format!("unexpected words in message header {text:?}")),
-        };
-
-        match (recipient, channel) {
-            (Some(recipient), _) => match recipient
-                .strip_prefix(FUNCTIONS)
-                .and_then(|r| r.strip_prefix('.'))
-            {
-                Some("") => Err(format!("function call with no name in header {text:?}")),
-                Some(name) => Ok(Header::Call(name.to_owned())),
-                None => Err(format!(
-                    "call to {recipient:?}: only functions.* tools are offered"
-                )),
-            },
-            (None, Some("analysis")) => Ok(Header::Reasoning),
-            (None, Some("final" | "commentary")) => Ok(Header::Text),
-            (None, Some(other)) => Err(format!("unknown channel {other:?}")),
-            (None, None) => Err(format!("message header {text:?} has no channel")),
-        }
-    }
-}
-
-impl OutputParser for HarmonyParser {
-    fn feed(&mut self, id: u32, out: &mut Vec<ParseEvent>) {
-        self.output_tokens += 1;
-        if let Err(message) = self.step(id, out) {
-            self.state = State::Failed(message);
-        }
-    }
-
-    fn finish(&mut self, out: &mut Vec<ParseEvent>) -> Outcome {
-        match &self.state {
-            State::Failed(message) => Outcome::Malformed(message.clone()),
+    fn end(&mut self, out: &mut Vec<ParseEvent>) -> Outcome {
+        match self.state {
             State::Stopped => Outcome::Stopped,
             State::Content { .. } => {
                 // Cut off mid-message: keep what was written, minus a partial character.
@@ -249,10 +239,6 @@ impl OutputParser for HarmonyParser {
 
     fn stopped(&self) -> bool {
         matches!(self.state, State::Stopped)
-    }
-
-    fn output_tokens(&self) -> usize {
-        self.output_tokens
     }
 
     fn reasoning_tokens(&self) -> usize {

@@ -2,7 +2,9 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::format::transcript::{completion, golden, output, parse, same_items, segments, text};
+use crate::format::transcript::{
+    completion, golden, output, parse, prompt_split_at, same_items, segments, text,
+};
 use crate::format::{Outcome, ParseEvent};
 use crate::item::Tool;
 
@@ -403,22 +405,11 @@ proptest! {
 
 #[test]
 fn conversation_cache_renders_openai_harmony_golden_vectors_at_every_split() {
-    use crate::conversation::{Conversation, Delta};
     let format: Arc<dyn ChatFormat> = Arc::new(Harmony::new());
     for case in golden(include_str!("../../../../tests/golden/harmony_render.json")) {
         for split in 0..=case.items.len() {
-            let mut conversation = Conversation::new(format.clone(), 1 << 20);
-            conversation
-                .append_items(case.items[..split].to_vec(), Some(case.prefix.clone()))
-                .unwrap();
-            let delta = Delta {
-                prefix: case.prefix.clone(),
-                items: case.items[split..].to_vec(),
-                max_output_tokens: None,
-            };
-            conversation.extend(delta).unwrap();
             assert_eq!(
-                conversation.prompt().tokens(),
+                prompt_split_at(&format, &case, split),
                 case.tokens,
                 "case {} split {split}",
                 case.name

@@ -1,0 +1,70 @@
+"""The client, the engine and the transport played against one `Connection` with plain
+function calls (no sockets, no event loop): the sans-I/O driver of the protocol tests.
+Frames the connection sends are validated with the SDK's models; the renders and
+generations it hands out wait until the test runs them, so ordering is the test's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from hotloop._core import ChatFormat, CoreError
+from hotloop.protocol import Cancel, Close, Connection, Generate, Render
+from sdk_events import validate
+
+FORMAT = ChatFormat.harmony()
+ANSWER = FORMAT.completion_tokens(text="Hello there, friend.")
+
+
+class ConnectionDriver:
+    """Holds what a Connection handed out: renders and generations by key, the keys it
+    cancelled, and the close it asked for."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.renders: dict[int, Render] = {}
+        self.generating: dict[int, Generate] = {}
+        self.cancelled: list[int] = []
+        self.closed: Close | None = None
+
+    def pump(self) -> list[dict[str, Any]]:
+        """Take the connection's actions; return the frames it sent."""
+        frames = []
+        for action in self.conn.actions():
+            if isinstance(action, bytes):
+                frames.append(validate(action))
+            elif isinstance(action, Render):
+                self.renders[action.key] = action
+            elif isinstance(action, Generate):
+                self.generating[action.key] = action
+            elif isinstance(action, Cancel):
+                self.cancelled.append(action.key)
+                self.generating.pop(action.key)
+            else:
+                self.closed = action
+        return frames
+
+    def send(self, event: dict[str, Any] | str) -> list[dict[str, Any]]:
+        self.conn.receive_text(event if isinstance(event, str) else orjson.dumps(event).decode())
+        return self.pump()
+
+    def create(self, input: Any = "Hi", **fields: Any) -> list[dict[str, Any]]:
+        return self.send({"type": "response.create", "model": "sim", "input": input, **fields})
+
+    def render(self, key: int | None = None) -> list[dict[str, Any]]:
+        """Run one handed-out render (here, on the test's thread) and report it."""
+        work = self.renders.pop(min(self.renders) if key is None else key)
+        try:
+            turn = work.conversation.extend(work.request)
+        except CoreError as e:
+            self.conn.render_failed(work.key, e)
+        else:
+            self.conn.render_done(work.key, turn)
+        return self.pump()
+
+    def finish(self, key: int | None = None, ids: list[int] = ANSWER) -> list[dict[str, Any]]:
+        """Run one generation to its end: feed `ids`, then report the engine done."""
+        work = self.generating.pop(min(self.generating) if key is None else key)
+        self.conn.engine_output(work.key, ids)
+        self.conn.engine_done(work.key)
+        return self.pump()
