@@ -47,6 +47,11 @@ def test_open_model_peer_runs_beside_hotloop_in_smollm2(tmp_path: Path) -> None:
         assert summary["turns"] == TOOL_CALLS + 1, name
         assert summary["replayed_calls"] == TOOL_CALLS, name
         assert run["turns"][-1]["output_tokens"] > 0, name
+    # The server reports the prompt it fed the engine: the peer's equals hotloop's, turn
+    # by turn, whether the client sent the whole history or only the new tool output.
+    prompts = {name: [t["input_tokens"] for t in run["turns"]] for name, run in runs.items()}
+    assert prompts["peer_open-model_http_full"] == prompts["websocket"]
+    assert prompts["peer_open-model_websocket"] == prompts["websocket"]
     assert "peer_open-model_http_full_over_websocket" in speed["targets"]
     for plot in ("agent_smollm2_ratio_to_ideal.png", "agent_smollm2_per_turn.png"):
         assert (tmp_path / plot).stat().st_size > 0
