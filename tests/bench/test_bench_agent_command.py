@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hotloop.bench.command import run_agent
+from hotloop.bench.command import run_agent, run_plot
 from hotloop.cli import argument_parser
 
 TOOL_CALLS = 5
@@ -53,9 +53,14 @@ def test_open_model_peer_runs_beside_hotloop_in_smollm2(tmp_path: Path) -> None:
     assert prompts["peer_open-model_http_full"] == prompts["websocket"]
     assert prompts["peer_open-model_websocket"] == prompts["websocket"]
     assert "peer_open-model_http_full_over_websocket" in speed["targets"]
-    for plot in ("agent_smollm2_ratio_to_ideal.png", "agent_smollm2_per_turn.png"):
-        assert (tmp_path / plot).stat().st_size > 0
+    plots = [tmp_path / f"agent_smollm2_{kind}.png" for kind in ("ratio_to_ideal", "per_turn")]
+    assert all(plot.stat().st_size > 0 for plot in plots)
     assert not (tmp_path / "agent.json").exists()
+    # `hotloop bench plot` redraws them from the JSON, under the same names.
+    for plot in plots:
+        plot.unlink()
+    run_plot(argument_parser().parse_args(["bench", "plot", "--out", str(tmp_path)]))
+    assert all(plot.stat().st_size > 0 for plot in plots)
 
 
 def test_a_peer_in_another_format_is_refused(tmp_path: Path) -> None:
