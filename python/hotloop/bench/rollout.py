@@ -154,12 +154,15 @@ class Rollout:
             "output": self.steps[index].output,
         }
 
-    def sim_script(self) -> dict[str, Any]:
+    def sim_script(self, sim_format: str = "harmony") -> dict[str, Any]:
         """The sim engine's replay script (`hotloop serve --engine sim --sim-script`):
-        each step's reasoning and call, then the answer."""
+        each step's reasoning and call, then the answer. ChatML (`smollm2`) has no
+        reasoning channel: there a step's reasoning is the text the model says before
+        its call, as ChatML models narrate their calls, so the turns decode as many
+        tokens and the ideal stays comparable with harmony's."""
+        thought = "reasoning" if sim_format == "harmony" else "text"
         turns: list[dict[str, Any]] = [
-            {"reasoning": s.reasoning, "calls": [[s.call.name, s.call.arguments]]}
-            for s in self.steps
+            {thought: s.reasoning, "calls": [[s.call.name, s.call.arguments]]} for s in self.steps
         ]
         return {"turns": [*turns, {"text": self.answer}]}
 

