@@ -17,7 +17,7 @@ from typing import Any
 
 from hotloop.auth import ApiKeys
 from hotloop.bench import command as bench
-from hotloop.bench.peer import Peer
+from hotloop.bench.peer import SIM_FORMAT, Peer
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
@@ -29,8 +29,18 @@ from hotloop.transport.http import HttpApi
 
 
 def sim_engine(config: ServerConfig) -> Engine:
-    from hotloop.engines.sim import from_config
+    from hotloop.engines.sim import SIM_FORMATS, from_config
 
+    if config.sim_format not in SIM_FORMATS:
+        raise SystemExit(
+            f"hotloop: unknown --sim-format {config.sim_format!r}; "
+            f"choose one of {', '.join(SIM_FORMATS)}"
+        )
+    peer_format = SIM_FORMAT.get(config.baseline or "", config.sim_format)
+    if peer_format != config.sim_format:
+        raise SystemExit(
+            f"hotloop: --baseline {config.baseline} renders for --sim-format {peer_format}"
+        )
     return from_config(config)
 
 

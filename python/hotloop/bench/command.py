@@ -28,6 +28,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hotloop.bench.peer import SIM_FORMAT
 from hotloop.bench.rollout import Rollout, build_rollout
 
 if TYPE_CHECKING:
@@ -137,11 +138,11 @@ def run_agent(args: argparse.Namespace) -> dict[str, Any]:
 
     baseline = PEERS[args.format] if args.baseline is None else args.baseline
     peers = [p for p in baseline.split(",") if p]
-    others = {peer for sim_format, peer in PEERS.items() if sim_format != args.format}
-    if others.intersection(peers):
+    others = [peer for peer in peers if SIM_FORMAT.get(peer, args.format) != args.format]
+    if others:
         raise SystemExit(
             f"hotloop bench: with --format {args.format} the peer is {PEERS[args.format]}, "
-            f"not {', '.join(others.intersection(peers))}"
+            f"not {', '.join(others)}"
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -297,6 +297,10 @@ RENDERERS: dict[str, Callable[[], Renderer]] = {
     "open-model": open_model_renderer,
 }
 
+# The sim format (`--sim-format`) whose vocabulary each flavour's prompt ids are in: the
+# engine is fed the peer's ids, so the two must agree.
+SIM_FORMAT: dict[str, str] = {"harmony": "harmony", "template": "harmony", "open-model": "smollm2"}
+
 
 class Peer:
     """A stateless server's prompt path, turn by turn: validate everything, rebuild the
