@@ -12,6 +12,7 @@ import orjson
 import pytest
 from hotloop._core import ChatFormat, Prompt
 from hotloop.engines.base import Sampling
+from hotloop.metrics import StreamCpu
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
 from hotloop.transport.asgi import SEND_FRAMES, Message
 from hotloop.transport.frames import text_frame_header
@@ -62,17 +63,24 @@ def test_a_turn_with_frames_of_every_size_reaches_the_client(deflate: bool) -> N
                 assert numbers == list(range(len(numbers)))
 
 
-class AllAtOnce:
-    """An engine session that hands over the whole answer in one batch."""
+class InBatches:
+    """An engine session that hands over `text`'s ids `size` at a time."""
+
+    def __init__(self, text: str, size: int) -> None:
+        self.ids = FORMAT.completion_tokens(text=text)
+        self.size = size
 
     async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
-        yield FORMAT.completion_tokens(text="All of it at once.")
+        for at in range(0, len(self.ids), self.size):
+            yield self.ids[at : at + self.size]
 
     async def close(self) -> None:
         """Nothing to release."""
 
 
-async def test_frames_ready_together_go_out_in_one_send() -> None:
+async def one_turn(session: InBatches, stream_cpu: StreamCpu | None = None) -> list[list[bytes]]:
+    """Run one `response.create` through a Socket with the extension on; return what
+    each send carried."""
     connection = Connection(
         chat_format=FORMAT,
         context_window=1 << 20,
@@ -97,12 +105,33 @@ async def test_frames_ready_together_go_out_in_one_send() -> None:
         return {"type": "websocket.disconnect", "code": 1000}
 
     socket = Socket(
-        connection, AllAtOnce(), send, high_water=1 << 20, lifetime=3600, send_frames=True
+        connection,
+        session,
+        send,
+        high_water=1 << 20,
+        lifetime=3600,
+        send_frames=True,
+        stream_cpu=stream_cpu,
     )
     await socket.run(receive)
+    return sends
+
+
+async def test_frames_ready_together_go_out_in_one_send() -> None:
+    sends = await one_turn(InBatches("All of it at once.", 1 << 20))
     events = [validate(frame.decode()) for frames in sends for frame in frames]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert events[-1]["type"] == "response.completed"
     # created + in_progress; the batch: item and part added, its delta, and (the stop
     # token closes the message) text, part and item done; then the terminal event.
     assert [len(frames) for frames in sends] == [2, 6, 1]
+
+
+async def test_every_eighth_batch_adds_its_cpu_and_tokens() -> None:
+    session = InBatches("word " * 100, 3)
+    stream_cpu = StreamCpu()
+    await one_turn(session, stream_cpu)
+    batches = -(-len(session.ids) // 3)
+    # Every batch is 3 ids but the last; the loop ends at the stop token's batch.
+    assert stream_cpu.tokens == 3 * (batches // StreamCpu.EVERY)
+    assert stream_cpu.cpu_seconds > 0

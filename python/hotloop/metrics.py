@@ -16,6 +16,8 @@ Instruments (all names prefixed `hotloop_`):
 - turn_overhead_seconds{transport}: server time from receiving a request to the first
   engine call
 - store_writes_total, store_errors_total, store_pending
+- stream_sampled_cpu_seconds_total / stream_sampled_tokens_total: the server's own CPU
+  per streamed token, sampled (`StreamCpu`)
 - usage_tokens_total{key,kind} from `Usage`
 """
 
@@ -153,6 +155,28 @@ class HistogramFamily(Family):
         return child
 
 
+class StreamCpu:
+    """The server's own CPU per streamed token over WebSocket, sampled: on every
+    `EVERY`th engine batch of a response the socket reads its thread's CPU clock before
+    handing the batch to the connection and after its frames are written (output
+    parser, events, frames, the write syscall), and adds the difference and the
+    batch's tokens here. Their ratio is the per-token cost the design's budget is about;
+    the engine's hand-over (the event loop waking for the batch) is outside it. A
+    sample taken while the client is behind can include other tasks' work.
+
+    Sampling keeps the clock reads (system calls) off most batches."""
+
+    EVERY = 8
+
+    def __init__(self) -> None:
+        self.cpu_seconds = 0.0
+        self.tokens = 0
+
+    def add(self, cpu_seconds: float, tokens: int) -> None:
+        self.cpu_seconds += cpu_seconds
+        self.tokens += tokens
+
+
 class Metrics:
     """The process's instruments. One instance per process, shared by every transport."""
 
@@ -183,6 +207,7 @@ class Metrics:
         # read when scraped.
         self.cache_counts: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
         self.store_rebuilds = Counter()
+        self.stream_cpu = StreamCpu()
 
     def record_prompt(self, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Account one turn's prompt: what came from the cache, what was rendered."""
@@ -236,6 +261,18 @@ class Metrics:
             "counter",
             "Cache misses answered by rebuilding a stored chain.",
             self.store_rebuilds.value,
+        )
+        lines += _scalar(
+            "hotloop_stream_sampled_cpu_seconds_total",
+            "counter",
+            "Thread CPU of the sampled streaming batches (engine ids to frames written).",
+            self.stream_cpu.cpu_seconds,
+        )
+        lines += _scalar(
+            "hotloop_stream_sampled_tokens_total",
+            "counter",
+            "Tokens of the sampled streaming batches.",
+            self.stream_cpu.tokens,
         )
         if self.usage is not None:
             lines.extend(_usage_lines(self.usage))

@@ -170,6 +170,7 @@ class App:
             high_water=config.send_buffer_bytes,
             lifetime=config.connection_lifetime,
             send_frames=SEND_FRAMES in scope.get("extensions", {}),
+            stream_cpu=None if self.ledger is None else self.ledger.metrics.stream_cpu,
         )
         self.connections += 1
         if self.ledger is not None:

@@ -56,7 +56,8 @@ class FrameSendingProtocol(WebSocketsSansIOProtocol):
         if message["type"] != SEND_FRAMES or not self.handshake_complete:
             await super().send(message)  # before the accept, uvicorn refuses it
             return
-        await self.writable.wait()  # uvicorn's flow control: the transport is below its mark
+        if not self.writable.is_set():  # uvicorn's flow control: wait for the transport
+            await self.writable.wait()
         if (
             self.disconnected
             or self.close_sent

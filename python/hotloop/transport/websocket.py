@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 
 from hotloop._core import CoreError
 from hotloop.engines.base import EngineError, EngineSession, close_stream
 from hotloop.events import error_body
+from hotloop.metrics import StreamCpu
 from hotloop.protocol import Cancel, Close, Connection, Generate, Render
 from hotloop.transport.asgi import SEND_FRAMES, Receive, Scope, Send
 
@@ -65,11 +67,15 @@ class Socket:
         high_water: int,
         lifetime: float,
         send_frames: bool = False,
+        stream_cpu: StreamCpu | None = None,
     ) -> None:
         """`send_frames`: the server offers `hotloop.websocket.send_frames` (see
-        `hotloop.transport.frames`); the frames ready together then go out in one send."""
+        `hotloop.transport.frames`); the frames ready together then go out in one send.
+        `stream_cpu`: where sampled streaming batches add their CPU time (the process's
+        metrics; a socket of its own otherwise)."""
         self.connection = connection
         self._send_frames = send_frames
+        self._stream_cpu = stream_cpu or StreamCpu()
         self._session = session
         self._send = send
         self._high_water = high_water
@@ -164,13 +170,21 @@ class Socket:
     async def _generate(self, work: Generate) -> None:
         connection = self.connection
         key = work.key
+        stream_cpu = self._stream_cpu
+        batches = 0
         ids_stream: AsyncIterator[list[int]] | None = None
         try:
             ids_stream = self._session.generate(work.prompt, work.sampling)
             async for ids in ids_stream:
+                batches += 1
+                sampled = batches % StreamCpu.EVERY == 0
+                if sampled:
+                    start = time.thread_time()
                 more = connection.engine_output(key, ids)
                 self._dispatch()
                 await self._flush()
+                if sampled:
+                    stream_cpu.add(time.thread_time() - start, len(ids))
                 if not more:
                     break
                 # Backpressure: the engine waits while the client is behind.
