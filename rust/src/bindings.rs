@@ -599,7 +599,7 @@ fn parse_request(
 // ---------------------------------------------------------------- the cache
 
 use crate::conversation::{Checkpoint, Conversation, Prompt, Turn, TurnParser};
-use crate::format::{coalesce_deltas, Outcome, ParseEvent};
+use crate::format::{Outcome, ParseEvent};
 use crate::validate::Policy;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::sync::{Mutex, MutexGuard};
@@ -719,7 +719,7 @@ impl PyOutputParser {
             parser.feed(id, &mut events);
         }
         drop(parser);
-        event_list(py, coalesce_deltas(events))
+        event_list(py, events)
     }
 
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyList>, &'static str, Option<String>)> {
@@ -729,7 +729,7 @@ impl PyOutputParser {
             Outcome::Truncated => ("truncated", None),
             Outcome::Malformed(why) => ("malformed", Some(why)),
         };
-        Ok((event_list(py, coalesce_deltas(events))?, outcome, message))
+        Ok((event_list(py, events)?, outcome, message))
     }
 
     #[getter]

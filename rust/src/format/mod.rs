@@ -68,40 +68,6 @@ pub enum ParseEvent {
     },
 }
 
-impl ParseEvent {
-    /// Appends `next` to this event when both are deltas of one kind for one item;
-    /// otherwise hands `next` back.
-    fn absorb(&mut self, next: ParseEvent) -> Option<ParseEvent> {
-        use ParseEvent::{ArgumentsDelta, ReasoningDelta, TextDelta};
-        match (self, next) {
-            (TextDelta { index, text }, TextDelta { index: i, text: t })
-            | (ReasoningDelta { index, text }, ReasoningDelta { index: i, text: t })
-            | (ArgumentsDelta { index, text }, ArgumentsDelta { index: i, text: t })
-                if *index == i =>
-            {
-                text.push_str(&t);
-                None
-            }
-            (_, next) => Some(next),
-        }
-    }
-}
-
-/// Merges consecutive deltas of one kind for one item into one event, their text
-/// concatenated. Clients concatenate deltas and the boundaries carry no meaning, so an
-/// engine batch of tokens becomes one delta event downstream instead of one per token.
-pub fn coalesce_deltas(events: Vec<ParseEvent>) -> Vec<ParseEvent> {
-    let mut merged: Vec<ParseEvent> = Vec::with_capacity(events.len());
-    for event in events {
-        let rest = match merged.last_mut() {
-            Some(last) => last.absorb(event),
-            None => Some(event),
-        };
-        merged.extend(rest);
-    }
-    merged
-}
-
 /// How the model's output ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -157,65 +123,4 @@ pub trait ChatFormat: Send + Sync {
     /// The ids a model would sample after the generation header to produce these
     /// items, ending with a stop token (used by the simulated engine).
     fn render_completion(&self, items: &[Item], r: &mut Renderer);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{coalesce_deltas, ParseEvent::*};
-
-    #[test]
-    fn consecutive_deltas_of_one_kind_and_item_merge_in_order() {
-        let text = |index, t: &str| TextDelta {
-            index,
-            text: t.into(),
-        };
-        let events = vec![
-            ReasoningStart { index: 0 },
-            ReasoningDelta {
-                index: 0,
-                text: "a".into(),
-            },
-            ReasoningDelta {
-                index: 0,
-                text: "b".into(),
-            },
-            ReasoningDone {
-                index: 0,
-                text: "ab".into(),
-            },
-            MessageStart { index: 1 },
-            text(1, "c"),
-            text(1, "d"),
-            text(2, "e"),
-            ArgumentsDelta {
-                index: 2,
-                text: "f".into(),
-            },
-            text(2, "g"),
-            text(2, "h"),
-        ];
-        assert_eq!(
-            coalesce_deltas(events),
-            vec![
-                ReasoningStart { index: 0 },
-                ReasoningDelta {
-                    index: 0,
-                    text: "ab".into()
-                },
-                ReasoningDone {
-                    index: 0,
-                    text: "ab".into()
-                },
-                MessageStart { index: 1 },
-                text(1, "cd"),
-                text(2, "e"),
-                ArgumentsDelta {
-                    index: 2,
-                    text: "f".into()
-                },
-                text(2, "gh"),
-            ]
-        );
-        assert!(coalesce_deltas(Vec::new()).is_empty());
-    }
 }

@@ -100,6 +100,20 @@ struct Open {
     text: String,
 }
 
+/// The text of `event` when it is a delta of an item of `kind` at `index`.
+fn delta_text(event: &mut ParseEvent, kind: OpenKind, index: usize) -> Option<&mut String> {
+    match (event, kind) {
+        (ParseEvent::TextDelta { index: at, text }, OpenKind::Message)
+        | (ParseEvent::ReasoningDelta { index: at, text }, OpenKind::Reasoning)
+        | (ParseEvent::ArgumentsDelta { index: at, text }, OpenKind::Call)
+            if *at == index =>
+        {
+            Some(text)
+        }
+        _ => None,
+    }
+}
+
 /// The items of one model turn, in output order, with at most one open item.
 #[derive(Debug, Default)]
 pub struct OutputItems {
@@ -146,6 +160,9 @@ impl OutputItems {
     }
 
     /// Append text to the open item (a no-op when nothing is open or `text` is empty).
+    /// Text that follows a delta of the same item in `out` extends that delta: the
+    /// tokens an engine hands over together become one delta event, not one per token
+    /// (clients concatenate deltas; their boundaries carry no meaning).
     pub fn push(&mut self, text: &str, out: &mut Vec<ParseEvent>) {
         let Some(open) = self.open.as_mut() else { return };
         if text.is_empty() {
@@ -153,6 +170,10 @@ impl OutputItems {
         }
         open.text.push_str(text);
         let index = open.index;
+        if let Some(delta) = out.last_mut().and_then(|last| delta_text(last, open.kind, index)) {
+            delta.push_str(text);
+            return;
+        }
         let text = text.to_owned();
         out.push(match open.kind {
             OpenKind::Message => ParseEvent::TextDelta { index, text },
@@ -279,6 +300,42 @@ impl<M: Markup> OutputParser for MarkupParser<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_pushed_after_a_delta_of_the_same_item_extends_it() {
+        let mut items = OutputItems::default();
+        let mut out = Vec::new();
+        items.start(OpenKind::Reasoning, "", &mut out);
+        items.push("a", &mut out);
+        items.push("b", &mut out);
+        items.start(OpenKind::Message, "", &mut out);
+        items.push("c", &mut out);
+        items.push("d", &mut out);
+        let mut next = Vec::new();
+        items.push("e", &mut next);
+        items.push("f", &mut next);
+        let delta = |index, text: &str| ParseEvent::TextDelta {
+            index,
+            text: text.into(),
+        };
+        assert_eq!(
+            out,
+            vec![
+                ParseEvent::ReasoningStart { index: 0 },
+                ParseEvent::ReasoningDelta {
+                    index: 0,
+                    text: "ab".into()
+                },
+                ParseEvent::ReasoningDone {
+                    index: 0,
+                    text: "ab".into()
+                },
+                ParseEvent::MessageStart { index: 1 },
+                delta(1, "cd"),
+            ]
+        );
+        assert_eq!(next, vec![delta(1, "ef")]);
+    }
 
     #[test]
     fn call_ids_are_openai_shaped_and_distinct() {

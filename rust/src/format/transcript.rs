@@ -79,8 +79,12 @@ pub struct Parsed {
 pub fn parse(format: &dyn ChatFormat, ids: &[u32]) -> Parsed {
     let mut parser = format.parser();
     let mut events = Vec::new();
+    // One token per engine step, each step's events apart: a step's deltas of one item
+    // would merge into one event.
     for &id in ids {
-        parser.feed(id, &mut events);
+        let mut step = Vec::new();
+        parser.feed(id, &mut step);
+        events.append(&mut step);
     }
     let outcome = parser.finish(&mut events);
     Parsed {

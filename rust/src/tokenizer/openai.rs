@@ -79,6 +79,10 @@ impl OpenAiTokenizer {
         aliases: &[(&str, u32)],
     ) -> Self {
         let ordinary = inner.bpe.num_tokens();
+        assert!(
+            specials.iter().all(|(_, id)| *id as usize >= ordinary),
+            "{name}: special tokens must sit above the ordinary vocabulary"
+        );
         let top = specials.iter().map(|(_, id)| *id as usize + 1).max().unwrap_or(0);
         let mut by_text: HashMap<String, u32> = specials.iter().cloned().collect();
         by_text.extend(aliases.iter().map(|(t, id)| (t.to_string(), *id)));
@@ -194,14 +198,12 @@ impl Tokenizer for OpenAiTokenizer {
     /// Ids in the gaps of a vocabulary (e.g. 199998 in `o200k_base`) and ids past its
     /// end have no bytes.
     fn token_bytes(&self, id: u32) -> &[u8] {
-        if let Some(text) = self.specials.get(&id) {
-            return text.as_bytes();
-        }
+        // Special tokens sit above the byte-pair ranks (checked at construction), so the
+        // per-token path skips hashing for every ordinary token.
         if (id as usize) < self.inner.bpe.num_tokens() {
-            self.inner.bpe.token_bytes(id)
-        } else {
-            &[]
+            return self.inner.bpe.token_bytes(id);
         }
+        self.specials.get(&id).map_or(&[], |text| text.as_bytes())
     }
 
     fn special(&self, name: &str) -> Option<u32> {
@@ -209,7 +211,7 @@ impl Tokenizer for OpenAiTokenizer {
     }
 
     fn is_special(&self, id: u32) -> bool {
-        self.specials.contains_key(&id)
+        id as usize >= self.inner.bpe.num_tokens() && self.specials.contains_key(&id)
     }
 
     fn vocab_size(&self) -> usize {
