@@ -32,6 +32,16 @@ async def test_wait_returns_when_the_last_response_finishes() -> None:
     assert drain.in_flight == 0
 
 
+async def test_every_connection_waits_on_the_same_drain() -> None:
+    drain = Drain()
+    drain.admit()
+    waiters = [asyncio.create_task(drain.wait(deadline=3600)) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    drain.release()
+    assert await asyncio.gather(*waiters) == [True, True, True]
+
+
 async def test_wait_gives_up_at_the_deadline() -> None:
     drain = Drain()
     drain.admit()

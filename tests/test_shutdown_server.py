@@ -1,6 +1,7 @@
-"""SIGTERM on the real server (`hotloop serve`, a subprocess) while responses stream over
-HTTP and WebSocket: the in-flight responses finish, the process exits cleanly, and after
-a restart on the same data directory every acknowledged stored response is readable."""
+"""SIGTERM on the real server (`hotloop serve`, a subprocess, one process or two workers)
+while responses stream over HTTP and WebSocket: the in-flight responses finish, the
+process exits cleanly, and after a restart on the same data directory every acknowledged
+stored response is readable."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from websockets.sync.client import connect
 
 KEY = "sk-drain"
@@ -37,9 +39,11 @@ def free_port() -> int:
 
 class Served:
     """A `hotloop serve` process whose log is drained by a thread (a full pipe would
-    block the server); `ready` is set once uvicorn reports startup complete."""
+    block the server); `ready` is set once uvicorn reports startup complete in every
+    worker."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, workers: int) -> None:
+        self.workers = workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log: list[str] = []
@@ -66,6 +70,8 @@ class Served:
                 "0",
                 "--log-level",
                 "info",
+                "--workers",
+                str(workers),
             ],
             stderr=subprocess.PIPE,
             text=True,
@@ -76,9 +82,11 @@ class Served:
 
     def _read(self) -> None:
         assert self.process.stderr is not None
+        started = 0
         for line in self.process.stderr:
             self.log.append(line)
-            if READY in line:
+            started += READY in line
+            if started == self.workers:
                 self.ready.set()
         self.ready.set()  # exited: let the waiter see it
 
@@ -94,8 +102,8 @@ class Served:
 
 
 @contextmanager
-def served(data_dir: Path) -> Iterator[Served]:
-    server = Served(data_dir)
+def served(data_dir: Path, workers: int = 1) -> Iterator[Served]:
+    server = Served(data_dir, workers)
     try:
         server.wait_ready()
         yield server
@@ -164,9 +172,12 @@ class SocketStream(InFlight):
                 self.see(orjson.loads(ws.recv(HANG_GUARD)))
 
 
-def test_sigterm_finishes_in_flight_responses_and_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_finishes_in_flight_responses_and_loses_nothing(
+    tmp_path: Path, workers: int
+) -> None:
     acknowledged: dict[str, dict[str, Any]] = {}
-    with served(tmp_path) as server:
+    with served(tmp_path, workers) as server:
         with httpx.Client(base_url=server.url, headers=AUTH, timeout=HANG_GUARD) as http:
             for n in range(5):
                 reply = http.post("/v1/responses", json={"model": "sim", "input": f"quick {n}"})
@@ -176,8 +187,9 @@ def test_sigterm_finishes_in_flight_responses_and_loses_nothing(tmp_path: Path) 
                 "/v1/responses", json={"model": "sim", "input": "zdr", "store": False}
             ).json()["id"]
 
+        # With two workers the kernel spreads the connections over both.
         in_flight: list[InFlight] = [HttpStream(server.url, n) for n in range(3)]
-        in_flight.append(SocketStream(server.url))
+        in_flight += [SocketStream(server.url) for _ in range(workers)]
         for stream in in_flight:
             stream.start()
         for stream in in_flight:

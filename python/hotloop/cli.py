@@ -22,7 +22,6 @@ from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
 from hotloop.protocol import ConnectionLimits
-from hotloop.shutdown import Server
 from hotloop.transport import App
 from hotloop.transport.frames import FrameSendingProtocol
 from hotloop.transport.http import HttpApi
@@ -177,15 +176,13 @@ def serve(config: ServerConfig) -> None:
         # oversize frame with an `error` event; beyond that the socket closes (1009).
         ws_max_size=2 * config.max_frame_bytes,
         ws_per_message_deflate=config.websocket_deflate,
+        # On SIGTERM/SIGINT in-flight responses get this long (hotloop.shutdown).
+        timeout_graceful_shutdown=config.drain_timeout,
     )
     if config.workers > 1:
-        # uvicorn's supervisor builds its own Server per worker: on shutdown open
-        # WebSockets close with 1012 at once (the store is still flushed).
         uvicorn.run("hotloop.cli:create_app", **options)
         return
-    server = Server(
-        uvicorn.Config("hotloop.cli:create_app", **options), drain_deadline=config.drain_timeout
-    )
+    server = uvicorn.Server(uvicorn.Config("hotloop.cli:create_app", **options))
     # After a graceful shutdown uvicorn restores the previous SIGTERM/SIGINT handlers and
     # raises the signal again; the drain has run by then, so that ends in exit status 0.
     for sig in (signal.SIGTERM, signal.SIGINT):

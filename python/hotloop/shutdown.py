@@ -1,17 +1,20 @@
 """Graceful shutdown: on SIGTERM/SIGINT stop accepting, let in-flight responses finish
 up to a deadline, then close connections and flush the store.
 
-Owns `Drain` (the count of in-flight responses, and the switch that refuses new ones;
-`Drain.engine` wraps the engine so that every generation, over either transport, is
-one in-flight response) and `Server`, a uvicorn server whose shutdown drains before
-uvicorn closes sockets: plain uvicorn closes every WebSocket with 1012 at once, which
-would cut responses in the middle. The order is:
+Owns `Drain`: the count of in-flight responses, and the switch that refuses new ones
+(`Drain.engine` wraps the engine so that every generation, over either transport, is one
+in-flight response). uvicorn's own shutdown does the rest, in every process (one, or each
+worker of `--workers N`), with `timeout_graceful_shutdown` set to the drain deadline:
 
 1. stop listening (new connections are refused by the kernel);
-2. refuse new responses on open connections (`ShuttingDown`, 503);
-3. wait until no response is in flight, or the deadline passes;
-4. uvicorn's own shutdown: close connections, then the ASGI lifespan shutdown, where
-   the app closes its store (`Store.close` flushes the background writer).
+2. ask every connection to shut down: an HTTP connection finishes the response it is
+   sending and closes; a WebSocket (`hotloop.transport.frames.FrameSendingProtocol`)
+   refuses new responses (`ShuttingDown`: `response.failed`, 503), waits until no
+   response of the process is in flight or the deadline passes, then closes with 1012
+   (plain uvicorn would close it with 1012 at once, cutting responses in the middle);
+3. wait for the connections to close, up to the deadline;
+4. the ASGI lifespan shutdown, where the app closes its store (`Store.close` flushes
+   the background writer).
 
 Every response whose terminal event was sent was put to the store before the terminal
 event returned, so step 4 persists all of them.
@@ -21,11 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING
-
-import uvicorn
 
 from hotloop.engines.base import EngineError, close_stream
 
@@ -54,6 +54,7 @@ class Drain:
     def __init__(self) -> None:
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
+        self._late = False
         self.draining = False
 
     @property
@@ -79,14 +80,24 @@ class Drain:
 
     async def wait(self, deadline: float) -> bool:
         """Refuse new responses from now on and wait up to `deadline` seconds for the
-        in-flight ones. True if all finished."""
+        in-flight ones. True if all finished. Every connection of the process waits
+        here at shutdown: the first starts the drain, the others join it."""
         self.draining = True
         if self._in_flight == 0:
             return True
-        self._idle = asyncio.Event()
+        if self._idle is None:
+            log.info("draining %d in-flight responses", self._in_flight)
+            self._idle = asyncio.Event()
         try:
             await asyncio.wait_for(self._idle.wait(), deadline)
         except asyncio.TimeoutError:
+            if not self._late:
+                self._late = True
+                log.warning(
+                    "%d responses still running after %.1fs; closing their connections",
+                    self._in_flight,
+                    deadline,
+                )
             return False
         return True
 
@@ -166,32 +177,9 @@ class _InFlight:
             self._drain.release()
 
 
-class Server(uvicorn.Server):
-    """uvicorn's server with a drain step before its shutdown. The ASGI app exposes its
-    `Drain` as `app.drain` (found through uvicorn's middleware wrappers), so this also
-    works with `--workers N`, where each worker process loads its own app."""
-
-    def __init__(self, config: uvicorn.Config, *, drain_deadline: float = 30.0) -> None:
-        super().__init__(config)
-        self.drain_deadline = drain_deadline
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        for server in self.servers:
-            server.close()
-        drain = _find_drain(self.config.loaded_app)
-        if drain is not None and not self.force_exit:
-            if drain.in_flight:
-                log.info("draining %d in-flight responses", drain.in_flight)
-            if not await drain.wait(self.drain_deadline):
-                log.warning(
-                    "%d responses still running after %.1fs; closing their connections",
-                    drain.in_flight,
-                    self.drain_deadline,
-                )
-        await super().shutdown(sockets)
-
-
-def _find_drain(app: object) -> Drain | None:
+def find_drain(app: object) -> Drain | None:
+    """The `Drain` of an ASGI app as uvicorn holds it (`app.drain`, under uvicorn's
+    wrappers)."""
     # uvicorn wraps the app (proxy headers, message logging); each wrapper keeps the
     # inner app as `.app`.
     for _ in range(8):
@@ -204,4 +192,4 @@ def _find_drain(app: object) -> Drain | None:
     return None
 
 
-__all__ = ["Drain", "Server", "ShuttingDown"]
+__all__ = ["Drain", "ShuttingDown", "find_drain"]

@@ -77,7 +77,7 @@ class App:
         self.connections = 0
         self._http = http
         self._observer = observer
-        # Store, usage, metrics and the shutdown drain (`hotloop.shutdown.Server`
+        # Store, usage, metrics and the shutdown drain (`hotloop.shutdown.find_drain`
         # finds `drain` here).
         self.ledger = ledger
         self.drain = None if ledger is None else ledger.drain

@@ -15,6 +15,10 @@ The extension is offered only when the connection negotiated no WebSocket extens
 header and payload (RFC 6455 5.2, unmasked, no RSV bits). The handshake, reading,
 pings and the close stay uvicorn's; an app that does not look for the extension (or a
 server that is not hotloop's CLI) uses `websocket.send` as usual.
+
+It also drains at shutdown (see `hotloop.shutdown`): uvicorn asks each connection to
+shut down, and plain uvicorn closes a WebSocket with 1012 at once; this one first lets
+the process's in-flight responses finish, up to uvicorn's graceful-shutdown timeout.
 """
 
 from __future__ import annotations
@@ -27,7 +31,12 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.http11 import Request
 from websockets.protocol import State
 
+from hotloop.shutdown import Drain, find_drain
 from hotloop.transport.asgi import SEND_FRAMES
+
+# How long a WebSocket waits for in-flight responses at shutdown when uvicorn was given
+# no graceful-shutdown timeout (hotloop's CLI gives it `--drain-timeout`).
+DRAIN_DEADLINE = 30.0
 
 _SHORT = struct.Struct("!BB")
 _MEDIUM = struct.Struct("!BBH")
@@ -70,3 +79,17 @@ class FrameSendingProtocol(WebSocketsSansIOProtocol):
             parts.append(text_frame_header(len(payload)))
             parts.append(payload)
         self.transport.writelines(parts)
+
+    def shutdown(self) -> None:
+        drain = find_drain(self.app)
+        if drain is None or not drain.in_flight or not self.handshake_complete:
+            super().shutdown()
+            return
+        task = self.loop.create_task(self._shutdown_drained(drain))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _shutdown_drained(self, drain: Drain) -> None:
+        await drain.wait(self.config.timeout_graceful_shutdown or DRAIN_DEADLINE)
+        if not self.transport.is_closing():
+            super().shutdown()
