@@ -17,8 +17,10 @@
 4. The server's own streaming path, measured inside the server: its sampled thread-CPU
    clock around every 8th engine batch, from the batch's ids to its frames written
    (output parser, events, frames, the write system call), read from /metrics
-   (`hotloop_stream_sampled_*`, see `hotloop.metrics.StreamCpu`). No subtraction: the
-   engine's hand-over (the loop waking up for the batch) is outside it.
+   (`hotloop_stream_sampled_*`, see `hotloop.metrics.StreamCpu`). No subtraction. The
+   same samples give the thread's CPU between the previous batch's frames written and
+   the batch's arrival: the engine's hand-over (the loop waking for the batch, the
+   sim's own pacing code), measured where it runs instead of in another process.
 5. The kernel's part of a frame: the CPU one `send` of a delta frame costs the sending
    thread over loopback TCP, one send per millisecond as the server sends one frame per
    wake-up (on loopback the client's TCP receive runs inside the sender's call too).
@@ -220,21 +222,24 @@ class Served:
             if frame["type"] in TERMINAL:
                 return frame, frames
 
-    def sampled(self) -> tuple[float, float]:
-        """The server's sampled streaming CPU seconds and tokens (`StreamCpu`)."""
+    def sampled(self) -> tuple[float, float, float]:
+        """The server's sampled streaming CPU seconds, CPU seconds between batches and
+        tokens (`StreamCpu`)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.server.port}/metrics") as reply:
             lines = reply.read().decode().splitlines()
         values = dict(line.rsplit(" ", 1) for line in lines if line.startswith("hotloop_stream"))
         return (
             float(values["hotloop_stream_sampled_cpu_seconds_total"]),
+            float(values["hotloop_stream_sampled_between_cpu_seconds_total"]),
             float(values["hotloop_stream_sampled_tokens_total"]),
         )
 
-    def measure(self) -> tuple[float, float, float, float, float]:
+    def measure(self) -> tuple[float, float, float, float, float, float]:
         """CPU microseconds per token, the share of it in user mode, frames per token,
-        tokens/s, and the server's own sampled microseconds per token."""
+        tokens/s, and the server's sampled microseconds per token: its own streaming
+        path, and between batches (the engine's hand-over)."""
         pid = self.server.process.pid
-        cpu_sampled0, tokens_sampled0 = self.sampled()
+        cpu_sampled0, between0, tokens_sampled0 = self.sampled()
         (user0, system0, cpu0), wall0 = process_cpu(pid), time.perf_counter()
         tokens = frames = 0
         for _ in range(TURNS):
@@ -243,14 +248,16 @@ class Served:
             tokens += last["response"]["usage"]["output_tokens"]
             frames += n
         (user1, system1, cpu1), wall1 = process_cpu(pid), time.perf_counter()
-        cpu_sampled1, tokens_sampled1 = self.sampled()
+        cpu_sampled1, between1, tokens_sampled1 = self.sampled()
+        sampled_tokens = tokens_sampled1 - tokens_sampled0
         ticks = (user1 - user0) + (system1 - system0)
         return (
             (cpu1 - cpu0) / tokens * 1e6,
             (user1 - user0) / ticks if ticks else 1.0,
             frames / tokens,
             tokens / (wall1 - wall0),
-            (cpu_sampled1 - cpu_sampled0) / (tokens_sampled1 - tokens_sampled0) * 1e6,
+            (cpu_sampled1 - cpu_sampled0) / sampled_tokens * 1e6,
+            (between1 - between0) / sampled_tokens * 1e6,
         )
 
     def close(self) -> None:
@@ -293,10 +300,10 @@ def main() -> None:
                 rounds.append((*served.measure(), *uvloop.run(pacing(rate, words))))
         finally:
             served.close()
-        total, user_share, frames, achieved, sampled, paced, per_wake = (
-            median(r[i] for r in rounds) for i in range(7)
+        total, user_share, frames, achieved, sampled, between, paced, per_wake = (
+            median(r[i] for r in rounds) for i in range(8)
         )
-        own = median(r[0] - r[5] for r in rounds)
+        own = median(r[0] - r[6] for r in rounds)
         kernel = median(loopback_send(DELTA_FRAME, 1000) for _ in range(args.rounds))
         print(
             f"  {rate:6.0f} tokens/s (achieved {achieved:.0f}): {total:6.2f} us "
@@ -306,6 +313,8 @@ def main() -> None:
             f"{own / BUDGET_US:.2f}x the {BUDGET_US:.0f} us budget ({own / frames:.1f} us/frame)\n"
             f"    server's own (sampled in the server, batch to frames written): {sampled:6.2f} us"
             f" = {sampled / BUDGET_US:.2f}x the budget ({sampled / frames:.1f} us/frame)\n"
+            f"    between batches, in the server (the engine's hand-over and the sim's code):"
+            f" {between:6.2f} us ({between / frames:.1f} us/frame)\n"
             f"    of which the kernel's loopback TCP send of a frame: {kernel:.1f} us per frame "
             f"= {kernel * frames:.2f} us"
         )

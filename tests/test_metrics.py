@@ -39,8 +39,8 @@ def test_exposition_is_well_formed_and_counts() -> None:
     metrics.store_pending = lambda: 4
     metrics.cache_counts = lambda: (5, 2, 3)
     usage.record("key_abc", input_tokens=10, cached_tokens=4, output_tokens=5)
-    metrics.stream_cpu.add(0.0005, 40)
-    metrics.stream_cpu.add(0.00025, 4)
+    metrics.stream_cpu.add(0.0005, 0.001, 40)
+    metrics.stream_cpu.add(0.00025, 0.0005, 4)
 
     text = metrics.render()
     assert text.endswith("\n")
@@ -57,6 +57,7 @@ def test_exposition_is_well_formed_and_counts() -> None:
     assert got["hotloop_cache_evictions_total"] == 3
     assert got['hotloop_usage_tokens_total{key="key_abc",kind="cached"}'] == 4
     assert got["hotloop_stream_sampled_cpu_seconds_total"] == 0.00075
+    assert got["hotloop_stream_sampled_between_cpu_seconds_total"] == 0.0015
     assert got["hotloop_stream_sampled_tokens_total"] == 44
 
     # Buckets are cumulative and end at +Inf = count.

@@ -134,4 +134,4 @@ async def test_every_eighth_batch_adds_its_cpu_and_tokens() -> None:
     batches = -(-len(session.ids) // 3)
     # Every batch is 3 ids but the last; the loop ends at the stop token's batch.
     assert stream_cpu.tokens == 3 * (batches // StreamCpu.EVERY)
-    assert stream_cpu.cpu_seconds > 0
+    assert stream_cpu.cpu_seconds > 0 and stream_cpu.between_seconds >= 0

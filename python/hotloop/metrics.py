@@ -160,9 +160,13 @@ class StreamCpu:
     `EVERY`th engine batch of a response the socket reads its thread's CPU clock before
     handing the batch to the connection and after its frames are written (output
     parser, events, frames, the write syscall), and adds the difference and the
-    batch's tokens here. Their ratio is the per-token cost the design's budget is about;
-    the engine's hand-over (the event loop waking for the batch) is outside it. A
-    sample taken while the client is behind can include other tasks' work.
+    batch's tokens here. Their ratio is the per-token cost the design's budget is about.
+
+    It also adds the thread's CPU between the previous batch's frames written and this
+    batch's arrival (`between_seconds`): the engine's hand-over, the event loop waking
+    for the batch, and an in-process engine's own code (the sim's pacing). That share
+    is the engine's; with other connections streaming it also holds their work. A
+    sample taken while the client is behind can include other tasks' work too.
 
     Sampling keeps the clock reads (system calls) off most batches."""
 
@@ -170,10 +174,12 @@ class StreamCpu:
 
     def __init__(self) -> None:
         self.cpu_seconds = 0.0
+        self.between_seconds = 0.0
         self.tokens = 0
 
-    def add(self, cpu_seconds: float, tokens: int) -> None:
+    def add(self, cpu_seconds: float, between_seconds: float, tokens: int) -> None:
         self.cpu_seconds += cpu_seconds
+        self.between_seconds += between_seconds
         self.tokens += tokens
 
 
@@ -267,6 +273,13 @@ class Metrics:
             "counter",
             "Thread CPU of the sampled streaming batches (engine ids to frames written).",
             self.stream_cpu.cpu_seconds,
+        )
+        lines += _scalar(
+            "hotloop_stream_sampled_between_cpu_seconds_total",
+            "counter",
+            "Thread CPU before each sampled batch since the previous batch's frames were"
+            " written (the engine's hand-over).",
+            self.stream_cpu.between_seconds,
         )
         lines += _scalar(
             "hotloop_stream_sampled_tokens_total",

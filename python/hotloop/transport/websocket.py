@@ -172,19 +172,22 @@ class Socket:
         key = work.key
         stream_cpu = self._stream_cpu
         batches = 0
+        start = written = 0.0  # thread CPU clock: the sampled batch, the batch before it
         ids_stream: AsyncIterator[list[int]] | None = None
         try:
             ids_stream = self._session.generate(work.prompt, work.sampling)
             async for ids in ids_stream:
                 batches += 1
-                sampled = batches % StreamCpu.EVERY == 0
-                if sampled:
+                phase = batches % StreamCpu.EVERY
+                if phase == 0:
                     start = time.thread_time()
                 more = connection.engine_output(key, ids)
                 self._dispatch()
                 await self._flush()
-                if sampled:
-                    stream_cpu.add(time.thread_time() - start, len(ids))
+                if phase == 0:
+                    stream_cpu.add(time.thread_time() - start, start - written, len(ids))
+                elif phase == StreamCpu.EVERY - 1:
+                    written = time.thread_time()
                 if not more:
                     break
                 # Backpressure: the engine waits while the client is behind.
