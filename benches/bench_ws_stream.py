@@ -47,6 +47,7 @@ import orjson
 import uvloop
 from hotloop._core import ChatFormat, Conversation, Prompt, parse_request
 from hotloop.bench.proc import ServerProcess
+from hotloop.bench.scripted import ScriptedClient
 from hotloop.engines.base import Sampling
 from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
@@ -109,26 +110,18 @@ async def in_process(ids: list[int], batch: int, pause: float = 0.0) -> tuple[fl
         model="sim",
         cache=ConnectionCache(1 << 30, CacheBudget(1 << 30)),
     )
-    done = asyncio.Event()
+    client = ScriptedClient(orjson.dumps({"type": "response.create", "input": "go"}).decode())
     frames = 0
 
     async def send(message: Message) -> None:
         nonlocal frames
         frames += 1
         if '"response.completed"' in message.get("text", ""):
-            done.set()
-
-    pending = [orjson.dumps({"type": "response.create", "input": "go"}).decode()]
-
-    async def receive() -> Message:
-        if pending:
-            return {"type": "websocket.receive", "text": pending.pop()}
-        await done.wait()
-        return {"type": "websocket.disconnect", "code": 1000}
+            client.finish()
 
     socket_ = Socket(connection, Steps(ids, batch, pause), send, high_water=1 << 24, lifetime=3600)
     start = time.process_time()
-    await socket_.run(receive)
+    await socket_.run(client.receive)
     spent = time.process_time() - start
     return spent / len(ids) * 1e6, frames / len(ids)
 

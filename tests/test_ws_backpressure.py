@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 from hotloop._core import ChatFormat, Prompt
+from hotloop.bench.scripted import ScriptedClient
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
 from hotloop.engines.sim import SimScript, SimSpeed
@@ -56,25 +57,17 @@ async def test_slow_reader_pauses_generation_and_memory_stays_bounded() -> None:
     )
     reading = asyncio.Event()  # the client starts reading when this is set
     sent: list[str] = []
-    disconnect = asyncio.Event()
+    client = ScriptedClient(orjson.dumps({"type": "response.create", "input": "go"}).decode())
 
     async def send(message: Message) -> None:
         await reading.wait()
         sent.append(message["text"])
         if '"response.completed"' in message["text"]:
-            disconnect.set()
-
-    frames = [orjson.dumps({"type": "response.create", "input": "go"}).decode()]
-
-    async def receive() -> Message:
-        if frames:
-            return {"type": "websocket.receive", "text": frames.pop()}
-        await disconnect.wait()
-        return {"type": "websocket.disconnect", "code": 1000}
+            client.finish()
 
     socket = Socket(connection, session, send, high_water=HIGH_WATER, lifetime=3600)
     session.socket = socket
-    run = asyncio.create_task(socket.run(receive))
+    run = asyncio.create_task(socket.run(client.receive))
     await socket.paused.wait()
     # Paused well before the end of the answer, with a bounded outbox.
     assert session.yielded < len(LONG) // 4

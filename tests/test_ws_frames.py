@@ -5,12 +5,12 @@ ready together go out in one write."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Prompt
+from hotloop.bench.scripted import ScriptedClient
 from hotloop.engines.base import Sampling
 from hotloop.metrics import StreamCpu
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
@@ -88,21 +88,13 @@ async def one_turn(session: InBatches, stream_cpu: StreamCpu | None = None) -> l
         cache=ConnectionCache(1 << 30, CacheBudget(1 << 30)),
     )
     sends: list[list[bytes]] = []
-    done = asyncio.Event()
+    client = ScriptedClient(orjson.dumps({"type": "response.create", "input": "go"}).decode())
 
     async def send(message: Message) -> None:
         assert message["type"] == SEND_FRAMES
         sends.append(message["frames"])
         if any(b'"response.completed"' in frame for frame in message["frames"]):
-            done.set()
-
-    pending = [orjson.dumps({"type": "response.create", "input": "go"}).decode()]
-
-    async def receive() -> Message:
-        if pending:
-            return {"type": "websocket.receive", "text": pending.pop()}
-        await done.wait()
-        return {"type": "websocket.disconnect", "code": 1000}
+            client.finish()
 
     socket = Socket(
         connection,
@@ -113,7 +105,7 @@ async def one_turn(session: InBatches, stream_cpu: StreamCpu | None = None) -> l
         send_frames=True,
         stream_cpu=stream_cpu,
     )
-    await socket.run(receive)
+    await socket.run(client.receive)
     return sends
 
 
