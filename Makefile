@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ENGINE ?= llama
 
-.PHONY: all venv develop native serve test test-rust test-python lint bench bench-ci clean
+.PHONY: all venv develop native haproxy serve test test-rust test-python lint bench bench-ci clean
 
 all: develop
 
@@ -26,13 +26,19 @@ develop: venv
 native: develop
 	$(BIN)/python -m hotloop.native_deps
 
+# HAProxy, for the multi-node tests and deploy/run-local.sh: Debian's package, installed
+# when missing (CI runs as root on a clean machine).
+haproxy:
+	@test -x /usr/sbin/haproxy || command -v haproxy >/dev/null 2>&1 || \
+		(apt-get update -qq && apt-get install -y -qq haproxy)
+
 serve: develop native
 	$(BIN)/hotloop serve --host $(HOST) --port $(PORT) --engine $(ENGINE)
 
 test-rust:
 	cargo test --manifest-path rust/Cargo.toml
 
-test-python: develop native
+test-python: develop native haproxy
 	$(BIN)/pytest -q
 
 test: test-rust test-python

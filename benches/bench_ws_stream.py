@@ -77,7 +77,9 @@ class Steps:
         self.batch = batch
         self.pause = pause
 
-    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+    async def generate(
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
+    ) -> AsyncIterator[list[int]]:
         for at in range(0, len(self.ids), self.batch):
             yield self.ids[at : at + self.batch]
             await asyncio.sleep(self.pause)  # the engine's pacing, as in the sim

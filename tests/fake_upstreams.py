@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 import uvicorn
+from hotloop.bench.replica import request_body
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -40,6 +41,8 @@ class FakeUpstream:
     kind: str  # "vllm" | "sglang"
     script: Script = field(default_factory=Script)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    session_ids: list[str | None] = field(default_factory=list)
+    """The `x-session-id` header of each request in `requests`."""
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     model_lookups: int = 0
     url: str = ""
@@ -57,14 +60,10 @@ class FakeUpstream:
         if scope["method"] != "POST" or scope["path"] != expected:
             await _respond(send, 404, b'{"detail":"Not Found"}')
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        request = orjson.loads(body)
+        request = orjson.loads(await request_body(receive))
         self.requests.append(request)
+        session = dict(scope["headers"]).get(b"x-session-id")
+        self.session_ids.append(None if session is None else session.decode())
         if self.script.status != 200:
             # vLLM's ErrorResponse shape; SGLang answers errors the same way.
             error = {

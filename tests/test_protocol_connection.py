@@ -131,7 +131,7 @@ def test_a_miss_rebuilt_into_the_cache_continues() -> None:
     assert errors(client.create("again", previous_response_id=first["id"])) == [
         "previous_response_not_found"
     ]
-    client.cache.put(first["id"], checkpoint, None)
+    client.cache.put(first["id"], checkpoint, None, first["id"])
     assert client.turn("again", previous_response_id=first["id"])["type"] == "response.completed"
 
 
@@ -352,3 +352,46 @@ def test_cache_leaves_the_global_budget_when_the_socket_closes() -> None:
     client.pump()
     client.conn.connection_lost()
     assert client.budget.used_bytes == 0 and len(client.cache) == 0
+
+
+def test_every_turn_of_a_chain_routes_by_its_root() -> None:
+    client = Client()
+    client.create("first")
+    (work,) = client.generating.values()
+    first = client.finish()[-1]["response"]["id"]
+    # A new chain is named by its own first response.
+    assert work.route_key == first
+    second = client.turn("second", previous_response_id=first)["response"]["id"]
+    for parent in (second, first):  # a continuation, then a fork from the root
+        client.create("again", previous_response_id=parent)
+        (work,) = client.generating.values()
+        assert work.route_key == first
+        client.finish()
+
+
+def test_a_rebuilt_chain_keeps_the_root_it_was_stored_under() -> None:
+    client = Client()
+    first = client.turn()["response"]
+    checkpoint = client.observer.done[0].checkpoint
+    assert checkpoint is not None
+    client.cache.evict(first["id"])
+    client.cache.put(first["id"], checkpoint, None, "resp_root")
+    client.create("again", previous_response_id=first["id"])
+    (work,) = client.generating.values()
+    assert work.route_key == "resp_root"
+
+
+def test_a_session_header_names_every_conversation_of_the_connection() -> None:
+    cache = ConnectionCache(1 << 30, CacheBudget(1 << 30))
+    client = ConnectionDriver(
+        Connection(
+            chat_format=FORMAT,
+            context_window=1 << 20,
+            model="sim",
+            cache=cache,
+            session_key="codex-session-1",
+        )
+    )
+    client.create("one")
+    client.create("two", stream_id="side")
+    assert {w.route_key for w in client.generating.values()} == {"codex-session-1"}

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 KEY = "sk-drain"
@@ -27,6 +28,7 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 # Slow enough that a response is still streaming when the signal arrives.
 LONG_TEXT = " ".join(f"word{i}" for i in range(150))
 READY = "Application startup complete"
+BOUND = "Uvicorn running on"
 HANG_GUARD = 120.0  # seconds; only bounds a broken run, never part of what is checked
 
 
@@ -40,7 +42,7 @@ def free_port() -> int:
 class Served:
     """A `hotloop serve` process whose log is drained by a thread (a full pipe would
     block the server); `ready` is set once uvicorn reports startup complete in every
-    worker."""
+    worker and its socket bound."""
 
     def __init__(self, data_dir: Path, workers: int) -> None:
         self.workers = workers
@@ -82,11 +84,14 @@ class Served:
 
     def _read(self) -> None:
         assert self.process.stderr is not None
-        started = 0
+        # Ready: every worker started its application and the socket is bound (one
+        # process binds after its startup, a supervisor before it forks).
+        started, bound = 0, False
         for line in self.process.stderr:
             self.log.append(line)
             started += READY in line
-            if started == self.workers:
+            bound = bound or BOUND in line
+            if bound and started == self.workers:
                 self.ready.set()
         self.ready.set()  # exited: let the waiter see it
 
@@ -216,3 +221,25 @@ def test_sigterm_finishes_in_flight_responses_and_loses_nothing(
             assert stored.status_code == 200, response_id
             assert stored.json() == response
         assert http.get(f"/v1/responses/{forgotten}").status_code == 404
+
+
+def test_sigterm_closes_an_idle_websocket_at_once_and_a_busy_one_after_its_response(
+    tmp_path: Path,
+) -> None:
+    # Behind a load balancer, an idle client must reconnect elsewhere at once: left open
+    # until the other connections' responses end, it would send its next request to a
+    # server that refuses it.
+    with served(tmp_path) as server:
+        busy = SocketStream(server.url)
+        busy.start()
+        assert busy.started.wait(HANG_GUARD)
+        ws_url = server.url.replace("http://", "ws://") + "/v1/responses"
+        with connect(ws_url, additional_headers=AUTH) as idle:
+            server.process.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed) as closed:
+                idle.recv(HANG_GUARD)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+            assert busy.terminal is None, "the idle socket waited for the busy one"
+        busy.join(HANG_GUARD)
+        assert busy.terminal is not None and busy.terminal["type"] == "response.completed"
+        assert server.stop() in (0, -signal.SIGTERM)

@@ -36,7 +36,9 @@ class Firehose:
         self.largest_outbox = 0
         self.socket: Socket | None = None
 
-    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+    async def generate(
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
+    ) -> AsyncIterator[list[int]]:
         for token in LONG:
             assert self.socket is not None
             self.largest_outbox = max(self.largest_outbox, self.socket.outbox_bytes)
@@ -101,9 +103,11 @@ class Watched:
             self.owner = owner
             self.inner = owner.inner.session()
 
-        async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+        async def generate(
+            self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
+        ) -> AsyncIterator[list[int]]:
             try:
-                async for ids in self.inner.generate(prompt, sampling):
+                async for ids in self.inner.generate(prompt, sampling, route_key):
                     self.owner.tokens += len(ids)
                     yield ids
             finally:

@@ -70,7 +70,9 @@ class InBatches:
         self.ids = FORMAT.completion_tokens(text=text)
         self.size = size
 
-    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+    async def generate(
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
+    ) -> AsyncIterator[list[int]]:
         for at in range(0, len(self.ids), self.size):
             yield self.ids[at : at + self.size]
 

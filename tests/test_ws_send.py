@@ -22,7 +22,9 @@ LONG = FORMAT.completion_tokens(text="token " * 200)
 class OneAtATime:
     """An engine session that yields one token per step."""
 
-    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+    async def generate(
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
+    ) -> AsyncIterator[list[int]]:
         for token in LONG:
             yield [token]
 

@@ -9,6 +9,8 @@ configuration is handed to the worker processes through the environment.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import os
 import signal
 import sys
@@ -54,8 +56,11 @@ def llama_engine(config: ServerConfig) -> Engine:
 
 
 def upstream_engine(config: ServerConfig) -> Engine:
-    if not config.upstream_replicas:
-        raise SystemExit("hotloop: --engine upstream needs --upstream-replicas URL[,URL...]")
+    if not config.upstream_replicas and not config.upstream_router:
+        raise SystemExit(
+            "hotloop: --engine upstream needs --upstream-replicas URL[,URL...] "
+            "or --upstream-router URL"
+        )
     from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
 
     engine: Engine = UpstreamEngine(
@@ -68,6 +73,8 @@ def upstream_engine(config: ServerConfig) -> Engine:
             chat_format=config.upstream_format,
             tokenizer=config.upstream_tokenizer,
             default_system=config.upstream_default_system,
+            routing=config.upstream_routing,
+            router=config.upstream_router,
         )
     )
     return engine
@@ -104,6 +111,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         # An empty data directory means no durable store: store=true is then a no-op.
         data_dir=config.data_dir or None,
     )
+    ledger.metrics.node = config.node
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None
     keys = ApiKeys(config.api_keys)
@@ -150,15 +158,39 @@ def config_env(config: ServerConfig) -> dict[str, str]:
     return env
 
 
+NODE_HEADER = "x-hotloop-node"
+
+
+def log_config(node: str, level: str) -> dict[str, Any]:
+    """uvicorn's logging set-up with the node's name in every line, and hotloop's own
+    loggers on the same handler (they would otherwise print warnings only, unnamed)."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    name = node.replace("%", "%%")
+    for formatter in config["formatters"].values():
+        formatter["fmt"] = formatter["fmt"].replace("%(levelprefix)s", f"%(levelprefix)s {name}")
+    config["loggers"]["hotloop"] = {
+        "handlers": ["default"],
+        # uvicorn's `trace` is below every level hotloop logs at.
+        "level": "DEBUG" if level == "trace" else level.upper(),
+        "propagate": False,
+    }
+    return config
+
+
 def serve(config: ServerConfig) -> None:
     import uvicorn
 
+    # One name for the node, resolved here so that `--workers N` share it.
+    config = dataclasses.replace(config, node_id=config.node)
     os.environ.update(config_env(config))
     base = f"http://{config.host}:{config.port}/v1"
     print(
         f"hotloop: engine {config.engine}, serving {base}\n"
         f"  WebSocket mode: ws://{config.host}:{config.port}/v1/responses\n"
-        f'  OpenAI(base_url="{base}", api_key=...).responses.connect()',
+        f'  OpenAI(base_url="{base}", api_key=...).responses.connect()\n'
+        f"  node {config.node}",
         file=sys.stderr,
         flush=True,
     )
@@ -168,6 +200,9 @@ def serve(config: ServerConfig) -> None:
         port=config.port,
         workers=config.workers,
         log_level=config.log_level,
+        log_config=log_config(config.node, config.log_level),
+        # On every HTTP response and WebSocket upgrade: which node answered.
+        headers=[(NODE_HEADER, config.node)],
         loop="uvloop",
         http="httptools",
         # uvicorn's websockets-sansio protocol, with hotloop's frame-batch extension.

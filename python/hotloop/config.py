@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,25 @@ def _flag(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"expected a boolean (true/false), got {text!r}")
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+NODE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def _node_name(text: str) -> str:
+    # It goes into a response header and a metric label as it is.
+    if not NODE_NAME.fullmatch(text):
+        raise ValueError(f"a node id is 1-128 letters, digits, '_', '.', ':' or '-', got {text!r}")
+    return text
 
 
 def _option(default: Any, help: str, parse: Callable[[str], Any] | None = None) -> Any:
@@ -68,6 +89,12 @@ class ServerConfig:
     )
     workers: int = _option(1, "server processes sharing the port")
     log_level: str = _option("info", "critical, error, warning, info, debug or trace")
+    node_id: str | None = _option(
+        None,
+        "this node's name in log lines, /metrics and the x-hotloop-node response header "
+        "(default: hostname-pid of the serving process)",
+        _node_name,
+    )
     baseline: str | None = _option(
         None,
         "benchmarks only: also render every turn from scratch as a stateless peer does "
@@ -83,6 +110,17 @@ class ServerConfig:
     upstream_dialect: str = _option("vllm", "upstream: vllm, sglang or llamacpp")
     upstream_replicas: tuple[str, ...] = _option(
         (), "upstream: comma-separated base URLs of the replicas", _keys
+    )
+    upstream_routing: str = _option(
+        "rendezvous",
+        "upstream: rendezvous (a conversation goes to the same replica from every node) "
+        "or pinned (each connection to the least used replica; one node)",
+        _one_of("rendezvous", "pinned"),
+    )
+    upstream_router: str | None = _option(
+        None,
+        "upstream: a cluster router's base URL (llm-d, vLLM's or SGLang's router); every "
+        "request goes there with the conversation key in x-session-id",
     )
     upstream_served_model: str | None = _option(
         None, "upstream: the replicas' model name (default: ask them)"
@@ -154,3 +192,8 @@ class ServerConfig:
     @property
     def auth(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def node(self) -> str:
+        """This node's name: `node_id`, or the host name and this process's id."""
+        return self.node_id or f"{socket.gethostname()}-{os.getpid()}"

@@ -90,9 +90,10 @@ class Ledger:
             self._http_caches[owner] = cache
         return cache
 
-    async def restore(self, response_id: str, owner: str | None) -> Checkpoint | None:
+    async def restore(self, response_id: str, owner: str | None) -> tuple[Checkpoint, str] | None:
         """Rebuild a stored chain into a checkpoint (the slow, correct path of a cache
-        miss), or None if the store does not have it for this owner."""
+        miss), with the id of the chain's first response; None if the store does not
+        have it for this owner."""
         if self.store is None:
             return None
         try:
@@ -100,7 +101,10 @@ class Ledger:
         except StoreError as e:
             log.error("cannot load %s from the store: %s", response_id, e.message)
             return None
-        return self._rebuild(response_id, chain)
+        checkpoint = self._rebuild(response_id, chain)
+        if checkpoint is None or chain is None:
+            return None
+        return checkpoint, chain.root
 
     async def warm(self, cache: ConnectionCache, parent: str | None, owner: str | None) -> None:
         """Make `parent` a hit in `cache` when the store can rebuild it. Both transports
@@ -108,9 +112,10 @@ class Ledger:
         await), so the read runs in the store's thread, never on the event loop."""
         if parent is None or parent in cache:
             return
-        checkpoint = await self.restore(parent, owner)
-        if checkpoint is not None:
-            cache.put(parent, checkpoint, None)
+        restored = await self.restore(parent, owner)
+        if restored is not None:
+            checkpoint, root = restored
+            cache.put(parent, checkpoint, None, root)
 
     def _rebuild(self, response_id: str, chain: Chain | None) -> Checkpoint | None:
         if chain is None:

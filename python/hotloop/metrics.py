@@ -19,6 +19,7 @@ Instruments (all names prefixed `hotloop_`):
 - stream_sampled_cpu_seconds_total / stream_sampled_tokens_total: the server's own CPU
   per streamed token, sampled (`StreamCpu`)
 - usage_tokens_total{key,kind} from `Usage`
+- node_info{node}: always 1, names the node (`hotloop serve --node-id`)
 """
 
 from __future__ import annotations
@@ -214,6 +215,8 @@ class Metrics:
         self.cache_counts: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
         self.store_rebuilds = Counter()
         self.stream_cpu = StreamCpu()
+        self.node: str | None = None
+        """The node these metrics come from (`hotloop serve --node-id`)."""
 
     def record_prompt(self, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Account one turn's prompt: what came from the cache, what was rendered."""
@@ -222,6 +225,12 @@ class Metrics:
 
     def render(self) -> str:
         lines: list[str] = []
+        if self.node is not None:
+            lines += [
+                "# HELP hotloop_node_info The node serving these metrics (--node-id).",
+                "# TYPE hotloop_node_info gauge",
+                f'hotloop_node_info{{node="{_escape(self.node)}"}} 1',
+            ]
         lines += _scalar(
             "hotloop_connections", "gauge", "Open WebSocket connections.", self.connections.value
         )

@@ -134,13 +134,15 @@ class _DrainedSession:
         self._session = session
         self._drain = drain
 
-    def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+    def generate(
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
+    ) -> AsyncIterator[list[int]]:
         try:
             self._drain.admit()
         except ShuttingDown as e:
             raise EngineError(e.code, e.message) from e
         try:
-            return _InFlight(self._session.generate(prompt, sampling), self._drain)
+            return _InFlight(self._session.generate(prompt, sampling, route_key), self._drain)
         except BaseException:
             self._drain.release()
             raise

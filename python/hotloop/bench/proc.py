@@ -71,6 +71,21 @@ def free_port() -> int:
         return port
 
 
+def serve_command(port: int, *flags: str) -> list[str]:
+    """`hotloop serve` on 127.0.0.1:`port` with `flags`, run by this interpreter."""
+    return [
+        sys.executable,
+        "-m",
+        "hotloop.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *flags,
+    ]
+
+
 @dataclass
 class ServerProcess:
     """A `hotloop serve` process tree started for one benchmark configuration."""
@@ -91,15 +106,8 @@ class ServerProcess:
         port = free_port()
         # Each server gets its own durable store, removed with it.
         data_dir = tempfile.TemporaryDirectory(prefix="hotloop-bench-data-")
-        args = [
-            sys.executable,
-            "-m",
-            "hotloop.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
+        args = serve_command(
+            port,
             "--workers",
             str(workers),
             "--log-level",
@@ -107,7 +115,7 @@ class ServerProcess:
             "--data-dir",
             data_dir.name,
             *flags,
-        ]
+        )
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         process = subprocess.Popen(
             args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env

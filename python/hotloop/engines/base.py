@@ -40,11 +40,15 @@ class EngineError(Exception):
 class EngineSession(Protocol):
     """One connection's view of an engine."""
 
-    def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+    def generate(
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
+    ) -> AsyncIterator[list[int]]:
         """Stream sampled ids in batches. Stops after a stop token or at
         `max_output_tokens`. Cancelling the consuming task (or `aclose()` on the
         iterator) stops generation promptly. Raises EngineError on failure. The
-        consumer ends every stream with `close_stream`."""
+        consumer ends every stream with `close_stream`. `route_key` names the
+        conversation (the same on every node): an engine with several replicas sends
+        every turn of it to the same one; one that holds its model itself ignores it."""
         ...
 
     async def close(self) -> None: ...

@@ -213,7 +213,9 @@ class LlamaSession:
         if self._last is not None:
             await asyncio.to_thread(self._last.finished.wait)
 
-    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+    async def generate(
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
+    ) -> AsyncIterator[list[int]]:
         runner = self.engine.runner
         ids = prompt.tokens()
         if len(ids) >= runner.context_window:

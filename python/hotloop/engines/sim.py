@@ -258,7 +258,9 @@ class SimSession:
         self._recent[-1].output = list(ids)
         return ids, len(prompt) - cached
 
-    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+    async def generate(
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
+    ) -> AsyncIterator[list[int]]:
         ids, uncached = self.choose(prompt)
         self.prefill_tokens += uncached
         ids = ids[: sampling.max_output_tokens]

@@ -5,13 +5,26 @@ server `POST /completion`), the keep-alive HTTP client, replica choice and healt
 the mapping of upstream failures to `EngineError` codes. It must not see text or items:
 prompts go out as the exact ids of the rendered-token cache, sampled ids come back.
 
-Routing: a session (one client connection) is pinned to one replica, chosen when it
-first generates (fewest pinned sessions among healthy replicas), so every turn of the
-connection lands on the replica whose prefix cache holds its history. A replica that
-fails (connection refused, timeout, 5xx) is marked unhealthy for `cooldown` seconds and
-skipped for new pins; a request that fails before its first token is retried on
-another replica (the session re-pins there); after the first token a failure ends the
-response, since the client has already seen output.
+Routing (`UpstreamConfig.routing`), so that every turn of a conversation lands on the
+replica whose prefix cache holds its history:
+- `rendezvous` (the default): highest-random-weight hashing of the conversation's key
+  (the client's session header, or the root response id of its chain; see
+  `hotloop.protocol.Generate.route_key`) over the healthy replicas. Every hotloop node
+  configured with the same replica URLs sends a conversation to the same replica, with
+  no state shared between nodes; when a replica leaves, only its own conversations move
+  (to their second choice), and they come back when it recovers.
+- `pinned`: each session (one client connection, one HTTP request) is pinned when it
+  first generates to the healthy replica with the fewest pinned sessions. Balanced for
+  one node; a conversation that continues on another node (or over HTTP) lands anywhere.
+- `router` (`UpstreamConfig.router`): every request goes to one cluster router (llm-d,
+  vLLM's router, SGLang's router), which picks the replica itself by scoring
+  prefix-cache hits on the token ids; the conversation key rides along in `x-session-id`.
+A generation without a key (an engine driven directly) routes as `pinned`. The key is
+sent as `x-session-id` in every mode. A replica that fails (connection refused,
+timeout, 5xx) is marked unhealthy for `cooldown` seconds and skipped; a request that
+fails before its first token is retried on the next replica in the same order on every
+node; after the first token a failure ends the response, since the client has already
+seen output.
 
 Error codes (stable): `upstream_unavailable` (no replica answered),
 `upstream_timeout` (no data within the read timeout), `upstream_rejected` (4xx: the
@@ -21,6 +34,7 @@ stream), `upstream_protocol` (a response we cannot parse).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -215,6 +229,13 @@ DIALECTS: dict[str, Dialect] = {
 }
 
 
+SESSION_HEADER = "x-session-id"
+"""The conversation key on requests to the upstream, for routers that keep a
+conversation on the replica holding its prefix."""
+
+ROUTINGS = ("rendezvous", "pinned")
+
+
 @dataclass
 class Replica:
     url: str
@@ -223,9 +244,27 @@ class Replica:
     """The model name the replica reported (vLLM), resolved at its first session."""
     unhealthy_until: float = 0.0
     failures: int = 0
+    _seed: hashlib.blake2b = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Hashing the key after the URL: a copy of this state skips rehashing the URL.
+        self._seed = hashlib.blake2b(self.url.encode() + b"\0", digest_size=8)
 
     def healthy(self, now: float) -> bool:
         return now >= self.unhealthy_until
+
+    def weight(self, key: bytes) -> int:
+        """This replica's rendezvous weight for a conversation key: a hash of URL and
+        key, the same in every process (unlike Python's salted `hash`)."""
+        h = self._seed.copy()
+        h.update(key)
+        return int.from_bytes(h.digest(), "big")
+
+
+def rendezvous(key: str, replicas: Sequence[Replica]) -> Replica:
+    """The replica with the highest weight for `key` (the first when weights tie)."""
+    data = key.encode()
+    return max(replicas, key=lambda r: r.weight(data))
 
 
 @dataclass(frozen=True)
@@ -250,6 +289,10 @@ class UpstreamConfig:
     cooldown: float = 10.0
     max_connections: int = 256
     headers: dict[str, str] = field(default_factory=dict)
+    routing: str = "rendezvous"
+    """`rendezvous` or `pinned` (see the module docstring)."""
+    router: str | None = None
+    """A cluster router's base URL: every request goes there (`replicas` unused)."""
 
 
 class UpstreamEngine:
@@ -259,11 +302,15 @@ class UpstreamEngine:
         if config.dialect not in DIALECTS:
             known = ", ".join(sorted(DIALECTS))
             raise ValueError(f"unknown upstream dialect {config.dialect!r} (known: {known})")
-        if not config.replicas:
-            raise ValueError("an upstream engine needs at least one replica URL")
+        if config.routing not in ROUTINGS:
+            known = ", ".join(ROUTINGS)
+            raise ValueError(f"unknown upstream routing {config.routing!r} (known: {known})")
+        urls = (config.router,) if config.router else config.replicas
+        if not urls:
+            raise ValueError("an upstream engine needs at least one replica URL or a router")
         self.config = config
         self.dialect = DIALECTS[config.dialect]
-        self.replicas = [Replica(url.rstrip("/")) for url in config.replicas]
+        self.replicas = [Replica(url.rstrip("/")) for url in urls]
         self._chat_format = chat_format
         self._client: httpx.AsyncClient | None = None
 
@@ -311,19 +358,30 @@ class UpstreamEngine:
             raise EngineError("upstream_unavailable", "the upstream engine is not started")
         return self._client
 
-    def pin(self, exclude: Sequence[Replica] = ()) -> Replica | None:
-        """The replica for a new session: healthy, fewest sessions; None if all excluded."""
+    def _pool(self, exclude: Sequence[Replica]) -> list[Replica]:
+        """The replicas a request may go to: the healthy ones not excluded; empty if
+        all are excluded."""
         now = time.monotonic()
         candidates = [r for r in self.replicas if r not in exclude]
-        if not candidates:
-            return None
         healthy = [r for r in candidates if r.healthy(now)]
         # With every candidate in cooldown, try the one that failed longest ago rather
         # than refusing: an outage shorter than the cooldown should not fail requests.
-        pool = healthy or sorted(candidates, key=lambda r: r.unhealthy_until)[:1]
+        return healthy or sorted(candidates, key=lambda r: r.unhealthy_until)[:1]
+
+    def pin(self, exclude: Sequence[Replica] = ()) -> Replica | None:
+        """The replica for a new session: healthy, fewest sessions; None if all excluded."""
+        pool = self._pool(exclude)
+        if not pool:
+            return None
         replica = min(pool, key=lambda r: r.sessions)
         replica.sessions += 1
         return replica
+
+    def route(self, key: str, exclude: Sequence[Replica] = ()) -> Replica | None:
+        """The replica for conversation `key`: the rendezvous choice among the healthy
+        ones, the same on every node; None if all are excluded."""
+        pool = self._pool(exclude)
+        return rendezvous(key, pool) if pool else None
 
     def unpin(self, replica: Replica) -> None:
         replica.sessions -= 1
@@ -368,7 +426,8 @@ class _RetryElsewhere(Exception):
 
 
 class UpstreamSession:
-    """One connection's pin to a replica."""
+    """One connection's view of the replicas: its pin (`pinned` routing, or a
+    generation without a conversation key)."""
 
     def __init__(self, engine: UpstreamEngine) -> None:
         self.engine = engine
@@ -376,19 +435,28 @@ class UpstreamSession:
         self.last_timings: dict[str, Any] | None = None
         """The upstream's own timings of the last turn (llama.cpp server only)."""
 
-    async def generate(self, prompt: Prompt, sampling: Sampling) -> AsyncIterator[list[int]]:
+    async def generate(
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
+    ) -> AsyncIterator[list[int]]:
         ids = prompt.tokens()
         tried: list[Replica] = []
         stale_retried = False
         last_error = EngineError("upstream_unavailable", "no upstream replica is configured")
+        headers = {"Content-Type": "application/json"}
+        if route_key is not None:
+            headers[SESSION_HEADER] = route_key
+        rendezvous = self.engine.config.routing == "rendezvous"
         while True:
-            if self.replica is None or self.replica in tried:
-                self._repin(tried)
-            replica = self.replica
+            if route_key is not None and rendezvous:
+                replica = self.engine.route(route_key, tried)
+            else:
+                if self.replica is None or self.replica in tried:
+                    self._repin(tried)
+                replica = self.replica
             if replica is None:
                 raise last_error
             try:
-                async for batch in self._stream(replica, ids, sampling):
+                async for batch in self._stream(replica, ids, sampling, headers):
                     yield batch
                 return
             except _RetryElsewhere as retry:
@@ -405,7 +473,7 @@ class UpstreamSession:
         self.replica = self.engine.pin(exclude)
 
     async def _stream(
-        self, replica: Replica, ids: list[int], sampling: Sampling
+        self, replica: Replica, ids: list[int], sampling: Sampling, headers: dict[str, str]
     ) -> AsyncIterator[list[int]]:
         engine = self.engine
         dialect = engine.dialect
@@ -419,7 +487,7 @@ class UpstreamSession:
                 "POST",
                 replica.url + dialect.path,
                 content=orjson.dumps(body),
-                headers={"Content-Type": "application/json"},
+                headers=headers,
             ) as response:
                 responded = True
                 if response.status_code >= 400:

@@ -17,12 +17,14 @@ from hotloop._core import Checkpoint
 
 @dataclass(frozen=True)
 class CachedResponse:
-    """A finished response's state: where to continue from and which lane made it
-    (a failed continuation on the same lane evicts it; a failed fork does not)."""
+    """A finished response's state: where to continue from, which lane made it (a
+    failed continuation on the same lane evicts it; a failed fork does not), and the
+    id of its chain's first response (the conversation's name on every node)."""
 
     checkpoint: Checkpoint
     lane: str | None
     memory_bytes: int
+    root: str
 
 
 class CacheBudget:
@@ -81,9 +83,9 @@ class ConnectionCache:
             self._budget.touch(response_id)
         return entry
 
-    def put(self, response_id: str, checkpoint: Checkpoint, lane: str | None) -> None:
+    def put(self, response_id: str, checkpoint: Checkpoint, lane: str | None, root: str) -> None:
         size = checkpoint.memory_bytes
-        self._entries[response_id] = CachedResponse(checkpoint, lane, size)
+        self._entries[response_id] = CachedResponse(checkpoint, lane, size, root)
         self.used_bytes += size
         # The newest entry always stays: the response just sent must be continuable.
         while self.used_bytes > self.max_bytes and len(self._entries) > 1:

@@ -68,11 +68,15 @@ RENDER_OFFLOAD_BYTES = 32 * 1024
 @dataclass(frozen=True)
 class Generate:
     """Engine work: stream sampled ids for `prompt`, feeding them to
-    `engine_output(key, ids)`, then call `engine_done(key)` (or `engine_failed`)."""
+    `engine_output(key, ids)`, then call `engine_done(key)` (or `engine_failed`).
+    `route_key` names the conversation the same way on every node: the client's
+    session header when it sent one, otherwise the id of the chain's first response
+    (kept with every cached checkpoint and rebuilt from the store on a miss)."""
 
     key: int
     prompt: Prompt
     sampling: Sampling
+    route_key: str
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,7 @@ class _Active:
     parent: str | None
     evicts_parent: bool
     overhead_ns: int
+    root: str
 
 
 @dataclass
@@ -182,6 +187,8 @@ class _Rendering:
     parent: str | None
     evicts_parent: bool
     start: int
+    root: str | None
+    """The chain's first response id; None for a new chain (it is the new response)."""
     cancelled: bool = False
 
 
@@ -213,8 +220,12 @@ class Connection:
         principal: str | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
         baseline: Baseline | None = None,
+        session_key: str | None = None,
     ) -> None:
+        """`session_key`: the client's session header (`session_id`, `x-session-id`),
+        which routes every turn of the connection as one conversation."""
         self.cache = cache
+        self._session_key = session_key
         self.limits = limits or ConnectionLimits()
         self._format = chat_format
         self._context_window = context_window
@@ -501,6 +512,7 @@ class Connection:
         start = self._clock()
         parent = request.previous_response_id
         evicts_parent = False
+        root = None
         if parent is not None:
             cached = self.cache.get(parent)
             # The transport already tried the store (`Ledger.warm`): a miss here is final.
@@ -511,12 +523,13 @@ class Connection:
             # A continuation on the lane that made the parent consumes it on failure;
             # a fork from another lane must leave the parent to its own lane.
             evicts_parent = cached is not None and cached.lane == lane.name
+            root = cached.root if cached is not None else None
             conversation = checkpoint.fork()
         else:
             conversation = Conversation(
                 self._format, context_window=self._context_window, policy=self._policy
             )
-        rendering = _Rendering(lane, pending, conversation, parent, evicts_parent, start)
+        rendering = _Rendering(lane, pending, conversation, parent, evicts_parent, start, root)
         if request.input_bytes >= RENDER_OFFLOAD_BYTES:
             key = self._next_key
             self._next_key += 1
@@ -557,8 +570,9 @@ class Connection:
             if self._baseline is None
             else self._baseline.render_request(events.response_id, request)
         )
+        root = rendering.root or events.response_id
         if not request.generate:
-            self._warm_up(request, events, conversation, turn, pending, start)
+            self._warm_up(request, events, conversation, turn, pending, start, root)
             return
         key = self._next_key
         self._next_key += 1
@@ -573,6 +587,7 @@ class Connection:
             parent=parent,
             evicts_parent=rendering.evicts_parent,
             overhead_ns=0,
+            root=root,
         )
         prompt = conversation.prompt() if peer_prompt is None else peer_prompt
         budget = self._context_window - len(prompt)
@@ -588,7 +603,7 @@ class Connection:
         self._actions.append(events.lifecycle("response.created", "in_progress"))
         self._actions.append(events.lifecycle("response.in_progress", "in_progress"))
         active.overhead_ns = pending.parse_ns + self._clock() - start
-        self._actions.append(Generate(key, prompt, sampling))
+        self._actions.append(Generate(key, prompt, sampling, self._session_key or root))
 
     def _warm_up(
         self,
@@ -598,6 +613,7 @@ class Connection:
         turn: Turn,
         pending: _Pending,
         start: int,
+        root: str,
     ) -> None:
         """`generate: false`: the state is rendered and cached under a fresh id, with
         an empty output and zero usage."""
@@ -608,7 +624,7 @@ class Connection:
         self._actions.append(
             events.lifecycle("response.completed", "completed", output=[], usage=usage)
         )
-        self.cache.put(events.response_id, checkpoint, events.stream_id)
+        self.cache.put(events.response_id, checkpoint, events.stream_id, root)
         self._report(
             Finished(
                 events.response_id,
@@ -658,7 +674,7 @@ class Connection:
             )
         )
         if checkpoint is not None:
-            self.cache.put(events.response_id, checkpoint, active.lane.name)
+            self.cache.put(events.response_id, checkpoint, active.lane.name, active.root)
         self._report(
             Finished(
                 events.response_id,

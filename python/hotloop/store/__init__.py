@@ -88,6 +88,11 @@ class Chain:
     def head(self) -> StoredResponse:
         return self.responses[-1]
 
+    @property
+    def root(self) -> str:
+        """The id of the chain's first response: the conversation's name."""
+        return self.responses[0].id
+
     def replay(self, conversation: Conversation) -> None:
         """Rebuild the rendered state of `head` into an empty conversation: every turn's
         input items, then its output items. Instructions and tools are not inherited

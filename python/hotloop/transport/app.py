@@ -27,8 +27,16 @@ from hotloop.protocol import (
     ConnectionLimits,
     Observer,
 )
-from hotloop.transport.asgi import SEND_FRAMES, ASGIApp, Message, Receive, Scope, Send
-from hotloop.transport.http import header
+from hotloop.transport.asgi import (
+    CONNECTION_IDLE,
+    SEND_FRAMES,
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+)
+from hotloop.transport.http import header, session_key
 from hotloop.transport.websocket import Socket, deny
 
 log = logging.getLogger("hotloop")
@@ -87,6 +95,11 @@ class App:
             max_queued_bytes=self.config.max_queued_bytes,
         )
         self.baseline = baseline
+        # `hotloop serve` names its node on every response (uvicorn's default headers);
+        # a refused upgrade is answered by the app, which names it here.
+        self._denial_headers = (
+            [(b"x-hotloop-node", self.config.node_id.encode())] if self.config.node_id else []
+        )
 
     @property
     def model(self) -> str:
@@ -134,15 +147,29 @@ class App:
         await receive()  # websocket.connect
         config = self.config
         if route_path(scope) not in RESPONSES_PATHS:
-            await deny(scope, send, 404, "not_found", "WebSocket mode is served on /v1/responses.")
+            await deny(
+                scope,
+                send,
+                self._denial_headers,
+                404,
+                "not_found",
+                "WebSocket mode is served on /v1/responses.",
+            )
             return
         if not config.websocket:
-            await deny(scope, send, 426, "websocket_disabled", "WebSocket mode is off: use HTTP.")
+            await deny(
+                scope,
+                send,
+                self._denial_headers,
+                426,
+                "websocket_disabled",
+                "WebSocket mode is off: use HTTP.",
+            )
             return
         try:
             credential = self.keys.authenticate(header(scope, b"authorization"))
         except AuthError as e:
-            await deny(scope, send, 401, e.code, e.message)
+            await deny(scope, send, self._denial_headers, 401, e.code, e.message)
             return
         key = None if credential is None else credential.key
         await send({"type": "websocket.accept"})
@@ -162,6 +189,7 @@ class App:
             observer=observer,
             baseline=self.baseline,
             principal=key,
+            session_key=session_key(scope),
         )
         socket = Socket(
             connection,
@@ -172,6 +200,7 @@ class App:
             send_frames=SEND_FRAMES in scope.get("extensions", {}),
             stream_cpu=None if self.ledger is None else self.ledger.metrics.stream_cpu,
         )
+        scope[CONNECTION_IDLE] = socket.idle
         self.connections += 1
         if self.ledger is not None:
             self.ledger.metrics.connections_total.inc()

@@ -18,13 +18,18 @@ server that is not hotloop's CLI) uses `websocket.send` as usual.
 
 It also drains at shutdown (see `hotloop.shutdown`): uvicorn asks each connection to
 shut down, and plain uvicorn closes a WebSocket with 1012 at once; this one first lets
-the process's in-flight responses finish, up to uvicorn's graceful-shutdown timeout.
+the connection's in-flight responses finish (the app's `CONNECTION_IDLE`; without it,
+the whole process's), up to uvicorn's graceful-shutdown timeout. An idle connection
+closes at once: its client reconnects (behind a load balancer, to another node) instead
+of sending its next request to a server that would refuse it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import struct
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -32,7 +37,7 @@ from websockets.http11 import Request
 from websockets.protocol import State
 
 from hotloop.shutdown import Drain, find_drain
-from hotloop.transport.asgi import SEND_FRAMES
+from hotloop.transport.asgi import CONNECTION_IDLE, SEND_FRAMES
 
 # How long a WebSocket waits for in-flight responses at shutdown when uvicorn was given
 # no graceful-shutdown timeout (hotloop's CLI gives it `--drain-timeout`).
@@ -85,11 +90,25 @@ class FrameSendingProtocol(WebSocketsSansIOProtocol):
         if drain is None or not drain.in_flight or not self.handshake_complete:
             super().shutdown()
             return
-        task = self.loop.create_task(self._shutdown_drained(drain))
+        # uvicorn types its scope without our key; the app put `Socket.idle` there.
+        idle = cast("Callable[[], Awaitable[None]] | None", self.scope.get(CONNECTION_IDLE))
+        task = self.loop.create_task(self._shutdown_drained(drain, idle))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _shutdown_drained(self, drain: Drain) -> None:
-        await drain.wait(self.config.timeout_graceful_shutdown or DRAIN_DEADLINE)
+    async def _shutdown_drained(
+        self, drain: Drain, idle: Callable[[], Awaitable[None]] | None
+    ) -> None:
+        deadline = self.config.timeout_graceful_shutdown or DRAIN_DEADLINE
+        if idle is None:
+            await drain.wait(deadline)
+        else:
+            # Refuse new responses process-wide (and answer /health with 503), but close
+            # this socket as soon as its own responses are done.
+            drain.draining = True
+            try:
+                await asyncio.wait_for(idle(), deadline)
+            except asyncio.TimeoutError:
+                pass  # the deadline: uvicorn closes what is left, as for the others
         if not self.transport.is_closing():
             super().shutdown()

@@ -191,6 +191,7 @@ class HttpApi:
             observer=exchange,
             principal=principal,
             baseline=self.baseline,
+            session_key=session_key(scope),
         )
         connection.receive_request(request, len(body), time.perf_counter_ns() - start)
         actions = connection.actions()
@@ -249,7 +250,7 @@ class HttpApi:
         session = self.ledger.engine.session()
         stream: AsyncIterator[list[int]] | None = None
         try:
-            stream = session.generate(work.prompt, work.sampling)
+            stream = session.generate(work.prompt, work.sampling, work.route_key)
             async for ids in stream:
                 more = connection.engine_output(work.key, ids)
                 await _emit_frames(connection, emit)
@@ -421,6 +422,22 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
         if key == name:
             return bytes(value)
+    return None
+
+
+# Where clients name their conversation: the OpenAI SDKs' and Codex's session headers.
+SESSION_HEADERS = (b"session_id", b"x-session-id", b"session-id")
+MAX_SESSION_KEY = 256
+
+
+def session_key(scope: Scope) -> str | None:
+    """The client's session header, if it sent one (routing only: it names a
+    conversation for the upstream replicas, it is not a credential). A value longer
+    than `MAX_SESSION_KEY` is not a session name; it is ignored."""
+    for name in SESSION_HEADERS:
+        value = header(scope, name)
+        if value and len(value) <= MAX_SESSION_KEY:
+            return value.decode("latin-1")
     return None
 
 

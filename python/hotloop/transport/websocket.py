@@ -28,12 +28,19 @@ from hotloop.transport.asgi import SEND_FRAMES, Receive, Scope, Send
 log = logging.getLogger("hotloop.websocket")
 
 
-async def deny(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
+async def deny(
+    scope: Scope,
+    send: Send,
+    extra_headers: list[tuple[bytes, bytes]],
+    status: int,
+    code: str,
+    message: str,
+) -> None:
     """Refuse the upgrade with an HTTP status and a JSON error body (when the server
     supports the ASGI denial-response extension; otherwise a plain close, 403)."""
     if "websocket.http.response" in scope.get("extensions", {}):
         body = error_body(code, message, None, status)
-        headers = [(b"content-type", b"application/json")]
+        headers = [(b"content-type", b"application/json"), *extra_headers]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
         await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
@@ -91,6 +98,8 @@ class Socket:
         """Set while generation is paused until the client reads (health and tests)."""
         self._generating: dict[int, asyncio.Task[None]] = {}
         """Engine work and offloaded renders, by key (both end with the socket)."""
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._sending = False
         self._done = False
         """The close frame went out, or the client is gone: nothing more to send."""
@@ -99,6 +108,13 @@ class Socket:
     def outbox_bytes(self) -> int:
         """Bytes of frames waiting for the client."""
         return self._outbox_bytes
+
+    async def idle(self) -> None:
+        """Return once no response of this connection is rendering or generating and
+        every frame it produced has been sent (a draining server closes the socket
+        then, so the client reconnects elsewhere without losing a response)."""
+        while not self._idle.is_set():
+            await self._idle.wait()
 
     async def run(self, receive: Receive) -> None:
         loop = asyncio.get_running_loop()
@@ -115,6 +131,7 @@ class Socket:
                 task.cancel()
             writer.cancel()
             await asyncio.gather(writer, *self._generating.values(), return_exceptions=True)
+            self._idle.set()
             await self._session.close()
 
     # ---------------------------------------------------------------- reading
@@ -153,8 +170,10 @@ class Socket:
             elif isinstance(action, Generate):
                 task = asyncio.create_task(self._generate(action))
                 self._generating[action.key] = task
+                self._idle.clear()
             elif isinstance(action, Render):
                 self._generating[action.key] = asyncio.create_task(self._render(action))
+                self._idle.clear()
             elif isinstance(action, Cancel):
                 stopped = self._generating.pop(action.key, None)
                 if stopped is not None:
@@ -175,7 +194,7 @@ class Socket:
         start = written = 0.0  # thread CPU clock: the sampled batch, the batch before it
         ids_stream: AsyncIterator[list[int]] | None = None
         try:
-            ids_stream = self._session.generate(work.prompt, work.sampling)
+            ids_stream = self._session.generate(work.prompt, work.sampling, work.route_key)
             async for ids in ids_stream:
                 batches += 1
                 phase = batches % StreamCpu.EVERY
@@ -268,6 +287,8 @@ class Socket:
             self._sending = False
             if outbox and not self._done:
                 self._has_output.set()
+            elif not self._generating:
+                self._idle.set()
 
     def _ready_frames(self) -> list[bytes]:
         """The frames at the head of the outbox, up to a close."""
