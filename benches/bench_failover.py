@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import time
@@ -120,25 +121,44 @@ async def continuation(cluster: Cluster, history_tokens: int, samples: int) -> d
 
 
 async def cache_hits_after_node_changes(cluster: Cluster, tag: str) -> dict[str, Any]:
-    """Agents whose every turn goes to the other node; the replicas' cache hits."""
+    """Agents whose every turn goes to the other node; the replicas' cache hits on the
+    turns after the first (a hit: the whole previous prompt of the conversation was in
+    that replica's prefix cache)."""
     hops = [cluster.node_url(name) for name in cluster.nodes]
     agents = [
-        Agent(cluster.url, f"hop{i}", turns=10, session=None, hops=hops[i % 2 :] + hops[: i % 2])
+        Agent(
+            cluster.url,
+            f"hop{i}",
+            turns=10,
+            hops=hops[i % 2 :] + hops[: i % 2],
+            output_bytes=2048,
+        )
         for i in range(6)
     ]
     results = await asyncio.gather(*(agent.run() for agent in agents))
     keys = {key for result in results for key in result.keys}
-    records = [r for r in await replica_prompts(cluster.replica_urls) if r["session"] in keys]
-    # The first turn of a conversation has nothing to hit but the shared prefix.
-    first = {}
-    for record in records:
-        first.setdefault(record["session"], record)
-    later = [r for r in records if r is not first[r["session"]]]
+    by_conversation: dict[str, list[dict[str, Any]]] = {}
+    for record in await replica_prompts(cluster.replica_urls):
+        if record["session"] in keys:
+            turns = by_conversation.setdefault(record["session"], [])
+            if not turns or turns[-1]["hash"] != record["hash"]:  # a retry sends it again
+                turns.append(record)
+    later = [
+        (before, after)
+        for turns in by_conversation.values()
+        for before, after in itertools.pairwise(turns)
+    ]
     return {
         "routing": tag,
-        "turns_after_a_node_change": len(later),
         "finished": sum(r.turns_done == 10 for r in results),
-        "cached_share": sum(r["cached"] for r in later) / max(1, sum(r["tokens"] for r in later)),
+        "turns_after_a_node_change": len(later),
+        "history_hits": sum(after["cached"] >= before["tokens"] for before, after in later)
+        / max(1, len(later)),
+        "prefill_tokens_per_turn": statistics.mean(a["tokens"] - a["cached"] for _, a in later)
+        if later
+        else None,
+        "cached_share": sum(a["cached"] for _, a in later)
+        / max(1, sum(a["tokens"] for _, a in later)),
     }
 
 

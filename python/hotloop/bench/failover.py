@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -85,15 +85,18 @@ class Agent:
         max_attempts: int = 60,
         hops: Sequence[str] = (),
         tool_time: float = 0.0,
+        output_bytes: int = 0,
     ) -> None:
         """`hops`: node URLs to rotate through, one new connection per turn, instead of
         `url` (every turn a node change, for measuring what one costs). `tool_time`:
-        seconds the agent's tool runs before each function call's output is sent."""
+        seconds the agent's tool runs before each function call's output is sent.
+        `output_bytes`: each output is padded to about this size (a test log)."""
         self.hops = [_ws_url(hop) for hop in hops]
         self.ws_url = self.hops[0] if self.hops else _ws_url(url)
         self.turns = turns
         self.stall_timeout = stall_timeout
         self.tool_time = tool_time
+        self.output_bytes = output_bytes
         self.max_attempts = max_attempts
         self.result = AgentResult(name, session)
         if session is not None:
@@ -130,12 +133,11 @@ class Agent:
         ]
         if texts:
             result.final_text = "".join(texts)
+        output = f"{result.name} turn {result.turns_done}: 3 passed, 1 failed\n"
+        line = f"test_case_{result.turns_done} ... ok\n"
+        output += line * max(0, (self.output_bytes - len(output)) // len(line))
         return [
-            {
-                "type": "function_call_output",
-                "call_id": call["call_id"],
-                "output": f"{result.name} turn {result.turns_done}: 3 passed, 1 failed",
-            }
+            {"type": "function_call_output", "call_id": call["call_id"], "output": output}
             for call in calls
         ]
 
@@ -293,7 +295,15 @@ def prompt_sequences(
     return sequences
 
 
-FAULTS = ("none", "kill", "hang", "drain")
+FAULTS = ("none", "kill", "hang", "drain", "store")
+
+
+class StoreServer(Protocol):
+    """The shared store's database server, for the `store` fault (an outage)."""
+
+    def stop(self) -> None: ...
+
+    def start(self) -> None: ...
 
 
 @dataclass
@@ -334,16 +344,22 @@ async def run_scenario(
     agents: int = 6,
     faults: int = 3,
     seed: int = 0,
+    store: StoreServer | None = None,
     **options: Any,
 ) -> Outcome:
     """`agents` conversations through `cluster` while `faults` faults of one kind hit
-    random nodes at random moments (see the module docstring)."""
+    random nodes at random moments (see the module docstring); the `store` fault stops
+    the `store` server for a while instead, `faults` times."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r} (known: {', '.join(FAULTS)})")
     names = [f"agent{i}" for i in range(agents)]
     run = asyncio.ensure_future(run_agents(cluster.url, names, tag, **options))
     outcome = Outcome(fault, [], [], {})
-    if fault != "none":
+    if fault == "store":
+        if store is None:
+            raise ValueError("the store fault needs the store's server")
+        await _outages(store, run, faults, random.Random(seed), outcome)
+    elif fault != "none":
         # Hung for longer than an agent waits for an event.
         hang_for = options.get("stall_timeout", STALL_TIMEOUT) + 1.0
         await _inject(cluster, fault, run, faults, random.Random(seed), outcome, hang_for)
@@ -352,6 +368,24 @@ async def run_scenario(
     records = await replica_prompts(cluster.replica_urls)
     outcome.sequences = prompt_sequences(records, outcome.results)
     return outcome
+
+
+async def _outages(
+    store: StoreServer,
+    run: asyncio.Future[list[AgentResult]],
+    count: int,
+    rng: random.Random,
+    outcome: Outcome,
+) -> None:
+    """Stop the store's server at random moments for 0.5-1.5 s each."""
+    for _ in range(count):
+        await asyncio.wait([run], timeout=rng.uniform(0.2, 0.7))
+        if run.done():
+            return
+        outcome.faults_at.append(time.monotonic())
+        await asyncio.to_thread(store.stop)
+        await asyncio.wait([run], timeout=rng.uniform(0.5, 1.5))
+        await asyncio.to_thread(store.start)
 
 
 async def _inject(
