@@ -414,7 +414,8 @@ class Cluster:
             *store,
             *config.node_flags,
         )
-        return Service(name, args, ready="Application startup complete")
+        # uvicorn says so once the socket is bound (after the application started).
+        return Service(name, args, ready="Uvicorn running on")
 
     @property
     def url(self) -> str:
