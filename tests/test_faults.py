@@ -92,3 +92,19 @@ def test_a_graceful_drain_fails_no_response(cluster: Cluster, control: Outcome) 
     assert len(outcome.faults_at) > 0
     assert outcome.failed == []
     assert_survived(outcome, control)
+
+
+def test_a_node_that_rejoins_takes_traffic_again(cluster: Cluster) -> None:
+    def nodes_used(tag: str) -> set[str]:
+        outcome = asyncio.run(run_scenario(cluster, "none", tag=tag, agents=6, turns=2))
+        assert outcome.failed == [] and outcome.lost == []
+        return {node for result in outcome.results for node in result.nodes}
+
+    node = cluster.nodes["node3"]
+    node.kill()
+    cluster.haproxy.wait_operational("node3", False)
+    assert nodes_used("without-node3") == {"node1", "node2"}
+    node.start()
+    cluster.haproxy.wait_operational("node3", True)
+    # Round robin and session hashing send some of six new conversations to it.
+    assert "node3" in nodes_used("with-node3")
