@@ -9,7 +9,9 @@ configuration is handed to the worker processes through the environment.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -21,8 +23,13 @@ from hotloop.bench.peer import SIM_FORMAT, Peer
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
-from hotloop.protocol import ConnectionLimits
+from hotloop.protocol import ConnectionLimits, QueueMemory
 from hotloop.transport import App
+from hotloop.transport.admission import (
+    AdmittingHttpProtocol,
+    connection_cap,
+    raise_open_files_limit,
+)
 from hotloop.transport.frames import FrameSendingProtocol
 from hotloop.transport.http import HttpApi
 
@@ -97,8 +104,10 @@ def create_app() -> App:
 def build_app(engine: Engine, config: ServerConfig) -> App:
     """The whole server around `engine`: WebSocket mode, the HTTP routes, and the
     ledger (store in `config.data_dir`, usage, metrics, shutdown drain)."""
+    keys = ApiKeys(config.api_keys, config.tenant_label_secret)
     ledger = Ledger(
         engine,
+        keys=keys,
         cache_memory_bytes=config.cache_memory_bytes,
         max_cached_bytes=config.max_cached_bytes,
         # An empty data directory means no durable store: store=true is then a no-op.
@@ -106,7 +115,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
     )
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None
-    keys = ApiKeys(config.api_keys)
+    queue_memory = QueueMemory(config.max_queued_bytes_total, config.max_queued_bytes_per_key)
     http = HttpApi(
         ledger,
         baseline=baseline,
@@ -115,8 +124,17 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         limits=ConnectionLimits(
             max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
         ),
+        queue_memory=queue_memory,
     )
-    return App(ledger.engine, config, http=http, ledger=ledger, baseline=baseline, keys=keys)
+    return App(
+        ledger.engine,
+        config,
+        http=http,
+        ledger=ledger,
+        baseline=baseline,
+        keys=keys,
+        queue_memory=queue_memory,
+    )
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -153,12 +171,17 @@ def config_env(config: ServerConfig) -> dict[str, str]:
 def serve(config: ServerConfig) -> None:
     import uvicorn
 
+    if config.api_keys and not config.tenant_label_secret:
+        # Drawn once here, so every worker labels a tenant the same way.
+        config = dataclasses.replace(config, tenant_label_secret=secrets.token_hex(32))
     os.environ.update(config_env(config))
+    before, after = raise_open_files_limit()
     base = f"http://{config.host}:{config.port}/v1"
     print(
         f"hotloop: engine {config.engine}, serving {base}\n"
         f"  WebSocket mode: ws://{config.host}:{config.port}/v1/responses\n"
-        f'  OpenAI(base_url="{base}", api_key=...).responses.connect()',
+        f'  OpenAI(base_url="{base}", api_key=...).responses.connect()\n'
+        f"  open files: {after} (was {before}); connections: at most {connection_cap(config)}",
         file=sys.stderr,
         flush=True,
     )
@@ -169,7 +192,9 @@ def serve(config: ServerConfig) -> None:
         workers=config.workers,
         log_level=config.log_level,
         loop="uvloop",
-        http="httptools",
+        # httptools with a header deadline and a connection cap (transport/admission.py).
+        http=AdmittingHttpProtocol,
+        timeout_keep_alive=config.keep_alive_timeout,
         # uvicorn's websockets-sansio protocol, with hotloop's frame-batch extension.
         ws=FrameSendingProtocol,
         # Frames up to twice the protocol limit reach the app, which answers an

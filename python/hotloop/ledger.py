@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 
 from hotloop._core import Checkpoint, Conversation, CoreError, Policy
-from hotloop.auth import key_id
+from hotloop.auth import ApiKeys, key_id
 from hotloop.engines.base import Engine
 from hotloop.metrics import Metrics
 from hotloop.protocol import CacheBudget, ConnectionCache, Finished
@@ -42,7 +42,10 @@ class Ledger:
         max_cached_bytes: int,
         data_dir: str | Path | None = None,
         policy: Policy | None = None,
+        keys: ApiKeys | None = None,
     ) -> None:
+        # Usage and metrics name a key by its tenant label, never by its store id.
+        self.keys = keys or ApiKeys()
         self.usage = Usage()
         self.metrics = Metrics(self.usage)
         self.drain = Drain()
@@ -86,7 +89,7 @@ class Ledger:
         One per key: an id never resolves to another key's state."""
         cache = self._http_caches.get(owner)
         if cache is None:
-            cache = ConnectionCache(self._max_cached_bytes, self.budget)
+            cache = ConnectionCache(self._max_cached_bytes, self.budget, owner)
             self._http_caches[owner] = cache
         return cache
 
@@ -147,6 +150,7 @@ class Ledger:
 
     def _book(self, finished: Finished, transport: str) -> None:
         owner = key_id(finished.principal) if finished.principal is not None else None
+        label = self.keys.label(finished.principal)
         usage = finished.usage
         response = orjson.loads(finished.response_json)
         status = response["status"]
@@ -159,7 +163,7 @@ class Ledger:
                 cached_tokens=finished.turn.cached_tokens,
             )
         self.usage.record(
-            owner,
+            label,
             input_tokens=usage.input_tokens,
             cached_tokens=usage.cached_tokens,
             output_tokens=usage.output_tokens,

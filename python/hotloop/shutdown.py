@@ -180,16 +180,10 @@ class _InFlight:
 def find_drain(app: object) -> Drain | None:
     """The `Drain` of an ASGI app as uvicorn holds it (`app.drain`, under uvicorn's
     wrappers)."""
-    # uvicorn wraps the app (proxy headers, message logging); each wrapper keeps the
-    # inner app as `.app`.
-    for _ in range(8):
-        drain = getattr(app, "drain", None)
-        if isinstance(drain, Drain):
-            return drain
-        app = getattr(app, "app", None)
-        if app is None:
-            return None
-    return None
+    # Imported here: the transport package imports this module.
+    from hotloop.transport.asgi import find_inner
+
+    return find_inner(app, "drain", Drain)
 
 
 __all__ = ["Drain", "ShuttingDown", "find_drain"]

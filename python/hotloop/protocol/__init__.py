@@ -15,6 +15,7 @@ from hotloop.protocol.connection import (
     Render,
 )
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.queue_memory import QueueMemory
 
 __all__ = [
     "Action",
@@ -29,5 +30,6 @@ __all__ = [
     "Generate",
     "Observer",
     "ProtocolError",
+    "QueueMemory",
     "Render",
 ]

@@ -50,6 +50,7 @@ from hotloop.engines.base import EngineError, Sampling
 from hotloop.events import ResponseEvents, Usage, error_event
 from hotloop.protocol.cache import ConnectionCache
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.queue_memory import QueueMemory
 
 log = logging.getLogger("hotloop.protocol")
 
@@ -213,8 +214,12 @@ class Connection:
         principal: str | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
         baseline: Baseline | None = None,
+        queue_memory: QueueMemory | None = None,
     ) -> None:
+        """`queue_memory`: the process-wide bound on queued request bytes that this
+        connection's queue counts in (unbounded beyond its own limit without one)."""
         self.cache = cache
+        self._queue_memory = queue_memory
         self.limits = limits or ConnectionLimits()
         self._format = chat_format
         self._context_window = context_window
@@ -383,7 +388,7 @@ class Connection:
             lane.active = None
             lane.rendering = None
         self._ready.clear()
-        self._queued_bytes = 0
+        self._dequeued(self._queued_bytes)
         self.cache.clear()
 
     # ---------------------------------------------------------------- outputs
@@ -411,7 +416,12 @@ class Connection:
     def _refuse(self, error: ProtocolError, stream_id: str | None = None) -> None:
         self._actions.append(
             error_event(
-                error.code, error.message, error.param, status=error.status, stream_id=stream_id
+                error.code,
+                error.message,
+                error.param,
+                status=error.status,
+                stream_id=stream_id,
+                retry_after=error.retry_after,
             )
         )
 
@@ -469,11 +479,22 @@ class Connection:
                 name,
             )
             return
+        if self._queue_memory is not None:
+            try:
+                self._queue_memory.reserve(self._principal, size)
+            except ProtocolError as e:
+                self._refuse(e, name)
+                return
         lane.queue.append(_Pending(request, size, parse_ns))
         self._queued_bytes += size
         if lane.free and len(lane.queue) == 1:
             self._ready.append(lane)
         self._pump()
+
+    def _dequeued(self, size: int) -> None:
+        self._queued_bytes -= size
+        if self._queue_memory is not None:
+            self._queue_memory.release(self._principal, size)
 
     def _note_skipped(self, tools: list[tuple[str, str | None]]) -> None:
         # Codex sends tool types no local model runs (web_search, custom, ...): they are
@@ -490,7 +511,7 @@ class Connection:
         while self._ready and self.in_flight < MAX_IN_FLIGHT and not self._expiring:
             lane = self._ready.popleft()
             pending = lane.queue.popleft()
-            self._queued_bytes -= pending.size
+            self._dequeued(pending.size)
             self._start(lane, pending)
             if lane.free and lane.queue:
                 self._ready.append(lane)
@@ -737,6 +758,6 @@ class Connection:
         if not refused:
             self._refuse(self._lifetime_error())
         self._ready.clear()
-        self._queued_bytes = 0
+        self._dequeued(self._queued_bytes)
         self.closed = True
         self._actions.append(Close(1000, "connection lifetime reached"))

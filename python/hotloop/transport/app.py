@@ -26,7 +26,9 @@ from hotloop.protocol import (
     ConnectionCache,
     ConnectionLimits,
     Observer,
+    QueueMemory,
 )
+from hotloop.transport.admission import RETRY_AFTER_SECONDS
 from hotloop.transport.asgi import SEND_FRAMES, ASGIApp, Message, Receive, Scope, Send
 from hotloop.transport.http import header
 from hotloop.transport.websocket import Socket, deny
@@ -66,15 +68,20 @@ class App:
         policy: Policy | None = None,
         baseline: Baseline | None = None,
         keys: ApiKeys | None = None,
+        queue_memory: QueueMemory | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
         # The same check as the HTTP routes (`build_app` hands both one `ApiKeys`).
-        self.keys = ApiKeys(self.config.api_keys) if keys is None else keys
+        self.keys = (
+            ApiKeys(self.config.api_keys, self.config.tenant_label_secret) if keys is None else keys
+        )
         self.budget = (
             CacheBudget(self.config.cache_memory_bytes) if ledger is None else ledger.budget
         )
         self.connections = 0
+        self._sockets_of: dict[str | None, int] = {}
+        """Open WebSockets per API key id (the per-key connection cap)."""
         self._http = http
         self._observer = observer
         # Store, usage, metrics and the shutdown drain (`hotloop.shutdown.find_drain`
@@ -87,6 +94,10 @@ class App:
             max_queued_bytes=self.config.max_queued_bytes,
         )
         self.baseline = baseline
+        # Shared with the HTTP routes when `build_app` hands both the same one.
+        self.queue_memory = queue_memory or QueueMemory(
+            self.config.max_queued_bytes_total, self.config.max_queued_bytes_per_key
+        )
 
     @property
     def model(self) -> str:
@@ -144,9 +155,21 @@ class App:
         except AuthError as e:
             await deny(scope, send, 401, e.code, e.message)
             return
-        key = None if credential is None else credential.key
+        key, owner = (None, None) if credential is None else credential[:2]
+        cap = config.max_connections_per_key
+        if owner is not None and cap and self._sockets_of.get(owner, 0) >= cap:
+            await deny(
+                scope,
+                send,
+                429,
+                "too_many_connections",
+                f"This API key already has {cap} open WebSocket connections; close one "
+                "or retry later.",
+                RETRY_AFTER_SECONDS,
+            )
+            return
         await send({"type": "websocket.accept"})
-        cache = ConnectionCache(config.max_cached_bytes, self.budget)
+        cache = ConnectionCache(config.max_cached_bytes, self.budget, owner)
         observer = self._observer
         if self.ledger is not None:
             books = self.ledger.observer(key)
@@ -162,6 +185,7 @@ class App:
             observer=observer,
             baseline=self.baseline,
             principal=key,
+            queue_memory=self.queue_memory,
         )
         socket = Socket(
             connection,
@@ -173,6 +197,7 @@ class App:
             stream_cpu=None if self.ledger is None else self.ledger.metrics.stream_cpu,
         )
         self.connections += 1
+        self._sockets_of[owner] = self._sockets_of.get(owner, 0) + 1
         if self.ledger is not None:
             self.ledger.metrics.connections_total.inc()
             self.ledger.metrics.connections.inc()
@@ -180,6 +205,9 @@ class App:
             await socket.run(receive)
         finally:
             self.connections -= 1
+            self._sockets_of[owner] -= 1
+            if not self._sockets_of[owner]:
+                del self._sockets_of[owner]
             if self.ledger is not None:
                 self.ledger.metrics.connections.dec()
 

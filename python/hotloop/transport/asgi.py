@@ -2,7 +2,9 @@
 the app reads only the keys it needs)."""
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -14,3 +16,16 @@ SEND_FRAMES = "hotloop.websocket.send_frames"
 """hotloop's server extension (`hotloop.transport.frames`): its name in
 `scope["extensions"]` and its message type, `{"type": SEND_FRAMES, "frames": [bytes]}`,
 each item one text frame's UTF-8 payload, all written at once."""
+
+
+def find_inner(app: object, attribute: str, kind: type[T]) -> T | None:
+    """`app.<attribute>` of type `kind` on the app as a server holds it: uvicorn (and
+    tests) wrap the app, each wrapper keeping the inner app as `.app`."""
+    for _ in range(8):
+        value = getattr(app, attribute, None)
+        if isinstance(value, kind):
+            return value
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -39,6 +40,7 @@ from hotloop.protocol import (
     ConnectionLimits,
     Finished,
     Generate,
+    QueueMemory,
     Render,
 )
 from hotloop.protocol.errors import ProtocolError
@@ -59,6 +61,7 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 MAX_PAGE = 100
+PAGE_LIMIT = re.compile(r"[0-9]{1,4}")
 
 
 class _ClientGone(Exception):
@@ -77,6 +80,7 @@ class HttpApi:
         limits: ConnectionLimits | None = None,
         policy: Policy | None = None,
         baseline: Baseline | None = None,
+        queue_memory: QueueMemory | None = None,
     ) -> None:
         self.ledger = ledger
         self.model = model
@@ -84,6 +88,8 @@ class HttpApi:
         self.limits = limits or ConnectionLimits()
         self.policy = policy
         self.baseline = baseline
+        self.queue_memory = queue_memory or QueueMemory(1 << 62, 1 << 62)
+        """Request bodies count in the process's queue memory while read and parsed."""
         self.created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -117,7 +123,7 @@ class HttpApi:
             raise ProtocolError("not_found", f"No route for {method} {scope['path']}.", status=404)
         credential = self.keys.authenticate(header(scope, b"authorization"))
         # The protocol layer names callers by key (it hashes them into ids itself).
-        principal, owner = credential if credential is not None else (None, None)
+        principal, owner, label = credential if credential is not None else (None, None, None)
         match parts:
             case ["responses"]:
                 _allow(method, "POST")
@@ -147,8 +153,8 @@ class HttpApi:
                 await _reply(send, 200, orjson.dumps(self._model_object()))
             case ["usage"]:
                 _allow(method, "GET")
-                totals = self.ledger.usage.of(owner)
-                body = {"object": "usage", "key": owner or "anonymous", **totals.to_json()}
+                totals = self.ledger.usage.of(label)
+                body = {"object": "usage", "key": label or "anonymous", **totals.to_json()}
                 await _reply(send, 200, orjson.dumps(body))
             case _:
                 raise ProtocolError(
@@ -171,12 +177,18 @@ class HttpApi:
         if self.ledger.drain.draining:
             # Only a kept-alive connection can still send one: the listener is closed.
             raise ShuttingDown
-        body = await _read_body(scope, receive, self.limits.max_frame_bytes)
-        start = time.perf_counter_ns()
+        reserved = _Reservation(self.queue_memory, principal)
         try:
-            request = parse_request(body, self.limits.request)
-        except CoreError as e:
-            raise ProtocolError.from_core(e) from e
+            body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
+            start = time.perf_counter_ns()
+            try:
+                request = parse_request(body, self.limits.request)
+            except CoreError as e:
+                raise ProtocolError.from_core(e) from e
+        finally:
+            reserved.release()
+        size = len(body)
+        del body  # a body of up to 16 MiB need not live as long as the response
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
@@ -192,7 +204,7 @@ class HttpApi:
             principal=principal,
             baseline=self.baseline,
         )
-        connection.receive_request(request, len(body), time.perf_counter_ns() - start)
+        connection.receive_request(request, size, time.perf_counter_ns() - start)
         actions = connection.actions()
         work = next((a for a in actions if isinstance(a, Render)), None)
         if work is not None:
@@ -281,8 +293,9 @@ class HttpApi:
         store = self.ledger.store
         if store is None or not await store.delete(response_id, owner):
             raise _not_found(response_id)
-        # A deleted response cannot be continued either.
-        self.ledger.http_cache(owner).evict(response_id)
+        # A deleted response cannot be continued either: not over HTTP, nor on any
+        # socket of its owner that holds it (the one that created it included).
+        self.ledger.budget.evict_everywhere(response_id, owner)
         body = {"id": response_id, "object": "response", "deleted": True}
         await _reply(send, 200, orjson.dumps(body))
 
@@ -294,7 +307,9 @@ class HttpApi:
         if order not in ("asc", "desc"):
             raise ProtocolError("invalid_value", "order must be 'asc' or 'desc'.", "order")
         limit_text = _query(query, "limit") or "20"
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+        # ASCII digits only, and few of them: `str.isdigit` accepts "²" (which `int`
+        # refuses) and `int` refuses more than 4,300 digits.
+        if not PAGE_LIMIT.fullmatch(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
             raise ProtocolError(
                 "invalid_value", f"limit must be an integer from 1 to {MAX_PAGE}.", "limit"
             )
@@ -366,10 +381,30 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+class _Reservation:
+    """One HTTP body's bytes in the process's queue memory while it is read and parsed."""
+
+    def __init__(self, memory: QueueMemory, principal: str | None) -> None:
+        self._memory = memory
+        self._principal = principal
+        self._size = 0
+
+    def add(self, size: int) -> None:
+        self._memory.reserve(self._principal, size)
+        self._size += size
+
+    def release(self) -> None:
+        self._memory.release(self._principal, self._size)
+        self._size = 0
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int, reserved: _Reservation) -> bytes:
     declared = header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(int(declared), limit)
+    # More than 18 digits is more than any limit (and `int` refuses 4,300 digits).
+    if declared is not None and declared.isdigit():
+        size = int(declared) if len(declared) <= 18 else 10**18
+        if size > limit:
+            raise _too_large(size, limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -380,6 +415,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise _too_large(size, limit)
+        reserved.add(len(chunk))
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
@@ -429,18 +465,25 @@ def _query(query: dict[str, list[str]], name: str) -> str | None:
     return values[0] if values else None
 
 
-async def _reply(send: Send, status: int, body: bytes, content_type: bytes = JSON) -> None:
+async def _reply(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = JSON,
+    retry_after: int | None = None,
+) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 async def _error(send: Send, error: ProtocolError) -> None:
-    await _reply(
-        send, error.status, error_body(error.code, error.message, error.param, error.status)
-    )
+    body = error_body(error.code, error.message, error.param, error.status, error.retry_after)
+    await _reply(send, error.status, body, retry_after=error.retry_after)
 
 
 async def _reply_refusal(send: Send, frame: bytes) -> None:

@@ -28,14 +28,18 @@ from hotloop.transport.asgi import SEND_FRAMES, Receive, Scope, Send
 log = logging.getLogger("hotloop.websocket")
 
 
-async def deny(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
+async def deny(
+    scope: Scope, send: Send, status: int, code: str, message: str, retry_after: int | None = None
+) -> None:
     """Refuse the upgrade with an HTTP status and a JSON error body (when the server
     supports the ASGI denial-response extension; otherwise a plain close, 403)."""
     if "websocket.http.response" in scope.get("extensions", {}):
-        body = error_body(code, message, None, status)
+        body = error_body(code, message, None, status, retry_after)
         headers = [(b"content-type", b"application/json")]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
+        if retry_after is not None:
+            headers.append((b"retry-after", str(retry_after).encode()))
         await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
     else:
