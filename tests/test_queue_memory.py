@@ -110,3 +110,26 @@ def test_http_bodies_count_against_the_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize("bound", ["max_queued_bytes_total", "max_queued_bytes_per_key"])
 def test_the_bounds_are_options(bound: str) -> None:
     assert getattr(ServerConfig.from_env({"HOTLOOP_" + bound.upper(): "123"}), bound) == 123
+
+
+def test_a_waiting_request_keeps_its_frame_not_its_parse() -> None:
+    """A queued request held its parsed form (its items plus the input's JSON for the
+    store: ~2 bytes of RSS per queued byte, benches/bench_queue_memory.py); it now
+    keeps the frame's text and is parsed again when its turn comes, with the same
+    result as an unqueued one."""
+    client = driver(QueueMemory(1 << 30, 1 << 30), "sk-a")
+    client.create("first")
+    queued = client.create(FILLER, instructions="Be brief.", metadata={"n": "2"}, store=False)
+    assert queued == []
+    waiting = client.conn._lanes[None].queue[0]
+    assert waiting.parsed is None and isinstance(waiting.frame, str)
+    frames = client.finish()
+    created = next(f for f in frames if f["type"] == "response.created")["response"]
+    assert created["instructions"] == "Be brief." and created["metadata"] == {"n": "2"}
+    assert created["store"] is False
+    done = client.finish()
+    assert done[-1]["type"] == "response.completed"
+    alone = driver(QueueMemory(1 << 30, 1 << 30), "sk-a")
+    alone.create(FILLER, instructions="Be brief.", metadata={"n": "2"}, store=False)
+    reference = alone.finish()[-1]["response"]
+    assert done[-1]["response"]["usage"] == reference["usage"]

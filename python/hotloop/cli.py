@@ -29,6 +29,7 @@ from hotloop.transport.admission import (
     AdmittingHttpProtocol,
     connection_cap,
     raise_open_files_limit,
+    return_large_buffers,
 )
 from hotloop.transport.frames import FrameSendingProtocol
 from hotloop.transport.http import HttpApi
@@ -97,6 +98,7 @@ def load_engine(config: ServerConfig) -> Engine:
 
 def create_app() -> App:
     """The application a uvicorn worker builds (configuration from the environment)."""
+    return_large_buffers()  # in every worker process
     config = ServerConfig.from_env()
     return build_app(load_engine(config), config)
 

@@ -154,9 +154,21 @@ class ConnectionLimits:
 
 @dataclass
 class _Pending:
-    request: CreateRequest
+    """A request on its lane's queue. One that has to wait keeps only its frame's text
+    (`frame`: about one byte per queued byte) instead of the parsed request (about two:
+    the parsed items plus the input's JSON kept for the store), and is parsed again when
+    its turn comes; the parse is deterministic, so the second gives the first's result."""
+
+    parsed: CreateRequest | None
     size: int
     parse_ns: int
+    frame: str | bytes | None = None
+    started: bool = False
+
+    @property
+    def request(self) -> CreateRequest:
+        assert self.parsed is not None, "parsed again by Connection._start"
+        return self.parsed
 
 
 @dataclass
@@ -265,7 +277,7 @@ class Connection:
             self._refuse(ProtocolError.from_core(e))
             return
         if isinstance(event, CreateRequest):
-            self._create(event, size, self._clock() - start)
+            self._create(event, size, self._clock() - start, frame)
         elif isinstance(event, CancelEvent):
             self._cancel(event)
         elif isinstance(event, ProcessedEvent):
@@ -425,7 +437,9 @@ class Connection:
             )
         )
 
-    def _create(self, request: CreateRequest, size: int, parse_ns: int) -> None:
+    def _create(
+        self, request: CreateRequest, size: int, parse_ns: int, frame: str | bytes | None = None
+    ) -> None:
         name = request.stream_id
         if name is not None and not STREAM_ID.fullmatch(name):
             self._refuse(
@@ -485,11 +499,14 @@ class Connection:
             except ProtocolError as e:
                 self._refuse(e, name)
                 return
-        lane.queue.append(_Pending(request, size, parse_ns))
+        pending = _Pending(request, size, parse_ns)
+        lane.queue.append(pending)
         self._queued_bytes += size
         if lane.free and len(lane.queue) == 1:
             self._ready.append(lane)
         self._pump()
+        if not pending.started and frame is not None:
+            pending.parsed, pending.frame = None, frame  # it waits: keep the smaller form
 
     def _dequeued(self, size: int) -> None:
         self._queued_bytes -= size
@@ -511,6 +528,7 @@ class Connection:
         while self._ready and self.in_flight < MAX_IN_FLIGHT and not self._expiring:
             lane = self._ready.popleft()
             pending = lane.queue.popleft()
+            pending.started = True
             self._dequeued(pending.size)
             self._start(lane, pending)
             if lane.free and lane.queue:
@@ -518,8 +536,13 @@ class Connection:
 
     def _start(self, lane: _Lane, pending: _Pending) -> None:
         """Run the turn up to the engine call; errors end the request here."""
-        request = pending.request
         start = self._clock()
+        if pending.parsed is None:
+            event = parse_event(pending.frame or b"", self.limits.request)
+            assert isinstance(event, CreateRequest), "the frame parsed as one before"
+            pending.parsed, pending.frame = event, None
+            pending.parse_ns += self._clock() - start
+        request = pending.request
         parent = request.previous_response_id
         evicts_parent = False
         if parent is not None:
