@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 import pytest
@@ -31,8 +32,6 @@ class Served:
         self.app: App = build_app(sim_engine(), config)
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self.app.start())
-        created = self.call("POST", "/v1/responses", body=b'{"model":"sim","input":"hi"}')
-        self.stored_id: str = orjson.loads(created[2])["id"]
 
     def call(
         self,
@@ -112,6 +111,7 @@ def check(status: int, headers: dict[bytes, bytes], body: bytes) -> None:
         )
 
 
+METHODS = st.sampled_from(["GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"])
 SEGMENTS = st.one_of(
     st.sampled_from(["", "v1", "responses", "models", "usage", "input_items", "sim", "health"]),
     st.text(max_size=12),
@@ -134,13 +134,22 @@ PATHS = st.one_of(
     st.lists(SEGMENTS, max_size=5).map(lambda parts: "/" + "/".join(parts)),
 )
 QUERY_VALUES = st.one_of(
-    st.text(max_size=8),
-    st.sampled_from(["²", "0", "-1", "100", "101", "1e3", "9" * 5000, " 5", "asc", "desc"]),
+    st.sampled_from(["%C2%B2", "9" * 5000, "0", "-1", "101", "1e3", "+5", "asc", "desc", "%00"]),
+    st.text(max_size=8).map(lambda text: quote(text, safe="")),
 )
-QUERY = st.lists(
-    st.tuples(st.sampled_from(["limit", "order", "after", "include", "x"]), QUERY_VALUES),
-    max_size=4,
-).map(lambda pairs: "&".join(f"{k}={v}" for k, v in pairs).encode("utf-8", "surrogatepass"))
+# The parameters routes read (`limit`, `order`, `after`), each present or not, and others.
+QUERY = st.tuples(
+    st.one_of(st.none(), QUERY_VALUES),
+    st.one_of(st.none(), QUERY_VALUES),
+    st.one_of(st.none(), QUERY_VALUES),
+    st.lists(st.tuples(st.sampled_from(["include", "x", "limit"]), QUERY_VALUES), max_size=2),
+).map(
+    lambda q: "&".join(
+        f"{k}={v}"
+        for k, v in [("limit", q[0]), ("order", q[1]), ("after", q[2]), *q[3]]
+        if v is not None
+    ).encode()
+)
 BODIES = st.one_of(
     st.binary(max_size=64),
     st.sampled_from(
@@ -160,7 +169,7 @@ BODIES = st.one_of(
     ),
     st.dictionaries(
         st.sampled_from(["model", "input", "store", "stream", "tools", "metadata", "x"]),
-        st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8)),
+        st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=8)),
         max_size=4,
     ).map(orjson.dumps),
 )
@@ -176,36 +185,58 @@ AUTHS = st.sampled_from(
 )
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    method=st.sampled_from(["GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"]),
-    path=PATHS,
-    response_id=st.one_of(st.just("{stored}"), st.text(max_size=12)),
-    query=QUERY,
-    headers=AUTHS,
-    body=BODIES,
-)
-def test_every_route_answers_json(
-    served: Served,
-    method: str,
-    path: str,
-    response_id: str,
-    query: bytes,
-    headers: list[tuple[bytes, bytes]] | None,
-    body: bytes,
-) -> None:
-    response_id = served.stored_id if response_id == "{stored}" else response_id
-    check(*served.call(method, path.replace("{id}", response_id), query, headers, body))
+ROUTES = [
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{id}"),
+    ("DELETE", "/v1/responses/{id}"),
+    ("GET", "/v1/responses/{id}/input_items"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{id}"),
+    ("GET", "/v1/usage"),
+    ("GET", "/health"),
+    ("GET", "/metrics"),
+]
+VALID_AUTH = [(b"authorization", f"Bearer {KEY}".encode())]
+
+
+@pytest.mark.parametrize(("method", "route"), ROUTES)
+def test_every_route_answers_json(served: Served, method: str, route: str) -> None:
+    """Each route, mostly with its own method, a real id and a valid key (so the bad
+    parameters reach the route's own code), sometimes with anything at all."""
+    created = served.call("POST", "/v1/responses", body=b'{"model":"sim","input":"x"}')
+    stored_id = orjson.loads(created[2])["id"]
+
+    well_formed = st.just((method, route.replace("{id}", stored_id), VALID_AUTH))
+    anything = st.tuples(
+        METHODS,
+        st.tuples(PATHS, st.text(max_size=12)).map(lambda p: p[0].replace("{id}", p[1])),
+        AUTHS,
+    )
+
+    @settings(
+        max_examples=100,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(
+        call=st.one_of(well_formed, well_formed, well_formed, well_formed, anything),
+        query=QUERY,
+        body=BODIES,
+    )
+    def walk(
+        call: tuple[str, str, list[tuple[bytes, bytes]] | None], query: bytes, body: bytes
+    ) -> None:
+        verb, path, headers = call
+        check(*served.call(verb, path, query, headers, body))
+
+    walk()
 
 
 @pytest.mark.parametrize("limit", ["%C2%B2", "9" * 5000, "-1", "0", "101"])
 def test_input_items_limit_is_a_400(served: Served, limit: str) -> None:
     """'²' passed `str.isdigit` and 5,000 digits reached `int`: both were a 500."""
-    path = f"/v1/responses/{served.stored_id}/input_items"
+    created = served.call("POST", "/v1/responses", body=b'{"model":"sim","input":"x"}')
+    path = f"/v1/responses/{orjson.loads(created[2])['id']}/input_items"
     # The query string arrives percent-encoded, as a client sends it.
     status, _, body = served.call("GET", path, f"limit={limit}".encode())
     assert status == 400, body
