@@ -16,7 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hotloop.bench.abuse import ATTACKS, SERVER_FLAGS, Scenario, Victim, run_scenario
+from hotloop.bench.abuse import (
+    ATTACKS,
+    SERVER_ENV,
+    SERVER_FLAGS,
+    Scenario,
+    Victim,
+    run_scenario,
+)
 from hotloop.bench.proc import ServerProcess
 
 pytestmark = pytest.mark.abuse
@@ -29,8 +36,11 @@ RSS_BOUND = 1024 * MIB
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    with ServerProcess.start(SERVER_FLAGS) as running:
-        yield running
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in SERVER_ENV.items():
+            env.setenv(name, value)
+        with ServerProcess.start(SERVER_FLAGS) as running:
+            yield running
 
 
 @pytest.fixture(scope="module")
