@@ -93,6 +93,13 @@ def test_the_attacks_were_answered(
     assert reports["tool_list"]["sent"] > 0
 
 
+def test_the_server_runs_at_its_hard_open_files_limit(server: ServerProcess) -> None:
+    with open(f"/proc/{server.process.pid}/limits") as limits:
+        line = next(line for line in limits if line.startswith("Max open files"))
+    soft, hard = line.split()[3:5]
+    assert soft == hard
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="tool lists are parsed on the event loop until the core-hardening branch "
