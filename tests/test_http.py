@@ -203,7 +203,7 @@ def test_a_restarted_server_continues_from_the_store(tmp_path: Path) -> None:
         second = create_raw(client, input="and this", previous_response_id=first.id)
     # The sampled ids are stored verbatim beside the response.
     database = SQLiteDatabase(tmp_path / "responses.sqlite3")
-    chain = database.chain(second.id)
+    chain = database.chain(second.id, None)
     database.close()
     assert [r.id for r in chain] == [second.id, first.id]
     assert ChatFormat.harmony().tokenizer.decode(chain[0].output_token_ids).endswith("Done.<|end|>")
@@ -230,9 +230,9 @@ def test_a_websocket_continues_a_stored_response_read_off_the_event_loop(
     readers: list[str] = []
     chain = SQLiteDatabase.chain
 
-    def recording_chain(self: SQLiteDatabase, response_id: str) -> Any:
+    def recording_chain(self: SQLiteDatabase, response_id: str, owner: str | None) -> Any:
         readers.append(threading.current_thread().name)
-        return chain(self, response_id)
+        return chain(self, response_id, owner)
 
     monkeypatch.setattr(SQLiteDatabase, "chain", recording_chain)
     headers = {"Authorization": f"Bearer {KEY}"}

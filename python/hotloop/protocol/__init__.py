@@ -12,6 +12,7 @@ from hotloop.protocol.connection import (
     Finished,
     Generate,
     Observer,
+    Persist,
     Render,
 )
 from hotloop.protocol.errors import ProtocolError
@@ -28,6 +29,7 @@ __all__ = [
     "Finished",
     "Generate",
     "Observer",
+    "Persist",
     "ProtocolError",
     "Render",
 ]

@@ -27,6 +27,7 @@ from hotloop.protocol import (
     ConnectionLimits,
     Observer,
 )
+from hotloop.store import StoreError
 from hotloop.transport.asgi import SEND_FRAMES, ASGIApp, Message, Receive, Scope, Send
 from hotloop.transport.http import header
 from hotloop.transport.websocket import Socket, deny
@@ -120,6 +121,12 @@ class App:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.start()
+                except StoreError as e:
+                    # A damaged or unusable store: the message names the database and
+                    # what to do; a traceback would only bury it.
+                    log.error("cannot start: %s", e.message)
+                    await send({"type": "lifespan.startup.failed", "message": e.message})
+                    return
                 except Exception as e:
                     log.exception("engine failed to start")
                     await send({"type": "lifespan.startup.failed", "message": repr(e)})
@@ -162,6 +169,7 @@ class App:
             observer=observer,
             baseline=self.baseline,
             principal=key,
+            durable=self.ledger is not None and self.ledger.durable,
         )
         socket = Socket(
             connection,
@@ -171,6 +179,7 @@ class App:
             lifetime=config.connection_lifetime,
             send_frames=SEND_FRAMES in scope.get("extensions", {}),
             stream_cpu=None if self.ledger is None else self.ledger.metrics.stream_cpu,
+            commit=None if self.ledger is None else self.ledger.persist,
         )
         self.connections += 1
         if self.ledger is not None:
