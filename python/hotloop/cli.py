@@ -106,6 +106,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         data_dir=config.store or config.data_dir or None,
         commit_window=config.store_commit_window,
         busy_timeout=config.store_busy_timeout,
+        cache=config.store_cache,
     )
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None

@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from hotloop._core import Checkpoint, Conversation, CoreError, Policy
 from hotloop.auth import key_id
@@ -52,10 +53,11 @@ class Ledger:
         policy: Policy | None = None,
         commit_window: float = 0.002,
         busy_timeout: float = 5.0,
+        cache: str | None = None,
     ) -> None:
         """`data_dir`: where the store lives, a directory (SQLite) or a PostgreSQL URL;
-        None for no durable store (`store=true` is then a no-op). `commit_window` and
-        `busy_timeout`: see `open_store`."""
+        None for no durable store (`store=true` is then a no-op). `commit_window`,
+        `busy_timeout` and `cache`: see `open_store`."""
         self.usage = Usage()
         self.metrics = Metrics(self.usage)
         self.drain = Drain()
@@ -66,7 +68,11 @@ class Ledger:
         self.budget = CacheBudget(cache_memory_bytes)
         self.store: Store | None = None
         self._data_dir = data_dir
-        self._store_options = {"commit_window": commit_window, "busy_timeout": busy_timeout}
+        self._store_options: dict[str, Any] = {
+            "commit_window": commit_window,
+            "busy_timeout": busy_timeout,
+            "cache": cache,
+        }
         self.fingerprint = format_fingerprint(engine.chat_format)
         self.metrics.cache_counts = lambda: (
             self.budget.hits,

@@ -208,33 +208,35 @@ async def open_store(
     metrics: Metrics | None = None,
     commit_window: float = 0.002,
     busy_timeout: float = 5.0,
+    cache: str | None = None,
 ) -> Store:
     """The store at `target`: a PostgreSQL URL (`postgresql://...`), or a data directory
     holding `responses.sqlite3` (created if missing). One writer commits in groups:
     after the first put it waits up to `commit_window` seconds for more. A commit that
-    finds the database locked retries for up to `busy_timeout` seconds.
+    finds the database locked retries for up to `busy_timeout` seconds. `cache`: a
+    `redis://` URL of a read cache in front (`cache.py`).
 
     Raises StoreError `store_damaged` / `store_unavailable` with a message naming the
     database and what to do when it cannot be opened as a sound, writable store."""
-    from hotloop.store.writer import BackgroundStore
+    from hotloop.store.writer import BackgroundStore, Database
 
+    connect: Callable[[], Database]
     if isinstance(target, str) and target.startswith(POSTGRES_SCHEMES):
         from hotloop.store.postgres import PostgresDatabase
 
         url = target
-        return await BackgroundStore.open(
-            lambda: PostgresDatabase(url, busy_timeout=busy_timeout),
-            metrics=metrics,
-            commit_window=commit_window,
-        )
-    from hotloop.store.sqlite import SQLiteDatabase
+        connect = lambda: PostgresDatabase(url, busy_timeout=busy_timeout)  # noqa: E731
+    else:
+        from hotloop.store.sqlite import SQLiteDatabase
 
-    path = Path(target)
-    return await BackgroundStore.open(
-        lambda: SQLiteDatabase.in_directory(path, busy_timeout=busy_timeout),
-        metrics=metrics,
-        commit_window=commit_window,
-    )
+        path = Path(target)
+        connect = lambda: SQLiteDatabase.in_directory(path, busy_timeout=busy_timeout)  # noqa: E731
+    store: Store = await BackgroundStore.open(connect, metrics=metrics, commit_window=commit_window)
+    if cache is not None:
+        from hotloop.store.cache import CachedStore
+
+        store = CachedStore(store, cache)
+    return store
 
 
 __all__ = [
