@@ -183,6 +183,32 @@ def test_store_false_leaves_nothing_behind(client: OpenAI) -> None:
     assert refused.value.param == "previous_response_id"
 
 
+def test_a_poisoned_tool_list_costs_no_one_else(url: str) -> None:
+    """Issue 15 item 2: a tool carrying a number outside f64 made the request a bare 500,
+    its usage was never booked, and booking could stop for everyone. Now the request is
+    refused (by the core) or failed unacknowledged (by the store), and the next request
+    of another key is served, stored and booked."""
+    poisoned = (
+        b'{"model":"sim","input":"hi","tools":[{"type":"function","name":"f",'
+        b'"parameters":{"type":"object"},"zz":1e999}]}'
+    )
+    reply = httpx.post(
+        url + "/v1/responses",
+        content=poisoned,
+        headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
+    )
+    assert (reply.status_code, reply.json()["error"]["code"]) in (
+        (400, "invalid_value"),
+        (503, "store_unavailable"),
+    )
+    other = {"authorization": f"Bearer {OTHER_KEY}"}
+    before = httpx.get(url + "/v1/usage", headers=other).json()["responses"]
+    served = httpx.post(url + "/v1/responses", json={"model": "sim", "input": "hi"}, headers=other)
+    assert served.status_code == 200
+    assert httpx.get(f"{url}/v1/responses/{served.json()['id']}", headers=other).status_code == 200
+    assert httpx.get(url + "/v1/usage", headers=other).json()["responses"] == before + 1
+
+
 def test_another_key_sees_nothing(client: OpenAI, url: str) -> None:
     mine = create_raw(client, input="mine")
     other = OpenAI(base_url=url + "/v1", api_key=OTHER_KEY, max_retries=0)

@@ -15,11 +15,17 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
-from hotloop._core import ChatFormat, Conversation, Tokenizer, parse_request
+from hotloop._core import ChatFormat, Conversation, Prompt, Tokenizer, parse_request
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop.engines.sim import SimEngine, from_config
 from hotloop.store import Chain, StoredResponse, format_fingerprint
+from servers import serving
 from shell_tool import TOOLS
+from websockets.sync.client import connect
 
 
 def smollm2() -> ChatFormat:
@@ -150,3 +156,61 @@ def test_another_fingerprint_rerenders_from_text_and_counts(chat_format: Any) ->
     tokens = rebuilt.checkpoint().fork().prompt().tokens()
     assert tokens != warm.prompt().tokens()
     assert fmt.tokenizer.decode(tokens) == fmt.tokenizer.decode(warm.prompt().tokens())
+
+
+class RecordingEngine:
+    """The sim engine, keeping every prompt it was asked to complete."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        self.prompts: list[list[int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def session(self) -> Any:
+        outer = self
+
+        class Session:
+            def __init__(self) -> None:
+                self.inner = outer.engine.session()
+
+            def generate(self, prompt: Prompt, sampling: Any) -> Any:
+                outer.prompts.append(prompt.tokens())
+                return self.inner.generate(prompt, sampling)
+
+            async def close(self) -> None:
+                await self.inner.close()
+
+        return Session()
+
+
+@pytest.mark.parametrize("sim_format", ["harmony", "smollm2"])
+def test_a_rebuilt_continuation_sends_the_engine_the_warm_prompt(
+    tmp_path: Path, sim_format: str
+) -> None:
+    """A continuation on the socket that made the response (warm) and one on a restarted
+    server (rebuilt from the store) hand the engine the same prompt ids."""
+    if sim_format == "smollm2":
+        smollm2()  # skips without the GGUF
+    config = ServerConfig(engine="sim", data_dir=str(tmp_path), sim_format=sim_format, sim_ttft=0.0)
+    first = {"model": "sim", "input": "list the files", "instructions": "Be terse.", "tools": TOOLS}
+
+    warm_engine = RecordingEngine(from_config(config))
+    with serving(build_app(warm_engine, config)) as base:  # type: ignore[arg-type]
+        url = base.replace("http://", "ws://") + "/v1/responses"
+        with connect(url) as ws:
+            ws.send(orjson.dumps({"type": "response.create", **first}).decode())
+            while (done := orjson.loads(ws.recv()))["type"] != "response.completed":
+                pass
+            then = {**first, "input": "and now?", "previous_response_id": done["response"]["id"]}
+            ws.send(orjson.dumps({"type": "response.create", **then}).decode())
+            while orjson.loads(ws.recv())["type"] != "response.completed":
+                pass
+
+    rebuilt_engine = RecordingEngine(from_config(config))
+    with serving(build_app(rebuilt_engine, config)) as base:  # type: ignore[arg-type]
+        reply = httpx.post(base + "/v1/responses", json=then, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert "hotloop_store_rebuilds_total 1" in httpx.get(base + "/metrics").text
+    assert rebuilt_engine.prompts == warm_engine.prompts[1:]
