@@ -74,6 +74,8 @@ def response(
 POISONED_INPUTS = (
     b'[{"type":"message","role":"user","content":"hi","zz":1e999}]',
     b'[{"type":"message","role":"user","content":"hi","zz":"\\ud800"}]',
+    # Loads, but no PostgreSQL text column can hold it.
+    b'[{"id":"msg_a\\u0000b","type":"message","role":"user","content":"hi"}]',
 )
 
 
@@ -168,6 +170,17 @@ async def test_responses_stored_with_auth_off_belong_to_no_key(store: Store) -> 
     assert await store.get("resp_open", None) is not None
     await store.put(response("resp_keyed", owner="key_a"))
     assert await store.get("resp_keyed", None) is not None
+
+
+async def test_an_id_no_record_can_have_is_simply_unknown(store: Store) -> None:
+    bad = "resp_a\x00b"
+    assert await store.get(bad, None) is None
+    assert await store.list_input_items(bad, None) is None
+    assert await store.load_chain(bad, None) is None
+    assert not await store.delete(bad, None)
+    await store.put(response("resp_known"))
+    assert await store.list_input_items("resp_known", None, after=bad) == InputItemPage([], False)
+    assert store.healthy
 
 
 async def test_delete(store: Store) -> None:
@@ -323,18 +336,19 @@ async def test_a_poisoned_record_is_quarantined_and_fails_alone(
             store.put(response("resp_ok_1", owner="key_b")),
             store.put(response("resp_bad_1", owner="key_a", input_json=POISONED_INPUTS[0])),
             store.put(response("resp_bad_2", owner="key_a", input_json=POISONED_INPUTS[1])),
+            store.put(response("resp_bad_3", owner="key_a", input_json=POISONED_INPUTS[2])),
             store.put(response("resp_ok_2", owner="key_b")),
         ]
         results = await asyncio.gather(*puts, return_exceptions=True)
-        assert results[0] is None and results[3] is None
-        for refused in results[1:3]:
+        assert results[0] is None and results[4] is None
+        for refused in results[1:4]:
             assert isinstance(refused, StoreError) and refused.code == "store_unavailable"
         assert store.healthy
         await store.put(response("resp_after", owner="key_b"))
         for rid in ("resp_ok_1", "resp_ok_2", "resp_after"):
             assert await store.get(rid, "key_b") is not None
         assert await store.get("resp_bad_1", "key_a") is None
-        assert metrics.store_errors.labels("record").value == 2
+        assert metrics.store_errors.labels("record").value == 3
         assert "resp_bad_1" in caplog.text and "JSONDecodeError" in caplog.text
         # Nothing of the content reaches the log.
         assert "1e999" not in caplog.text and "ud800" not in caplog.text
@@ -344,6 +358,7 @@ async def test_a_poisoned_record_is_quarantined_and_fails_alone(
     assert {(rid, bytes(items), reason) for rid, items, reason in quarantined} == {
         ("resp_bad_1", POISONED_INPUTS[0], "JSONDecodeError"),
         ("resp_bad_2", POISONED_INPUTS[1], "JSONDecodeError"),
+        ("resp_bad_3", POISONED_INPUTS[2], "an input item id holds a NUL character"),
     }
 
 

@@ -104,6 +104,12 @@ ORDER BY chain.depth
 """
 
 
+def _text(value: str) -> bool:
+    """Whether a client-given id can be a text value at all: no stored id holds a NUL,
+    and PostgreSQL refuses one in a query instead of finding nothing."""
+    return "\x00" not in value
+
+
 def redacted(url: str) -> str:
     """`url` without its password, for messages and logs."""
     parts = urlsplit(url)
@@ -236,6 +242,8 @@ class PostgresDatabase:
                 )
 
     def get(self, response_id: str, owner: str | None) -> bytes | None:
+        if not _text(response_id):
+            return None
         with self._connection("read") as connection:
             row = connection.execute(
                 "SELECT r.response, r.tools_at, t.tools FROM responses AS r"
@@ -248,6 +256,8 @@ class PostgresDatabase:
         return joined(bytes(row[0]), row[1], None if row[2] is None else bytes(row[2]))
 
     def delete(self, response_id: str, owner: str | None) -> bool:
+        if not _text(response_id):
+            return False
         with self._transaction("delete") as cursor:
             cursor.execute(
                 "DELETE FROM responses AS r"
@@ -276,6 +286,8 @@ class PostgresDatabase:
         after: str | None,
     ) -> InputItemPage | None:
         ascending = order == "asc"
+        if not _text(response_id):
+            return None
         with self._connection("read") as connection:
             found = connection.execute(
                 f"SELECT 1 FROM responses AS r WHERE r.id = %(id)s AND {_OWNED.format(table='r')}",
@@ -285,10 +297,14 @@ class PostgresDatabase:
                 return None
             bound: int = -1 if ascending else 2**31 - 1
             if after is not None:
-                position = connection.execute(
-                    "SELECT position FROM input_items WHERE response_id = %s AND id = %s",
-                    (response_id, after),
-                ).fetchone()
+                position = (
+                    None
+                    if not _text(after)
+                    else connection.execute(
+                        "SELECT position FROM input_items WHERE response_id = %s AND id = %s",
+                        (response_id, after),
+                    ).fetchone()
+                )
                 if position is None:
                     return InputItemPage(data=[], has_more=False)
                 bound = position[0]
@@ -301,6 +317,8 @@ class PostgresDatabase:
         return page([bytes(r[0]) for r in rows], limit)
 
     def chain(self, response_id: str, owner: str | None) -> list[StoredResponse]:
+        if not _text(response_id):
+            return []
         with self._connection("read") as connection:
             rows = connection.execute(_CHAIN, {"id": response_id, "owner": owner}).fetchall()
         return [chain_record(tuple(row)) for row in rows]

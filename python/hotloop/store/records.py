@@ -113,6 +113,10 @@ def prepare(record: StoredResponse) -> Row:
             raise RecordError("the response is not a JSON object")
         listed = listed_items(record.id, record.input_items)
         items = [(n, str(item["id"]), orjson.dumps(item)) for n, item in enumerate(listed)]
+        if any("\x00" in item_id for _, item_id, _ in items):
+            # A text column in PostgreSQL cannot hold it: refused here, so that it cannot
+            # fail the whole transaction of the responses committed with it.
+            raise RecordError("an input item id holds a NUL character")
         body, tools_at, tools = _split_tools(record.response, response)
         ids = array("I", record.output_token_ids).tobytes()
     except RecordError:
