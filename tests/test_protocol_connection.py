@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from connection_driver import ANSWER, FORMAT, ConnectionDriver
+from connection_driver import ANSWER, FORMAT, ConnectionDriver, sim_connection
 from hotloop.engines.base import EngineError
 from hotloop.protocol import (
     CacheBudget,
     Close,
-    Connection,
     ConnectionCache,
     ConnectionLimits,
     Finished,
@@ -48,14 +47,7 @@ class Client(ConnectionDriver):
         self.budget = CacheBudget(1 << 30)
         self.cache = ConnectionCache(1 << 30, self.budget)
         super().__init__(
-            Connection(
-                chat_format=FORMAT,
-                context_window=1 << 20,
-                model="sim",
-                cache=self.cache,
-                limits=ConnectionLimits(**limits),
-                observer=self.observer,
-            )
+            sim_connection(self.cache, self.observer, limits=ConnectionLimits(**limits))
         )
 
     def turn(self, input: Any = "Hi", ids: list[int] = ANSWER, **fields: Any) -> dict[str, Any]:

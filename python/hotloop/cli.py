@@ -105,7 +105,8 @@ def create_app() -> App:
 
 def build_app(engine: Engine, config: ServerConfig) -> App:
     """The whole server around `engine`: WebSocket mode, the HTTP routes, and the
-    ledger (store in `config.data_dir`, usage, metrics, shutdown drain)."""
+    ledger (the store at `config.store` or in `config.data_dir`, usage, metrics, shutdown
+    drain)."""
     keys = ApiKeys(config.api_keys, config.tenant_label_secret)
     ledger = Ledger(
         engine,
@@ -113,7 +114,10 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         cache_memory_bytes=config.cache_memory_bytes,
         max_cached_bytes=config.max_cached_bytes,
         # An empty data directory means no durable store: store=true is then a no-op.
-        data_dir=config.data_dir or None,
+        data_dir=config.store or config.data_dir or None,
+        commit_window=config.store_commit_window,
+        busy_timeout=config.store_busy_timeout,
+        cache=config.store_cache,
     )
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None

@@ -101,7 +101,19 @@ class ServerConfig:
     cache_memory_bytes: int = _option(
         4096 * MIB, "cached conversation state across all connections"
     )
-    data_dir: str = _option("hotloop-data", "directory for the durable store")
+    data_dir: str = _option("hotloop-data", "directory for the durable store (SQLite)")
+    store: str | None = _option(
+        None, "the durable store as a URL, postgresql://... (default: SQLite in --data-dir)"
+    )
+    store_cache: str | None = _option(
+        None, "redis://... read cache in front of a PostgreSQL store (never the system of record)"
+    )
+    store_commit_window: float = _option(
+        0.002, "how long a commit waits for more responses to commit with it"
+    )
+    store_busy_timeout: float = _option(
+        5.0, "how long a commit retries a database locked by another process before failing"
+    )
     drain_timeout: float = _option(
         30.0, "on SIGTERM/SIGINT, how long in-flight responses get to finish"
     )

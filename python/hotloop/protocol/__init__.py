@@ -12,6 +12,7 @@ from hotloop.protocol.connection import (
     Finished,
     Generate,
     Observer,
+    Persist,
     Render,
 )
 from hotloop.protocol.errors import ProtocolError
@@ -29,6 +30,7 @@ __all__ = [
     "Finished",
     "Generate",
     "Observer",
+    "Persist",
     "ProtocolError",
     "QueueMemory",
     "Render",

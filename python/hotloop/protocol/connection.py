@@ -14,8 +14,10 @@ A turn: parse the frame -> look up `previous_response_id` (connection cache, the
 fork never loses its parent) or start a new conversation -> `extend` with only the
 new items (a large input is handed out as `Render` work, so the transport runs it off
 the event loop; the lane waits for it, other lanes and connections go on) -> prompt ->
-`Generate` -> parser events -> terminal -> `commit_output` and a checkpoint under the
-new response id.
+`Generate` -> parser events -> `commit_output` and a checkpoint under the new response
+id -> with `store=true` on a durable server, `Persist` (the lane holds until the store
+committed the response: `persist_done` sends the terminal event, `persist_failed` turns
+it into `response.failed` with code `store_unavailable`) -> terminal.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import orjson
@@ -64,6 +66,7 @@ MAX_NAMED_LANES = 32
 # (a few KB) stays inline; a resumed history (hundreds of KB, milliseconds to tens of
 # milliseconds) no longer stalls every other connection's frames and handshakes.
 RENDER_OFFLOAD_BYTES = 32 * 1024
+STORE_UNAVAILABLE = "store_unavailable"
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,16 @@ class Render:
 
 
 @dataclass(frozen=True)
+class Persist:
+    """Durable work: commit `finished` (a `store=true` response) to the store, then call
+    `persist_done(key)`, or `persist_failed(key, message)` when it was not committed.
+    The response's terminal event waits for it; deltas were sent already."""
+
+    key: int
+    finished: Finished
+
+
+@dataclass(frozen=True)
 class Cancel:
     """Stop the engine work of `key`; the connection already sent its terminal event."""
 
@@ -102,7 +115,7 @@ class Close:
     reason: str = ""
 
 
-Action = bytes | Generate | Render | Cancel | Close
+Action = bytes | Generate | Render | Persist | Cancel | Close
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,14 @@ class Finished:
     """Server time from the start of the turn to the engine call (parse, lookup,
     validate, render, tokenize)."""
     turn: Turn | None
+    status: str = "completed"
+    """The Response's `status` (the protocol knows it; nobody parses `response_json`)."""
+    error: dict[str, str] | None = None
+    """The Response's `error` (`code`, `message`) when it failed."""
+    created_at: int = 0
+    failure: str | None = None
+    """Why it failed, as a stable code: `store_unavailable` when its commit failed (the
+    wire's `error.code` is then `server_error`, the SDK's enum having nothing closer)."""
 
 
 class Observer(Protocol):
@@ -199,15 +220,29 @@ class _Rendering:
 
 
 @dataclass
+class _Ending:
+    """A finished turn whose terminal event waits for its commit (`Persist`)."""
+
+    active: _Active
+    kind: str
+    status: str
+    usage: Usage
+    checkpoint: Checkpoint | None
+    incomplete_reason: str | None
+    finished: Finished
+
+
+@dataclass
 class _Lane:
     name: str | None
     queue: deque[_Pending] = field(default_factory=deque)
     active: _Active | None = None
     rendering: _Rendering | None = None
+    ending: _Ending | None = None
 
     @property
     def free(self) -> bool:
-        return self.active is None and self.rendering is None
+        return self.active is None and self.rendering is None and self.ending is None
 
 
 class Connection:
@@ -227,9 +262,12 @@ class Connection:
         clock: Callable[[], int] = time.perf_counter_ns,
         baseline: Baseline | None = None,
         queue_memory: QueueMemory | None = None,
+        durable: bool = False,
     ) -> None:
         """`queue_memory`: the process-wide bound on queued request bytes that this
-        connection's queue counts in (unbounded beyond its own limit without one)."""
+        connection's queue counts in (unbounded beyond its own limit without one).
+        `durable`: the server has a store; `store=true` responses are committed
+        (`Persist`) before their terminal event."""
         self.cache = cache
         self._queue_memory = queue_memory
         self.limits = limits or ConnectionLimits()
@@ -246,6 +284,8 @@ class Connection:
         self._ready: deque[_Lane] = deque()
         self._active: dict[int, _Active] = {}
         self._rendering: dict[int, _Rendering] = {}
+        self._ending: dict[int, _Ending] = {}
+        self._durable = durable
         self._next_key = 0
         self._queued_bytes = 0
         self._actions: list[Action] = []
@@ -380,6 +420,48 @@ class Connection:
             self._render_refused(rendering, error)
             self._lane_freed(rendering.lane)
 
+    def persist_done(self, key: int) -> None:
+        """The `Persist` work `key` committed: the terminal event goes out."""
+        ending = self._ending.pop(key, None)
+        if ending is not None:
+            ending.active.lane.ending = None
+            self._conclude(ending)
+            self._lane_freed(ending.active.lane)
+
+    def persist_failed(self, key: int, message: str) -> None:
+        """The `Persist` work `key` was not committed: the response ends as
+        `response.failed` (`error.message` starting with `store_unavailable:`), never
+        acknowledged."""
+        ending = self._ending.pop(key, None)
+        if ending is None:
+            return
+        active = ending.active
+        active.lane.ending = None
+        if active.evicts_parent and active.parent is not None:
+            self.cache.evict(active.parent)
+        error = {"code": "server_error", "message": f"{STORE_UNAVAILABLE}: {message}"}
+        self._conclude(
+            replace(
+                ending,
+                kind="response.failed",
+                status="failed",
+                checkpoint=None,
+                incomplete_reason=None,
+                finished=replace(
+                    ending.finished,
+                    response_json=active.events.response_json(
+                        "failed", usage=ending.usage, error=error
+                    ),
+                    checkpoint=None,
+                    status="failed",
+                    error=error,
+                    failure=STORE_UNAVAILABLE,
+                ),
+            ),
+            error,
+        )
+        self._lane_freed(active.lane)
+
     def lifetime_reached(self) -> None:
         """The connection's lifetime is over: finish what is in flight, refuse the
         rest, then close with 1000. Never cuts a response in the middle."""
@@ -392,6 +474,11 @@ class Connection:
         for active in self._active.values():
             self._actions.append(Cancel(active.key))
         self._active.clear()
+        # Commits in progress finish on their own; their usage is booked now, as their
+        # generation ended.
+        for ending in self._ending.values():
+            self._report(ending.finished)
+        self._ending.clear()
         # A render still running in a worker thread finishes on its own; its result
         # finds no turn and is dropped.
         self._rendering.clear()
@@ -399,6 +486,7 @@ class Connection:
             lane.queue.clear()
             lane.active = None
             lane.rendering = None
+            lane.ending = None
         self._ready.clear()
         self._dequeued(self._queued_bytes)
         self.cache.clear()
@@ -412,7 +500,7 @@ class Connection:
 
     @property
     def in_flight(self) -> int:
-        return len(self._active) + len(self._rendering)
+        return len(self._active) + len(self._rendering) + len(self._ending)
 
     @property
     def busy(self) -> bool:
@@ -601,9 +689,6 @@ class Connection:
             if self._baseline is None
             else self._baseline.render_request(events.response_id, request)
         )
-        if not request.generate:
-            self._warm_up(request, events, conversation, turn, pending, start)
-            return
         key = self._next_key
         self._next_key += 1
         active = _Active(
@@ -618,6 +703,10 @@ class Connection:
             evicts_parent=rendering.evicts_parent,
             overhead_ns=0,
         )
+        if not request.generate:
+            active.overhead_ns = pending.parse_ns + self._clock() - start
+            self._warm_up(active)
+            return
         prompt = conversation.prompt() if peer_prompt is None else peer_prompt
         budget = self._context_window - len(prompt)
         max_tokens = request.max_output_tokens
@@ -634,37 +723,13 @@ class Connection:
         active.overhead_ns = pending.parse_ns + self._clock() - start
         self._actions.append(Generate(key, prompt, sampling))
 
-    def _warm_up(
-        self,
-        request: CreateRequest,
-        events: ResponseEvents,
-        conversation: Conversation,
-        turn: Turn,
-        pending: _Pending,
-        start: int,
-    ) -> None:
+    def _warm_up(self, active: _Active) -> None:
         """`generate: false`: the state is rendered and cached under a fresh id, with
-        an empty output and zero usage."""
-        checkpoint = conversation.checkpoint()
-        usage = Usage()
-        self._actions.append(events.lifecycle("response.created", "in_progress"))
-        final = events.response_json("completed", output=[], usage=usage)
-        self._actions.append(
-            events.lifecycle("response.completed", "completed", output=[], usage=usage)
-        )
-        self.cache.put(events.response_id, checkpoint, events.stream_id)
-        self._report(
-            Finished(
-                events.response_id,
-                request,
-                final,
-                checkpoint,
-                usage,
-                self._principal,
-                pending.parse_ns + self._clock() - start,
-                turn,
-            )
-        )
+        an empty output and zero usage. It never takes its lane (it ends inside
+        `_pump`), except while its commit runs."""
+        checkpoint = active.conversation.checkpoint()
+        self._actions.append(active.events.lifecycle("response.created", "in_progress"))
+        self._terminal(active, "response.completed", "completed", Usage(), checkpoint)
 
     # ---------------------------------------------------------------- endings
 
@@ -696,14 +761,13 @@ class Connection:
         final = events.response_json(
             status, usage=usage, error=error, incomplete_reason=incomplete_reason
         )
-        self._actions.append(
-            events.lifecycle(
-                kind, status, usage=usage, error=error, incomplete_reason=incomplete_reason
-            )
-        )
-        if checkpoint is not None:
-            self.cache.put(events.response_id, checkpoint, active.lane.name)
-        self._report(
+        ending = _Ending(
+            active,
+            kind,
+            status,
+            usage,
+            checkpoint,
+            incomplete_reason,
             Finished(
                 events.response_id,
                 active.request,
@@ -713,9 +777,38 @@ class Connection:
                 self._principal,
                 active.overhead_ns,
                 active.turn,
+                status=status,
+                error=error,
+                created_at=events.created_at,
+                failure=None if error is None else error["code"],
+            ),
+        )
+        if self._durable and active.request.store:
+            active.lane.active = None
+            active.lane.ending = self._ending[active.key] = ending
+            self._actions.append(Persist(active.key, ending.finished))
+            return
+        self._conclude(ending, error)
+        # A warm-up never took its lane (it ends inside `_pump`): nothing to free.
+        if active.lane.active is active:
+            self._release(active)
+
+    def _conclude(self, ending: _Ending, error: dict[str, str] | None = None) -> None:
+        """Send the terminal event, cache the new state and report it."""
+        active = ending.active
+        events = active.events
+        self._actions.append(
+            events.lifecycle(
+                ending.kind,
+                ending.status,
+                usage=ending.usage,
+                error=error,
+                incomplete_reason=ending.incomplete_reason,
             )
         )
-        self._release(active)
+        if ending.checkpoint is not None:
+            self.cache.put(events.response_id, ending.checkpoint, active.lane.name)
+        self._report(ending.finished)
 
     def _fail(self, active: _Active, message: str, usage: Usage) -> None:
         if active.evicts_parent and active.parent is not None:

@@ -28,6 +28,7 @@ from hotloop.protocol import (
     Observer,
     QueueMemory,
 )
+from hotloop.store import StoreError
 from hotloop.transport.admission import RETRY_AFTER_SECONDS
 from hotloop.transport.asgi import SEND_FRAMES, ASGIApp, Message, Receive, Scope, Send
 from hotloop.transport.http import header
@@ -131,6 +132,12 @@ class App:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.start()
+                except StoreError as e:
+                    # A damaged or unusable store: the message names the database and
+                    # what to do; a traceback would only bury it.
+                    log.error("cannot start: %s", e.message)
+                    await send({"type": "lifespan.startup.failed", "message": e.message})
+                    return
                 except Exception as e:
                     log.exception("engine failed to start")
                     await send({"type": "lifespan.startup.failed", "message": repr(e)})
@@ -186,6 +193,7 @@ class App:
             baseline=self.baseline,
             principal=key,
             queue_memory=self.queue_memory,
+            durable=self.ledger is not None and self.ledger.durable,
         )
         socket = Socket(
             connection,
@@ -195,6 +203,7 @@ class App:
             lifetime=config.connection_lifetime,
             send_frames=SEND_FRAMES in scope.get("extensions", {}),
             stream_cpu=None if self.ledger is None else self.ledger.metrics.stream_cpu,
+            commit=None if self.ledger is None else self.ledger.persist,
         )
         self.connections += 1
         self._sockets_of[owner] = self._sockets_of.get(owner, 0) + 1

@@ -9,7 +9,8 @@ Routes (each also without the `/v1` prefix, and below any mount point):
   miss rebuilds the chain from the store first.
 - `GET` / `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`
 - `GET /v1/models`, `GET /v1/models/{id}`, `GET /v1/usage` (the caller's token usage)
-- `GET /health` (503 while draining, so load balancers stop routing here), `GET /metrics`
+- `GET /health` (503 while draining or while the store cannot commit, so load balancers
+  stop routing here), `GET /metrics`
 
 This module owns HTTP concerns only: routing, bodies and their size limit, Bearer auth,
 query parameters, SSE framing, client disconnects and error envelopes. Protocol
@@ -40,14 +41,16 @@ from hotloop.protocol import (
     ConnectionLimits,
     Finished,
     Generate,
+    Persist,
     QueueMemory,
     Render,
 )
+from hotloop.protocol.connection import STORE_UNAVAILABLE
 from hotloop.protocol.errors import ProtocolError
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
 from hotloop.transport.asgi import Receive, Scope, Send
-from hotloop.transport.websocket import render_off_loop
+from hotloop.transport.websocket import persist, render_off_loop
 
 log = logging.getLogger("hotloop.http")
 
@@ -165,9 +168,16 @@ class HttpApi:
         return {"id": self.model, "object": "model", "created": self.created, "owned_by": "hotloop"}
 
     async def _health(self, send: Send) -> None:
-        draining = self.ledger.drain.draining
-        body = {"status": "draining" if draining else "ok", "model": self.model}
-        await _reply(send, 503 if draining else 200, orjson.dumps(body))
+        store = self.ledger.store
+        if self.ledger.drain.draining:
+            status = "draining"
+        elif store is not None and not store.healthy:
+            # store=true responses fail until a write commits again: route elsewhere.
+            status = "store_unavailable"
+        else:
+            status = "ok"
+        body = {"status": status, "model": self.model}
+        await _reply(send, 200 if status == "ok" else 503, orjson.dumps(body))
 
     # ---------------------------------------------------------------- POST /v1/responses
 
@@ -203,6 +213,7 @@ class HttpApi:
             observer=exchange,
             principal=principal,
             baseline=self.baseline,
+            durable=self.ledger.durable,
         )
         connection.receive_request(request, size, time.perf_counter_ns() - start)
         actions = connection.actions()
@@ -237,12 +248,7 @@ class HttpApi:
     ) -> None:
         """Send the frames so far, then run the engine work; a client that disconnects
         cancels generation (uvicorn's `send` to a closed connection is silent)."""
-        work = None
-        for action in actions:
-            if isinstance(action, bytes):
-                await emit(action)
-            elif isinstance(action, Generate):
-                work = action
+        work = await self._send_actions(connection, actions, emit)
         if work is None:
             return
         generation = asyncio.ensure_future(self._generate(connection, work, emit))
@@ -264,7 +270,7 @@ class HttpApi:
             stream = session.generate(work.prompt, work.sampling)
             async for ids in stream:
                 more = connection.engine_output(work.key, ids)
-                await _emit_frames(connection, emit)
+                await self._send_actions(connection, connection.actions(), emit)
                 if not more:
                     break
             connection.engine_done(work.key)
@@ -278,7 +284,24 @@ class HttpApi:
             if stream is not None:
                 await close_stream(stream)
             await session.close()
-        await _emit_frames(connection, emit)
+        await self._send_actions(connection, connection.actions(), emit)
+
+    async def _send_actions(
+        self, connection: Connection, actions: list[Any], emit: Emit
+    ) -> Generate | None:
+        """Emit the frames, commit a `Persist` before the frames after it (the terminal
+        event), and return the engine work if there is some."""
+        work = None
+        while actions:
+            for action in actions:
+                if isinstance(action, bytes):
+                    await emit(action)
+                elif isinstance(action, Generate):
+                    work = action
+                elif isinstance(action, Persist):
+                    await persist(connection, action, self.ledger.persist(action.finished))
+            actions = connection.actions()
+        return work
 
     # ---------------------------------------------------------------- stored responses
 
@@ -364,12 +387,6 @@ def _event_type(frame: bytes) -> bytes:
 
 def _is_error(frame: bytes) -> bool:
     return frame.startswith(b'{"type":"error"')
-
-
-async def _emit_frames(connection: Connection, emit: Emit) -> None:
-    for action in connection.actions():
-        if isinstance(action, bytes):
-            await emit(action)
 
 
 async def _discard(frame: bytes) -> None:
@@ -497,15 +514,16 @@ async def _reply_final(send: Send, finished: Finished | None) -> None:
         # The engine stopped without a terminal event: only a disconnect does that,
         # and then nobody is listening.
         return
-    response = orjson.loads(finished.response_json)
-    if response["status"] == "failed":
-        error = response.get("error") or {}
+    if finished.status == "failed":
+        error = finished.error or {}
+        code = finished.failure or "server_error"
         await _error(
             send,
             ProtocolError(
-                error.get("code", "server_error"),
+                code,
                 error.get("message", "The response failed."),
-                status=500,
+                # Not stored, so not acknowledged: the client may retry elsewhere.
+                status=503 if code == STORE_UNAVAILABLE else 500,
             ),
         )
         return
