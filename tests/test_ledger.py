@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from hotloop._core import parse_request
-from hotloop.auth import key_id
+from hotloop.auth import ApiKeys, key_id
 from hotloop.events import Usage
 from hotloop.ledger import Ledger
 from hotloop.protocol import Finished
@@ -38,8 +38,14 @@ def finished(response_id: str, principal: str, response_json: bytes | None = Non
     )
 
 
+# Usage is booked under the tenant label: named keys keep the assertions readable.
+KEYS = ApiKeys(["a:sk-a", "b:sk-b"])
+
+
 def ledger(**options: Any) -> Ledger:
-    return Ledger(sim_engine(), cache_memory_bytes=1 << 30, max_cached_bytes=1 << 30, **options)
+    return Ledger(
+        sim_engine(), cache_memory_bytes=1 << 30, max_cached_bytes=1 << 30, keys=KEYS, **options
+    )
 
 
 async def test_a_poisoned_and_a_normal_turn_ending_together_are_both_booked() -> None:
@@ -48,12 +54,12 @@ async def test_a_poisoned_and_a_normal_turn_ending_together_are_both_booked() ->
     books.record(finished("resp_bad", "sk-a", POISONED), "websocket")
     books.record(finished("resp_ok", "sk-b"), "websocket")
     await asyncio.sleep(0)  # one loop turn: the deferred booking runs
-    assert books.usage.of(key_id("sk-a")).output_tokens == 5
-    assert books.usage.of(key_id("sk-b")).output_tokens == 5
+    assert books.usage.of("a").output_tokens == 5
+    assert books.usage.of("b").output_tokens == 5
     # And booking goes on for later turns.
     books.record(finished("resp_later", "sk-b"), "http")
     await asyncio.sleep(0)
-    assert books.usage.of(key_id("sk-b")).responses == 2
+    assert books.usage.of("b").responses == 2
     assert books.metrics.store_errors.labels("booking").value == 0
 
 
@@ -67,7 +73,7 @@ async def test_a_response_that_cannot_be_booked_is_counted_and_the_others_are_bo
     await asyncio.sleep(0)
     assert books.metrics.store_errors.labels("booking").value == 1
     assert "resp_broken" in caplog.text
-    assert books.usage.of(key_id("sk-b")).responses == 1
+    assert books.usage.of("b").responses == 1
 
 
 async def test_a_poisoned_record_fails_its_commit_alone(tmp_path: Path) -> None:
