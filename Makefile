@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ENGINE ?= llama
 
-.PHONY: all venv develop native haproxy serve test test-rust test-python lint bench bench-ci clean
+.PHONY: all venv develop native haproxy services serve test test-rust test-python lint bench bench-ci clean
 
 all: develop
 
@@ -19,7 +19,15 @@ venv: $(BIN)/python
 
 # Builds hotloop._core (release) and installs the package with its test and dev extras.
 develop: venv
-	$(BIN)/maturin develop --release -q -E test,dev,bench
+	$(BIN)/maturin develop --release -q -E test,dev,bench,postgres,redis
+
+# PostgreSQL 15 and redis-server for the store tests, which start their own servers
+# (tests/pg_server.py); installed from Debian only when missing.
+services:
+	@test -x /usr/lib/postgresql/15/bin/initdb || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql-15)
+	@command -v redis-server >/dev/null || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server)
 
 # llama-cpp-python (GGML_NATIVE=OFF), the SmolLM2 GGUF and llama-server, built once per
 # user into ~/.cache/hotloop/native and installed from there (python/hotloop/native_deps.py).
@@ -38,7 +46,7 @@ serve: develop native
 test-rust:
 	cargo test --manifest-path rust/Cargo.toml
 
-test-python: develop native haproxy
+test-python: develop native services haproxy
 	$(BIN)/pytest -q
 
 test: test-rust test-python

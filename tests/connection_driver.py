@@ -9,11 +9,32 @@ from typing import Any
 
 import orjson
 from hotloop._core import ChatFormat, CoreError
-from hotloop.protocol import Cancel, Close, Connection, Generate, Render
+from hotloop.protocol import (
+    Cancel,
+    Close,
+    Connection,
+    ConnectionCache,
+    Generate,
+    Observer,
+    Persist,
+    Render,
+)
 from sdk_events import validate
 
 FORMAT = ChatFormat.harmony()
 ANSWER = FORMAT.completion_tokens(text="Hello there, friend.")
+
+
+def sim_connection(cache: ConnectionCache, observer: Observer, **options: Any) -> Connection:
+    """A Connection over harmony with a 1M-token window, serving the model `sim`."""
+    return Connection(
+        chat_format=FORMAT,
+        context_window=1 << 20,
+        model="sim",
+        cache=cache,
+        observer=observer,
+        **options,
+    )
 
 
 class ConnectionDriver:
@@ -24,6 +45,7 @@ class ConnectionDriver:
         self.conn = conn
         self.renders: dict[int, Render] = {}
         self.generating: dict[int, Generate] = {}
+        self.persisting: dict[int, Persist] = {}
         self.cancelled: list[int] = []
         self.closed: Close | None = None
 
@@ -37,6 +59,8 @@ class ConnectionDriver:
                 self.renders[action.key] = action
             elif isinstance(action, Generate):
                 self.generating[action.key] = action
+            elif isinstance(action, Persist):
+                self.persisting[action.key] = action
             elif isinstance(action, Cancel):
                 self.cancelled.append(action.key)
                 self.generating.pop(action.key)
@@ -60,6 +84,15 @@ class ConnectionDriver:
             self.conn.render_failed(work.key, e)
         else:
             self.conn.render_done(work.key, turn)
+        return self.pump()
+
+    def commit(self, key: int | None = None, error: str | None = None) -> list[dict[str, Any]]:
+        """Report one handed-out commit done (or failed with `error`)."""
+        work = self.persisting.pop(min(self.persisting) if key is None else key)
+        if error is None:
+            self.conn.persist_done(work.key)
+        else:
+            self.conn.persist_failed(work.key, error)
         return self.pump()
 
     def finish(self, key: int | None = None, ids: list[int] = ANSWER) -> list[dict[str, Any]]:

@@ -5,9 +5,13 @@ until the server accepts): no waiting loop."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,11 +20,15 @@ from hotloop._core import ChatFormat
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
 from hotloop.transport import App
+from hotloop.transport.admission import AdmittingHttpProtocol
 from hotloop.transport.asgi import SEND_FRAMES, Message, Receive, Scope, Send
 from hotloop.transport.frames import FrameSendingProtocol
 from pydantic import ValidationError
 from sdk_events import validate
 
+READY = "Application startup complete"
+BOUND = "Uvicorn running on"
+HANG_GUARD = 120.0  # seconds; only bounds a broken run, never part of what is checked
 FAST = SimSpeed(tokens_per_second=20000.0, ttft=0.0, prefill_tokens_per_second=1e9)
 
 
@@ -68,15 +76,14 @@ def serving(app: Any, **uvicorn_options: Any) -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    options: dict[str, Any] = {"ws": FrameSendingProtocol, **uvicorn_options}
-    config = uvicorn.Config(
-        app,
-        http="httptools",
-        loop="uvloop",
-        lifespan="on",
-        log_level="warning",
-        **options,
-    )
+    # The protocols `hotloop serve` runs: its admission control and its frame batching.
+    options: dict[str, Any] = {
+        "ws": FrameSendingProtocol,
+        "http": AdmittingHttpProtocol,
+        "log_level": "warning",
+        **uvicorn_options,
+    }
+    config = uvicorn.Config(app, loop="uvloop", lifespan="on", **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -103,3 +110,66 @@ def hotloop_server(
     with serving(checked, **options) as url:
         yield url
     assert checked.invalid == []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ServedProcess:
+    """`hotloop serve --engine=sim` in a subprocess on 127.0.0.1, with `args` added;
+    its log is drained by a thread (a full pipe would block the server) and `ready` is
+    set once uvicorn reports startup complete in every worker and its socket bound."""
+
+    def __init__(self, args: Sequence[str], workers: int = 1) -> None:
+        self.workers = workers
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log: list[str] = []
+        self.ready = threading.Event()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        command = [sys.executable, "-m", "hotloop.cli", "serve", "--engine=sim"]
+        command += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "info"]
+        self.process = subprocess.Popen(
+            [*command, *args], stderr=subprocess.PIPE, text=True, env=env
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        # Ready: every worker started its application and the socket is bound (one
+        # process binds after its startup, a supervisor before it forks).
+        started, bound = 0, False
+        for line in self.process.stderr:
+            self.log.append(line)
+            started += READY in line
+            bound = bound or BOUND in line
+            if bound and started == self.workers:
+                self.ready.set()
+        self.ready.set()  # exited: let the waiter see it
+
+    def wait_ready(self) -> None:
+        assert self.ready.wait(HANG_GUARD)
+        assert self.process.poll() is None, "".join(self.log)
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(HANG_GUARD)
+        self._reader.join(HANG_GUARD)
+        return code
+
+
+@contextmanager
+def served_process(args: Sequence[str], workers: int = 1) -> Iterator[ServedProcess]:
+    server = ServedProcess(args, workers)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()

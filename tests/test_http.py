@@ -183,6 +183,32 @@ def test_store_false_leaves_nothing_behind(client: OpenAI) -> None:
     assert refused.value.param == "previous_response_id"
 
 
+def test_a_poisoned_tool_list_costs_no_one_else(url: str) -> None:
+    """Issue 15 item 2: a tool carrying a number outside f64 made the request a bare 500,
+    its usage was never booked, and booking could stop for everyone. Now the request is
+    refused (by the core) or failed unacknowledged (by the store), and the next request
+    of another key is served, stored and booked."""
+    poisoned = (
+        b'{"model":"sim","input":"hi","tools":[{"type":"function","name":"f",'
+        b'"parameters":{"type":"object"},"zz":1e999}]}'
+    )
+    reply = httpx.post(
+        url + "/v1/responses",
+        content=poisoned,
+        headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
+    )
+    assert (reply.status_code, reply.json()["error"]["code"]) in (
+        (400, "invalid_value"),
+        (503, "store_unavailable"),
+    )
+    other = {"authorization": f"Bearer {OTHER_KEY}"}
+    before = httpx.get(url + "/v1/usage", headers=other).json()["responses"]
+    served = httpx.post(url + "/v1/responses", json={"model": "sim", "input": "hi"}, headers=other)
+    assert served.status_code == 200
+    assert httpx.get(f"{url}/v1/responses/{served.json()['id']}", headers=other).status_code == 200
+    assert httpx.get(url + "/v1/usage", headers=other).json()["responses"] == before + 1
+
+
 def test_another_key_sees_nothing(client: OpenAI, url: str) -> None:
     mine = create_raw(client, input="mine")
     other = OpenAI(base_url=url + "/v1", api_key=OTHER_KEY, max_retries=0)
@@ -203,7 +229,7 @@ def test_a_restarted_server_continues_from_the_store(tmp_path: Path) -> None:
         second = create_raw(client, input="and this", previous_response_id=first.id)
     # The sampled ids are stored verbatim beside the response.
     database = SQLiteDatabase(tmp_path / "responses.sqlite3")
-    chain = database.chain(second.id)
+    chain = database.chain(second.id, None)
     database.close()
     assert [r.id for r in chain] == [second.id, first.id]
     assert ChatFormat.harmony().tokenizer.decode(chain[0].output_token_ids).endswith("Done.<|end|>")
@@ -230,9 +256,9 @@ def test_a_websocket_continues_a_stored_response_read_off_the_event_loop(
     readers: list[str] = []
     chain = SQLiteDatabase.chain
 
-    def recording_chain(self: SQLiteDatabase, response_id: str) -> Any:
+    def recording_chain(self: SQLiteDatabase, response_id: str, owner: str | None) -> Any:
         readers.append(threading.current_thread().name)
-        return chain(self, response_id)
+        return chain(self, response_id, owner)
 
     monkeypatch.setattr(SQLiteDatabase, "chain", recording_chain)
     headers = {"Authorization": f"Bearer {KEY}"}

@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from connection_driver import ANSWER, FORMAT, ConnectionDriver
+from connection_driver import ANSWER, FORMAT, ConnectionDriver, sim_connection
 from hotloop.engines.base import EngineError
 from hotloop.protocol import (
     CacheBudget,
     Close,
-    Connection,
     ConnectionCache,
     ConnectionLimits,
     Finished,
@@ -48,14 +47,7 @@ class Client(ConnectionDriver):
         self.budget = CacheBudget(1 << 30)
         self.cache = ConnectionCache(1 << 30, self.budget)
         super().__init__(
-            Connection(
-                chat_format=FORMAT,
-                context_window=1 << 20,
-                model="sim",
-                cache=self.cache,
-                limits=ConnectionLimits(**limits),
-                observer=self.observer,
-            )
+            sim_connection(self.cache, self.observer, limits=ConnectionLimits(**limits))
         )
 
     def turn(self, input: Any = "Hi", ids: list[int] = ANSWER, **fields: Any) -> dict[str, Any]:
@@ -383,15 +375,7 @@ def test_a_rebuilt_chain_keeps_the_root_it_was_stored_under() -> None:
 
 def test_a_session_header_names_every_conversation_of_the_connection() -> None:
     cache = ConnectionCache(1 << 30, CacheBudget(1 << 30))
-    client = ConnectionDriver(
-        Connection(
-            chat_format=FORMAT,
-            context_window=1 << 20,
-            model="sim",
-            cache=cache,
-            session_key="codex-session-1",
-        )
-    )
+    client = ConnectionDriver(sim_connection(cache, Recorder(), session_key="codex-session-1"))
     client.create("one")
     client.create("two", stream_id="side")
     assert {w.route_key for w in client.generating.values()} == {"codex-session-1"}

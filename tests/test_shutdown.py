@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from hotloop._core import ChatFormat, Prompt
-from hotloop.auth import ApiKeys, AuthError, Credential, key_id
+from hotloop.auth import ApiKeys, AuthError, Credential, key_id, keyed_label
 from hotloop.engines.base import EngineError, Sampling, close_stream
 from hotloop.engines.sim import SimEngine, SimSpeed
 from hotloop.shutdown import Drain, ShuttingDown
@@ -79,10 +79,12 @@ async def test_a_generation_is_in_flight_until_its_stream_is_closed() -> None:
 
 
 def test_api_keys() -> None:
-    keys = ApiKeys(["sk-one", "sk-two"])
+    keys = ApiKeys(["sk-one", "two:sk-two"], label_secret="s")
     assert keys.enabled
-    assert keys.authenticate(b"Bearer sk-two") == Credential("sk-two", key_id("sk-two"))
-    assert keys.authenticate(b"bearer  sk-one ") == Credential("sk-one", key_id("sk-one"))
+    assert keys.authenticate(b"Bearer sk-two") == Credential("sk-two", key_id("sk-two"), "two")
+    assert keys.authenticate(b"bearer  sk-one ") == Credential(
+        "sk-one", key_id("sk-one"), keyed_label("sk-one", b"s")
+    )
     for header, code in (
         (None, "missing_api_key"),
         (b"", "missing_api_key"),

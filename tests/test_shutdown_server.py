@@ -5,21 +5,17 @@ stored response is readable."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from servers import HANG_GUARD, ServedProcess, served_process
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -27,95 +23,26 @@ KEY = "sk-drain"
 AUTH = {"authorization": f"Bearer {KEY}"}
 # Slow enough that a response is still streaming when the signal arrives.
 LONG_TEXT = " ".join(f"word{i}" for i in range(150))
-READY = "Application startup complete"
-BOUND = "Uvicorn running on"
-HANG_GUARD = 120.0  # seconds; only bounds a broken run, never part of what is checked
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Served:
-    """A `hotloop serve` process whose log is drained by a thread (a full pipe would
-    block the server); `ready` is set once uvicorn reports startup complete in every
-    worker and its socket bound."""
-
-    def __init__(self, data_dir: Path, workers: int) -> None:
-        self.workers = workers
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log: list[str] = []
-        self.ready = threading.Event()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "hotloop.cli",
-                "serve",
-                "--engine=sim",
-                "--port",
-                str(self.port),
-                "--data-dir",
-                str(data_dir),
-                "--api-keys",
-                KEY,
-                "--sim-text",
-                LONG_TEXT,
-                "--sim-tokens-per-second",
-                "150",
-                "--sim-ttft",
-                "0",
-                "--log-level",
-                "info",
-                "--workers",
-                str(workers),
-            ],
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        # Ready: every worker started its application and the socket is bound (one
-        # process binds after its startup, a supervisor before it forks).
-        started, bound = 0, False
-        for line in self.process.stderr:
-            self.log.append(line)
-            started += READY in line
-            bound = bound or BOUND in line
-            if bound and started == self.workers:
-                self.ready.set()
-        self.ready.set()  # exited: let the waiter see it
-
-    def wait_ready(self) -> None:
-        assert self.ready.wait(HANG_GUARD)
-        assert self.process.poll() is None, "".join(self.log)
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(HANG_GUARD)
-        self._reader.join(HANG_GUARD)
-        return code
-
-
-@contextmanager
-def served(data_dir: Path, workers: int = 1) -> Iterator[Served]:
-    server = Served(data_dir, workers)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait()
+def served(data_dir: Path, workers: int = 1) -> AbstractContextManager[ServedProcess]:
+    return served_process(
+        [
+            "--data-dir",
+            str(data_dir),
+            "--api-keys",
+            KEY,
+            "--sim-text",
+            LONG_TEXT,
+            "--sim-tokens-per-second",
+            "150",
+            "--sim-ttft",
+            "0",
+            "--workers",
+            str(workers),
+        ],
+        workers,
+    )
 
 
 class InFlight(threading.Thread, ABC):

@@ -261,6 +261,12 @@ class Conversation:
     ) -> Turn:
         """`extend` without a request (TokenCache and store rebuilds). Does not open an
         assistant turn. `instructions` or `tools_json` None keeps the current one."""
+    def append_output(self, items_json: str, ids: Sequence[int]) -> None:
+        """A stored model turn (store rebuilds): the generation header, then `ids` (the
+        output segment as `commit_output` rendered it) verbatim, with `items_json` (the
+        response's `output` array) as its items; function calls become open calls with
+        their stored call ids. Raises CoreError and leaves the conversation unchanged
+        on failure."""
     def append_text(self, chunk: str) -> int:
         """Grow the last item's text (streamed or chunked content); returns tokens changed."""
     def prompt(self) -> Prompt:

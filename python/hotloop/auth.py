@@ -1,16 +1,24 @@
 """API-key authentication for both transports (HTTP requests and WebSocket upgrades).
 
-Owns the set of accepted keys and the mapping from a key to its id: a short digest that
-names the key in stored responses, usage totals and metrics without ever storing or
-exposing the secret itself. Auth is on exactly when keys are configured.
+Owns the set of accepted keys and the two names of a key, neither of which is the
+secret: its id (`key_id`, a digest that names the owner of stored responses, stable
+across restarts and never shown outside the process) and its tenant label, the name
+usage totals and `/metrics` show. An operator names keys (`--api-keys name:sk-...`);
+an unnamed key is labelled by a keyed hash (HMAC-SHA256 under a secret the operator
+sets or the process draws), so an unauthenticated `/metrics` reader cannot test
+guesses of a weak key against its label. Auth is on exactly when keys are configured.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
+import secrets
 from collections.abc import Iterable
 from typing import NamedTuple
+
+TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class AuthError(Exception):
@@ -24,21 +32,58 @@ class AuthError(Exception):
 
 
 def key_id(key: str) -> str:
-    """The public name of an API key: `key_` + 12 hex digits of its SHA-256."""
+    """The owner name of an API key in the store: `key_` + 12 hex digits of its SHA-256.
+    Stable across restarts (stored rows keep their owner); never rendered on
+    `/metrics` or any response, where the tenant label stands instead."""
     return "key_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def keyed_label(key: str, secret: bytes) -> str:
+    """The tenant label of an unnamed key: `key_` + 12 hex digits of HMAC-SHA256."""
+    return "key_" + hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:12]
+
+
+def parse_entry(entry: str) -> tuple[str | None, str]:
+    """`name:secret` or a bare `secret` (an entry whose text before its first `:` is
+    not a tenant name, 1-64 of `[A-Za-z0-9_.-]`, is a bare secret)."""
+    name, sep, secret = entry.partition(":")
+    if sep and secret and TENANT_NAME.fullmatch(name):
+        return name, secret
+    return None, entry
 
 
 class Credential(NamedTuple):
     """An accepted key: the secret (the protocol layer's principal, hashed by the
-    ledger before anything is stored) and its public id."""
+    ledger before anything is stored), its store id and its tenant label."""
 
     key: str
     id: str
+    label: str
 
 
 class ApiKeys:
-    def __init__(self, keys: Iterable[str] = ()) -> None:
-        self._keys = {key.encode(): Credential(key, key_id(key)) for key in keys if key}
+    """The accepted keys (`--api-keys` entries, `name:secret` or `secret`).
+    `label_secret` keys the hash that labels unnamed keys; None draws one for the
+    process (labels then change at every start)."""
+
+    def __init__(self, entries: Iterable[str] = (), label_secret: str | None = None) -> None:
+        secret = label_secret.encode() if label_secret else secrets.token_bytes(32)
+        self._keys: dict[bytes, Credential] = {}
+        self._by_key: dict[str, Credential] = {}
+        for entry in entries:
+            if not entry:
+                continue
+            name, key = parse_entry(entry)
+            credential = Credential(key, key_id(key), name or keyed_label(key, secret))
+            self._keys[key.encode()] = credential
+            self._by_key[key] = credential
+
+    def label(self, principal: str | None) -> str | None:
+        """The tenant label of an authenticated principal (None when auth is off)."""
+        if principal is None:
+            return None
+        credential = self._by_key.get(principal)
+        return None if credential is None else credential.label
 
     @property
     def enabled(self) -> bool:
@@ -68,4 +113,4 @@ class ApiKeys:
         raise AuthError("invalid_api_key", "Incorrect API key provided.")
 
 
-__all__ = ["ApiKeys", "AuthError", "Credential", "key_id"]
+__all__ = ["ApiKeys", "AuthError", "Credential", "key_id", "keyed_label", "parse_entry"]

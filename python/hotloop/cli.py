@@ -12,6 +12,7 @@ import argparse
 import copy
 import dataclasses
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -23,8 +24,14 @@ from hotloop.bench.peer import SIM_FORMAT, Peer
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
-from hotloop.protocol import ConnectionLimits
+from hotloop.protocol import ConnectionLimits, QueueMemory
 from hotloop.transport import App
+from hotloop.transport.admission import (
+    AdmittingHttpProtocol,
+    connection_cap,
+    raise_open_files_limit,
+    return_large_buffers,
+)
 from hotloop.transport.frames import FrameSendingProtocol
 from hotloop.transport.http import HttpApi
 
@@ -97,24 +104,31 @@ def load_engine(config: ServerConfig) -> Engine:
 
 def create_app() -> App:
     """The application a uvicorn worker builds (configuration from the environment)."""
+    return_large_buffers()  # in every worker process
     config = ServerConfig.from_env()
     return build_app(load_engine(config), config)
 
 
 def build_app(engine: Engine, config: ServerConfig) -> App:
     """The whole server around `engine`: WebSocket mode, the HTTP routes, and the
-    ledger (store in `config.data_dir`, usage, metrics, shutdown drain)."""
+    ledger (the store at `config.store` or in `config.data_dir`, usage, metrics, shutdown
+    drain)."""
+    keys = ApiKeys(config.api_keys, config.tenant_label_secret)
     ledger = Ledger(
         engine,
+        keys=keys,
         cache_memory_bytes=config.cache_memory_bytes,
         max_cached_bytes=config.max_cached_bytes,
         # An empty data directory means no durable store: store=true is then a no-op.
-        data_dir=config.data_dir or None,
+        data_dir=config.store or config.data_dir or None,
+        commit_window=config.store_commit_window,
+        busy_timeout=config.store_busy_timeout,
+        cache=config.store_cache,
     )
     ledger.metrics.node = config.node
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None
-    keys = ApiKeys(config.api_keys)
+    queue_memory = QueueMemory(config.max_queued_bytes_total, config.max_queued_bytes_per_key)
     http = HttpApi(
         ledger,
         baseline=baseline,
@@ -123,8 +137,17 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         limits=ConnectionLimits(
             max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
         ),
+        queue_memory=queue_memory,
     )
-    return App(ledger.engine, config, http=http, ledger=ledger, baseline=baseline, keys=keys)
+    return App(
+        ledger.engine,
+        config,
+        http=http,
+        ledger=ledger,
+        baseline=baseline,
+        keys=keys,
+        queue_memory=queue_memory,
+    )
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -172,8 +195,7 @@ def log_config(node: str, level: str) -> dict[str, Any]:
         formatter["fmt"] = formatter["fmt"].replace("%(levelprefix)s", f"%(levelprefix)s {name}")
     config["loggers"]["hotloop"] = {
         "handlers": ["default"],
-        # uvicorn's `trace` is below every level hotloop logs at.
-        "level": "DEBUG" if level == "trace" else level.upper(),
+        "level": level.upper(),
         "propagate": False,
     }
     return config
@@ -184,12 +206,17 @@ def serve(config: ServerConfig) -> None:
 
     # One name for the node, resolved here so that `--workers N` share it.
     config = dataclasses.replace(config, node_id=config.node)
+    if config.api_keys and not config.tenant_label_secret:
+        # Drawn once here, so every worker labels a tenant the same way.
+        config = dataclasses.replace(config, tenant_label_secret=secrets.token_hex(32))
     os.environ.update(config_env(config))
+    before, after = raise_open_files_limit()
     base = f"http://{config.host}:{config.port}/v1"
     print(
         f"hotloop: engine {config.engine}, serving {base}\n"
         f"  WebSocket mode: ws://{config.host}:{config.port}/v1/responses\n"
         f'  OpenAI(base_url="{base}", api_key=...).responses.connect()\n'
+        f"  open files: {after} (was {before}); connections: at most {connection_cap(config)}\n"
         f"  node {config.node}",
         file=sys.stderr,
         flush=True,
@@ -204,7 +231,9 @@ def serve(config: ServerConfig) -> None:
         # On every HTTP response and WebSocket upgrade: which node answered.
         headers=[(NODE_HEADER, config.node)],
         loop="uvloop",
-        http="httptools",
+        # httptools with a header deadline and a connection cap (transport/admission.py).
+        http=AdmittingHttpProtocol,
+        timeout_keep_alive=config.keep_alive_timeout,
         # uvicorn's websockets-sansio protocol, with hotloop's frame-batch extension.
         ws=FrameSendingProtocol,
         # Frames up to twice the protocol limit reach the app, which answers an

@@ -51,6 +51,17 @@ def _node_name(text: str) -> str:
     return text
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def _log_level(text: str) -> str:
+    # uvicorn's `trace` logs every ASGI scope, Authorization headers included: not offered.
+    level = text.strip().lower()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return level
+
+
 def _option(default: Any, help: str, parse: Callable[[str], Any] | None = None) -> Any:
     # The parser is kept beside the help so env vars and flags agree on syntax.
     return field(default=default, metadata={"help": help, "parse": parse})
@@ -65,7 +76,15 @@ class ServerConfig:
     engine: str = _option("llama", "inference engine: sim, llama or upstream")
     model: str | None = _option(None, "model name clients send (default: the engine's)")
     api_keys: tuple[str, ...] = _option(
-        (), "comma-separated Bearer keys; auth is on when any is given", _keys
+        (),
+        "comma-separated Bearer keys, each `secret` or `name:secret` (the name labels the "
+        "tenant in usage and /metrics); auth is on when any is given",
+        _keys,
+    )
+    tenant_label_secret: str | None = _option(
+        None,
+        "secret of the keyed hash that labels unnamed keys in /metrics (default: drawn "
+        "at start, so labels change across restarts)",
     )
     websocket: bool = _option(True, "serve WebSocket mode (off: upgrades get 426)", _flag)
     websocket_deflate: bool = _option(
@@ -79,16 +98,52 @@ class ServerConfig:
     send_buffer_bytes: int = _option(
         1 * MIB, "outgoing bytes buffered per connection before generation pauses"
     )
+    max_queued_bytes_total: int = _option(
+        1024 * MIB, "bytes of queued requests across all connections and HTTP requests"
+    )
+    max_queued_bytes_per_key: int = _option(
+        256 * MIB, "bytes of queued requests of one API key across its connections"
+    )
+    header_timeout: float = _option(
+        10.0, "seconds a connection gets to send a request's headers; then it is closed"
+    )
+    keep_alive_timeout: float = _option(
+        5.0, "seconds an idle HTTP keep-alive connection stays open"
+    )
+    max_connections: int = _option(
+        0,
+        "open connections (HTTP and WebSocket) before new ones get 503; 0: the file "
+        "descriptor limit minus a reserve",
+    )
+    max_connections_per_key: int = _option(
+        256, "open WebSockets per API key before new upgrades get 429; 0: no limit"
+    )
     max_cached_bytes: int = _option(512 * MIB, "cached conversation state per connection")
     cache_memory_bytes: int = _option(
         4096 * MIB, "cached conversation state across all connections"
     )
-    data_dir: str = _option("hotloop-data", "directory for the durable store")
+    data_dir: str = _option("hotloop-data", "directory for the durable store (SQLite)")
+    store: str | None = _option(
+        None, "the durable store as a URL, postgresql://... (default: SQLite in --data-dir)"
+    )
+    store_cache: str | None = _option(
+        None, "redis://... read cache in front of a PostgreSQL store (never the system of record)"
+    )
+    store_commit_window: float = _option(
+        0.002, "how long a commit waits for more responses to commit with it"
+    )
+    store_busy_timeout: float = _option(
+        5.0, "how long a commit retries a database locked by another process before failing"
+    )
     drain_timeout: float = _option(
         30.0, "on SIGTERM/SIGINT, how long in-flight responses get to finish"
     )
     workers: int = _option(1, "server processes sharing the port")
-    log_level: str = _option("info", "critical, error, warning, info, debug or trace")
+    log_level: str = _option(
+        "info",
+        "critical, error, warning, info or debug (never logs headers or frame contents)",
+        _log_level,
+    )
     node_id: str | None = _option(
         None,
         "this node's name in log lines, /metrics and the x-hotloop-node response header "

@@ -64,10 +64,16 @@ ERROR_TYPES = {
 
 
 def error_object(
-    code: str, message: str, param: str | None = None, status: int = 400
+    code: str,
+    message: str,
+    param: str | None = None,
+    status: int = 400,
+    retry_after: int | None = None,
 ) -> dict[str, Any]:
-    """The `error` member shared by the HTTP body and the WebSocket envelope."""
-    return {
+    """The `error` member shared by the HTTP body and the WebSocket envelope. A
+    refusal the client should retry carries `headers: {"retry-after": seconds}`, as
+    OpenAI's rate-limit errors do (a WebSocket frame has no HTTP headers of its own)."""
+    error: dict[str, Any] = {
         "type": ERROR_TYPES.get(
             status, "server_error" if status >= 500 else "invalid_request_error"
         ),
@@ -75,6 +81,9 @@ def error_object(
         "message": message,
         "param": param,
     }
+    if retry_after is not None:
+        error["headers"] = {"retry-after": str(retry_after)}
+    return error
 
 
 def error_event(
@@ -84,22 +93,29 @@ def error_event(
     *,
     status: int = 400,
     stream_id: str | None = None,
+    retry_after: int | None = None,
 ) -> bytes:
     """The WebSocket error envelope (protocol.md section 7). `status` is always present:
     a client that gets an error without it cannot tell a bad request from an outage."""
     event: dict[str, Any] = {
         "type": "error",
         "status": status,
-        "error": error_object(code, message, param, status),
+        "error": error_object(code, message, param, status, retry_after),
     }
     if stream_id is not None:
         event["stream_id"] = stream_id
     return orjson.dumps(event)
 
 
-def error_body(code: str, message: str, param: str | None = None, status: int = 400) -> bytes:
+def error_body(
+    code: str,
+    message: str,
+    param: str | None = None,
+    status: int = 400,
+    retry_after: int | None = None,
+) -> bytes:
     """The HTTP error body: `{"error": {...}}`."""
-    return orjson.dumps({"error": error_object(code, message, param, status)})
+    return orjson.dumps({"error": error_object(code, message, param, status, retry_after)})
 
 
 class ResponseEvents:

@@ -1,11 +1,14 @@
 """What happens to a response after its terminal event, for both transports.
 
-`Ledger` is the protocol's `Observer`. For every finished response it books usage per
-API key id, updates metrics and, with `store=true`, hands the response to the store's
-background writer; all of it is deferred to the event loop's next turn, so it never
-delays the terminal frame. It also owns the process-wide caches of rendered state that
-HTTP requests continue from (one per API key id, all under the global cache budget),
-and the rebuild of a stored chain into a checkpoint on a cache miss.
+`Ledger` is the protocol's `Observer`. A `store=true` response is committed through
+`persist` before its terminal event goes out (the transports await it for the
+connection's `Persist` action). For every finished response it books usage per API key
+id and updates metrics, deferred to the event loop's next turn so it never delays the
+terminal frame; each response is booked on its own, and one that cannot be booked is
+counted and logged without stopping the others. It also owns the process-wide caches of
+rendered state that HTTP requests continue from (one per API key id, all under the
+global cache budget), and the rebuild of a stored chain into a checkpoint on a cache
+miss.
 
 It does not decide what goes on the wire and never sees a response before it ends.
 """
@@ -16,16 +19,22 @@ import asyncio
 import logging
 from collections import deque
 from pathlib import Path
-
-import orjson
+from typing import Any
 
 from hotloop._core import Checkpoint, Conversation, CoreError, Policy
-from hotloop.auth import key_id
+from hotloop.auth import ApiKeys, key_id
 from hotloop.engines.base import Engine
 from hotloop.metrics import Metrics
 from hotloop.protocol import CacheBudget, ConnectionCache, Finished
 from hotloop.shutdown import Drain
-from hotloop.store import Chain, Store, StoredResponse, StoreError, open_store
+from hotloop.store import (
+    Chain,
+    Store,
+    StoredResponse,
+    StoreError,
+    format_fingerprint,
+    open_store,
+)
 from hotloop.usage import Usage
 
 log = logging.getLogger("hotloop.ledger")
@@ -42,7 +51,16 @@ class Ledger:
         max_cached_bytes: int,
         data_dir: str | Path | None = None,
         policy: Policy | None = None,
+        keys: ApiKeys | None = None,
+        commit_window: float = 0.002,
+        busy_timeout: float = 5.0,
+        cache: str | None = None,
     ) -> None:
+        """`data_dir`: where the store lives, a directory (SQLite) or a PostgreSQL URL;
+        None for no durable store (`store=true` is then a no-op). `commit_window`,
+        `busy_timeout` and `cache`: see `open_store`."""
+        # Usage and metrics name a key by its tenant label, never by its store id.
+        self.keys = keys or ApiKeys()
         self.usage = Usage()
         self.metrics = Metrics(self.usage)
         self.drain = Drain()
@@ -53,6 +71,12 @@ class Ledger:
         self.budget = CacheBudget(cache_memory_bytes)
         self.store: Store | None = None
         self._data_dir = data_dir
+        self._store_options: dict[str, Any] = {
+            "commit_window": commit_window,
+            "busy_timeout": busy_timeout,
+            "cache": cache,
+        }
+        self.fingerprint = format_fingerprint(engine.chat_format)
         self.metrics.cache_counts = lambda: (
             self.budget.hits,
             self.budget.misses,
@@ -61,21 +85,24 @@ class Ledger:
         self._max_cached_bytes = max_cached_bytes
         self._policy = policy
         self._http_caches: dict[str | None, ConnectionCache] = {}
-        self._puts: set[asyncio.Task[None]] = set()
         self._unbooked: deque[tuple[Finished, str]] = deque()
 
     async def start(self) -> None:
         """Open the durable store (when a data directory is configured)."""
         if self._data_dir is not None and self.store is None:
-            self.store = await open_store(self._data_dir, metrics=self.metrics)
-            self.metrics.store_pending = self.store.pending
+            self.store = await open_store(
+                self._data_dir, metrics=self.metrics, **self._store_options
+            )
+
+    @property
+    def durable(self) -> bool:
+        """`store=true` responses are committed before their terminal event."""
+        return self.store is not None
 
     async def close(self) -> None:
-        """Persist everything acknowledged: wait for scheduled puts, then flush and
-        close the store. Called after the last response has ended."""
+        """Book what is left and close the store (every acknowledged response was
+        committed before its terminal event). Called after the last response ended."""
         self._book_all()
-        if self._puts:
-            await asyncio.gather(*self._puts)
         if self.store is not None:
             await self.store.close()
 
@@ -86,7 +113,7 @@ class Ledger:
         One per key: an id never resolves to another key's state."""
         cache = self._http_caches.get(owner)
         if cache is None:
-            cache = ConnectionCache(self._max_cached_bytes, self.budget)
+            cache = ConnectionCache(self._max_cached_bytes, self.budget, owner)
             self._http_caches[owner] = cache
         return cache
 
@@ -126,9 +153,13 @@ class Ledger:
             policy=self._policy,
         )
         try:
-            chain.replay(conversation)
+            chain.replay(conversation, self.fingerprint, self.metrics.store_rerenders.inc)
         except CoreError as e:
             log.warning("stored chain of %s no longer renders: %s", response_id, e.message)
+            return None
+        except ValueError as e:
+            # A record stored before the store refused unreadable JSON.
+            log.error("stored chain of %s cannot be read (%s)", response_id, type(e).__name__)
             return None
         self.metrics.store_rebuilds.inc()
         return conversation.checkpoint()
@@ -148,15 +179,22 @@ class Ledger:
 
     def _book_all(self) -> None:
         while self._unbooked:
-            self._book(*self._unbooked.popleft())
+            finished, transport = self._unbooked.popleft()
+            try:
+                self._book(finished, transport)
+            except Exception as e:
+                # One response that cannot be booked must not stop booking for the
+                # others (they are taken off the queue before booking).
+                self.metrics.store_errors.labels("booking").inc()
+                log.error(
+                    "usage of response %s not booked (%s)", finished.response_id, type(e).__name__
+                )
 
     def _book(self, finished: Finished, transport: str) -> None:
-        owner = key_id(finished.principal) if finished.principal is not None else None
+        label = self.keys.label(finished.principal)
         usage = finished.usage
-        response = orjson.loads(finished.response_json)
-        status = response["status"]
         metrics = self.metrics
-        metrics.turns.labels(transport, status).inc()
+        metrics.turns.labels(transport, finished.status).inc()
         metrics.turn_overhead.labels(transport).observe(finished.overhead_ns / 1e9)
         if finished.turn is not None:
             metrics.record_prompt(
@@ -164,32 +202,38 @@ class Ledger:
                 cached_tokens=finished.turn.cached_tokens,
             )
         self.usage.record(
-            owner,
+            label,
             input_tokens=usage.input_tokens,
             cached_tokens=usage.cached_tokens,
             output_tokens=usage.output_tokens,
         )
-        request = finished.request
-        if request.store and self.store is not None:
-            stored = StoredResponse(
-                id=finished.response_id,
-                owner=owner,
-                previous_response_id=request.previous_response_id,
-                created_at=response["created_at"],
-                response=finished.response_json,
-                input_items=request.input_json.encode(),
-                output_token_ids=_output_ids(finished),
-            )
-            task = asyncio.get_running_loop().create_task(self._put(stored))
-            self._puts.add(task)
-            task.add_done_callback(self._puts.discard)
 
-    async def _put(self, stored: StoredResponse) -> None:
-        assert self.store is not None
-        try:
-            await self.store.put(stored)
-        except StoreError as e:
-            log.error("response %s not stored: %s", stored.id, e.message)
+    def persist(self, finished: Finished) -> asyncio.Future[None]:
+        """Start committing a `store=true` response, before its terminal event is sent.
+        The commit counts as in flight for the shutdown drain from this call on (the
+        generation that produced it may end meanwhile). The future raises StoreError
+        `store_unavailable` when it was not committed: the connection then fails the
+        response instead of acknowledging it."""
+        self.drain.hold()
+        commit = asyncio.get_running_loop().create_task(self._commit(finished))
+        commit.add_done_callback(lambda _: self.drain.release())
+        return commit
+
+    async def _commit(self, finished: Finished) -> None:
+        if self.store is None:
+            raise StoreError("store_unavailable", "This server has no durable store.")
+        request = finished.request
+        stored = StoredResponse(
+            id=finished.response_id,
+            owner=key_id(finished.principal) if finished.principal is not None else None,
+            previous_response_id=request.previous_response_id,
+            created_at=finished.created_at,
+            response=finished.response_json,
+            input_items=request.input_json.encode(),
+            output_token_ids=_output_ids(finished),
+            fingerprint=self.fingerprint,
+        )
+        await self.store.put(stored)
 
 
 def _output_ids(finished: Finished) -> list[int]:

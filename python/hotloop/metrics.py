@@ -15,7 +15,12 @@ Instruments (all names prefixed `hotloop_`):
   `rendered` (parsed, rendered and tokenized this turn)
 - turn_overhead_seconds{transport}: server time from receiving a request to the first
   engine call
-- store_writes_total, store_errors_total, store_pending
+- store_writes_total, store_commits_total, store_pending, store_healthy
+- store_errors_total{stage}: `commit` (a transaction failed: its responses failed with
+  `store_unavailable`), `record` (a record that cannot be stored, quarantined), `booking`
+  (usage or metrics of one finished response could not be booked)
+- store_rerenders_total: stored outputs replayed from their text because the serving
+  format's fingerprint differs from the one they were stored with
 - stream_sampled_cpu_seconds_total / stream_sampled_tokens_total: the server's own CPU
   per streamed token, sampled (`StreamCpu`)
 - usage_tokens_total{key,kind} from `Usage`
@@ -208,8 +213,18 @@ class Metrics:
             OVERHEAD_BUCKETS,
         )
         self.store_writes = Counter()
-        self.store_errors = Counter()
+        self.store_commits = Counter()
+        self.store_errors = CounterFamily(
+            "hotloop_store_errors_total",
+            "Finished responses whose storing or booking failed, by stage (commit: the"
+            " transaction failed; record: quarantined; booking: usage not booked).",
+            ("stage",),
+        )
+        for stage in ("commit", "record", "booking"):
+            self.store_errors.labels(stage)  # rendered as 0 before the first failure
         self.store_pending: Callable[[], int] = lambda: 0
+        self.store_healthy: Callable[[], bool] = lambda: True
+        self.store_rerenders = Counter()
         # The caches count their own lookups and evictions (hits, misses, evictions);
         # read when scraped.
         self.cache_counts: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
@@ -244,6 +259,7 @@ class Metrics:
             self.turns,
             self.prompt_tokens,
             self.turn_overhead,
+            self.store_errors,
         ):
             lines.extend(family.render())
         lines += _scalar(
@@ -253,16 +269,28 @@ class Metrics:
             self.store_writes.value,
         )
         lines += _scalar(
-            "hotloop_store_errors_total",
+            "hotloop_store_commits_total",
             "counter",
-            "Stored responses lost to a failed write.",
-            self.store_errors.value,
+            "Store transactions committed (each holds one or more responses).",
+            self.store_commits.value,
         )
         lines += _scalar(
             "hotloop_store_pending",
             "gauge",
             "Stored responses queued, not yet committed.",
             self.store_pending(),
+        )
+        lines += _scalar(
+            "hotloop_store_healthy",
+            "gauge",
+            "1 while the store commits, 0 after a failed commit until a write succeeds.",
+            1 if self.store_healthy() else 0,
+        )
+        lines += _scalar(
+            "hotloop_store_rerenders_total",
+            "counter",
+            "Stored outputs re-rendered from text: stored under another format fingerprint.",
+            self.store_rerenders.value,
         )
         hits, misses, evictions = self.cache_counts()
         for name, help_text, value in (

@@ -16,8 +16,8 @@ worker of `--workers N`), with `timeout_graceful_shutdown` set to the drain dead
 4. the ASGI lifespan shutdown, where the app closes its store (`Store.close` flushes
    the background writer).
 
-Every response whose terminal event was sent was put to the store before the terminal
-event returned, so step 4 persists all of them.
+Every `store=true` response whose terminal event was sent was committed before it, and a
+commit in progress counts as in flight (`Drain.hold`), so step 4 only closes the store.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ class Drain:
         """Count one more response in flight (raises ShuttingDown once draining)."""
         if self.draining:
             raise ShuttingDown
+        self._in_flight += 1
+
+    def hold(self) -> None:
+        """Count work that must finish before shutdown even while draining (the commit
+        of a response whose generation already ended)."""
         self._in_flight += 1
 
     def release(self) -> None:
@@ -182,16 +187,10 @@ class _InFlight:
 def find_drain(app: object) -> Drain | None:
     """The `Drain` of an ASGI app as uvicorn holds it (`app.drain`, under uvicorn's
     wrappers)."""
-    # uvicorn wraps the app (proxy headers, message logging); each wrapper keeps the
-    # inner app as `.app`.
-    for _ in range(8):
-        drain = getattr(app, "drain", None)
-        if isinstance(drain, Drain):
-            return drain
-        app = getattr(app, "app", None)
-        if app is None:
-            return None
-    return None
+    # Imported here: the transport package imports this module.
+    from hotloop.transport.asgi import find_inner
+
+    return find_inner(app, "drain", Drain)
 
 
 __all__ = ["Drain", "ShuttingDown", "find_drain"]

@@ -830,6 +830,10 @@ impl PyConversation {
         Ok(turn?.into())
     }
 
+    fn append_output(&mut self, items_json: &str, ids: Vec<u32>) -> PyResult<()> {
+        Ok(self.inner.append_output_json(items_json, &ids)?)
+    }
+
     fn append_text(&mut self, chunk: &str) -> PyResult<usize> {
         Ok(self.inner.append_text(chunk)?)
     }

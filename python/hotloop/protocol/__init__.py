@@ -12,9 +12,11 @@ from hotloop.protocol.connection import (
     Finished,
     Generate,
     Observer,
+    Persist,
     Render,
 )
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.queue_memory import QueueMemory
 
 __all__ = [
     "Action",
@@ -28,6 +30,8 @@ __all__ = [
     "Finished",
     "Generate",
     "Observer",
+    "Persist",
     "ProtocolError",
+    "QueueMemory",
     "Render",
 ]

@@ -5,6 +5,11 @@ by bytes (`Checkpoint.memory_bytes`) with least-recently-used eviction, and all 
 of the process share one global budget, so one agent cannot starve the others. An
 evicted id behaves exactly like an unknown one. It does not know about lanes or
 requests; the state machine decides what to store and what to evict.
+
+One response id can be held by several caches at once (the HTTP cache of a key and
+every socket that continued the stored response, each rebuilt from the store): the
+budget therefore names an entry by (cache, response id), never by the id alone, and
+its byte count is exactly the sum of the live entries.
 """
 
 from __future__ import annotations
@@ -39,31 +44,52 @@ class CacheBudget:
         self.misses = 0
         self.evictions = 0
         """Entries dropped for memory, by a connection's bound or the global one."""
-        self._lru: OrderedDict[str, ConnectionCache] = OrderedDict()
+        self._lru: OrderedDict[tuple[ConnectionCache, str], int] = OrderedDict()
+        self._holders: dict[str, set[ConnectionCache]] = {}
 
-    def admit(self, response_id: str, cache: ConnectionCache, size: int) -> None:
-        self._lru[response_id] = cache
+    def admit(self, cache: ConnectionCache, response_id: str, size: int) -> None:
+        entry = (cache, response_id)
+        self.release(cache, response_id)
+        self._lru[entry] = size
+        self._holders.setdefault(response_id, set()).add(cache)
         self.used_bytes += size
+        # The newest entry always stays: the response just sent must be continuable.
         while self.used_bytes > self.max_bytes and len(self._lru) > 1:
-            oldest, owner = next(iter(self._lru.items()))
+            owner, oldest = next(iter(self._lru))
             owner.evict(oldest)
             self.evictions += 1
 
-    def touch(self, response_id: str) -> None:
-        self._lru.move_to_end(response_id)
+    def touch(self, cache: ConnectionCache, response_id: str) -> None:
+        self._lru.move_to_end((cache, response_id))
 
-    def release(self, response_id: str, size: int) -> None:
-        if self._lru.pop(response_id, None) is not None:
-            self.used_bytes -= size
+    def release(self, cache: ConnectionCache, response_id: str) -> None:
+        size = self._lru.pop((cache, response_id), None)
+        if size is None:
+            return
+        self.used_bytes -= size
+        holders = self._holders[response_id]
+        holders.discard(cache)
+        if not holders:
+            del self._holders[response_id]
+
+    def evict_everywhere(self, response_id: str, owner: str | None) -> int:
+        """Drop `response_id` from every cache of API key id `owner` (a deleted
+        response must not stay continuable on any socket). Returns how many held it."""
+        holders = [c for c in self._holders.get(response_id, ()) if c.owner == owner]
+        for cache in holders:
+            cache.evict(response_id)
+        return len(holders)
 
 
 class ConnectionCache:
-    """One connection's checkpoints, bounded by bytes with LRU eviction."""
+    """One connection's checkpoints, bounded by bytes with LRU eviction. `owner` is
+    the API key id of whoever the cache serves (None when auth is off)."""
 
-    def __init__(self, max_bytes: int, budget: CacheBudget) -> None:
+    def __init__(self, max_bytes: int, budget: CacheBudget, owner: str | None = None) -> None:
         self.max_bytes = max_bytes
         self.used_bytes = 0
         self.evictions = 0
+        self.owner = owner
         self._budget = budget
         self._entries: OrderedDict[str, CachedResponse] = OrderedDict()
 
@@ -80,11 +106,12 @@ class ConnectionCache:
         else:
             self._budget.hits += 1
             self._entries.move_to_end(response_id)
-            self._budget.touch(response_id)
+            self._budget.touch(self, response_id)
         return entry
 
     def put(self, response_id: str, checkpoint: Checkpoint, lane: str | None, root: str) -> None:
         size = checkpoint.memory_bytes
+        self.evict(response_id)  # a re-put replaces: its old size must not stay counted
         self._entries[response_id] = CachedResponse(checkpoint, lane, size, root)
         self.used_bytes += size
         # The newest entry always stays: the response just sent must be continuable.
@@ -92,13 +119,13 @@ class ConnectionCache:
             self.evict(next(iter(self._entries)))
             self.evictions += 1
             self._budget.evictions += 1
-        self._budget.admit(response_id, self, size)
+        self._budget.admit(self, response_id, size)
 
     def evict(self, response_id: str) -> None:
         entry = self._entries.pop(response_id, None)
         if entry is not None:
             self.used_bytes -= entry.memory_bytes
-            self._budget.release(response_id, entry.memory_bytes)
+            self._budget.release(self, response_id)
 
     def clear(self) -> None:
         """Drop everything (the socket closed): the cache dies with its connection."""

@@ -14,8 +14,10 @@ A turn: parse the frame -> look up `previous_response_id` (connection cache, the
 fork never loses its parent) or start a new conversation -> `extend` with only the
 new items (a large input is handed out as `Render` work, so the transport runs it off
 the event loop; the lane waits for it, other lanes and connections go on) -> prompt ->
-`Generate` -> parser events -> terminal -> `commit_output` and a checkpoint under the
-new response id.
+`Generate` -> parser events -> `commit_output` and a checkpoint under the new response
+id -> with `store=true` on a durable server, `Persist` (the lane holds until the store
+committed the response: `persist_done` sends the terminal event, `persist_failed` turns
+it into `response.failed` with code `store_unavailable`) -> terminal.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import orjson
@@ -50,6 +52,7 @@ from hotloop.engines.base import EngineError, Sampling
 from hotloop.events import ResponseEvents, Usage, error_event
 from hotloop.protocol.cache import ConnectionCache
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.queue_memory import QueueMemory
 
 log = logging.getLogger("hotloop.protocol")
 
@@ -63,6 +66,7 @@ MAX_NAMED_LANES = 32
 # (a few KB) stays inline; a resumed history (hundreds of KB, milliseconds to tens of
 # milliseconds) no longer stalls every other connection's frames and handshakes.
 RENDER_OFFLOAD_BYTES = 32 * 1024
+STORE_UNAVAILABLE = "store_unavailable"
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,16 @@ class Render:
 
 
 @dataclass(frozen=True)
+class Persist:
+    """Durable work: commit `finished` (a `store=true` response) to the store, then call
+    `persist_done(key)`, or `persist_failed(key, message)` when it was not committed.
+    The response's terminal event waits for it; deltas were sent already."""
+
+    key: int
+    finished: Finished
+
+
+@dataclass(frozen=True)
 class Cancel:
     """Stop the engine work of `key`; the connection already sent its terminal event."""
 
@@ -105,7 +119,7 @@ class Close:
     reason: str = ""
 
 
-Action = bytes | Generate | Render | Cancel | Close
+Action = bytes | Generate | Render | Persist | Cancel | Close
 
 
 @dataclass(frozen=True)
@@ -126,6 +140,14 @@ class Finished:
     """Server time from the start of the turn to the engine call (parse, lookup,
     validate, render, tokenize)."""
     turn: Turn | None
+    status: str = "completed"
+    """The Response's `status` (the protocol knows it; nobody parses `response_json`)."""
+    error: dict[str, str] | None = None
+    """The Response's `error` (`code`, `message`) when it failed."""
+    created_at: int = 0
+    failure: str | None = None
+    """Why it failed, as a stable code: `store_unavailable` when its commit failed (the
+    wire's `error.code` is then `server_error`, the SDK's enum having nothing closer)."""
 
 
 class Observer(Protocol):
@@ -157,9 +179,21 @@ class ConnectionLimits:
 
 @dataclass
 class _Pending:
-    request: CreateRequest
+    """A request on its lane's queue. One that has to wait keeps only its frame's text
+    (`frame`: about one byte per queued byte) instead of the parsed request (about two:
+    the parsed items plus the input's JSON kept for the store), and is parsed again when
+    its turn comes; the parse is deterministic, so the second gives the first's result."""
+
+    parsed: CreateRequest | None
     size: int
     parse_ns: int
+    frame: str | bytes | None = None
+    started: bool = False
+
+    @property
+    def request(self) -> CreateRequest:
+        assert self.parsed is not None, "parsed again by Connection._start"
+        return self.parsed
 
 
 @dataclass
@@ -193,15 +227,29 @@ class _Rendering:
 
 
 @dataclass
+class _Ending:
+    """A finished turn whose terminal event waits for its commit (`Persist`)."""
+
+    active: _Active
+    kind: str
+    status: str
+    usage: Usage
+    checkpoint: Checkpoint | None
+    incomplete_reason: str | None
+    finished: Finished
+
+
+@dataclass
 class _Lane:
     name: str | None
     queue: deque[_Pending] = field(default_factory=deque)
     active: _Active | None = None
     rendering: _Rendering | None = None
+    ending: _Ending | None = None
 
     @property
     def free(self) -> bool:
-        return self.active is None and self.rendering is None
+        return self.active is None and self.rendering is None and self.ending is None
 
 
 class Connection:
@@ -221,11 +269,18 @@ class Connection:
         clock: Callable[[], int] = time.perf_counter_ns,
         baseline: Baseline | None = None,
         session_key: str | None = None,
+        queue_memory: QueueMemory | None = None,
+        durable: bool = False,
     ) -> None:
         """`session_key`: the client's session header (`session_id`, `x-session-id`),
-        which routes every turn of the connection as one conversation."""
+        which routes every turn of the connection as one conversation. `queue_memory`:
+        the process-wide bound on queued request bytes that this connection's queue
+        counts in (unbounded beyond its own limit without one). `durable`: the server
+        has a store; `store=true` responses are committed (`Persist`) before their
+        terminal event."""
         self.cache = cache
         self._session_key = session_key
+        self._queue_memory = queue_memory
         self.limits = limits or ConnectionLimits()
         self._format = chat_format
         self._context_window = context_window
@@ -240,6 +295,8 @@ class Connection:
         self._ready: deque[_Lane] = deque()
         self._active: dict[int, _Active] = {}
         self._rendering: dict[int, _Rendering] = {}
+        self._ending: dict[int, _Ending] = {}
+        self._durable = durable
         self._next_key = 0
         self._queued_bytes = 0
         self._actions: list[Action] = []
@@ -271,7 +328,7 @@ class Connection:
             self._refuse(ProtocolError.from_core(e))
             return
         if isinstance(event, CreateRequest):
-            self._create(event, size, self._clock() - start)
+            self._create(event, size, self._clock() - start, frame)
         elif isinstance(event, CancelEvent):
             self._cancel(event)
         elif isinstance(event, ProcessedEvent):
@@ -374,6 +431,48 @@ class Connection:
             self._render_refused(rendering, error)
             self._lane_freed(rendering.lane)
 
+    def persist_done(self, key: int) -> None:
+        """The `Persist` work `key` committed: the terminal event goes out."""
+        ending = self._ending.pop(key, None)
+        if ending is not None:
+            ending.active.lane.ending = None
+            self._conclude(ending)
+            self._lane_freed(ending.active.lane)
+
+    def persist_failed(self, key: int, message: str) -> None:
+        """The `Persist` work `key` was not committed: the response ends as
+        `response.failed` (`error.message` starting with `store_unavailable:`), never
+        acknowledged."""
+        ending = self._ending.pop(key, None)
+        if ending is None:
+            return
+        active = ending.active
+        active.lane.ending = None
+        if active.evicts_parent and active.parent is not None:
+            self.cache.evict(active.parent)
+        error = {"code": "server_error", "message": f"{STORE_UNAVAILABLE}: {message}"}
+        self._conclude(
+            replace(
+                ending,
+                kind="response.failed",
+                status="failed",
+                checkpoint=None,
+                incomplete_reason=None,
+                finished=replace(
+                    ending.finished,
+                    response_json=active.events.response_json(
+                        "failed", usage=ending.usage, error=error
+                    ),
+                    checkpoint=None,
+                    status="failed",
+                    error=error,
+                    failure=STORE_UNAVAILABLE,
+                ),
+            ),
+            error,
+        )
+        self._lane_freed(active.lane)
+
     def lifetime_reached(self) -> None:
         """The connection's lifetime is over: finish what is in flight, refuse the
         rest, then close with 1000. Never cuts a response in the middle."""
@@ -386,6 +485,11 @@ class Connection:
         for active in self._active.values():
             self._actions.append(Cancel(active.key))
         self._active.clear()
+        # Commits in progress finish on their own; their usage is booked now, as their
+        # generation ended.
+        for ending in self._ending.values():
+            self._report(ending.finished)
+        self._ending.clear()
         # A render still running in a worker thread finishes on its own; its result
         # finds no turn and is dropped.
         self._rendering.clear()
@@ -393,8 +497,9 @@ class Connection:
             lane.queue.clear()
             lane.active = None
             lane.rendering = None
+            lane.ending = None
         self._ready.clear()
-        self._queued_bytes = 0
+        self._dequeued(self._queued_bytes)
         self.cache.clear()
 
     # ---------------------------------------------------------------- outputs
@@ -406,7 +511,7 @@ class Connection:
 
     @property
     def in_flight(self) -> int:
-        return len(self._active) + len(self._rendering)
+        return len(self._active) + len(self._rendering) + len(self._ending)
 
     @property
     def busy(self) -> bool:
@@ -422,11 +527,18 @@ class Connection:
     def _refuse(self, error: ProtocolError, stream_id: str | None = None) -> None:
         self._actions.append(
             error_event(
-                error.code, error.message, error.param, status=error.status, stream_id=stream_id
+                error.code,
+                error.message,
+                error.param,
+                status=error.status,
+                stream_id=stream_id,
+                retry_after=error.retry_after,
             )
         )
 
-    def _create(self, request: CreateRequest, size: int, parse_ns: int) -> None:
+    def _create(
+        self, request: CreateRequest, size: int, parse_ns: int, frame: str | bytes | None = None
+    ) -> None:
         name = request.stream_id
         if name is not None and not STREAM_ID.fullmatch(name):
             self._refuse(
@@ -480,11 +592,25 @@ class Connection:
                 name,
             )
             return
-        lane.queue.append(_Pending(request, size, parse_ns))
+        if self._queue_memory is not None:
+            try:
+                self._queue_memory.reserve(self._principal, size)
+            except ProtocolError as e:
+                self._refuse(e, name)
+                return
+        pending = _Pending(request, size, parse_ns)
+        lane.queue.append(pending)
         self._queued_bytes += size
         if lane.free and len(lane.queue) == 1:
             self._ready.append(lane)
         self._pump()
+        if not pending.started and frame is not None:
+            pending.parsed, pending.frame = None, frame  # it waits: keep the smaller form
+
+    def _dequeued(self, size: int) -> None:
+        self._queued_bytes -= size
+        if self._queue_memory is not None:
+            self._queue_memory.release(self._principal, size)
 
     def _note_skipped(self, tools: list[tuple[str, str | None]]) -> None:
         # Codex sends tool types no local model runs (web_search, custom, ...): they are
@@ -501,15 +627,21 @@ class Connection:
         while self._ready and self.in_flight < MAX_IN_FLIGHT and not self._expiring:
             lane = self._ready.popleft()
             pending = lane.queue.popleft()
-            self._queued_bytes -= pending.size
+            pending.started = True
+            self._dequeued(pending.size)
             self._start(lane, pending)
             if lane.free and lane.queue:
                 self._ready.append(lane)
 
     def _start(self, lane: _Lane, pending: _Pending) -> None:
         """Run the turn up to the engine call; errors end the request here."""
-        request = pending.request
         start = self._clock()
+        if pending.parsed is None:
+            event = parse_event(pending.frame or b"", self.limits.request)
+            assert isinstance(event, CreateRequest), "the frame parsed as one before"
+            pending.parsed, pending.frame = event, None
+            pending.parse_ns += self._clock() - start
+        request = pending.request
         parent = request.previous_response_id
         evicts_parent = False
         root = None
@@ -571,9 +703,6 @@ class Connection:
             else self._baseline.render_request(events.response_id, request)
         )
         root = rendering.root or events.response_id
-        if not request.generate:
-            self._warm_up(request, events, conversation, turn, pending, start, root)
-            return
         key = self._next_key
         self._next_key += 1
         active = _Active(
@@ -589,6 +718,10 @@ class Connection:
             overhead_ns=0,
             root=root,
         )
+        if not request.generate:
+            active.overhead_ns = pending.parse_ns + self._clock() - start
+            self._warm_up(active)
+            return
         prompt = conversation.prompt() if peer_prompt is None else peer_prompt
         budget = self._context_window - len(prompt)
         max_tokens = request.max_output_tokens
@@ -605,38 +738,13 @@ class Connection:
         active.overhead_ns = pending.parse_ns + self._clock() - start
         self._actions.append(Generate(key, prompt, sampling, self._session_key or root))
 
-    def _warm_up(
-        self,
-        request: CreateRequest,
-        events: ResponseEvents,
-        conversation: Conversation,
-        turn: Turn,
-        pending: _Pending,
-        start: int,
-        root: str,
-    ) -> None:
+    def _warm_up(self, active: _Active) -> None:
         """`generate: false`: the state is rendered and cached under a fresh id, with
-        an empty output and zero usage."""
-        checkpoint = conversation.checkpoint()
-        usage = Usage()
-        self._actions.append(events.lifecycle("response.created", "in_progress"))
-        final = events.response_json("completed", output=[], usage=usage)
-        self._actions.append(
-            events.lifecycle("response.completed", "completed", output=[], usage=usage)
-        )
-        self.cache.put(events.response_id, checkpoint, events.stream_id, root)
-        self._report(
-            Finished(
-                events.response_id,
-                request,
-                final,
-                checkpoint,
-                usage,
-                self._principal,
-                pending.parse_ns + self._clock() - start,
-                turn,
-            )
-        )
+        an empty output and zero usage. It never takes its lane (it ends inside
+        `_pump`), except while its commit runs."""
+        checkpoint = active.conversation.checkpoint()
+        self._actions.append(active.events.lifecycle("response.created", "in_progress"))
+        self._terminal(active, "response.completed", "completed", Usage(), checkpoint)
 
     # ---------------------------------------------------------------- endings
 
@@ -668,14 +776,13 @@ class Connection:
         final = events.response_json(
             status, usage=usage, error=error, incomplete_reason=incomplete_reason
         )
-        self._actions.append(
-            events.lifecycle(
-                kind, status, usage=usage, error=error, incomplete_reason=incomplete_reason
-            )
-        )
-        if checkpoint is not None:
-            self.cache.put(events.response_id, checkpoint, active.lane.name, active.root)
-        self._report(
+        ending = _Ending(
+            active,
+            kind,
+            status,
+            usage,
+            checkpoint,
+            incomplete_reason,
             Finished(
                 events.response_id,
                 active.request,
@@ -685,9 +792,38 @@ class Connection:
                 self._principal,
                 active.overhead_ns,
                 active.turn,
+                status=status,
+                error=error,
+                created_at=events.created_at,
+                failure=None if error is None else error["code"],
+            ),
+        )
+        if self._durable and active.request.store:
+            active.lane.active = None
+            active.lane.ending = self._ending[active.key] = ending
+            self._actions.append(Persist(active.key, ending.finished))
+            return
+        self._conclude(ending, error)
+        # A warm-up never took its lane (it ends inside `_pump`): nothing to free.
+        if active.lane.active is active:
+            self._release(active)
+
+    def _conclude(self, ending: _Ending, error: dict[str, str] | None = None) -> None:
+        """Send the terminal event, cache the new state and report it."""
+        active = ending.active
+        events = active.events
+        self._actions.append(
+            events.lifecycle(
+                ending.kind,
+                ending.status,
+                usage=ending.usage,
+                error=error,
+                incomplete_reason=ending.incomplete_reason,
             )
         )
-        self._release(active)
+        if ending.checkpoint is not None:
+            self.cache.put(events.response_id, ending.checkpoint, active.lane.name, active.root)
+        self._report(ending.finished)
 
     def _fail(self, active: _Active, message: str, usage: Usage) -> None:
         if active.evicts_parent and active.parent is not None:
@@ -753,6 +889,6 @@ class Connection:
         if not refused:
             self._refuse(self._lifetime_error())
         self._ready.clear()
-        self._queued_bytes = 0
+        self._dequeued(self._queued_bytes)
         self.closed = True
         self._actions.append(Close(1000, "connection lifetime reached"))

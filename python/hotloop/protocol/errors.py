@@ -2,8 +2,9 @@
 
 A `ProtocolError` is a request the protocol refuses: it becomes one `error` event
 (WebSocket) or one HTTP error body, with a stable `code`, a `param` pointing into the
-request, and an HTTP `status`. Core (`CoreError`) and engine (`EngineError`) failures
-are mapped here once; nothing else formats wire errors.
+request, an HTTP `status` and, for a refusal to retry, `retry_after` seconds. Core
+(`CoreError`) and engine (`EngineError`) failures are mapped here once; nothing else
+formats wire errors.
 """
 
 from __future__ import annotations
@@ -15,13 +16,21 @@ class ProtocolError(Exception):
     """A refused request: `status` (HTTP semantics), stable `code`, `message`, `param`."""
 
     def __init__(
-        self, code: str, message: str, param: str | None = None, *, status: int = 400
+        self,
+        code: str,
+        message: str,
+        param: str | None = None,
+        *,
+        status: int = 400,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
         self.status = status
+        self.retry_after = retry_after
+        """Seconds after which a retry may succeed (429 and 503 refusals)."""
 
     @classmethod
     def from_core(cls, error: CoreError) -> ProtocolError:

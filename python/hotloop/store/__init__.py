@@ -1,21 +1,23 @@
-"""Durable responses: what `store=true` keeps after the terminal event.
+"""Durable responses: what `store=true` keeps, committed before the terminal event.
 
 This package owns the `Store` interface the protocol and HTTP layers call, the records
 it holds, and how a stored chain is replayed into a fresh `Conversation` when the
-rendered-token cache misses. It never sees a request before its terminal event and
-never decides what goes on the wire; `store=false` responses never reach it.
+rendered-token cache misses. It never decides what goes on the wire; `store=false`
+responses never reach it.
 
-- `StoredResponse`: one finished response, as it was sent, plus its input items and
-  the sampled token ids.
-- `Store`: the async interface (put after the terminal event, get, delete, list input
-  items, load a chain, flush).
-- `open_store(data_dir)`: the embedded default, SQLite behind one background thread
-  (`sqlite.py` for the database, `writer.py` for the bounded queue in front of it).
+- `StoredResponse`: one finished response, as it was sent, plus its input items, the
+  output segment's token ids and the fingerprint of the format that rendered them.
+- `Store`: the async interface (put = a durable commit, get, delete, list input items,
+  load a chain, health, close).
+- `open_store(target)`: SQLite in a data directory (the embedded default) or PostgreSQL
+  (`postgresql://...`), each behind one group-committing writer (`writer.py`); what a
+  record becomes in the database is `records.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -23,15 +25,19 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import orjson
 
 if TYPE_CHECKING:
-    from hotloop._core import Conversation
+    from hotloop._core import ChatFormat, Conversation
     from hotloop.metrics import Metrics
 
 Order = Literal["asc", "desc"]
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
 
 class StoreError(Exception):
-    """A store failure with a stable code: `store_unavailable` (the database cannot be
-    opened or written), `store_closed` (a put after shutdown began)."""
+    """A store failure with a stable code: `store_unavailable` (the database cannot
+    commit or be read: down, disk full, read-only, locked past the retry deadline, or a
+    record it refuses), `store_closed` (a put after shutdown began), `store_damaged`
+    (at startup: the database is unreadable, corrupt or from a newer hotloop)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -43,10 +49,12 @@ class StoreError(Exception):
 class StoredResponse:
     """A response that ended with `store=true`, captured right after its terminal event.
 
-    `response` is the Response object exactly as the terminal event carried it (a JSON
+    `response` is the Response object exactly as the terminal event carries it (a JSON
     object, bytes); `input_items` is the request's input as a JSON array (the delta when
     the request continued a previous response); `owner` is the API key id that created
-    it (None when auth is off), and only that owner can read it back.
+    it (None when auth is off). `output_token_ids` is the output segment as the
+    rendered-token cache holds it (the sampled ids verbatim) and `fingerprint` names the
+    chat format and tokenizer that produced them (`format_fingerprint`).
     """
 
     id: str
@@ -56,6 +64,25 @@ class StoredResponse:
     response: bytes
     input_items: bytes
     output_token_ids: Sequence[int] = ()
+    fingerprint: str = ""
+
+
+def may_read(stored_owner: str | None, owner: str | None) -> bool:
+    """Who sees a stored response. With auth on, a key sees only what it stored: a
+    response stored while auth was off (no owner) belongs to no key and is invisible to
+    all of them. With auth off (no caller owner) the single tenant sees everything."""
+    return owner is None or stored_owner == owner
+
+
+def format_fingerprint(chat_format: ChatFormat) -> str:
+    """What must match for stored token ids to be valid in a new conversation: the
+    format, its tokenizer (name and vocabulary size) and its stop tokens."""
+    tokenizer = chat_format.tokenizer
+    text = (
+        f"{chat_format.name}|{tokenizer.name}|{tokenizer.vocab_size}|"
+        f"{','.join(map(str, chat_format.stop_tokens))}"
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -93,34 +120,51 @@ class Chain:
         """The id of the chain's first response: the conversation's name."""
         return self.responses[0].id
 
-    def replay(self, conversation: Conversation) -> None:
+    def replay(
+        self,
+        conversation: Conversation,
+        fingerprint: str = "",
+        rerendered: Callable[[], None] | None = None,
+    ) -> None:
         """Rebuild the rendered state of `head` into an empty conversation: every turn's
-        input items, then its output items. Instructions and tools are not inherited
-        through `previous_response_id`, so the whole chain renders under the head's
-        own prefix; the next request applies its own on top (and the core re-renders
-        from the prefix only if they differ). Raises CoreError from the core if a
-        stored item no longer validates."""
+        input items, then its output. Instructions and tools are not inherited through
+        `previous_response_id`, so the whole chain renders under the head's own prefix;
+        the next request applies its own on top (and the core re-renders from the prefix
+        only if they differ).
+
+        An output stored under `fingerprint` (the serving format's) is appended as its
+        stored token ids, so the rebuilt prompt is exactly the one the original
+        connection held; any other output is rendered again from its text, and
+        `rerendered` is called for each. Raises CoreError from the core if a stored item
+        no longer validates, ValueError if a stored record is not JSON."""
         head = orjson.loads(self.head.response)
         instructions = head.get("instructions")
         tools_json = orjson.dumps(head.get("tools") or []).decode()
+        prefix: dict[str, Any] = {
+            "instructions": instructions if isinstance(instructions, str) else None,
+            "tools_json": tools_json,
+        }
         for stored in self.responses:
+            conversation.append_items(stored.input_items.decode(), **prefix)
             output = orjson.loads(stored.response).get("output") or []
-            for items in (stored.input_items, orjson.dumps(output)):
-                conversation.append_items(
-                    items.decode(),
-                    instructions=instructions if isinstance(instructions, str) else None,
-                    tools_json=tools_json,
-                )
+            exact = bool(fingerprint) and stored.fingerprint == fingerprint
+            if exact and stored.output_token_ids:
+                conversation.append_output(orjson.dumps(output).decode(), stored.output_token_ids)
+            elif output:
+                if rerendered is not None:
+                    rerendered()
+                conversation.append_items(orjson.dumps(output).decode(), **prefix)
 
 
 class Store(Protocol):
     """Where `store=true` responses live. Every method is safe to call from the event
-    loop: none blocks it. Reads see every put that returned (read-your-writes), even
-    before the background writer has committed it."""
+    loop: none blocks it."""
 
     async def put(self, response: StoredResponse) -> None:
-        """Queue a finished response for persistence. Waits only when the bounded
-        queue is full (backpressure), never for the disk."""
+        """Commit a finished response durably. Returns once its transaction committed
+        (responses arriving together share one commit); raises StoreError
+        `store_unavailable` when it was not committed (the caller fails the response
+        instead of acknowledging it), `store_closed` after shutdown began."""
         ...
 
     async def get(self, response_id: str, owner: str | None) -> bytes | None:
@@ -148,38 +192,56 @@ class Store(Protocol):
         """The chain ending at `response_id`, or None if it or any ancestor is gone."""
         ...
 
+    @property
+    def healthy(self) -> bool:
+        """False after a failed commit, until a write succeeds again (`/health` 503)."""
+        ...
+
     def pending(self) -> int:
         """Puts accepted but not yet committed."""
         ...
 
-    async def flush(self) -> None:
-        """Return once everything put so far is committed (or has failed and been
-        logged)."""
-        ...
-
     async def close(self) -> None:
-        """Flush, then release the database. Later puts raise StoreError `store_closed`."""
+        """Commit what was put, then release the database. Later puts raise StoreError
+        `store_closed`."""
         ...
 
 
 async def open_store(
-    data_dir: str | Path,
+    target: str | Path,
     *,
-    queue_size: int = 1024,
     metrics: Metrics | None = None,
+    commit_window: float = 0.002,
+    busy_timeout: float = 5.0,
+    cache: str | None = None,
 ) -> Store:
-    """The embedded default: `responses.sqlite3` in `data_dir` (created if missing),
-    written by one background thread through a bounded queue of `queue_size` puts."""
-    from hotloop.store.sqlite import SQLiteDatabase
-    from hotloop.store.writer import BackgroundStore
+    """The store at `target`: a PostgreSQL URL (`postgresql://...`), or a data directory
+    holding `responses.sqlite3` (created if missing). One writer commits in groups:
+    after the first put it waits up to `commit_window` seconds for more. A commit that
+    finds the database locked retries for up to `busy_timeout` seconds. `cache`: a
+    `redis://` URL of a read cache in front (`cache.py`).
 
-    path = Path(data_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    return await BackgroundStore.open(
-        lambda: SQLiteDatabase(path / "responses.sqlite3"),
-        queue_size=queue_size,
-        metrics=metrics,
-    )
+    Raises StoreError `store_damaged` / `store_unavailable` with a message naming the
+    database and what to do when it cannot be opened as a sound, writable store."""
+    from hotloop.store.writer import BackgroundStore, Database
+
+    connect: Callable[[], Database]
+    if isinstance(target, str) and target.startswith(POSTGRES_SCHEMES):
+        from hotloop.store.postgres import PostgresDatabase
+
+        url = target
+        connect = lambda: PostgresDatabase(url, busy_timeout=busy_timeout)  # noqa: E731
+    else:
+        from hotloop.store.sqlite import SQLiteDatabase
+
+        path = Path(target)
+        connect = lambda: SQLiteDatabase.in_directory(path, busy_timeout=busy_timeout)  # noqa: E731
+    store: Store = await BackgroundStore.open(connect, metrics=metrics, commit_window=commit_window)
+    if cache is not None:
+        from hotloop.store.cache import CachedStore
+
+        store = CachedStore(store, cache)
+    return store
 
 
 __all__ = [
@@ -189,5 +251,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoredResponse",
+    "format_fingerprint",
+    "may_read",
     "open_store",
 ]

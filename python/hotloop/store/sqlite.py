@@ -1,59 +1,109 @@
 """The embedded SQLite database behind the default store.
 
-Blocking code, called only from the store's one background thread (`writer.py`):
-the event loop never touches it. One file in the data directory, WAL journal, so a
-reader never waits for the writer. A batch of puts is one transaction.
+Blocking code, called only from the store's one background thread (`writer.py`): the
+event loop never touches it. One file in the data directory, WAL journal (a reader
+never waits for the writer) with `synchronous=FULL`: every commit is fsync'd before the
+writer reports it, so a response acknowledged after its commit survives the process
+dying and the machine losing power. A batch of responses is one transaction.
 
-Tables: `responses` (the Response JSON as sent, the input items as the client sent
-them for replay, the sampled token ids) and `input_items` (one row per input item in
-wire form, so listing a page reads only that page).
+Opening checks the file before serving from it (`in_directory`): a file truncated to
+0 bytes, a corrupt page, a file or directory the server cannot read or write, or a
+schema from a newer hotloop is a `StoreError` whose message names the file and what
+to do; the schema is migrated in versioned steps (`PRAGMA user_version`).
+
+Tables: `responses` (the Response JSON as sent with its tool list cut out, the input
+items as the client sent them for replay, the output token ids and the format
+fingerprint), `tool_lists` (each distinct tool list once, by hash), `input_items` (one
+row per item in wire form, so listing a page reads only that page), `quarantine`
+(records the store refused, raw, for an operator) and `probe` (one row the health
+check rewrites).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from array import array
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import orjson
+from hotloop.store import InputItemPage, Order, StoredResponse, StoreError, may_read
+from hotloop.store.records import (
+    QUARANTINE_COLUMNS,
+    RESPONSE_COLUMNS,
+    Quarantined,
+    Row,
+    joined,
+    page,
+    token_ids,
+)
 
-from hotloop.store import InputItemPage, Order, StoredResponse, StoreError
-from hotloop.store.items import listed_items
+FILE_NAME = "responses.sqlite3"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY,
-    owner TEXT,
-    previous_response_id TEXT,
-    created_at INTEGER NOT NULL,
-    response BLOB NOT NULL,
-    input_items BLOB NOT NULL,
-    output_token_ids BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS input_items (
-    response_id TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    id TEXT NOT NULL,
-    item BLOB NOT NULL,
-    PRIMARY KEY (response_id, position)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS input_items_by_id ON input_items (response_id, id);
-"""
+# Version N is reached by running MIGRATIONS[N - 1]; PRAGMA user_version holds N.
+# Version 1 is the schema of the first release (which set no user_version): its
+# statements are idempotent, so a file from that release passes through step 1 as is.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE IF NOT EXISTS responses (
+            id TEXT PRIMARY KEY,
+            owner TEXT,
+            previous_response_id TEXT,
+            created_at INTEGER NOT NULL,
+            response BLOB NOT NULL,
+            input_items BLOB NOT NULL,
+            output_token_ids BLOB NOT NULL
+        )""",
+        """CREATE TABLE IF NOT EXISTS input_items (
+            response_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            id TEXT NOT NULL,
+            item BLOB NOT NULL,
+            PRIMARY KEY (response_id, position)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX IF NOT EXISTS input_items_by_id ON input_items (response_id, id)",
+    ),
+    (
+        "ALTER TABLE responses ADD COLUMN tools_hash TEXT",
+        "ALTER TABLE responses ADD COLUMN tools_at INTEGER",
+        "ALTER TABLE responses ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''",
+        "CREATE INDEX responses_by_tools ON responses (tools_hash) WHERE tools_hash IS NOT NULL",
+        "CREATE TABLE tool_lists (hash TEXT PRIMARY KEY, tools BLOB NOT NULL) WITHOUT ROWID",
+        """CREATE TABLE quarantine (
+            seq INTEGER PRIMARY KEY,
+            response_id TEXT NOT NULL,
+            owner TEXT,
+            reason TEXT NOT NULL,
+            quarantined_at INTEGER NOT NULL,
+            response BLOB NOT NULL,
+            input_items BLOB NOT NULL,
+            output_token_ids BLOB NOT NULL
+        )""",
+        "CREATE TABLE probe (id INTEGER PRIMARY KEY, at INTEGER NOT NULL)",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
 
-_COLUMNS = "id, owner, previous_response_id, created_at, response, input_items, output_token_ids"
+_SELECT = (
+    "r.id, r.owner, r.previous_response_id, r.created_at, r.response, r.tools_at, t.tools,"
+    " r.input_items, r.output_token_ids, r.fingerprint"
+)
 
 # Newest first: the head of the chain, then its parent, up to the root or a gap.
 _CHAIN = f"""
 WITH RECURSIVE chain (id, previous_response_id, depth) AS (
-    SELECT id, previous_response_id, 0 FROM responses WHERE id = ?
+    SELECT id, previous_response_id, 0 FROM responses
+    WHERE id = :id AND (:owner IS NULL OR owner = :owner)
     UNION ALL
     SELECT r.id, r.previous_response_id, chain.depth + 1
     FROM responses AS r JOIN chain ON r.id = chain.previous_response_id
+    WHERE :owner IS NULL OR r.owner = :owner
 )
-SELECT {", ".join("r." + c.strip() for c in _COLUMNS.split(","))}
-FROM chain JOIN responses AS r ON r.id = chain.id ORDER BY chain.depth
+SELECT {_SELECT}
+FROM chain JOIN responses AS r ON r.id = chain.id
+LEFT JOIN tool_lists AS t ON t.hash = r.tools_hash
+ORDER BY chain.depth
 """
 
 _PAGE_ASC = (
@@ -65,87 +115,218 @@ _PAGE_DESC = (
     " ORDER BY position DESC LIMIT ?"
 )
 
-Row = tuple[str, str | None, str | None, int, bytes, bytes, bytes]
+ChainRow = tuple[
+    str, str | None, str | None, int, bytes, int | None, bytes | None, bytes, bytes, str
+]
 
 
 @contextmanager
-def _failures(action: str) -> Iterator[None]:
+def _failures(action: str, path: Path) -> Iterator[None]:
     try:
         yield
     except sqlite3.Error as e:
-        raise StoreError("store_unavailable", f"{action} failed: {e}") from e
+        raise StoreError("store_unavailable", f"{action} {path} failed: {e}") from e
 
 
-def may_read(stored_owner: str | None, owner: str | None) -> bool:
-    """A response stored under an API key is visible only to that key; with auth off
-    (no owner on either side) everything is."""
-    return stored_owner is None or owner is None or stored_owner == owner
+def _damaged(path: Path, problem: str) -> StoreError:
+    return StoreError(
+        "store_damaged",
+        f"the response store {path} {problem}. hotloop will not serve from it, so that no "
+        "stored response is silently lost: restore the file from a backup, or move it "
+        "aside to start with an empty store (its responses are then no longer served).",
+    )
+
+
+def _unusable(path: Path, error: Exception) -> StoreError:
+    return StoreError(
+        "store_unavailable",
+        f"cannot use the response store {path} ({error}): make the file and its directory "
+        "readable and writable by the server's user, free disk space, or stop the process "
+        "holding its lock.",
+    )
 
 
 class SQLiteDatabase:
     """The database file, opened on the store thread and used only from it."""
 
-    def __init__(self, path: Path) -> None:
-        try:
-            self._db = sqlite3.connect(path, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # WAL + NORMAL: a commit survives the process dying; only an OS crash or
-            # power loss can take the last commits back.
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as e:
-            raise StoreError("store_unavailable", f"cannot open {path}: {e}") from e
+    readers = 0
+    """Reads run on the store thread too (the connection belongs to it)."""
 
-    def write(self, batch: Sequence[StoredResponse]) -> None:
-        """Commit a batch of finished responses in one transaction."""
-        responses = [
-            (
-                r.id,
-                r.owner,
-                r.previous_response_id,
-                r.created_at,
-                r.response,
-                r.input_items,
-                array("I", r.output_token_ids).tobytes(),
+    def __init__(self, path: Path, *, busy_timeout: float = 5.0) -> None:
+        """Open an existing or new database at `path` (`in_directory` adds the checks
+        for a damaged file). A write waits up to `busy_timeout` seconds for another
+        process's lock before it fails."""
+        self.path = path
+        try:
+            self._db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+        except sqlite3.Error as e:
+            raise _unusable(path, e) from e
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._migrate()
+        except sqlite3.Error as e:
+            self._db.close()
+            if getattr(e, "sqlite_errorname", "") in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+                raise _damaged(path, f"is not a readable SQLite database ({e})") from e
+            raise _unusable(path, e) from e
+        except BaseException:
+            self._db.close()
+            raise
+
+    @classmethod
+    def in_directory(cls, directory: Path, *, busy_timeout: float = 5.0) -> SQLiteDatabase:
+        """`responses.sqlite3` in `directory`, created (with the directory) if missing,
+        after checking that an existing file is whole and that the server can write."""
+        path = directory / FILE_NAME
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            exists = path.exists()
+            if exists and path.stat().st_size == 0:
+                raise _damaged(path, "is empty (0 bytes): it was truncated")
+            if exists and not os.access(path, os.R_OK):
+                raise StoreError(
+                    "store_unavailable",
+                    f"cannot read the response store {path}: permission denied; give the "
+                    "server's user read and write access to it.",
+                )
+        except OSError as e:
+            raise StoreError(
+                "store_unavailable",
+                f"cannot use the data directory {directory}: {e.strerror or e}; check that it "
+                "is a directory the server's user can read and write (--data-dir).",
+            ) from e
+        if not exists:
+            cls._create(path, busy_timeout)
+        database = cls(path, busy_timeout=busy_timeout)
+        try:
+            database._check()
+            database.probe()
+        except StoreError as e:
+            database.close()
+            if e.code == "store_damaged":
+                raise
+            raise _unusable(path, e) from e
+        return database
+
+    @classmethod
+    def _create(cls, path: Path, busy_timeout: float) -> None:
+        # Created aside and linked into place whole: a file at `path` always has a
+        # schema, so an empty one can only be a damaged one. The link fails if another
+        # process (a worker of `--workers N`) created it first: then that one is used.
+        fresh = path.with_name(f"{path.name}.new-{os.getpid()}")
+        try:
+            cls(fresh, busy_timeout=busy_timeout).close()
+            try:
+                os.link(fresh, path)
+            except FileExistsError:
+                pass  # another worker's file won the race; it has the same schema
+        except OSError as e:
+            raise StoreError(
+                "store_unavailable",
+                f"cannot create the response store {path}: {e.strerror or e}; check that its "
+                "directory is writable by the server's user and has free space.",
+            ) from e
+        finally:
+            fresh.unlink(missing_ok=True)
+
+    def _migrate(self) -> None:
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise _damaged(
+                self.path,
+                f"has schema version {version}, newer than this hotloop knows "
+                f"({SCHEMA_VERSION}); run a newer hotloop",
             )
-            for r in batch
-        ]
-        items = [
-            (r.id, position, item["id"], orjson.dumps(item))
-            for r in batch
-            for position, item in enumerate(listed_items(r.id, r.input_items))
-        ]
-        with _failures("write"), self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany(
-                f"INSERT OR REPLACE INTO responses ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                responses,
+        for number in range(version + 1, SCHEMA_VERSION + 1):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in MIGRATIONS[number - 1]:
+                    self._db.execute(statement)
+                # PRAGMA takes no parameters; `number` is an int from this module.
+                self._db.execute(f"PRAGMA user_version = {number}")
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _check(self) -> None:
+        """Refuse a file with a corrupt page (reads every page once: about a second per
+        GB at startup)."""
+        try:
+            problems = [row[0] for row in self._db.execute("PRAGMA quick_check(5)")]
+        except sqlite3.DatabaseError as e:
+            raise _damaged(self.path, f"is corrupt ({e})") from e
+        if problems != ["ok"]:
+            raise _damaged(self.path, f"is corrupt ({'; '.join(problems)})")
+
+    @contextmanager
+    def _transaction(self, action: str) -> Iterator[sqlite3.Connection]:
+        db = self._db
+        with _failures(action, self.path):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                # A failed COMMIT (disk full) can leave the transaction open.
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+
+    def probe(self) -> None:
+        """One small durable write: raises StoreError while the database cannot commit."""
+        with self._transaction("write to") as db:
+            db.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)", (int(time.time()),))
+
+    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
+        """Commit `rows` and quarantine `rejected` in one fsync'd transaction."""
+        with self._transaction("write to") as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO tool_lists (hash, tools) VALUES (?, ?)",
+                [(r.tools.hash, r.tools.tools) for r in rows if r.tools is not None],
             )
-            self._db.executemany(
+            db.executemany(
+                f"INSERT OR REPLACE INTO responses ({RESPONSE_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [r.values() for r in rows],
+            )
+            db.executemany(
                 "INSERT OR REPLACE INTO input_items (response_id, position, id, item)"
                 " VALUES (?, ?, ?, ?)",
-                items,
+                [(r.id, *item) for r in rows for item in r.items],
+            )
+            db.executemany(
+                f"INSERT INTO quarantine ({QUARANTINE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [q.values() for q in rejected],
             )
 
     def get(self, response_id: str, owner: str | None) -> bytes | None:
-        with _failures("read"):
+        with _failures("reading", self.path):
             row = self._db.execute(
-                "SELECT owner, response FROM responses WHERE id = ?", (response_id,)
+                "SELECT r.owner, r.response, r.tools_at, t.tools FROM responses AS r"
+                " LEFT JOIN tool_lists AS t ON t.hash = r.tools_hash WHERE r.id = ?",
+                (response_id,),
             ).fetchone()
         if row is None or not may_read(row[0], owner):
             return None
-        return bytes(row[1])
+        return joined(bytes(row[1]), row[2], None if row[3] is None else bytes(row[3]))
 
     def delete(self, response_id: str, owner: str | None) -> bool:
-        with _failures("delete"), self._db:
-            self._db.execute("BEGIN")
-            row = self._db.execute(
-                "SELECT owner FROM responses WHERE id = ?", (response_id,)
+        with self._transaction("deleting from") as db:
+            row = db.execute(
+                "SELECT owner, tools_hash FROM responses WHERE id = ?", (response_id,)
             ).fetchone()
             if row is None or not may_read(row[0], owner):
                 return False
-            self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
-            self._db.execute("DELETE FROM input_items WHERE response_id = ?", (response_id,))
+            db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+            db.execute("DELETE FROM input_items WHERE response_id = ?", (response_id,))
+            if row[1] is not None:
+                db.execute(
+                    "DELETE FROM tool_lists WHERE hash = ?1 AND NOT EXISTS"
+                    " (SELECT 1 FROM responses WHERE tools_hash = ?1)",
+                    (row[1],),
+                )
             return True
 
     def list_input_items(
@@ -158,7 +339,7 @@ class SQLiteDatabase:
         after: str | None,
     ) -> InputItemPage | None:
         ascending = order == "asc"
-        with _failures("read"):
+        with _failures("reading", self.path):
             row = self._db.execute(
                 "SELECT owner FROM responses WHERE id = ?", (response_id,)
             ).fetchone()
@@ -176,32 +357,31 @@ class SQLiteDatabase:
             rows = self._db.execute(
                 _PAGE_ASC if ascending else _PAGE_DESC, (response_id, bound, limit + 1)
             ).fetchall()
-        return InputItemPage(
-            data=[orjson.loads(r[0]) for r in rows[:limit]], has_more=len(rows) > limit
-        )
+        return page([bytes(r[0]) for r in rows], limit)
 
-    def chain(self, response_id: str) -> list[StoredResponse]:
-        """The stored responses from `response_id` back towards the root, newest first;
-        stops early where an ancestor is missing (the caller checks)."""
-        with _failures("read"):
-            return [_record(row) for row in self._db.execute(_CHAIN, (response_id,))]
+    def chain(self, response_id: str, owner: str | None) -> list[StoredResponse]:
+        """The stored responses of `owner` from `response_id` back towards the root,
+        newest first; stops early where an ancestor is missing (the caller checks)."""
+        with _failures("reading", self.path):
+            rows = self._db.execute(_CHAIN, {"id": response_id, "owner": owner})
+            return [chain_record(row) for row in rows]
 
     def close(self) -> None:
         self._db.close()
 
 
-def _record(row: Row) -> StoredResponse:
-    ids = array("I")
-    ids.frombytes(row[6])
+def chain_record(row: ChainRow) -> StoredResponse:
+    """A `StoredResponse` from a row of the chain query (shared with PostgreSQL)."""
     return StoredResponse(
         id=row[0],
         owner=row[1],
         previous_response_id=row[2],
         created_at=row[3],
-        response=bytes(row[4]),
-        input_items=bytes(row[5]),
-        output_token_ids=ids.tolist(),
+        response=joined(bytes(row[4]), row[5], None if row[6] is None else bytes(row[6])),
+        input_items=bytes(row[7]),
+        output_token_ids=token_ids(bytes(row[8])),
+        fingerprint=row[9],
     )
 
 
-__all__ = ["SQLiteDatabase", "may_read"]
+__all__ = ["FILE_NAME", "SCHEMA_VERSION", "SQLiteDatabase", "chain_record"]

@@ -1,11 +1,17 @@
-"""The bounded background writer: a `Store` over a blocking database.
+"""The group-committing writer: a `Store` over a blocking database.
 
-Owns the one thread that touches the database and the bounded queue in front of it.
-A put returns as soon as the response is queued (it waits only when the queue is full),
-so persistence overlaps the next turn; a drain task commits queued responses in
-batches, one transaction each. Responses still in the queue are kept in a pending map
-so reads see every put that returned. `flush` waits for the queue to empty; `close`
-flushes, then closes the database: that is what makes shutdown lose nothing.
+Owns the one thread that touches the database and the queue in front of it. A put
+waits for its commit: the drain task takes the first queued response, waits up to the
+commit window for more, prepares each record (`records.prepare`), and commits the batch
+in one transaction, so many responses share one fsync. Each put then learns its own
+outcome: committed, refused (a record the store cannot read back is quarantined in the
+same transaction and only that response fails) or failed with the whole transaction.
+
+Failure isolation: nothing a record holds and no database error ends the drain task.
+Every failure is counted (`hotloop_store_errors_total{stage}`) and logged at ERROR with
+the response ids, never their content. After a failed commit the store reports itself
+unhealthy (`/health` 503) and probes the database with a small write every second until
+one commits. `close` commits what was put, then closes the database.
 """
 
 from __future__ import annotations
@@ -15,11 +21,11 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from hotloop.store import Chain, InputItemPage, Order, StoredResponse, StoreError
-from hotloop.store.items import listed_items, page_of
-from hotloop.store.sqlite import may_read
+from hotloop.store import Chain, InputItemPage, Order, StoredResponse, StoreError, may_read
+from hotloop.store.records import Quarantined, RecordError, Row, prepare, quarantined
 
 if TYPE_CHECKING:
     from hotloop.metrics import Metrics
@@ -28,39 +34,80 @@ log = logging.getLogger("hotloop.store")
 
 T = TypeVar("T")
 
+PROBE_INTERVAL = 1.0
+"""Seconds between write probes while the store is unhealthy."""
+
 
 class Database(Protocol):
-    """Blocking storage, called from the store thread only."""
+    """Blocking storage. Writes run on the store thread; reads on it too, or on
+    `readers` threads of their own when the database allows concurrent use (0: none).
+    Every method raises StoreError `store_unavailable` when the database fails."""
 
-    def write(self, batch: Sequence[StoredResponse]) -> None: ...
+    readers: int
+
+    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
+        """Commit the rows and the quarantined records in one durable transaction."""
+        ...
+
+    def probe(self) -> None:
+        """One small durable write (the health check while unhealthy)."""
+        ...
+
     def get(self, response_id: str, owner: str | None) -> bytes | None: ...
     def delete(self, response_id: str, owner: str | None) -> bool: ...
     def list_input_items(
         self, response_id: str, owner: str | None, *, order: Order, limit: int, after: str | None
     ) -> InputItemPage | None: ...
-    def chain(self, response_id: str) -> list[StoredResponse]: ...
+    def chain(self, response_id: str, owner: str | None) -> list[StoredResponse]:
+        """`owner`'s responses from `response_id` back towards the root, newest first,
+        in one query (None: with auth off, anyone's)."""
+        ...
+
     def close(self) -> None: ...
 
 
+@dataclass
+class _Put:
+    record: StoredResponse
+    done: asyncio.Future[None] = field(repr=False)
+
+
+@dataclass
+class _Outcome:
+    """What the store thread did with one batch."""
+
+    committed: list[_Put] = field(default_factory=list)
+    refused: list[tuple[_Put, RecordError]] = field(default_factory=list)
+    failure: StoreError | None = None
+
+
 class BackgroundStore:
-    """A `Store`: one database thread, a bounded queue of puts, batched commits."""
+    """A `Store`: one database thread, a queue of puts, group commits."""
 
     def __init__(
         self,
         database: Database,
         thread: ThreadPoolExecutor,
         *,
-        queue_size: int,
         max_batch: int,
+        commit_window: float,
         metrics: Metrics | None,
     ) -> None:
         self._database = database
         self._thread = thread
-        self._queue: asyncio.Queue[StoredResponse | None] = asyncio.Queue(queue_size)
-        self._pending: dict[str, StoredResponse] = {}
+        self._readers = (
+            ThreadPoolExecutor(database.readers, thread_name_prefix="hotloop-store-read")
+            if database.readers
+            else thread
+        )
+        self._queue: asyncio.Queue[_Put | None] = asyncio.Queue()
         self._max_batch = max_batch
+        self._window = commit_window
         self._metrics = metrics
         self._closed = False
+        self._healthy = True
+        self._queued = 0
+        self._probing: asyncio.Task[None] | None = None
         self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
     @classmethod
@@ -68,8 +115,8 @@ class BackgroundStore:
         cls,
         connect: Callable[[], Database],
         *,
-        queue_size: int = 1024,
         max_batch: int = 256,
+        commit_window: float = 0.002,
         metrics: Metrics | None = None,
     ) -> BackgroundStore:
         """Open the database on a new store thread (SQLite connections stay on the
@@ -80,69 +127,167 @@ class BackgroundStore:
         except BaseException:
             thread.shutdown(wait=False)
             raise
-        return cls(database, thread, queue_size=queue_size, max_batch=max_batch, metrics=metrics)
+        store = cls(
+            database,
+            thread,
+            max_batch=max_batch,
+            commit_window=commit_window,
+            metrics=metrics,
+        )
+        if metrics is not None:
+            metrics.store_pending = store.pending
+            metrics.store_healthy = lambda: store.healthy
+        return store
 
     async def _call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, functools.partial(fn, *args, **kwargs))
 
+    async def _read(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, functools.partial(fn, *args, **kwargs))
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    def pending(self) -> int:
+        return self._queued
+
     async def put(self, response: StoredResponse) -> None:
         if self._closed:
             raise StoreError("store_closed", "the store is shut down; nothing more is stored")
-        self._pending[response.id] = response
-        await self._queue.put(response)
+        put = _Put(response, asyncio.get_running_loop().create_future())
+        self._queued += 1
+        self._queue.put_nowait(put)
+        # A caller that goes away (a closed socket) does not take the record back: it
+        # is committed or refused like every other.
+        await asyncio.shield(put.done)
+
+    # ---------------------------------------------------------------- the drain task
 
     async def _drain(self) -> None:
         while True:
             first = await self._queue.get()
             if first is None:
-                self._queue.task_done()
                 return
-            batch = [first]
-            stop = False
-            while len(batch) < self._max_batch and not self._queue.empty():
-                more = self._queue.get_nowait()
-                if more is None:
-                    stop = True
-                    self._queue.task_done()
-                    break
-                batch.append(more)
+            batch, stop = await self._gather(first)
             await self._commit(batch)
             if stop:
                 return
 
-    async def _commit(self, batch: list[StoredResponse]) -> None:
+    async def _gather(self, first: _Put) -> tuple[list[_Put], bool]:
+        """`first` and what arrives within the commit window (or is already queued)."""
+        loop = asyncio.get_running_loop()
+        batch = [first]
+        deadline = loop.time() + self._window
+        while len(batch) < self._max_batch:
+            if self._queue.empty():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    more = await asyncio.wait_for(self._queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            else:
+                more = self._queue.get_nowait()
+            if more is None:
+                return batch, True
+            batch.append(more)
+        return batch, False
+
+    async def _commit(self, batch: list[_Put]) -> None:
         try:
-            await self._call(self._database.write, batch)
-            if self._metrics is not None:
-                self._metrics.store_writes.inc(len(batch))
-        except StoreError as e:
-            # Nothing to hand the error to: the responses were acknowledged long ago.
-            # Say loudly what was lost.
+            outcome = await self._call(self._write, batch)
+        except Exception as e:
+            # A bug below must not end the drain task: fail this batch, keep going.
+            log.exception("store writer failed on responses %s", _ids(batch))
+            outcome = _Outcome(failure=StoreError("store_unavailable", f"{type(e).__name__}"))
+        self._queued -= len(batch)
+        metrics = self._metrics
+        if outcome.failure is not None:
             log.error(
-                "lost %d stored responses (%s): %s",
+                "store commit failed; %d responses not stored and failed (%s): %s",
                 len(batch),
-                ", ".join(r.id for r in batch),
-                e.message,
+                _ids(batch),
+                outcome.failure.message,
             )
-            if self._metrics is not None:
-                self._metrics.store_errors.inc(len(batch))
+            if metrics is not None:
+                metrics.store_errors.labels("commit").inc(len(batch))
+            self._unhealthy()
+            for put in batch:
+                _settle(put, outcome.failure)
+            return
+        self._healthy = True
+        if metrics is not None:
+            metrics.store_commits.inc()
+            metrics.store_writes.inc(len(outcome.committed))
+            metrics.store_errors.labels("record").inc(len(outcome.refused))
+        for put in outcome.committed:
+            _settle(put, None)
+        for put, error in outcome.refused:
+            log.error(
+                "response %s cannot be stored (%s); quarantined, the response failed",
+                put.record.id,
+                error.reason,
+            )
+            _settle(
+                put,
+                StoreError(
+                    "store_unavailable",
+                    "This response could not be stored: the server kept it aside for its "
+                    "operator and failed it instead of acknowledging it.",
+                ),
+            )
+
+    def _write(self, batch: Sequence[_Put]) -> _Outcome:
+        """On the store thread: prepare each record on its own, commit the batch."""
+        outcome = _Outcome()
+        rows: list[Row] = []
+        rejected: list[Quarantined] = []
+        for put in batch:
+            try:
+                rows.append(prepare(put.record))
+                outcome.committed.append(put)
+            except RecordError as e:
+                rejected.append(quarantined(put.record, e))
+                outcome.refused.append((put, e))
+        try:
+            self._database.write(rows, rejected)
+        except StoreError as e:
+            return _Outcome(failure=e)
+        return outcome
+
+    def _unhealthy(self) -> None:
+        self._healthy = False
+        if self._probing is None and not self._closed:
+            self._probing = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        """Until a write commits: try one every PROBE_INTERVAL seconds (a commit of
+        real responses in between also counts)."""
+        try:
+            while not self._healthy and not self._closed:
+                await asyncio.sleep(PROBE_INTERVAL)
+                if self._healthy or self._closed:
+                    break
+                try:
+                    await self._call(self._database.probe)
+                except StoreError as e:
+                    log.warning("store still unavailable: %s", e.message)
+                else:
+                    log.info("store available again")
+                    self._healthy = True
         finally:
-            for response in batch:
-                if self._pending.get(response.id) is response:
-                    del self._pending[response.id]
-                self._queue.task_done()
+            self._probing = None
+
+    # ---------------------------------------------------------------- reads
 
     async def get(self, response_id: str, owner: str | None) -> bytes | None:
-        queued = self._pending.get(response_id)
-        if queued is not None:
-            return queued.response if may_read(queued.owner, owner) else None
-        return await self._call(self._database.get, response_id, owner)
+        return await self._read(self._database.get, response_id, owner)
 
     async def delete(self, response_id: str, owner: str | None) -> bool:
-        if response_id in self._pending:
-            # Let the put land first: a delete must not race the write it undoes.
-            await self.flush()
         return await self._call(self._database.delete, response_id, owner)
 
     async def list_input_items(
@@ -154,14 +299,7 @@ class BackgroundStore:
         limit: int = 20,
         after: str | None = None,
     ) -> InputItemPage | None:
-        queued = self._pending.get(response_id)
-        if queued is not None:
-            if not may_read(queued.owner, owner):
-                return None
-            items = listed_items(queued.id, queued.input_items)
-            data, has_more = page_of(items, ascending=order == "asc", limit=limit, after=after)
-            return InputItemPage(data=data, has_more=has_more)
-        return await self._call(
+        return await self._read(
             self._database.list_input_items,
             response_id,
             owner,
@@ -171,43 +309,42 @@ class BackgroundStore:
         )
 
     async def load_chain(self, response_id: str, owner: str | None) -> Chain | None:
-        newest, cursor = self._pending_chain(response_id)
-        older = [] if cursor is None else await self._call(self._database.chain, cursor)
-        return _chain(newest + older, owner)
-
-    def _pending_chain(self, response_id: str) -> tuple[list[StoredResponse], str | None]:
-        """The newest part of a chain still in the queue, and where the database part
-        starts (puts commit in order, so every older ancestor is in the database)."""
-        newest: list[StoredResponse] = []
-        cursor: str | None = response_id
-        while cursor is not None and cursor in self._pending:
-            newest.append(self._pending[cursor])
-            cursor = newest[-1].previous_response_id
-        return newest, cursor
-
-    def pending(self) -> int:
-        return len(self._pending)
-
-    async def flush(self) -> None:
-        await self._queue.join()
+        newest_first = await self._read(self._database.chain, response_id, owner)
+        # Complete only if it reaches a root: a deleted ancestor makes the whole chain a
+        # miss.
+        if not newest_first or newest_first[-1].previous_response_id is not None:
+            return None
+        if newest_first[0].id != response_id:
+            return None
+        if not all(may_read(r.owner, owner) for r in newest_first):
+            return None
+        return Chain(responses=newest_first[::-1])
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        await self._queue.put(None)
+        self._queue.put_nowait(None)
         await self._drainer
+        if self._probing is not None:
+            self._probing.cancel()
+        if self._readers is not self._thread:
+            self._readers.shutdown(wait=True)
         await self._call(self._database.close)
         self._thread.shutdown(wait=True)
 
 
-def _chain(newest_first: list[StoredResponse], owner: str | None) -> Chain | None:
-    # Complete only if it reaches a root: a deleted ancestor makes the whole chain a miss.
-    if not newest_first or newest_first[-1].previous_response_id is not None:
-        return None
-    if not all(may_read(r.owner, owner) for r in newest_first):
-        return None
-    return Chain(responses=newest_first[::-1])
+def _settle(put: _Put, error: StoreError | None) -> None:
+    if put.done.done():
+        return
+    if error is None:
+        put.done.set_result(None)
+    else:
+        put.done.set_exception(error)
 
 
-__all__ = ["BackgroundStore", "Database"]
+def _ids(batch: Sequence[_Put]) -> str:
+    return ", ".join(put.record.id for put in batch)
+
+
+__all__ = ["PROBE_INTERVAL", "BackgroundStore", "Database"]

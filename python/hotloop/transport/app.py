@@ -26,7 +26,10 @@ from hotloop.protocol import (
     ConnectionCache,
     ConnectionLimits,
     Observer,
+    QueueMemory,
 )
+from hotloop.store import StoreError
+from hotloop.transport.admission import RETRY_AFTER_SECONDS
 from hotloop.transport.asgi import (
     CONNECTION_IDLE,
     SEND_FRAMES,
@@ -74,15 +77,20 @@ class App:
         policy: Policy | None = None,
         baseline: Baseline | None = None,
         keys: ApiKeys | None = None,
+        queue_memory: QueueMemory | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
         # The same check as the HTTP routes (`build_app` hands both one `ApiKeys`).
-        self.keys = ApiKeys(self.config.api_keys) if keys is None else keys
+        self.keys = (
+            ApiKeys(self.config.api_keys, self.config.tenant_label_secret) if keys is None else keys
+        )
         self.budget = (
             CacheBudget(self.config.cache_memory_bytes) if ledger is None else ledger.budget
         )
         self.connections = 0
+        self._sockets_of: dict[str | None, int] = {}
+        """Open WebSockets per API key id (the per-key connection cap)."""
         self._http = http
         self._observer = observer
         # Store, usage, metrics and the shutdown drain (`hotloop.shutdown.find_drain`
@@ -99,6 +107,10 @@ class App:
         # a refused upgrade is answered by the app, which names it here.
         self._denial_headers = (
             [(b"x-hotloop-node", self.config.node_id.encode())] if self.config.node_id else []
+        )
+        # Shared with the HTTP routes when `build_app` hands both the same one.
+        self.queue_memory = queue_memory or QueueMemory(
+            self.config.max_queued_bytes_total, self.config.max_queued_bytes_per_key
         )
 
     @property
@@ -133,6 +145,12 @@ class App:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.start()
+                except StoreError as e:
+                    # A damaged or unusable store: the message names the database and
+                    # what to do; a traceback would only bury it.
+                    log.error("cannot start: %s", e.message)
+                    await send({"type": "lifespan.startup.failed", "message": e.message})
+                    return
                 except Exception as e:
                     log.exception("engine failed to start")
                     await send({"type": "lifespan.startup.failed", "message": repr(e)})
@@ -143,24 +161,33 @@ class App:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    async def _deny(
+        self,
+        scope: Scope,
+        send: Send,
+        status: int,
+        code: str,
+        message: str,
+        retry_after: int | None = None,
+    ) -> None:
+        await deny(scope, send, status, code, message, retry_after, self._denial_headers)
+
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         await receive()  # websocket.connect
         config = self.config
         if route_path(scope) not in RESPONSES_PATHS:
-            await deny(
+            await self._deny(
                 scope,
                 send,
-                self._denial_headers,
                 404,
                 "not_found",
                 "WebSocket mode is served on /v1/responses.",
             )
             return
         if not config.websocket:
-            await deny(
+            await self._deny(
                 scope,
                 send,
-                self._denial_headers,
                 426,
                 "websocket_disabled",
                 "WebSocket mode is off: use HTTP.",
@@ -169,11 +196,23 @@ class App:
         try:
             credential = self.keys.authenticate(header(scope, b"authorization"))
         except AuthError as e:
-            await deny(scope, send, self._denial_headers, 401, e.code, e.message)
+            await self._deny(scope, send, 401, e.code, e.message)
             return
-        key = None if credential is None else credential.key
+        key, owner = (None, None) if credential is None else credential[:2]
+        cap = config.max_connections_per_key
+        if owner is not None and cap and self._sockets_of.get(owner, 0) >= cap:
+            await self._deny(
+                scope,
+                send,
+                429,
+                "too_many_connections",
+                f"This API key already has {cap} open WebSocket connections; close one "
+                "or retry later.",
+                RETRY_AFTER_SECONDS,
+            )
+            return
         await send({"type": "websocket.accept"})
-        cache = ConnectionCache(config.max_cached_bytes, self.budget)
+        cache = ConnectionCache(config.max_cached_bytes, self.budget, owner)
         observer = self._observer
         if self.ledger is not None:
             books = self.ledger.observer(key)
@@ -190,6 +229,8 @@ class App:
             baseline=self.baseline,
             principal=key,
             session_key=session_key(scope),
+            queue_memory=self.queue_memory,
+            durable=self.ledger is not None and self.ledger.durable,
         )
         socket = Socket(
             connection,
@@ -199,9 +240,11 @@ class App:
             lifetime=config.connection_lifetime,
             send_frames=SEND_FRAMES in scope.get("extensions", {}),
             stream_cpu=None if self.ledger is None else self.ledger.metrics.stream_cpu,
+            commit=None if self.ledger is None else self.ledger.persist,
         )
         scope[CONNECTION_IDLE] = socket.idle
         self.connections += 1
+        self._sockets_of[owner] = self._sockets_of.get(owner, 0) + 1
         if self.ledger is not None:
             self.ledger.metrics.connections_total.inc()
             self.ledger.metrics.connections.inc()
@@ -209,6 +252,9 @@ class App:
             await socket.run(receive)
         finally:
             self.connections -= 1
+            self._sockets_of[owner] -= 1
+            if not self._sockets_of[owner]:
+                del self._sockets_of[owner]
             if self.ledger is not None:
                 self.ledger.metrics.connections.dec()
 

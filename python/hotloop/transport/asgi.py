@@ -2,7 +2,9 @@
 the app reads only the keys it needs)."""
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -21,3 +23,16 @@ returns once the connection has no response in flight and nothing left to send.
 hotloop's server (`hotloop.transport.frames`) awaits it at shutdown before closing the
 socket with 1012, so an idle connection closes at once and a busy one right after its
 responses end."""
+
+
+def find_inner(app: object, attribute: str, kind: type[T]) -> T | None:
+    """`app.<attribute>` of type `kind` on the app as a server holds it: uvicorn (and
+    tests) wrap the app, each wrapper keeping the inner app as `.app`."""
+    for _ in range(8):
+        value = getattr(app, attribute, None)
+        if isinstance(value, kind):
+            return value
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None

@@ -27,6 +27,7 @@ of sending its next request to a server that would refuse it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -38,6 +39,8 @@ from websockets.protocol import State
 
 from hotloop.shutdown import Drain, find_drain
 from hotloop.transport.asgi import CONNECTION_IDLE, SEND_FRAMES
+
+log = logging.getLogger("hotloop.websocket")
 
 # How long a WebSocket waits for in-flight responses at shutdown when uvicorn was given
 # no graceful-shutdown timeout (hotloop's CLI gives it `--drain-timeout`).
@@ -60,6 +63,35 @@ def text_frame_header(length: int) -> bytes:
 
 class FrameSendingProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol with the `send_frames` extension."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # websockets traces the handshake's headers (Authorization included) and every
+        # frame's contents at DEBUG on uvicorn's logger: `--log-level debug` must not
+        # write secrets or user content, so the wire trace is off whatever the level.
+        self.conn.debug = False
+
+    def send_receive_event_to_app(self) -> None:
+        """uvicorn's, except for a text message that is not UTF-8: one line at DEBUG
+        instead of a traceback at ERROR (any client can send one per connection, and
+        a log flood is a denial of service of its own), then the 1007 close."""
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+            try:
+                text = data.decode()
+            except UnicodeDecodeError:
+                self.frames = []
+                log.debug("closing a WebSocket (1007): a text message is not valid UTF-8")
+                self.conn.send_close(1007)
+                self.handle_parser_exception()
+                return
+            self.frames = []
+            self.queue.put_nowait({"type": "websocket.receive", "text": text})
+            if not self.read_paused:
+                self.read_paused = True
+                self.transport.pause_reading()
+            return
+        super().send_receive_event_to_app()
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)

@@ -9,7 +9,8 @@ Routes (each also without the `/v1` prefix, and below any mount point):
   miss rebuilds the chain from the store first.
 - `GET` / `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`
 - `GET /v1/models`, `GET /v1/models/{id}`, `GET /v1/usage` (the caller's token usage)
-- `GET /health` (503 while draining, so load balancers stop routing here), `GET /metrics`
+- `GET /health` (503 while draining or while the store cannot commit, so load balancers
+  stop routing here), `GET /metrics`
 
 This module owns HTTP concerns only: routing, bodies and their size limit, Bearer auth,
 query parameters, SSE framing, client disconnects and error envelopes. Protocol
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -39,13 +41,16 @@ from hotloop.protocol import (
     ConnectionLimits,
     Finished,
     Generate,
+    Persist,
+    QueueMemory,
     Render,
 )
+from hotloop.protocol.connection import STORE_UNAVAILABLE
 from hotloop.protocol.errors import ProtocolError
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
 from hotloop.transport.asgi import Receive, Scope, Send
-from hotloop.transport.websocket import render_off_loop
+from hotloop.transport.websocket import persist, render_off_loop
 
 log = logging.getLogger("hotloop.http")
 
@@ -59,6 +64,7 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 MAX_PAGE = 100
+PAGE_LIMIT = re.compile(r"[0-9]{1,4}")
 
 
 class _ClientGone(Exception):
@@ -77,6 +83,7 @@ class HttpApi:
         limits: ConnectionLimits | None = None,
         policy: Policy | None = None,
         baseline: Baseline | None = None,
+        queue_memory: QueueMemory | None = None,
     ) -> None:
         self.ledger = ledger
         self.model = model
@@ -84,6 +91,8 @@ class HttpApi:
         self.limits = limits or ConnectionLimits()
         self.policy = policy
         self.baseline = baseline
+        self.queue_memory = queue_memory or QueueMemory(1 << 62, 1 << 62)
+        """Request bodies count in the process's queue memory while read and parsed."""
         self.created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -117,7 +126,7 @@ class HttpApi:
             raise ProtocolError("not_found", f"No route for {method} {scope['path']}.", status=404)
         credential = self.keys.authenticate(header(scope, b"authorization"))
         # The protocol layer names callers by key (it hashes them into ids itself).
-        principal, owner = credential if credential is not None else (None, None)
+        principal, owner, label = credential if credential is not None else (None, None, None)
         match parts:
             case ["responses"]:
                 _allow(method, "POST")
@@ -147,8 +156,8 @@ class HttpApi:
                 await _reply(send, 200, orjson.dumps(self._model_object()))
             case ["usage"]:
                 _allow(method, "GET")
-                totals = self.ledger.usage.of(owner)
-                body = {"object": "usage", "key": owner or "anonymous", **totals.to_json()}
+                totals = self.ledger.usage.of(label)
+                body = {"object": "usage", "key": label or "anonymous", **totals.to_json()}
                 await _reply(send, 200, orjson.dumps(body))
             case _:
                 raise ProtocolError(
@@ -159,9 +168,16 @@ class HttpApi:
         return {"id": self.model, "object": "model", "created": self.created, "owned_by": "hotloop"}
 
     async def _health(self, send: Send) -> None:
-        draining = self.ledger.drain.draining
-        body = {"status": "draining" if draining else "ok", "model": self.model}
-        await _reply(send, 503 if draining else 200, orjson.dumps(body))
+        store = self.ledger.store
+        if self.ledger.drain.draining:
+            status = "draining"
+        elif store is not None and not store.healthy:
+            # store=true responses fail until a write commits again: route elsewhere.
+            status = "store_unavailable"
+        else:
+            status = "ok"
+        body = {"status": status, "model": self.model}
+        await _reply(send, 200 if status == "ok" else 503, orjson.dumps(body))
 
     # ---------------------------------------------------------------- POST /v1/responses
 
@@ -171,12 +187,18 @@ class HttpApi:
         if self.ledger.drain.draining:
             # Only a kept-alive connection can still send one: the listener is closed.
             raise ShuttingDown
-        body = await _read_body(scope, receive, self.limits.max_frame_bytes)
-        start = time.perf_counter_ns()
+        reserved = _Reservation(self.queue_memory, principal)
         try:
-            request = parse_request(body, self.limits.request)
-        except CoreError as e:
-            raise ProtocolError.from_core(e) from e
+            body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
+            start = time.perf_counter_ns()
+            try:
+                request = parse_request(body, self.limits.request)
+            except CoreError as e:
+                raise ProtocolError.from_core(e) from e
+        finally:
+            reserved.release()
+        size = len(body)
+        del body  # a body of up to 16 MiB need not live as long as the response
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
@@ -192,8 +214,9 @@ class HttpApi:
             principal=principal,
             baseline=self.baseline,
             session_key=session_key(scope),
+            durable=self.ledger.durable,
         )
-        connection.receive_request(request, len(body), time.perf_counter_ns() - start)
+        connection.receive_request(request, size, time.perf_counter_ns() - start)
         actions = connection.actions()
         work = next((a for a in actions if isinstance(a, Render)), None)
         if work is not None:
@@ -226,12 +249,7 @@ class HttpApi:
     ) -> None:
         """Send the frames so far, then run the engine work; a client that disconnects
         cancels generation (uvicorn's `send` to a closed connection is silent)."""
-        work = None
-        for action in actions:
-            if isinstance(action, bytes):
-                await emit(action)
-            elif isinstance(action, Generate):
-                work = action
+        work = await self._send_actions(connection, actions, emit)
         if work is None:
             return
         generation = asyncio.ensure_future(self._generate(connection, work, emit))
@@ -253,7 +271,7 @@ class HttpApi:
             stream = session.generate(work.prompt, work.sampling, work.route_key)
             async for ids in stream:
                 more = connection.engine_output(work.key, ids)
-                await _emit_frames(connection, emit)
+                await self._send_actions(connection, connection.actions(), emit)
                 if not more:
                     break
             connection.engine_done(work.key)
@@ -267,7 +285,24 @@ class HttpApi:
             if stream is not None:
                 await close_stream(stream)
             await session.close()
-        await _emit_frames(connection, emit)
+        await self._send_actions(connection, connection.actions(), emit)
+
+    async def _send_actions(
+        self, connection: Connection, actions: list[Any], emit: Emit
+    ) -> Generate | None:
+        """Emit the frames, commit a `Persist` before the frames after it (the terminal
+        event), and return the engine work if there is some."""
+        work = None
+        while actions:
+            for action in actions:
+                if isinstance(action, bytes):
+                    await emit(action)
+                elif isinstance(action, Generate):
+                    work = action
+                elif isinstance(action, Persist):
+                    await persist(connection, action, self.ledger.persist(action.finished))
+            actions = connection.actions()
+        return work
 
     # ---------------------------------------------------------------- stored responses
 
@@ -282,8 +317,9 @@ class HttpApi:
         store = self.ledger.store
         if store is None or not await store.delete(response_id, owner):
             raise _not_found(response_id)
-        # A deleted response cannot be continued either.
-        self.ledger.http_cache(owner).evict(response_id)
+        # A deleted response cannot be continued either: not over HTTP, nor on any
+        # socket of its owner that holds it (the one that created it included).
+        self.ledger.budget.evict_everywhere(response_id, owner)
         body = {"id": response_id, "object": "response", "deleted": True}
         await _reply(send, 200, orjson.dumps(body))
 
@@ -295,7 +331,9 @@ class HttpApi:
         if order not in ("asc", "desc"):
             raise ProtocolError("invalid_value", "order must be 'asc' or 'desc'.", "order")
         limit_text = _query(query, "limit") or "20"
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+        # ASCII digits only, and few of them: `str.isdigit` accepts "²" (which `int`
+        # refuses) and `int` refuses more than 4,300 digits.
+        if not PAGE_LIMIT.fullmatch(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
             raise ProtocolError(
                 "invalid_value", f"limit must be an integer from 1 to {MAX_PAGE}.", "limit"
             )
@@ -352,12 +390,6 @@ def _is_error(frame: bytes) -> bool:
     return frame.startswith(b'{"type":"error"')
 
 
-async def _emit_frames(connection: Connection, emit: Emit) -> None:
-    for action in connection.actions():
-        if isinstance(action, bytes):
-            await emit(action)
-
-
 async def _discard(frame: bytes) -> None:
     return None
 
@@ -367,10 +399,30 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+class _Reservation:
+    """One HTTP body's bytes in the process's queue memory while it is read and parsed."""
+
+    def __init__(self, memory: QueueMemory, principal: str | None) -> None:
+        self._memory = memory
+        self._principal = principal
+        self._size = 0
+
+    def add(self, size: int) -> None:
+        self._memory.reserve(self._principal, size)
+        self._size += size
+
+    def release(self) -> None:
+        self._memory.release(self._principal, self._size)
+        self._size = 0
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int, reserved: _Reservation) -> bytes:
     declared = header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(int(declared), limit)
+    # More than 18 digits is more than any limit (and `int` refuses 4,300 digits).
+    if declared is not None and declared.isdigit():
+        size = int(declared) if len(declared) <= 18 else 10**18
+        if size > limit:
+            raise _too_large(size, limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -381,6 +433,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise _too_large(size, limit)
+        reserved.add(len(chunk))
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
@@ -446,18 +499,25 @@ def _query(query: dict[str, list[str]], name: str) -> str | None:
     return values[0] if values else None
 
 
-async def _reply(send: Send, status: int, body: bytes, content_type: bytes = JSON) -> None:
+async def _reply(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = JSON,
+    retry_after: int | None = None,
+) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 async def _error(send: Send, error: ProtocolError) -> None:
-    await _reply(
-        send, error.status, error_body(error.code, error.message, error.param, error.status)
-    )
+    body = error_body(error.code, error.message, error.param, error.status, error.retry_after)
+    await _reply(send, error.status, body, retry_after=error.retry_after)
 
 
 async def _reply_refusal(send: Send, frame: bytes) -> None:
@@ -471,15 +531,16 @@ async def _reply_final(send: Send, finished: Finished | None) -> None:
         # The engine stopped without a terminal event: only a disconnect does that,
         # and then nobody is listening.
         return
-    response = orjson.loads(finished.response_json)
-    if response["status"] == "failed":
-        error = response.get("error") or {}
+    if finished.status == "failed":
+        error = finished.error or {}
+        code = finished.failure or "server_error"
         await _error(
             send,
             ProtocolError(
-                error.get("code", "server_error"),
+                code,
                 error.get("message", "The response failed."),
-                status=500,
+                # Not stored, so not acknowledged: the client may retry elsewhere.
+                status=503 if code == STORE_UNAVAILABLE else 500,
             ),
         )
         return

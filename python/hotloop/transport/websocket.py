@@ -1,8 +1,9 @@
-"""One WebSocket connection's I/O: the upgrade (auth, mode off), then three kinds of
+"""One WebSocket connection's I/O: the upgrade (auth, mode off), then four kinds of
 task around one sans-I/O `Connection`: the reader (client frames in), one task per
-response being generated (engine ids in) and a writer for frames that no task is
-there to send. Frames go out in order through one bounded outbox; the task that
-filled it sends them itself, so a streamed token costs no hop through another task.
+response being generated (engine ids in), one per response being committed to the store
+before its terminal event, and a writer for frames that no task is there to send.
+Frames go out in order through one bounded outbox; the task that filled it sends them
+itself, so a streamed token costs no hop through another task.
 
 It owns only I/O concerns: backpressure (generation pauses while the outbox is above
 its high-water mark, so a slow reader cannot grow server memory without bound), the
@@ -16,33 +17,41 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from hotloop._core import CoreError
 from hotloop.engines.base import EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.metrics import StreamCpu
-from hotloop.protocol import Cancel, Close, Connection, Generate, Render
+from hotloop.protocol import Cancel, Close, Connection, Finished, Generate, Persist, Render
+from hotloop.store import StoreError
 from hotloop.transport.asgi import SEND_FRAMES, Receive, Scope, Send
 
 log = logging.getLogger("hotloop.websocket")
+
+Commit = Callable[[Finished], Awaitable[None]]
+"""Starts committing a `store=true` response durably (`Ledger.persist`); what it
+returns raises StoreError when the commit failed."""
 
 
 async def deny(
     scope: Scope,
     send: Send,
-    extra_headers: list[tuple[bytes, bytes]],
     status: int,
     code: str,
     message: str,
+    retry_after: int | None = None,
+    extra_headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     """Refuse the upgrade with an HTTP status and a JSON error body (when the server
     supports the ASGI denial-response extension; otherwise a plain close, 403)."""
     if "websocket.http.response" in scope.get("extensions", {}):
-        body = error_body(code, message, None, status)
+        body = error_body(code, message, None, status, retry_after)
         headers = [(b"content-type", b"application/json"), *extra_headers]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
+        if retry_after is not None:
+            headers.append((b"retry-after", str(retry_after).encode()))
         await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
     else:
@@ -62,6 +71,17 @@ async def render_off_loop(connection: Connection, work: Render) -> None:
         connection.render_done(work.key, turn)
 
 
+async def persist(connection: Connection, work: Persist, commit: Awaitable[None]) -> None:
+    """Wait for a finished response's commit, then let the connection send its terminal
+    event (or fail it when the store could not commit it)."""
+    try:
+        await commit
+    except StoreError as e:
+        connection.persist_failed(work.key, e.message)
+    else:
+        connection.persist_done(work.key)
+
+
 class Socket:
     """Drives one accepted connection until either side closes it."""
 
@@ -75,12 +95,15 @@ class Socket:
         lifetime: float,
         send_frames: bool = False,
         stream_cpu: StreamCpu | None = None,
+        commit: Commit | None = None,
     ) -> None:
         """`send_frames`: the server offers `hotloop.websocket.send_frames` (see
         `hotloop.transport.frames`); the frames ready together then go out in one send.
         `stream_cpu`: where sampled streaming batches add their CPU time (the process's
-        metrics; a socket of its own otherwise)."""
+        metrics; a socket of its own otherwise). `commit`: how `Persist` work is done
+        (required when the connection is durable)."""
         self.connection = connection
+        self._commit = commit
         self._send_frames = send_frames
         self._stream_cpu = stream_cpu or StreamCpu()
         self._session = session
@@ -98,6 +121,9 @@ class Socket:
         """Set while generation is paused until the client reads (health and tests)."""
         self._generating: dict[int, asyncio.Task[None]] = {}
         """Engine work and offloaded renders, by key (both end with the socket)."""
+        self._persisting: dict[int, asyncio.Task[None]] = {}
+        """Commits before a terminal event, by key (a commit outlives the socket in the
+        store; only the wait for it ends)."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._sending = False
@@ -110,9 +136,10 @@ class Socket:
         return self._outbox_bytes
 
     async def idle(self) -> None:
-        """Return once no response of this connection is rendering or generating and
-        every frame it produced has been sent (a draining server closes the socket
-        then, so the client reconnects elsewhere without losing a response)."""
+        """Return once no response of this connection is rendering, generating or
+        being committed and every frame it produced has been sent (a draining server
+        closes the socket then, so the client reconnects elsewhere without losing a
+        response)."""
         while not self._idle.is_set():
             await self._idle.wait()
 
@@ -127,10 +154,11 @@ class Socket:
             # Also after a lifetime close: the cache must leave the global budget.
             self.connection.connection_lost()
             self._dispatch()
-            for task in list(self._generating.values()):
+            tasks = [*self._generating.values(), *self._persisting.values()]
+            for task in tasks:
                 task.cancel()
             writer.cancel()
-            await asyncio.gather(writer, *self._generating.values(), return_exceptions=True)
+            await asyncio.gather(writer, *tasks, return_exceptions=True)
             self._idle.set()
             await self._session.close()
 
@@ -173,6 +201,13 @@ class Socket:
                 self._idle.clear()
             elif isinstance(action, Render):
                 self._generating[action.key] = asyncio.create_task(self._render(action))
+                self._idle.clear()
+            elif isinstance(action, Persist):
+                assert self._commit is not None, "a durable connection needs a commit function"
+                # Started here, synchronously: it is in flight for the drain before the
+                # generation that produced it ends.
+                commit = self._commit(action.finished)
+                self._persisting[action.key] = asyncio.create_task(self._persist(action, commit))
                 self._idle.clear()
             elif isinstance(action, Cancel):
                 stopped = self._generating.pop(action.key, None)
@@ -220,10 +255,11 @@ class Socket:
             log.exception("engine failed on response %d", key)
             connection.engine_failed(key, EngineError("engine_crashed", repr(e)))
         finally:
+            # Before the stream closes: a commit it hands out holds the drain first.
+            self._dispatch()
             if ids_stream is not None:
                 await close_stream(ids_stream)
             self._generating.pop(key, None)
-            self._dispatch()
             # The terminal frames: this task may be cancelled, so the writer sends them.
             self._has_output.set()
 
@@ -232,6 +268,14 @@ class Socket:
             await render_off_loop(self.connection, work)
         finally:
             self._generating.pop(work.key, None)
+        self._dispatch()
+        await self._flush()
+
+    async def _persist(self, work: Persist, commit: Awaitable[None]) -> None:
+        try:
+            await persist(self.connection, work, commit)
+        finally:
+            self._persisting.pop(work.key, None)
         self._dispatch()
         await self._flush()
 
@@ -287,7 +331,7 @@ class Socket:
             self._sending = False
             if outbox and not self._done:
                 self._has_output.set()
-            elif not self._generating:
+            elif not self._generating and not self._persisting:
                 self._idle.set()
 
     def _ready_frames(self) -> list[bytes]:

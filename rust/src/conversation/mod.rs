@@ -750,6 +750,47 @@ impl Conversation {
         Ok(())
     }
 
+    /// Append a stored model turn (rebuilds from a store): the generation header, then
+    /// `ids`, the output segment exactly as `commit_output` rendered it, verbatim, with
+    /// `items_json` (the response's `output` array) as its items, so its function calls
+    /// become open calls with their original call ids. Nothing is re-tokenized: the
+    /// rebuilt prompt is the one the original conversation held. On error the
+    /// conversation is unchanged.
+    pub fn append_output_json(&mut self, items_json: &str, ids: &[u32]) -> Result<()> {
+        let vocab = self.format.tokenizer().vocab_size();
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(Error::new(
+                Code::InvalidValue,
+                format!("output token id {bad} is outside the vocabulary ({vocab} tokens)"),
+            ));
+        }
+        serde_json::from_str::<&RawValue>(items_json)
+            .map_err(|_| Error::new(Code::InvalidJson, "items_json is not one JSON value"))?;
+        let body = format!("{{\"input\":{items_json}}}");
+        let request = validate::parse_request(body.as_bytes(), &Limits::default())?;
+        if let Some(error) = request.error {
+            return Err(error);
+        }
+        let items: Arc<[Item]> = request.input.items.into();
+        let mut next = self.chain.clone();
+        let mut open = next.open_calls.as_ref().clone();
+        admit_calls(&mut open, &items)?;
+        let from = next.segments.len();
+        let steps = vec![
+            Step::Header,
+            Step::Output {
+                items,
+                sampled: ids.to_vec(),
+            },
+        ];
+        let work = next.rewrite(self.format.as_ref(), from, steps);
+        next.open_calls = Arc::new(open);
+        self.replace_chain(next);
+        self.count(&work);
+        self.turns += 1;
+        Ok(())
+    }
+
     /// Freeze the current position (one per response id).
     pub fn checkpoint(&mut self) -> Checkpoint {
         let memory_bytes = self.chain.unique_bytes(self.base.as_ref());

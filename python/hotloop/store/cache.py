@@ -1,0 +1,186 @@
+"""An optional read cache (Redis or Valkey, `--store-cache redis://...`) in front of the
+store, never the system of record.
+
+`CachedStore` wraps a `Store`: puts commit to the store first, and only a committed
+response is copied to the cache (in the background: the copy never delays a terminal
+event, and a cache that is down only costs hits). Reads try the cache, then the store;
+a delete removes the response from the store, then from the cache. A cached record
+carries its owner (reads check it as the store does) and the ids of its ancestors, so a
+chain is read with one `MGET`; any gap falls back to the store's one-query chain, whose
+records are then cached. Entries expire after `ttl` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+
+from hotloop.store import Chain, InputItemPage, Order, Store, StoredResponse, may_read
+
+log = logging.getLogger("hotloop.store.cache")
+
+try:
+    from redis import asyncio as redis
+    from redis.exceptions import RedisError
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    from hotloop.store import StoreError
+
+    raise StoreError(
+        "store_unavailable", "--store-cache needs the redis client: pip install 'hotloop[redis]'"
+    ) from e
+
+PREFIX = "hotloop:response:"
+
+
+def _encode(record: StoredResponse, ancestors: list[str] | None) -> bytes:
+    return orjson.dumps(
+        {
+            "id": record.id,
+            "owner": record.owner,
+            "previous_response_id": record.previous_response_id,
+            "created_at": record.created_at,
+            # Both are JSON the store has already read back (records.prepare).
+            "response": record.response.decode(),
+            "input_items": record.input_items.decode(),
+            "output_token_ids": list(record.output_token_ids),
+            "fingerprint": record.fingerprint,
+            "ancestors": ancestors,
+        }
+    )
+
+
+def _decode(raw: bytes | str) -> tuple[StoredResponse, list[str] | None]:
+    entry: dict[str, Any] = orjson.loads(raw)
+    record = StoredResponse(
+        id=entry["id"],
+        owner=entry["owner"],
+        previous_response_id=entry["previous_response_id"],
+        created_at=entry["created_at"],
+        response=entry["response"].encode(),
+        input_items=entry["input_items"].encode(),
+        output_token_ids=entry["output_token_ids"],
+        fingerprint=entry["fingerprint"],
+    )
+    return record, entry["ancestors"]
+
+
+class CachedStore:
+    """A `Store` with a Redis read cache in front (see the module docstring)."""
+
+    def __init__(self, store: Store, url: str, *, ttl: int = 3600) -> None:
+        self._store = store
+        self._redis = redis.Redis.from_url(url)
+        self._ttl = ttl
+        self._copies: set[asyncio.Task[None]] = set()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def healthy(self) -> bool:
+        return self._store.healthy
+
+    def pending(self) -> int:
+        return self._store.pending()
+
+    async def put(self, response: StoredResponse) -> None:
+        await self._store.put(response)
+        copy = asyncio.get_running_loop().create_task(self._copy(response))
+        self._copies.add(copy)
+        copy.add_done_callback(self._copies.discard)
+
+    async def _copy(self, record: StoredResponse) -> None:
+        try:
+            ancestors: list[str] | None = []
+            if record.previous_response_id is not None:
+                parent = await self._redis.get(PREFIX + record.previous_response_id)
+                if parent is None:
+                    ancestors = None
+                else:
+                    parent_record, parent_ancestors = _decode(parent)
+                    ancestors = (
+                        None if parent_ancestors is None else [*parent_ancestors, parent_record.id]
+                    )
+            await self._redis.set(PREFIX + record.id, _encode(record, ancestors), ex=self._ttl)
+        except RedisError as e:
+            log.warning("response %s not cached: %s", record.id, e)
+
+    async def _cached(self, ids: list[str]) -> list[tuple[StoredResponse, list[str] | None] | None]:
+        try:
+            raws = await self._redis.mget([PREFIX + rid for rid in ids])
+        except RedisError as e:
+            log.warning("cache unavailable: %s", e)
+            return [None] * len(ids)
+        return [None if raw is None else _decode(raw) for raw in raws]
+
+    async def get(self, response_id: str, owner: str | None) -> bytes | None:
+        (entry,) = await self._cached([response_id])
+        if entry is not None and may_read(entry[0].owner, owner):
+            self.hits += 1
+            return entry[0].response
+        self.misses += 1
+        return await self._store.get(response_id, owner)
+
+    async def load_chain(self, response_id: str, owner: str | None) -> Chain | None:
+        (head,) = await self._cached([response_id])
+        if head is not None and head[1] is not None and may_read(head[0].owner, owner):
+            older = await self._cached(head[1])
+            records = [entry[0] for entry in older if entry is not None]
+            if len(records) == len(older) and all(may_read(r.owner, owner) for r in records):
+                self.hits += 1
+                return Chain([*records, head[0]])
+        self.misses += 1
+        chain = await self._store.load_chain(response_id, owner)
+        if chain is not None:
+            await self._fill(chain)
+        return chain
+
+    async def _fill(self, chain: Chain) -> None:
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for n, record in enumerate(chain.responses):
+                    ancestors = [r.id for r in chain.responses[:n]]
+                    pipe.set(PREFIX + record.id, _encode(record, ancestors), ex=self._ttl)
+                await pipe.execute()
+        except RedisError as e:
+            log.warning("chain not cached: %s", e)
+
+    async def delete(self, response_id: str, owner: str | None) -> bool:
+        deleted = await self._store.delete(response_id, owner)
+        if deleted:
+            try:
+                await self._redis.delete(PREFIX + response_id)
+            except RedisError as e:
+                # The entry expires with its ttl; until then a cached chain through it
+                # could still be served, so say so loudly.
+                log.error("deleted response %s still cached: %s", response_id, e)
+        return deleted
+
+    async def list_input_items(
+        self,
+        response_id: str,
+        owner: str | None,
+        *,
+        order: Order = "desc",
+        limit: int = 20,
+        after: str | None = None,
+    ) -> InputItemPage | None:
+        return await self._store.list_input_items(
+            response_id, owner, order=order, limit=limit, after=after
+        )
+
+    async def copied(self) -> None:
+        """Return once every committed response so far has been copied to the cache
+        (or the copy failed and was logged)."""
+        if self._copies:
+            await asyncio.gather(*self._copies)
+
+    async def close(self) -> None:
+        await self.copied()
+        await self._store.close()
+        await self._redis.aclose()
+
+
+__all__ = ["CachedStore"]

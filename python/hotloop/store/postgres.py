@@ -1,0 +1,330 @@
+"""PostgreSQL behind the store: the shared system of record for several hotloop nodes.
+
+Blocking code (psycopg 3), called from the store's threads (`writer.py`): writes from
+its one writer thread, reads from a few reader threads, all through one connection pool.
+A batch of responses is one committed transaction. The schema is created and migrated
+on start in versioned steps (`hotloop_schema`), under an advisory lock so that nodes
+starting together migrate once. Every read names the owner in its query (`_OWNED`), and
+a chain is loaded in one round trip (a recursive CTE).
+
+The tables are those of the SQLite store (`sqlite.py` describes them); rows come from
+`records.py`, so both backends store exactly the same bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from hotloop.store import InputItemPage, Order, StoredResponse, StoreError
+from hotloop.store.records import (
+    QUARANTINE_COLUMNS,
+    RESPONSE_COLUMNS,
+    Quarantined,
+    Row,
+    joined,
+    page,
+)
+from hotloop.store.sqlite import chain_record
+
+try:
+    import psycopg
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    raise StoreError(
+        "store_unavailable",
+        "a postgresql:// store needs psycopg 3: pip install 'hotloop[postgres]'",
+    ) from e
+
+READERS = 4
+"""Reader threads (and pooled connections beside the writer's)."""
+
+# Version N is reached by running MIGRATIONS[N - 1].
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE responses (
+            id text PRIMARY KEY,
+            owner text,
+            previous_response_id text,
+            created_at bigint NOT NULL,
+            response bytea NOT NULL,
+            tools_hash text,
+            tools_at integer,
+            input_items bytea NOT NULL,
+            output_token_ids bytea NOT NULL,
+            fingerprint text NOT NULL DEFAULT ''
+        )""",
+        "CREATE INDEX responses_by_tools ON responses (tools_hash) WHERE tools_hash IS NOT NULL",
+        "CREATE TABLE tool_lists (hash text PRIMARY KEY, tools bytea NOT NULL)",
+        """CREATE TABLE input_items (
+            response_id text NOT NULL,
+            position integer NOT NULL,
+            id text NOT NULL,
+            item bytea NOT NULL,
+            PRIMARY KEY (response_id, position)
+        )""",
+        "CREATE INDEX input_items_by_id ON input_items (response_id, id)",
+        """CREATE TABLE quarantine (
+            seq bigserial PRIMARY KEY,
+            response_id text NOT NULL,
+            owner text,
+            reason text NOT NULL,
+            quarantined_at bigint NOT NULL,
+            response bytea NOT NULL,
+            input_items bytea NOT NULL,
+            output_token_ids bytea NOT NULL
+        )""",
+        "CREATE TABLE probe (id integer PRIMARY KEY, at bigint NOT NULL)",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+# pg_advisory_xact_lock key: "hotloop" in ASCII.
+_MIGRATION_LOCK = 0x686F746C6F6F70
+
+# Owner None is the single tenant with auth off (sees everything); a key sees its own.
+_OWNED = "(%(owner)s::text IS NULL OR {table}.owner = %(owner)s)"
+
+_CHAIN = f"""
+WITH RECURSIVE chain (id, previous_response_id, depth) AS (
+    SELECT id, previous_response_id, 0 FROM responses r
+    WHERE id = %(id)s AND {_OWNED.format(table="r")}
+    UNION ALL
+    SELECT r.id, r.previous_response_id, chain.depth + 1
+    FROM responses AS r JOIN chain ON r.id = chain.previous_response_id
+    WHERE {_OWNED.format(table="r")}
+)
+SELECT r.id, r.owner, r.previous_response_id, r.created_at, r.response, r.tools_at, t.tools,
+       r.input_items, r.output_token_ids, r.fingerprint
+FROM chain JOIN responses AS r ON r.id = chain.id
+LEFT JOIN tool_lists AS t ON t.hash = r.tools_hash
+ORDER BY chain.depth
+"""
+
+
+def _text(value: str) -> bool:
+    """Whether a client-given id can be a text value at all: no stored id holds a NUL,
+    and PostgreSQL refuses one in a query instead of finding nothing."""
+    return "\x00" not in value
+
+
+def redacted(url: str) -> str:
+    """`url` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class PostgresDatabase:
+    """A pool of connections to one PostgreSQL database."""
+
+    readers = READERS
+
+    def __init__(self, url: str, *, busy_timeout: float = 5.0) -> None:
+        """Connect (waiting up to `busy_timeout` seconds), then create or migrate the
+        schema. Raises StoreError naming the server when it cannot."""
+        self._where = redacted(url)
+        self._timeout = busy_timeout
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=READERS + 1,
+            timeout=busy_timeout,
+            # A connection broken by a server restart is replaced, not handed out.
+            check=ConnectionPool.check_connection,
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": max(1, round(busy_timeout)),
+                # A commit that waits on another session's lock fails in time.
+                "options": f"-c lock_timeout={int(busy_timeout * 1000)}",
+            },
+            open=False,
+        )
+        try:
+            self._pool.open(wait=True, timeout=busy_timeout)
+            self._migrate()
+        except (psycopg.Error, PoolTimeout) as e:
+            self._pool.close()
+            raise StoreError(
+                "store_unavailable",
+                f"cannot use the PostgreSQL store {self._where}: {e}; check --store (host, "
+                "port, database, user) and that the server is up.",
+            ) from e
+        except BaseException:
+            self._pool.close()
+            raise
+
+    @contextmanager
+    def _connection(self, action: str) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            with self._pool.connection() as connection:
+                yield connection
+        except (psycopg.Error, PoolTimeout) as e:
+            raise StoreError(
+                "store_unavailable", f"PostgreSQL {action} at {self._where} failed: {e}"
+            ) from e
+
+    @contextmanager
+    def _transaction(self, action: str) -> Iterator[psycopg.Cursor[Any]]:
+        with self._connection(action) as connection, connection.transaction():
+            yield connection.cursor()
+
+    def _migrate(self) -> None:
+        with self._transaction("migrating the schema") as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            cursor.execute("CREATE TABLE IF NOT EXISTS hotloop_schema (version integer NOT NULL)")
+            cursor.execute("SELECT version FROM hotloop_schema")
+            row = cursor.fetchone()
+            version = 0 if row is None else int(row[0])
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    "store_damaged",
+                    f"the PostgreSQL store {self._where} has schema version {version}, newer "
+                    f"than this hotloop knows ({SCHEMA_VERSION}): run a newer hotloop.",
+                )
+            for number in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[number - 1]:
+                    cursor.execute(statement)
+            if row is None:
+                cursor.execute("INSERT INTO hotloop_schema VALUES (%s)", (SCHEMA_VERSION,))
+            else:
+                cursor.execute("UPDATE hotloop_schema SET version = %s", (SCHEMA_VERSION,))
+
+    def probe(self) -> None:
+        with self._transaction("write") as cursor:
+            cursor.execute(
+                "INSERT INTO probe (id, at) VALUES (1, %s)"
+                " ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                (int(time.time()),),
+            )
+
+    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
+        """Commit `rows` and quarantine `rejected` in one transaction."""
+        with self._transaction("write") as cursor:
+            tools = {r.tools.hash: r.tools.tools for r in rows if r.tools is not None}
+            if tools:
+                cursor.executemany(
+                    "INSERT INTO tool_lists (hash, tools) VALUES (%s, %s)"
+                    " ON CONFLICT (hash) DO NOTHING",
+                    list(tools.items()),
+                )
+            if rows:
+                cursor.executemany(
+                    f"INSERT INTO responses ({RESPONSE_COLUMNS})"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (id) DO UPDATE SET owner = excluded.owner,"
+                    " previous_response_id = excluded.previous_response_id,"
+                    " created_at = excluded.created_at, response = excluded.response,"
+                    " tools_hash = excluded.tools_hash, tools_at = excluded.tools_at,"
+                    " input_items = excluded.input_items,"
+                    " output_token_ids = excluded.output_token_ids,"
+                    " fingerprint = excluded.fingerprint",
+                    [r.values() for r in rows],
+                )
+            items = [(r.id, *item) for r in rows for item in r.items]
+            if items:
+                cursor.executemany(
+                    "INSERT INTO input_items (response_id, position, id, item)"
+                    " VALUES (%s, %s, %s, %s) ON CONFLICT (response_id, position)"
+                    " DO UPDATE SET id = excluded.id, item = excluded.item",
+                    items,
+                )
+            if rejected:
+                cursor.executemany(
+                    f"INSERT INTO quarantine ({QUARANTINE_COLUMNS})"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    [q.values() for q in rejected],
+                )
+
+    def get(self, response_id: str, owner: str | None) -> bytes | None:
+        if not _text(response_id):
+            return None
+        with self._connection("read") as connection:
+            row = connection.execute(
+                "SELECT r.response, r.tools_at, t.tools FROM responses AS r"
+                " LEFT JOIN tool_lists AS t ON t.hash = r.tools_hash"
+                f" WHERE r.id = %(id)s AND {_OWNED.format(table='r')}",
+                {"id": response_id, "owner": owner},
+            ).fetchone()
+        if row is None:
+            return None
+        return joined(bytes(row[0]), row[1], None if row[2] is None else bytes(row[2]))
+
+    def delete(self, response_id: str, owner: str | None) -> bool:
+        if not _text(response_id):
+            return False
+        with self._transaction("delete") as cursor:
+            cursor.execute(
+                "DELETE FROM responses AS r"
+                f" WHERE r.id = %(id)s AND {_OWNED.format(table='r')} RETURNING r.tools_hash",
+                {"id": response_id, "owner": owner},
+            )
+            row = cursor.fetchone()
+            if row is None:
+                return False
+            cursor.execute("DELETE FROM input_items WHERE response_id = %s", (response_id,))
+            if row[0] is not None:
+                cursor.execute(
+                    "DELETE FROM tool_lists WHERE hash = %(h)s AND NOT EXISTS"
+                    " (SELECT 1 FROM responses WHERE tools_hash = %(h)s)",
+                    {"h": row[0]},
+                )
+            return True
+
+    def list_input_items(
+        self,
+        response_id: str,
+        owner: str | None,
+        *,
+        order: Order,
+        limit: int,
+        after: str | None,
+    ) -> InputItemPage | None:
+        ascending = order == "asc"
+        if not _text(response_id):
+            return None
+        with self._connection("read") as connection:
+            found = connection.execute(
+                f"SELECT 1 FROM responses AS r WHERE r.id = %(id)s AND {_OWNED.format(table='r')}",
+                {"id": response_id, "owner": owner},
+            ).fetchone()
+            if found is None:
+                return None
+            bound: int = -1 if ascending else 2**31 - 1
+            if after is not None:
+                position = (
+                    None
+                    if not _text(after)
+                    else connection.execute(
+                        "SELECT position FROM input_items WHERE response_id = %s AND id = %s",
+                        (response_id, after),
+                    ).fetchone()
+                )
+                if position is None:
+                    return InputItemPage(data=[], has_more=False)
+                bound = position[0]
+            rows = connection.execute(
+                "SELECT item FROM input_items WHERE response_id = %s AND position "
+                + ("> %s ORDER BY position ASC" if ascending else "< %s ORDER BY position DESC")
+                + " LIMIT %s",
+                (response_id, bound, limit + 1),
+            ).fetchall()
+        return page([bytes(r[0]) for r in rows], limit)
+
+    def chain(self, response_id: str, owner: str | None) -> list[StoredResponse]:
+        if not _text(response_id):
+            return []
+        with self._connection("read") as connection:
+            rows = connection.execute(_CHAIN, {"id": response_id, "owner": owner}).fetchall()
+        return [chain_record(tuple(row)) for row in rows]
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+__all__ = ["SCHEMA_VERSION", "PostgresDatabase", "redacted"]

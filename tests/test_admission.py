@@ -1,0 +1,148 @@
+"""Admission control (hotloop.transport.admission and the per-key cap of the app): a
+connection that does not finish its headers is answered 408 and closed, a connection
+over the process's cap gets 503 with a JSON error and `retry-after`, an API key over
+its WebSocket cap gets 429 before the upgrade is accepted, and `hotloop serve` raises
+its open-files limit to the hard limit. Against real servers on loopback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import orjson
+import pytest
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop.transport.admission import return_large_buffers
+from servers import HANG_GUARD, serving, sim_engine
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+KEYS = ("sk-a", "sk-b")
+
+
+def app(tmp_path: Path, **config: object) -> object:
+    return build_app(
+        sim_engine(), ServerConfig(engine="sim", api_keys=KEYS, data_dir=str(tmp_path), **config)
+    )
+
+
+def raw(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=HANG_GUARD)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def split(reply: bytes) -> tuple[str, dict[str, str], dict[str, object]]:
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    return status, headers, orjson.loads(body)
+
+
+@pytest.fixture
+def tight(tmp_path: Path) -> Iterator[str]:
+    with serving(app(tmp_path, header_timeout=0.2)) as url:
+        yield url
+
+
+def test_unfinished_headers_are_answered_408_and_closed(tight: str) -> None:
+    """Before, the connection stayed open for as long as the client kept it."""
+    with raw(tight) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        status, headers, body = split(read_all(sock))
+    assert status.startswith("HTTP/1.1 408")
+    assert headers["connection"] == "close"
+    assert body["error"]["code"] == "header_timeout"  # type: ignore[index]
+
+
+def test_a_silent_connection_is_closed_too(tight: str) -> None:
+    with raw(tight) as sock:
+        assert split(read_all(sock))[0].startswith("HTTP/1.1 408")
+
+
+def test_a_kept_alive_connection_gets_the_deadline_for_each_request(tight: str) -> None:
+    with raw(tight) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finished
+        assert split(read_all(sock))[0].startswith("HTTP/1.1 408")
+
+
+def test_connections_over_the_cap_get_503_with_retry_after(tmp_path: Path) -> None:
+    with (
+        serving(app(tmp_path, max_connections=4, header_timeout=HANG_GUARD)) as url,
+        ExitStack() as held,
+    ):
+        # The server accepts in order: these four are counted before the fifth.
+        for _ in range(4):
+            held.enter_context(raw(url)).sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        with raw(url) as sock:
+            status, headers, body = split(read_all(sock))
+    assert status.startswith("HTTP/1.1 503")
+    assert headers["retry-after"] == "1"
+    assert body["error"]["code"] == "server_overloaded"  # type: ignore[index]
+    assert body["error"]["type"] == "server_error"  # type: ignore[index]
+
+
+def test_one_key_is_capped_in_websockets_another_is_not(tmp_path: Path) -> None:
+    with serving(app(tmp_path, max_connections_per_key=2)) as url:
+        ws_url = url.replace("http://", "ws://") + "/v1/responses"
+        auth = {"authorization": "Bearer sk-a"}
+        with connect(ws_url, additional_headers=auth), connect(ws_url, additional_headers=auth):
+            with pytest.raises(InvalidStatus) as refused:
+                connect(ws_url, additional_headers=auth)
+            response = refused.value.response
+            assert response.status_code == 429
+            assert response.headers["retry-after"] == "1"
+            error = orjson.loads(response.body)["error"]
+            assert error["code"] == "too_many_connections"
+            assert error["type"] == "rate_limit_error"
+            with connect(ws_url, additional_headers={"authorization": "Bearer sk-b"}):
+                pass
+        # Closed sockets give their places back.
+        with connect(ws_url, additional_headers=auth):
+            pass
+
+
+def test_large_buffers_go_back_to_the_system() -> None:
+    assert return_large_buffers()  # glibc: the mmap threshold is fixed
+
+
+def test_serve_raises_the_open_files_limit_to_the_hard_limit() -> None:
+    """In a child whose soft limit was lowered first (this process is left alone)."""
+    script = (
+        "import resource\n"
+        "from hotloop.transport.admission import raise_open_files_limit\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "before, after = raise_open_files_limit()\n"
+        "print(before, after, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    before, after, now, hard = (int(v) for v in out.split())
+    assert before == 256
+    assert after == now == min(hard, 1 << 20) and now > before
+
+
+@pytest.mark.parametrize(
+    "option", ["header_timeout", "keep_alive_timeout", "max_connections", "max_connections_per_key"]
+)
+def test_the_limits_are_options(option: str) -> None:
+    value = ServerConfig.from_env({"HOTLOOP_" + option.upper(): "7"})
+    assert getattr(value, option) == 7

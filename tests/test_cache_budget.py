@@ -1,0 +1,190 @@
+"""The process-wide cache budget when one response id lives in several caches (the
+HTTP cache of a key, and every socket that continued the stored response): entries
+are named by (cache, id), and the budget's byte count is always exactly the sum of
+the live entries and never above its cap. Random interleavings of put, get, evict and
+close over several caches, with real checkpoints of different sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from hotloop._core import ChatFormat, Checkpoint, Conversation, parse_request
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop.protocol import CacheBudget, ConnectionCache
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sdk_events import validate
+from servers import serving, sim_engine
+from websockets.sync.client import connect
+
+IDS = [f"resp_{i}" for i in range(4)]
+KEY = "sk-cache"
+AUTH = {"authorization": f"Bearer {KEY}"}
+TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
+
+
+def ws_url(base: str) -> str:
+    return base.replace("http://", "ws://") + "/v1/responses"
+
+
+@cache
+def checkpoints() -> list[Checkpoint]:
+    """Real checkpoints of growing size: conversations of 1-4 user turns."""
+    made = []
+    conversation = Conversation(ChatFormat.harmony(), context_window=1 << 20)
+    for turn in range(4):
+        text = f"turn {turn} " + "word " * (200 * (turn + 1))
+        conversation.extend(parse_request(b'{"input": "' + text.encode() + b'"}'))
+        made.append(conversation.checkpoint())
+    return made
+
+
+def live_bytes(caches: list[ConnectionCache]) -> int:
+    return sum(cache.used_bytes for cache in caches)
+
+
+def test_one_id_in_two_caches_is_two_entries() -> None:
+    """An id rebuilt into a socket's cache while the HTTP cache holds it: the socket
+    closing left the HTTP entry without a budget entry (KeyError on its next hit)
+    and its bytes counted forever."""
+    budget = CacheBudget(1 << 30)
+    http = ConnectionCache(1 << 30, budget)
+    socket = ConnectionCache(1 << 30, budget)
+    checkpoint = checkpoints()[0]
+    http.put("resp_1", checkpoint, None, "resp_1")
+    socket.put("resp_1", checkpoint, None, "resp_1")
+    assert budget.used_bytes == 2 * checkpoint.memory_bytes
+    socket.clear()
+    assert http.get("resp_1") is not None
+    assert budget.used_bytes == checkpoint.memory_bytes
+    http.clear()
+    assert budget.used_bytes == 0
+
+
+def test_a_re_put_replaces_its_bytes() -> None:
+    budget = CacheBudget(1 << 30)
+    cache_ = ConnectionCache(1 << 30, budget)
+    small, large = checkpoints()[0], checkpoints()[3]
+    cache_.put("resp_1", large, None, "resp_1")
+    cache_.put("resp_1", small, None, "resp_1")
+    assert cache_.used_bytes == budget.used_bytes == small.memory_bytes
+
+
+def test_evict_everywhere_only_touches_the_owners_caches() -> None:
+    budget = CacheBudget(1 << 30)
+    mine = [ConnectionCache(1 << 30, budget, "key_a") for _ in range(2)]
+    theirs = ConnectionCache(1 << 30, budget, "key_b")
+    for held in [*mine, theirs]:
+        held.put("resp_1", checkpoints()[0], None, "resp_1")
+    assert budget.evict_everywhere("resp_1", "key_a") == 2
+    assert all("resp_1" not in held for held in mine) and "resp_1" in theirs
+    assert budget.used_bytes == checkpoints()[0].memory_bytes
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "get", "evict", "close"]),
+        st.integers(0, 2),  # which cache
+        st.sampled_from(IDS),
+        st.integers(0, 3),  # which checkpoint
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS, cap_turns=st.integers(1, 6), per_cache_turns=st.integers(1, 6))
+def test_accounting_is_exact_under_any_interleaving(
+    ops: list[tuple[str, int, str, int]], cap_turns: int, per_cache_turns: int
+) -> None:
+    sizes = [c.memory_bytes for c in checkpoints()]
+    largest = max(sizes)
+    budget = CacheBudget(cap_turns * largest)
+    caches = [ConnectionCache(per_cache_turns * largest, budget) for _ in range(3)]
+    for op, which, response_id, size in ops:
+        target = caches[which]
+        if op == "put":
+            target.put(response_id, checkpoints()[size], None, response_id)
+            assert response_id in target  # the newest entry always stays
+        elif op == "get":
+            target.get(response_id)
+        elif op == "evict":
+            target.evict(response_id)
+        else:
+            target.clear()
+        assert budget.used_bytes == live_bytes(caches)
+        assert budget.used_bytes <= budget.max_bytes
+        assert all(c.used_bytes <= c.max_bytes for c in caches)
+    for target in caches:
+        target.clear()
+    assert budget.used_bytes == 0
+
+
+# ---------------------------------------------------------------- over a real server
+
+
+def ws_turn(ws: Any, **body: Any) -> dict[str, Any]:
+    ws.send(orjson.dumps({"type": "response.create", "model": "sim", **body}).decode())
+    while (frame := validate(ws.recv()))["type"] not in TERMINAL:
+        pass
+    return frame
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[str]:
+    settings_ = ServerConfig(engine="sim", api_keys=(KEY,), data_dir=str(tmp_path))
+    with serving(build_app(sim_engine(), settings_)) as base:
+        yield base
+
+
+def test_http_continues_after_a_socket_that_continued_the_same_response_closes(
+    served: str,
+) -> None:
+    """Every HTTP continuation of it was a 500 (KeyError in the budget)."""
+    first = httpx.post(served + "/v1/responses", json={"model": "sim", "input": "hi"}, headers=AUTH)
+    parent = first.json()["id"]
+    with connect(ws_url(served), additional_headers=AUTH) as ws:
+        frame = ws_turn(ws, input="over the socket", previous_response_id=parent)
+        assert frame["type"] == "response.completed", frame
+    for text in ("again over HTTP", "and again"):
+        reply = httpx.post(
+            served + "/v1/responses",
+            json={"model": "sim", "input": text, "previous_response_id": parent},
+            headers=AUTH,
+        )
+        assert reply.status_code == 200, reply.text
+
+
+def test_two_sockets_continuing_one_stored_response_outlive_each_other(served: str) -> None:
+    """When one closed, the other was dropped without a close frame on its next hit."""
+    first = httpx.post(served + "/v1/responses", json={"model": "sim", "input": "hi"}, headers=AUTH)
+    parent = first.json()["id"]
+    with connect(ws_url(served), additional_headers=AUTH) as kept:
+        with connect(ws_url(served), additional_headers=AUTH) as closing:
+            assert ws_turn(closing, input="a", previous_response_id=parent)["type"] == (
+                "response.completed"
+            )
+            assert ws_turn(kept, input="b", previous_response_id=parent)["type"] == (
+                "response.completed"
+            )
+        frame = ws_turn(kept, input="c", previous_response_id=parent)
+        assert frame["type"] == "response.completed", frame
+
+
+def test_a_response_deleted_over_http_is_not_continuable_on_its_socket(served: str) -> None:
+    """It stayed continuable on the socket that created it (the delete evicted it
+    only from the HTTP cache)."""
+    with connect(ws_url(served), additional_headers=AUTH) as ws:
+        created = ws_turn(ws, input="keep this", store=True)["response"]["id"]
+        deleted = httpx.delete(served + f"/v1/responses/{created}", headers=AUTH)
+        assert deleted.status_code == 200, deleted.text
+        frame = ws_turn(ws, input="go on", previous_response_id=created)
+    assert frame["type"] == "error", frame
+    assert frame["error"]["code"] == "previous_response_not_found"

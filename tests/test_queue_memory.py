@@ -1,0 +1,135 @@
+"""Queued request bytes bounded process-wide and per API key, not only per connection:
+several connections of one key fill their queues until the key's bound answers 429
+`queue_memory_exceeded` with a `retry-after`, another key still queues, and every byte
+is given back when requests start or sockets close. Driven without sockets (the
+state machine) and over real HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from connection_driver import FORMAT, ConnectionDriver
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop.protocol import CacheBudget, Connection, ConnectionCache, QueueMemory
+from servers import serving, sim_engine
+
+FILLER = "x" * 4000
+
+
+def driver(memory: QueueMemory, principal: str | None) -> ConnectionDriver:
+    return ConnectionDriver(
+        Connection(
+            chat_format=FORMAT,
+            context_window=1 << 20,
+            model="sim",
+            cache=ConnectionCache(1 << 30, CacheBudget(1 << 30)),
+            principal=principal,
+            queue_memory=memory,
+        )
+    )
+
+
+def refusals(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for f in frames if f["type"] == "error"]
+
+
+def fill(client: ConnectionDriver, requests: int) -> list[dict[str, Any]]:
+    """One request generating (it left the queue), then `requests` queued behind it."""
+    frames = client.create(FILLER)
+    for _ in range(requests):
+        frames += client.create(FILLER)
+    return frames
+
+
+def test_one_key_is_bounded_across_its_connections() -> None:
+    memory = QueueMemory(max_bytes=1 << 30, max_bytes_per_key=20_500)
+    sockets = [driver(memory, "sk-a") for _ in range(4)]
+    refused = [refusals(fill(s, 2)) for s in sockets]
+    # 4 KB a request, 2 queued per socket: the key's 20.5 KB hold two sockets' worth
+    # and one more request; at the bound even a request that would start at once is
+    # refused (it is counted from its arrival to its start).
+    assert [len(r) for r in refused] == [0, 0, 1, 3]
+    error = refused[3][0]
+    assert error["status"] == 429
+    assert error["error"]["type"] == "rate_limit_error"
+    assert error["error"]["code"] == "queue_memory_exceeded"
+    assert error["error"]["headers"] == {"retry-after": "1"}
+    # Another key is not refused for the first key's queues.
+    assert refusals(fill(driver(memory, "sk-b"), 2)) == []
+    assert memory.of("sk-a") <= 20_500
+
+
+def test_the_process_bound_holds_across_keys() -> None:
+    memory = QueueMemory(max_bytes=30_000, max_bytes_per_key=1 << 30)
+    refused = [refusals(fill(driver(memory, f"sk-{i}"), 3)) for i in range(4)]
+    assert sum(len(r) for r in refused) > 0
+    assert memory.used_bytes <= 30_000
+
+
+def test_every_byte_comes_back() -> None:
+    memory = QueueMemory(max_bytes=1 << 30, max_bytes_per_key=1 << 30)
+    finishing, closing = driver(memory, "sk-a"), driver(memory, "sk-a")
+    fill(finishing, 3)
+    fill(closing, 3)
+    assert memory.used_bytes > 0
+    for _ in range(4):
+        finishing.finish()
+    closing.conn.connection_lost()
+    assert memory.used_bytes == 0 and memory.of("sk-a") == 0
+
+
+def test_http_bodies_count_against_the_key(tmp_path: Path) -> None:
+    """Over HTTP the body is held while it is read and parsed: a body larger than
+    the key's bound is refused with 429 and the header `retry-after`."""
+    config = ServerConfig(
+        engine="sim",
+        api_keys=("sk-a",),
+        data_dir=str(tmp_path),
+        max_queued_bytes_per_key=10_000,
+    )
+    with serving(build_app(sim_engine(), config)) as base:
+        auth = {"authorization": "Bearer sk-a"}
+        big = httpx.post(
+            base + "/v1/responses", json={"model": "sim", "input": "y" * 20_000}, headers=auth
+        )
+        small = httpx.post(
+            base + "/v1/responses", json={"model": "sim", "input": "hi"}, headers=auth
+        )
+    assert big.status_code == 429, big.text
+    assert big.headers["retry-after"] == "1"
+    error = big.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "queue_memory_exceeded"
+    assert error["headers"] == {"retry-after": "1"}
+    assert small.status_code == 200
+
+
+@pytest.mark.parametrize("bound", ["max_queued_bytes_total", "max_queued_bytes_per_key"])
+def test_the_bounds_are_options(bound: str) -> None:
+    assert getattr(ServerConfig.from_env({"HOTLOOP_" + bound.upper(): "123"}), bound) == 123
+
+
+def test_a_waiting_request_keeps_its_frame_not_its_parse() -> None:
+    """A queued request held its parsed form (its items plus the input's JSON for the
+    store: ~2 bytes of RSS per queued byte, benches/bench_queue_memory.py); it now
+    keeps the frame's text and is parsed again when its turn comes, with the same
+    result as an unqueued one."""
+    client = driver(QueueMemory(1 << 30, 1 << 30), "sk-a")
+    client.create("first")
+    queued = client.create(FILLER, instructions="Be brief.", metadata={"n": "2"}, store=False)
+    assert queued == []
+    waiting = client.conn._lanes[None].queue[0]
+    assert waiting.parsed is None and isinstance(waiting.frame, str)
+    frames = client.finish()
+    created = next(f for f in frames if f["type"] == "response.created")["response"]
+    assert created["instructions"] == "Be brief." and created["metadata"] == {"n": "2"}
+    assert created["store"] is False
+    done = client.finish()
+    assert done[-1]["type"] == "response.completed"
+    alone = driver(QueueMemory(1 << 30, 1 << 30), "sk-a")
+    alone.create(FILLER, instructions="Be brief.", metadata={"n": "2"}, store=False)
+    reference = alone.finish()[-1]["response"]
+    assert done[-1]["response"]["usage"] == reference["usage"]

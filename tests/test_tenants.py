@@ -1,0 +1,57 @@
+"""Tenant labels: `/metrics` (unauthenticated) and `/v1/usage` name a key by the
+operator's name for it (`--api-keys name:secret`) or by a keyed hash, never by a plain
+digest of the secret that a reader could test guesses against."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import httpx
+import pytest
+from hotloop.auth import ApiKeys, AuthError, keyed_label, parse_entry
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from servers import serving, sim_engine
+
+WEAK = "sk-1234"
+
+
+def test_entries_name_keys() -> None:
+    assert parse_entry("alice:sk-a") == ("alice", "sk-a")
+    assert parse_entry("sk-a") == (None, "sk-a")
+    # Text before a colon that is no tenant name belongs to the secret.
+    assert parse_entry("sk/x:y") == (None, "sk/x:y")
+    assert parse_entry("alice:") == (None, "alice:")
+
+
+def test_labels_are_names_or_keyed_hashes() -> None:
+    keys = ApiKeys(["alice:sk-a", WEAK], label_secret="s3cret")
+    credential = keys.authenticate(b"Bearer sk-a")
+    assert credential is not None and credential.label == "alice"
+    with pytest.raises(AuthError):  # the secret is the part after the name
+        keys.authenticate(b"Bearer alice:sk-a")
+    unnamed = keys.label(WEAK)
+    assert unnamed == keyed_label(WEAK, b"s3cret")
+    assert unnamed != ApiKeys([WEAK], label_secret="other").label(WEAK)
+    assert hashlib.sha256(WEAK.encode()).hexdigest()[:12] not in str(unnamed)
+    # Drawn per process without a secret: two starts label a key differently.
+    assert ApiKeys([WEAK]).label(WEAK) != ApiKeys([WEAK]).label(WEAK)
+
+
+def test_metrics_show_no_digest_of_a_key(tmp_path: Path) -> None:
+    config = ServerConfig(engine="sim", api_keys=("team-a:sk-a", WEAK), data_dir=str(tmp_path))
+    with serving(build_app(sim_engine(), config)) as base:
+        for key in ("sk-a", WEAK):
+            reply = httpx.post(
+                base + "/v1/responses",
+                json={"model": "sim", "input": "hi"},
+                headers={"authorization": f"Bearer {key}"},
+            )
+            assert reply.status_code == 200
+        metrics = httpx.get(base + "/metrics").text
+        usage = httpx.get(base + "/v1/usage", headers={"authorization": "Bearer sk-a"}).json()
+    assert 'key="team-a"' in metrics
+    assert hashlib.sha256(WEAK.encode()).hexdigest()[:12] not in metrics
+    assert "sk-a" not in metrics and WEAK not in metrics
+    assert usage["key"] == "team-a" and usage["responses"] == 1
