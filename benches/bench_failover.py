@@ -3,8 +3,9 @@
     .venv/bin/python benches/bench_failover.py [--runs 3] [--out benches/results/failover.json]
 
 - Fault runs (`hotloop.bench.failover.run_scenario`): six agents, 20-turn `store=true`
-  conversations, three nodes, three faults per run of each kind (SIGKILL, SIGSTOP,
-  drain), each node rejoining. Reported per kind: acknowledged responses lost (must be
+  conversations, three nodes sharing a PostgreSQL database (`--sqlite`: one SQLite
+  file), three faults per run of each kind (SIGKILL, SIGSTOP, drain, each node
+  rejoining; PostgreSQL stopped for 6-7 s). Reported per kind: acknowledged responses lost (must be
   0), failed responses, conversations finished, prompts identical to an undisturbed run,
   and the failover time, from the fault to the first delta of the retried turn
   (p50/p99 over all retried turns of all runs).
@@ -48,12 +49,16 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 async def fault_runs(cluster: Cluster, runs: int) -> dict[str, Any]:
-    control = await run_scenario(cluster, "none", tag="control")
+    options: dict[str, Any] = {"tool_time": 0.2, "store": cluster.postgres}
+    control = await run_scenario(cluster, "none", tag="control", **options)
     report: dict[str, Any] = {}
-    for fault in ("kill", "hang", "drain"):
+    faults = ("kill", "hang", "drain") + (("store",) if cluster.postgres else ())
+    for fault in faults:
         outcomes: list[Outcome] = []
         for seed in range(runs):
-            outcomes.append(await run_scenario(cluster, fault, tag=f"{fault}-{seed}", seed=seed))
+            outcomes.append(
+                await run_scenario(cluster, fault, tag=f"{fault}-{seed}", seed=seed, **options)
+            )
         failover = [t for o in outcomes for t in o.failover]
         report[fault] = {
             "runs": runs,
@@ -68,6 +73,8 @@ async def fault_runs(cluster: Cluster, runs: int) -> dict[str, Any]:
             "failover_p50_s": percentile(failover, 0.5),
             "failover_p99_s": percentile(failover, 0.99),
             "detection_s": [d for o in outcomes for d in o.detection],
+            # The kinds of failure the agents saw (code and the message's first word).
+            "failures": sorted({" ".join(f.split()[:2]) for o in outcomes for f in o.failed}),
         }
         print(fault, json.dumps(report[fault]), flush=True)
     return report
@@ -166,17 +173,20 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--samples", type=int, default=5)
-    parser.add_argument("--store", default=None, help="postgresql://... (default: SQLite)")
+    parser.add_argument(
+        "--sqlite", action="store_true", help="one SQLite data directory, not PostgreSQL"
+    )
     parser.add_argument("--out", type=Path, default=Path("benches/results/failover.json"))
     args = parser.parse_args()
     report: dict[str, Any] = {}
-    with Cluster(ClusterConfig(store=args.store)) as cluster:
+    postgres = not args.sqlite
+    with Cluster(ClusterConfig(postgres=postgres)) as cluster:
         report["faults"] = await fault_runs(cluster, args.runs)
     big = ClusterConfig(
         nodes=2,
         replicas=1,
         tool_calls=0,
-        store=args.store,
+        postgres=postgres,
         node_flags=("--upstream-context-window", "262144"),
     )
     with Cluster(big) as cluster:
@@ -186,7 +196,9 @@ async def main() -> None:
     print(json.dumps(report["continuation"]), flush=True)
     report["prefix_cache"] = []
     for routing in ("rendezvous", "pinned"):
-        config = ClusterConfig(nodes=2, replicas=2, tool_calls=9, routing=routing, store=args.store)
+        config = ClusterConfig(
+            nodes=2, replicas=2, tool_calls=9, routing=routing, postgres=postgres
+        )
         with Cluster(config) as cluster:
             report["prefix_cache"].append(await cache_hits_after_node_changes(cluster, routing))
     print(json.dumps(report["prefix_cache"]), flush=True)

@@ -1,6 +1,6 @@
 #!/bin/sh
 # hotloop on several nodes on this machine, for trying the reference deployment:
-# simulated vLLM replicas, N `hotloop serve` nodes sharing one store and HAProxy with
+# PostgreSQL, simulated vLLM replicas, N `hotloop serve` nodes sharing it and HAProxy with
 # deploy/haproxy.cfg's settings, all on 127.0.0.1, until Ctrl-C.
 #
 #   deploy/run-local.sh --nodes 3 --replicas 2
@@ -10,5 +10,5 @@
 set -e
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || make develop
-make -s haproxy
+make -s haproxy services
 exec .venv/bin/python -m hotloop.cluster "$@"

@@ -1,7 +1,8 @@
 """hotloop on several nodes, as real processes on loopback: the reference deployment.
 
 `Cluster` starts simulated vLLM replicas (`hotloop.bench.replica`), N `hotloop serve`
-nodes sharing one store and routing to those replicas by rendezvous hashing, and HAProxy
+nodes sharing one store (a PostgreSQL server of its own, `Postgres`, or a given URL, or
+SQLite on this host) and routing to those replicas by rendezvous hashing, and HAProxy
 in front of the nodes with the reference configuration (`haproxy_config`, the same text
 as `deploy/haproxy.cfg`). Each process can be killed, hung (SIGSTOP), resumed, drained
 through HAProxy's runtime API and restarted on its port: what the fault tests and the
@@ -17,7 +18,9 @@ Responses API itself. Everything listens on 127.0.0.1.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -27,7 +30,8 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -141,6 +145,109 @@ class Service:
             except subprocess.TimeoutExpired:
                 self.signal(signal.SIGKILL)
         return self.process.wait(STOP_TIMEOUT)
+
+
+POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
+"""Debian's `postgresql-15` (`make services` installs it when missing)."""
+
+
+class Postgres:
+    """A PostgreSQL server of its own: `initdb` in `root`, then `start`/`stop` keep its
+    port and data. It listens on 127.0.0.1 only, trust auth for the `postgres`
+    superuser. `initdb` refuses to run as root, so as root it runs as `nobody`."""
+
+    def __init__(self, root: Path, port: int | None = None) -> None:
+        self.root = root
+        self.data = root / "data"
+        self.port = port or free_port()
+        self._user = "nobody" if os.geteuid() == 0 else None
+        self._names = itertools.count()
+        if self._user is not None:
+            nobody = pwd.getpwnam(self._user)
+            os.chown(root, nobody.pw_uid, nobody.pw_gid)
+        self._run(
+            POSTGRES_BIN / "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+        )
+
+    @staticmethod
+    def installed() -> bool:
+        return (POSTGRES_BIN / "initdb").exists()
+
+    def _run(self, *args: str | Path) -> None:
+        subprocess.run(
+            [str(a) for a in args],
+            check=True,
+            user=self._user,
+            cwd=self.root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@{LOOPBACK}:{self.port}/{database}"
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -c listen_addresses={LOOPBACK} -k {self.root} "
+            "-c max_connections=200 -c shared_buffers=32MB"
+        )
+        self._run(
+            POSTGRES_BIN / "pg_ctl",
+            "-D",
+            self.data,
+            "-l",
+            self.root / "log",
+            "-o",
+            options,
+            "-w",
+            "start",
+        )
+
+    def stop(self) -> None:
+        self._run(POSTGRES_BIN / "pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+
+    def fresh_database(self) -> str:
+        """A new empty database; its URL."""
+        import psycopg
+
+        name = f"t{os.getpid()}_{next(self._names)}"
+        with psycopg.connect(self.url(), autocommit=True) as connection:
+            connection.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    @classmethod
+    def create(cls) -> Postgres:
+        """A new server in a temporary directory of its own (which `nobody` can enter:
+        not below a root-only one), not started yet."""
+        return cls(Path(tempfile.mkdtemp(prefix="hotloop-pg-")))
+
+    def remove(self) -> None:
+        """Stop it if it runs, and delete its directory."""
+        try:
+            self.stop()
+        except subprocess.CalledProcessError:
+            pass  # not running: already stopped (a fault test that failed midway)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @classmethod
+    @contextmanager
+    def temporary(cls) -> Iterator[Postgres]:
+        """A started server in a new temporary directory, stopped and removed after."""
+        server = cls.create()
+        try:
+            server.start()
+            yield server
+        finally:
+            server.remove()
 
 
 @dataclass(frozen=True)
@@ -333,8 +440,10 @@ class ClusterConfig:
     nodes: int = 3
     replicas: int = 2
     store: str | None = None
-    """A store URL (`postgresql://...`) shared by the nodes; None: one SQLite data
-    directory in the work directory, shared by the processes of this one host."""
+    """A store URL (`postgresql://...`) shared by the nodes; None: a PostgreSQL server
+    of the cluster's own with `postgres`, otherwise one SQLite data directory in the
+    work directory, shared by the processes of this one host."""
+    postgres: bool = False
     check: HealthCheck = HealthCheck(interval=0.3, fall=2, rise=1, timeout=0.5)
     connection_lifetime: float = 3600.0
     drain_timeout: float = 10.0
@@ -354,6 +463,8 @@ class Cluster:
             None if workdir is not None else tempfile.TemporaryDirectory(prefix="hotloop-cluster-")
         )
         self.workdir = workdir or Path(self._tmp.name if self._tmp else ".")
+        self.postgres = Postgres.create() if config.postgres and not config.store else None
+        self.store = config.store or (None if self.postgres is None else self.postgres.url())
         self.replicas = [self._replica(i) for i in range(config.replicas)]
         self.replica_urls = [f"http://{LOOPBACK}:{port}" for port, _ in self.replicas]
         self.node_ports = {f"node{i + 1}": free_port() for i in range(config.nodes)}
@@ -387,9 +498,7 @@ class Cluster:
     def _node(self, name: str, port: int) -> Service:
         config = self.config
         store = (
-            ["--store", config.store]
-            if config.store
-            else ["--data-dir", str(self.workdir / "data")]
+            ["--store", self.store] if self.store else ["--data-dir", str(self.workdir / "data")]
         )
         args = serve_command(
             port,
@@ -427,6 +536,8 @@ class Cluster:
 
     def start(self) -> None:
         try:
+            if self.postgres is not None:
+                self.postgres.start()
             for _, replica in self.replicas:
                 replica.start()
             # The first node creates the store's schema; the others open it after.
@@ -447,6 +558,8 @@ class Cluster:
         ]:
             service.kill()
         self.haproxy.listener.close()
+        if self.postgres is not None:
+            self.postgres.remove()
         if self._tmp is not None:
             self._tmp.cleanup()
 
@@ -469,7 +582,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--store", default=None, help="postgresql://... (default: SQLite)")
+    parser.add_argument(
+        "--store", default=None, help="postgresql://... (default: a PostgreSQL of its own)"
+    )
+    parser.add_argument(
+        "--sqlite", action="store_true", help="one SQLite data directory instead of PostgreSQL"
+    )
     parser.add_argument(
         "--haproxy-config", action="store_true", help="print the reference configuration"
     )
@@ -477,12 +595,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.haproxy_config:
         sys.stdout.write(reference_config())
         return
-    config = ClusterConfig(nodes=args.nodes, replicas=args.replicas, store=args.store)
+    config = ClusterConfig(
+        nodes=args.nodes,
+        replicas=args.replicas,
+        store=args.store,
+        postgres=not args.sqlite and Postgres.installed(),
+    )
     with Cluster(config) as cluster:
         print(f"hotloop cluster: {cluster.url}/v1 (HAProxy)", flush=True)
         for name in cluster.nodes:
             print(f"  {name}: {cluster.node_url(name)}", flush=True)
         print(f"  runtime API: {cluster.haproxy.admin_socket}", flush=True)
+        print(f"  store: {cluster.store or 'SQLite in ' + str(cluster.workdir)}", flush=True)
         stop = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, stop)
         signal.sigwait(stop)
