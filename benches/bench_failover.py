@@ -55,9 +55,14 @@ async def fault_runs(cluster: Cluster, runs: int) -> dict[str, Any]:
     faults = ("kill", "hang", "drain") + (("store",) if cluster.postgres else ())
     for fault in faults:
         outcomes: list[Outcome] = []
+        # In an outage the agents wait out a node's wait for a database connection (5 s),
+        # so they see the failure instead of their own timeout.
+        stall = {"stall_timeout": 8.0} if fault == "store" else {}
         for seed in range(runs):
             outcomes.append(
-                await run_scenario(cluster, fault, tag=f"{fault}-{seed}", seed=seed, **options)
+                await run_scenario(
+                    cluster, fault, tag=f"{fault}-{seed}", seed=seed, **options, **stall
+                )
             )
         failover = [t for o in outcomes for t in o.failover]
         report[fault] = {

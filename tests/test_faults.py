@@ -1,9 +1,10 @@
 """Faults on a three-node cluster, with real processes on loopback (`hotloop.cluster`):
 six agents run 20-turn `store=true` conversations over WebSocket mode through HAProxy,
-while nodes are killed (SIGKILL), hung (SIGSTOP) or drained (HAProxy's runtime API,
-then SIGTERM), each node rejoining afterwards. The agents reconnect and continue from
-their last acknowledged response id on whatever node HAProxy picks
-(`hotloop.bench.failover`).
+the nodes sharing one PostgreSQL database (`pg_server.py`), while nodes are killed
+(SIGKILL), hung (SIGSTOP) or drained (HAProxy's runtime API, then SIGTERM), each node
+rejoining afterwards, or while the database is stopped for a while. The agents
+reconnect and continue from their last acknowledged response id on whatever node
+HAProxy picks (`hotloop.bench.failover`).
 
 Every scenario asserts what a user relies on: every response a client saw complete is
 readable afterwards (none acknowledged and then lost), every conversation reaches its
@@ -18,8 +19,9 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-from hotloop.bench.failover import Outcome, run_scenario
+from hotloop.bench.failover import STALL_TIMEOUT, Outcome, StoreServer, run_scenario
 from hotloop.cluster import Cluster, ClusterConfig
+from pg_server import PostgresServer
 
 pytestmark = pytest.mark.faults
 
@@ -29,13 +31,29 @@ TOOL_TIME = 0.2  # seconds; the connections are idle while the agents' tools run
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    config = ClusterConfig(nodes=3, replicas=2, tool_calls=TURNS - 1, tokens_per_second=1000.0)
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresServer
+) -> Iterator[Cluster]:
+    """Three nodes sharing one PostgreSQL database, two replicas, HAProxy."""
+    config = ClusterConfig(
+        nodes=3,
+        replicas=2,
+        store=postgres_server.fresh_database(),
+        tool_calls=TURNS - 1,
+        tokens_per_second=1000.0,
+    )
     with Cluster(config, tmp_path_factory.mktemp("faults")) as running:
         yield running
 
 
-def scenario(cluster: Cluster, fault: str, seed: int = 1) -> Outcome:
+def scenario(
+    cluster: Cluster,
+    fault: str,
+    seed: int = 1,
+    store: StoreServer | None = None,
+    faults: int = 3,
+    stall_timeout: float = STALL_TIMEOUT,
+) -> Outcome:
     return asyncio.run(
         run_scenario(
             cluster,
@@ -45,6 +63,9 @@ def scenario(cluster: Cluster, fault: str, seed: int = 1) -> Outcome:
             seed=seed,
             turns=TURNS,
             tool_time=TOOL_TIME,
+            store=store,
+            faults=faults,
+            stall_timeout=stall_timeout,
         )
     )
 
@@ -91,6 +112,20 @@ def test_a_graceful_drain_fails_no_response(cluster: Cluster, control: Outcome) 
     outcome = scenario(cluster, "drain")
     assert len(outcome.faults_at) > 0
     assert outcome.failed == []
+    assert_survived(outcome, control)
+
+
+def test_the_database_stopped_for_a_while_fails_responses_but_loses_none(
+    cluster: Cluster, control: Outcome, postgres_server: PostgresServer
+) -> None:
+    # Two outages of 6-7 s each: longer than a node waits for a database connection
+    # (5 s), and the agents wait longer than that for an event, so they see the failure.
+    outcome = scenario(cluster, "store", store=postgres_server, faults=2, stall_timeout=8.0)
+    assert len(outcome.faults_at) > 0
+    # What could not be committed failed (the client was never told it completed)...
+    assert outcome.failed, "the outage went unnoticed"
+    assert all("store_unavailable" in failure for failure in outcome.failed), outcome.failed
+    # ... and the service recovered: every conversation went on to its last turn.
     assert_survived(outcome, control)
 
 

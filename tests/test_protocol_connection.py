@@ -379,3 +379,14 @@ def test_a_session_header_names_every_conversation_of_the_connection() -> None:
     client.create("one")
     client.create("two", stream_id="side")
     assert {w.route_key for w in client.generating.values()} == {"codex-session-1"}
+
+
+def test_a_parent_the_store_could_not_read_is_unavailable_not_unknown() -> None:
+    client = Client()
+    client.conn.store_unavailable("resp_elsewhere", "connection refused")
+    (refused,) = client.create("go on", previous_response_id="resp_elsewhere")
+    assert refused["error"]["code"] == "store_unavailable" and refused["status"] == 503
+    # Said once: the next miss is an unknown id again.
+    assert errors(client.create("go on", previous_response_id="resp_elsewhere")) == [
+        "previous_response_not_found"
+    ]

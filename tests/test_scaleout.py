@@ -26,6 +26,8 @@ from hotloop.cluster import (
 )
 from hotloop.config import ServerConfig
 from hotloop.engines.upstream import Replica, rendezvous
+from hotloop_process import HotloopProcess, acknowledged, http_turn, ws_turn
+from pg_server import PostgresServer
 from websockets.sync.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,3 +166,33 @@ def test_a_stored_response_reads_back_on_any_node(cluster: Cluster) -> None:
     read = httpx.get(f"{cluster.node_url('node1')}/v1/responses/{created['id']}")
     assert read.status_code == 200
     assert orjson.loads(read.content) == created
+
+
+def test_a_continuation_while_the_database_is_down_is_retryable_not_unknown(
+    postgres_server: PostgresServer,
+) -> None:
+    # A node that must rebuild a chain from a store it cannot read must not answer that
+    # the response does not exist: another node committed it, and it is there.
+    store = postgres_server.fresh_database()
+    with (
+        HotloopProcess(
+            ["--engine=sim", "--store", store, "--sim-tokens-per-second", "5000"]
+        ) as node,
+        httpx.Client(base_url=node.url, timeout=TIMEOUT) as http,
+    ):
+        with connect(node.ws_url) as socket:
+            first = acknowledged(ws_turn(socket, "remember this"))
+        assert first is not None
+        postgres_server.stop()
+        try:
+            # A new connection's cache, and the HTTP cache, do not hold it: both read.
+            with connect(node.ws_url) as socket:
+                refused = ws_turn(socket, "go on", previous_response_id=first)
+            assert refused["type"] == "error"
+            assert refused["error"]["code"] == "store_unavailable", refused
+            reply = http_turn(http, "go on", stream=False, previous_response_id=first)
+            assert reply["status"] == 503 and reply["error"]["code"] == "store_unavailable"
+        finally:
+            postgres_server.start()
+        with connect(node.ws_url) as socket:
+            assert acknowledged(ws_turn(socket, "go on", previous_response_id=first))

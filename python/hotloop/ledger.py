@@ -120,14 +120,16 @@ class Ledger:
     async def restore(self, response_id: str, owner: str | None) -> tuple[Checkpoint, str] | None:
         """Rebuild a stored chain into a checkpoint (the slow, correct path of a cache
         miss), with the id of the chain's first response; None if the store does not
-        have it for this owner."""
+        have it for this owner. Raises StoreError when the store cannot be read."""
         if self.store is None:
             return None
         try:
             chain = await self.store.load_chain(response_id, owner)
         except StoreError as e:
+            # The response may well exist (another node committed it): never answer
+            # that it does not.
             log.error("cannot load %s from the store: %s", response_id, e.message)
-            return None
+            raise
         checkpoint = self._rebuild(response_id, chain)
         if checkpoint is None or chain is None:
             return None
@@ -136,7 +138,8 @@ class Ledger:
     async def warm(self, cache: ConnectionCache, parent: str | None, owner: str | None) -> None:
         """Make `parent` a hit in `cache` when the store can rebuild it. Both transports
         await this before a request reaches its `Connection` (the state machine cannot
-        await), so the read runs in the store's thread, never on the event loop."""
+        await), so the read runs in the store's thread, never on the event loop. Raises
+        StoreError when the store cannot be read."""
         if parent is None or parent in cache:
             return
         restored = await self.restore(parent, owner)

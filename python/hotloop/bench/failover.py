@@ -377,14 +377,15 @@ async def _outages(
     rng: random.Random,
     outcome: Outcome,
 ) -> None:
-    """Stop the store's server at random moments for 0.5-1.5 s each."""
+    """Stop the store's server at random moments for 6-7 s each: longer than a node
+    waits for a database connection (5 s), so commits fail instead of waiting it out."""
     for _ in range(count):
         await asyncio.wait([run], timeout=rng.uniform(0.2, 0.7))
         if run.done():
             return
         outcome.faults_at.append(time.monotonic())
         await asyncio.to_thread(store.stop)
-        await asyncio.wait([run], timeout=rng.uniform(0.5, 1.5))
+        await asyncio.wait([run], timeout=rng.uniform(6.0, 7.0))
         await asyncio.to_thread(store.start)
 
 

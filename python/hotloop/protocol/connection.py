@@ -296,6 +296,8 @@ class Connection:
         self._active: dict[int, _Active] = {}
         self._rendering: dict[int, _Rendering] = {}
         self._ending: dict[int, _Ending] = {}
+        self._unreadable: dict[str, str] = {}
+        """Parent ids the store could not be read for (`store_unavailable`), and why."""
         self._durable = durable
         self._next_key = 0
         self._queued_bytes = 0
@@ -473,6 +475,12 @@ class Connection:
         )
         self._lane_freed(active.lane)
 
+    def store_unavailable(self, response_id: str, message: str) -> None:
+        """The transport could not read `response_id` from the store for the next
+        request that continues it: if the cache misses it, that request is refused with
+        `store_unavailable` (503, retry later), not `previous_response_not_found`."""
+        self._unreadable[response_id] = message
+
     def lifetime_reached(self) -> None:
         """The connection's lifetime is over: finish what is in flight, refuse the
         rest, then close with 1000. Never cuts a response in the middle."""
@@ -647,10 +655,17 @@ class Connection:
         root = None
         if parent is not None:
             cached = self.cache.get(parent)
-            # The transport already tried the store (`Ledger.warm`): a miss here is final.
+            # The transport already tried the store (`Ledger.warm`): a miss here is
+            # final, unless the store could not be read.
             checkpoint = cached.checkpoint if cached is not None else None
+            unreadable = self._unreadable.pop(parent, None)
             if checkpoint is None:
-                self._refuse(ProtocolError.not_found(parent), lane.name)
+                error = (
+                    ProtocolError.not_found(parent)
+                    if unreadable is None
+                    else ProtocolError.store_unavailable(unreadable)
+                )
+                self._refuse(error, lane.name)
                 return
             # A continuation on the lane that made the parent consumes it on failure;
             # a fork from another lane must leave the parent to its own lane.

@@ -44,3 +44,13 @@ class ProtocolError(Exception):
             f"Previous response with id '{response_id}' not found.",
             "previous_response_id",
         )
+
+    @classmethod
+    def store_unavailable(cls, message: str) -> ProtocolError:
+        """The store could not be read: the request may succeed when it is retried."""
+        return cls(
+            "store_unavailable",
+            f"The stored conversation cannot be read right now ({message}); retry.",
+            "previous_response_id",
+            status=503,
+        )

@@ -214,10 +214,10 @@ class App:
         await send({"type": "websocket.accept"})
         cache = ConnectionCache(config.max_cached_bytes, self.budget, owner)
         observer = self._observer
+        books = None
         if self.ledger is not None:
             books = self.ledger.observer(key)
             observer = books
-            receive = _warming(receive, self.ledger, cache, books.owner)
         connection = Connection(
             chat_format=self.engine.chat_format,
             context_window=self.engine.context_window,
@@ -243,6 +243,8 @@ class App:
             commit=None if self.ledger is None else self.ledger.persist,
         )
         scope[CONNECTION_IDLE] = socket.idle
+        if self.ledger is not None and books is not None:
+            receive = _warming(receive, self.ledger, connection, books.owner)
         self.connections += 1
         self._sockets_of[owner] = self._sockets_of.get(owner, 0) + 1
         if self.ledger is not None:
@@ -260,13 +262,15 @@ class App:
 
 
 def _warming(
-    receive: Receive, ledger: Ledger, cache: ConnectionCache, owner: str | None
+    receive: Receive, ledger: Ledger, connection: Connection, owner: str | None
 ) -> Receive:
     """`receive` that first rebuilds a frame's `previous_response_id` from the store
     when the connection cache misses it (`Ledger.warm`, as HTTP does before its
     request): the read is awaited in the store's thread instead of blocking the event
     loop, and frames still reach the `Connection` one by one in arrival order, so the
-    order of requests within a lane is kept."""
+    order of requests within a lane is kept. A store that cannot be read is reported to
+    the connection, which refuses that request as `store_unavailable` (retryable), not
+    as an unknown id."""
 
     async def receive_warm() -> Message:
         message = await receive()
@@ -274,7 +278,10 @@ def _warming(
         if text is not None and '"previous_response_id"' in text:
             found = PREVIOUS_RESPONSE_ID.search(text)
             if found is not None:
-                await ledger.warm(cache, found[1], owner)
+                try:
+                    await ledger.warm(connection.cache, found[1], owner)
+                except StoreError as e:
+                    connection.store_unavailable(found[1], e.message)
         return message
 
     return receive_warm
