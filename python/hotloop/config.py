@@ -68,6 +68,11 @@ class ServerConfig:
     )
     workers: int = _option(1, "server processes sharing the port")
     log_level: str = _option("info", "critical, error, warning, info, debug or trace")
+    log_format: str = _option(
+        "human",
+        "human (uvicorn's lines) or json (one object per line: time, level, node, "
+        "request_id, connection_id, response_id, event, message)",
+    )
     baseline: str | None = _option(
         None,
         "benchmarks only: also render every turn from scratch as a stateless peer does "

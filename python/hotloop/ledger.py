@@ -19,6 +19,7 @@ from pathlib import Path
 
 import orjson
 
+from hotloop import logs
 from hotloop._core import Checkpoint, Conversation, CoreError, Policy
 from hotloop.auth import key_id
 from hotloop.engines.base import Engine
@@ -62,7 +63,7 @@ class Ledger:
         self._policy = policy
         self._http_caches: dict[str | None, ConnectionCache] = {}
         self._puts: set[asyncio.Task[None]] = set()
-        self._unbooked: deque[tuple[Finished, str]] = deque()
+        self._unbooked: deque[tuple[Finished, str, dict[str, str | None]]] = deque()
 
     async def start(self) -> None:
         """Open the durable store (when a data directory is configured)."""
@@ -139,17 +140,28 @@ class Ledger:
         """Book a finished response on the loop's next turn, after the terminal frame."""
         if not self._unbooked:
             asyncio.get_running_loop().call_soon(self._book_all)
-        self._unbooked.append((response, transport))
+        # The connection's and request's ids, for the log line the booking writes.
+        self._unbooked.append((response, transport, logs.current_ids()))
 
     def _book_all(self) -> None:
         while self._unbooked:
             self._book(*self._unbooked.popleft())
 
-    def _book(self, finished: Finished, transport: str) -> None:
+    def _book(self, finished: Finished, transport: str, ids: dict[str, str | None]) -> None:
         owner = key_id(finished.principal) if finished.principal is not None else None
         usage = finished.usage
         response = orjson.loads(finished.response_json)
         status = response["status"]
+        log.info(
+            "response %s %s over %s: %d input tokens (%d cached), %d output",
+            finished.response_id,
+            status,
+            transport,
+            usage.input_tokens,
+            usage.cached_tokens,
+            usage.output_tokens,
+            extra={**ids, "response_id": finished.response_id, "event": "response.finished"},
+        )
         metrics = self.metrics
         metrics.turns.labels(transport, status).inc()
         metrics.turn_overhead.labels(transport).observe(finished.overhead_ns / 1e9)
