@@ -29,7 +29,8 @@ develop: venv
 native: develop
 	$(BIN)/python -m hotloop.native_deps llama
 
-serve: develop native
+# Only the llama engine needs the native set-up (`make serve ENGINE=sim` starts at once).
+serve: develop $(if $(filter llama,$(ENGINE)),native)
 	$(BIN)/hotloop serve --host $(HOST) --port $(PORT) --engine $(ENGINE)
 
 test-rust:
@@ -56,16 +57,18 @@ bench: develop native
 bench-ci: develop native
 	$(BIN)/pytest benches/test_ratios.py benches/test_store_ratios.py -q -s --benchmark-disable
 
-# The abi3 wheel (one per platform, any CPython >= 3.10) and the sdist, into dist/.
+# The abi3 wheel (one per platform, any CPython >= 3.10) and the sdist, into dist/. The
+# wheel is built from this tree, not from the sdist (`maturin build --sdist` would
+# compile the crate again from scratch in a temporary directory).
 wheel: venv
 	rm -rf dist
-	$(BIN)/maturin build --release --sdist --out dist
+	$(BIN)/maturin sdist --out dist
+	$(BIN)/maturin build --release --out dist
 
-# The wheel as pip users get it: a fresh virtualenv, no Rust toolchain on PATH
-# (tests/test_wheel.py). Builds the wheel only when dist/ has none.
-test-wheel: develop
-	ls dist/hotloop-*.whl >/dev/null 2>&1 || $(MAKE) wheel
-	HOTLOOP_WHEEL_TEST=1 $(BIN)/pytest tests/test_wheel.py -q
+# dist/'s wheel as pip users get it: a fresh virtualenv, no Rust toolchain on PATH
+# (tests/test_wheel.py; `make test` runs the same test on a wheel it builds itself).
+test-wheel: develop wheel
+	HOTLOOP_WHEEL="$$(ls dist/hotloop-*.whl)" $(BIN)/pytest tests/test_wheel.py -q
 
 # Pages generated from the code (tests/test_docgen.py fails while they are stale).
 docs: develop

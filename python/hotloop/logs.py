@@ -11,8 +11,8 @@ Neither format ever carries a secret or user content: every line passes `redact`
 (Bearer credentials, the `authorization`/`cookie` headers, the configured API keys,
 secret-looking query parameters), and the connection detail uvicorn and websockets print
 at debug and trace level loses its headers and frames before it is formatted
-(`ConnectionDetailFilter`). It does not decide what is logged
-where; the modules that log do.
+(`ConnectionDetailFilter`). It does not decide what is logged where; the modules that
+log do.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ from typing import Any
 from websockets.frames import Frame
 
 FORMATS = ("human", "json")
-# The ids a line can carry, each a context variable bound by the transport.
-CONNECTION_ID: ContextVar[str | None] = ContextVar("connection_id", default=None)
-REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
-RESPONSE_ID: ContextVar[str | None] = ContextVar("response_id", default=None)
-_IDS = {"connection_id": CONNECTION_ID, "request_id": REQUEST_ID, "response_id": RESPONSE_ID}
+# The ids a line carries (None when unknown). The transport binds the first two for an
+# HTTP request or a WebSocket connection; a response's id comes with its record.
+ID_FIELDS = ("request_id", "connection_id", "response_id")
+_BOUND: dict[str, ContextVar[str | None]] = {
+    "request_id": ContextVar("request_id", default=None),
+    "connection_id": ContextVar("connection_id", default=None),
+}
 # A request id a client (or its balancer) sent in `x-request-id` is kept when it is this
 # tame; anything else is replaced, so a header cannot smuggle text into the logs.
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -68,7 +70,7 @@ def request_id(sent: bytes | None) -> str:
 @contextmanager
 def bound(**ids: str) -> Iterator[None]:
     """Lines logged inside (and by tasks started inside) carry these ids."""
-    tokens = [(_IDS[name], _IDS[name].set(value)) for name, value in ids.items()]
+    tokens = [(_BOUND[name], _BOUND[name].set(value)) for name, value in ids.items()]
     try:
         yield
     finally:
@@ -78,7 +80,7 @@ def bound(**ids: str) -> Iterator[None]:
 
 def current_ids() -> dict[str, str | None]:
     """The bound ids, for work that logs later, outside this context."""
-    return {name: var.get() for name, var in _IDS.items()}
+    return {name: var.get() for name, var in _BOUND.items()}
 
 
 def redact(text: str, keys: Sequence[str] = ()) -> str:
@@ -131,9 +133,10 @@ class ContextFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.node = self.node
-        for name, var in _IDS.items():
+        for name in ID_FIELDS:
             if getattr(record, name, None) is None:
-                setattr(record, name, var.get())
+                var = _BOUND.get(name)
+                setattr(record, name, None if var is None else var.get())
         if not getattr(record, "event", None):
             record.event = record.name
         return True
@@ -163,7 +166,7 @@ class JsonFormatter(logging.Formatter):
             "pid": record.process,
             "logger": record.name,
             "event": getattr(record, "event", record.name),
-            **{name: getattr(record, name, None) for name in _IDS},
+            **{name: getattr(record, name, None) for name in ID_FIELDS},
             "message": record.getMessage(),
         }
         if record.exc_info:
