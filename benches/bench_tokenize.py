@@ -1,5 +1,5 @@
 """Encode throughput of hotloop's tokenizers against their references, and growth on
-pathological inputs. Figures are ratios measured in one run (README, "Tokenizers").
+pathological inputs. Figures are ratios measured in one run (docs/benchmarks.md, "Tokenizers").
 
 Timing is CPU time of this process (`time.process_time`), so other load on the machine
 does not count; the two sides of a ratio are measured in alternating rounds and

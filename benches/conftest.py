@@ -1,5 +1,5 @@
 """Prints the figures each benchmark records (`extra_info`: throughputs, ratios,
-growth) after the run, so one `make bench` shows the numbers the README quotes."""
+growth) after the run, so one `make bench` shows the numbers docs/benchmarks.md quotes."""
 
 from __future__ import annotations
 

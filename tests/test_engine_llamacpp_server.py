@@ -5,6 +5,7 @@ conversation evaluate only their new prompt tokens."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from engine_conversation import IM_END, IdsPrompt, first_turn, next_turn
@@ -18,12 +19,19 @@ pytestmark = pytest.mark.model
 SAMPLING = Sampling(max_output_tokens=24, temperature=0.0, stop_tokens=(IM_END,))
 
 
+@pytest.fixture(scope="module")
+def llama_server(pytestconfig: pytest.Config) -> Path:
+    """The cached binary; the first run on a machine builds it (several minutes), with
+    its progress shown instead of captured: `make native` does not build it, since the
+    default engine does not need it."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        return ensure_llama_server()
+
+
 @pytest.fixture
-async def engine() -> AsyncIterator[UpstreamEngine]:
-    # `make test` builds the binary first (make native); this only finds it in the cache.
-    server = LlamaServer(
-        ensure_llama_server(), smollm2_gguf_path(), n_ctx=4096, parallel=2, threads=1
-    )
+async def engine(llama_server: Path) -> AsyncIterator[UpstreamEngine]:
+    server = LlamaServer(llama_server, smollm2_gguf_path(), n_ctx=4096, parallel=2, threads=1)
     await server.start()
     config = UpstreamConfig(
         dialect="llamacpp", replicas=(server.url,), model="smollm2", context_window=4096

@@ -85,9 +85,16 @@ def test_least_recently_used_conversations_are_evicted_by_bytes() -> None:
     assert cache.memory_bytes <= size * 3.5
 
 
-def test_the_readme_example_runs() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("## The rendered-token cache") :]
+@pytest.mark.parametrize(
+    ("page", "heading"),
+    [
+        ("README.md", "**As a token cache on its own.**"),
+        ("docs/architecture.md", "### `hotloop.TokenCache`"),
+    ],
+)
+def test_the_documented_example_runs(page: str, heading: str) -> None:
+    text = (Path(__file__).parent.parent / page).read_text()
+    section = text[text.index(heading) :]
     example = re.search(r"```python\n(.*?)```", section, re.S)
     assert example is not None
-    exec(compile(example.group(1), "README.md", "exec"), {})
+    exec(compile(example.group(1), page, "exec"), {})

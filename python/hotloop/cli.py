@@ -1,7 +1,9 @@
-"""The command line: `hotloop serve`.
+"""The command line: `hotloop serve`, `hotloop setup`, `hotloop bench`, `hotloop docs`.
 
 Every option of `ServerConfig` is a flag here and a `HOTLOOP_*` environment variable;
-flags win. The server runs under uvicorn with the sans-I/O WebSocket implementation
+flags win. docs/configuration.md is generated from this parser (`hotloop docs
+configuration`, see hotloop.docgen), so a new flag reaches the docs by regenerating.
+The server runs under uvicorn with the sans-I/O WebSocket implementation
 (`websockets-sansio`), httptools and uvloop. With `--workers N`, the resolved
 configuration is handed to the worker processes through the environment.
 """
@@ -9,8 +11,10 @@ configuration is handed to the worker processes through the environment.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
+import importlib.metadata
+import logging
+import logging.config
 import os
 import secrets
 import signal
@@ -18,7 +22,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hotloop.auth import ApiKeys
+from hotloop import logs, native_deps
+from hotloop.auth import ApiKeys, parse_entry
 from hotloop.bench import command as bench
 from hotloop.bench.peer import SIM_FORMAT, Peer
 from hotloop.config import ServerConfig
@@ -151,7 +156,12 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hotloop", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="hotloop", description="A Responses-API server that keeps agents' state warm."
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"hotloop {importlib.metadata.version('hotloop')}"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the Responses-API server")
     for option in ServerConfig.options():
@@ -163,7 +173,16 @@ def argument_parser() -> argparse.ArgumentParser:
             serve.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         else:
             serve.add_argument(flag, metavar=option.name.upper(), help=help_text)
+    setup = commands.add_parser(
+        "setup",
+        help="build and install what a real-model engine needs, once per user "
+        "(llama: llama-cpp-python and the SmolLM2 GGUF; llama-server: the binary the "
+        "llama.cpp upstream tests run)",
+    )
+    setup.add_argument("targets", nargs="+", choices=tuple(native_deps.TARGETS), metavar="TARGET")
     bench.register(commands)
+    docs = commands.add_parser("docs", help="print a generated documentation page")
+    docs.add_argument("page", choices=("configuration",), help="configuration: every option")
     return parser
 
 
@@ -184,23 +203,6 @@ def config_env(config: ServerConfig) -> dict[str, str]:
 NODE_HEADER = "x-hotloop-node"
 
 
-def log_config(node: str, level: str) -> dict[str, Any]:
-    """uvicorn's logging set-up with the node's name in every line, and hotloop's own
-    loggers on the same handler (they would otherwise print warnings only, unnamed)."""
-    from uvicorn.config import LOGGING_CONFIG
-
-    config = copy.deepcopy(LOGGING_CONFIG)
-    name = node.replace("%", "%%")
-    for formatter in config["formatters"].values():
-        formatter["fmt"] = formatter["fmt"].replace("%(levelprefix)s", f"%(levelprefix)s {name}")
-    config["loggers"]["hotloop"] = {
-        "handlers": ["default"],
-        "level": level.upper(),
-        "propagate": False,
-    }
-    return config
-
-
 def serve(config: ServerConfig) -> None:
     import uvicorn
 
@@ -209,17 +211,31 @@ def serve(config: ServerConfig) -> None:
     if config.api_keys and not config.tenant_label_secret:
         # Drawn once here, so every worker labels a tenant the same way.
         config = dataclasses.replace(config, tenant_label_secret=secrets.token_hex(32))
+    try:
+        # The secrets alone: an entry may be `name:secret`.
+        secrets_only = [parse_entry(entry)[1] for entry in config.api_keys]
+        log_config = logs.log_config(config.log_format, config.log_level, secrets_only, config.node)
+    except ValueError as e:
+        raise SystemExit(f"hotloop: {e}") from e
     os.environ.update(config_env(config))
     before, after = raise_open_files_limit()
     base = f"http://{config.host}:{config.port}/v1"
-    print(
-        f"hotloop: engine {config.engine}, serving {base}\n"
-        f"  WebSocket mode: ws://{config.host}:{config.port}/v1/responses\n"
-        f'  OpenAI(base_url="{base}", api_key=...).responses.connect()\n'
-        f"  open files: {after} (was {before}); connections: at most {connection_cap(config)}\n"
-        f"  node {config.node}",
-        file=sys.stderr,
-        flush=True,
+    # Through the configured handlers: in json, every line on the streams is an object.
+    logging.config.dictConfig(log_config)
+    logging.getLogger("hotloop").info(
+        "engine %s, serving %s; WebSocket mode: ws://%s:%d/v1/responses, "
+        'OpenAI(base_url="%s", api_key=...).responses.connect(); open files: %d (was %d); '
+        "connections: at most %d; node %s",
+        config.engine,
+        base,
+        config.host,
+        config.port,
+        base,
+        after,
+        before,
+        connection_cap(config),
+        config.node,
+        extra={"event": "server.starting"},
     )
     options: dict[str, Any] = dict(
         factory=True,
@@ -227,7 +243,7 @@ def serve(config: ServerConfig) -> None:
         port=config.port,
         workers=config.workers,
         log_level=config.log_level,
-        log_config=log_config(config.node, config.log_level),
+        log_config=log_config,
         # On every HTTP response and WebSocket upgrade: which node answered.
         headers=[(NODE_HEADER, config.node)],
         loop="uvloop",
@@ -261,7 +277,14 @@ def _drained(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = argument_parser().parse_args(argv)
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if args.command == "setup":
+        raise SystemExit(native_deps.main(args.targets))
+    if args.command == "docs":
+        from hotloop.docgen import configuration_page
+
+        sys.stdout.write(configuration_page(parser, ENGINES))
     if args.command == "bench":
         bench.main(args)
     if args.command == "serve":

@@ -21,6 +21,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from hotloop import logs
 from hotloop._core import Checkpoint, Conversation, CoreError, Policy
 from hotloop.auth import ApiKeys, key_id
 from hotloop.engines.base import Engine
@@ -85,7 +86,7 @@ class Ledger:
         self._max_cached_bytes = max_cached_bytes
         self._policy = policy
         self._http_caches: dict[str | None, ConnectionCache] = {}
-        self._unbooked: deque[tuple[Finished, str]] = deque()
+        self._unbooked: deque[tuple[Finished, str, dict[str, str | None]]] = deque()
 
     async def start(self) -> None:
         """Open the durable store (when a data directory is configured)."""
@@ -178,13 +179,14 @@ class Ledger:
         """Book a finished response on the loop's next turn, after the terminal frame."""
         if not self._unbooked:
             asyncio.get_running_loop().call_soon(self._book_all)
-        self._unbooked.append((response, transport))
+        # The connection's and request's ids, for the log line the booking writes.
+        self._unbooked.append((response, transport, logs.current_ids()))
 
     def _book_all(self) -> None:
         while self._unbooked:
-            finished, transport = self._unbooked.popleft()
+            finished, transport, ids = self._unbooked.popleft()
             try:
-                self._book(finished, transport)
+                self._book(finished, transport, ids)
             except Exception as e:
                 # One response that cannot be booked must not stop booking for the
                 # others (they are taken off the queue before booking).
@@ -193,9 +195,19 @@ class Ledger:
                     "usage of response %s not booked (%s)", finished.response_id, type(e).__name__
                 )
 
-    def _book(self, finished: Finished, transport: str) -> None:
+    def _book(self, finished: Finished, transport: str, ids: dict[str, str | None]) -> None:
         label = self.keys.label(finished.principal)
         usage = finished.usage
+        log.info(
+            "response %s %s over %s: %d input tokens (%d cached), %d output",
+            finished.response_id,
+            finished.status,
+            transport,
+            usage.input_tokens,
+            usage.cached_tokens,
+            usage.output_tokens,
+            extra={**ids, "response_id": finished.response_id, "event": "response.finished"},
+        )
         metrics = self.metrics
         metrics.turns.labels(transport, finished.status).inc()
         metrics.turn_overhead.labels(transport).observe(finished.overhead_ns / 1e9)

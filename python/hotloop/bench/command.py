@@ -322,14 +322,18 @@ def run_plot(args: argparse.Namespace) -> None:
 
 def register(commands: Any) -> None:
     """Add `bench` and its subcommands to the `hotloop` command line."""
-    bench = commands.add_parser("bench", help="measure the server (see benches/README)")
+    bench = commands.add_parser("bench", help="measure the server (docs/benchmarks.md)")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
 
     agent = kinds.add_parser("agent", help="one agent rollout in every client mode")
     agent.add_argument("--speeds", default="65,1000,4000", help="sim tokens/s, comma-separated")
-    agent.add_argument("--modes", default=",".join(MODES))
-    agent.add_argument("--tool-calls", type=int, default=50)
-    agent.add_argument("--seed", type=int, default=2)
+    agent.add_argument(
+        "--modes", default=",".join(MODES), help="client modes to run, comma-separated"
+    )
+    agent.add_argument("--tool-calls", type=int, default=50, help="tool calls in the rollout")
+    agent.add_argument(
+        "--seed", type=int, default=2, help="which rollout (2 reads asyncio's sources)"
+    )
     agent.add_argument("--tool-time", type=float, default=0.0, help="seconds per tool call")
     agent.add_argument(
         "--format",
@@ -343,14 +347,18 @@ def register(commands: Any) -> None:
         help="peer flavours to run too (default: the format's own peer, harmony or "
         "open-model; '' for none)",
     )
-    agent.add_argument("--baseline-modes", default="http_full,websocket")
+    agent.add_argument(
+        "--baseline-modes", default="http_full,websocket", help="client modes run against the peer"
+    )
 
     load = kinds.add_parser("load", help="concurrent agents, one WebSocket each")
-    load.add_argument("--agents", default="10,100,500")
-    load.add_argument("--workers", default="1,2")
+    load.add_argument("--agents", default="10,100,500", help="agent counts, comma-separated")
+    load.add_argument("--workers", default="1,2", help="server process counts, comma-separated")
     load.add_argument("--window", type=float, default=20.0, help="seconds measured per point")
-    load.add_argument("--tool-time", type=float, default=2.0)
-    load.add_argument("--tool-calls", type=int, default=40)
+    load.add_argument(
+        "--tool-time", type=float, default=2.0, help="seconds each agent thinks between turns"
+    )
+    load.add_argument("--tool-calls", type=int, default=40, help="tool calls per rollout")
     load.add_argument("--rollouts", type=int, default=4, help="distinct rollouts shared by agents")
     # 1,000 tokens/s per agent with 2 s of tool time between turns: each agent streams
     # about 30 tokens/s on average, so 500 agents ask two cores for about 15k tokens/s.
@@ -361,10 +369,16 @@ def register(commands: Any) -> None:
     # Under load the engine's own latency is kept small (fast prefill, 10 ms to first
     # token), so time to first token shows the server's queueing, not the model's.
     for parser, ttft, prefill in ((agent, 0.02, 20000.0), (load, 0.01, 1e7)):
-        parser.add_argument("--sim-ttft", type=float, default=ttft)
-        parser.add_argument("--sim-prefill", type=float, default=prefill)
+        parser.add_argument(
+            "--sim-ttft", type=float, default=ttft, help="sim time to first token, seconds"
+        )
+        parser.add_argument(
+            "--sim-prefill", type=float, default=prefill, help="sim prefill tokens/s"
+        )
     for parser in (agent, load, kinds.choices["plot"]):
-        parser.add_argument("--out", default="benches/results")
+        parser.add_argument(
+            "--out", default="benches/results", help="directory of the JSON results and plots"
+        )
 
 
 def main(args: argparse.Namespace) -> None:

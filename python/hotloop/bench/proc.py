@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,12 +71,14 @@ def free_port() -> int:
         return port
 
 
-def serve_command(port: int, *flags: str) -> list[str]:
-    """`hotloop serve` on 127.0.0.1:`port` with `flags`, run by this interpreter."""
+HOTLOOP = (sys.executable, "-m", "hotloop.cli")
+
+
+def serve_command(port: int, *flags: str, command: Sequence[str] = HOTLOOP) -> list[str]:
+    """`hotloop serve` on 127.0.0.1:`port` with `flags`, run by `command` (this
+    interpreter's hotloop unless told otherwise)."""
     return [
-        sys.executable,
-        "-m",
-        "hotloop.cli",
+        *command,
         "serve",
         "--host",
         "127.0.0.1",
@@ -96,13 +98,24 @@ class ServerProcess:
     data_dir: tempfile.TemporaryDirectory[str]
     log: list[str] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
+    reader: threading.Thread | None = None
+    """Reads the server's output into `log` until the process exits."""
 
     @classmethod
     def start(
-        cls, flags: Sequence[str], *, workers: int = 1, timeout: float = 120.0
+        cls,
+        flags: Sequence[str],
+        *,
+        workers: int = 1,
+        timeout: float = 120.0,
+        command: Sequence[str] = HOTLOOP,
+        env: Mapping[str, str] | None = None,
+        access_log: bool = False,
     ) -> ServerProcess:
         """Start `hotloop serve` on a free loopback port and return once it accepts
-        connections (uvicorn says so on stderr; no polling)."""
+        connections (uvicorn says so on stderr; no polling). `command` runs hotloop
+        (another installation's `hotloop`, say) in `env`; `access_log` keeps uvicorn's
+        access lines (stdout) in `log` too."""
         port = free_port()
         # Each server gets its own durable store, removed with it.
         data_dir = tempfile.TemporaryDirectory(prefix="hotloop-bench-data-")
@@ -115,10 +128,15 @@ class ServerProcess:
             "--data-dir",
             data_dir.name,
             *flags,
+            command=command,
         )
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # One pipe: stderr, or with `access_log` both streams merged into stdout.
         process = subprocess.Popen(
-            args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
+            args,
+            stdout=subprocess.PIPE if access_log else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT if access_log else subprocess.PIPE,
+            text=True,
+            env=dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"),
         )
         server = cls(args, port, process, data_dir)
         server._wait_ready(workers, timeout)
@@ -129,19 +147,24 @@ class ServerProcess:
 
         def drain() -> None:
             # Reads stderr for the server's whole life, so it never blocks on a full pipe.
-            assert self.process.stderr is not None
+            stream = self.process.stderr or self.process.stdout
+            assert stream is not None
             # Ready: every worker has started its application, and the socket is bound
             # (one process binds after its startup; a supervisor binds before forking).
             started, bound = 0, False
-            for line in self.process.stderr:
+            for line in stream:
                 self.log.append(line.rstrip())
                 started += "Application startup complete" in line
                 bound = bound or "Uvicorn running on" in line
                 if bound and started >= workers:
                     ready.set()
-            ready.set()  # the server exited: stop waiting
+            # The server exited: stop waiting, once its status is known (a failed start
+            # is reported as one, not as a server that never answers).
+            self.process.wait()
+            ready.set()
 
-        threading.Thread(target=drain, name="hotloop-serve-log", daemon=True).start()
+        self.reader = threading.Thread(target=drain, name="hotloop-serve-log", daemon=True)
+        self.reader.start()
         if not ready.wait(timeout) or self.process.poll() is not None:
             self.stop()
             tail = "\n".join(self.log[-20:])
@@ -177,6 +200,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.reader is not None:
+            self.reader.join()  # the pipe is at its end: `log` is complete
         self.data_dir.cleanup()
 
     def __enter__(self) -> ServerProcess:

@@ -1,4 +1,4 @@
-"""Turning measured runs into the figures the README quotes: the ideal time of a run,
+"""Turning measured runs into the figures docs/benchmarks.md quotes: the ideal time of a run,
 summaries (medians and ratios), the results JSON and the PNG plots.
 
 The ideal of a run is what the simulated engine alone would take for the same

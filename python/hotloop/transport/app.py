@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 
+from hotloop import logs
 from hotloop._core import Policy
 from hotloop.auth import ApiKeys, AuthError
 from hotloop.config import ServerConfig
@@ -130,12 +131,18 @@ class App:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "websocket":
-            await self._websocket(scope, receive, send)
+            ids = logs.bound(
+                request_id=logs.request_id(header(scope, b"x-request-id")),
+                connection_id=logs.new_id("conn"),
+            )
+            with ids:
+                await self._websocket(scope, receive, send)
         elif kind == "http":
-            if self._http is not None:
-                await self._http(scope, receive, send)
-            else:
-                await _not_found(send)
+            with logs.bound(request_id=logs.request_id(header(scope, b"x-request-id"))):
+                if self._http is not None:
+                    await self._http(scope, receive, send)
+                else:
+                    await _not_found(send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
