@@ -48,10 +48,3 @@ def test_debug_logs_carry_no_secret_no_content_no_traceback(tmp_path: Path) -> N
     assert "Traceback" not in log
     assert sum("UTF-8" in line for line in server.log) <= 5
 
-
-def test_trace_is_not_offered() -> None:
-    """uvicorn's trace level logs every ASGI scope, headers included."""
-    from hotloop.config import ServerConfig
-
-    with pytest.raises(ValueError, match="HOTLOOP_LOG_LEVEL"):
-        ServerConfig.from_env({"HOTLOOP_LOG_LEVEL": "trace"})
