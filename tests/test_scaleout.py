@@ -6,6 +6,7 @@ the reference HAProxy configuration (valid for HAProxy, and the same text as
 
 from __future__ import annotations
 
+import logging.config
 import os
 import socket
 import subprocess
@@ -16,7 +17,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hotloop.cli import log_config
 from hotloop.cluster import (
     Cluster,
     ClusterConfig,
@@ -26,6 +26,7 @@ from hotloop.cluster import (
 )
 from hotloop.config import ServerConfig
 from hotloop.engines.upstream import Replica, rendezvous
+from hotloop.logs import log_config
 from hotloop_process import HotloopProcess, acknowledged, http_turn, ws_turn
 from pg_server import PostgresServer
 from websockets.sync.client import connect
@@ -119,10 +120,14 @@ def test_the_default_node_id_is_host_and_process(monkeypatch: pytest.MonkeyPatch
         ServerConfig.from_env({"HOTLOOP_NODE_ID": "bad node\r\n"})
 
 
-def test_log_lines_carry_the_node_id() -> None:
-    config = log_config("edge-1", "info")
-    assert all("edge-1" in f["fmt"] for f in config["formatters"].values())
-    assert config["loggers"]["hotloop"]["level"] == "INFO"
+@pytest.mark.parametrize("log_format", ["human", "json"])
+def test_log_lines_carry_the_node_id(log_format: str) -> None:
+    config = logging.config.DictConfigurator(log_config(log_format, "info", (), "edge-1"))
+    formatter = config.configure_formatter(config.config["formatters"]["default"])
+    stamp = config.configure_filter(config.config["filters"]["context"])
+    record = logging.LogRecord("hotloop", logging.INFO, __file__, 1, "hello", None, None)
+    assert stamp.filter(record)
+    assert "edge-1" in formatter.format(record)
 
 
 def test_the_reference_haproxy_config_is_valid_and_checked_in(tmp_path: Path) -> None:

@@ -181,10 +181,13 @@ def _formatter(kind: str, log_format: str, keys: Sequence[str]) -> logging.Forma
         # Imported here: uvicorn is only needed by the server, not by this module's users.
         from uvicorn.logging import AccessFormatter, DefaultFormatter
 
+        # The node's name on every line, so the logs of several nodes can be merged.
         inner = (
-            AccessFormatter('%(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s')
+            AccessFormatter(
+                '%(levelprefix)s %(node)s %(client_addr)s - "%(request_line)s" %(status_code)s'
+            )
             if kind == "access"
-            else DefaultFormatter("%(levelprefix)s %(message)s")
+            else DefaultFormatter("%(levelprefix)s %(node)s %(message)s")
         )
     return RedactingFormatter(inner, keys)
 
