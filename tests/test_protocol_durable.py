@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from connection_driver import ANSWER, ConnectionDriver, sim_connection
+from hotloop.engines.base import EngineError
 from hotloop.protocol import CacheBudget, ConnectionCache, Finished
 
 
@@ -112,3 +113,17 @@ def test_a_closed_connection_books_what_was_being_committed() -> None:
     assert [f.status for f in client.done] == ["completed"]
     # The commit's late report finds nothing to send.
     assert client.commit() == []
+
+
+def test_a_failed_response_is_committed_with_its_error_and_sent_with_it() -> None:
+    client = Client()
+    client.create("Hi")
+    (work,) = client.generating.values()
+    client.conn.engine_failed(work.key, EngineError("engine_crashed", "boom"))
+    client.pump()
+    (persist,) = client.persisting.values()
+    assert persist.finished.status == "failed"
+    (frame,) = client.commit()
+    assert frame["type"] == "response.failed"
+    assert frame["response"]["error"]["code"] == "server_error"
+    assert "boom" in frame["response"]["error"]["message"]

@@ -236,6 +236,7 @@ class _Ending:
     usage: Usage
     checkpoint: Checkpoint | None
     incomplete_reason: str | None
+    error: dict[str, str] | None
     finished: Finished
 
 
@@ -460,6 +461,7 @@ class Connection:
                 status="failed",
                 checkpoint=None,
                 incomplete_reason=None,
+                error=error,
                 finished=replace(
                     ending.finished,
                     response_json=active.events.response_json(
@@ -470,8 +472,7 @@ class Connection:
                     error=error,
                     failure=STORE_UNAVAILABLE,
                 ),
-            ),
-            error,
+            )
         )
         self._lane_freed(active.lane)
 
@@ -798,6 +799,7 @@ class Connection:
             usage,
             checkpoint,
             incomplete_reason,
+            error,
             Finished(
                 events.response_id,
                 active.request,
@@ -818,12 +820,12 @@ class Connection:
             active.lane.ending = self._ending[active.key] = ending
             self._actions.append(Persist(active.key, ending.finished))
             return
-        self._conclude(ending, error)
+        self._conclude(ending)
         # A warm-up never took its lane (it ends inside `_pump`): nothing to free.
         if active.lane.active is active:
             self._release(active)
 
-    def _conclude(self, ending: _Ending, error: dict[str, str] | None = None) -> None:
+    def _conclude(self, ending: _Ending) -> None:
         """Send the terminal event, cache the new state and report it."""
         active = ending.active
         events = active.events
@@ -832,7 +834,7 @@ class Connection:
                 ending.kind,
                 ending.status,
                 usage=ending.usage,
-                error=error,
+                error=ending.error,
                 incomplete_reason=ending.incomplete_reason,
             )
         )
