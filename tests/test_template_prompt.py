@@ -133,23 +133,24 @@ def test_turn_by_turn_prompt_equals_the_reference_render_and_encode() -> None:
         assert turn == 0 or kept >= before - 4
     assert prompt.stability == (True, None)
     stats = prompt.stats
-    assert stats["window_renders"] == 4 and stats["window_mismatches"] == 0, stats
+    # The first two turns change messages next to the first one: rendered whole.
+    assert stats["full_renders"] == 2 and stats["window_renders"] == 3, stats
+    assert stats["window_mismatches"] == 0
 
 
 def test_the_templates_tool_parser_reads_calls_back() -> None:
     tokenizer = _core.Tokenizer.from_gguf(smollm2_path())
     template = _core.ChatTemplate.from_source("qwen2.5-tools", QWEN_TOOLS_TEMPLATE)
     assert template.tool_parser == "hermes"
-    prompt = _core.TemplatePrompt(template, tokenizer)
+    prompt = _core.TemplatePrompt(
+        template, tokenizer, kwargs_json=json.dumps({"default_system": SMOLLM2_SYSTEM})
+    )
     prompt.push_messages(json.dumps([{"role": "user", "content": "hi"}]))
     prompt.prompt(True)
     parser = prompt.parser()
     call = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
     sampled = [
-        *tokenizer.encode(f"Checking.
-<tool_call>
-{call}
-</tool_call>"),
+        *tokenizer.encode(f"Checking.\n<tool_call>\n{call}\n</tool_call>"),
         tokenizer.special("<|im_end|>"),
     ]
     events = parser.feed(sampled)
