@@ -34,6 +34,10 @@ use crate::validate;
 /// that look at the previous message (grouping tool results, role alternation) see it.
 const CONTEXT: usize = 2;
 
+/// Messages every window starts with: the system message and the first user message,
+/// which templates treat specially (Llama 3.1 puts the tools into it).
+const ANCHOR: usize = 2;
+
 /// Work counters of one conversation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TemplateStats {
@@ -252,7 +256,7 @@ impl TemplatePrompt {
         self.stats.turns += 1;
         let changed = self.messages.take_changed().min(self.rendered);
         // The old values of the window, before the changed messages are converted again.
-        let start = window_start(changed);
+        let start = window_start(changed, last_user(&self.messages.messages()[..self.rendered]));
         let old_window: Vec<Value> = self.values.get(start..self.rendered).unwrap_or_default().to_vec();
         self.values.truncate(changed);
         let fresh: Vec<Value> = self.messages.messages()[changed..]
@@ -261,10 +265,10 @@ impl TemplatePrompt {
             .collect();
         self.has_reasoning |= self.messages.messages()[changed..].iter().any(carries_reasoning);
         self.values.extend(fresh);
-        if changed == 0 {
+        if changed < ANCHOR {
             self.head = None;
         }
-        let windowed = self.append_stable() && start > 1 && !self.text.is_empty();
+        let windowed = self.append_stable() && start > ANCHOR && !self.text.is_empty();
         let (at, tail) = if windowed {
             match self.window_diff(start, &old_window, add_generation_prompt)? {
                 Some(diff) => diff,
@@ -323,41 +327,25 @@ impl TemplatePrompt {
             None => {
                 let head = self
                     .template
-                    .render_values(&self.values[..1], false, &self.options)?;
+                    .render_values(&self.values[..ANCHOR], false, &self.options)?;
                 self.head = Some(head.clone());
                 head
             }
         };
-        let first = self.values[0].clone();
-        let window = |tail: &[Value]| -> Vec<Value> {
-            std::iter::once(first.clone())
-                .chain(tail.iter().cloned())
-                .collect()
-        };
+        let anchor = &self.values[..ANCHOR];
         let old = self
             .template
-            .render_values(&window(old_window), self.generation, &self.options)?;
+            .render_values(&window(anchor, old_window), self.generation, &self.options)?;
         let new = self.template.render_values(
-            &window(&self.values[start..]),
+            &window(anchor, &self.values[start..]),
             add_generation_prompt,
             &self.options,
         )?;
-        let (Some(old_tail), Some(new_tail)) =
-            (old.strip_prefix(head.as_str()), new.strip_prefix(head.as_str()))
-        else {
+        let rendered = self.text.len() - self.output_len;
+        let Some((at, tail)) = splice(&self.text, rendered, &head, &old, &new) else {
             return Ok(None);
         };
-        let rendered = &self.text[..self.text.len() - self.output_len];
-        if !rendered.ends_with(old_tail) {
-            return Ok(None);
-        }
         self.stats.window_renders += 1;
-        // The held text from the old window's tail on (verbatim output included) against
-        // the new window's tail.
-        let from = rendered.len() - old_tail.len();
-        let p = common_prefix(&self.text[from..], new_tail);
-        let at = from + p;
-        let tail = new_tail[p..].to_owned();
         let check = self.policy.check_every;
         if check > 0 && self.stats.window_renders % check == 0 {
             self.stats.window_checks += 1;
@@ -397,9 +385,40 @@ impl TemplatePrompt {
 }
 
 /// Where a window render starts, given the first changed message: `CONTEXT` messages
-/// earlier, and never at the first message (which every window holds anyway).
-fn window_start(changed: usize) -> usize {
-    changed.saturating_sub(CONTEXT).max(1)
+/// earlier, and no later than the last user message before the change (Qwen3 decides
+/// how to render each assistant turn from where the last user message is; without one,
+/// the window is the whole list), after the anchor messages (which every window holds).
+fn window_start(changed: usize, last_user: Option<usize>) -> usize {
+    // With no user message yet, the whole list is one user turn: no window.
+    let start = changed.saturating_sub(CONTEXT);
+    last_user.map_or(ANCHOR, |u| start.min(u)).max(ANCHOR)
+}
+
+/// Index of the last user message.
+fn last_user(messages: &[Json]) -> Option<usize> {
+    messages
+        .iter()
+        .rposition(|m| m.get("role").and_then(Json::as_str) == Some("user"))
+}
+
+/// The anchor messages followed by the tail.
+fn window(anchor: &[Value], tail: &[Value]) -> Vec<Value> {
+    anchor.iter().chain(tail).cloned().collect()
+}
+
+/// Splice the difference of two window renders onto `held`, whose first `rendered`
+/// bytes are the full render of the old messages (verbatim output may follow): the byte
+/// where the new full render differs from `held` and the new text from there. None when
+/// the held render does not end with the old window's part (the windows do not line up).
+fn splice(held: &str, rendered: usize, head: &str, old: &str, new: &str) -> Option<(usize, String)> {
+    let old_tail = old.strip_prefix(head)?;
+    let new_tail = new.strip_prefix(head)?;
+    if !held[..rendered].ends_with(old_tail) {
+        return None;
+    }
+    let from = rendered - old_tail.len();
+    let p = common_prefix(&held[from..], new_tail);
+    Some((from + p, new_tail[p..].to_owned()))
 }
 
 /// Length of the common prefix of `a` and `b`, on a character boundary.
@@ -479,7 +498,7 @@ pub fn probe(template: &ChatTemplate, options: &RenderOptions) -> Stability {
 }
 
 fn probe_with(template: &ChatTemplate, options: &RenderOptions, messages: &[Json]) -> Stability {
-    let messages: Vec<Value> = messages.iter().map(message_value).collect();
+    let values: Vec<Value> = messages.iter().map(message_value).collect();
     let unstable = |reason: String| Stability {
         append_stable: false,
         without_reasoning_only: false,
@@ -487,46 +506,38 @@ fn probe_with(template: &ChatTemplate, options: &RenderOptions, messages: &[Json
         generation_prompt: None,
     };
     let render = |msgs: &[Value], agp: bool| template.render_values(msgs, agp, options);
-    let mut previous = match render(&messages[..2], false) {
-        Ok(text) => text,
+    let head = match render(&values[..ANCHOR], false) {
+        Ok(head) => head,
         Err(e) => return unstable(format!("the probe does not render: {}", e.message)),
     };
-    let with_prompt = render(&messages[..2], true).ok();
-    let generation_prompt = with_prompt.and_then(|t| t.strip_prefix(previous.as_str()).map(str::to_owned));
-    let head = match render(&messages[..1], false) {
-        Ok(head) => head,
-        Err(e) => return unstable(format!("the first message alone does not render: {}", e.message)),
-    };
-    for n in 3..=messages.len() {
-        let full = match render(&messages[..n], false) {
-            Ok(text) => text,
+    let generation_prompt = render(&values[..ANCHOR], true)
+        .ok()
+        .and_then(|t| t.strip_prefix(head.as_str()).map(str::to_owned));
+    // Each step appends one message to a prompt that ended with the generation prompt,
+    // as a turn does; the spliced window renders must give the full render.
+    for n in ANCHOR + 1..=values.len() {
+        let start = window_start(n - 1, last_user(&messages[..n - 1]));
+        if start <= ANCHOR {
+            continue; // The window is the whole list: rendered whole anyway.
+        }
+        let step = || -> Result<bool> {
+            let old = render(&values[..n - 1], true)?;
+            let new = render(&values[..n], true)?;
+            let old_window = render(&window(&values[..ANCHOR], &values[start..n - 1]), true)?;
+            let new_window = render(&window(&values[..ANCHOR], &values[start..n]), true)?;
+            Ok(splice(&old, old.len(), &head, &old_window, &new_window)
+                .is_some_and(|(at, tail)| new.get(..at) == Some(&old[..at]) && new[at..] == tail))
+        };
+        match step() {
+            Ok(true) => {}
+            Ok(false) => {
+                return unstable(format!(
+                    "message {} renders differently without the messages before it",
+                    n - 1
+                ))
+            }
             Err(e) => return unstable(format!("the probe does not render at message {n}: {}", e.message)),
-        };
-        if !full.starts_with(&previous) {
-            let at = common_prefix(&previous, &full);
-            return unstable(format!(
-                "appending message {} rewrites earlier text at byte {at}",
-                n - 1
-            ));
         }
-        // The window the prompt would render for a change at message n - 1.
-        let start = window_start(n - 1);
-        let window: Vec<Value> = std::iter::once(messages[0].clone())
-            .chain(messages[start..n].iter().cloned())
-            .collect();
-        let tail_ok = match render(&window, false) {
-            Ok(text) => text
-                .strip_prefix(head.as_str())
-                .is_some_and(|t| full.ends_with(t) && previous.len() >= full.len() - t.len()),
-            Err(_) => false,
-        };
-        if !tail_ok {
-            return unstable(format!(
-                "message {} renders differently without the messages before it",
-                n - 1
-            ));
-        }
-        previous = full;
     }
     Stability {
         append_stable: true,
