@@ -85,12 +85,16 @@ def measure(name: str, history_tokens: int, reps: int) -> dict[str, float]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
     n = 0
     # Build the history in large steps (one prompt per step), then measure single turns.
+    per_turn = 0
     while len(prompt) < history_tokens:
-        batch = [m for i in range(50) for m in turn(n + i)]
-        n += 50
+        count = 1 if not per_turn else max(1, min(200, (history_tokens - len(prompt)) // per_turn))
+        batch = [m for i in range(count) for m in turn(n + i)]
+        before = len(prompt)
+        n += count
         messages.extend(batch)
         prompt.push_messages(json.dumps(batch))
         prompt.prompt(True)
+        per_turn = max(1, (len(prompt) - before) // count)
     append, peer = [], []
     for _ in range(reps):
         new = turn(n)

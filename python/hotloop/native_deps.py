@@ -229,18 +229,30 @@ def chat_templates_dir() -> Path:
     return cache_root() / f"llama_cpp_templates-{LLAMA_CPP_PYTHON_VERSION}"
 
 
-def download_llama_cpp_python_sdist(scratch: Path) -> Path:
-    """The llama-cpp-python sdist, downloaded into `scratch`: the archive's path."""
-    _pip(
-        "download",
-        "--no-deps",
-        "--no-binary",
-        "llama-cpp-python",
-        "-d",
-        str(scratch),
-        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
-    )
-    return next(scratch.glob("llama_cpp_python-*.tar.gz"))
+def llama_cpp_python_sdist() -> Path:
+    """The llama-cpp-python sdist, downloaded once into the cache (every extraction from
+    it reads this file): the archive's path."""
+    target = cache_root() / f"llama_cpp_python_sdist-{LLAMA_CPP_PYTHON_VERSION}"
+    with _locked(target.name):
+        archives = sorted(target.glob("llama_cpp_python-*.tar.gz"))
+        if archives:
+            return archives[-1]
+        scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_root()))
+        try:
+            _pip(
+                "download",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-python",
+                "-d",
+                str(scratch),
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+            )
+            shutil.rmtree(target, ignore_errors=True)
+            scratch.rename(target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return next(target.glob("llama_cpp_python-*.tar.gz"))
 
 
 def ensure_chat_templates() -> Path:
@@ -251,11 +263,11 @@ def ensure_chat_templates() -> Path:
             return target
         scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_root()))
         try:
-            archive = download_llama_cpp_python_sdist(scratch)
+            archive = llama_cpp_python_sdist()
             staged = scratch / "out"
             (staged / "templates").mkdir(parents=True)
             with tarfile.open(archive) as tar:
-                for member in tar.getmembers():
+                for member in tar:
                     path = Path(member.name)
                     wanted = (
                         path.parent.name == "templates" and path.suffix == ".jinja"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -51,7 +51,7 @@ def _strftime_now(format: str) -> str:
 class GenerationBlock(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}`: marks assistant text; renders the body."""
 
-    tags: ClassVar[set[str]] = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 - jinja2's Extension declares it an instance field
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
