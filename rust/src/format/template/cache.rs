@@ -347,7 +347,7 @@ impl TemplatePrompt {
         };
         self.stats.window_renders += 1;
         let check = self.policy.check_every;
-        if check > 0 && self.stats.window_renders % check == 0 {
+        if check > 0 && self.stats.window_renders.is_multiple_of(check) {
             self.stats.window_checks += 1;
             let full = self
                 .template

@@ -11,6 +11,7 @@ use super::cache::{Policy, TemplatePrompt};
 use super::specials::Specials;
 use super::{ChatTemplate, RenderOptions};
 use crate::format::transcript::marker_vocab;
+use crate::item::{Item, Role};
 
 /// ChatML with Qwen2.5's tool calls: append-stable and local.
 const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}\n<tool_call>\n{{ c.function | tojson }}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
@@ -89,6 +90,52 @@ proptest! {
                 n += 1;
                 p.push_message(message(kind, &text, n));
             }
+            p.prompt(true).unwrap();
+            check(&p, &template, &specials, true);
+        }
+        prop_assert_eq!(p.stats().window_mismatches, 0);
+    }
+}
+
+fn item(kind: u8, text: String, n: usize) -> Item {
+    match kind % 5 {
+        0 => Item::Message {
+            role: Role::User,
+            text,
+        },
+        1 => Item::Message {
+            role: Role::Assistant,
+            text,
+        },
+        2 => Item::Reasoning { text },
+        3 => Item::FunctionCall {
+            call_id: format!("c{n}"),
+            name: "f".into(),
+            arguments: json!({ "q": text }).to_string(),
+        },
+        _ => Item::FunctionCallOutput {
+            call_id: format!("c{n}"),
+            output: text,
+        },
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Responses items appended turn by turn (merged into messages as vLLM merges them,
+    /// so a turn may change the last message) give the from-scratch render + encode.
+    #[test]
+    fn incremental_prompt_of_items_equals_render_and_encode(
+        turns in proptest::collection::vec(proptest::collection::vec((0u8..5, text_strategy()), 1..4), 1..8),
+        which in 0usize..3,
+    ) {
+        let source = [CHATML, DROPS_REASONING, NUMBERED][which];
+        let (mut p, template, specials) = prompt(source, Policy { check_every: 2, ..Policy::default() });
+        let mut n = 0;
+        for turn in turns {
+            let items: Vec<Item> = turn.into_iter().map(|(kind, text)| { n += 1; item(kind, text, n) }).collect();
+            p.push_items(&items);
             p.prompt(true).unwrap();
             check(&p, &template, &specials, true);
         }
