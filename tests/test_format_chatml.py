@@ -21,7 +21,8 @@ from typing import Any
 
 import jinja2.sandbox
 from hotloop import _core
-from hotloop.bench.open_model import QWEN_TOOLS_TEMPLATE, hf_tojson
+from hotloop.bench.hf_template import tojson as hf_tojson
+from hotloop.bench.open_model import QWEN_TOOLS_TEMPLATE
 from llama_cpp import Llama
 
 GOLDEN = Path(__file__).parent / "golden" / "chatml_render.json"

@@ -47,4 +47,3 @@ def test_debug_logs_carry_no_secret_no_content_no_traceback(tmp_path: Path) -> N
     assert MARKER not in log
     assert "Traceback" not in log
     assert sum("UTF-8" in line for line in server.log) <= 5
-

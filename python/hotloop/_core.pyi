@@ -286,3 +286,88 @@ class Conversation:
     def stats(self) -> dict[str, int]:
         """segments_rendered, tokens_rendered, tokens_reused, invalidations, and
         text_fallbacks (growing texts re-encoded whole because the in-place check failed)."""
+
+class ChatTemplate:
+    """A Hugging Face chat template rendered in Rust with transformers' semantics
+    (`tojson` as json.dumps, `raise_exception`, `strftime_now`, Python string methods,
+    loop controls, `{% generation %}`)."""
+
+    @staticmethod
+    def from_source(name: str, source: str, tokens: Sequence[tuple[str, str]] = ()) -> ChatTemplate:
+        """`tokens` are the special-token variables, e.g. `[("bos_token", "<s>")]`."""
+    @staticmethod
+    def from_tokenizer_config(
+        data: bytes, name: str = "tokenizer_config", choose: str | None = None
+    ) -> ChatTemplate:
+        """`chat_template` of a tokenizer_config.json (`choose` a named one)."""
+    @staticmethod
+    def from_gguf(path: str) -> ChatTemplate:
+        """`tokenizer.chat_template` of a GGUF, with its BOS/EOS strings."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def tokens(self) -> list[tuple[str, str]]: ...
+    @property
+    def tool_parser(self) -> str | None:
+        """The tool-call parser the template's markers call for, if any."""
+    def render(
+        self,
+        messages_json: str,
+        *,
+        add_generation_prompt: bool = False,
+        tools_json: str | None = None,
+        kwargs_json: str | None = None,
+    ) -> str:
+        """Render chat messages (a JSON array). Raises CoreError `template_error`."""
+
+class TemplatePrompt:
+    """One conversation's prompt under a chat template: each `prompt()` renders, finds
+    the first changed byte and tokenizes only from the last special token before it;
+    append-stable templates render only a window of the last messages."""
+
+    def __init__(
+        self,
+        template: ChatTemplate,
+        tokenizer: Tokenizer,
+        *,
+        instructions: str | None = None,
+        tools_json: str | None = None,
+        kwargs_json: str | None = None,
+        window: bool = True,
+        check_every: int = 64,
+        verbatim: bool = False,
+        tool_parser: str | None = None,
+    ) -> None: ...
+    def push_items(self, items_json: str) -> None:
+        """Responses-API input items (a JSON array), as vLLM converts them to messages."""
+    def push_messages(self, messages_json: str) -> None:
+        """Chat messages (a JSON array), as they are."""
+    def push_output(self, ids: Sequence[int]) -> None:
+        """Verbatim mode: the sampled ids, kept where the template renders them unchanged."""
+    def prompt(self, add_generation_prompt: bool = True) -> int:
+        """Bring the prompt up to date; returns how many leading ids were kept."""
+    @property
+    def ids(self) -> list[int]: ...
+    def ids_from(self, start: int) -> list[int]: ...
+    def __len__(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def messages_json(self) -> str: ...
+    @property
+    def template_name(self) -> str: ...
+    @property
+    def stability(self) -> tuple[bool, str | None] | None:
+        """(window renders on, why not), after the first prompt."""
+    @property
+    def stats(self) -> dict[str, int]:
+        """turns, full_renders, window_renders, window_checks, window_mismatches,
+        rewrites, tokens_kept, tokens_encoded, bytes_encoded."""
+    @property
+    def tool_parser(self) -> str | None: ...
+    @property
+    def stop_tokens(self) -> list[int]: ...
+    def parser(self) -> OutputParser:
+        """The output parser of the template's tool-call family for the open turn."""

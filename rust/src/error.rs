@@ -21,6 +21,8 @@ pub enum Code {
     UnsupportedContent,
     UnknownTokenizer,
     InvalidVocabulary,
+    InvalidTemplate,
+    TemplateError,
 }
 
 impl Code {
@@ -40,6 +42,8 @@ impl Code {
             Code::UnsupportedContent => "unsupported_content",
             Code::UnknownTokenizer => "unknown_tokenizer",
             Code::InvalidVocabulary => "invalid_vocabulary",
+            Code::InvalidTemplate => "invalid_template",
+            Code::TemplateError => "template_error",
         }
     }
 }

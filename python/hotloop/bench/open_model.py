@@ -24,9 +24,9 @@ import struct
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
-import jinja2.sandbox
 import tokenizers
 
+from hotloop.bench.hf_template import HfTemplate
 from hotloop.bench.peer import content_text
 
 # GGUF scalar value types and their struct formats; 8 is a string, 9 an array.
@@ -157,15 +157,6 @@ def tokenizer_json(metadata: dict[str, Any]) -> str:
     return json.dumps(doc)
 
 
-def hf_tojson(
-    value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False
-) -> str:
-    """transformers' `tojson`: plain json.dumps (no HTML escaping, no key sorting)."""
-    return json.dumps(
-        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
 def chat_messages(
     instructions: str | None, items: Sequence[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -224,10 +215,7 @@ class OpenModelPeer:
     ) -> None:
         metadata = gguf_metadata(gguf_path)
         self.tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json(metadata))
-        # transformers renders chat templates in this environment with these options.
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.filters["tojson"] = hf_tojson
-        self.template = env.from_string(template or str(metadata["tokenizer.chat_template"]))
+        self.template = HfTemplate(template or str(metadata["tokenizer.chat_template"]))
         self.default_system = default_system
 
     @classmethod
@@ -242,10 +230,7 @@ class OpenModelPeer:
         self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> str:
         return self.template.render(
-            messages=messages,
-            tools=tools,
-            add_generation_prompt=True,
-            default_system=self.default_system,
+            messages, tools=tools, add_generation_prompt=True, default_system=self.default_system
         )
 
     def prompt(

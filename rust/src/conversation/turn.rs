@@ -38,6 +38,18 @@ impl TurnParser {
         }
     }
 
+    /// A parser for a turn outside any `Conversation` (the chat-template prompt): it
+    /// cannot be committed to a conversation.
+    pub fn detached(inner: Box<dyn OutputParser>) -> Self {
+        TurnParser::new(
+            inner,
+            TurnId {
+                conversation: u64::MAX,
+                serial: 0,
+            },
+        )
+    }
+
     /// Feed one sampled id. Ids after a stop token are not part of the turn and are ignored.
     pub fn feed(&mut self, id: u32, out: &mut Vec<ParseEvent>) {
         if self.inner.stopped() {

@@ -10,6 +10,8 @@ use std::sync::Arc;
 pub mod chatml;
 pub mod harmony;
 pub(crate) mod output;
+pub mod template;
+pub mod toolcall;
 #[cfg(test)]
 mod transcript;
 

@@ -10,6 +10,7 @@ use super::{ChatFormat, Context, Outcome, ParseEvent};
 use crate::conversation::{Conversation, Delta};
 use crate::item::{Item, ItemKind, Prefix, Role, Tool};
 use crate::render::Renderer;
+use crate::tokenizer::Tokenizer;
 
 /// The conversation as segments: the prefix, one per item, then the generation header.
 pub fn segments(format: &dyn ChatFormat, prefix: &Prefix, items: &[Item]) -> Vec<Vec<u32>> {
@@ -204,4 +205,63 @@ fn golden_case(case: &Value) -> GoldenCase {
             .collect(),
         text: s(case, "text"),
     }
+}
+
+pub const MARKERS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_start|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[THINK]",
+    "[/THINK]",
+    "</s>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "<｜end▁of▁sentence｜>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+];
+pub const BASE: u32 = 200_100;
+
+/// o200k_base with the families' markers (and ChatML's) as special tokens: a vocabulary
+/// where every chat format's markers are one token each.
+struct MarkerVocab(Arc<dyn Tokenizer>);
+
+impl Tokenizer for MarkerVocab {
+    fn name(&self) -> &str {
+        "o200k_markers"
+    }
+    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        self.0.encode(text, out)
+    }
+    fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
+        self.0.pieces(text)
+    }
+    fn token_bytes(&self, id: u32) -> &[u8] {
+        match id.checked_sub(BASE) {
+            Some(i) if (i as usize) < MARKERS.len() => MARKERS[i as usize].as_bytes(),
+            _ => self.0.token_bytes(id),
+        }
+    }
+    fn special(&self, name: &str) -> Option<u32> {
+        MARKERS.iter().position(|m| *m == name).map(|i| BASE + i as u32)
+    }
+    fn is_special(&self, id: u32) -> bool {
+        id >= BASE || self.0.is_special(id)
+    }
+    fn vocab_size(&self) -> usize {
+        BASE as usize + MARKERS.len()
+    }
+}
+
+pub fn marker_vocab() -> Arc<dyn Tokenizer> {
+    Arc::new(MarkerVocab(crate::tokenizer::by_name("o200k_base").unwrap()))
 }

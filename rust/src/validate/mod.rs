@@ -26,7 +26,7 @@ mod tools;
 
 pub use budget::check_context_budget;
 pub use event::{parse_event, AppendEvent, ClientEvent};
-pub use input::{Input, TextSource};
+pub use input::{parse_input, Input, TextSource};
 pub use policy::Policy;
 pub use request::{parse_request, CreateRequest};
 pub use tools::{SkippedTool, ToolChoice, Tools};

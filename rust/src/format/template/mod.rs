@@ -1,0 +1,288 @@
+//! Any Hugging Face chat template, rendered in Rust with transformers' semantics.
+//!
+//! - [`ChatTemplate`]: a template from `tokenizer_config.json`, a GGUF's
+//!   `tokenizer.chat_template` or a `.jinja` file, rendered by minijinja in the
+//!   environment transformers uses ([`env`]), with the variables `apply_chat_template`
+//!   passes: `messages`, `tools`, `add_generation_prompt`, the special-token strings
+//!   (`bos_token`, `eos_token`, ...) and the operator's template kwargs
+//!   (`enable_thinking`, ...).
+//! - [`messages`]: Responses-API items as the chat messages vLLM's Responses front end
+//!   hands to the template.
+//! - [`specials`]: the rendered text tokenized as `tokenizers.encode(text,
+//!   add_special_tokens=False)` does: special tokens matched in the text, the text
+//!   between them encoded as plain text.
+//! - [`cache`]: the incremental prompt: render, find the first changed byte, keep the
+//!   tokens before it, tokenize the rest; render only the tail for append-stable templates.
+//!
+//! This module owns rendering; it never decides what a model's output means (that is
+//! the tool-call parsers in `format::toolcall`).
+
+pub mod cache;
+mod env;
+pub mod messages;
+pub mod pyjson;
+pub mod specials;
+
+use std::path::Path;
+
+use minijinja::value::Serde;
+use minijinja::{Environment, Value};
+use serde_json::Value as Json;
+
+use crate::error::{Code, Error, Result};
+use crate::tokenizer::{gguf, Tokenizer};
+
+/// A compiled chat template with the special-token strings it is rendered with.
+pub struct ChatTemplate {
+    name: String,
+    source: String,
+    env: Environment<'static>,
+    /// `bos_token`, `eos_token`, ... as `apply_chat_template` passes them.
+    tokens: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate").field("name", &self.name).finish()
+    }
+}
+
+/// What one render is given besides the messages.
+#[derive(Debug, Clone, Default)]
+pub struct RenderOptions {
+    /// Tool definitions in the chat-completions shape (`{"type": "function", "function": {...}}`);
+    /// None renders `tools=None`.
+    pub tools: Option<Vec<Json>>,
+    /// Template kwargs (`enable_thinking`, `reasoning_effort`, ...), set last so they
+    /// override anything else of the same name, as in transformers.
+    pub kwargs: serde_json::Map<String, Json>,
+}
+
+impl ChatTemplate {
+    /// Compile `source`. `tokens` are the special-token variables (`bos_token`, ...).
+    pub fn new(name: &str, source: &str, tokens: Vec<(String, String)>) -> Result<ChatTemplate> {
+        let env = env::environment(source).map_err(|e| {
+            Error::new(
+                Code::InvalidTemplate,
+                format!("chat template {name} does not compile: {e:#}"),
+            )
+        })?;
+        Ok(ChatTemplate {
+            name: name.to_owned(),
+            source: source.to_owned(),
+            env,
+            tokens,
+        })
+    }
+
+    /// The template of a Hugging Face `tokenizer_config.json`: `chat_template` as a
+    /// string, or the `default` entry of a list of named templates (transformers picks
+    /// `tool_use` when tools are given; hotloop renders one template per conversation,
+    /// so a config with both is served with `default` unless `name` selects another).
+    pub fn from_tokenizer_config(name: &str, data: &[u8], choose: Option<&str>) -> Result<ChatTemplate> {
+        let invalid = |m: String| Error::new(Code::InvalidTemplate, m);
+        let config: Json = serde_json::from_slice(data)
+            .map_err(|e| invalid(format!("tokenizer_config.json is not JSON: {e}")))?;
+        let source = match config.get("chat_template") {
+            Some(Json::String(s)) => s.clone(),
+            Some(Json::Array(named)) => {
+                let wanted = choose.unwrap_or("default");
+                named
+                    .iter()
+                    .find(|t| t.get("name").and_then(Json::as_str) == Some(wanted))
+                    .and_then(|t| t.get("template"))
+                    .and_then(Json::as_str)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "tokenizer_config.json has no chat template named {wanted}"
+                        ))
+                    })?
+                    .to_owned()
+            }
+            _ => return Err(invalid("tokenizer_config.json has no chat_template".into())),
+        };
+        let mut tokens = Vec::new();
+        for key in [
+            "bos_token",
+            "eos_token",
+            "unk_token",
+            "pad_token",
+            "sep_token",
+            "cls_token",
+            "mask_token",
+        ] {
+            // A token is a string or an AddedToken object with its text in `content`.
+            let text = match config.get(key) {
+                Some(Json::String(s)) => Some(s.clone()),
+                Some(Json::Object(o)) => o.get("content").and_then(Json::as_str).map(str::to_owned),
+                _ => None,
+            };
+            if let Some(text) = text {
+                tokens.push((key.to_owned(), text));
+            }
+        }
+        ChatTemplate::new(name, &source, tokens)
+    }
+
+    /// The template a GGUF carries in `tokenizer.chat_template`, with its BOS/EOS strings.
+    pub fn from_gguf(path: &Path) -> Result<ChatTemplate> {
+        let meta = gguf::read_metadata_file(path)?;
+        let source = meta
+            .get("tokenizer.chat_template")
+            .and_then(gguf::Value::as_str)
+            .ok_or_else(|| {
+                Error::new(
+                    Code::InvalidTemplate,
+                    format!("{} has no tokenizer.chat_template", path.display()),
+                )
+            })?;
+        let vocab = meta.get("tokenizer.ggml.tokens").and_then(gguf::Value::as_array);
+        let token_text = |key: &str| {
+            let id = meta.get(key)?.as_int()?;
+            vocab?.get(usize::try_from(id).ok()?)?.as_str().map(str::to_owned)
+        };
+        let mut tokens = Vec::new();
+        for (var, key) in [
+            ("bos_token", "tokenizer.ggml.bos_token_id"),
+            ("eos_token", "tokenizer.ggml.eos_token_id"),
+            ("unk_token", "tokenizer.ggml.unknown_token_id"),
+            ("pad_token", "tokenizer.ggml.padding_token_id"),
+        ] {
+            if let Some(text) = token_text(key) {
+                tokens.push((var.to_owned(), text));
+            }
+        }
+        let name = meta
+            .get("general.name")
+            .and_then(gguf::Value::as_str)
+            .unwrap_or("gguf")
+            .to_owned();
+        ChatTemplate::new(&name, source, tokens)
+    }
+
+    /// A `.jinja` file, rendered with these special-token strings.
+    pub fn from_file(path: &Path, tokens: Vec<(String, String)>) -> Result<ChatTemplate> {
+        let source = std::fs::read_to_string(path).map_err(|e| {
+            Error::new(
+                Code::InvalidTemplate,
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+        let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("template");
+        ChatTemplate::new(name, &source, tokens)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The ids that end an assistant turn: the template's `eos_token` and the
+    /// end-of-turn tokens of the families, those the vocabulary has.
+    pub fn stop_tokens(&self, tokenizer: &dyn Tokenizer) -> Vec<u32> {
+        let eos = self
+            .tokens
+            .iter()
+            .find(|(k, _)| k == "eos_token")
+            .map(|(_, v)| v.as_str());
+        let mut stop: Vec<u32> = Vec::new();
+        for name in eos.into_iter().chain(END_OF_TURN.iter().copied()) {
+            if let Some(id) = tokenizer.special(name) {
+                if !stop.contains(&id) {
+                    stop.push(id);
+                }
+            }
+        }
+        stop
+    }
+
+    /// The special-token strings the template is rendered with (`bos_token`, ...).
+    pub fn tokens(&self) -> &[(String, String)] {
+        &self.tokens
+    }
+
+    /// Render `messages` (already converted to template values, see [`message_value`]).
+    pub fn render_values(
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
+        options: &RenderOptions,
+    ) -> Result<String> {
+        let template = self
+            .env
+            .get_template(env::TEMPLATE)
+            .expect("the environment holds the template");
+        let mut context: Vec<(String, Value)> = self
+            .tokens
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+            .collect();
+        context.push(("messages".into(), Value::from(messages.to_vec())));
+        context.push((
+            "tools".into(),
+            match &options.tools {
+                Some(tools) => Value::from(Serde(tools)),
+                None => Value::from(()),
+            },
+        ));
+        context.push(("documents".into(), Value::from(())));
+        context.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
+        for (k, v) in &options.kwargs {
+            context.push((k.clone(), Value::from(Serde(v))));
+        }
+        // Later entries win, as the caller's kwargs do in transformers.
+        let context: std::collections::BTreeMap<String, Value> = context.into_iter().collect();
+        template
+            .render(Value::from(context))
+            .map_err(|e| Error::new(Code::TemplateError, render_error(&self.name, &e)))
+    }
+
+    /// Render chat messages given as JSON.
+    pub fn render(
+        &self,
+        messages: &[Json],
+        add_generation_prompt: bool,
+        options: &RenderOptions,
+    ) -> Result<String> {
+        let values: Vec<Value> = messages.iter().map(message_value).collect();
+        self.render_values(&values, add_generation_prompt, options)
+    }
+}
+
+/// End-of-turn tokens of the families (ChatML, Llama 3, Gemma, Phi, DeepSeek, Mistral, harmony).
+const END_OF_TURN: &[&str] = &[
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "<｜end▁of▁sentence｜>",
+    "</s>",
+    "<|return|>",
+    "<|call|>",
+];
+
+/// A chat message as the template sees it.
+pub fn message_value(message: &Json) -> Value {
+    Value::from(Serde(message))
+}
+
+/// The message of a failed render: `raise_exception`'s own text, else minijinja's
+/// description with the template line.
+fn render_error(name: &str, e: &minijinja::Error) -> String {
+    match (e.kind(), e.detail()) {
+        (minijinja::ErrorKind::InvalidOperation, Some(detail)) => {
+            format!("chat template {name}: {detail}")
+        }
+        _ => format!("chat template {name} failed to render: {e:#}"),
+    }
+}
+
+#[cfg(test)]
+mod cache_tests;
+#[cfg(test)]
+mod tests;

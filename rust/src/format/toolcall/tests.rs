@@ -1,0 +1,269 @@
+//! The family parsers on canned model outputs (the llama.cpp sdist's tests/test-chat.cpp
+//! cases and our own), fed token by token as a vocabulary with the markers as special
+//! tokens would sample them, and again one byte per token (every split point).
+
+use super::*;
+use crate::format::transcript::{marker_vocab as vocab, BASE, MARKERS};
+
+/// Ids of `text`: markers as their special token, the rest encoded normally or one
+/// byte per token.
+fn ids(t: &dyn Tokenizer, text: &str, bytewise: bool) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    loop {
+        let next = MARKERS
+            .iter()
+            .filter_map(|m| rest.find(m).map(|at| (at, *m)))
+            .min_by_key(|&(at, m)| (at, usize::MAX - m.len()));
+        let plain = next.map_or(rest, |(at, _)| &rest[..at]);
+        if bytewise {
+            for b in plain.bytes() {
+                out.push(
+                    (0..BASE)
+                        .find(|&id| !t.is_special(id) && t.token_bytes(id) == [b])
+                        .unwrap(),
+                );
+            }
+        } else {
+            t.encode(plain, &mut out);
+        }
+        match next {
+            Some((at, m)) => {
+                out.push(t.special(m).unwrap());
+                rest = &rest[at + m.len()..];
+            }
+            None => return out,
+        }
+    }
+}
+
+/// What the parser made of `text`: its items as short strings and the outcome, the
+/// same when fed token by token and byte by byte.
+fn parse(family: Family, in_reasoning: bool, text: &str) -> (Vec<String>, Outcome) {
+    let t = vocab();
+    let stop: Vec<u32> = [
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "</s>",
+        "<|im_end|>",
+        "<｜end▁of▁sentence｜>",
+    ]
+    .iter()
+    .map(|m| t.special(m).unwrap())
+    .collect();
+    let mut results = Vec::new();
+    for bytewise in [false, true] {
+        let mut p = family.parser(t.clone(), stop.clone(), in_reasoning);
+        let mut events = Vec::new();
+        for id in ids(t.as_ref(), text, bytewise) {
+            p.feed(id, &mut events);
+        }
+        let outcome = p.finish(&mut events);
+        let items: Vec<String> = p
+            .items()
+            .iter()
+            .map(|item| match item {
+                Item::Message { text, .. } => format!("text:{text}"),
+                Item::Reasoning { text } => format!("reasoning:{text}"),
+                Item::FunctionCall { name, arguments, .. } => format!("call:{name}:{arguments}"),
+                Item::FunctionCallOutput { .. } => unreachable!(),
+            })
+            .collect();
+        // Every done event carries the item's whole text; deltas add up to it.
+        let mut deltas = String::new();
+        for e in &events {
+            match e {
+                ParseEvent::TextDelta { text, .. }
+                | ParseEvent::ReasoningDelta { text, .. }
+                | ParseEvent::ArgumentsDelta { text, .. } => deltas.push_str(text),
+                _ => {}
+            }
+        }
+        let whole: String = p
+            .items()
+            .iter()
+            .map(|item| match item {
+                Item::Message { text, .. } | Item::Reasoning { text } => text.as_str(),
+                Item::FunctionCall { arguments, .. } => arguments.as_str(),
+                Item::FunctionCallOutput { .. } => "",
+            })
+            .collect();
+        if matches!(outcome, Outcome::Stopped) {
+            assert_eq!(deltas, whole, "{text:?}");
+        }
+        results.push((items, outcome));
+    }
+    assert_eq!(results[0], results[1], "token and byte feeds differ on {text:?}");
+    results.remove(0)
+}
+
+fn items(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn hermes_reasoning_text_and_calls() {
+    let (got, outcome) = parse(
+        Family::Hermes,
+        false,
+        "<think>\nI'm\nthinking\n</think>\n\nHello, world!\n<tool_call>\n{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": \"{\\\"x\\\": 2}\"}\n</tool_call><|im_end|>",
+    );
+    assert_eq!(outcome, Outcome::Stopped);
+    assert_eq!(
+        got,
+        items(&[
+            "reasoning:\nI'm\nthinking\n",
+            "text:Hello, world!",
+            "call:special_function:{\"arg1\": 1}",
+            "call:b:{\"x\": 2}",
+        ])
+    );
+}
+
+#[test]
+fn qwen3_reasoning_opened_by_the_prompt() {
+    // llama.cpp: "I'm\nthinking\n</think>\n\nHello, world!\nWhat's up?" with thinking on.
+    let (got, outcome) = parse(
+        Family::Hermes,
+        true,
+        "I'm\nthinking\n</think>\n\nHello, world!\nWhat's up?<|im_end|>",
+    );
+    assert_eq!(outcome, Outcome::Stopped);
+    assert_eq!(
+        got,
+        items(&["reasoning:I'm\nthinking\n", "text:Hello, world!\nWhat's up?"])
+    );
+}
+
+#[test]
+fn hermes_malformed_and_unterminated_calls() {
+    let (_, outcome) = parse(
+        Family::Hermes,
+        false,
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {}\n</tool_call><|im_end|>",
+    );
+    assert!(
+        matches!(outcome, Outcome::Malformed(ref m) if m.contains("not a JSON object")),
+        "{outcome:?}"
+    );
+    let (_, outcome) = parse(Family::Hermes, false, "<tool_call>\n{\"name\": \"f\"}<|im_end|>");
+    assert!(
+        matches!(outcome, Outcome::Malformed(ref m) if m.contains("unterminated")),
+        "{outcome:?}"
+    );
+    let (_, outcome) = parse(
+        Family::Hermes,
+        false,
+        "<tool_call>{\"arguments\": {}}</tool_call><|im_end|>",
+    );
+    assert!(
+        matches!(outcome, Outcome::Malformed(ref m) if m.contains("no function name")),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn text_that_only_looks_like_a_marker_is_text() {
+    let (got, outcome) = parse(Family::Hermes, false, "a <tool_ca b </think> c<|im_end|>");
+    assert_eq!(outcome, Outcome::Stopped);
+    assert_eq!(got, items(&["text:a <tool_ca b </think> c"]));
+    // Cut off: the text so far is kept, a partial call is dropped.
+    let (got, outcome) = parse(Family::Hermes, false, "Hi <tool_call>{\"name\"");
+    assert_eq!(outcome, Outcome::Truncated);
+    assert_eq!(got, items(&["text:Hi "]));
+}
+
+#[test]
+fn llama3_json_calls_bare_and_after_python_tag() {
+    let (got, outcome) = parse(
+        Family::Llama3Json,
+        false,
+        "{\"name\": \"special_function\", \"parameters\": {\"arg1\": 1}}<|eom_id|>",
+    );
+    assert_eq!(outcome, Outcome::Stopped);
+    assert_eq!(got, items(&["call:special_function:{\"arg1\": 1}"]));
+    let (got, _) = parse(
+        Family::Llama3Json,
+        false,
+        "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"q\": \"x\"}}<|eom_id|>",
+    );
+    assert_eq!(got, items(&["call:a:{}", "call:b:{\"q\": \"x\"}"]));
+    let (got, _) = parse(Family::Llama3Json, false, "Hello, world!\nWhat's up?<|eot_id|>");
+    assert_eq!(got, items(&["text:Hello, world!\nWhat's up?"]));
+    let (_, outcome) = parse(
+        Family::Llama3Json,
+        false,
+        "<|python_tag|>brave_search.call(query=\"x\")<|eom_id|>",
+    );
+    assert!(matches!(outcome, Outcome::Malformed(_)), "{outcome:?}");
+}
+
+#[test]
+fn mistral_v3_array_and_tekken_args_forms() {
+    // llama.cpp's Mistral Nemo case.
+    let (got, outcome) = parse(
+        Family::Mistral,
+        false,
+        "[TOOL_CALLS][{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}, \"id\": \"123456789\"}]</s>",
+    );
+    assert_eq!(outcome, Outcome::Stopped);
+    assert_eq!(got, items(&["call:special_function:{\"arg1\": 1}"]));
+    // llama.cpp's Ministral / Devstral cases, with reasoning first.
+    let (got, _) = parse(
+        Family::Mistral,
+        false,
+        "[THINK]Let me think about [TOOL_CALLS]special_function[ARGS]{\"arg1\":1} and more[/THINK][TOOL_CALLS]special_function[ARGS]{\"arg1\": 1}[TOOL_CALLS]special_function_with_opt[ARGS]{\"arg1\": 1, \"arg2\": 2}</s>",
+    );
+    assert_eq!(
+        got,
+        items(&[
+            "reasoning:Let me think about [TOOL_CALLS]special_function[ARGS]{\"arg1\":1} and more",
+            "call:special_function:{\"arg1\": 1}",
+            "call:special_function_with_opt:{\"arg1\": 1, \"arg2\": 2}",
+        ])
+    );
+    let (_, outcome) = parse(Family::Mistral, false, "[TOOL_CALLS]f[ARGS]{\"a\": </s>");
+    assert!(matches!(outcome, Outcome::Malformed(_)), "{outcome:?}");
+}
+
+#[test]
+fn deepseek_r1_and_v31_calls() {
+    // llama.cpp's DeepSeek R1 case (forced-open thinking).
+    let (got, outcome) = parse(
+        Family::DeepSeekV3,
+        true,
+        "I'm\nthinking</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n```json\n{\"arg1\": 1}```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+    );
+    assert_eq!(outcome, Outcome::Stopped);
+    assert_eq!(
+        got,
+        items(&["reasoning:I'm\nthinking", "call:special_function:{\"arg1\": 1}"])
+    );
+    let (got, _) = parse(
+        Family::DeepSeekV3,
+        false,
+        "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"tz\": \"UTC\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>ls<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+    );
+    assert_eq!(
+        got,
+        items(&["text:Sure.", "call:get_time:{\"tz\": \"UTC\"}", "call:ls:{}"])
+    );
+    let (_, outcome) = parse(
+        Family::DeepSeekV3,
+        false,
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+    );
+    assert!(matches!(outcome, Outcome::Malformed(_)), "{outcome:?}");
+}
+
+#[test]
+fn families_by_name_and_from_templates() {
+    assert_eq!(Family::by_name("qwen3").unwrap(), Family::Hermes);
+    assert_eq!(Family::by_name("deepseek_r1").unwrap(), Family::DeepSeekV3);
+    assert_eq!(Family::by_name("nope").unwrap_err().code, Code::InvalidValue);
+    assert_eq!(Family::detect("{{ '<tool_call>' }}"), Some(Family::Hermes));
+    assert_eq!(Family::detect("{{ '[TOOL_CALLS]' }}"), Some(Family::Mistral));
+    assert_eq!(Family::detect("<|python_tag|>"), Some(Family::Llama3Json));
+    assert_eq!(Family::detect("<｜tool▁calls▁begin｜>"), Some(Family::DeepSeekV3));
+    assert_eq!(Family::detect("{{ messages }}"), None);
+}

@@ -1,0 +1,225 @@
+"""The generic chat-template format against Hugging Face's rendering.
+
+Golden cases: every real template llama.cpp ships in the llama-cpp-python sdist
+(`models/templates/*.jinja`, extracted by `make native` into the per-user cache) is
+rendered by hotloop's Rust renderer and by jinja2 configured as transformers configures it
+(`hotloop.bench.hf_template`), over conversations with system messages, several turns,
+tool definitions, tool calls and results, reasoning and non-ASCII text. The text must be
+byte-equal, or both must refuse the conversation (a template's `raise_exception`).
+`KNOWN_DIFFERENCES` lists the templates that do not render exactly, with why; the test
+fails if one of them starts to match (remove it) or another one stops.
+
+Run `python tests/test_chat_templates.py` for the per-template table (docs/chat-templates.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hotloop import _core
+from hotloop.bench.hf_template import HfTemplate
+from hotloop.native_deps import chat_templates_dir, ensure_chat_templates
+from test_format_chatml import WEATHER as FORECAST
+
+TOKENS = {"bos_token": "<BOS>", "eos_token": "<EOS>"}
+
+# A schema with a float, to check Python's float repr in `tojson`.
+WEATHER = {
+    "type": "function",
+    "function": {
+        **FORECAST,
+        "parameters": {**FORECAST["parameters"], "properties": {"days": {"maximum": 7.5}}},
+    },
+}
+
+CALL = {
+    "id": "call_abc123",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}},
+}
+
+# (name, messages, tools, template kwargs)
+CONVERSATIONS: list[
+    tuple[str, list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]]
+] = [
+    (
+        "system_user",
+        [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Hello!"},
+        ],
+        None,
+        {},
+    ),
+    (
+        "multi_turn",
+        [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Hello!"},
+            {"role": "assistant", "content": "Hi. What do you need?"},
+            {"role": "user", "content": "A haiku about caches."},
+        ],
+        None,
+        {},
+    ),
+    (
+        "no_system_unicode",
+        [
+            {"role": "user", "content": 'héllo <b> & "quotes"\n\ttabs 😀 中文'},
+            {"role": "assistant", "content": "Ça va ? ✓"},
+            {"role": "user", "content": "  spaces around  "},
+        ],
+        None,
+        {},
+    ),
+    (
+        "tools_defined",
+        [
+            {"role": "system", "content": "Use tools when useful."},
+            {"role": "user", "content": "Weather in Paris?"},
+        ],
+        [WEATHER],
+        {},
+    ),
+    (
+        "tool_call_and_result",
+        [
+            {"role": "system", "content": "Use tools when useful."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [CALL]},
+            {"role": "tool", "content": '{"temp_c": 21}', "tool_call_id": "call_abc123"},
+            {"role": "assistant", "content": "21 °C in Paris."},
+            {"role": "user", "content": "Thanks."},
+        ],
+        [WEATHER],
+        {},
+    ),
+    (
+        "reasoning",
+        [
+            {"role": "user", "content": "2+2?"},
+            {
+                "role": "assistant",
+                "content": "4",
+                "reasoning_content": "Add the numbers.",
+                "reasoning": "Add the numbers.",
+            },
+            {"role": "user", "content": "And 3+3?"},
+        ],
+        None,
+        {"enable_thinking": True},
+    ),
+]
+
+# Templates hotloop does not render byte-equal to jinja2, and why.
+KNOWN_DIFFERENCES: dict[str, str] = {
+    "meetkai-functionary-medium-v3.1": (
+        "adds `tojson` output to a `|safe` string, which markupsafe HTML-escapes "
+        "(`&#34;name&#34;`); minijinja concatenates plain text"
+    ),
+}
+# Templates jinja2 refuses a conversation with where hotloop renders it: three iterate
+# `tools`, which is None without tools (TypeError in Python, empty in minijinja); DeepSeek
+# R1's passes `map(...)`, a generator in jinja2, to `tojson` (not JSON serializable).
+LENIENT = {
+    "CohereForAI-c4ai-command-r-plus-tool_use",
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+    "llama-cpp-deepseek-r1",
+}
+
+
+@cache
+def template_files() -> list[Path]:
+    # Extracted from the llama-cpp-python sdist on first use (`hotloop setup chat-templates`).
+    root = ensure_chat_templates() / "templates"
+    return sorted(root.glob("*.jinja")) if root.is_dir() else []
+
+
+def reference(source: str, case: tuple[str, list[dict[str, Any]], Any, dict[str, Any]]) -> str:
+    """jinja2's text, or `!error` when the template refuses the conversation."""
+    _, messages, tools, kwargs = case
+    try:
+        return HfTemplate(source, TOKENS).render(
+            json.loads(json.dumps(messages)), tools=tools, add_generation_prompt=True, **kwargs
+        )
+    except Exception as e:  # any failure of the reference means it refuses the conversation
+        return f"!error {type(e).__name__}"
+
+
+def hotloop_render(
+    template: _core.ChatTemplate, case: tuple[str, list[dict[str, Any]], Any, dict[str, Any]]
+) -> str:
+    _, messages, tools, kwargs = case
+    try:
+        return template.render(
+            json.dumps(messages),
+            add_generation_prompt=True,
+            tools_json=json.dumps(tools) if tools is not None else None,
+            kwargs_json=json.dumps(kwargs),
+        )
+    except _core.CoreError as e:
+        return f"!error {e.code}"
+
+
+def compare(path: Path) -> tuple[str, str]:
+    """One template over every conversation: `exact` (same text, or both refuse),
+    `lenient` (exact but where jinja2 raises and hotloop renders), `differs` or
+    `refused` (hotloop cannot compile it), with a detail."""
+    source = path.read_text()
+    try:
+        template = _core.ChatTemplate.from_source(path.stem, source, list(TOKENS.items()))
+    except _core.CoreError as e:
+        return "refused", e.message
+    lenient = []
+    for case in CONVERSATIONS:
+        want, got = reference(source, case), hotloop_render(template, case)
+        if want.startswith("!error") and got.startswith("!error"):
+            continue
+        if want.startswith("!error"):
+            lenient.append(f"{case[0]} ({want[7:]})")
+            continue
+        if want != got:
+            at = next(
+                (i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
+                min(len(want), len(got)),
+            )
+            return (
+                "differs",
+                f"{case[0]}: at {at}: jinja2 {want[at : at + 40]!r}, hotloop {got[at : at + 40]!r}",
+            )
+    if lenient:
+        return "lenient", "jinja2 raises on " + ", ".join(lenient)
+    return "exact", ""
+
+
+@pytest.mark.parametrize("path", template_files(), ids=lambda p: p.stem)
+def test_shipped_template_renders_as_jinja2(path: Path) -> None:
+    verdict, detail = compare(path)
+    if path.stem in KNOWN_DIFFERENCES:
+        assert verdict == "differs", f"{path.stem} is {verdict} now: update KNOWN_DIFFERENCES"
+    elif path.stem in LENIENT:
+        assert verdict == "lenient", detail
+    else:
+        assert verdict == "exact", detail
+
+
+def test_the_shipped_templates_are_extracted() -> None:
+    assert len(template_files()) >= 60, (
+        f"`hotloop setup chat-templates` extracts them into {chat_templates_dir()}"
+    )
+
+
+if __name__ == "__main__":
+    counts: dict[str, int] = {}
+    for path in template_files():
+        verdict, detail = compare(path)
+        counts[verdict] = counts.get(verdict, 0) + 1
+        if verdict != "exact":
+            print(f"| {path.stem} | {verdict} | {detail} |")
+    print(counts, f"of {len(template_files())}", file=sys.stderr)
