@@ -155,6 +155,11 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
 
     def _expired(self) -> None:
         self._deadline = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined request is late while the previous response still streams:
+            # a 408 now would land inside that response. It ends the connection instead.
+            self.cycle.keep_alive = False
+            return
         self._refuse(
             408,
             "header_timeout",
