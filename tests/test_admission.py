@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 from hotloop.cli import build_app
@@ -67,6 +68,8 @@ def test_unfinished_headers_are_answered_408_and_closed(tight: str) -> None:
     assert status.startswith("HTTP/1.1 408")
     assert headers["connection"] == "close"
     assert body["error"]["code"] == "header_timeout"  # type: ignore[index]
+    metrics = httpx.get(tight + "/metrics").text
+    assert 'hotloop_refusals_total{code="header_timeout"} 1' in metrics
 
 
 def test_a_silent_connection_is_closed_too(tight: str) -> None:
@@ -139,6 +142,8 @@ def test_one_key_is_capped_in_websockets_another_is_not(tmp_path: Path) -> None:
             assert error["type"] == "rate_limit_error"
             with connect(ws_url, additional_headers={"authorization": "Bearer sk-b"}):
                 pass
+        metrics = httpx.get(url + "/metrics").text
+        assert 'hotloop_refusals_total{code="too_many_connections"} 1' in metrics
         # Closed sockets give their places back.
         with connect(ws_url, additional_headers=auth):
             pass

@@ -18,6 +18,8 @@ Instruments (all names prefixed `hotloop_`):
 - store_writes_total, store_errors_total, store_pending
 - stream_sampled_cpu_seconds_total / stream_sampled_tokens_total: the server's own CPU
   per streamed token, sampled (`StreamCpu`)
+- refusals_total{code}: header_timeout, server_overloaded, too_many_connections,
+  queue_memory_exceeded; queued_request_bytes (gauge)
 - usage_tokens_total{key,kind} from `Usage`
 """
 
@@ -214,6 +216,13 @@ class Metrics:
         self.cache_counts: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
         self.store_rebuilds = Counter()
         self.stream_cpu = StreamCpu()
+        self.refusals = CounterFamily(
+            "hotloop_refusals_total",
+            "Connections and requests refused to bound what one client can take, by code.",
+            ("code",),
+        )
+        self.queued_bytes: Callable[[], int] = lambda: 0
+        """Request bytes held before their turn starts (`QueueMemory`), read when scraped."""
 
     def record_prompt(self, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Account one turn's prompt: what came from the cache, what was rendered."""
@@ -235,8 +244,15 @@ class Metrics:
             self.turns,
             self.prompt_tokens,
             self.turn_overhead,
+            self.refusals,
         ):
             lines.extend(family.render())
+        lines += _scalar(
+            "hotloop_queued_request_bytes",
+            "gauge",
+            "Request bytes received and not yet started, all connections.",
+            self.queued_bytes(),
+        )
         lines += _scalar(
             "hotloop_store_writes_total",
             "counter",

@@ -33,6 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from hotloop.config import ServerConfig
 from hotloop.events import error_body
+from hotloop.ledger import Ledger
 from hotloop.transport.asgi import find_inner
 
 log = logging.getLogger("hotloop.admission")
@@ -115,6 +116,8 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         config = find_inner(self.app, "config", ServerConfig) or ServerConfig()
+        ledger = find_inner(self.app, "ledger", Ledger)
+        self._metrics = None if ledger is None else ledger.metrics
         self._header_timeout = config.header_timeout
         self._max_connections = connection_cap(config)
         self._deadline: asyncio.TimerHandle | None = None
@@ -167,6 +170,8 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
         )
 
     def _refuse(self, status: int, code: str, message: str, retry_after: int | None = None) -> None:
+        if self._metrics is not None:
+            self._metrics.refusals.labels(code).inc()
         if not self.transport.is_closing():
             self.transport.write(refusal(status, code, message, retry_after))
             self.transport.close()
