@@ -68,7 +68,9 @@ class Ledger:
         self._unbooked: deque[tuple[Finished, str]] = deque()
 
     async def start(self) -> None:
-        """Open the durable store (when a data directory is configured)."""
+        """Open the durable store (when a data directory is configured) and start
+        watching the event loop for stalls."""
+        self.metrics.loop_watch.start()
         if self._data_dir is not None and self.store is None:
             self.store = await open_store(self._data_dir, metrics=self.metrics)
             self.metrics.store_pending = self.store.pending
@@ -76,6 +78,7 @@ class Ledger:
     async def close(self) -> None:
         """Persist everything acknowledged: wait for scheduled puts, then flush and
         close the store. Called after the last response has ended."""
+        self.metrics.loop_watch.stop()
         self._book_all()
         if self._puts:
             await asyncio.gather(*self._puts)
