@@ -65,18 +65,21 @@ def raise_open_files_limit() -> tuple[int, int]:
     return soft, soft
 
 
-# glibc's mallopt parameter and the size from which allocations are mmapped (its default).
+# glibc's mallopt parameter, and the size from which allocations are mmapped.
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 128 * 1024
+MMAP_THRESHOLD_BYTES = 1024 * 1024
 
 
 def return_large_buffers() -> bool:
-    """Fix glibc's mmap threshold at its 128 KiB default. glibc raises the threshold to
-    the size of every mmapped buffer freed (up to 32 MiB), after which frame-sized
-    buffers (a frame, its parse, a queued request) come from the heap and their memory
-    stays with the process when they are freed: measured, a full 64 MiB queue then cost
-    83 MiB of RSS instead of 64 (benches/bench_queue_memory.py). Per-token allocations
-    are far below the threshold and unaffected. False where the C library has no
+    """Fix glibc's mmap threshold at 1 MiB. glibc raises the threshold to the size of
+    every mmapped buffer freed (up to 32 MiB), after which frame-sized buffers (a frame,
+    its parse, a queued request) come from the heap and their memory stays with the
+    process when freed: a full 64 MiB queue of 4 MiB frames cost 83 MiB of RSS instead
+    of 64 (benches/bench_queue_memory.py). Buffers of 1 MiB and more now always go back
+    to the system, at the price of faulting their pages in again: a 13.5 MB tool list
+    costs about a fifth more server CPU (benches/bench_large_requests.py). At the
+    default 128 KiB, every 256 KB request paid that too and slowed the other tenants
+    of a busy server (bench_abuse.py full_queues). False where the C library has no
     `mallopt` (not glibc)."""
     name = ctypes.util.find_library("c")
     try:
