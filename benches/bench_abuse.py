@@ -32,6 +32,7 @@ def main() -> None:
                 "p50_ms": round(ran.p50 * 1e3, 1),
                 "p99_ms": round(ran.p99 * 1e3, 1),
                 "peak_rss_mib": round(ran.peak_rss / MIB),
+                "loop_stalls": ran.stalls,
                 "failures": len(ran.failures),
                 "lost": len(victim.lost()),
                 "attacker": {k: v for k, v in ran.report.items() if k != "latencies"},
@@ -44,7 +45,9 @@ def main() -> None:
                 f"{row['attack']:>22}: {row['turns']:4d} turns in {row['seconds']:4.1f} s, "
                 f"p50 {row['p50_ms']:7.1f} ms, "
                 f"p99 {row['p99_ms']:7.1f} ms, peak RSS {row['peak_rss_mib']:4d} MiB, "
-                f"failures {row['failures']}, lost {row['lost']}",
+                f"loop stalls {'n/a' if ran.stalls is None else ran.stalls}, "
+                f"failures {row['failures']}, "
+                f"lost {row['lost']}",
                 flush=True,
             )
     print(json.dumps(rows))

@@ -5,10 +5,11 @@ one attack at a time, each bounded in time and work (`hotloop.bench.abuse`).
 For every attack: all of the victim's turns complete, every response it saw
 acknowledged (store=true) is readable afterwards, and the server's RSS stays under
 `RSS_BOUND`. The victim's p50/p99 latency is measured and printed, never asserted
-(`benches/bench_abuse.py` prints the same figures for docs/hardening-server.md); the
-one latency check is a ratio within one run: while the attacker's 13.5 MB tool lists
-are parsed, the victim's slowest turn must stay under half of one such request, which
-holds only once tool lists are parsed off the event loop (the core-hardening branch).
+(`benches/bench_abuse.py` prints the same figures for docs/hardening-server.md). What
+is asserted of the 13.5 MB tool lists is that they never hold the server's event loop
+for more than 0.1 s of CPU at a time (`hotloop_event_loop_busy_seconds`, CPU and not
+wall time, so the machine's load does not decide it): true only once tool lists are
+parsed and rendered off the event loop (the core-hardening branch).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hotloop.bench.abuse import (
     ATTACKS,
     SERVER_ENV,
     SERVER_FLAGS,
+    STALL,
     Scenario,
     Victim,
     run_scenario,
@@ -59,6 +61,7 @@ def scenario(
         print(
             f"\n{name}: victim {len(ran.latencies)} turns, p50 {ran.p50 * 1e3:.1f} ms, "
             f"p99 {ran.p99 * 1e3:.1f} ms; server peak RSS {ran.peak_rss / MIB:.0f} MiB; "
+            f"event-loop stalls over {STALL} s of CPU: {ran.stalls}; "
             f"attacker {ran.report}"
         )
     return scenarios[name]
@@ -74,6 +77,8 @@ def test_the_victim_does_not_notice(
     assert victim.lost() == []
     assert ran.peak_rss < RSS_BOUND
     assert server.process.poll() is None
+    if attack != "tool_list":  # test_a_tool_list_does_not_stall_the_victim, below
+        assert ran.stalls == 0  # nothing held the event loop for 0.1 s of CPU
 
 
 def test_the_attacks_were_answered(
@@ -109,6 +114,5 @@ def test_a_tool_list_does_not_stall_the_victim(
     server: ServerProcess, scenarios: dict[str, tuple[Scenario, Victim]]
 ) -> None:
     ran, _ = scenario("tool_list", server, scenarios)
-    attacker = sorted(ran.report["latencies"])
-    one_request = attacker[len(attacker) // 2]
-    assert max(ran.latencies) < one_request / 2
+    assert ran.report["sent"] > 0
+    assert ran.stalls == 0

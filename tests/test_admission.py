@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
+from hotloop.engines.sim import SimScript, SimSpeed
 from hotloop.transport.admission import return_large_buffers
 from servers import HANG_GUARD, serving, sim_engine
 from websockets.exceptions import InvalidStatus
@@ -66,6 +68,8 @@ def test_unfinished_headers_are_answered_408_and_closed(tight: str) -> None:
     assert status.startswith("HTTP/1.1 408")
     assert headers["connection"] == "close"
     assert body["error"]["code"] == "header_timeout"  # type: ignore[index]
+    metrics = httpx.get(tight + "/metrics").text
+    assert 'hotloop_refusals_total{code="header_timeout"} 1' in metrics
 
 
 def test_a_silent_connection_is_closed_too(tight: str) -> None:
@@ -80,6 +84,31 @@ def test_a_kept_alive_connection_gets_the_deadline_for_each_request(tight: str) 
         assert first.startswith(b"HTTP/1.1 200")
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finished
         assert split(read_all(sock))[0].startswith("HTTP/1.1 408")
+
+
+def test_a_late_pipelined_request_never_cuts_the_response_before_it(tmp_path: Path) -> None:
+    """A stream still going out when the next pipelined request's headers are late:
+    the deadline ends the connection after the stream, never with a 408 inside it."""
+    slow = SimSpeed(tokens_per_second=100.0, ttft=0.0, prefill_tokens_per_second=1e9)
+    text = " ".join(f"word{i}" for i in range(100))  # about a second at this speed
+    config = ServerConfig(engine="sim", api_keys=KEYS, data_dir=str(tmp_path), header_timeout=0.2)
+    with serving(build_app(sim_engine(SimScript(text=text), slow), config)) as url:
+        body = b'{"model":"sim","input":"hi","stream":true,"store":false}'
+        with raw(url) as sock:
+            sock.sendall(
+                b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-a\r\n"
+                b"Content-Type: application/json\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+                + b"GET /health HTTP/1.1\r\nHost: x\r\n"  # never finished
+            )
+            reply = read_all(sock)
+    stream, _, after = reply.partition(b"\r\n0\r\n\r\n")  # the last chunk
+    assert stream.startswith(b"HTTP/1.1 200")
+    assert b"event: response.completed" in stream
+    assert b"HTTP/1.1 408" not in stream
+    assert after == b"" or after.startswith(b"HTTP/1.1 408")
 
 
 def test_connections_over_the_cap_get_503_with_retry_after(tmp_path: Path) -> None:
@@ -113,6 +142,8 @@ def test_one_key_is_capped_in_websockets_another_is_not(tmp_path: Path) -> None:
             assert error["type"] == "rate_limit_error"
             with connect(ws_url, additional_headers={"authorization": "Bearer sk-b"}):
                 pass
+        metrics = httpx.get(url + "/metrics").text
+        assert 'hotloop_refusals_total{code="too_many_connections"} 1' in metrics
         # Closed sockets give their places back.
         with connect(ws_url, additional_headers=auth):
             pass

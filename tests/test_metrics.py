@@ -3,9 +3,11 @@ buckets, labels, per-key usage, and a Prometheus text exposition a parser accept
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 
-from hotloop.metrics import Metrics
+from hotloop.metrics import LOOP_BUSY_BUCKETS, Metrics
 from hotloop.usage import ANONYMOUS, Usage
 
 # One sample line of the text format: name{labels} value
@@ -97,3 +99,26 @@ def test_usage_totals_per_key() -> None:
     assert usage.of(None).responses == 1
     assert set(usage.keys()) == {"key_a", ANONYMOUS}
     assert usage.of("key_unused").responses == 0
+
+
+def test_loop_busy_counts_cpu_held_between_ticks() -> None:
+    """A callback that keeps the loop's thread busy lands in one window of at least its
+    own CPU time; idle windows hold almost none."""
+    metrics = Metrics()
+    watch = metrics.loop_watch
+
+    async def run() -> None:
+        watch.start()
+        watch.tick()  # an idle window
+        spin_until = time.thread_time() + 0.15
+        while time.thread_time() < spin_until:
+            pass
+        watch.tick()  # the window of the busy callback
+        watch.stop()
+
+    asyncio.run(run())
+    histogram = metrics.loop_busy.labels()
+    assert histogram.count == 2
+    assert histogram.counts[0] == 1  # the idle window: under 10 ms of CPU
+    assert sum(histogram.counts[LOOP_BUSY_BUCKETS.index(0.1) + 1 :]) == 1  # the spin
+    assert 'hotloop_event_loop_busy_seconds_bucket{le="0.1"} 1' in metrics.render()

@@ -96,6 +96,7 @@ def test_http_bodies_count_against_the_key(tmp_path: Path) -> None:
         big = httpx.post(
             base + "/v1/responses", json={"model": "sim", "input": "y" * 20_000}, headers=auth
         )
+        metrics = httpx.get(base + "/metrics").text
         small = httpx.post(
             base + "/v1/responses", json={"model": "sim", "input": "hi"}, headers=auth
         )
@@ -105,6 +106,8 @@ def test_http_bodies_count_against_the_key(tmp_path: Path) -> None:
     assert error["type"] == "rate_limit_error" and error["code"] == "queue_memory_exceeded"
     assert error["headers"] == {"retry-after": "1"}
     assert small.status_code == 200
+    assert 'hotloop_refusals_total{code="queue_memory_exceeded"} 1' in metrics
+    assert "hotloop_queued_request_bytes 0" in metrics
 
 
 @pytest.mark.parametrize("bound", ["max_queued_bytes_total", "max_queued_bytes_per_key"])

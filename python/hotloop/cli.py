@@ -133,7 +133,12 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
     ledger.metrics.node = config.node
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None
-    queue_memory = QueueMemory(config.max_queued_bytes_total, config.max_queued_bytes_per_key)
+    queue_memory = QueueMemory(
+        config.max_queued_bytes_total,
+        config.max_queued_bytes_per_key,
+        ledger.metrics.refusals.labels("queue_memory_exceeded").inc,
+    )
+    ledger.metrics.queued_bytes = lambda: queue_memory.used_bytes
     http = HttpApi(
         ledger,
         baseline=baseline,

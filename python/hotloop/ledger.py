@@ -89,7 +89,9 @@ class Ledger:
         self._unbooked: deque[tuple[Finished, str, dict[str, str | None]]] = deque()
 
     async def start(self) -> None:
-        """Open the durable store (when a data directory is configured)."""
+        """Open the durable store (when a data directory is configured) and start
+        watching the event loop for stalls."""
+        self.metrics.loop_watch.start()
         if self._data_dir is not None and self.store is None:
             self.store = await open_store(
                 self._data_dir, metrics=self.metrics, **self._store_options
@@ -103,6 +105,7 @@ class Ledger:
     async def close(self) -> None:
         """Book what is left and close the store (every acknowledged response was
         committed before its terminal event). Called after the last response ended."""
+        self.metrics.loop_watch.stop()
         self._book_all()
         if self.store is not None:
             await self.store.close()

@@ -23,13 +23,18 @@ Instruments (all names prefixed `hotloop_`):
   format's fingerprint differs from the one they were stored with
 - stream_sampled_cpu_seconds_total / stream_sampled_tokens_total: the server's own CPU
   per streamed token, sampled (`StreamCpu`)
+- refusals_total{code}: header_timeout, server_overloaded, too_many_connections,
+  queue_memory_exceeded; queued_request_bytes (gauge)
+- event_loop_busy_seconds: the loop thread's CPU between ticks (`LoopBusy`)
 - usage_tokens_total{key,kind} from `Usage`
 - node_info{node}: always 1, names the node (`hotloop serve --node-id`)
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -57,6 +62,9 @@ OVERHEAD_BUCKETS = (
     0.5,
     1.0,
 )
+
+
+LOOP_BUSY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Counter:
@@ -189,6 +197,41 @@ class StreamCpu:
         self.tokens += tokens
 
 
+class LoopBusy:
+    """How long the event loop's thread runs without a break. A tick every `INTERVAL`
+    seconds reads the thread's CPU clock and records the CPU spent since the previous
+    tick. While nothing holds the loop a window holds at most about `INTERVAL` of CPU;
+    more is one callback (a parse, a render) that kept every other connection waiting.
+    It counts CPU, not wall time, so a loaded machine does not make a stall of it."""
+
+    INTERVAL = 0.05
+
+    def __init__(self, histogram: Histogram) -> None:
+        self.histogram = histogram
+        self._last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """Start ticking on the running loop (once)."""
+        if self._timer is not None:
+            return
+        self._last = time.thread_time()
+        self._timer = asyncio.get_running_loop().call_later(self.INTERVAL, self.tick)
+
+    def tick(self) -> None:
+        now = time.thread_time()
+        self.histogram.observe(now - self._last)
+        self._last = now
+        if self._timer is not None:
+            self._timer.cancel()  # when called outside its timer: one chain of ticks only
+            self._timer = asyncio.get_running_loop().call_later(self.INTERVAL, self.tick)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class Metrics:
     """The process's instruments. One instance per process, shared by every transport."""
 
@@ -232,6 +275,21 @@ class Metrics:
         self.stream_cpu = StreamCpu()
         self.node: str | None = None
         """The node these metrics come from (`hotloop serve --node-id`)."""
+        self.refusals = CounterFamily(
+            "hotloop_refusals_total",
+            "Connections and requests refused to bound what one client can take, by code.",
+            ("code",),
+        )
+        self.queued_bytes: Callable[[], int] = lambda: 0
+        """Request bytes held before their turn starts (`QueueMemory`), read when scraped."""
+        self.loop_busy = HistogramFamily(
+            "hotloop_event_loop_busy_seconds",
+            "Event-loop thread CPU between ticks 50 ms apart; above 0.05 s, one callback "
+            "held the loop (and every connection) that long.",
+            (),
+            LOOP_BUSY_BUCKETS,
+        )
+        self.loop_watch = LoopBusy(self.loop_busy.labels())
 
     def record_prompt(self, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Account one turn's prompt: what came from the cache, what was rendered."""
@@ -260,8 +318,16 @@ class Metrics:
             self.prompt_tokens,
             self.turn_overhead,
             self.store_errors,
+            self.refusals,
+            self.loop_busy,
         ):
             lines.extend(family.render())
+        lines += _scalar(
+            "hotloop_queued_request_bytes",
+            "gauge",
+            "Request bytes received and not yet started, all connections.",
+            self.queued_bytes(),
+        )
         lines += _scalar(
             "hotloop_store_writes_total",
             "counter",

@@ -356,6 +356,9 @@ class Scenario:
     latencies: list[float]
     failures: list[str]
     peak_rss: int
+    stalls: int | None
+    """Windows of more than `STALL` seconds of event-loop CPU without a break, from the
+    server's `hotloop_event_loop_busy_seconds` (None when the server does not export it)."""
     seconds: float
     """How long the victim ran: the attack's duration, or longer when the attacker's
     last writes wait for a server that stopped reading its socket."""
@@ -367,6 +370,21 @@ class Scenario:
     @property
     def p99(self) -> float:
         return percentile(self.latencies, 0.99)
+
+
+STALL = "0.1"
+
+
+def loop_windows(base: str) -> tuple[int, int] | None:
+    """The server's event-loop windows so far: all of them, and those of at most
+    `STALL` seconds of CPU (None from a server without the metric)."""
+    total = short = -1
+    for line in httpx.get(base + "/metrics", timeout=GUARD).text.splitlines():
+        if line.startswith("hotloop_event_loop_busy_seconds_count"):
+            total = int(line.split()[-1])
+        elif line.startswith(f'hotloop_event_loop_busy_seconds_bucket{{le="{STALL}"}}'):
+            short = int(line.split()[-1])
+    return None if total < 0 or short < 0 else (total, short)
 
 
 def run_scenario(
@@ -385,6 +403,7 @@ def run_scenario(
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    windows_before = loop_windows(base)
     started = time.monotonic()
     report: dict[str, Any] = {}
     try:
@@ -405,13 +424,15 @@ def run_scenario(
     finally:
         done.set()
         sampler.join()
+    seconds = time.monotonic() - started
+    windows_after = loop_windows(base)
+    stalls = None
+    if windows_before is not None and windows_after is not None:
+        total = windows_after[0] - windows_before[0]
+        short = windows_after[1] - windows_before[1]
+        stalls = total - short
     scenario = Scenario(
-        attack or "none",
-        report,
-        victim.latencies,
-        victim.failures,
-        peak,
-        time.monotonic() - started,
+        attack or "none", report, victim.latencies, victim.failures, peak, stalls, seconds
     )
     return scenario, victim
 

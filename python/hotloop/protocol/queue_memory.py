@@ -11,6 +11,8 @@ reserve and release.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hotloop.protocol.errors import ProtocolError
 
 RETRY_AFTER_SECONDS = 1
@@ -20,11 +22,17 @@ class QueueMemory:
     """Queued request bytes, in total and per principal (an API key; requests of an
     unauthenticated server count in the total only)."""
 
-    def __init__(self, max_bytes: int, max_bytes_per_key: int) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        max_bytes_per_key: int,
+        on_refusal: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_refusal` is called once per refused request (the process's metrics)."""
         self.max_bytes = max_bytes
         self.max_bytes_per_key = max_bytes_per_key
         self.used_bytes = 0
-        self.refusals = 0
+        self._on_refusal = on_refusal
         self._by_key: dict[str, int] = {}
 
     def of(self, principal: str | None) -> int:
@@ -33,7 +41,7 @@ class QueueMemory:
     def reserve(self, principal: str | None, size: int) -> None:
         """Count `size` more bytes, or raise the 429 `ProtocolError` that refuses them."""
         if self.used_bytes + size > self.max_bytes:
-            self.refusals += 1
+            self._refused()
             raise _exceeded(
                 f"The server holds {self.used_bytes} bytes of queued requests (limit "
                 f"{self.max_bytes}); retry once responses have finished."
@@ -41,13 +49,17 @@ class QueueMemory:
         if principal is not None:
             held = self._by_key.get(principal, 0)
             if held + size > self.max_bytes_per_key:
-                self.refusals += 1
+                self._refused()
                 raise _exceeded(
                     f"This API key holds {held} bytes of queued requests (limit "
                     f"{self.max_bytes_per_key}); retry once its responses have finished."
                 )
             self._by_key[principal] = held + size
         self.used_bytes += size
+
+    def _refused(self) -> None:
+        if self._on_refusal is not None:
+            self._on_refusal()
 
     def release(self, principal: str | None, size: int) -> None:
         if size <= 0:

@@ -33,6 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from hotloop.config import ServerConfig
 from hotloop.events import error_body
+from hotloop.ledger import Ledger
 from hotloop.transport.asgi import find_inner
 
 log = logging.getLogger("hotloop.admission")
@@ -64,18 +65,21 @@ def raise_open_files_limit() -> tuple[int, int]:
     return soft, soft
 
 
-# glibc's mallopt parameter and the size from which allocations are mmapped (its default).
+# glibc's mallopt parameter, and the size from which allocations are mmapped.
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 128 * 1024
+MMAP_THRESHOLD_BYTES = 1024 * 1024
 
 
 def return_large_buffers() -> bool:
-    """Fix glibc's mmap threshold at its 128 KiB default. glibc raises the threshold to
-    the size of every mmapped buffer freed (up to 32 MiB), after which frame-sized
-    buffers (a frame, its parse, a queued request) come from the heap and their memory
-    stays with the process when they are freed: measured, a full 64 MiB queue then cost
-    83 MiB of RSS instead of 64 (benches/bench_queue_memory.py). Per-token allocations
-    are far below the threshold and unaffected. False where the C library has no
+    """Fix glibc's mmap threshold at 1 MiB. glibc raises the threshold to the size of
+    every mmapped buffer freed (up to 32 MiB), after which frame-sized buffers (a frame,
+    its parse, a queued request) come from the heap and their memory stays with the
+    process when freed: a full 64 MiB queue of 4 MiB frames cost 83 MiB of RSS instead
+    of 64 (benches/bench_queue_memory.py). Buffers of 1 MiB and more now always go back
+    to the system, at the price of faulting their pages in again: a 13.5 MB tool list
+    costs about a fifth more server CPU (benches/bench_large_requests.py). At the
+    default 128 KiB, every 256 KB request paid that too and slowed the other tenants
+    of a busy server (bench_abuse.py full_queues). False where the C library has no
     `mallopt` (not glibc)."""
     name = ctypes.util.find_library("c")
     try:
@@ -115,6 +119,8 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         config = find_inner(self.app, "config", ServerConfig) or ServerConfig()
+        ledger = find_inner(self.app, "ledger", Ledger)
+        self._metrics = None if ledger is None else ledger.metrics
         self._header_timeout = config.header_timeout
         self._max_connections = connection_cap(config)
         self._deadline: asyncio.TimerHandle | None = None
@@ -155,6 +161,11 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
 
     def _expired(self) -> None:
         self._deadline = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined request is late while the previous response still streams:
+            # a 408 now would land inside that response. It ends the connection instead.
+            self.cycle.keep_alive = False
+            return
         self._refuse(
             408,
             "header_timeout",
@@ -162,6 +173,8 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
         )
 
     def _refuse(self, status: int, code: str, message: str, retry_after: int | None = None) -> None:
+        if self._metrics is not None:
+            self._metrics.refusals.labels(code).inc()
         if not self.transport.is_closing():
             self.transport.write(refusal(status, code, message, retry_after))
             self.transport.close()

@@ -208,6 +208,8 @@ class App:
         key, owner = (None, None) if credential is None else credential[:2]
         cap = config.max_connections_per_key
         if owner is not None and cap and self._sockets_of.get(owner, 0) >= cap:
+            if self.ledger is not None:
+                self.ledger.metrics.refusals.labels("too_many_connections").inc()
             await self._deny(
                 scope,
                 send,
