@@ -23,6 +23,7 @@ mod request;
 mod schema;
 mod shape;
 mod tools;
+mod values;
 
 pub use budget::check_context_budget;
 pub use event::{parse_event, AppendEvent, ClientEvent};
@@ -30,6 +31,7 @@ pub use input::{Input, TextSource};
 pub use policy::Policy;
 pub use request::{parse_request, CreateRequest};
 pub use tools::{SkippedTool, ToolChoice, Tools};
+pub use values::check_values;
 
 /// Per-request bounds checked while parsing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

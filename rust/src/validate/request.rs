@@ -11,6 +11,7 @@ use super::input::{input_json, parse_input, Input};
 use super::path::Path;
 use super::policy::Policy;
 use super::tools::{parse_tool_choice, parse_tools, SkippedTool, ToolChoice};
+use super::values::check_values;
 use super::Limits;
 use crate::error::{Code, Error, Result};
 use crate::item::Prefix;
@@ -255,6 +256,9 @@ impl CreateRequest {
 pub fn parse_request(body: &[u8], limits: &Limits) -> Result<CreateRequest> {
     let text = std::str::from_utf8(body).map_err(|_| not_utf8())?;
     let fields: Body = parse_object(text, "The request body")?;
+    if let Err(e) = check_values(text) {
+        return Ok(CreateRequest::refused(e, None));
+    }
     Ok(CreateRequest::from_body(&fields, None, limits))
 }
 
