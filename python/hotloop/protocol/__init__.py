@@ -12,7 +12,9 @@ from hotloop.protocol.connection import (
     Finished,
     Generate,
     Observer,
+    Parsed,
     Render,
+    offloads,
 )
 from hotloop.protocol.errors import ProtocolError
 
@@ -28,6 +30,8 @@ __all__ = [
     "Finished",
     "Generate",
     "Observer",
+    "Parsed",
     "ProtocolError",
     "Render",
+    "offloads",
 ]

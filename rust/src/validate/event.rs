@@ -43,6 +43,14 @@ pub struct AppendEvent {
 /// without a string `type` is an `invalid_json` error; a schema problem of a
 /// `response.create` is kept in its `error`.
 pub fn parse_event(frame: &[u8], limits: &Limits) -> Result<ClientEvent> {
+    let mut event = read_event(frame, limits)?;
+    if let ClientEvent::Create(request) = &mut event {
+        request.frame_bytes = frame.len();
+    }
+    Ok(event)
+}
+
+fn read_event(frame: &[u8], limits: &Limits) -> Result<ClientEvent> {
     let text = std::str::from_utf8(frame).map_err(|_| not_utf8())?;
     let body: Body = parse_object(text, "The event")?;
     let kind = match body.kind {
