@@ -1,7 +1,7 @@
 """One tenant's huge tool list against another tenant's turns (issue 15, item 5).
 
 Against `hotloop serve --engine sim` in its own process: a victim runs short turns over
-one WebSocket while, on another, an attacker sends a ~13.5 MB tool list (400 function
+one WebSocket while, on another, an attacker sends a ~13.5 MB tool list (250 function
 tools of 600 properties) back to back. Reported: the victim's median and worst turn
 time without the attack and during it (one run, the same server), and how long the
 attacker waits for each answer. Before the fix the list was parsed and rendered on the
@@ -26,7 +26,7 @@ from websockets.sync.client import ClientConnection, connect
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
 
 
-def huge_tool_frame(tools: int = 400, properties: int = 600) -> str:
+def huge_tool_frame(tools: int = 250, properties: int = 600) -> str:
     def tool(t: int) -> dict[str, Any]:
         props = {
             f"argument_{i}": {"type": "string", "description": f"argument {i} of tool {t}"}
