@@ -8,7 +8,7 @@ PORT ?= 8000
 ENGINE ?= llama
 
 .PHONY: all venv develop native haproxy services serve test test-rust test-python lint bench \
-	bench-ci wheel test-wheel docs clean
+	bench-ci wheel test-wheel docs fuzz clean
 
 all: develop
 
@@ -57,6 +57,7 @@ test: test-rust test-python
 
 lint: develop
 	cargo fmt --all -- --check
+	cargo fmt --manifest-path rust/fuzz/Cargo.toml -- --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
 	$(BIN)/ruff check python tests benches
@@ -87,6 +88,24 @@ test-wheel: develop wheel
 # Pages generated from the code (tests/test_docgen.py fails while they are stale).
 docs: develop
 	$(BIN)/hotloop docs configuration > docs/configuration.md
+
+# Coverage-guided fuzzing of the request boundary (rust/fuzz, docs/hardening.md): each
+# target runs FUZZ_SECONDS from the committed seeds (rust/fuzz/corpus); what it finds
+# goes to rust/fuzz/target/corpus, a crash to rust/fuzz/artifacts and fails the target.
+# cargo fuzz needs nightly: the nightly toolchain when rustup has one, else stable
+# with RUSTC_BOOTSTRAP=1. No sanitizer (-s none): the core is safe Rust, libFuzzer
+# catches its panics, and runs are about twice as many per second.
+FUZZ_TARGETS := parse_event parse_request tools
+FUZZ_SECONDS ?= 60
+FUZZ_CARGO := $(if $(shell rustup toolchain list 2>/dev/null | grep '^nightly'),cargo +nightly,RUSTC_BOOTSTRAP=1 cargo)
+
+fuzz:
+	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --version 0.13.2
+	cd rust && for target in $(FUZZ_TARGETS); do \
+		mkdir -p fuzz/target/corpus/$$target && \
+		$(FUZZ_CARGO) fuzz run -s none -a $$target fuzz/target/corpus/$$target fuzz/corpus/$$target -- \
+			-max_total_time=$(FUZZ_SECONDS) -dict=fuzz/json.dict -print_final_stats=1 || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) target dist

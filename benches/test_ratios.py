@@ -16,7 +16,9 @@ times faster one is than the other:
 - the peer: a stateless server's per-turn prompt work (openai-harmony re-rendering the
   whole conversation) vs hotloop's append (>= 50x);
 - the open-model peer: SmolLM2's chat template rendered by jinja2 and the whole
-  conversation tokenized by Hugging Face `tokenizers`, vs hotloop's ChatML append (>= 20x).
+  conversation tokenized by Hugging Face `tokenizers`, vs hotloop's ChatML append (>= 20x);
+- a wide tool schema: the cost per property of accepting it at 60k properties vs at 1k
+  (<= 3x; it is linear).
 
 `make bench-ci` runs them in quick mode (`--benchmark-disable`, 3 repetitions); `make
 bench` runs them with pytest-benchmark's statistics. Repetitions take the minimum, the
@@ -33,6 +35,7 @@ from typing import Any
 import orjson
 import pytest
 import tiktoken
+from bench_tool_schema import cost_per_property
 from hotloop._core import ChatFormat, Conversation, Tokenizer, parse_event, parse_request
 from hotloop.bench.open_model import OpenModelPeer
 from hotloop.bench.peer import Peer, use_local_vocab
@@ -282,3 +285,19 @@ def test_open_model_peer_full_rerender_vs_append(
         f"{base.token_count} tokens: {ratio:.0f}x"
     )
     assert ratio >= 20
+
+
+def test_tool_schema_cost_per_property_is_flat(
+    benchmark: Any, harmony: ChatFormat, repeat: int
+) -> None:
+    """Accepting a tool schema (parse, check, render, tokenize) costs the same per
+    property at 60k properties as at 1k (`required` was a list looked up once per
+    property: 60k properties took over 20x the per-property cost of 1k)."""
+    # The small schema is cheap: more tries for a stable minimum.
+    costs = {
+        n: cost_per_property(n, harmony, r) for n, r in ((1_000, 5 * repeat), (60_000, repeat))
+    }
+    benchmark.extra_info["us_per_property"] = {n: round(c * 1e6, 2) for n, c in costs.items()}
+    ratio = costs[60_000] / costs[1_000]
+    print(f"tool schema, per-property cost at 60k / at 1k properties: {ratio:.2f}x")
+    assert ratio <= 3

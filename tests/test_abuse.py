@@ -105,11 +105,6 @@ def test_the_server_runs_at_its_hard_open_files_limit(server: ServerProcess) -> 
     assert soft == hard
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tool lists are parsed on the event loop until the core-hardening branch "
-    "moves large-field parsing off it (issue 15, item 5)",
-)
 def test_a_tool_list_does_not_stall_the_victim(
     server: ServerProcess, scenarios: dict[str, tuple[Scenario, Victim]]
 ) -> None:

@@ -436,6 +436,27 @@ def test_websocket_and_http_share_the_store(client: OpenAI) -> None:
         client.responses.retrieve(private.id)
 
 
+def test_a_metadata_key_named_previous_response_id_does_not_hide_the_real_one(
+    client: OpenAI, url: str
+) -> None:
+    """Issue 15 item 7: the warm-up read the first `"previous_response_id": "..."` of the
+    raw frame; a metadata key of that name placed first made a valid continuation on a
+    new socket fail. The store is now read for the top-level field the core parsed."""
+    stored = create_raw(client, input="started over HTTP")
+    frame = (
+        '{"type":"response.create","model":"sim","metadata":{"previous_response_id":'
+        f'"resp_decoy"}},"previous_response_id":"{stored.id}","input":"go on"}}'
+    )
+    ws_url = url.replace("http://", "ws://") + "/v1/responses"
+    with connect(ws_url, additional_headers={"authorization": f"Bearer {KEY}"}) as ws:
+        ws.send(frame)
+        while (event := validate(ws.recv(timeout=30)))["type"] not in {*TERMINAL, "error"}:
+            pass
+    assert event["type"] == "response.completed", event
+    assert event["response"]["previous_response_id"] == stored.id
+    assert event["response"]["metadata"] == {"previous_response_id": "resp_decoy"}
+
+
 def test_a_client_that_disconnects_mid_stream_cancels_generation(tmp_path: Path) -> None:
     slow = SimSpeed(tokens_per_second=50.0, ttft=0.0, prefill_tokens_per_second=1e9)
     text = " ".join(f"word{i}" for i in range(500))  # about 20 s at this speed

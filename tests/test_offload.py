@@ -28,13 +28,13 @@ from hotloop.protocol import (
     Connection,
     ConnectionCache,
 )
-from hotloop.protocol.connection import RENDER_OFFLOAD_BYTES
+from hotloop.protocol.connection import OFFLOAD_BYTES
 from sdk_events import validate
 from servers import FAST, hotloop_server, serving
 from websockets.sync.client import ClientConnection, connect
 
 # An agent resuming a task: its first request carries a long tool output.
-HISTORY = "line of a long tool output, as read from a file\n" * (RENDER_OFFLOAD_BYTES // 32)
+HISTORY = "line of a long tool output, as read from a file\n" * (OFFLOAD_BYTES // 32)
 T = TypeVar("T")
 
 
@@ -64,11 +64,11 @@ def test_small_input_renders_inline_large_input_is_handed_out() -> None:
     assert driver.renders == {}
     assert driver.create(HISTORY, stream_id="big") == []
     (work,) = driver.renders.values()
-    assert work.request.input_bytes >= RENDER_OFFLOAD_BYTES
+    assert work.request.input_bytes >= OFFLOAD_BYTES
     assert driver.conn.busy and driver.conn.in_flight == 2
     assert kinds(driver.render()) == STARTED
     (_, big) = driver.generating.values()
-    assert len(big.prompt) > RENDER_OFFLOAD_BYTES // 8
+    assert len(big.prompt) > OFFLOAD_BYTES // 8
 
 
 def test_other_lanes_go_on_while_a_lane_renders() -> None:
@@ -262,4 +262,88 @@ def test_http_renders_a_full_history_off_the_loop_and_refuses_a_failed_one(
             assert reply.json()["error"]["code"] == "context_length_exceeded"
         else:
             assert reply.status_code == 200 and reply.json()["status"] == "completed"
-            assert reply.json()["usage"]["input_tokens"] > RENDER_OFFLOAD_BYTES // 8
+            assert reply.json()["usage"]["input_tokens"] > OFFLOAD_BYTES // 8
+
+
+# ---------------------------------------------------------------- any large field, not only input
+
+
+def wide_tool(properties: int) -> dict[str, Any]:
+    """A function tool with `properties` string properties, all required (about 60
+    bytes each): an MCP server's tool list in one schema."""
+    props = {
+        f"field_{i}": {"type": "string", "description": f"value {i}"} for i in range(properties)
+    }
+    return {
+        "type": "function",
+        "name": "wide",
+        "parameters": {"type": "object", "properties": props, "required": list(props)},
+    }
+
+
+BIG_TOOLS = [wide_tool(OFFLOAD_BYTES // 40)]
+
+
+def test_a_large_tool_list_is_rendered_off_the_loop_whatever_the_input_size() -> None:
+    driver = Driver()
+    assert driver.create("hi", tools=BIG_TOOLS) == []
+    (work,) = driver.renders.values()
+    assert work.request.input_bytes < 10 <= OFFLOAD_BYTES <= work.request.frame_bytes
+    assert kinds(driver.render()) == STARTED
+    # Large instructions too: the frame's size decides, not one field's.
+    assert driver.create("hi", instructions=HISTORY, stream_id="i") == []
+    assert len(driver.renders) == 1
+
+
+def running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_large_frames_are_parsed_off_the_event_loop_thread(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The parse of a large frame (a tool list here) runs where no event loop runs: a
+    worker thread, over WebSocket and HTTP; a small frame's runs on the loop."""
+    import hotloop.protocol.connection as connection_module
+    import hotloop.transport.http as http_module
+
+    parsed_on_loop: list[tuple[int, bool]] = []
+
+    def spying(parse: Callable[..., T]) -> Callable[..., T]:
+        def spy(frame: str | bytes, *args: Any) -> T:
+            parsed_on_loop.append((len(frame), running_loop()))
+            return parse(frame, *args)
+
+        return spy
+
+    monkeypatch.setattr(connection_module, "parse_event", spying(connection_module.parse_event))
+    monkeypatch.setattr(http_module, "parse_request", spying(http_module.parse_request))
+    engine = SimEngine(FORMAT, model="sim", speed=FAST)
+    with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
+        with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
+            for fields in ({"input": "hi"}, {"input": "hi", "tools": BIG_TOOLS}):
+                ws.send(orjson.dumps({"type": "response.create", **fields}).decode())
+                assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
+        body = {"model": "sim", "input": "hi", "tools": BIG_TOOLS}
+        assert httpx.post(base + "/v1/responses", json=body, timeout=60).status_code == 200
+    (small, on_loop), *large = parsed_on_loop
+    assert small < OFFLOAD_BYTES and on_loop
+    assert [(size >= OFFLOAD_BYTES, on_loop) for size, on_loop in large] == [(True, False)] * 2
+
+
+def test_a_tool_list_above_its_byte_limit_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    too_many = [wide_tool(2 * 1024 * 1024 // 40)]
+    driver = Driver()
+    (error,) = driver.create("hi", tools=too_many)
+    assert (error["error"]["code"], error["error"]["param"]) == ("array_above_max_bytes", "tools")
+    assert driver.renders == {} and driver.generating == {}
+    engine = SimEngine(FORMAT, model="sim", speed=FAST)
+    with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
+        body = {"model": "sim", "input": "hi", "tools": too_many}
+        reply = httpx.post(base + "/v1/responses", json=body, timeout=60)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "array_above_max_bytes"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 from hotloop._core import (
     AppendEvent,
     CancelEvent,
@@ -95,7 +96,7 @@ def replaced(doc: Any, path: tuple[Any, ...], new: Any) -> Any:
     if not path:
         return new
     copy = dict(doc) if isinstance(doc, dict) else list(doc)
-    copy[path[0]] = replaced(doc[path[0]], path[1:], new)
+    copy[path[0]] = new if len(path) == 1 else replaced(doc[path[0]], path[1:], new)
     return copy
 
 
@@ -103,7 +104,8 @@ def check_outcome(frame: str | bytes, limits: Limits | None = None) -> None:
     try:
         event = parse_event(frame, limits)
     except CoreError as error:
-        assert error.code == "invalid_json"
+        # invalid_value: a value a strict parser refuses, in an event without an error slot.
+        assert error.code in ("invalid_json", "invalid_value")
         return
     assert isinstance(
         event, CreateRequest | CancelEvent | ProcessedEvent | AppendEvent | UnknownEvent
@@ -114,10 +116,87 @@ def check_outcome(frame: str | bytes, limits: Limits | None = None) -> None:
             assert event.error.param is None or isinstance(event.error.param, str)
             assert event.error.message
         else:
-            fields = json.loads(event.response_fields_json)
+            fields = strict_load(event.response_fields_json)
             assert isinstance(fields["tools"], list)
-            assert isinstance(json.loads(event.input_json), list)
+            assert isinstance(strict_load(event.input_json), list)
             assert event.input_item_count == len(json.loads(event.input_json))
+
+
+def strict_load(text: str) -> Any:
+    """The boundary invariant: what the core accepted loads in orjson (no lone
+    surrogate, no number outside a double), and no integer needs more than 64 bits."""
+    value = orjson.loads(text)
+
+    def check_ints(v: Any) -> None:
+        if isinstance(v, int) and not isinstance(v, bool):
+            assert -(2**63) <= v < 2**64, v
+        for child in v.values() if isinstance(v, dict) else v if isinstance(v, list) else ():
+            check_ints(child)
+
+    check_ints(json.loads(text))
+    return value
+
+
+# Values a strict parser refuses or would change, as raw JSON text.
+POISON = [
+    "1e999",
+    "-1e999",
+    "1" * 400,
+    "-" + "9" * 20,
+    "18446744073709551616",
+    "1" * 400 + ".5",
+    '"\\ud800"',
+    '"\\udfff"',
+    '"a\\ud800\\u0041"',
+    '"\\udbffz"',
+]
+# Their neighbours that every strict parser accepts unchanged.
+EDGE = [
+    "1.7976931348623157e308",
+    "1e-999",
+    "-9223372036854775808",
+    "18446744073709551615",
+    '"\\ud83d\\ude00"',
+    '"\\u0000"',
+]
+SENTINEL = "@@value@@"
+
+
+def param_of(path: tuple[Any, ...]) -> str:
+    out = ""
+    for step in path:
+        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else step)
+    return out
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.data())
+def test_values_strict_parsers_refuse_are_refused_at_their_field(data: st.DataObject) -> None:
+    """A poisoned value anywhere (a replaced value or a new unknown field, flat or
+    nested, over WebSocket or HTTP) is `invalid_value` at its path; its accepted
+    neighbours round-trip."""
+    doc: Any = VALID
+    path = data.draw(st.sampled_from([p for p in paths(doc) if p and p[0] != "type"]))
+    target = doc
+    for step in path:
+        target = target[step]
+    if isinstance(target, dict) and data.draw(st.booleans()):
+        path = (*path, "zz")
+    doc = replaced(doc, path, SENTINEL)
+    nested = data.draw(st.booleans())
+    if nested:
+        doc = {"type": "response.create", "response": {k: v for k, v in doc.items() if k != "type"}}
+        path = ("response", *path)
+    text = json.dumps(doc)
+    poison = data.draw(st.sampled_from(POISON))
+    event = parse_event(text.replace(f'"{SENTINEL}"', poison))
+    assert isinstance(event, CreateRequest) and event.error is not None
+    assert (event.error.code, event.error.param) == ("invalid_value", param_of(path))
+    if not nested:
+        body = text.replace('"type": "response.create", ', "", 1)
+        request = parse_request(body.replace(f'"{SENTINEL}"', poison))
+        assert request.error is not None and request.error.param == param_of(path)
+    check_outcome(text.replace(f'"{SENTINEL}"', data.draw(st.sampled_from(EDGE))))
 
 
 @settings(max_examples=400, deadline=None)

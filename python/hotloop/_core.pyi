@@ -103,6 +103,7 @@ class Limits:
         max_items: int = 10_000,
         max_text_bytes: int = 10 * 1024 * 1024,
         max_tools: int = 512,
+        max_tools_bytes: int = 2 * 1024 * 1024,
     ) -> None: ...
 
 class Policy:
@@ -135,6 +136,9 @@ class CreateRequest:
     reasoning_effort: str | None
     input_item_count: int
     input_bytes: int
+    frame_bytes: int
+    """Bytes of the frame or HTTP body it came in: its parse and render cost grow with
+    them (input, tools, instructions), so the server decides by them where they run."""
     skipped_tools: list[tuple[str, str | None]]
     """Tools of types this server does not run, `(type, name)`: accepted, not rendered."""
     @property

@@ -316,13 +316,20 @@ pub(crate) struct PyLimits {
 #[pymethods]
 impl PyLimits {
     #[new]
-    #[pyo3(signature = (*, max_items = 10_000, max_text_bytes = 10 * 1024 * 1024, max_tools = 512))]
-    fn new(max_items: usize, max_text_bytes: usize, max_tools: usize) -> Self {
+    #[pyo3(signature = (
+        *,
+        max_items = 10_000,
+        max_text_bytes = 10 * 1024 * 1024,
+        max_tools = 512,
+        max_tools_bytes = 2 * 1024 * 1024,
+    ))]
+    fn new(max_items: usize, max_text_bytes: usize, max_tools: usize, max_tools_bytes: usize) -> Self {
         PyLimits {
             inner: validate::Limits {
                 max_items,
                 max_text_bytes,
                 max_tools,
+                max_tools_bytes,
             },
         }
     }
@@ -330,8 +337,8 @@ impl PyLimits {
     fn __repr__(&self) -> String {
         let l = &self.inner;
         format!(
-            "Limits(max_items={}, max_text_bytes={}, max_tools={})",
-            l.max_items, l.max_text_bytes, l.max_tools
+            "Limits(max_items={}, max_text_bytes={}, max_tools={}, max_tools_bytes={})",
+            l.max_items, l.max_text_bytes, l.max_tools, l.max_tools_bytes
         )
     }
 }
@@ -430,6 +437,10 @@ impl PyCreateRequest {
     #[getter]
     fn input_bytes(&self) -> usize {
         self.inner.input_bytes
+    }
+    #[getter]
+    fn frame_bytes(&self) -> usize {
+        self.inner.frame_bytes
     }
     #[getter]
     fn input_json(&self) -> &str {
@@ -799,13 +810,14 @@ impl PyConversation {
         }
     }
 
-    /// Renders and tokenizes the request's new items; a large input (an agent's first
-    /// request with its whole history) is worked on with the GIL released, so the
-    /// server can run it in a worker thread while its event loop goes on.
+    /// Renders and tokenizes the request's new items; a large request (an agent's first
+    /// request with its whole history, a large tool list or instructions) is worked on
+    /// with the GIL released, so the server can run it in a worker thread while its
+    /// event loop goes on.
     fn extend(&mut self, py: Python<'_>, request: PyRef<'_, PyCreateRequest>) -> PyResult<PyTurn> {
         let request = &request.inner;
         let (inner, policy) = (&mut self.inner, self.policy.as_deref());
-        let turn = if request.input_bytes >= RELEASE_GIL_BYTES {
+        let turn = if request.frame_bytes >= RELEASE_GIL_BYTES {
             py.allow_threads(|| inner.extend_request(request, policy))
         } else {
             inner.extend_request(request, policy)

@@ -12,8 +12,10 @@ from hotloop.protocol.connection import (
     Finished,
     Generate,
     Observer,
+    Parsed,
     Persist,
     Render,
+    offloads,
 )
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.queue_memory import QueueMemory
@@ -30,8 +32,10 @@ __all__ = [
     "Finished",
     "Generate",
     "Observer",
+    "Parsed",
     "Persist",
     "ProtocolError",
     "QueueMemory",
     "Render",
+    "offloads",
 ]

@@ -1,6 +1,7 @@
 """The per-connection protocol state machine of WebSocket mode (sans-I/O).
 
-`Connection` is fed client frames (`receive_text`, `receive_bytes`), engine results
+`Connection` is fed client frames (`receive_text`, `receive_bytes`, or `parse` then
+`receive_parsed` when the transport parses a large frame off the event loop), engine results
 (`engine_output`, `engine_done`, `engine_failed`) and time (`lifetime_reached`), and
 answers with `actions()`: server frames (bytes) to send in order, `Generate` /
 `Cancel` work for the engine, and at most one `Close`. It owns lanes (FIFO within a
@@ -12,7 +13,7 @@ and out, and runs the engine work it is handed.
 A turn: parse the frame -> look up `previous_response_id` (connection cache, then the
 `Observer`'s fallback) -> fork the checkpoint (before `response.in_progress`, so a
 fork never loses its parent) or start a new conversation -> `extend` with only the
-new items (a large input is handed out as `Render` work, so the transport runs it off
+new items (a large request is handed out as `Render` work, so the transport runs it off
 the event loop; the lane waits for it, other lanes and connections go on) -> prompt ->
 `Generate` -> parser events -> `commit_output` and a checkpoint under the new response
 id -> with `store=true` on a durable server, `Persist` (the lane holds until the store
@@ -28,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import orjson
 
@@ -54,19 +55,50 @@ from hotloop.protocol.cache import ConnectionCache
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.queue_memory import QueueMemory
 
+if TYPE_CHECKING:
+    from hotloop._core import ClientEvent
+
 log = logging.getLogger("hotloop.protocol")
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 MAX_IN_FLIGHT = 16
 MAX_NAMED_LANES = 32
-# Inputs at least this large are rendered off the event loop. Rendering costs about
-# 13 ns a byte (tokenization), a hop to a worker thread and back about 45 us (both
+# Frames at least this large are parsed and rendered off the event loop (`offloads`).
+# Rendering text costs about 13 ns a byte (tokenization), checking and rendering tool
+# schemas up to about 0.2 us a byte, a hop to a worker thread and back about 45 us (all
 # measured on the 2-core dev machine): at 32 KB the hop adds a tenth to a 0.4 ms render,
-# and an inline render stalls the loop for at most that long. An agent's tool output
-# (a few KB) stays inline; a resumed history (hundreds of KB, milliseconds to tens of
-# milliseconds) no longer stalls every other connection's frames and handshakes.
-RENDER_OFFLOAD_BYTES = 32 * 1024
+# and an inline parse and render stall the loop for at most a few milliseconds. The
+# frame's size decides, not one field's: a large tool list, instructions or input all
+# leave the loop. An agent's tool output (a few KB) stays inline; a resumed history or
+# an MCP-sized tool list no longer stalls every other connection's frames and handshakes.
+OFFLOAD_BYTES = 32 * 1024
 STORE_UNAVAILABLE = "store_unavailable"
+
+
+def offloads(frame: str | bytes) -> bool:
+    """Whether `frame` is parsed off the event loop (`Connection.parse` in a worker
+    thread). A str's length in characters is a lower bound of its bytes."""
+    return len(frame) >= OFFLOAD_BYTES
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A client text frame after `Connection.parse`: its event or its refusal."""
+
+    event: ClientEvent | ProtocolError
+    """The event, or why the frame is refused."""
+    size: int
+    parse_ns: int
+    frame: str | bytes | None = None
+    """The frame's text, kept by a request that has to wait (`_Pending.frame`)."""
+
+    @property
+    def previous_response_id(self) -> str | None:
+        """The response a valid `response.create` continues, as the core parsed it."""
+        event = self.event
+        if isinstance(event, CreateRequest) and event.error is None:
+            return event.previous_response_id
+        return None
 
 
 @dataclass(frozen=True)
@@ -310,28 +342,39 @@ class Connection:
     # ---------------------------------------------------------------- inputs
 
     def receive_text(self, frame: str | bytes) -> None:
-        """One text frame from the client."""
-        if self.closed:
-            return
+        """One text frame from the client, parsed here (see `parse` for large ones)."""
+        if not self.closed:
+            self.receive_parsed(self.parse(frame))
+
+    def parse(self, frame: str | bytes) -> Parsed:
+        """Parse one text frame. It reads no state that changes, so the transport may
+        run it in a worker thread (the core releases the GIL for a large frame) and
+        hand the result to `receive_parsed`, frames in arrival order."""
         # `isascii` is O(1) on str: only non-ASCII text pays for measuring its bytes.
         size = len(frame) if isinstance(frame, bytes) or frame.isascii() else len(frame.encode())
         if size > self.limits.max_frame_bytes:
-            self._refuse(
-                ProtocolError(
-                    "frame_too_large",
-                    f"The frame is {size} bytes; this server accepts at most "
-                    f"{self.limits.max_frame_bytes} bytes per frame.",
-                )
+            error = ProtocolError(
+                "frame_too_large",
+                f"The frame is {size} bytes; this server accepts at most "
+                f"{self.limits.max_frame_bytes} bytes per frame.",
             )
-            return
+            return Parsed(error, size, 0)
         start = self._clock()
         try:
             event = parse_event(frame, self.limits.request)
         except CoreError as e:
-            self._refuse(ProtocolError.from_core(e))
+            return Parsed(ProtocolError.from_core(e), size, self._clock() - start)
+        return Parsed(event, size, self._clock() - start, frame)
+
+    def receive_parsed(self, parsed: Parsed) -> None:
+        """One text frame from the client, parsed by `parse`."""
+        if self.closed:
             return
-        if isinstance(event, CreateRequest):
-            self._create(event, size, self._clock() - start, frame)
+        event = parsed.event
+        if isinstance(event, ProtocolError):
+            self._refuse(event)
+        elif isinstance(event, CreateRequest):
+            self._create(event, parsed.size, parsed.parse_ns, parsed.frame)
         elif isinstance(event, CancelEvent):
             self._cancel(event)
         elif isinstance(event, ProcessedEvent):
@@ -678,7 +721,7 @@ class Connection:
                 self._format, context_window=self._context_window, policy=self._policy
             )
         rendering = _Rendering(lane, pending, conversation, parent, evicts_parent, start, root)
-        if request.input_bytes >= RENDER_OFFLOAD_BYTES:
+        if pending.size >= OFFLOAD_BYTES:
             key = self._next_key
             self._next_key += 1
             lane.rendering = self._rendering[key] = rendering

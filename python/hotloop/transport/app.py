@@ -11,7 +11,7 @@ mounted apps).
 from __future__ import annotations
 
 import logging
-import re
+from collections.abc import Awaitable, Callable
 
 from hotloop import logs
 from hotloop._core import Policy
@@ -35,7 +35,6 @@ from hotloop.transport.asgi import (
     CONNECTION_IDLE,
     SEND_FRAMES,
     ASGIApp,
-    Message,
     Receive,
     Scope,
     Send,
@@ -46,12 +45,6 @@ from hotloop.transport.websocket import Socket, deny
 log = logging.getLogger("hotloop")
 
 RESPONSES_PATHS = ("/v1/responses", "/responses")
-
-# A frame's `previous_response_id`, found without parsing the frame twice. The key
-# cannot match inside a JSON string (its quotes would be escaped there); a key of the
-# same name in a nested object only costs a needless store read, and an id written
-# with escapes (no server-made id needs one) is a plain cache miss.
-PREVIOUS_RESPONSE_ID = re.compile(r'"previous_response_id"\s*:\s*"([^"\\]+)"')
 
 
 def route_path(scope: Scope) -> str:
@@ -224,9 +217,11 @@ class App:
         cache = ConnectionCache(config.max_cached_bytes, self.budget, owner)
         observer = self._observer
         books = None
+        warm = None
         if self.ledger is not None:
             books = self.ledger.observer(key)
             observer = books
+            warm = _warming(self.ledger, cache, books.owner)
         connection = Connection(
             chat_format=self.engine.chat_format,
             context_window=self.engine.context_window,
@@ -250,10 +245,9 @@ class App:
             send_frames=SEND_FRAMES in scope.get("extensions", {}),
             stream_cpu=None if self.ledger is None else self.ledger.metrics.stream_cpu,
             commit=None if self.ledger is None else self.ledger.persist,
+            warm=warm,
         )
         scope[CONNECTION_IDLE] = socket.idle
-        if self.ledger is not None and books is not None:
-            receive = _warming(receive, self.ledger, connection, books.owner)
         self.connections += 1
         self._sockets_of[owner] = self._sockets_of.get(owner, 0) + 1
         if self.ledger is not None:
@@ -271,29 +265,17 @@ class App:
 
 
 def _warming(
-    receive: Receive, ledger: Ledger, connection: Connection, owner: str | None
-) -> Receive:
-    """`receive` that first rebuilds a frame's `previous_response_id` from the store
-    when the connection cache misses it (`Ledger.warm`, as HTTP does before its
-    request): the read is awaited in the store's thread instead of blocking the event
-    loop, and frames still reach the `Connection` one by one in arrival order, so the
-    order of requests within a lane is kept. A store that cannot be read is reported to
-    the connection, which refuses that request as `store_unavailable` (retryable), not
-    as an unknown id."""
+    ledger: Ledger, cache: ConnectionCache, owner: str | None
+) -> Callable[[str], Awaitable[None]]:
+    """Rebuilds a request's `previous_response_id` (the top-level field, as the core
+    parsed it) from the store when the connection cache misses it (`Ledger.warm`, as
+    HTTP does before its request): the read is awaited in the store's thread instead
+    of blocking the event loop, before the `Connection` sees the request."""
 
-    async def receive_warm() -> Message:
-        message = await receive()
-        text = message.get("text")
-        if text is not None and '"previous_response_id"' in text:
-            found = PREVIOUS_RESPONSE_ID.search(text)
-            if found is not None:
-                try:
-                    await ledger.warm(connection.cache, found[1], owner)
-                except StoreError as e:
-                    connection.store_unavailable(found[1], e.message)
-        return message
+    async def warm(parent: str) -> None:
+        await ledger.warm(cache, parent, owner)
 
-    return receive_warm
+    return warm
 
 
 async def _not_found(send: Send) -> None:

@@ -44,6 +44,7 @@ from hotloop.protocol import (
     Persist,
     QueueMemory,
     Render,
+    offloads,
 )
 from hotloop.protocol.connection import STORE_UNAVAILABLE
 from hotloop.protocol.errors import ProtocolError
@@ -192,7 +193,11 @@ class HttpApi:
             body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
             start = time.perf_counter_ns()
             try:
-                request = parse_request(body, self.limits.request)
+                if offloads(body):
+                    # A large body (input, tools or instructions): parsed in a worker thread.
+                    request = await asyncio.to_thread(parse_request, body, self.limits.request)
+                else:
+                    request = parse_request(body, self.limits.request)
             except CoreError as e:
                 raise ProtocolError.from_core(e) from e
         finally:
@@ -220,7 +225,7 @@ class HttpApi:
         actions = connection.actions()
         work = next((a for a in actions if isinstance(a, Render)), None)
         if work is not None:
-            # A full history: rendered off the event loop, the turn goes on after it.
+            # A large request: rendered off the event loop, the turn goes on after it.
             await render_off_loop(connection, work)
             actions = [a for a in actions if a is not work] + connection.actions()
         refusal = next((a for a in actions if isinstance(a, bytes) and _is_error(a)), None)

@@ -7,8 +7,9 @@ itself, so a streamed token costs no hop through another task.
 
 It owns only I/O concerns: backpressure (generation pauses while the outbox is above
 its high-water mark, so a slow reader cannot grow server memory without bound), the
-lifetime timer, and cancelling generation when the client disconnects. Every protocol
-decision is the `Connection`'s.
+lifetime timer, parsing and rendering large frames in worker threads, awaiting the
+store for a continuation the cache misses, and cancelling generation when the client
+disconnects. Every protocol decision is the `Connection`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +24,17 @@ from hotloop._core import CoreError
 from hotloop.engines.base import EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.metrics import StreamCpu
-from hotloop.protocol import Cancel, Close, Connection, Finished, Generate, Persist, Render
+from hotloop.protocol import (
+    Cancel,
+    Close,
+    Connection,
+    Finished,
+    Generate,
+    Parsed,
+    Persist,
+    Render,
+    offloads,
+)
 from hotloop.store import StoreError
 from hotloop.transport.asgi import SEND_FRAMES, Receive, Scope, Send
 
@@ -96,14 +107,18 @@ class Socket:
         send_frames: bool = False,
         stream_cpu: StreamCpu | None = None,
         commit: Commit | None = None,
+        warm: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         """`send_frames`: the server offers `hotloop.websocket.send_frames` (see
         `hotloop.transport.frames`); the frames ready together then go out in one send.
         `stream_cpu`: where sampled streaming batches add their CPU time (the process's
         metrics; a socket of its own otherwise). `commit`: how `Persist` work is done
-        (required when the connection is durable)."""
+        (required when the connection is durable). `warm`: awaited with a request's
+        `previous_response_id` before the request reaches the connection, to rebuild
+        it from the store when the cache misses it (`Ledger.warm`)."""
         self.connection = connection
         self._commit = commit
+        self._warm = warm
         self._send_frames = send_frames
         self._stream_cpu = stream_cpu or StreamCpu()
         self._session = session
@@ -172,7 +187,7 @@ class Socket:
             if kind == "websocket.receive":
                 text = message.get("text")
                 if text is not None:
-                    connection.receive_text(text)
+                    connection.receive_parsed(await self._parse(text))
                 else:
                     connection.receive_bytes(message.get("bytes") or b"")
                 self._dispatch()
@@ -182,6 +197,25 @@ class Socket:
                     await self._has_room.wait()
             elif kind == "websocket.disconnect":
                 return
+
+    async def _parse(self, text: str) -> Parsed:
+        """Parse a frame, a large one in a worker thread; then warm its continuation.
+        The reader awaits both, so frames still reach the connection in arrival order
+        (and the order of requests within a lane holds)."""
+        connection = self.connection
+        if offloads(text):
+            parsed = await asyncio.to_thread(connection.parse, text)
+        else:
+            parsed = connection.parse(text)
+        parent = parsed.previous_response_id
+        if parent is not None and self._warm is not None:
+            try:
+                await self._warm(parent)
+            except StoreError as e:
+                # Another node may have committed it: the connection refuses the request
+                # as `store_unavailable` (retryable), not as an unknown id.
+                connection.store_unavailable(parent, e.message)
+        return parsed
 
     def _expire(self) -> None:
         self.connection.lifetime_reached()

@@ -7,6 +7,7 @@ use super::field;
 use super::input::{input_json, parse_input, Input};
 use super::path::Path;
 use super::request::{not_utf8, parse_object, Body, CreateRequest};
+use super::values::check_values;
 use super::Limits;
 use crate::error::{Code, Error, Result};
 
@@ -42,6 +43,14 @@ pub struct AppendEvent {
 /// without a string `type` is an `invalid_json` error; a schema problem of a
 /// `response.create` is kept in its `error`.
 pub fn parse_event(frame: &[u8], limits: &Limits) -> Result<ClientEvent> {
+    let mut event = read_event(frame, limits)?;
+    if let ClientEvent::Create(request) = &mut event {
+        request.frame_bytes = frame.len();
+    }
+    Ok(event)
+}
+
+fn read_event(frame: &[u8], limits: &Limits) -> Result<ClientEvent> {
     let text = std::str::from_utf8(frame).map_err(|_| not_utf8())?;
     let body: Body = parse_object(text, "The event")?;
     let kind = match body.kind {
@@ -53,6 +62,23 @@ pub fn parse_event(frame: &[u8], limits: &Limits) -> Result<ClientEvent> {
             ))
         }
     };
+    // The boundary invariant, over the whole frame: a create or an append keeps the
+    // refusal in its error slot (answered on its lane), any other event is refused.
+    if let Err(e) = check_values(text) {
+        return match kind.as_str() {
+            "response.create" => Ok(ClientEvent::Create(Box::new(CreateRequest::refused(
+                e,
+                id(body.stream_id),
+            )))),
+            "response.append" => Ok(ClientEvent::Append(AppendEvent {
+                response_id: id(body.response_id),
+                error: Some(e),
+                input: Input::default(),
+                input_json: input_json(None),
+            })),
+            _ => Err(e),
+        };
+    }
     Ok(match kind.as_str() {
         "response.create" => ClientEvent::Create(Box::new(create(&body, limits))),
         "response.cancel" => ClientEvent::Cancel {
@@ -276,6 +302,118 @@ mod tests {
             .join(",");
         let r = create_request(&format!(r#"{{"type":"response.create","metadata":{{{many}}}}}"#));
         assert_eq!(r.error.unwrap().param.as_deref(), Some("metadata"));
+    }
+
+    /// Issue 15 items 1 and 2: values a strict parser refuses, in every field the core
+    /// passes through raw, are refused with `invalid_value` at their field, never echoed.
+    #[test]
+    fn values_strict_parsers_refuse_are_refused_at_their_field() {
+        let huge = "9".repeat(400);
+        let cases = [
+            (
+                r#""store":true,"input":[{"type":"message","role":"user","content":"hi","zz":1e999}]"#
+                    .to_string(),
+                "input[0].zz",
+            ),
+            (
+                r#""input":[{"role":"user","content":[{"type":"input_text","text":"a","zz":-1e999}]}]"#
+                    .to_string(),
+                "input[0].content[0].zz",
+            ),
+            (
+                r#""input":[{"type":"reasoning","summary":[],"encrypted_content":"\ud800"}]"#.to_string(),
+                "input[0].encrypted_content",
+            ),
+            (
+                format!(
+                    r#""tools":[{{"type":"function","name":"f"}},{{"type":"web_search"}},{{"type":"function","name":"g","foo":{huge}}}]"#
+                ),
+                "tools[2].foo",
+            ),
+            (
+                r#""tools":[{"type":"web_search","filters":{"x":1e999}}]"#.to_string(),
+                "tools[0].filters.x",
+            ),
+            (
+                r#""tools":[{"type":"custom","name":"c","format":"\udfff"}]"#.to_string(),
+                "tools[0].format",
+            ),
+            (
+                r#""reasoning":{"effort":"\ud800"}"#.to_string(),
+                "reasoning.effort",
+            ),
+            (
+                r#""reasoning":{"effort":"low","x":1e999}"#.to_string(),
+                "reasoning.x",
+            ),
+            (r#""metadata":{"k":"\ud800\u0041"}"#.to_string(), "metadata.k"),
+            (
+                r#""tool_choice":{"type":"web_search","x":1e400}"#.to_string(),
+                "tool_choice.x",
+            ),
+            (
+                r#""client_metadata":{"x":18446744073709551616}"#.to_string(),
+                "client_metadata.x",
+            ),
+            (
+                r#""text":{"format":{"type":"text"},"v":1e999}"#.to_string(),
+                "text.v",
+            ),
+        ];
+        for (fields, param) in &cases {
+            let r = create_request(&format!(
+                r#"{{"type":"response.create","stream_id":"s",{fields}}}"#
+            ));
+            let e = r.error.expect(fields);
+            assert_eq!(
+                (e.code, e.param.as_deref()),
+                (Code::InvalidValue, Some(*param)),
+                "{fields}: {}",
+                e.message
+            );
+            assert_eq!(r.stream_id.as_deref(), Some("s"));
+            assert_eq!(
+                (r.response_fields_json.as_str(), r.input_json.as_str()),
+                ("{}", "[]")
+            );
+            let http = crate::validate::parse_request(format!("{{{fields}}}").as_bytes(), &Limits::default())
+                .unwrap();
+            assert_eq!(
+                http.error.map(|e| e.param),
+                Some(Some(param.to_string())),
+                "{fields}"
+            );
+        }
+        let nested = create_request(
+            r#"{"type":"response.create","response":{"input":[{"role":"user","content":"x","zz":1e999}]}}"#,
+        );
+        assert_eq!(
+            nested.error.unwrap().param.as_deref(),
+            Some("response.input[0].zz")
+        );
+        let ClientEvent::Append(append) =
+            event(r#"{"type":"response.append","input":[{"type":"function_call_output","call_id":"c","output":"\ud800"}]}"#).unwrap()
+        else {
+            panic!("not an append")
+        };
+        assert_eq!(append.error.unwrap().param.as_deref(), Some("input[0].output"));
+        let e = event(r#"{"type":"response.cancel","stream_id":"s","x":1e999}"#).unwrap_err();
+        assert_eq!((e.code, e.param.as_deref()), (Code::InvalidValue, Some("x")));
+    }
+
+    /// What the core accepts it can serialize back: the echoed fields and the input
+    /// load in a strict parse, numbers and escapes at the edge of the range included.
+    #[test]
+    fn accepted_values_round_trip() {
+        let r = create_request(
+            r#"{"type":"response.create","input":[{"role":"user","content":"\ud83d\ude00","zz":1.7976931348623157e308,"n":-9223372036854775808}],
+                "tools":[{"type":"web_search","u":18446744073709551615}],"reasoning":{"effort":"low","t":1e-999}}"#,
+        );
+        assert_eq!(r.error, None);
+        for json in [&r.response_fields_json, &r.input_json] {
+            let value: Value = serde_json::from_str(json).unwrap();
+            assert_eq!(serde_json::from_str::<Value>(&value.to_string()).unwrap(), value);
+        }
     }
 
     #[test]

@@ -562,6 +562,7 @@ mod tests {
             max_items: 2,
             max_text_bytes: 4,
             max_tools: 1,
+            max_tools_bytes: 4,
         };
         let raw: &RawValue = serde_json::from_str(r#"["a","b","c"]"#).unwrap();
         assert_eq!(

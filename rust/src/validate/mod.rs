@@ -23,6 +23,7 @@ mod request;
 mod schema;
 mod shape;
 mod tools;
+mod values;
 
 pub use budget::check_context_budget;
 pub use event::{parse_event, AppendEvent, ClientEvent};
@@ -30,6 +31,7 @@ pub use input::{parse_input, Input, TextSource};
 pub use policy::Policy;
 pub use request::{parse_request, CreateRequest};
 pub use tools::{SkippedTool, ToolChoice, Tools};
+pub use values::check_values;
 
 /// Per-request bounds checked while parsing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +42,10 @@ pub struct Limits {
     pub max_text_bytes: usize,
     /// Entries in `tools`.
     pub max_tools: usize,
+    /// Bytes of the raw `tools` field, checked before any of it is parsed: checking
+    /// and rendering tools costs CPU in proportion to their bytes (about 0.2 us a byte
+    /// for schema-heavy lists), so this bounds a request's CPU for them.
+    pub max_tools_bytes: usize,
 }
 
 impl Default for Limits {
@@ -48,6 +54,7 @@ impl Default for Limits {
             max_items: 10_000,
             max_text_bytes: 10 * 1024 * 1024,
             max_tools: 512,
+            max_tools_bytes: 2 * 1024 * 1024,
         }
     }
 }

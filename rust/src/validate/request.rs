@@ -11,6 +11,7 @@ use super::input::{input_json, parse_input, Input};
 use super::path::Path;
 use super::policy::Policy;
 use super::tools::{parse_tool_choice, parse_tools, SkippedTool, ToolChoice};
+use super::values::check_values;
 use super::Limits;
 use crate::error::{Code, Error, Result};
 use crate::item::Prefix;
@@ -105,6 +106,9 @@ pub struct CreateRequest {
     pub input_json: String,
     /// Bytes of the raw `input` field.
     pub input_bytes: usize,
+    /// Bytes of the frame or HTTP body the request came in: what its parse and render
+    /// cost grows with (input, tools, instructions), so what decides where they run.
+    pub frame_bytes: usize,
     /// The fields a Response echoes, defaults and nulls filled in (`{}` when `error`
     /// is set), compact, in a fixed order. `model` is null when the request named none,
     /// spelled `"model":null` before any field that could contain that text (only
@@ -134,6 +138,7 @@ impl Default for CreateRequest {
             top_p: None,
             input_json: "[]".to_string(),
             input_bytes: 0,
+            frame_bytes: 0,
             response_fields_json: "{}".to_string(),
         }
     }
@@ -255,7 +260,12 @@ impl CreateRequest {
 pub fn parse_request(body: &[u8], limits: &Limits) -> Result<CreateRequest> {
     let text = std::str::from_utf8(body).map_err(|_| not_utf8())?;
     let fields: Body = parse_object(text, "The request body")?;
-    Ok(CreateRequest::from_body(&fields, None, limits))
+    let mut request = match check_values(text) {
+        Ok(()) => CreateRequest::from_body(&fields, None, limits),
+        Err(e) => CreateRequest::refused(e, None),
+    };
+    request.frame_bytes = body.len();
+    Ok(request)
 }
 
 pub(super) fn not_utf8() -> Error {

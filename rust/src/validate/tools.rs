@@ -17,7 +17,7 @@ use super::field::{self, invalid_value};
 use super::path::Path;
 use super::schema::check_schema;
 use super::Limits;
-use crate::error::Result;
+use crate::error::{Code, Error, Result};
 use crate::item::Tool;
 
 /// The tools of a request.
@@ -90,6 +90,18 @@ pub fn parse_tools(raw: Option<&RawValue>, limits: &Limits) -> Result<Tools> {
     let Some(raw) = raw else {
         return Ok(Tools::default());
     };
+    let bytes = raw.get().len();
+    if bytes > limits.max_tools_bytes {
+        return Err(Error::new(
+            Code::ArrayAboveMaxBytes,
+            format!(
+                "'tools' is {bytes} bytes long, above the limit of {} bytes: send fewer or \
+                 smaller tool definitions.",
+                limits.max_tools_bytes
+            ),
+        )
+        .at("tools"));
+    }
     if let Some(tools) = TOOL_CACHE.get(raw.get(), limits) {
         return Ok(tools);
     }
@@ -262,7 +274,6 @@ pub fn parse_tool_choice(raw: Option<&RawValue>, functions: &[Tool]) -> Result<T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Code;
 
     fn raw(s: &str) -> &RawValue {
         serde_json::from_str(s).unwrap()
@@ -360,6 +371,26 @@ mod tests {
         }
         let many = format!("[{}]", vec![r#"{"type":"web_search"}"#; 513].join(","));
         assert_eq!(tools(&many).unwrap_err().code, Code::ArrayAboveMaxLength);
+        let small = Limits {
+            max_tools_bytes: 40,
+            ..Limits::default()
+        };
+        let e = parse_tools(
+            Some(raw(r#"[{"type":"web_search"},{"type":"web_search"}]"#)),
+            &small,
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.code, e.param.as_deref()),
+            (Code::ArrayAboveMaxBytes, Some("tools"))
+        );
+        // Refused before it is parsed: not even its syntax as a tool list is looked at.
+        assert_eq!(
+            parse_tools(Some(raw(&format!("[{}]", "1,".repeat(30) + "1"))), &small)
+                .unwrap_err()
+                .code,
+            Code::ArrayAboveMaxBytes
+        );
     }
 
     #[test]

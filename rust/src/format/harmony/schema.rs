@@ -6,6 +6,7 @@
 //! `oneOf` property lists its variants on ` | ` lines), so this reproduces its output
 //! byte for byte rather than producing "nicer" TypeScript.
 
+use foldhash::HashSet;
 use serde_json::Value;
 
 fn is_enum(schema: &Value) -> bool {
@@ -111,7 +112,9 @@ fn object(schema: &Value, indent: &str) -> String {
     }
     out.push_str("{\n");
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {
-        let required: Vec<&str> = schema
+        // A set, not a list: a schema may require every one of thousands of properties,
+        // and a list lookup per property made rendering quadratic in their number.
+        let required: HashSet<&str> = schema
             .get("required")
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(Value::as_str).collect())
