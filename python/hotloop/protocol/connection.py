@@ -335,12 +335,14 @@ class Connection:
             self._cancel(event)
         elif isinstance(event, ProcessedEvent):
             pass  # Codex acknowledges each response; an error here breaks its next turn.
+        elif isinstance(event, UnknownEvent) and event.type == "response.interrupt":
+            self._interrupt(frame)
         elif isinstance(event, UnknownEvent):
             self._refuse(
                 ProtocolError(
                     "unknown_event_type",
                     f"Unknown event type '{event.type}'. Supported: response.create, "
-                    "response.cancel, response.processed.",
+                    "response.cancel, response.processed, response.interrupt.",
                     "type",
                 ),
                 self._echo(event.stream_id),
@@ -849,10 +851,7 @@ class Connection:
     def _cancel(self, event: CancelEvent) -> None:
         target: _Active | None = None
         if event.response_id is not None:
-            target = next(
-                (a for a in self._active.values() if a.events.response_id == event.response_id),
-                None,
-            )
+            target = self._running(event.response_id)
         else:
             lane = self._lanes.get(event.stream_id)
             target = lane.active if lane is not None else None
@@ -869,6 +868,85 @@ class Connection:
         self._actions.append(Cancel(target.key))
         # Items still open are dropped: the cancelled response reports what completed.
         self._terminal(target, "response.incomplete", "cancelled", self._usage(target), None)
+
+    def _running(self, response_id: str) -> _Active | None:
+        return next((a for a in self._active.values() if a.events.response_id == response_id), None)
+
+    def _interrupt(self, frame: str | bytes) -> None:
+        """Codex's `response.interrupt` (protocol.md section 8): the response stops at
+        once, its partial items are discarded, and it stays continuable with only its
+        completed items."""
+        event = orjson.loads(frame)
+        response_id = event.get("response_id")
+        if not isinstance(response_id, str):
+            self._refuse(
+                ProtocolError(
+                    "missing_required_parameter", "response_id is required.", "response_id"
+                )
+            )
+            return
+        if event.get("mode", "discard_partial_items") != "discard_partial_items":
+            self._refuse(
+                ProtocolError("invalid_value", "mode must be 'discard_partial_items'.", "mode")
+            )
+            return
+        target = self._running(response_id)
+        if target is None:
+            # Crossed its terminal event on the wire, or never existed here: an error,
+            # never silence, so a client waiting for an answer does not hang.
+            code = "response_not_active" if self.cache.get(response_id) else "response_not_found"
+            self._refuse(
+                ProtocolError(
+                    code,
+                    f"Response '{response_id}' is not running on this connection.",
+                    "response_id",
+                )
+            )
+            return
+        del self._active[target.key]
+        self._actions.append(Cancel(target.key))
+        events = target.events
+        self._actions.append(events.event("response.interrupt.accepted", response_id=response_id))
+        completed = {item["id"] for item in events.output}
+        for index, item_id in sorted(events.open_items(completed)):
+            self._actions.append(
+                events.event(
+                    "response.output_item.interrupted", output_index=index, item_id=item_id
+                )
+            )
+        checkpoint = self._completed_checkpoint(target)
+        self._terminal(
+            target,
+            "response.incomplete",
+            "incomplete",
+            self._usage(target),
+            checkpoint,
+            incomplete_reason="interrupted",
+        )
+
+    def _completed_checkpoint(self, active: _Active) -> Checkpoint | None:
+        """The conversation with only the response's completed items as its output,
+        rendered as the model would have sampled them (the partial tokens are gone)."""
+        text = reasoning = None
+        calls = []
+        for item in active.events.output:
+            if item["type"] == "message":
+                text = item["content"][0]["text"]
+            elif item["type"] == "reasoning":
+                reasoning = item["content"][0]["text"]
+            else:
+                calls.append((item["name"], item["arguments"]))
+        parser = active.conversation.parser()
+        try:
+            parser.feed(self._format.completion_tokens(text=text, reasoning=reasoning, calls=calls))
+            parser.finish()
+            active.conversation.commit_output(parser)
+        except CoreError as e:
+            log.warning(
+                "interrupted response %s is not continuable: %s", active.events.response_id, e
+            )
+            return None
+        return active.conversation.checkpoint()
 
     def _release(self, active: _Active) -> None:
         active.lane.active = None
