@@ -187,3 +187,15 @@ def test_a_successor_that_cannot_be_created_returns_the_steer() -> None:
     assert frames[-1]["error"]["code"] == "successor_creation_failed"
     assert frames[-1]["steer"]["input"] == "x" * 100
     assert client.turn("Next", previous_response_id=target)["type"] == "response.completed"
+
+
+def test_a_successor_refused_at_the_lifetime_limit_returns_the_steer() -> None:
+    client = Client()
+    target = client.create("Hi")[0]["response"]["id"]
+    steer(client, target)
+    client.conn.lifetime_reached()
+    frames = client.finish(ids=ANSWER)
+    assert types(frames)[-3:] == ["response.completed", "response.steer.failed", "error"]
+    assert frames[-2]["error"]["code"] == "successor_creation_failed"
+    assert frames[-1]["error"]["code"] == "websocket_connection_limit_reached"
+    assert client.closed is not None and not client.generating

@@ -1,12 +1,14 @@
 """`response.steer` spoken by the real openai SDK over a socket
-(`conn.response.steer(...)`): every frame validated strictly with the SDK's models by
-the server fixture and again here, the steer events parsed into the SDK's own types."""
+(`conn.response.steer(...)`), and Codex's `response.interrupt` on the SDK's connection:
+every frame validated strictly (tests/sdk_events.py) by the server fixture and again
+here, the steer events parsed into the SDK's own types."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 from hotloop.engines.sim import SimScript, SimSpeed, SimTurn
 from openai import OpenAI
@@ -63,3 +65,39 @@ def test_sdk_steer_starts_a_successor_on_the_same_lane(base_url: str) -> None:
         last = events[-1]["response"]
         assert last["status"] == "completed" and last["previous_response_id"] == target
         assert last["usage"]["input_tokens_details"]["cached_tokens"] > 0
+
+
+def test_interrupt_over_the_socket_then_continue(base_url: str) -> None:
+    """Codex's `response.interrupt`, sent raw on the SDK's connection (the SDK has no
+    method for it): the interrupted id is continued on the same socket."""
+    client = OpenAI(base_url=base_url, api_key="sk-test")
+    with client.responses.connect() as conn:
+        conn.response.create(model="sim", input="Say hello.", store=False)
+        kinds: list[str] = []
+        target = ""
+        while True:
+            event = validate(conn.recv_bytes())
+            kinds.append(event["type"])
+            if event["type"] == "response.created":
+                target = event["response"]["id"]
+            if event["type"] == "response.reasoning_text.delta" and kinds.count(event["type"]) == 1:
+                conn.send_raw(
+                    orjson.dumps(
+                        {
+                            "type": "response.interrupt",
+                            "response_id": target,
+                            "mode": "discard_partial_items",
+                        }
+                    ).decode()
+                )
+            if event["type"] in TERMINAL:
+                break
+        assert event["type"] == "response.incomplete", kinds
+        assert event["response"]["incomplete_details"] == {"reason": "interrupted"}
+        assert event["response"]["output"] == []
+        assert kinds[-3:-1] == ["response.interrupt.accepted", "response.output_item.interrupted"]
+        conn.response.create(model="sim", input="Go on.", previous_response_id=target)
+        while (event := validate(conn.recv_bytes()))["type"] not in TERMINAL:
+            pass
+        assert event["type"] == "response.completed"
+        assert event["response"]["previous_response_id"] == target

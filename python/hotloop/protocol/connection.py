@@ -586,6 +586,7 @@ class Connection:
             lane.ending = None
         self._ready.clear()
         self._dequeued(self._queued_bytes)
+        self._awaiting.clear()
         self.cache.clear()
 
     # ---------------------------------------------------------------- outputs
@@ -1227,9 +1228,9 @@ class Connection:
         refused = False
         for lane in self._lanes.values():
             while lane.queue:
-                lane.queue.popleft()
-                self._refuse(self._lifetime_error(), lane.name)
-                refused = True
+                pending = lane.queue.popleft()
+                self._refuse_turn(pending, self._lifetime_error(), lane.name)
+                refused = refused or pending.steered is None or not pending.steered.automatic
         if not refused:
             self._refuse(self._lifetime_error())
         self._ready.clear()
