@@ -14,8 +14,10 @@ from test_protocol_connection import CALL, TOOLS, Client
 THOUGHT_AND_ANSWER = FORMAT.completion_tokens(
     reasoning="The user greets me.", text="Hello there, my good friend."
 )
+END = FORMAT.tokenizer.special("<|end|>")
+assert END is not None
 # Sampled ids up to and including the reasoning item's end.
-THOUGHT = THOUGHT_AND_ANSWER[: THOUGHT_AND_ANSWER.index(FORMAT.tokenizer.special("<|end|>")) + 1]
+THOUGHT = THOUGHT_AND_ANSWER[: THOUGHT_AND_ANSWER.index(END) + 1]
 
 
 def steer(client: Client, target: str, input: Any = "Answer in French.") -> list[dict[str, Any]]:
