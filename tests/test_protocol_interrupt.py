@@ -69,7 +69,7 @@ def test_interrupt_between_items_reports_no_partial_item() -> None:
 def test_interrupt_of_a_finished_or_unknown_response_is_an_error() -> None:
     client = Client()
     done = client.turn()["response"]["id"]
-    assert [e["error"]["code"] for e in interrupt(client, done)] == ["response_not_active"]
+    assert [e["error"]["code"] for e in interrupt(client, done)] == ["response_already_completed"]
     assert [e["error"]["code"] for e in interrupt(client, "resp_nope")] == ["response_not_found"]
     assert [e["error"]["code"] for e in client.send({"type": "response.interrupt"})] == [
         "missing_required_parameter"

@@ -1065,7 +1065,7 @@ class Connection:
         events = running.events if running is not None else awaiting.events if awaiting else None
         if held is None or events is None:
             self._steer_failed(
-                None, target, raw_input, self._not_steerable(steer.previous_response_id)
+                None, target, raw_input, self._not_running(steer.previous_response_id)
             )
             return
         if len(held) >= MAX_PENDING_STEERS:
@@ -1082,16 +1082,22 @@ class Connection:
         elif awaiting is not None:
             self._steers_pending(awaiting, [steer])
 
-    def _not_steerable(self, response_id: str) -> ProtocolError:
+    def _not_running(self, response_id: str) -> ProtocolError:
+        """Why `response_id` cannot be steered or interrupted."""
         if any(e.active.events.response_id == response_id for e in self._ending.values()):
-            return ProtocolError("response_not_active", f"Response '{response_id}' is ending.")
+            return ProtocolError(
+                "response_not_active", f"Response '{response_id}' is ending.", "response_id"
+            )
         if self.cache.get(response_id) is not None:
             return ProtocolError(
                 "response_already_completed",
                 f"Response '{response_id}' completed; continue it with response.create.",
+                "response_id",
             )
         return ProtocolError(
-            "response_not_found", f"Response '{response_id}' is not on this connection."
+            "response_not_found",
+            f"Response '{response_id}' is not on this connection.",
+            "response_id",
         )
 
     def _fail(self, active: _Active, message: str, usage: Usage) -> None:
@@ -1146,14 +1152,7 @@ class Connection:
         if target is None:
             # Crossed its terminal event on the wire, or never existed here: an error,
             # never silence, so a client waiting for an answer does not hang.
-            code = "response_not_active" if self.cache.get(response_id) else "response_not_found"
-            self._refuse(
-                ProtocolError(
-                    code,
-                    f"Response '{response_id}' is not running on this connection.",
-                    "response_id",
-                )
-            )
+            self._refuse(self._not_running(response_id))
             return
         del self._active[target.key]
         self._actions.append(Cancel(target.key))
