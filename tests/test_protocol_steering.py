@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from connection_driver import ANSWER, FORMAT
+from connection_driver import ANSWER, FORMAT, ConnectionDriver, sim_connection
 from hotloop._core import Limits
+from hotloop.protocol import CacheBudget, ConnectionCache
 from hotloop.protocol.steering import MAX_PENDING_STEERS
-from test_protocol_connection import CALL, TOOLS, Client
+from test_protocol_connection import CALL, TOOLS, Client, Recorder
 
 THOUGHT_AND_ANSWER = FORMAT.completion_tokens(
     reasoning="The user greets me.", text="Hello there, my good friend."
@@ -20,7 +21,9 @@ assert END is not None
 THOUGHT = THOUGHT_AND_ANSWER[: THOUGHT_AND_ANSWER.index(END) + 1]
 
 
-def steer(client: Client, target: str, input: Any = "Answer in French.") -> list[dict[str, Any]]:
+def steer(
+    client: ConnectionDriver, target: str, input: Any = "Answer in French."
+) -> list[dict[str, Any]]:
     return client.send({"type": "response.steer", "previous_response_id": target, "input": input})
 
 
@@ -201,3 +204,17 @@ def test_a_successor_refused_at_the_lifetime_limit_returns_the_steer() -> None:
     assert frames[-2]["error"]["code"] == "successor_creation_failed"
     assert frames[-1]["error"]["code"] == "websocket_connection_limit_reached"
     assert client.closed is not None and not client.generating
+
+
+def test_a_durable_response_starts_its_successor_once_committed() -> None:
+    client = ConnectionDriver(
+        sim_connection(ConnectionCache(1 << 30, CacheBudget(1 << 30)), Recorder(), durable=True)
+    )
+    target = client.create("Hi")[0]["response"]["id"]
+    steer(client, target)
+    assert client.finish(ids=ANSWER)[-1]["type"] == "response.output_item.done"
+    # Committing to the store: neither running nor finished.
+    assert steer(client, target)[0]["error"]["code"] == "response_not_active"
+    frames = client.commit()
+    assert types(frames) == ["response.completed", "response.created", "response.in_progress"]
+    assert frames[1]["response"]["previous_response_id"] == target
