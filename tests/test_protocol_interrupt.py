@@ -53,6 +53,7 @@ def test_interrupt_discards_the_partial_item_and_stays_continuable() -> None:
         "response.in_progress",
     ]
     history = FORMAT.tokenizer.decode(client.generating[max(client.generating)].prompt.tokens())
+    assert "The user greets me." in history
     assert "Hello there" not in history and history.endswith("Go on<|end|><|start|>assistant")
     assert client.finish()[-1]["type"] == "response.completed"
 

@@ -1178,15 +1178,15 @@ class Connection:
     def _completed_checkpoint(self, active: _Active) -> Checkpoint | None:
         """The conversation with only the response's completed items as its output,
         rendered as the model would have sampled them (the partial tokens are gone)."""
-        text = reasoning = None
+        texts: dict[str, list[str]] = {"message": [], "reasoning": []}
         calls = []
         for item in active.events.output:
-            if item["type"] == "message":
-                text = item["content"][0]["text"]
-            elif item["type"] == "reasoning":
-                reasoning = item["content"][0]["text"]
-            else:
+            if item["type"] == "function_call":
                 calls.append((item["name"], item["arguments"]))
+            else:
+                texts[item["type"]].append(item["content"][0]["text"])
+        # Several items of one kind (a preamble, then more text) become one.
+        text, reasoning = ("\n\n".join(texts[kind]) or None for kind in ("message", "reasoning"))
         parser = active.conversation.parser()
         try:
             parser.feed(self._format.completion_tokens(text=text, reasoning=reasoning, calls=calls))
