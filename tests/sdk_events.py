@@ -2,18 +2,55 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from openai.types.responses.responses_server_event import ResponsesServerEvent
-from pydantic import TypeAdapter
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ResponsesServerEvent)
 
 
 def validate(frame: bytes | str) -> dict[str, Any]:
     """Validate one frame against the SDK's union of WebSocket server events (strict
-    types, discriminated by `type`) and return it as a dict."""
-    SERVER_EVENT.validate_json(frame, strict=True)
+    types, discriminated by `type`) and return it as a dict. Codex's interrupt frames,
+    which the SDK does not model, are checked against `CODEX_EVENTS`; the SDK's enum of
+    `incomplete_details.reason` lacks Codex's `interrupted`, so such a terminal is
+    checked with every other field strict and that one value allowed."""
     event: dict[str, Any] = orjson.loads(frame)
+    codex = CODEX_EVENTS.get(event["type"])
+    if codex is not None:
+        codex.model_validate_json(frame, strict=True)
+    elif (event.get("response") or {}).get("incomplete_details") == {"reason": "interrupted"}:
+        known = {**event, "response": {**event["response"], "incomplete_details": None}}
+        SERVER_EVENT.validate_json(orjson.dumps(known), strict=True)
+    else:
+        SERVER_EVENT.validate_json(frame, strict=True)
     return event
+
+
+class _InterruptAccepted(BaseModel):
+    """Codex's `response.interrupt.accepted` (not in the openai SDK)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["response.interrupt.accepted"]
+    response_id: str
+    sequence_number: int
+    stream_id: str | None = None
+
+
+class _ItemInterrupted(BaseModel):
+    """Codex's `response.output_item.interrupted` (not in the openai SDK)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["response.output_item.interrupted"]
+    output_index: int
+    item_id: str
+    sequence_number: int
+    stream_id: str | None = None
+
+
+CODEX_EVENTS: dict[str, type[BaseModel]] = {
+    "response.interrupt.accepted": _InterruptAccepted,
+    "response.output_item.interrupted": _ItemInterrupted,
+}

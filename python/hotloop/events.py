@@ -216,6 +216,12 @@ class ResponseEvents:
     def item_added(self, index: int, item: dict[str, Any]) -> bytes:
         return self.event("response.output_item.added", output_index=index, item=item)
 
+    def open_items(self, completed: set[str]) -> list[tuple[int, str]]:
+        """`(output_index, item_id)` of the items started but not in `completed`."""
+        return [
+            (index, item_id) for index, item_id in self._ids.items() if item_id not in completed
+        ]
+
     def item_done(self, index: int, item: dict[str, Any]) -> bytes:
         self.output.append(item)
         return self.event("response.output_item.done", output_index=index, item=item)

@@ -54,6 +54,13 @@ from hotloop.events import ResponseEvents, Usage, error_event
 from hotloop.protocol.cache import ConnectionCache
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.queue_memory import QueueMemory
+from hotloop.protocol.steering import (
+    MAX_PENDING_STEERS,
+    Steer,
+    parse_steer,
+    successor_frame,
+    with_steering,
+)
 
 if TYPE_CHECKING:
     from hotloop._core import ClientEvent
@@ -73,6 +80,7 @@ MAX_NAMED_LANES = 32
 # an MCP-sized tool list no longer stalls every other connection's frames and handshakes.
 OFFLOAD_BYTES = 32 * 1024
 STORE_UNAVAILABLE = "store_unavailable"
+ITEM_DONE = frozenset(("message_done", "reasoning_done", "call_done"))
 
 
 def offloads(frame: str | bytes) -> bool:
@@ -221,6 +229,9 @@ class _Pending:
     parse_ns: int
     frame: str | bytes | None = None
     started: bool = False
+    steered: _Steered | None = None
+    """The steering input this turn carries (an automatic successor, or a continuation
+    with queued steers prepended): returned in `response.steer.failed` if it fails."""
 
     @property
     def request(self) -> CreateRequest:
@@ -241,6 +252,30 @@ class _Active:
     evicts_parent: bool
     overhead_ns: int
     root: str
+    steers: list[Steer] = field(default_factory=list)
+    """Accepted steers: sampling stops at the next item boundary, a successor follows."""
+    cut: bool = False
+    """Sampling stopped at an item boundary for a steer."""
+
+
+@dataclass
+class _Steered:
+    """Steering input carried by a turn, with the events of the response it steered
+    (its steer events continue that response's `sequence_number`)."""
+
+    target: ResponseEvents
+    steers: list[Steer]
+    automatic: bool
+
+
+@dataclass
+class _Awaiting:
+    """A lane's latest response, which stopped for client tool output: steers for it
+    stay queued for the client's continuation."""
+
+    events: ResponseEvents
+    required: list[dict[str, str]]
+    steers: list[Steer] = field(default_factory=list)
 
 
 @dataclass
@@ -337,6 +372,7 @@ class Connection:
         self._actions: list[Action] = []
         self._expiring = False
         self._skipped_tools: set[tuple[str, str | None]] = set()
+        self._awaiting: dict[str | None, _Awaiting] = {}
         self.closed = False
 
     # ---------------------------------------------------------------- inputs
@@ -379,12 +415,16 @@ class Connection:
             self._cancel(event)
         elif isinstance(event, ProcessedEvent):
             pass  # Codex acknowledges each response; an error here breaks its next turn.
+        elif isinstance(event, UnknownEvent) and event.type == "response.interrupt":
+            self._interrupt(frame)
+        elif isinstance(event, UnknownEvent) and event.type == "response.steer":
+            self._steer(frame)
         elif isinstance(event, UnknownEvent):
             self._refuse(
                 ProtocolError(
                     "unknown_event_type",
                     f"Unknown event type '{event.type}'. Supported: response.create, "
-                    "response.cancel, response.processed.",
+                    "response.cancel, response.processed, response.interrupt, response.steer.",
                     "type",
                 ),
                 self._echo(event.stream_id),
@@ -420,15 +460,34 @@ class Connection:
         """Sampled ids for response `key`. Returns whether the engine should go on
         (False once the model sampled a stop token or the response was abandoned)."""
         active = self._active.get(key)
-        if active is None:
+        if active is None or active.cut:
             return False
+        if active.steers:
+            return self._feed_to_boundary(active, ids)
         active.events.feed(active.parser.feed(ids), self._actions.append)
         return not active.parser.stopped
+
+    def _feed_to_boundary(self, active: _Active, ids: list[int]) -> bool:
+        """A steered response: tokens one at a time, up to the end of the item being
+        sampled; what the engine sampled beyond it is dropped unseen, so the parser (and
+        the history it commits) holds whole items only."""
+        for token in ids:
+            parsed = active.parser.feed([token])
+            active.events.feed(parsed, self._actions.append)
+            if any(event[0] in ITEM_DONE for event in parsed):
+                active.cut = True
+                return False
+            if active.parser.stopped:
+                return False
+        return True
 
     def engine_done(self, key: int) -> None:
         """The engine finished response `key` (stop token or max_output_tokens)."""
         active = self._active.pop(key, None)
         if active is None:
+            return
+        if active.cut and not active.parser.stopped:
+            self._steered(active)
             return
         parsed, outcome, message = active.parser.finish()
         active.events.feed(parsed, self._actions.append)
@@ -448,6 +507,25 @@ class Connection:
         else:
             kind, status, reason = "response.completed", "completed", None
         self._terminal(active, kind, status, usage, checkpoint, incomplete_reason=reason)
+
+    def _steered(self, active: _Active) -> None:
+        """The steered response ends at its item boundary, its sampled ids committed
+        verbatim: the successor appends the steering input to these very tokens."""
+        usage = self._usage(active)
+        try:
+            active.conversation.commit_output(active.parser)
+        except CoreError as e:
+            self._fail(active, f"The model's output could not be recorded: {e.message}", usage)
+            return
+        checkpoint = active.conversation.checkpoint()
+        self._terminal(
+            active,
+            "response.incomplete",
+            "incomplete",
+            usage,
+            checkpoint,
+            incomplete_reason="steered",
+        )
 
     def engine_failed(self, key: int, error: EngineError) -> None:
         active = self._active.pop(key, None)
@@ -552,6 +630,7 @@ class Connection:
             lane.ending = None
         self._ready.clear()
         self._dequeued(self._queued_bytes)
+        self._awaiting.clear()
         self.cache.clear()
 
     # ---------------------------------------------------------------- outputs
@@ -651,6 +730,25 @@ class Connection:
                 self._refuse(e, name)
                 return
         pending = _Pending(request, size, parse_ns)
+        awaiting = self._awaiting.get(name)
+        if (
+            awaiting is not None
+            and awaiting.steers
+            and frame is not None
+            and request.previous_response_id == awaiting.events.response_id
+        ):
+            # The continuation of a response that waited for tool output takes the
+            # steers queued for it, in submission order, before its own input.
+            frame = with_steering(frame, awaiting.steers)
+            steered = parse_event(frame, self.limits.request)
+            assert isinstance(steered, CreateRequest), "a response.create with more input"
+            if steered.error is not None:
+                self._refuse(ProtocolError.from_core(steered.error), name)
+                return
+            pending = _Pending(
+                steered, size, parse_ns, steered=_Steered(awaiting.events, awaiting.steers, False)
+            )
+            awaiting.steers = []
         lane.queue.append(pending)
         self._queued_bytes += size
         if lane.free and len(lane.queue) == 1:
@@ -709,7 +807,7 @@ class Connection:
                     if unreadable is None
                     else ProtocolError.store_unavailable(unreadable)
                 )
-                self._refuse(error, lane.name)
+                self._refuse_turn(pending, error, lane.name)
                 return
             # A continuation on the lane that made the parent consumes it on failure;
             # a fork from another lane must leave the parent to its own lane.
@@ -744,7 +842,22 @@ class Connection:
     def _render_refused(self, rendering: _Rendering, error: CoreError) -> None:
         if rendering.evicts_parent and rendering.parent is not None:
             self.cache.evict(rendering.parent)
-        self._refuse(ProtocolError.from_core(error), rendering.lane.name)
+        self._refuse_turn(rendering.pending, ProtocolError.from_core(error), rendering.lane.name)
+
+    def _refuse_turn(self, pending: _Pending, error: ProtocolError, name: str | None) -> None:
+        """A turn refused before generation; steering input it carried is returned
+        (`successor_creation_failed`), and an automatic successor, which no client
+        request asked for, gets no `error` event."""
+        steered = pending.steered
+        if steered is None or not steered.automatic:
+            self._refuse(error, name)
+        if steered is not None:
+            self._steers_failed(
+                steered,
+                ProtocolError(
+                    "successor_creation_failed", f"The successor failed: {error.message}"
+                ),
+            )
 
     def _rendered(self, rendering: _Rendering, turn: Turn) -> None:
         """The rest of `_start`, once the new items are in the conversation."""
@@ -884,6 +997,153 @@ class Connection:
         if ending.checkpoint is not None:
             self.cache.put(events.response_id, ending.checkpoint, active.lane.name, active.root)
         self._report(ending.finished)
+        self._after_steers(active, ending)
+
+    # ---------------------------------------------------------------- steering
+
+    def _after_steers(self, active: _Active, ending: _Ending) -> None:
+        """After a terminal event: the steers its response accepted start the automatic
+        successor, or stay queued while it waits for client tool output."""
+        lane, events = active.lane, active.events
+        required = [
+            {"type": "function_call_output", "call_id": item["call_id"], "name": item["name"]}
+            for item in events.output
+            if item["type"] == "function_call"
+        ]
+        if ending.checkpoint is not None and required and ending.status == "completed":
+            self._awaiting[lane.name] = _Awaiting(events, required)
+        else:
+            self._awaiting.pop(lane.name, None)
+        if not active.steers:
+            return
+        if ending.checkpoint is None:
+            error = ProtocolError("response_not_active", "The steered response did not finish.")
+            self._steers_failed(_Steered(events, active.steers, True), error)
+        elif lane.name in self._awaiting:
+            self._steers_pending(self._awaiting[lane.name], active.steers)
+        else:
+            frame = successor_frame(
+                active.request.response_fields_json, events.response_id, active.steers, lane.name
+            )
+            successor = parse_event(frame, self.limits.request)
+            steered = _Steered(events, active.steers, True)
+            if not isinstance(successor, CreateRequest) or successor.error is not None:
+                self._steers_failed(
+                    steered,
+                    ProtocolError(
+                        "successor_creation_failed", "The successor is not a valid request."
+                    ),
+                )
+                return
+            # First on its lane: the successor runs before anything the client queued.
+            lane.queue.appendleft(_Pending(successor, 0, 0, steered=steered))
+
+    def _steers_pending(self, awaiting: _Awaiting, steers: list[Steer]) -> None:
+        awaiting.steers.extend(steers)
+        for steer in steers:
+            self._actions.append(
+                awaiting.events.event(
+                    "response.steer.pending",
+                    steer=steer.wire(),
+                    reason="waiting_for_required_input",
+                    required_input=awaiting.required,
+                )
+            )
+
+    def _steers_failed(self, steered: _Steered, error: ProtocolError) -> None:
+        for steer in steered.steers:
+            self._steer_failed(
+                steered.target, steer.previous_response_id, steer.input, error, steer.id
+            )
+
+    def _steer_failed(
+        self,
+        events: ResponseEvents | None,
+        target: object,
+        raw_input: object,
+        error: ProtocolError,
+        steer_id: str | None = None,
+    ) -> None:
+        steer: dict[str, object] = {
+            "previous_response_id": target if isinstance(target, str) else "",
+            "input": raw_input if isinstance(raw_input, str | list) else "",
+        }
+        if steer_id is not None:
+            steer["id"] = steer_id
+        fields: dict[str, object] = {
+            "error": {
+                "type": "invalid_request_error",
+                "code": error.code,
+                "message": error.message,
+            },
+            "steer": steer,
+        }
+        if events is None:
+            # No response to number it within: it is the first event of its own.
+            self._actions.append(
+                orjson.dumps({"type": "response.steer.failed", **fields, "sequence_number": 0})
+            )
+        else:
+            self._actions.append(events.event("response.steer.failed", **fields))
+
+    def _steer(self, frame: str | bytes) -> None:
+        """`response.steer`: accepted for a running response (it stops at its next
+        item boundary, a successor follows) or one waiting for tool output (queued for
+        the client's continuation); refused with `response.steer.failed` otherwise."""
+        event = orjson.loads(frame)
+        target, raw_input = event.get("previous_response_id"), event.get("input")
+        try:
+            steer = parse_steer(event)
+        except ProtocolError as e:
+            self._steer_failed(None, target, raw_input, e)
+            return
+        running = self._running(steer.previous_response_id)
+        awaiting = next(
+            (
+                a
+                for a in self._awaiting.values()
+                if a.events.response_id == steer.previous_response_id
+            ),
+            None,
+        )
+        held = running.steers if running is not None else awaiting.steers if awaiting else None
+        events = running.events if running is not None else awaiting.events if awaiting else None
+        if held is None or events is None:
+            self._steer_failed(
+                None, target, raw_input, self._not_running(steer.previous_response_id)
+            )
+            return
+        if len(held) >= MAX_PENDING_STEERS:
+            error = ProtocolError(
+                "too_many_pending_steers",
+                f"Response '{steer.previous_response_id}' already holds "
+                f"{MAX_PENDING_STEERS} steers.",
+            )
+            self._steer_failed(events, target, raw_input, error)
+            return
+        self._actions.append(events.event("response.steer.accepted", steer=steer.wire()))
+        if running is not None:
+            running.steers.append(steer)
+        elif awaiting is not None:
+            self._steers_pending(awaiting, [steer])
+
+    def _not_running(self, response_id: str) -> ProtocolError:
+        """Why `response_id` cannot be steered or interrupted."""
+        if any(e.active.events.response_id == response_id for e in self._ending.values()):
+            return ProtocolError(
+                "response_not_active", f"Response '{response_id}' is ending.", "response_id"
+            )
+        if self.cache.get(response_id) is not None:
+            return ProtocolError(
+                "response_already_completed",
+                f"Response '{response_id}' completed; continue it with response.create.",
+                "response_id",
+            )
+        return ProtocolError(
+            "response_not_found",
+            f"Response '{response_id}' is not on this connection.",
+            "response_id",
+        )
 
     def _fail(self, active: _Active, message: str, usage: Usage) -> None:
         if active.evicts_parent and active.parent is not None:
@@ -894,10 +1154,7 @@ class Connection:
     def _cancel(self, event: CancelEvent) -> None:
         target: _Active | None = None
         if event.response_id is not None:
-            target = next(
-                (a for a in self._active.values() if a.events.response_id == event.response_id),
-                None,
-            )
+            target = self._running(event.response_id)
         else:
             lane = self._lanes.get(event.stream_id)
             target = lane.active if lane is not None else None
@@ -914,6 +1171,78 @@ class Connection:
         self._actions.append(Cancel(target.key))
         # Items still open are dropped: the cancelled response reports what completed.
         self._terminal(target, "response.incomplete", "cancelled", self._usage(target), None)
+
+    def _running(self, response_id: str) -> _Active | None:
+        return next((a for a in self._active.values() if a.events.response_id == response_id), None)
+
+    def _interrupt(self, frame: str | bytes) -> None:
+        """Codex's `response.interrupt` (protocol.md section 8): the response stops at
+        once, its partial items are discarded, and it stays continuable with only its
+        completed items."""
+        event = orjson.loads(frame)
+        response_id = event.get("response_id")
+        if not isinstance(response_id, str):
+            self._refuse(
+                ProtocolError(
+                    "missing_required_parameter", "response_id is required.", "response_id"
+                )
+            )
+            return
+        if event.get("mode", "discard_partial_items") != "discard_partial_items":
+            self._refuse(
+                ProtocolError("invalid_value", "mode must be 'discard_partial_items'.", "mode")
+            )
+            return
+        target = self._running(response_id)
+        if target is None:
+            # Crossed its terminal event on the wire, or never existed here: an error,
+            # never silence, so a client waiting for an answer does not hang.
+            self._refuse(self._not_running(response_id))
+            return
+        del self._active[target.key]
+        self._actions.append(Cancel(target.key))
+        events = target.events
+        self._actions.append(events.event("response.interrupt.accepted", response_id=response_id))
+        completed = {item["id"] for item in events.output}
+        for index, item_id in sorted(events.open_items(completed)):
+            self._actions.append(
+                events.event(
+                    "response.output_item.interrupted", output_index=index, item_id=item_id
+                )
+            )
+        checkpoint = self._completed_checkpoint(target)
+        self._terminal(
+            target,
+            "response.incomplete",
+            "incomplete",
+            self._usage(target),
+            checkpoint,
+            incomplete_reason="interrupted",
+        )
+
+    def _completed_checkpoint(self, active: _Active) -> Checkpoint | None:
+        """The conversation with only the response's completed items as its output,
+        rendered as the model would have sampled them (the partial tokens are gone)."""
+        texts: dict[str, list[str]] = {"message": [], "reasoning": []}
+        calls = []
+        for item in active.events.output:
+            if item["type"] == "function_call":
+                calls.append((item["name"], item["arguments"]))
+            else:
+                texts[item["type"]].append(item["content"][0]["text"])
+        # Several items of one kind (a preamble, then more text) become one.
+        text, reasoning = ("\n\n".join(texts[kind]) or None for kind in ("message", "reasoning"))
+        parser = active.conversation.parser()
+        try:
+            parser.feed(self._format.completion_tokens(text=text, reasoning=reasoning, calls=calls))
+            parser.finish()
+            active.conversation.commit_output(parser)
+        except CoreError as e:
+            log.warning(
+                "interrupted response %s is not continuable: %s", active.events.response_id, e
+            )
+            return None
+        return active.conversation.checkpoint()
 
     def _release(self, active: _Active) -> None:
         active.lane.active = None
@@ -943,9 +1272,9 @@ class Connection:
         refused = False
         for lane in self._lanes.values():
             while lane.queue:
-                lane.queue.popleft()
-                self._refuse(self._lifetime_error(), lane.name)
-                refused = True
+                pending = lane.queue.popleft()
+                self._refuse_turn(pending, self._lifetime_error(), lane.name)
+                refused = refused or pending.steered is None or not pending.steered.automatic
         if not refused:
             self._refuse(self._lifetime_error())
         self._ready.clear()

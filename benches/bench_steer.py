@@ -1,0 +1,113 @@
+"""What a `response.steer` costs the server, beside a 2 KB append and a full re-render.
+
+One run, one `Connection` (sans-I/O, harmony, the sim model's ids), a history of about
+100k tokens, then ROUNDS rounds of steer and append alternating, then ROUNDS re-renders,
+all timed on this thread:
+
+- steer: `response.steer` with a 2 KB user message into the running response, the
+  engine reporting it done, up to the successor's `Generate` (validate the steer, commit
+  the target, parse the successor, fork, render and append the 2 KB).
+- append: the rest of the same answer sampled, the engine reporting it done, then a
+  `response.create` continuing it with the same 2 KB user message, up to its `Generate`.
+- re-render: a new connection given the whole history plus the 2 KB as input (what a
+  server without the cache does for every turn), up to its `Generate`.
+
+Prints medians and the ratios steer/append (target about 1) and re-render/steer.
+Run: `.venv/bin/python benches/bench_steer.py` (figures: docs/steering.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import orjson
+from bench_append import INSTRUCTIONS, TOOLS, text_of, turn_items
+from hotloop._core import ChatFormat, Conversation
+from hotloop.protocol import CacheBudget, Connection, ConnectionCache, Generate, Render
+
+FORMAT = ChatFormat.harmony()
+ANSWER = FORMAT.completion_tokens(text="Done.")
+HISTORY_TOKENS = 100_000
+ROUNDS = 30
+STEER_TEXT = text_of(2048)
+
+
+def connection() -> Connection:
+    cache = ConnectionCache(1 << 32, CacheBudget(1 << 32))
+    return Connection(chat_format=FORMAT, context_window=1 << 22, model="sim", cache=cache)
+
+
+def run(conn: Connection) -> tuple[int, str | None]:
+    """Play the transport until the turn's `Generate`: its key and the response id."""
+    response_id = None
+    while True:
+        actions = conn.actions()
+        for action in actions:
+            if isinstance(action, Render):
+                conn.render_done(action.key, action.conversation.extend(action.request))
+            elif isinstance(action, Generate):
+                return action.key, response_id
+            elif isinstance(action, bytes) and b'"response.created"' in action:
+                response_id = orjson.loads(action)["response"]["id"]
+        assert actions, "the turn never reached the engine"
+
+
+def history() -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    probe = Conversation(FORMAT, context_window=1 << 22)
+    while probe.token_count < HISTORY_TOKENS:
+        batch = turn_items(len(items))
+        probe.append_items(orjson.dumps(batch).decode())
+        items += batch
+    return items
+
+
+def create(input: Any, **fields: Any) -> str:
+    body = {"type": "response.create", "model": "sim", "input": input, "store": False}
+    return orjson.dumps({**body, **fields, "instructions": INSTRUCTIONS, "tools": TOOLS}).decode()
+
+
+def main() -> None:
+    items = history()
+    conn = connection()
+    conn.receive_text(create(items))
+    key, response_id = run(conn)
+    steer = {"type": "message", "role": "user", "content": STEER_TEXT}
+    timings: dict[str, list[float]] = {"steer": [], "append": [], "re-render": []}
+    for _ in range(ROUNDS):
+        conn.engine_output(key, ANSWER[:2])  # the target is sampling its answer
+        start = time.perf_counter()
+        frame = {"type": "response.steer", "previous_response_id": response_id, "input": [steer]}
+        conn.receive_text(orjson.dumps(frame))
+        conn.engine_output(key, ANSWER[2:])
+        conn.engine_done(key)
+        key, response_id = run(conn)
+        timings["steer"].append(time.perf_counter() - start)
+
+        conn.engine_output(key, ANSWER[:2])
+        start = time.perf_counter()
+        conn.engine_output(key, ANSWER[2:])
+        conn.engine_done(key)
+        conn.receive_text(create([steer], previous_response_id=response_id))
+        key, response_id = run(conn)
+        timings["append"].append(time.perf_counter() - start)
+    # Apart: a 100 ms re-render just before a round would leave the steer to run on
+    # cold caches.
+    for _ in range(ROUNDS):
+        fresh = connection()
+        start = time.perf_counter()
+        fresh.receive_text(create([*items, steer]))
+        run(fresh)
+        timings["re-render"].append(time.perf_counter() - start)
+    medians = {name: statistics.median(values) * 1e3 for name, values in timings.items()}
+    print(f"history {HISTORY_TOKENS} tokens, 2 KB steering input, {ROUNDS} rounds (median ms):")
+    for name, value in medians.items():
+        print(f"  {name:10} {value:8.3f} ms")
+    print(f"  steer/append     {medians['steer'] / medians['append']:.2f}")
+    print(f"  re-render/steer  {medians['re-render'] / medians['steer']:.1f}")
+
+
+if __name__ == "__main__":
+    main()
