@@ -97,8 +97,9 @@ class Parsed:
     """The event, or why the frame is refused."""
     size: int
     parse_ns: int
-    frame: str | bytes | None = None
-    """The frame's text, kept by a request that has to wait (`_Pending.frame`)."""
+    frame: str | bytes
+    """The frame's text: kept by a request that has to wait (`_Pending.frame`), read
+    by the events the core passes through (`response.steer`, `response.interrupt`)."""
 
     @property
     def previous_response_id(self) -> str | None:
@@ -394,12 +395,12 @@ class Connection:
                 f"The frame is {size} bytes; this server accepts at most "
                 f"{self.limits.max_frame_bytes} bytes per frame.",
             )
-            return Parsed(error, size, 0)
+            return Parsed(error, size, 0, frame)
         start = self._clock()
         try:
             event = parse_event(frame, self.limits.request)
         except CoreError as e:
-            return Parsed(ProtocolError.from_core(e), size, self._clock() - start)
+            return Parsed(ProtocolError.from_core(e), size, self._clock() - start, frame)
         return Parsed(event, size, self._clock() - start, frame)
 
     def receive_parsed(self, parsed: Parsed) -> None:
@@ -416,9 +417,9 @@ class Connection:
         elif isinstance(event, ProcessedEvent):
             pass  # Codex acknowledges each response; an error here breaks its next turn.
         elif isinstance(event, UnknownEvent) and event.type == "response.interrupt":
-            self._interrupt(frame)
+            self._interrupt(parsed.frame)
         elif isinstance(event, UnknownEvent) and event.type == "response.steer":
-            self._steer(frame)
+            self._steer(parsed.frame)
         elif isinstance(event, UnknownEvent):
             self._refuse(
                 ProtocolError(
