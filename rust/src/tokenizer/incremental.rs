@@ -183,7 +183,14 @@ fn encode_aligned(
 ) -> Option<(Vec<u32>, Vec<Boundary>)> {
     let region = &text[from.byte..];
     let mut ids = Vec::new();
-    tokenizer.encode(region, &mut ids);
+    // A SentencePiece dummy prefix goes only before the text's first piece.
+    let mut prefix = 0;
+    if from.byte == 0 {
+        tokenizer.encode(region, &mut ids);
+        prefix = tokenizer.prefix_len();
+    } else {
+        tokenizer.encode_continuation(region, &mut ids);
+    }
     let mut pieces = Vec::new();
     let mut token = 0usize;
     let mut byte = from.byte;
@@ -192,12 +199,13 @@ fn encode_aligned(
             byte,
             token: from.token + token,
         });
+        let expected = piece.len() + std::mem::take(&mut prefix);
         let mut covered = 0usize;
-        while covered < piece.len() {
+        while covered < expected {
             covered += tokenizer.token_bytes(*ids.get(token)?).len();
             token += 1;
         }
-        if covered != piece.len() {
+        if covered != expected {
             return None;
         }
         byte += piece.len();
@@ -209,7 +217,7 @@ fn encode_aligned(
 mod tests {
     use super::*;
     use crate::tokenizer::by_name;
-    use crate::tokenizer::bytelevel::tests::tiny;
+    use crate::tokenizer::bpe_model::tests::tiny;
     use proptest::prelude::*;
 
     fn full(tok: &dyn Tokenizer, text: &str) -> Vec<u32> {
