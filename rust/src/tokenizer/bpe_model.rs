@@ -52,6 +52,10 @@ pub enum TokenKind {
     Unused,
     /// SentencePiece's `<0xNN>` byte-fallback tokens.
     Byte,
+    /// A user-defined token outside the BPE model's vocabulary: matched in text, never
+    /// produced by a merge (Hugging Face added tokens the model lacks; llama.cpp's
+    /// SentencePiece tokens spelled with a real space, which its merges cannot reach).
+    Added,
 }
 
 impl TokenKind {
@@ -70,7 +74,7 @@ impl TokenKind {
     fn is_literal(self) -> bool {
         matches!(
             self,
-            TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown
+            TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown | TokenKind::Added
         )
     }
 

@@ -296,6 +296,16 @@ pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
             if matches!(meta.get("tokenizer.ggml.remove_extra_whitespaces"), Some(Value::Bool(true))) {
                 return Err(invalid("GGUF remove_extra_whitespaces is not supported"));
             }
+            // A token spelled with a real space (Gemma's runs of spaces) is matched in the
+            // text, but llama.cpp's merges work on `▁`-escaped text and never reach it.
+            let kinds: Vec<TokenKind> = texts
+                .iter()
+                .zip(kinds)
+                .map(|(text, kind)| match kind {
+                    TokenKind::UserDefined if text.contains(' ') => TokenKind::Added,
+                    other => other,
+                })
+                .collect();
             let unk = kinds.iter().position(|&k| k == TokenKind::Unknown).map(|i| i as u32);
             Ok(Vocabulary {
                 name,

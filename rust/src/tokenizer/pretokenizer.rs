@@ -84,6 +84,12 @@ pub const DEEPSEEK_V3: [&str; 3] = [
 ];
 /// Mistral tekken (as `mistral-common` and tiktoken run it).
 pub const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Falcon, as llama.cpp splits it.
+pub const FALCON: [&str; 3] = [
+    "[\\p{P}\\$\\+<=>\\^~\\|`]+",
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
+    "[0-9][0-9][0-9]",
+];
 /// DeepSeek LLM (v1/v2) and DeepSeek Coder, as llama.cpp splits them.
 pub const DEEPSEEK_LLM: [&str; 6] = [
     "[\r\n]",
@@ -127,6 +133,7 @@ impl PreTokenizer {
             "deepseek-v3" => splits(&DEEPSEEK_V3),
             "deepseek-llm" => splits(&DEEPSEEK_LLM),
             "deepseek-coder" => splits(&DEEPSEEK_CODER),
+            "falcon" => splits(&FALCON),
             "tekken" => splits(&[TEKKEN]),
             _ => Ok(None),
         }

@@ -286,14 +286,16 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
                 token.content
             )));
         }
-        if kinds[id] != TokenKind::Normal {
+        kinds[id] = if kinds[id] == TokenKind::Normal {
+            TokenKind::UserDefined
+        } else {
             tokens[id] = if normalizer.metaspace {
                 token.content.replace('▁', " ").into_bytes()
             } else {
                 token.content.clone().into_bytes()
             };
-        }
-        kinds[id] = TokenKind::UserDefined;
+            TokenKind::Added
+        };
         added.push((token.content.clone(), token.id));
     }
 
