@@ -22,7 +22,7 @@ use std::ops::Range;
 use std::sync::{Arc, LazyLock};
 
 use regex_automata::meta::Regex;
-use regex_automata::Input;
+use regex_automata::{Anchored, Input};
 use regex_syntax::hir::{Class, HirKind};
 
 use crate::error::{Code, Error, Result};
@@ -237,7 +237,14 @@ impl RegexSplit {
         let mut at = 0;
         let mut gap_start = 0;
         while at < hay.len() {
-            let Some(m) = self.regex.search(&Input::new(hay).range(at..)) else {
+            // These regexes match at almost every position: an anchored search (no scan
+            // for a start) finds the next piece; only a gap takes the unanchored search.
+            let input = Input::new(hay).range(at..);
+            let found = self
+                .regex
+                .search(&input.clone().anchored(Anchored::Yes))
+                .or_else(|| self.regex.search(&input));
+            let Some(m) = found else {
                 break;
             };
             let mut end = m.end();
