@@ -29,7 +29,8 @@ native: develop
 serve: develop native
 	$(BIN)/hotloop serve --host $(HOST) --port $(PORT) --engine $(ENGINE)
 
-test-rust:
+# `native` also gathers the tokenizer reference data the golden tokenizer tests read.
+test-rust: native
 	cargo test --manifest-path rust/Cargo.toml
 
 test-python: develop native

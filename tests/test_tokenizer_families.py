@@ -20,6 +20,10 @@ from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 from tests import corpus, references
 from tests.references import FAMILIES, HF_FAMILIES
 
+# DeepSeek spells its tokens with fullwidth bars and `▁`.
+DEEPSEEK_EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
+DEEPSEEK_USER = "<\uff5cUser\uff5c>"
+
 # Vocabularies of the sdist that hotloop refuses, and why (docs/tokenizers.md).
 REFUSED = {
     "bert-bge": "WordPiece (tokenizer model bert), not BPE",
@@ -56,7 +60,12 @@ STRIDE = 4
 def test_tokenizer_json_matches_hugging_face_on_corpus(name: str) -> None:
     ours, hf = references.family(name), references.hf_family(name)
     for label, text in corpus.documents()[::STRIDE]:
-        _assert_same(f"{name} {label}", ours, ours.encode(text), hf.encode(text, add_special_tokens=False).ids)
+        _assert_same(
+            f"{name} {label}",
+            ours,
+            ours.encode(text),
+            hf.encode(text, add_special_tokens=False).ids,
+        )
 
 
 @pytest.mark.parametrize("path", references.tekken_files(), ids=lambda p: p.name)
@@ -66,7 +75,9 @@ def test_tekken_matches_mistral_common_on_corpus(path: Path) -> None:
     for name in ("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]"):
         assert ours.special(name) == ref.get_special_token(name), name
     for label, text in corpus.documents()[::STRIDE]:
-        _assert_same(f"{path.name} {label}", ours, ours.encode(text), ref.encode(text, False, False))
+        _assert_same(
+            f"{path.name} {label}", ours, ours.encode(text), ref.encode(text, False, False)
+        )
 
 
 def _vector_files() -> list[Path]:
@@ -176,7 +187,7 @@ def test_special_tokens_by_name() -> None:
     gemma = references.family("gemma3")
     assert gemma.special("<start_of_turn>") == 105
     assert gemma.special("<end_of_turn>") == 106
-    assert references.family("deepseek_v3").special("<｜end▁of▁sentence｜>") == 1
+    assert references.family("deepseek_v3").special(DEEPSEEK_EOS) == 1
     assert references.family("tekken").special("[INST]") == 3
     assert llama3.special("<|not_a_token|>") is None
 
@@ -184,7 +195,7 @@ def test_special_tokens_by_name() -> None:
 @pytest.mark.parametrize("name", FAMILIES)
 def test_special_token_text_is_plain_text(name: str) -> None:
     tok = references.family(name)
-    for literal in ("<|eot_id|>", "<|im_start|>", "<start_of_turn>", "[INST]", "<｜end▁of▁sentence｜>"):
+    for literal in ("<|eot_id|>", "<|im_start|>", "<start_of_turn>", "[INST]", DEEPSEEK_EOS):
         special = tok.special(literal)
         ids = tok.encode(f"say {literal} now")
         assert special is None or special not in ids, (name, literal)
@@ -192,15 +203,15 @@ def test_special_token_text_is_plain_text(name: str) -> None:
 
 
 def test_non_special_added_tokens_match_in_text() -> None:
-    """Added tokens the file marks non-special (Qwen's `<think>`, DeepSeek's `<｜User｜>`)
+    """Added tokens the file marks non-special (Qwen's `<think>`, DeepSeek's User token)
     are matched in text, as Hugging Face and llama.cpp match them: a rendered
     `<tool_call>` must give the token the model produced."""
     qwen, deepseek = references.family("qwen3"), references.family("deepseek_v3")
     assert qwen.encode("a<think>b")[1] == qwen.special("<think>")
     hf = references.hf_family("deepseek_v3")
-    text = "x<｜User｜>y"
+    text = f"x{DEEPSEEK_USER}y"
     assert deepseek.encode(text) == hf.encode(text, add_special_tokens=False).ids
-    assert deepseek.special("<｜User｜>") in deepseek.encode(text)
+    assert deepseek.special(DEEPSEEK_USER) in deepseek.encode(text)
 
 
 # Texts rich in what tokenizers split on: spaces, newlines, digits, apostrophes,

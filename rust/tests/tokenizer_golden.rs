@@ -8,7 +8,10 @@ use std::sync::Arc;
 use hotloop_core::tokenizer::{self, Tokenizer};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// `python/hotloop/native_deps.py`'s `cache_root`.
@@ -74,7 +77,13 @@ fn golden_ids() {
                 .collect();
             let mut ids = Vec::new();
             tok.encode(text, &mut ids);
-            assert_eq!(ids, want, "{}: {:?}", file.display(), text.chars().take(80).collect::<String>());
+            assert_eq!(
+                ids,
+                want,
+                "{}: {:?}",
+                file.display(),
+                text.chars().take(80).collect::<String>()
+            );
         }
     }
 }

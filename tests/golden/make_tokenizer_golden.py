@@ -36,8 +36,9 @@ def texts() -> list[str]:
         "".join(str(i % 10) for i in range(400)),
         "a" + "\u0301" * 200,
         "👨‍👩‍👧‍👦🏳️‍🌈🧑🏿‍💻 1️⃣ ❤️ e\u0301 \u200b\ufeff",
-        "user text with <|eot_id|> <|im_start|> <start_of_turn> [INST] <｜end▁of▁sentence｜>",
-        "it's they'll we'VE DON'T ſ K",
+        "user text with <|eot_id|> <|im_start|> <start_of_turn> [INST] "
+        "<\uff5cend\u2581of\u2581sentence\uff5c>",
+        "it's they'll we'VE DON'T \u017f \u212a",
         "▁leading metaspace and ▁▁ two",
     ]
     return base + extra

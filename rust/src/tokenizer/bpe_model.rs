@@ -543,7 +543,9 @@ fn merge_table(
             let mut joined = Vec::new();
             for (rank, &(l, r)) in pairs.iter().enumerate() {
                 let (Some(left), Some(right)) = (tokens.get(l as usize), tokens.get(r as usize)) else {
-                    return Err(invalid(format!("merge {rank} names an id outside the vocabulary")));
+                    return Err(invalid(format!(
+                        "merge {rank} names an id outside the vocabulary"
+                    )));
                 };
                 joined.clear();
                 joined.extend_from_slice(left);
@@ -564,7 +566,9 @@ fn merge_table(
             for id in order {
                 let token = &tokens[id as usize];
                 for cut in 1..token.len() {
-                    if alphabet != Alphabet::Bytes && !std::str::from_utf8(token).is_ok_and(|t| t.is_char_boundary(cut)) {
+                    if alphabet != Alphabet::Bytes
+                        && !std::str::from_utf8(token).is_ok_and(|t| t.is_char_boundary(cut))
+                    {
                         continue;
                     }
                     if let (Some(&l), Some(&r)) = (by_bytes.get(&token[..cut]), by_bytes.get(&token[cut..])) {
@@ -748,6 +752,74 @@ pub(crate) mod tests {
         }
     }
 
+    /// A tiny SentencePiece-style vocabulary: `<unk>`, `<s>`, 256 byte tokens, then
+    /// characters and words ranked by position (earlier merges first), dummy prefix on.
+    pub(crate) fn tiny_spm() -> BpeModel {
+        let mut tokens: Vec<Vec<u8>> = vec![b"<unk>".to_vec(), b"<s>".to_vec()];
+        let mut kinds = vec![TokenKind::Unknown, TokenKind::Control];
+        for b in 0..=255u8 {
+            tokens.push(vec![b]);
+            kinds.push(TokenKind::Byte);
+        }
+        let words = [
+            " ", "a", "b", "e", "h", "l", "o", "x", "y", "\n", "he", "ll", " h", "hell", " hell", " hello",
+            "hello", " a", "aa", "x ", "x y", "  ",
+        ];
+        for w in words {
+            tokens.push(w.as_bytes().to_vec());
+            kinds.push(TokenKind::Normal);
+        }
+        let ranks = (0..tokens.len() as u32)
+            .map(|id| {
+                if kinds[id as usize] == TokenKind::Normal {
+                    id
+                } else {
+                    u32::MAX
+                }
+            })
+            .collect();
+        BpeModel::new(Vocabulary {
+            name: "tiny-spm".into(),
+            pre: PreTokenizer::Whole,
+            normalizer: Normalizer {
+                nfc: false,
+                metaspace: true,
+                prepend: Prepend::Always,
+            },
+            alphabet: Alphabet::Chars {
+                byte_fallback: true,
+                fuse_unk: false,
+            },
+            tokens,
+            kinds,
+            merges: Merges::ByTokenRank(ranks),
+            ignore_merges: false,
+            unk: Some(0),
+            strip_leading_space: true,
+            added: Vec::new(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn sentencepiece_prefix_fallback_and_words() {
+        let t = tiny_spm();
+        let word = |w: &str| t.whole.get(w.as_bytes()).copied().unwrap();
+        assert_eq!(encode(&t, "hello"), [word(" hello")]);
+        let mut ids = Vec::new();
+        t.encode_continuation("hello", &mut ids);
+        assert_eq!(ids, [word("hello")]);
+        // `é` has no token: its two UTF-8 bytes' tokens; `▁` in text is a space.
+        let ids = encode(&t, "é▁a");
+        assert_eq!(ids, [t.char_ids[&' '], 2 + 0xC3, 2 + 0xA9, word(" a")]);
+        let mut text = Vec::new();
+        t.decode_text(&encode(&t, "hello aa é"), &mut text);
+        assert_eq!(text, "hello aa é".as_bytes());
+        // Cut before each space, except after `x`, which a token joins to a space.
+        assert_eq!(t.pieces("ab x y  a").collect::<Vec<_>>(), ["ab", " x y", "  a"]);
+        assert_eq!(encode(&t, "x y")[1..], [word("x y")]);
+    }
+
     fn encode(t: &dyn Tokenizer, text: &str) -> Vec<u32> {
         let mut out = Vec::new();
         t.encode(text, &mut out);
@@ -904,7 +976,9 @@ pub(crate) mod tests {
     #[test]
     fn unsupported_sources_are_errors() {
         let bytes = gguf::tests::write_metadata(&[("tokenizer.ggml.model", Value::Str("bert".into()))]);
-        let err = gguf::vocabulary(&gguf::read_metadata(&bytes[..]).unwrap()).err().unwrap();
+        let err = gguf::vocabulary(&gguf::read_metadata(&bytes[..]).unwrap())
+            .err()
+            .unwrap();
         assert_eq!(err.code, Code::InvalidVocabulary);
         assert!(err.message.contains("bert"), "{}", err.message);
         assert!(tokenizer_json::vocabulary(b"{}").is_err());
@@ -912,10 +986,14 @@ pub(crate) mod tests {
             "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(?<=a)b"}, "behavior": "Isolated", "invert": false},
             "model": {"type": "BPE", "vocab": {}, "merges": []},
         });
-        let err = tokenizer_json::vocabulary(lookbehind.to_string().as_bytes()).err().unwrap();
+        let err = tokenizer_json::vocabulary(lookbehind.to_string().as_bytes())
+            .err()
+            .unwrap();
         assert!(err.message.contains("(?<=a)b"), "{}", err.message);
         let wordpiece = serde_json::json!({"model": {"type": "WordPiece", "vocab": {}, "merges": []}});
-        let err = tokenizer_json::vocabulary(wordpiece.to_string().as_bytes()).err().unwrap();
+        let err = tokenizer_json::vocabulary(wordpiece.to_string().as_bytes())
+            .err()
+            .unwrap();
         assert!(err.message.contains("WordPiece"), "{}", err.message);
     }
 }

@@ -184,7 +184,10 @@ pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
             .and_then(Value::as_array)
             .ok_or_else(|| invalid(format!("no {key} array")))?
             .iter()
-            .map(|v| v.as_str().ok_or_else(|| invalid(format!("{key} holds a non-string"))))
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| invalid(format!("{key} holds a non-string")))
+            })
             .collect()
     };
     let texts = strings("tokenizer.ggml.tokens")?;
@@ -212,9 +215,8 @@ pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
     match model {
         "gpt2" => {
             let pre_name = str_of("tokenizer.ggml.pre").unwrap_or("default");
-            let pre = PreTokenizer::from_llama_pre(pre_name)?.ok_or_else(|| {
-                invalid(format!("GGUF pre-tokenizer {pre_name:?} is not supported"))
-            })?;
+            let pre = PreTokenizer::from_llama_pre(pre_name)?
+                .ok_or_else(|| invalid(format!("GGUF pre-tokenizer {pre_name:?} is not supported")))?;
             let decode = gpt2_byte_decoder();
             let tokens: Vec<Vec<u8>> = texts
                 .iter()
@@ -293,7 +295,10 @@ pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
                 Some(Value::Bool(b)) => *b,
                 _ => true,
             };
-            if matches!(meta.get("tokenizer.ggml.remove_extra_whitespaces"), Some(Value::Bool(true))) {
+            if matches!(
+                meta.get("tokenizer.ggml.remove_extra_whitespaces"),
+                Some(Value::Bool(true))
+            ) {
                 return Err(invalid("GGUF remove_extra_whitespaces is not supported"));
             }
             // A token spelled with a real space (Gemma's runs of spaces) is matched in the
@@ -306,14 +311,21 @@ pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
                     other => other,
                 })
                 .collect();
-            let unk = kinds.iter().position(|&k| k == TokenKind::Unknown).map(|i| i as u32);
+            let unk = kinds
+                .iter()
+                .position(|&k| k == TokenKind::Unknown)
+                .map(|i| i as u32);
             Ok(Vocabulary {
                 name,
                 pre: PreTokenizer::Whole,
                 normalizer: Normalizer {
                     nfc: false,
                     metaspace: true,
-                    prepend: if add_space_prefix { Prepend::Always } else { Prepend::Never },
+                    prepend: if add_space_prefix {
+                        Prepend::Always
+                    } else {
+                        Prepend::Never
+                    },
                 },
                 alphabet: Alphabet::Chars {
                     byte_fallback: true,

@@ -216,8 +216,8 @@ fn encode_aligned(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::bpe_model::tests::{tiny, tiny_spm};
     use crate::tokenizer::by_name;
-    use crate::tokenizer::bpe_model::tests::tiny;
     use proptest::prelude::*;
 
     fn full(tok: &dyn Tokenizer, text: &str) -> Vec<u32> {
@@ -270,6 +270,7 @@ mod tests {
             }
             let cuts: Vec<usize> = (0..text.len()).collect();
             check_chunked(&tiny, text, &cuts);
+            check_chunked(&tiny_spm(), text, &cuts);
         }
     }
 
@@ -286,6 +287,15 @@ mod tests {
         assert!(stats.bytes_encoded < 100 * 3 * word.len() as u64, "{stats:?}");
         assert!(inc.memory_bytes() >= inc.text().len() + 4 * inc.ids().len());
         assert_eq!(inc.ids(), full(tok.as_ref(), inc.text()));
+    }
+
+    #[test]
+    fn sentencepiece_appends_keep_the_dummy_prefix_once() {
+        let t = tiny_spm();
+        let text = "hello aa hello x y hello ".repeat(20);
+        let cuts: Vec<usize> = (0..text.len()).step_by(7).collect();
+        let stats = check_chunked(&t, &text, &cuts);
+        assert_eq!(stats.fallbacks, 0, "{stats:?}");
     }
 
     #[test]
@@ -308,6 +318,7 @@ mod tests {
                 check_chunked(by_name(name).unwrap().as_ref(), &text, &cuts);
             }
             check_chunked(&tiny(), &text, &cuts);
+            check_chunked(&tiny_spm(), &text, &cuts);
         }
     }
 }

@@ -98,7 +98,9 @@ pub fn from_gguf(path: &Path) -> Result<Arc<dyn Tokenizer>> {
 
 /// A BPE tokenizer from the bytes of a Hugging Face `tokenizer.json`.
 pub fn from_tokenizer_json(data: &[u8]) -> Result<Arc<dyn Tokenizer>> {
-    Ok(Arc::new(bpe_model::BpeModel::new(tokenizer_json::vocabulary(data)?)?))
+    Ok(Arc::new(bpe_model::BpeModel::new(tokenizer_json::vocabulary(
+        data,
+    )?)?))
 }
 
 /// A BPE tokenizer from the bytes of a Mistral `tekken.json`.

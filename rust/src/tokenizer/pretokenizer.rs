@@ -125,9 +125,8 @@ impl PreTokenizer {
             "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" => {
                 Ok(Some(PreTokenizer::DigitsThenGpt2))
             }
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "dbrx" | "smaug-bpe" | "chatglm-bpe" => {
-                splits(&[LLAMA3])
-            }
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "dbrx" | "smaug-bpe"
+            | "chatglm-bpe" => splits(&[LLAMA3]),
             "qwen2" | "deepseek-r1-qwen" | "stablelm2" => splits(&[QWEN2]),
             "qwen35" => splits(&[QWEN35]),
             "deepseek-v3" => splits(&DEEPSEEK_V3),
@@ -216,7 +215,11 @@ impl RegexSplit {
         let regex = Regex::new_many(&sources).map_err(|e| {
             Error::new(
                 Code::InvalidVocabulary,
-                format!("pre-tokenizer regex {pattern:?} is not supported: {}", e.syntax_error().map_or_else(|| e.to_string(), ToString::to_string)),
+                format!(
+                    "pre-tokenizer regex {pattern:?} is not supported: {}",
+                    e.syntax_error()
+                        .map_or_else(|| e.to_string(), ToString::to_string)
+                ),
             )
         })?;
         Ok(RegexSplit {
@@ -444,7 +447,14 @@ mod tests {
         for p in [PreTokenizer::Gpt2, PreTokenizer::DigitsThenGpt2] {
             assert_eq!(pieces(&p, text).concat(), text);
         }
-        for name in ["llama-bpe", "qwen2", "deepseek-v3", "tekken", "deepseek-llm", "deepseek-coder"] {
+        for name in [
+            "llama-bpe",
+            "qwen2",
+            "deepseek-v3",
+            "tekken",
+            "deepseek-llm",
+            "deepseek-coder",
+        ] {
             let p = PreTokenizer::from_llama_pre(name).unwrap().unwrap();
             assert_eq!(pieces(&p, text).concat(), text, "{name}");
         }
@@ -462,7 +472,10 @@ mod tests {
         let gpt2 = PreTokenizer::Regex(Arc::new(RegexSplits {
             stages: vec![RegexSplit::new(GPT2, Behavior::Isolated).unwrap()],
         }));
-        assert_eq!(pieces(&gpt2, "a  b\t\tc "), ["a", " ", " b", "\t", "\t", "c", " "]);
+        assert_eq!(
+            pieces(&gpt2, "a  b\t\tc "),
+            ["a", " ", " b", "\t", "\t", "c", " "]
+        );
     }
 
     #[test]

@@ -83,21 +83,30 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
     let mut ranks = vec![u32::MAX; size];
     let named: Vec<(usize, String)> = match doc.special_tokens {
         Some(list) => list.into_iter().map(|s| (s.rank, s.token_str)).collect(),
-        None => IMPLIED_SPECIALS.iter().enumerate().map(|(i, s)| (i, s.to_string())).collect(),
+        None => IMPLIED_SPECIALS
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, s.to_string()))
+            .collect(),
     };
-    for id in 0..specials {
-        tokens[id] = format!("<SPECIAL_{id}>").into_bytes();
+    for (id, token) in tokens.iter_mut().take(specials).enumerate() {
+        *token = format!("<SPECIAL_{id}>").into_bytes();
     }
     for (rank, text) in named {
         if rank >= specials {
-            return Err(invalid(format!("tekken.json special token {text:?} has rank {rank}")));
+            return Err(invalid(format!(
+                "tekken.json special token {text:?} has rank {rank}"
+            )));
         }
         tokens[rank] = text.into_bytes();
     }
     let b64 = base64::engine::general_purpose::STANDARD;
     for (i, entry) in doc.vocab.iter().take(ordinary).enumerate() {
         if entry.rank != i {
-            return Err(invalid(format!("tekken.json vocab entry {i} has rank {}", entry.rank)));
+            return Err(invalid(format!(
+                "tekken.json vocab entry {i} has rank {}",
+                entry.rank
+            )));
         }
         let id = specials + i;
         tokens[id] = b64

@@ -118,7 +118,6 @@ fn normalizer(v: Option<&Value>) -> Result<Normalizer> {
     Ok(n)
 }
 
-
 /// The pre-tokenizer and whether the vocabulary is byte-level (`ByteLevel` present).
 fn pre_tokenizer(v: Option<&Value>, metaspace: bool) -> Result<(PreTokenizer, bool)> {
     let Some(v) = v.filter(|v| !v.is_null()) else {
@@ -144,7 +143,9 @@ fn pre_tokenizer(v: Option<&Value>, metaspace: bool) -> Result<(PreTokenizer, bo
         match kind_of(part) {
             "ByteLevel" => {
                 if !no_prefix(part) {
-                    return Err(invalid("tokenizer.json ByteLevel with add_prefix_space is not supported"));
+                    return Err(invalid(
+                        "tokenizer.json ByteLevel with add_prefix_space is not supported",
+                    ));
                 }
                 byte_level = true;
                 if flag(part, "use_regex", true) {
@@ -152,7 +153,11 @@ fn pre_tokenizer(v: Option<&Value>, metaspace: bool) -> Result<(PreTokenizer, bo
                 }
             }
             "Digits" => {
-                let pattern = if flag(part, "individual_digits", false) { r"\p{N}" } else { r"\p{N}+" };
+                let pattern = if flag(part, "individual_digits", false) {
+                    r"\p{N}"
+                } else {
+                    r"\p{N}+"
+                };
                 stages.push(RegexSplit::new(pattern, Behavior::Isolated)?);
             }
             "Split" => {
@@ -177,7 +182,9 @@ fn pre_tokenizer(v: Option<&Value>, metaspace: bool) -> Result<(PreTokenizer, bo
                         continue;
                     }
                     if metaspace && literal.contains('▁') {
-                        return Err(invalid(format!("tokenizer.json Split on {literal:?} is not supported")));
+                        return Err(invalid(format!(
+                            "tokenizer.json Split on {literal:?} is not supported"
+                        )));
                     }
                     stages.push(RegexSplit::literal(literal, behavior)?);
                 } else {
@@ -202,7 +209,9 @@ fn pre_tokenizer(v: Option<&Value>, metaspace: bool) -> Result<(PreTokenizer, bo
 /// `<0xNN>`, SentencePiece's byte token spelling.
 pub(crate) fn byte_token(text: &str) -> Option<u8> {
     let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
-    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
+    (hex.len() == 2)
+        .then(|| u8::from_str_radix(hex, 16).ok())
+        .flatten()
 }
 
 /// A `tokenizer.json` with a BPE model as a [`Vocabulary`].
@@ -211,7 +220,10 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
         serde_json::from_slice(data).map_err(|e| invalid(format!("tokenizer.json: {e}")))?;
     let model = doc.model;
     if model.kind != "BPE" {
-        return Err(invalid(format!("tokenizer.json model {:?} is not BPE", model.kind)));
+        return Err(invalid(format!(
+            "tokenizer.json model {:?} is not BPE",
+            model.kind
+        )));
     }
     for (name, value) in [
         ("continuing_subword_prefix", &model.continuing_subword_prefix),
@@ -227,7 +239,9 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
     let normalizer = normalizer(doc.normalizer.as_ref())?;
     let (pre, byte_level) = pre_tokenizer(doc.pre_tokenizer.as_ref(), normalizer.metaspace)?;
     if byte_level && (normalizer.metaspace || normalizer.prepend != Prepend::Never) {
-        return Err(invalid("tokenizer.json mixes ByteLevel with SentencePiece normalizers"));
+        return Err(invalid(
+            "tokenizer.json mixes ByteLevel with SentencePiece normalizers",
+        ));
     }
     let alphabet = if byte_level {
         Alphabet::Bytes
@@ -262,10 +276,11 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
     }
     let unk = match &model.unk_token {
         Some(text) => {
-            let id = *model
-                .vocab
-                .get(text)
-                .ok_or_else(|| invalid(format!("tokenizer.json unk_token {text:?} is not in the vocabulary")))?;
+            let id = *model.vocab.get(text).ok_or_else(|| {
+                invalid(format!(
+                    "tokenizer.json unk_token {text:?} is not in the vocabulary"
+                ))
+            })?;
             kinds[id as usize] = TokenKind::Unknown;
             tokens[id as usize] = text.clone().into_bytes();
             Some(id)
