@@ -110,5 +110,5 @@ def hf_family(name: str) -> tokenizers.Tokenizer:
     return hf
 
 
-HF_FAMILIES = ("llama3_1", "qwen3", "deepseek_v3", "gemma3")
+HF_FAMILIES = ("llama3_1", "qwen3", "deepseek_v3", "gemma3", "llama2")
 FAMILIES = (*HF_FAMILIES, "tekken", "gemma3_gguf")

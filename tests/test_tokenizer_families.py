@@ -1,5 +1,5 @@
 """Open-model tokenizers (Llama 3, Qwen3, DeepSeek V3, Gemma 3, Mistral tekken, Phi-3,
-Llama 2 / Mistral SentencePiece) against each family's own reference, id for id:
+Llama 2 / Mistral v1 SentencePiece) against each family's own reference, id for id:
 Hugging Face `tokenizers` for tokenizer.json, `mistral-common` for tekken.json,
 llama.cpp for GGUF, and the `.inp`/`.out` vectors of the llama-cpp-python sdist.
 """
@@ -227,7 +227,7 @@ def _lossless(name: str, text: str) -> str:
     a `▁` as a space."""
     if name == "qwen3":
         return unicodedata.normalize("NFC", text)
-    if name.startswith("gemma3"):
+    if name.startswith("gemma3") or name == "llama2":
         return text.replace("▁", " ")
     return text
 

