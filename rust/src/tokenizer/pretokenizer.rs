@@ -1,7 +1,14 @@
-//! Pre-tokenizers for byte-level BPE vocabularies: the split of text into pieces that
-//! BPE then encodes one at a time, reproducing llama.cpp for the vocabulary's `pre` type.
+//! Pre-tokenizers: the split of text into pieces that BPE then encodes one at a time.
 //!
-//! llama.cpp does not run the GPT-2 regex through a regex engine: it hand-codes it
+//! Two kinds. [`RegexSplits`]: a sequence of regex splits, each piece of one stage split
+//! again by the next, matches and the text between them kept as pieces (Hugging Face's
+//! `Split` with `Isolated` or `MergedWithPrevious`, llama.cpp's `regex_exprs`): Llama 3,
+//! Qwen2/3, DeepSeek V3, Mistral tekken. The one construct the regex engine lacks,
+//! `\s+(?!\S)`, is rewritten as bpe-openai does (a pattern `\s+\s` whose last character is
+//! given back, and `\s+$`), which finds the same pieces as a backtracking engine.
+//! Any other look-around is refused when the vocabulary loads.
+//!
+//! And the GPT-2 scanner: llama.cpp does not run the GPT-2 regex through a regex engine: it hand-codes it
 //! (`unicode_regex_split_custom_gpt2`), with its own corners (contractions are
 //! lowercase ASCII only; a whitespace run is kept whole at the end of a sub-range
 //! instead of giving its last character to the next piece). This module mirrors that
@@ -9,12 +16,16 @@
 //! `\s` as Unicode `White_Space`) come from regex-syntax's Unicode tables, the same
 //! definitions llama.cpp generated its tables from.
 //!
-//! It owns only the split; vocabularies, merges and special tokens live in `bytelevel`.
+//! It owns only the split; vocabularies, merges and special tokens live in `bpe_model`.
 
 use std::ops::Range;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
+use regex_automata::meta::Regex;
+use regex_automata::{Anchored, Input};
 use regex_syntax::hir::{Class, HirKind};
+
+use crate::error::{Code, Error, Result};
 
 const LETTER: u8 = 1;
 const NUMBER: u8 = 2;
@@ -42,35 +53,102 @@ fn flags(c: char) -> u8 {
     FLAGS[c as usize]
 }
 
-/// How a vocabulary splits text before BPE, by llama.cpp's `tokenizer.ggml.pre` names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a vocabulary splits text before BPE.
+#[derive(Debug, Clone)]
 pub enum PreTokenizer {
     /// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
     Gpt2,
     /// Every `\p{N}` character on its own, then GPT-2 on the rest (SmolLM, StarCoder,
     /// Refact, Command-R, ...).
     DigitsThenGpt2,
+    /// A sequence of regex splits (Llama 3, Qwen, DeepSeek, tekken, ...).
+    Regex(Arc<RegexSplits>),
+    /// No split: the text is one piece (SentencePiece-style vocabularies, which cut it
+    /// themselves where no token can span; see `bpe_model`).
+    Whole,
 }
 
+/// Llama 3's split (also cl100k_base's): three-digit number groups.
+pub const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// GPT-2's (Hugging Face `ByteLevel` with `use_regex`).
+pub const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+/// Qwen2 / Qwen2.5 / Qwen3: Llama 3's with single digits.
+pub const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5: Qwen2's with combining marks inside words.
+pub const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// DeepSeek V3 / R1: digits in threes, CJK runs, then words and punctuation.
+pub const DEEPSEEK_V3: [&str; 3] = [
+    r"\p{N}{1,3}",
+    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+];
+/// Mistral tekken (as `mistral-common` and tiktoken run it).
+pub const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Falcon, as llama.cpp splits it.
+pub const FALCON: [&str; 3] = [
+    "[\\p{P}\\$\\+<=>\\^~\\|`]+",
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
+    "[0-9][0-9][0-9]",
+];
+/// DeepSeek LLM (v1/v2) and DeepSeek Coder, as llama.cpp splits them.
+pub const DEEPSEEK_LLM: [&str; 6] = [
+    "[\r\n]",
+    "\\s?[A-Za-z\u{b5}\u{c0}-\u{d6}\u{d8}-\u{f6}\u{f8}-\u{1ba}\u{1bc}-\u{1bf}\u{1c4}-\u{293}\u{295}-\u{2af}\u{370}-\u{373}\u{376}\u{377}\u{37b}-\u{37d}\u{37f}\u{386}\u{388}-\u{38a}\u{38c}\u{38e}-\u{3a1}\u{3a3}-\u{3f5}\u{3f7}-\u{481}\u{48a}-\u{52f}\u{531}-\u{556}\u{10a0}-\u{10c5}\u{13a0}-\u{13f5}\u{13f8}-\u{13fd}\u{1c90}-\u{1cba}\u{1cbd}-\u{1cbf}\u{1d00}-\u{1d2b}\u{1d6b}-\u{1d77}\u{1d79}-\u{1d9a}\u{1e00}-\u{1f15}\u{1f18}-\u{1f1d}\u{1f20}-\u{1f45}\u{1f48}-\u{1f4d}\u{1f50}-\u{1f57}\u{1f59}\u{1f5b}\u{1f5d}\u{1f5f}-\u{1f7d}\u{1f80}-\u{1fb4}\u{1fb6}-\u{1fbc}\u{1fbe}\u{1fc2}-\u{1fc4}\u{1fc6}-\u{1fcc}\u{1fd0}-\u{1fd3}\u{1fd6}-\u{1fdb}\u{1fe0}-\u{1fec}\u{1ff2}-\u{1ff4}\u{1ff6}-\u{1ffc}\u{2102}\u{2107}\u{210a}-\u{2113}\u{2115}\u{2119}-\u{211d}\u{2124}\u{2126}\u{2128}\u{212a}-\u{212d}\u{212f}-\u{2134}\u{2139}\u{213c}-\u{213f}\u{2145}-\u{2149}\u{214e}\u{2183}\u{2184}\u{2c00}-\u{2c7b}\u{2c7e}-\u{2ce4}\u{2ceb}-\u{2cee}\u{2cf2}\u{2cf3}\u{a640}-\u{a66d}\u{a680}-\u{a69b}\u{a722}-\u{a76f}\u{a771}-\u{a787}\u{a78b}-\u{a78e}\u{ab70}-\u{abbf}\u{fb00}-\u{fb06}\u{fb13}-\u{fb17}\u{ff21}-\u{ff3a}\u{ff41}-\u{ff5a}\u{10400}-\u{1044f}\u{104b0}-\u{104d3}\u{104d8}-\u{104fb}\u{10c80}-\u{10cb2}\u{10cc0}-\u{10cf2}\u{118a0}-\u{118df}\u{1e900}-\u{1e943}]+",
+    "\\s?[!-/:-~\u{ff01}-\u{ff0f}\u{ff1a}-\u{ff5e}\u{2018}-\u{201f}\u{3000}-\u{3002}]+",
+    "\\s+$",
+    "[\u{4e00}-\u{9fa5}\u{800}-\u{4e00}\u{ac00}-\u{d7ff}]+",
+    "\\p{N}+",
+];
+pub const DEEPSEEK_CODER: [&str; 5] = [
+    "[\r\n]",
+    "\\s?\\p{L}+",
+    "\\s?\\p{P}+",
+    "[\u{4e00}-\u{9fa5}\u{800}-\u{4e00}\u{ac00}-\u{d7ff}]+",
+    "\\p{N}",
+];
+
 impl PreTokenizer {
-    /// The pre-tokenizer llama.cpp uses for a GGUF `tokenizer.ggml.pre` value.
-    pub fn from_llama_pre(pre: &str) -> Option<Self> {
+    /// The pre-tokenizer llama.cpp uses for a GGUF `tokenizer.ggml.pre` value; None for
+    /// a name it does not know or a split we do not reproduce.
+    pub fn from_llama_pre(pre: &str) -> Result<Option<Self>> {
+        let splits = |patterns: &[&str]| -> Result<Option<Self>> {
+            let stages = patterns
+                .iter()
+                .map(|p| RegexSplit::new(p, Behavior::Isolated))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Some(PreTokenizer::Regex(Arc::new(RegexSplits { stages }))))
+        };
         match pre {
-            "gpt-2" | "gpt2" | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" => {
-                Some(PreTokenizer::Gpt2)
+            "gpt-2" | "gpt2" | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" | "phi-2" => {
+                Ok(Some(PreTokenizer::Gpt2))
             }
             "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" => {
-                Some(PreTokenizer::DigitsThenGpt2)
+                Ok(Some(PreTokenizer::DigitsThenGpt2))
             }
-            _ => None,
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "dbrx" | "smaug-bpe"
+            | "chatglm-bpe" => splits(&[LLAMA3]),
+            "qwen2" | "deepseek-r1-qwen" | "stablelm2" => splits(&[QWEN2]),
+            "qwen35" => splits(&[QWEN35]),
+            "deepseek-v3" => splits(&DEEPSEEK_V3),
+            "deepseek-llm" => splits(&DEEPSEEK_LLM),
+            "deepseek-coder" => splits(&DEEPSEEK_CODER),
+            "falcon" => splits(&FALCON),
+            "tekken" => splits(&[TEKKEN]),
+            _ => Ok(None),
         }
     }
 
     /// Call `out` with the byte range of each piece of `text[range]`, in order (a
     /// callback, not a vector: a 1 MB text has ~300k pieces, and streaming them keeps
     /// the working set in cache).
-    pub fn split(self, text: &str, range: Range<usize>, out: &mut impl FnMut(Range<usize>)) {
+    pub fn split(&self, text: &str, range: Range<usize>, out: &mut impl FnMut(Range<usize>)) {
         match self {
+            PreTokenizer::Regex(splits) => splits.split(text, range, out),
+            PreTokenizer::Whole => {
+                if !range.is_empty() {
+                    out(range)
+                }
+            }
             PreTokenizer::Gpt2 => split_gpt2(text, range, out),
             PreTokenizer::DigitsThenGpt2 => {
                 let mut run = range.start;
@@ -85,6 +163,161 @@ impl PreTokenizer {
                 split_gpt2(text, run..range.end, out);
             }
         }
+    }
+}
+
+/// What a `Split` stage does with a match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behavior {
+    /// The match is a piece of its own (the text between matches too).
+    Isolated,
+    /// The match ends the piece before it.
+    MergedWithPrevious,
+}
+
+/// One split stage: a regex compiled as several patterns in priority order, with the
+/// patterns whose last character is a look-ahead marked (it is given back).
+#[derive(Debug)]
+pub struct RegexSplit {
+    regex: Regex,
+    lookahead: Vec<bool>,
+    behavior: Behavior,
+}
+
+/// `\s+(?!\S)`, as a top-level alternative: the only look-around we rewrite.
+const WHITESPACE_LOOKAHEAD: &str = r"\s+(?!\S)";
+
+impl RegexSplit {
+    /// Compile `pattern` (Oniguruma / PCRE syntax as tokenizer.json and llama.cpp write it).
+    pub fn new(pattern: &str, behavior: Behavior) -> Result<Self> {
+        let alternatives = top_level_alternatives(pattern);
+        let mut patterns: Vec<(String, bool)> = Vec::new();
+        let mut head: Vec<&str> = Vec::new();
+        let mut rest = alternatives.as_slice();
+        while let Some((first, tail)) = rest.split_first() {
+            rest = tail;
+            if *first != WHITESPACE_LOOKAHEAD {
+                head.push(first);
+                continue;
+            }
+            // `\s+(?!\S)`: at the end of the text, the whole run (`\s+$`, same priority);
+            // before other text, the run less its last character (`\s+\s`, one given back).
+            // A run of one before other text fails here, as it does in a backtracking engine.
+            head.push(r"\s+$");
+            patterns.push((head.join("|"), false));
+            head.clear();
+            patterns.push((r"\s+\s".to_owned(), true));
+        }
+        if !head.is_empty() {
+            patterns.push((head.join("|"), false));
+        }
+        let (sources, lookahead): (Vec<String>, Vec<bool>) = patterns.into_iter().unzip();
+        let regex = Regex::new_many(&sources).map_err(|e| {
+            Error::new(
+                Code::InvalidVocabulary,
+                format!(
+                    "pre-tokenizer regex {pattern:?} is not supported: {}",
+                    e.syntax_error()
+                        .map_or_else(|| e.to_string(), ToString::to_string)
+                ),
+            )
+        })?;
+        Ok(RegexSplit {
+            regex,
+            lookahead,
+            behavior,
+        })
+    }
+
+    /// A literal string split (tokenizer.json `Split` with a `String` pattern).
+    pub fn literal(text: &str, behavior: Behavior) -> Result<Self> {
+        Self::new(&regex_syntax::escape(text), behavior)
+    }
+
+    fn split(&self, text: &str, range: Range<usize>, out: &mut dyn FnMut(Range<usize>)) {
+        let hay = &text[range.clone()];
+        let base = range.start;
+        let mut at = 0;
+        let mut gap_start = 0;
+        while at < hay.len() {
+            // These regexes match at almost every position: an anchored search (no scan
+            // for a start) finds the next piece; only a gap takes the unanchored search.
+            let input = Input::new(hay).range(at..);
+            let found = self
+                .regex
+                .search(&input.clone().anchored(Anchored::Yes))
+                .or_else(|| self.regex.search(&input));
+            let Some(m) = found else {
+                break;
+            };
+            let mut end = m.end();
+            if self.lookahead[m.pattern().as_usize()] {
+                end -= hay[..end].chars().next_back().map_or(0, char::len_utf8);
+            }
+            if end == m.start() {
+                // Empty matches cut nothing.
+                at = m.start() + hay[m.start()..].chars().next().map_or(1, char::len_utf8);
+                continue;
+            }
+            match self.behavior {
+                Behavior::Isolated => {
+                    if m.start() > gap_start {
+                        out(base + gap_start..base + m.start());
+                    }
+                    out(base + m.start()..base + end);
+                }
+                Behavior::MergedWithPrevious => out(base + gap_start..base + end),
+            }
+            gap_start = end;
+            at = end;
+        }
+        if gap_start < hay.len() {
+            out(base + gap_start..base + hay.len());
+        }
+    }
+}
+
+/// The top-level `|`-separated alternatives of a regex (not inside groups or classes).
+fn top_level_alternatives(pattern: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut in_class, mut escaped, mut start) = (0i32, false, false, 0);
+    for (i, c) in pattern.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match c {
+            '\\' => escaped = true,
+            '[' if !in_class => in_class = true,
+            ']' if in_class => in_class = false,
+            '(' if !in_class => depth += 1,
+            ')' if !in_class => depth -= 1,
+            '|' if !in_class && depth == 0 => {
+                out.push(&pattern[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&pattern[start..]);
+    out
+}
+
+/// A sequence of split stages: each piece of one stage is split by the next.
+#[derive(Debug)]
+pub struct RegexSplits {
+    pub stages: Vec<RegexSplit>,
+}
+
+impl RegexSplits {
+    fn split(&self, text: &str, range: Range<usize>, out: &mut impl FnMut(Range<usize>)) {
+        fn stage(stages: &[RegexSplit], text: &str, range: Range<usize>, out: &mut dyn FnMut(Range<usize>)) {
+            match stages.split_first() {
+                None => out(range),
+                Some((first, rest)) => first.split(text, range, &mut |r| stage(rest, text, r, out)),
+            }
+        }
+        stage(&self.stages, text, range, out);
     }
 }
 
@@ -183,7 +416,7 @@ fn split_gpt2(text: &str, range: Range<usize>, out: &mut impl FnMut(Range<usize>
 mod tests {
     use super::*;
 
-    fn pieces(pre: PreTokenizer, text: &str) -> Vec<&str> {
+    fn pieces<'a>(pre: &PreTokenizer, text: &'a str) -> Vec<&'a str> {
         let mut out = Vec::new();
         pre.split(text, 0..text.len(), &mut |r| out.push(&text[r]));
         out
@@ -192,27 +425,71 @@ mod tests {
     #[test]
     fn gpt2_words_spaces_and_contractions() {
         let p = PreTokenizer::Gpt2;
-        assert_eq!(pieces(p, "Hello world"), ["Hello", " world"]);
-        assert_eq!(pieces(p, "don't  stop"), ["don", "'t", " ", " stop"]);
-        assert_eq!(pieces(p, "DON'T"), ["DON", "'", "T"]);
-        assert_eq!(pieces(p, "a  \n"), ["a", "  \n"]);
-        assert_eq!(pieces(p, "x = 12;"), ["x", " =", " 12", ";"]);
-        assert_eq!(pieces(p, "  \tb"), ["  ", "\t", "b"]);
+        assert_eq!(pieces(&p, "Hello world"), ["Hello", " world"]);
+        assert_eq!(pieces(&p, "don't  stop"), ["don", "'t", " ", " stop"]);
+        assert_eq!(pieces(&p, "DON'T"), ["DON", "'", "T"]);
+        assert_eq!(pieces(&p, "a  \n"), ["a", "  \n"]);
+        assert_eq!(pieces(&p, "x = 12;"), ["x", " =", " 12", ";"]);
+        assert_eq!(pieces(&p, "  \tb"), ["  ", "\t", "b"]);
     }
 
     #[test]
     fn digits_split_before_gpt2() {
         let p = PreTokenizer::DigitsThenGpt2;
-        assert_eq!(pieces(p, "abc 123"), ["abc", " ", "1", "2", "3"]);
-        assert_eq!(pieces(p, "v2.0  x"), ["v", "2", ".", "0", " ", " x"]);
-        assert_eq!(pieces(p, "a   1"), ["a", "   ", "1"]);
+        assert_eq!(pieces(&p, "abc 123"), ["abc", " ", "1", "2", "3"]);
+        assert_eq!(pieces(&p, "v2.0  x"), ["v", "2", ".", "0", " ", " x"]);
+        assert_eq!(pieces(&p, "a   1"), ["a", "   ", "1"]);
     }
 
     #[test]
     fn pieces_cover_the_text() {
         let text = "Größe: 10€ — 東京 🙂 'll\r\n\n  end ";
         for p in [PreTokenizer::Gpt2, PreTokenizer::DigitsThenGpt2] {
-            assert_eq!(pieces(p, text).concat(), text);
+            assert_eq!(pieces(&p, text).concat(), text);
         }
+        for name in [
+            "llama-bpe",
+            "qwen2",
+            "deepseek-v3",
+            "tekken",
+            "deepseek-llm",
+            "deepseek-coder",
+        ] {
+            let p = PreTokenizer::from_llama_pre(name).unwrap().unwrap();
+            assert_eq!(pieces(&p, text).concat(), text, "{name}");
+        }
+    }
+
+    #[test]
+    fn whitespace_lookahead_gives_back_one_character() {
+        let p = PreTokenizer::from_llama_pre("llama-bpe").unwrap().unwrap();
+        assert_eq!(pieces(&p, "a   b"), ["a", "  ", " b"]);
+        assert_eq!(pieces(&p, "a   "), ["a", "   "]);
+        assert_eq!(pieces(&p, "a \tb"), ["a", " ", "\tb"]);
+        assert_eq!(pieces(&p, "x  \n\n y"), ["x", "  \n\n", " y"]);
+        assert_eq!(pieces(&p, "12345 don't"), ["123", "45", " don", "'t"]);
+        // GPT-2's regex ends with the look-ahead alternative: no `\s+` after it.
+        let gpt2 = PreTokenizer::Regex(Arc::new(RegexSplits {
+            stages: vec![RegexSplit::new(GPT2, Behavior::Isolated).unwrap()],
+        }));
+        assert_eq!(
+            pieces(&gpt2, "a  b\t\tc "),
+            ["a", " ", " b", "\t", "\t", "c", " "]
+        );
+    }
+
+    #[test]
+    fn merged_with_previous_ends_pieces_at_matches() {
+        let split = RegexSplit::literal(" ", Behavior::MergedWithPrevious).unwrap();
+        let text = "a b  c";
+        let mut out = Vec::new();
+        split.split(text, 0..text.len(), &mut |r| out.push(&text[r]));
+        assert_eq!(out, ["a ", "b ", " ", "c"]);
+    }
+
+    #[test]
+    fn unsupported_look_around_is_refused() {
+        let err = RegexSplit::new(r"(?=a)b", Behavior::Isolated).unwrap_err();
+        assert_eq!(err.code, Code::InvalidVocabulary);
     }
 }

@@ -1,0 +1,999 @@
+//! The BPE engine for open models: byte-level vocabularies (GPT-2 style SmolLM2 and
+//! StarCoder, Llama 3, Qwen2/3, DeepSeek, Mistral tekken) and SentencePiece-style ones
+//! (Gemma 3, Mistral v1-v3, Phi-3), whatever the source: `tokenizer.json`
+//! ([`super::tokenizer_json`]), GGUF metadata ([`super::gguf`]) or `tekken.json`
+//! ([`super::tekken`]). The sources differ in how they spell tokens and rank merges;
+//! each turns its file into one [`Vocabulary`] of decoded token bytes and merge ranks.
+//!
+//! Encoding a text: user-defined (non-special) added tokens are cut out first
+//! (leftmost-longest, as Hugging Face and llama.cpp match them); each section between
+//! them is normalized (NFC, SentencePiece's space rules), split by the pre-tokenizer,
+//! and each piece is encoded by BPE. BPE starts from one symbol per byte (byte-level) or
+//! per character (SentencePiece, with byte fallback) and repeatedly merges the adjacent
+//! pair of lowest rank, leftmost first on ties, as Hugging Face, llama.cpp and tiktoken
+//! all do. Symbols sit in a linked list and candidate pairs in a binary heap, so a piece
+//! of n symbols costs O(n log n): `"A" * 100_000`, long space runs and a SentencePiece
+//! text with no pre-tokenizer at all stay linear-ish, never quadratic.
+//!
+//! Ranks come in two kinds ([`Merges`]): a ranked list of pairs (Hugging Face `merges`,
+//! GGUF `tokenizer.ggml.merges`), or a rank per token where every split of a token into
+//! two tokens is a merge of that rank (tiktoken's ranks, SentencePiece scores).
+//!
+//! SentencePiece vocabularies have no pre-tokenizer: the whole text is one BPE word. It is
+//! still cut, exactly, before every space whose previous character never precedes a space
+//! inside a token (checked on the vocabulary at load): no token can span such a cut, so
+//! no merge crosses it. That keeps the heap small and gives incremental encoding its
+//! piece boundaries.
+//!
+//! Token kinds follow GGUF `token_type`: control tokens (`<|eot_id|>`, `<start_of_turn>`)
+//! are reachable only through [`Tokenizer::special`]; user-defined tokens are matched in
+//! text, as llama.cpp and Hugging Face (non-special added tokens) do.
+
+use std::borrow::Cow;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::ops::Range;
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use foldhash::{HashMap as FastMap, HashSet as FastSet};
+use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
+
+use super::pretokenizer::PreTokenizer;
+use super::Tokenizer;
+use crate::error::{Code, Error, Result};
+
+/// GGUF `token_type` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    Normal,
+    Unknown,
+    Control,
+    UserDefined,
+    Unused,
+    /// SentencePiece's `<0xNN>` byte-fallback tokens.
+    Byte,
+    /// A user-defined token outside the BPE model's vocabulary: matched in text, never
+    /// produced by a merge (Hugging Face added tokens the model lacks; llama.cpp's
+    /// SentencePiece tokens spelled with a real space, which its merges cannot reach).
+    Added,
+}
+
+impl TokenKind {
+    pub fn from_gguf(t: i64) -> TokenKind {
+        match t {
+            2 => TokenKind::Unknown,
+            3 => TokenKind::Control,
+            4 => TokenKind::UserDefined,
+            5 => TokenKind::Unused,
+            6 => TokenKind::Byte,
+            _ => TokenKind::Normal,
+        }
+    }
+
+    /// Kinds whose bytes are their literal text, found by name with `special`.
+    fn is_literal(self) -> bool {
+        matches!(
+            self,
+            TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown | TokenKind::Added
+        )
+    }
+
+    /// Kinds BPE may produce by merging.
+    fn is_mergeable(self) -> bool {
+        matches!(self, TokenKind::Normal | TokenKind::UserDefined)
+    }
+}
+
+/// What BPE starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alphabet {
+    /// One symbol per byte (byte-level vocabularies).
+    Bytes,
+    /// One symbol per character; a character without a token becomes the `<0xNN>` tokens
+    /// of its bytes (`byte_fallback`) or the unknown token (consecutive ones fused into
+    /// one with `fuse_unk`).
+    Chars { byte_fallback: bool, fuse_unk: bool },
+}
+
+/// Where SentencePiece puts its dummy space prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prepend {
+    Never,
+    /// Before every text section (Hugging Face `Prepend` normalizer, llama.cpp's
+    /// `add_space_prefix`: also after an added token matched in the text).
+    Always,
+}
+
+/// Text normalization before the pre-tokenizer, per section between added tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Normalizer {
+    /// Unicode NFC (Qwen).
+    pub nfc: bool,
+    /// SentencePiece spells a space `▁`: a `▁` in the text is a space too (the vocabulary
+    /// is stored decoded, with spaces).
+    pub metaspace: bool,
+    pub prepend: Prepend,
+}
+
+impl Normalizer {
+    pub const NONE: Normalizer = Normalizer {
+        nfc: false,
+        metaspace: false,
+        prepend: Prepend::Never,
+    };
+}
+
+/// How merges are ranked (lower rank merges first).
+pub enum Merges {
+    /// (left, right) token pairs in rank order; the merged token is their concatenation.
+    Ranked(Vec<(u32, u32)>),
+    /// A rank per token (`u32::MAX`: never a merge result); any split of a token into two
+    /// tokens merges at the token's rank (tiktoken ranks, SentencePiece scores).
+    ByTokenRank(Vec<u32>),
+}
+
+/// Everything needed to build a [`BpeModel`], whatever the source format.
+pub struct Vocabulary {
+    pub name: String,
+    pub pre: PreTokenizer,
+    pub normalizer: Normalizer,
+    pub alphabet: Alphabet,
+    /// Bytes of each token as decoding writes them: byte-level spellings decoded,
+    /// SentencePiece `▁` as a space and `<0xNN>` as its byte, literal text for control
+    /// and user-defined tokens; empty for ids the vocabulary leaves unused.
+    pub tokens: Vec<Vec<u8>>,
+    pub kinds: Vec<TokenKind>,
+    pub merges: Merges,
+    /// A piece that is a token is that token, whatever the merges (Llama 3).
+    pub ignore_merges: bool,
+    pub unk: Option<u32>,
+    /// Decoding drops the first space of a text (SentencePiece's dummy prefix).
+    pub strip_leading_space: bool,
+    /// Tokens matched in text before anything else, by the text they match (which for
+    /// SentencePiece may differ from their decoded bytes: `▁▁` decodes to two spaces).
+    pub added: Vec<(String, u32)>,
+}
+
+const NONE: u32 = u32::MAX;
+/// The id of a symbol the vocabulary cannot spell: dropped from the output.
+const MISSING: u32 = u32::MAX - 1;
+
+pub struct BpeModel {
+    name: String,
+    pre: PreTokenizer,
+    normalizer: Normalizer,
+    alphabet: Alphabet,
+    /// Token bytes, concatenated; token i is `bytes[starts[i]..starts[i + 1]]`.
+    bytes: Vec<u8>,
+    starts: Vec<u32>,
+    kinds: Vec<TokenKind>,
+    /// Bytes: the token of each single byte. Chars: the `<0xNN>` fallback token of each byte.
+    byte_ids: [u32; 256],
+    /// Chars: the token of each single character.
+    char_ids: FastMap<char, u32>,
+    /// (left id << 32 | right id) -> (rank, merged id).
+    merges: FastMap<u64, (u32, u32)>,
+    /// Control, unknown and user-defined tokens by their literal text.
+    specials: HashMap<String, u32>,
+    /// User-defined tokens, matched in text before normalization.
+    added: Option<(AhoCorasick, Vec<u32>)>,
+    /// Pieces answered by one lookup instead of the merge loop: every token with
+    /// `ignore_merges`, else the tokens whose own bytes encode to exactly themselves.
+    whole: FastMap<Box<[u8]>, u32>,
+    unk: Option<u32>,
+    /// Chars: characters that precede a space inside some token (no cut after them).
+    joins_space: FastSet<char>,
+    strip_leading_space: bool,
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::new(Code::InvalidVocabulary, message)
+}
+
+impl BpeModel {
+    pub fn new(v: Vocabulary) -> Result<Self> {
+        if v.tokens.len() != v.kinds.len() {
+            return Err(invalid(format!(
+                "{} tokens but {} token types",
+                v.tokens.len(),
+                v.kinds.len()
+            )));
+        }
+        if v.tokens.len() >= MISSING as usize {
+            return Err(invalid("vocabulary too large"));
+        }
+        let mut bytes = Vec::new();
+        let mut starts = Vec::with_capacity(v.tokens.len() + 1);
+        starts.push(0u32);
+        // Every mergeable token by its bytes, a later id winning (llama.cpp's text -> id map).
+        let mut by_bytes: FastMap<&[u8], u32> = FastMap::default();
+        let mut specials: HashMap<String, u32> = v.added.iter().cloned().collect();
+        let mut byte_tokens = [MISSING; 256];
+        for (id, (token, kind)) in v.tokens.iter().zip(&v.kinds).enumerate() {
+            let id = id as u32;
+            bytes.extend_from_slice(token);
+            starts.push(bytes.len() as u32);
+            if token.is_empty() {
+                continue;
+            }
+            if kind.is_mergeable() {
+                by_bytes.insert(token, id);
+            }
+            if *kind == TokenKind::Byte && token.len() == 1 {
+                byte_tokens[token[0] as usize] = id;
+            }
+            if kind.is_literal() {
+                specials.insert(String::from_utf8_lossy(token).into_owned(), id);
+            }
+        }
+        let mut char_ids = FastMap::default();
+        let mut joins_space = FastSet::default();
+        let byte_ids = match v.alphabet {
+            Alphabet::Bytes => {
+                // Some vocabularies lack a few control bytes (SmolLM2 has no 0x04): llama.cpp
+                // then drops that byte.
+                let mut ids = [MISSING; 256];
+                for (b, id) in ids.iter_mut().enumerate() {
+                    if let Some(&t) = by_bytes.get(&[b as u8][..]) {
+                        *id = t;
+                    }
+                }
+                ids
+            }
+            Alphabet::Chars { .. } => {
+                for (token, &id) in &by_bytes {
+                    let Ok(text) = std::str::from_utf8(token) else {
+                        continue;
+                    };
+                    let mut chars = text.chars();
+                    if let (Some(c), None) = (chars.next(), chars.next()) {
+                        char_ids.insert(c, id);
+                    }
+                    let mut prev = None;
+                    for c in text.chars() {
+                        if let Some(p) = prev.filter(|&p| c == ' ' && p != ' ') {
+                            joins_space.insert(p);
+                        }
+                        prev = Some(c);
+                    }
+                }
+                byte_tokens
+            }
+        };
+        let merges = merge_table(&v.merges, &v.tokens, &v.kinds, &by_bytes, v.alphabet)?;
+        let added = if v.added.is_empty() {
+            None
+        } else {
+            let automaton = AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(v.added.iter().map(|(text, _)| text))
+                .map_err(|e| invalid(format!("added tokens: {e}")))?;
+            Some((automaton, v.added.iter().map(|(_, id)| *id).collect()))
+        };
+        let mut model = BpeModel {
+            name: v.name,
+            pre: v.pre,
+            normalizer: v.normalizer,
+            alphabet: v.alphabet,
+            bytes,
+            starts,
+            kinds: v.kinds,
+            byte_ids,
+            char_ids,
+            merges,
+            specials,
+            added,
+            whole: FastMap::default(),
+            unk: v.unk,
+            joins_space,
+            strip_leading_space: v.strip_leading_space,
+        };
+        model.whole = model.whole_tokens(v.ignore_merges);
+        Ok(model)
+    }
+
+    /// Mergeable tokens of two bytes or more that a piece equal to them encodes to: all
+    /// of them with `ignore_merges`; otherwise usually all, but a vocabulary may hold
+    /// tokens no merge sequence reaches, so each is encoded once here rather than assumed.
+    fn whole_tokens(&self, ignore_merges: bool) -> FastMap<Box<[u8]>, u32> {
+        let mut whole = FastMap::default();
+        let mut work = Work::default();
+        let mut ids = Vec::new();
+        for id in 0..self.kinds.len() as u32 {
+            let bytes = self.token_bytes(id);
+            if bytes.len() < 2 || !self.kinds[id as usize].is_mergeable() {
+                continue;
+            }
+            if !ignore_merges {
+                let Ok(text) = std::str::from_utf8(bytes) else {
+                    continue;
+                };
+                ids.clear();
+                self.encode_piece(text, &mut work, &mut ids);
+                if ids != [id] {
+                    continue;
+                }
+            }
+            whole.insert(bytes.into(), id);
+        }
+        whole
+    }
+
+    pub fn kind(&self, id: u32) -> Option<TokenKind> {
+        self.kinds.get(id as usize).copied()
+    }
+
+    /// Call `f` with each section of `text`: its byte range and, for a user-defined token
+    /// matched in the text, that token's id.
+    fn for_each_section(&self, text: &str, mut f: impl FnMut(Range<usize>, Option<u32>)) {
+        let Some((automaton, ids)) = &self.added else {
+            f(0..text.len(), None);
+            return;
+        };
+        let mut at = 0;
+        for m in automaton.find_iter(text) {
+            if m.start() > at {
+                f(at..m.start(), None);
+            }
+            f(m.range(), Some(ids[m.pattern().as_usize()]));
+            at = m.end();
+        }
+        if at < text.len() {
+            f(at..text.len(), None);
+        }
+    }
+
+    /// A section as the pre-tokenizer sees it.
+    fn normalize<'a>(&self, section: &'a str, prepend: bool) -> Cow<'a, str> {
+        let mut text = Cow::Borrowed(section);
+        if self.normalizer.nfc && is_nfc_quick(section.chars()) != IsNormalized::Yes {
+            text = Cow::Owned(section.nfc().collect());
+        }
+        if self.normalizer.metaspace && text.contains('▁') {
+            text = Cow::Owned(text.replace('▁', " "));
+        }
+        if prepend && !text.is_empty() {
+            text = Cow::Owned(format!(" {text}"));
+        }
+        text
+    }
+
+    /// True when normalizing changes nothing but the dummy prefix: the section's pieces
+    /// are then pieces of the original text.
+    fn normalizes_to_itself(&self, section: &str) -> bool {
+        let nfc_stable = !self.normalizer.nfc
+            || (is_nfc_quick(section.chars()) == IsNormalized::Yes
+                // A first character that could compose with the text before it.
+                && section
+                    .chars()
+                    .next()
+                    .is_none_or(|c| is_nfc_quick(std::iter::once(c)) == IsNormalized::Yes));
+        nfc_stable && !(self.normalizer.metaspace && section.contains('▁'))
+    }
+
+    /// Split a normalized section into pieces.
+    fn split(&self, text: &str, out: &mut impl FnMut(Range<usize>)) {
+        match (&self.pre, self.alphabet) {
+            (PreTokenizer::Whole, Alphabet::Chars { .. }) => self.split_words(text, out),
+            (pre, _) => pre.split(text, 0..text.len(), out),
+        }
+    }
+
+    /// SentencePiece text: cut before each space that follows a character no token
+    /// joins to a space (see the module docs).
+    fn split_words(&self, text: &str, out: &mut impl FnMut(Range<usize>)) {
+        let mut start = 0;
+        let mut prev = ' ';
+        for (i, c) in text.char_indices() {
+            if c == ' ' && prev != ' ' && i > start && !self.joins_space.contains(&prev) {
+                out(start..i);
+                start = i;
+            }
+            prev = c;
+        }
+        if start < text.len() {
+            out(start..text.len());
+        }
+    }
+
+    /// Encode `text`; `at_start` says whether it begins the text (SentencePiece's
+    /// dummy prefix goes only there and after added tokens).
+    fn encode_text(&self, text: &str, at_start: bool, out: &mut Vec<u32>) {
+        let mut work = Work::default();
+        out.reserve(text.len() / 3);
+        let mut after_token = at_start;
+        self.for_each_section(text, |range, token| {
+            if let Some(id) = token {
+                out.push(id);
+                after_token = true;
+                return;
+            }
+            let prepend = self.normalizer.prepend == Prepend::Always && after_token;
+            after_token = false;
+            let section = self.normalize(&text[range], prepend);
+            self.split(&section, &mut |r| {
+                let piece = &section[r];
+                match self.whole.get(piece.as_bytes()) {
+                    Some(&id) => out.push(id),
+                    None => self.encode_piece(piece, &mut work, out),
+                }
+            });
+        });
+    }
+
+    /// The first symbols of a piece, before any merge.
+    fn symbols(&self, piece: &str, syms: &mut Vec<Sym>) {
+        let mut push = |id: u32| {
+            let i = syms.len() as u32;
+            syms.push(Sym {
+                id,
+                prev: if i == 0 { NONE } else { i - 1 },
+                next: i + 1,
+            });
+        };
+        match self.alphabet {
+            Alphabet::Bytes => piece.bytes().for_each(|b| push(self.byte_ids[b as usize])),
+            Alphabet::Chars {
+                byte_fallback,
+                fuse_unk,
+            } => {
+                let mut last_unk = false;
+                for c in piece.chars() {
+                    if let Some(&id) = self.char_ids.get(&c) {
+                        push(id);
+                        last_unk = false;
+                        continue;
+                    }
+                    let mut buf = [0u8; 4];
+                    let utf8 = c.encode_utf8(&mut buf).as_bytes();
+                    if byte_fallback && utf8.iter().all(|&b| self.byte_ids[b as usize] != MISSING) {
+                        utf8.iter().for_each(|&b| push(self.byte_ids[b as usize]));
+                        last_unk = false;
+                    } else if !(fuse_unk && last_unk) {
+                        push(self.unk.unwrap_or(MISSING));
+                        last_unk = true;
+                    }
+                }
+            }
+        }
+        if let Some(last) = syms.last_mut() {
+            last.next = NONE;
+        }
+    }
+
+    /// BPE on one piece, appending its ids.
+    fn encode_piece(&self, piece: &str, work: &mut Work, out: &mut Vec<u32>) {
+        work.syms.clear();
+        self.symbols(piece, &mut work.syms);
+        let n = work.syms.len() as u32;
+        if n > 1 {
+            let mut initial = std::mem::take(&mut work.heap).into_vec();
+            initial.clear();
+            initial.extend((0..n - 1).filter_map(|i| self.candidate(&work.syms, i)));
+            work.heap = BinaryHeap::from(initial);
+            self.merge_all(work);
+        }
+        let mut i = if n == 0 { NONE } else { 0 };
+        while i != NONE {
+            let sym = work.syms[i as usize];
+            if sym.id != MISSING {
+                out.push(sym.id);
+            }
+            i = sym.next;
+        }
+    }
+
+    fn merge_all(&self, work: &mut Work) {
+        while let Some(Reverse(key)) = work.heap.pop() {
+            let (rank, left) = ((key >> 32) as u32, key as u32);
+            let sym = work.syms[left as usize];
+            // A stale entry: the pair at `left` changed since it was queued. A pair that
+            // changed into another of the same rank is as good a next merge.
+            let merged = match self.merge_at(&work.syms, left) {
+                Some((r, merged)) if r == rank => merged,
+                _ => continue,
+            };
+            let right = sym.next;
+            let after = work.syms[right as usize].next;
+            work.syms[left as usize].id = merged;
+            work.syms[left as usize].next = after;
+            work.syms[right as usize].id = NONE;
+            if after != NONE {
+                work.syms[after as usize].prev = left;
+            }
+            for i in [sym.prev, left] {
+                if let Some(c) = self.candidate(&work.syms, i) {
+                    work.heap.push(c);
+                }
+            }
+        }
+    }
+
+    /// The merge (rank, merged id) of live symbol `left` with its right neighbour.
+    fn merge_at(&self, syms: &[Sym], left: u32) -> Option<(u32, u32)> {
+        let l = syms.get(left as usize)?;
+        if l.id == NONE || l.next == NONE {
+            return None;
+        }
+        self.merges
+            .get(&pair_key(l.id, syms[l.next as usize].id))
+            .copied()
+    }
+
+    /// The heap entry for the pair at `left`: lowest rank first, then leftmost.
+    fn candidate(&self, syms: &[Sym], left: u32) -> Option<Reverse<u64>> {
+        self.merge_at(syms, left)
+            .map(|(rank, _)| Reverse(((rank as u64) << 32) | left as u64))
+    }
+}
+
+/// The pair table: (left, right) -> (rank, merged). A merge whose parts or result are
+/// not tokens can never apply and is skipped (damaged vocabularies have a few).
+fn merge_table(
+    merges: &Merges,
+    tokens: &[Vec<u8>],
+    kinds: &[TokenKind],
+    by_bytes: &FastMap<&[u8], u32>,
+    alphabet: Alphabet,
+) -> Result<FastMap<u64, (u32, u32)>> {
+    let mut table = FastMap::default();
+    match merges {
+        Merges::Ranked(pairs) => {
+            table.reserve(pairs.len());
+            let mut joined = Vec::new();
+            for (rank, &(l, r)) in pairs.iter().enumerate() {
+                let (Some(left), Some(right)) = (tokens.get(l as usize), tokens.get(r as usize)) else {
+                    return Err(invalid(format!(
+                        "merge {rank} names an id outside the vocabulary"
+                    )));
+                };
+                joined.clear();
+                joined.extend_from_slice(left);
+                joined.extend_from_slice(right);
+                if let Some(&m) = by_bytes.get(&joined[..]) {
+                    table.entry(pair_key(l, r)).or_insert((rank as u32, m));
+                }
+            }
+        }
+        Merges::ByTokenRank(ranks) => {
+            if ranks.len() != tokens.len() {
+                return Err(invalid("one rank per token expected"));
+            }
+            let mut order: Vec<u32> = (0..tokens.len() as u32)
+                .filter(|&id| ranks[id as usize] != u32::MAX && kinds[id as usize].is_mergeable())
+                .collect();
+            order.sort_by_key(|&id| ranks[id as usize]);
+            for id in order {
+                let token = &tokens[id as usize];
+                for cut in 1..token.len() {
+                    if alphabet != Alphabet::Bytes
+                        && !std::str::from_utf8(token).is_ok_and(|t| t.is_char_boundary(cut))
+                    {
+                        continue;
+                    }
+                    if let (Some(&l), Some(&r)) = (by_bytes.get(&token[..cut]), by_bytes.get(&token[cut..])) {
+                        table.entry(pair_key(l, r)).or_insert((ranks[id as usize], id));
+                    }
+                }
+            }
+        }
+    }
+    Ok(table)
+}
+
+fn pair_key(left: u32, right: u32) -> u64 {
+    ((left as u64) << 32) | right as u64
+}
+
+#[derive(Clone, Copy)]
+struct Sym {
+    /// Token id, or NONE once merged into its left neighbour.
+    id: u32,
+    prev: u32,
+    next: u32,
+}
+
+/// Scratch buffers reused across the pieces of one `encode` call.
+#[derive(Default)]
+struct Work {
+    syms: Vec<Sym>,
+    /// Candidate merges as (rank << 32 | left symbol), popped smallest first.
+    heap: BinaryHeap<Reverse<u64>>,
+}
+
+impl Tokenizer for BpeModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        self.encode_text(text, true, out);
+    }
+
+    fn encode_continuation(&self, text: &str, out: &mut Vec<u32>) {
+        self.encode_text(text, false, out);
+    }
+
+    fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
+        let mut ranges = Vec::new();
+        self.for_each_section(text, |range, token| {
+            if token.is_some() || !self.normalizes_to_itself(&text[range.clone()]) {
+                // The tokens of a section that normalization changes do not line up with
+                // its text: one piece, which incremental encoding treats as a fallback.
+                ranges.push(range);
+                return;
+            }
+            let start = range.start;
+            self.split(&text[range], &mut |r| ranges.push(start + r.start..start + r.end));
+        });
+        Box::new(ranges.into_iter().map(move |r| &text[r]))
+    }
+
+    fn prefix_len(&self) -> usize {
+        usize::from(self.normalizer.prepend == Prepend::Always)
+    }
+
+    fn token_bytes(&self, id: u32) -> &[u8] {
+        match self.starts.get(id as usize..id as usize + 2) {
+            Some(&[start, end]) => &self.bytes[start as usize..end as usize],
+            _ => &[],
+        }
+    }
+
+    fn special(&self, name: &str) -> Option<u32> {
+        self.specials.get(name).copied()
+    }
+
+    fn is_special(&self, id: u32) -> bool {
+        self.kind(id).is_some_and(TokenKind::is_literal)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.kinds.len()
+    }
+
+    fn strips_leading_space(&self) -> bool {
+        self.strip_leading_space
+    }
+}
+
+/// GPT-2's map from a byte to the printable character that spells it in byte-level
+/// vocabularies: printable Latin-1 bytes stand for themselves, the other 68 take 256, ...
+pub(crate) fn gpt2_byte_chars() -> [char; 256] {
+    let mut map = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        map[b as usize] = if printable {
+            b as char
+        } else {
+            next += 1;
+            char::from_u32(next - 1).expect("256..324 are chars")
+        };
+    }
+    map
+}
+
+/// The bytes a byte-level vocabulary string spells. Characters outside the map
+/// (malformed vocabularies) keep their UTF-8 bytes.
+pub(crate) fn gpt2_byte_decoder() -> impl Fn(&str) -> Vec<u8> {
+    let char_to_byte: HashMap<char, u8> = gpt2_byte_chars()
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
+        .collect();
+    move |text| {
+        let mut out = Vec::with_capacity(text.len());
+        for c in text.chars() {
+            match char_to_byte.get(&c) {
+                Some(&b) => out.push(b),
+                None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::tokenizer::gguf::{self, Value};
+    use crate::tokenizer::tokenizer_json;
+
+    const TINY_MERGES: [(&str, &str); 10] = [
+        ("h", "e"),
+        ("l", "l"),
+        ("he", "ll"),
+        ("hell", "o"),
+        ("Ġ", "w"),
+        ("o", "r"),
+        ("Ġw", "or"),
+        ("l", "d"),
+        ("Ġwor", "ld"),
+        ("a", "a"),
+    ];
+
+    /// A tiny byte-level vocabulary: all bytes, then merges building "hello", " world", "aa".
+    pub(crate) fn tiny() -> BpeModel {
+        BpeModel::new(tiny_vocabulary()).unwrap()
+    }
+
+    /// Its tokens as GPT-2 spells them.
+    fn tiny_spelled() -> Vec<String> {
+        let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<tool>".into()];
+        tokens.extend(gpt2_byte_chars().iter().map(|c| c.to_string()));
+        tokens.extend(TINY_MERGES.iter().map(|(l, r)| format!("{l}{r}")));
+        tokens
+    }
+
+    fn tiny_vocabulary() -> Vocabulary {
+        let spelled = tiny_spelled();
+        let decode = gpt2_byte_decoder();
+        let mut tokens: Vec<Vec<u8>> = spelled.iter().map(|t| decode(t)).collect();
+        tokens[0] = b"<|endoftext|>".to_vec();
+        tokens[1] = b"<tool>".to_vec();
+        let id = |t: &str| spelled.iter().position(|s| s == t).unwrap() as u32;
+        let merges = TINY_MERGES.iter().map(|(l, r)| (id(l), id(r))).collect();
+        let mut kinds = vec![TokenKind::Normal; tokens.len()];
+        kinds[0] = TokenKind::Control;
+        kinds[1] = TokenKind::UserDefined;
+        Vocabulary {
+            name: "tiny".into(),
+            pre: PreTokenizer::DigitsThenGpt2,
+            normalizer: Normalizer::NONE,
+            alphabet: Alphabet::Bytes,
+            tokens,
+            kinds,
+            merges: Merges::Ranked(merges),
+            ignore_merges: false,
+            unk: None,
+            strip_leading_space: false,
+            added: vec![("<tool>".into(), 1)],
+        }
+    }
+
+    /// A tiny SentencePiece-style vocabulary: `<unk>`, `<s>`, 256 byte tokens, then
+    /// characters and words ranked by position (earlier merges first), dummy prefix on.
+    pub(crate) fn tiny_spm() -> BpeModel {
+        let mut tokens: Vec<Vec<u8>> = vec![b"<unk>".to_vec(), b"<s>".to_vec()];
+        let mut kinds = vec![TokenKind::Unknown, TokenKind::Control];
+        for b in 0..=255u8 {
+            tokens.push(vec![b]);
+            kinds.push(TokenKind::Byte);
+        }
+        let words = [
+            " ", "a", "b", "e", "h", "l", "o", "x", "y", "\n", "he", "ll", " h", "hell", " hell", " hello",
+            "hello", " a", "aa", "x ", "x y", "  ",
+        ];
+        for w in words {
+            tokens.push(w.as_bytes().to_vec());
+            kinds.push(TokenKind::Normal);
+        }
+        let ranks = (0..tokens.len() as u32)
+            .map(|id| {
+                if kinds[id as usize] == TokenKind::Normal {
+                    id
+                } else {
+                    u32::MAX
+                }
+            })
+            .collect();
+        BpeModel::new(Vocabulary {
+            name: "tiny-spm".into(),
+            pre: PreTokenizer::Whole,
+            normalizer: Normalizer {
+                nfc: false,
+                metaspace: true,
+                prepend: Prepend::Always,
+            },
+            alphabet: Alphabet::Chars {
+                byte_fallback: true,
+                fuse_unk: false,
+            },
+            tokens,
+            kinds,
+            merges: Merges::ByTokenRank(ranks),
+            ignore_merges: false,
+            unk: Some(0),
+            strip_leading_space: true,
+            added: Vec::new(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn sentencepiece_prefix_fallback_and_words() {
+        let t = tiny_spm();
+        let word = |w: &str| t.whole.get(w.as_bytes()).copied().unwrap();
+        assert_eq!(encode(&t, "hello"), [word(" hello")]);
+        let mut ids = Vec::new();
+        t.encode_continuation("hello", &mut ids);
+        assert_eq!(ids, [word("hello")]);
+        // `é` has no token: its two UTF-8 bytes' tokens; `▁` in text is a space.
+        let ids = encode(&t, "é▁a");
+        assert_eq!(ids, [t.char_ids[&' '], 2 + 0xC3, 2 + 0xA9, word(" a")]);
+        let mut text = Vec::new();
+        t.decode_text(&encode(&t, "hello aa é"), &mut text);
+        assert_eq!(text, "hello aa é".as_bytes());
+        // Cut before each space, except after `x`, which a token joins to a space.
+        assert_eq!(t.pieces("ab x y  a").collect::<Vec<_>>(), ["ab", " x y", "  a"]);
+        assert_eq!(encode(&t, "x y")[1..], [word("x y")]);
+    }
+
+    fn encode(t: &dyn Tokenizer, text: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        t.encode(text, &mut out);
+        out
+    }
+
+    fn decode(t: &dyn Tokenizer, ids: &[u32]) -> Vec<u8> {
+        let mut out = Vec::new();
+        t.decode_bytes(ids, &mut out);
+        out
+    }
+
+    #[test]
+    fn byte_map_is_gpt2s() {
+        let chars = gpt2_byte_chars();
+        assert_eq!(chars[b' ' as usize], 'Ġ');
+        assert_eq!(chars[b'\n' as usize], 'Ċ');
+        assert_eq!(chars[b'A' as usize], 'A');
+        assert_eq!(chars[0xAD], '\u{143}');
+    }
+
+    #[test]
+    fn merges_by_rank() {
+        let t = tiny();
+        let ids = encode(&t, "hello world");
+        assert_eq!(ids.len(), 2);
+        assert_eq!(t.token_bytes(ids[0]), b"hello");
+        assert_eq!(t.token_bytes(ids[1]), b" world");
+        // "aaa": the leftmost pair merges first.
+        let ids = encode(&t, "aaa");
+        assert_eq!(decode(&t, &ids[..1]), b"aa");
+        assert_eq!(ids.len(), 2);
+    }
+
+    #[test]
+    fn control_tokens_stay_text_user_tokens_match() {
+        let t = tiny();
+        let ids = encode(&t, "<|endoftext|>");
+        assert!(ids.len() > 1 && !ids.contains(&0));
+        assert_eq!(t.special("<|endoftext|>"), Some(0));
+        assert!(t.is_special(0));
+        assert_eq!(
+            encode(&t, "a<tool>b"),
+            vec![t.byte_ids[b'a' as usize], 1, t.byte_ids[b'b' as usize]]
+        );
+        assert_eq!(t.pieces("a<tool>b").collect::<Vec<_>>(), ["a", "<tool>", "b"]);
+    }
+
+    #[test]
+    fn round_trips_any_text() {
+        let t = tiny();
+        for text in [
+            "",
+            "hello",
+            "Größe 10€ 東京 🙂\r\n\t x",
+            "  leading",
+            "trailing  ",
+        ] {
+            assert_eq!(decode(&t, &encode(&t, text)), text.as_bytes());
+        }
+    }
+
+    #[test]
+    fn long_runs_are_not_quadratic() {
+        // Correctness at size; speed is measured in benches/.
+        let t = tiny();
+        let text = "a".repeat(100_001);
+        let ids = encode(&t, &text);
+        assert_eq!(ids.len(), 50_001);
+        assert_eq!(decode(&t, &ids), text.as_bytes());
+        let spaces = " ".repeat(100_000);
+        assert_eq!(decode(&t, &encode(&t, &spaces)), spaces.as_bytes());
+    }
+
+    #[test]
+    fn bytes_without_tokens_are_dropped() {
+        let mut v = tiny_vocabulary();
+        v.tokens[2 + 4].clear();
+        let t = BpeModel::new(v).unwrap();
+        assert_eq!(decode(&t, &encode(&t, "a\u{4}b")), b"ab");
+        assert_eq!(decode(&t, &encode(&t, "\u{4}")), b"");
+    }
+
+    #[test]
+    fn merges_split_after_first_char() {
+        use tokenizer_json::split_merge;
+        assert_eq!(split_merge("Ġ t").unwrap(), ("Ġ", "t"));
+        assert_eq!(split_merge("  x").unwrap(), (" ", "x"));
+        assert!(split_merge("abc").is_err());
+    }
+
+    #[test]
+    fn tokenizer_json_round_trip() {
+        let spelled = tiny_spelled();
+        let vocab: HashMap<&str, u32> = spelled
+            .iter()
+            .enumerate()
+            .skip(2)
+            .map(|(id, s)| (s.as_str(), id as u32))
+            .collect();
+        let json = serde_json::json!({
+            "added_tokens": [
+                {"id": 0, "content": "<|endoftext|>", "special": true},
+                {"id": 1, "content": "<tool>", "special": false},
+            ],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            ]},
+            "model": {"type": "BPE", "vocab": vocab, "merges": [
+                "h e", "l l", ["he", "ll"], "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "a a"
+            ]},
+        });
+        let from_json =
+            BpeModel::new(tokenizer_json::vocabulary(json.to_string().as_bytes()).unwrap()).unwrap();
+        let t = tiny();
+        for text in ["hello world", "aaaa <tool> 12", "<|endoftext|>"] {
+            assert_eq!(encode(&from_json, text), encode(&t, text));
+        }
+        assert_eq!(from_json.special("<|endoftext|>"), Some(0));
+    }
+
+    #[test]
+    fn gguf_metadata_round_trip() {
+        let spelled = tiny_spelled();
+        let types = (0..spelled.len())
+            .map(|id| Value::Int([3, 4].get(id).copied().unwrap_or(1)))
+            .collect();
+        let merges = TINY_MERGES
+            .iter()
+            .map(|(l, r)| Value::Str(format!("{l} {r}")))
+            .collect();
+        let bytes = gguf::tests::write_metadata(&[
+            ("general.name", Value::Str("tiny".into())),
+            ("tokenizer.ggml.model", Value::Str("gpt2".into())),
+            ("tokenizer.ggml.pre", Value::Str("smollm".into())),
+            (
+                "tokenizer.ggml.tokens",
+                Value::Array(spelled.into_iter().map(Value::Str).collect()),
+            ),
+            ("tokenizer.ggml.token_type", Value::Array(types)),
+            ("tokenizer.ggml.merges", Value::Array(merges)),
+        ]);
+        let meta = gguf::read_metadata(&bytes[..]).unwrap();
+        let from_gguf = BpeModel::new(gguf::vocabulary(&meta).unwrap()).unwrap();
+        assert_eq!(from_gguf.name(), "tiny");
+        let t = tiny();
+        for text in ["hello world", "aaaa <tool> 12"] {
+            assert_eq!(encode(&from_gguf, text), encode(&t, text));
+        }
+    }
+
+    #[test]
+    fn unsupported_sources_are_errors() {
+        let bytes = gguf::tests::write_metadata(&[("tokenizer.ggml.model", Value::Str("bert".into()))]);
+        let err = gguf::vocabulary(&gguf::read_metadata(&bytes[..]).unwrap())
+            .err()
+            .unwrap();
+        assert_eq!(err.code, Code::InvalidVocabulary);
+        assert!(err.message.contains("bert"), "{}", err.message);
+        assert!(tokenizer_json::vocabulary(b"{}").is_err());
+        let lookbehind = serde_json::json!({
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(?<=a)b"}, "behavior": "Isolated", "invert": false},
+            "model": {"type": "BPE", "vocab": {}, "merges": []},
+        });
+        let err = tokenizer_json::vocabulary(lookbehind.to_string().as_bytes())
+            .err()
+            .unwrap();
+        assert!(err.message.contains("(?<=a)b"), "{}", err.message);
+        let wordpiece = serde_json::json!({"model": {"type": "WordPiece", "vocab": {}, "merges": []}});
+        let err = tokenizer_json::vocabulary(wordpiece.to_string().as_bytes())
+            .err()
+            .unwrap();
+        assert!(err.message.contains("WordPiece"), "{}", err.message);
+    }
+}

