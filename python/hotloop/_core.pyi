@@ -286,3 +286,24 @@ class Conversation:
     def stats(self) -> dict[str, int]:
         """segments_rendered, tokens_rendered, tokens_reused, invalidations, and
         text_fallbacks (growing texts re-encoded whole because the in-place check failed)."""
+
+# ---------------------------------------------------------------- upstream streams
+
+Decoded = tuple[list[int], bool, bool, tuple[str, str, bool] | None]
+
+class SseDecoder:
+    """Server-sent events of one upstream response in, sampled ids out
+    (rust/src/upstream.rs): `dialect` is `vllm`, `sglang` or `llamacpp`. Each call
+    decodes every complete event of the bytes given so far and returns `(ids, done,
+    ended, error)`: the new ids, whether a finishing event was seen, whether `[DONE]`
+    was, and the first failure as `(code, message, retryable)` (`upstream_error` or
+    `upstream_protocol`; `retryable`: another replica may not fail so, as for an `error`
+    event; `ids` hold what came before it)."""
+
+    def __init__(self, dialect: str) -> None: ...
+    def feed(self, data: bytes) -> Decoded: ...
+    def finish(self) -> Decoded:
+        """The end of the body: a last line without its newline still counts."""
+    @property
+    def timings(self) -> str | None:
+        """llama.cpp server: the finishing event's `timings`, as JSON text."""
