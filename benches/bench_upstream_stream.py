@@ -1,6 +1,7 @@
 """Server CPU per streamed token in front of a paced vLLM, beside the sim path, in one run:
 
     .venv/bin/python benches/bench_upstream_stream.py [--streams 8] [--rate 1000] [--rounds 3]
+        [--baseline /path/to/other/.venv/bin/python]
 
 Three processes: a paced fake vLLM (this file with `--fake-vllm`: `POST /v1/completions`
 with `return_token_ids`, streaming `--rate` tokens/s per request, `N` tokens per SSE event,
@@ -12,7 +13,10 @@ Reported per configuration, medians over `--rounds`: the server process's CPU pe
 token (its CPU clock, all threads), the server's own sampled figure from /metrics
 (`hotloop_stream_sampled_cpu_seconds_total / _tokens_total`: batch in to frames written),
 the aggregate tokens/s achieved, the upstream/sim ratio, and the load average beside each
-figure (the machine is shared: compare figures within one run only).
+figure (the machine is shared: compare figures within one run only). With `--baseline`,
+every configuration also runs on another installation's hotloop (that interpreter's
+`-m hotloop.cli`, say a checkout of the previous version), right after ours: before/after
+in one run.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 import orjson
 import uvloop
-from hotloop.bench.proc import ServerProcess, free_port
+from hotloop.bench.proc import HOTLOOP, ServerProcess, free_port
 from websockets.asyncio.client import connect
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
@@ -102,10 +106,10 @@ async def fake_vllm(port: int, rate: float, per_event: int, tokens: int) -> None
 class Run:
     """One `hotloop serve` configuration and `streams` WebSocket clients of it."""
 
-    def __init__(self, name: str, flags: list[str], streams: int) -> None:
+    def __init__(self, name: str, flags: list[str], streams: int, command: tuple[str, ...]) -> None:
         self.name = name
         self.streams = streams
-        self.server = ServerProcess.start(flags)
+        self.server = ServerProcess.start(flags, command=command)
 
     def sampled(self) -> tuple[float, float]:
         values = self.server.metrics("hotloop_stream")
@@ -157,6 +161,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000.0, help="tokens/s per stream")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--turns", type=int, default=2, help="turns per stream per round")
+    parser.add_argument("--baseline", metavar="PYTHON", help="also run this hotloop")
     parser.add_argument("--fake-vllm", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--per-event", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -175,44 +180,50 @@ def main() -> None:
         ("upstream vllm, 1 token/event", [], 1),
         ("upstream vllm, 4 tokens/event", [], 4),
     ]
-    sim_us = None
+    installs = [("", HOTLOOP)]
+    if args.baseline:
+        installs.append((" [baseline]", (args.baseline, "-m", "hotloop.cli")))
+    sim_us: dict[str, float] = {}
     for name, flags, per_event in configs:
-        fake = None
-        if per_event is not None:
-            port = free_port()
-            fake = subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--fake-vllm",
-                    str(port),
-                    "--rate",
-                    str(args.rate),
-                    "--per-event",
-                    str(per_event),
-                ]
+        for label, command in installs:
+            whole, sampled, rate, load = measure(args, name, flags, per_event, command)
+            sim_us.setdefault(label, whole)
+            ratio = "" if per_event is None else f" = {whole / sim_us[label]:.2f}x sim"
+            print(
+                f"  {name + label:40s} whole process {whole:7.2f} us/token{ratio}, server's own"
+                f" (sampled) {sampled:6.2f} us/token, {rate:6.0f} tokens/s, load average"
+                f" {load:.1f}"
             )
-            flags = ["--engine", "upstream", "--upstream-dialect", "vllm"]
-            flags += ["--upstream-replicas", f"http://127.0.0.1:{port}"]
-            flags += ["--upstream-served-model", "bench"]
+
+
+def measure(
+    args: argparse.Namespace,
+    name: str,
+    flags: list[str],
+    per_event: int | None,
+    command: tuple[str, ...],
+) -> list[float]:
+    """Medians over the rounds of one configuration (see `Run.measure`)."""
+    fake = None
+    if per_event is not None:
+        port = free_port()
+        pacing = ["--rate", str(args.rate), "--per-event", str(per_event)]
+        fake = subprocess.Popen([sys.executable, __file__, "--fake-vllm", str(port), *pacing])
+        flags = ["--engine", "upstream", "--upstream-dialect", "vllm"]
+        flags += ["--upstream-replicas", f"http://127.0.0.1:{port}"]
+        flags += ["--upstream-served-model", "bench"]
+    try:
+        run = Run(name, flags, args.streams, command)
         try:
-            run = Run(name, flags, args.streams)
-            try:
-                run.measure(1)  # warm: imports, first allocations, pooled connections
-                rounds = [run.measure(args.turns) for _ in range(args.rounds)]
-            finally:
-                run.close()
+            run.measure(1)  # warm: imports, first allocations, pooled connections
+            rounds = [run.measure(args.turns) for _ in range(args.rounds)]
         finally:
-            if fake is not None:
-                fake.kill()
-                fake.wait()
-        whole, sampled, rate, load = (statistics.median(r[i] for r in rounds) for i in range(4))
-        ratio = "" if sim_us is None else f" = {whole / sim_us:.2f}x sim"
-        sim_us = sim_us or whole
-        print(
-            f"  {name:30s} whole process {whole:7.2f} us/token{ratio}, server's own (sampled)"
-            f" {sampled:6.2f} us/token, {rate:6.0f} tokens/s, load average {load:.1f}"
-        )
+            run.close()
+    finally:
+        if fake is not None:
+            fake.kill()
+            fake.wait()
+    return [statistics.median(r[i] for r in rounds) for i in range(4)]
 
 
 if __name__ == "__main__":
