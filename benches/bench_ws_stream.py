@@ -39,7 +39,6 @@ import socket
 import statistics
 import threading
 import time
-import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -220,13 +219,11 @@ class Served:
     def sampled(self) -> tuple[float, float, float]:
         """The server's sampled streaming CPU seconds, CPU seconds between batches and
         tokens (`StreamCpu`)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.server.port}/metrics") as reply:
-            lines = reply.read().decode().splitlines()
-        values = dict(line.rsplit(" ", 1) for line in lines if line.startswith("hotloop_stream"))
+        values = self.server.metrics("hotloop_stream")
         return (
-            float(values["hotloop_stream_sampled_cpu_seconds_total"]),
-            float(values["hotloop_stream_sampled_between_cpu_seconds_total"]),
-            float(values["hotloop_stream_sampled_tokens_total"]),
+            values["hotloop_stream_sampled_cpu_seconds_total"],
+            values["hotloop_stream_sampled_between_cpu_seconds_total"],
+            values["hotloop_stream_sampled_tokens_total"],
         )
 
     def measure(self) -> tuple[float, float, float, float, float, float]:

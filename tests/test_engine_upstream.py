@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import orjson
 import pytest
 from engine_conversation import IdsPrompt
 from fake_upstreams import FakeUpstream, Script, closed_port_url, serving
+from hotloop.engines import upstream
 from hotloop.engines.base import EngineError, Sampling
 from hotloop.engines.upstream import (
     UpstreamConfig,
@@ -248,6 +250,31 @@ def test_chat_formats_from_configuration() -> None:
     )
     assert chatml.name == "chatml"
     assert chatml.tokenizer.vocab_size == 49152
+
+
+async def test_the_chat_format_is_built_at_start_not_by_the_first_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first connection must not pay for the harmony vocabulary (or a chatml
+    tokenizer): `start` builds it, and a wrong format fails the start, not a request."""
+    built: list[str] = []
+
+    def counted(config: UpstreamConfig) -> Any:
+        built.append(config.chat_format)
+        return chat_format_from(config)
+
+    monkeypatch.setattr(upstream, "chat_format_from", counted)
+    config = UpstreamConfig(dialect="vllm", replicas=("http://x",), model="m", context_window=1)
+    engine = UpstreamEngine(config)
+    assert built == []
+    await engine.start()
+    assert built == ["harmony"]
+    assert engine.chat_format.name == "harmony"
+    assert built == ["harmony"]
+    await engine.close()
+    wrong = UpstreamEngine(replace(config, chat_format="alpaca"))
+    with pytest.raises(ValueError, match="unknown chat format"):
+        await wrong.start()
 
 
 async def test_a_connection_closed_before_answering_is_retried_on_the_same_replica(

@@ -130,3 +130,106 @@ def test_disconnect_mid_stream_cancels_generation() -> None:
         ws.close()
         assert engine.closed.wait(timeout=60)
         assert engine.tokens < 2000
+
+
+class PacedOutVllm:
+    """A vLLM that streams `LONG` as fast as its socket takes it, each event padded to
+    `PAD` bytes of text (so the stream is far larger than every socket buffer on the
+    way), and records when its writes back up (`backed_up`, with the bytes the reader
+    had taken by then in `taken`) and whether it got to the end (`finished`)."""
+
+    PAD = 24576
+
+    def __init__(self) -> None:
+        self.backed_up = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.written = 0
+        self.taken = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+        )
+        for i, token in enumerate(LONG):
+            finish = "stop" if i == len(LONG) - 1 else None
+            choice = {"text": "x" * self.PAD, "token_ids": [token], "finish_reason": finish}
+            event = b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\n"
+            writer.write(event)
+            self.written += len(event)
+            # Above asyncio's high-water mark the kernel's buffers are full: the client
+            # is not reading as fast as we write.
+            buffered = writer.transport.get_write_buffer_size()
+            if buffered > 1 << 16:
+                self.taken = self.written - buffered
+                self.backed_up.set()
+            await writer.drain()
+        writer.write(b"data: [DONE]\n\n")
+        await writer.drain()
+        writer.close()
+        self.finished.set()
+
+
+async def test_slow_reader_pauses_the_upstream_read() -> None:
+    """The upstream engine reads the vLLM stream only as the socket pulls ids: with the
+    client not reading, the upstream's writes back up (the stream is ~70 MB, far more
+    than the socket buffers) instead of hotloop buffering it."""
+    from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+
+    upstream = PacedOutVllm()
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = UpstreamConfig(
+        dialect="vllm",
+        replicas=(f"http://127.0.0.1:{port}",),
+        model="served",
+        served_model="served",
+        context_window=1 << 20,
+    )
+    engine = UpstreamEngine(config, FORMAT)
+    await engine.start()
+    connection = Connection(
+        chat_format=FORMAT,
+        context_window=1 << 20,
+        model="served",
+        cache=ConnectionCache(1 << 30, CacheBudget(1 << 30)),
+    )
+    reading = asyncio.Event()
+    completed: list[dict[str, Any]] = []
+    client = ScriptedClient(orjson.dumps({"type": "response.create", "input": "go"}).decode())
+
+    async def send(message: Message) -> None:
+        await reading.wait()
+        if '"response.completed"' in message["text"]:
+            completed.append(orjson.loads(message["text"]))
+            client.finish()
+
+    session = engine.session()
+    socket = Socket(connection, session, send, high_water=HIGH_WATER, lifetime=3600)
+    run = asyncio.create_task(socket.run(client.receive))
+    try:
+        await socket.paused.wait()
+        # From here hotloop pulls nothing from the engine: the upstream must back up
+        # before the end of its stream, having handed over at most the socket buffers.
+        upstream.backed_up.clear()
+        backed_up = asyncio.create_task(upstream.backed_up.wait())
+        finished = asyncio.create_task(upstream.finished.wait())
+        await asyncio.wait({backed_up, finished}, return_when=asyncio.FIRST_COMPLETED)
+        assert upstream.backed_up.is_set() and not upstream.finished.is_set()
+        total = len(LONG) * upstream.PAD
+        assert upstream.taken < total // 2, f"{upstream.taken} of {total} bytes read"
+        reading.set()
+        await run
+        await finished
+        assert completed[0]["response"]["usage"]["output_tokens"] == len(LONG)
+    finally:
+        await session.close()
+        await engine.close()
+        server.close()
+        await server.wait_closed()

@@ -378,3 +378,24 @@ class TemplatePrompt:
     def stop_tokens(self) -> list[int]: ...
     def parser(self) -> OutputParser:
         """The output parser of the template's tool-call family for the open turn."""
+
+# ---------------------------------------------------------------- upstream streams
+
+Decoded = tuple[list[int], bool, bool, tuple[str, str, bool] | None]
+
+class SseDecoder:
+    """Server-sent events of one upstream response in, sampled ids out
+    (rust/src/upstream.rs): `dialect` is `vllm`, `sglang` or `llamacpp`. Each call
+    decodes every complete event of the bytes given so far and returns `(ids, done,
+    ended, error)`: the new ids, whether a finishing event was seen, whether `[DONE]`
+    was, and the first failure as `(code, message, retryable)` (`upstream_error` or
+    `upstream_protocol`; `retryable`: another replica may not fail so, as for an `error`
+    event; `ids` hold what came before it)."""
+
+    def __init__(self, dialect: str) -> None: ...
+    def feed(self, data: bytes) -> Decoded: ...
+    def finish(self) -> Decoded:
+        """The end of the body: a last line without its newline still counts."""
+    @property
+    def timings(self) -> str | None:
+        """llama.cpp server: the finishing event's `timings`, as JSON text."""

@@ -1,6 +1,6 @@
 //! The pyo3 bindings: the only module that knows about Python. Each class here wraps a
 //! plain Rust type from the core and converts at the boundary, once per call.
-//! Sections: errors, tokenizers, chat formats, requests, the cache.
+//! Sections: errors, tokenizers, chat formats, requests, the cache, upstream streams.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyString};
 
 use crate::error::{Code, Error};
 use crate::tokenizer::{self, detok, incremental, Tokenizer};
+use crate::upstream::{self, SseDecoder, StreamError};
 use crate::validate::{self, ClientEvent};
 
 // ---------------------------------------------------------------- errors
@@ -1150,6 +1151,51 @@ impl PyTemplatePrompt {
         PyOutputParser {
             inner: Mutex::new(TurnParser::detached(family.parser(tokenizer, stop, in_reasoning))),
         }
+
+// ---------------------------------------------------------------- upstream streams
+
+/// One read's decoded events for Python: ids, done, ended, and a failure as (code,
+/// message, whether another replica may be tried).
+type DecodedTuple = (Vec<u32>, bool, bool, Option<(&'static str, String, bool)>);
+
+#[pyclass(name = "SseDecoder", module = "hotloop._core")]
+pub(crate) struct PySseDecoder {
+    inner: SseDecoder,
+}
+
+impl PySseDecoder {
+    fn convert(decoded: upstream::Decoded) -> DecodedTuple {
+        let error = decoded.error.map(|e| match e {
+            StreamError::Upstream(message) => ("upstream_error", message, true),
+            StreamError::Aborted(message) => ("upstream_error", message, false),
+            StreamError::Protocol(message) => ("upstream_protocol", message, false),
+        });
+        (decoded.ids, decoded.done, decoded.ended, error)
+    }
+}
+
+#[pymethods]
+impl PySseDecoder {
+    #[new]
+    fn new(dialect: &str) -> PyResult<Self> {
+        let dialect = upstream::Dialect::from_name(dialect)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown dialect {dialect:?}")))?;
+        Ok(PySseDecoder {
+            inner: SseDecoder::new(dialect),
+        })
+    }
+
+    fn feed(&mut self, data: &[u8]) -> DecodedTuple {
+        Self::convert(self.inner.feed(data))
+    }
+
+    fn finish(&mut self) -> DecodedTuple {
+        Self::convert(self.inner.finish())
+    }
+
+    #[getter]
+    fn timings(&self) -> Option<&str> {
+        self.inner.timings()
     }
 }
 
@@ -1177,5 +1223,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyConversation>()?;
     m.add_class::<PyChatTemplate>()?;
     m.add_class::<PyTemplatePrompt>()?;
+    m.add_class::<PySseDecoder>()?;
     Ok(())
 }

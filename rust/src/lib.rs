@@ -7,6 +7,7 @@
 //! - [`format`]: chat formats (harmony, ChatML) and their streaming output parsers.
 //! - [`conversation`]: the append-only rendered-token cache with checkpoints and forks.
 //! - [`validate`]: request parsing and delta validation on the raw bytes of new items.
+//! - [`upstream`]: the upstream engine's server-sent-event decoder (bytes in, token ids out).
 //!
 //! No pyo3 type appears below `bindings` (compiled only with the `python` feature).
 
@@ -16,6 +17,7 @@ pub mod format;
 pub mod item;
 pub mod render;
 pub mod tokenizer;
+pub mod upstream;
 pub mod validate;
 
 #[cfg(feature = "python")]

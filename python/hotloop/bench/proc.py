@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,6 +189,13 @@ class ServerProcess:
             except OSError:
                 continue  # a worker that exited keeps no clock; nothing to count
         return total
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """The server's /metrics samples whose names start with `prefix`, by name."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics") as reply:
+            lines = reply.read().decode().splitlines()
+        samples = (line.rsplit(" ", 1) for line in lines if line.startswith(prefix))
+        return {name: float(value) for name, value in samples}
 
     def rss_bytes(self) -> int:
         return sum(rss_bytes(pid) for pid in self.pids)

@@ -34,6 +34,7 @@ stream), `upstream_protocol` (a response we cannot parse).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -44,20 +45,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 import orjson
 
+from hotloop._core import SseDecoder
 from hotloop.engines.base import EngineError, Sampling
 
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Prompt
-
-
-class Chunk:
-    """One parsed stream event: new sampled ids, and whether the upstream finished."""
-
-    __slots__ = ("done", "ids")
-
-    def __init__(self, ids: list[int], done: bool) -> None:
-        self.ids = ids
-        self.done = done
 
 
 class Dialect(Protocol):
@@ -70,35 +62,12 @@ class Dialect(Protocol):
 
     def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]: ...
 
-    def stream(self) -> DialectStream:
-        """Per-request parser state (some servers stream cumulative ids)."""
-        ...
-
-
-class DialectStream(Protocol):
-    def parse(self, event: dict[str, Any]) -> Chunk: ...
-
-
-def _stream_error(event: dict[str, Any]) -> EngineError | None:
-    """The error object vLLM, SGLang and llama.cpp put in the stream, if any."""
-    err = event.get("error")
-    if err is None:
-        return None
-    message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-    return EngineError("upstream_error", f"upstream reported an error: {message}")
-
 
 def _set_sampling(sampling: Sampling) -> dict[str, float]:
     """The sampling settings the request set, under the names vLLM, SGLang and llama.cpp
     all read; an unset one is left out, so the server's default applies."""
     fields = {"temperature": sampling.temperature, "top_p": sampling.top_p}
     return {name: value for name, value in fields.items() if value is not None}
-
-
-def _ids(value: Any, where: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(t, int) for t in value):
-        raise EngineError("upstream_protocol", f"expected a list of token ids in `{where}`")
-    return value
 
 
 class VllmDialect:
@@ -125,22 +94,6 @@ class VllmDialect:
             **_set_sampling(sampling),
         }
 
-    def stream(self) -> DialectStream:
-        return _VllmStream()
-
-
-class _VllmStream:
-    def parse(self, event: dict[str, Any]) -> Chunk:
-        choices = event.get("choices")
-        if not isinstance(choices, list) or not choices:
-            # vLLM sends a usage-only chunk last when asked; nothing to emit.
-            if "usage" in event:
-                return Chunk([], False)
-            raise EngineError("upstream_protocol", "vLLM chunk without choices")
-        choice = choices[0]
-        ids = _ids(choice.get("token_ids") or [], "choices[0].token_ids")
-        return Chunk(ids, choice.get("finish_reason") is not None)
-
 
 class SglangDialect:
     """SGLang's native `/generate` with `input_ids`.
@@ -162,28 +115,6 @@ class SglangDialect:
             **_set_sampling(sampling),
         }
         return {"input_ids": ids, "sampling_params": params, "stream": True}
-
-    def stream(self) -> DialectStream:
-        return _SglangStream()
-
-
-class _SglangStream:
-    def __init__(self) -> None:
-        self.emitted = 0
-
-    def parse(self, event: dict[str, Any]) -> Chunk:
-        meta = event.get("meta_info")
-        if not isinstance(meta, dict):
-            raise EngineError("upstream_protocol", "SGLang chunk without meta_info")
-        ids = _ids(event.get("output_ids"), "output_ids")
-        total = meta.get("completion_tokens")
-        if total == len(ids) and len(ids) >= self.emitted:
-            ids = ids[self.emitted :]
-        self.emitted += len(ids)
-        finish = meta.get("finish_reason")
-        if isinstance(finish, dict) and finish.get("type") == "abort":
-            raise EngineError("upstream_error", f"SGLang aborted: {finish.get('message')}")
-        return Chunk(ids, finish is not None)
 
 
 class LlamaCppDialect:
@@ -207,21 +138,6 @@ class LlamaCppDialect:
             "cache_prompt": True,
             **_set_sampling(sampling),
         }
-
-    def stream(self) -> DialectStream:
-        return _LlamaCppStream()
-
-
-class _LlamaCppStream:
-    def __init__(self) -> None:
-        self.timings: dict[str, Any] | None = None
-
-    def parse(self, event: dict[str, Any]) -> Chunk:
-        ids = _ids(event.get("tokens", []), "tokens")
-        done = bool(event.get("stop"))
-        if done and isinstance(event.get("timings"), dict):
-            self.timings = event["timings"]
-        return Chunk(ids, done)
 
 
 DIALECTS: dict[str, Dialect] = {
@@ -329,6 +245,9 @@ class UpstreamEngine:
         return self.config.context_window
 
     async def start(self) -> None:
+        # At server start, off the event loop, not in the first connection: building the
+        # harmony vocabulary or a chatml tokenizer would stall that connection's first turn.
+        await asyncio.to_thread(lambda: self.chat_format)
         headers = dict(self.config.headers)
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
@@ -442,7 +361,8 @@ class UpstreamSession:
         tried: list[Replica] = []
         stale_retried = False
         last_error = EngineError("upstream_unavailable", "no upstream replica is configured")
-        headers = {"Content-Type": "application/json"}
+        # Identity: the stream is decoded from the raw bytes of each read, never inflated.
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if route_key is not None:
             headers[SESSION_HEADER] = route_key
         rendezvous = self.engine.config.routing == "rendezvous"
@@ -477,7 +397,7 @@ class UpstreamSession:
     ) -> AsyncIterator[list[int]]:
         engine = self.engine
         dialect = engine.dialect
-        parser = dialect.stream()
+        decoder = SseDecoder(dialect.name)
         started = False
         responded = False
         try:
@@ -493,22 +413,26 @@ class UpstreamSession:
                 if response.status_code >= 400:
                     await response.aread()
                     raise self._status_error(replica, response)
-                done = False
-                # Read to the end of the stream even after the finishing event, so the
-                # keep-alive connection goes back to the pool instead of being closed.
-                async for event in _sse_events(response):
-                    error = _stream_error(event)
-                    if error is not None:
-                        if not started:
-                            raise _RetryElsewhere(error)
-                        raise EngineError(error.code, error.message, before_first_token=False)
-                    if done:
-                        continue
-                    chunk = parser.parse(event)
-                    if chunk.ids:
+                # One Rust call per socket read decodes all its complete events: no
+                # per-line iterator layers, no per-event Python JSON objects. Reading on
+                # after the finishing event (to `[DONE]` or the end of the body) lets the
+                # keep-alive connection go back to the pool instead of being closed.
+                reads = response.aiter_raw()
+                while True:
+                    data = await anext(reads, None)
+                    new, done, ended, failure = (
+                        decoder.finish() if data is None else decoder.feed(data)
+                    )
+                    if new:
                         started = True
-                        yield chunk.ids
-                    done = chunk.done
+                        yield new
+                    if failure is not None:
+                        code, message, retryable = failure
+                        if retryable and not started:
+                            raise _RetryElsewhere(EngineError(code, message))
+                        raise EngineError(code, message)
+                    if ended or data is None:
+                        break
                 if not done:
                     raise EngineError(
                         "upstream_error",
@@ -516,8 +440,8 @@ class UpstreamSession:
                         before_first_token=not started,
                     )
             engine.mark_ok(replica)
-            if isinstance(parser, _LlamaCppStream):
-                self.last_timings = parser.timings
+            if decoder.timings is not None:
+                self.last_timings = orjson.loads(decoder.timings)
         except httpx.TimeoutException as e:
             error = EngineError(
                 "upstream_timeout",
@@ -590,20 +514,3 @@ def _error_message(content: bytes) -> str:
     if isinstance(err, dict):
         return str(err.get("message", err))
     return str(err)
-
-
-async def _sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """`data:` payloads of a server-sent-event stream, as JSON objects, until `[DONE]`."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError as e:
-            raise EngineError("upstream_protocol", f"malformed stream event: {data[:200]}") from e
-        if not isinstance(event, dict):
-            raise EngineError("upstream_protocol", f"stream event is not an object: {data[:200]}")
-        yield event
