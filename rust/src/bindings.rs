@@ -1151,6 +1151,8 @@ impl PyTemplatePrompt {
         PyOutputParser {
             inner: Mutex::new(TurnParser::detached(family.parser(tokenizer, stop, in_reasoning))),
         }
+    }
+}
 
 // ---------------------------------------------------------------- upstream streams
 
