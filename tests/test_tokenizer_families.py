@@ -13,7 +13,7 @@ import llama_cpp
 import pytest
 from hotloop import IncrementalText, StreamDecoder, Tokenizer
 from hotloop._core import CoreError
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
@@ -235,6 +235,9 @@ def _lossless(name: str, text: str) -> str:
 @pytest.mark.parametrize("name", FAMILIES)
 @settings(max_examples=60, deadline=None)
 @given(text=_texts, cuts=st.lists(st.integers(0, 200), max_size=6))
+# Found by this test: a first token that is only the dummy-prefix space made the streaming
+# decoder drop the next token's space too.
+@example(text=" \r", cuts=[])
 def test_incremental_equals_full_and_round_trips(name: str, text: str, cuts: list[int]) -> None:
     tok = references.family(name)
     run = IncrementalText(tok)

@@ -28,11 +28,16 @@ impl StreamDecoder {
 
     /// Decode `ids`, appending every character completed by them to `out`.
     pub fn feed(&mut self, tokenizer: &dyn Tokenizer, ids: &[u32], out: &mut String) {
-        if self.started {
-            tokenizer.decode_bytes(ids, &mut self.pending);
-        } else {
-            tokenizer.decode_text(ids, &mut self.pending);
-            self.started = !self.pending.is_empty();
+        let before = self.pending.len();
+        tokenizer.decode_bytes(ids, &mut self.pending);
+        if !self.started && self.pending.len() > before {
+            // The stream's first byte: the dummy-prefix space, if any, is dropped here and
+            // never again (a first token that is only that space must not make the next
+            // token's space look like the first byte).
+            self.started = true;
+            if tokenizer.strips_leading_space() && self.pending[before] == b' ' {
+                self.pending.remove(before);
+            }
         }
         let mut rest: &[u8] = &self.pending;
         loop {
