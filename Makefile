@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ENGINE ?= llama
 
-.PHONY: all venv develop native serve test test-rust test-python lint bench bench-ci clean
+.PHONY: all venv develop native node-clients serve test test-rust test-python lint bench bench-ci clean
 
 all: develop
 
@@ -26,13 +26,18 @@ develop: venv
 native: develop
 	$(BIN)/python -m hotloop.native_deps
 
+# The npm clients the tests drive (openai-node, the Vercel AI SDK), from their lockfiles.
+node-clients:
+	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
+	cd tests/aisdk && npm ci --no-audit --no-fund --loglevel=error
+
 serve: develop native
 	$(BIN)/hotloop serve --host $(HOST) --port $(PORT) --engine $(ENGINE)
 
 test-rust:
 	cargo test --manifest-path rust/Cargo.toml
 
-test-python: develop native
+test-python: develop native node-clients
 	$(BIN)/pytest -q
 
 test: test-rust test-python

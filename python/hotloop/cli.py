@@ -9,6 +9,7 @@ configuration is handed to the worker processes through the environment.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import signal
 import sys
@@ -21,8 +22,9 @@ from hotloop.bench.peer import SIM_FORMAT, Peer
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
-from hotloop.protocol import ConnectionLimits
+from hotloop.protocol.compaction import Compactor
 from hotloop.transport import App
+from hotloop.transport.app import connection_limits
 from hotloop.transport.frames import FrameSendingProtocol
 from hotloop.transport.http import HttpApi
 
@@ -104,6 +106,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         # An empty data directory means no durable store: store=true is then a no-op.
         data_dir=config.data_dir or None,
     )
+    compactor = compactor_for(config)
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None
     keys = ApiKeys(config.api_keys)
@@ -112,11 +115,29 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         baseline=baseline,
         model=config.model or engine.model,
         keys=keys,
-        limits=ConnectionLimits(
-            max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
-        ),
+        limits=connection_limits(config, engine),
+        compactor=compactor,
     )
-    return App(ledger.engine, config, http=http, ledger=ledger, baseline=baseline, keys=keys)
+    return App(
+        ledger.engine,
+        config,
+        http=http,
+        ledger=ledger,
+        baseline=baseline,
+        keys=keys,
+        compactor=compactor,
+    )
+
+
+def compactor_for(config: ServerConfig) -> Compactor:
+    """The key that seals compaction items: the operator's secret, else the one kept in
+    the data directory (so restarts and workers agree), else this process's own."""
+    tokens = config.compaction_summary_tokens
+    if config.compaction_key:
+        return Compactor.from_secret(config.compaction_key, tokens)
+    if config.data_dir:
+        return Compactor.in_directory(config.data_dir, tokens)
+    return Compactor.ephemeral(tokens)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -168,6 +189,7 @@ def serve(config: ServerConfig) -> None:
         port=config.port,
         workers=config.workers,
         log_level=config.log_level,
+        log_config=log_config(config.log_level),
         loop="uvloop",
         http="httptools",
         # uvicorn's websockets-sansio protocol, with hotloop's frame-batch extension.
@@ -190,6 +212,20 @@ def serve(config: ServerConfig) -> None:
     server.run()
     if not server.started:
         raise SystemExit(3)
+
+
+def log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging, plus hotloop's own loggers at `level` in uvicorn's format: at
+    `info`, one line per response on `hotloop.requests` (its id and request id)."""
+    from uvicorn.config import LOG_LEVELS, LOGGING_CONFIG
+
+    logging = copy.deepcopy(LOGGING_CONFIG)
+    logging["loggers"]["hotloop"] = {
+        "handlers": ["default"],
+        "level": LOG_LEVELS[level],
+        "propagate": False,
+    }
+    return logging
 
 
 def _drained(signum: int, frame: object) -> None:

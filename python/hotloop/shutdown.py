@@ -119,6 +119,10 @@ class _DrainedEngine:
     def context_window(self) -> int:
         return self._engine.context_window
 
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return self._engine.modalities
+
     async def start(self) -> None:
         await self._engine.start()
 

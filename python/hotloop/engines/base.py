@@ -58,6 +58,9 @@ async def close_stream(stream: AsyncIterator[list[int]]) -> None:
         await aclose()
 
 
+TEXT_ONLY = ("text",)
+
+
 class Engine(Protocol):
     """A model served by some inference backend."""
 
@@ -71,6 +74,14 @@ class Engine(Protocol):
 
     @property
     def context_window(self) -> int: ...
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """What the model takes as input: `("text",)`, or `("text", "image")` for a model
+        with vision, whose requests may carry `input_image` parts (the prompt then
+        marks where each image stood; a text-only model refuses them with
+        `unsupported_content`)."""
+        ...
 
     async def start(self) -> None: ...
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 import orjson
 
-from hotloop.engines.base import EngineError, Sampling
+from hotloop.engines.base import TEXT_ONLY, EngineError, Sampling
 
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Prompt
@@ -280,6 +280,11 @@ class UpstreamEngine:
     @property
     def context_window(self) -> int:
         return self.config.context_window
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        # Replicas are fed token ids: there is no channel for pixels.
+        return TEXT_ONLY
 
     async def start(self) -> None:
         headers = dict(self.config.headers)

@@ -47,11 +47,20 @@ from hotloop._core import (
     parse_event,
 )
 from hotloop.engines.base import EngineError, Sampling
-from hotloop.events import ResponseEvents, Usage, error_event
+from hotloop.events import ResponseEvents, Usage, error_event, new_id
 from hotloop.protocol.cache import ConnectionCache
+from hotloop.protocol.compaction import (
+    Compactor,
+    Summary,
+    compacted_resource,
+    resumed,
+    summarizing,
+)
 from hotloop.protocol.errors import ProtocolError
 
 log = logging.getLogger("hotloop.protocol")
+# One line per response: its id and the request id the client saw, to match reports.
+requests_log = logging.getLogger("hotloop.requests")
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 MAX_IN_FLIGHT = 16
@@ -63,6 +72,9 @@ MAX_NAMED_LANES = 32
 # (a few KB) stays inline; a resumed history (hundreds of KB, milliseconds to tens of
 # milliseconds) no longer stalls every other connection's frames and handshakes.
 RENDER_OFFLOAD_BYTES = 32 * 1024
+# Seconds a client refused for a full queue is told to wait: the queue drains as the
+# responses ahead of it finish, which at agent speeds takes about this long.
+QUEUE_RETRY_AFTER = 1
 
 
 @dataclass(frozen=True)
@@ -170,6 +182,11 @@ class _Active:
     parent: str | None
     evicts_parent: bool
     overhead_ns: int
+    compaction: Summary | None = None
+    """Set while the engine writes a summary (`conversation`, `parser` and `turn` are
+    the summarization's); the turn proper starts from it afterwards."""
+    spent: Usage | None = None
+    """The summarization pass of a compacted turn, added to its usage."""
 
 
 @dataclass
@@ -213,8 +230,16 @@ class Connection:
         principal: str | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
         baseline: Baseline | None = None,
+        request_id: str | None = None,
+        compactor: Compactor | None = None,
     ) -> None:
+        """`request_id`: the HTTP request's id (its `x-request-id`) for the response it
+        makes; without one (WebSocket mode) each response gets its own, carried on its
+        `response.created` and terminal events. `compactor`: the server's compaction
+        key (one of this connection's own otherwise)."""
         self.cache = cache
+        self._request_id = request_id
+        self._compactor = compactor or Compactor.ephemeral()
         self.limits = limits or ConnectionLimits()
         self._format = chat_format
         self._context_window = context_window
@@ -255,9 +280,12 @@ class Connection:
             return
         start = self._clock()
         try:
-            event = parse_event(frame, self.limits.request)
+            event = parse_event(self._compactor.expand(frame), self.limits.request)
         except CoreError as e:
             self._refuse(ProtocolError.from_core(e))
+            return
+        except ProtocolError as e:
+            self._refuse(e)
             return
         if isinstance(event, CreateRequest):
             self._create(event, size, self._clock() - start)
@@ -308,13 +336,19 @@ class Connection:
         active = self._active.get(key)
         if active is None:
             return False
-        active.events.feed(active.parser.feed(ids), self._actions.append)
+        if active.compaction is None:
+            active.events.feed(active.parser.feed(ids), self._actions.append)
+        else:
+            active.compaction.feed(active.parser.feed(ids))
         return not active.parser.stopped
 
     def engine_done(self, key: int) -> None:
         """The engine finished response `key` (stop token or max_output_tokens)."""
         active = self._active.pop(key, None)
         if active is None:
+            return
+        if active.compaction is not None:
+            self._summarized(active, active.compaction)
             return
         parsed, outcome, message = active.parser.finish()
         active.events.feed(parsed, self._actions.append)
@@ -337,10 +371,15 @@ class Connection:
 
     def engine_failed(self, key: int, error: EngineError) -> None:
         active = self._active.pop(key, None)
-        if active is not None:
-            self._fail(
-                active, f"The engine failed ({error.code}): {error.message}", self._usage(active)
-            )
+        if active is None:
+            return
+        message = f"The engine failed ({error.code}): {error.message}"
+        if active.compaction is not None and not active.compaction.resume:
+            # /responses/compact has no response to fail: its request gets the error.
+            self._refuse(ProtocolError("server_error", message, status=500))
+            self._release(active)
+            return
+        self._fail(active, message, self._usage(active))
 
     def render_done(self, key: int, turn: Turn) -> None:
         """The `Render` work `key` finished: the turn goes on to the engine."""
@@ -411,7 +450,12 @@ class Connection:
     def _refuse(self, error: ProtocolError, stream_id: str | None = None) -> None:
         self._actions.append(
             error_event(
-                error.code, error.message, error.param, status=error.status, stream_id=stream_id
+                error.code,
+                error.message,
+                error.param,
+                status=error.status,
+                stream_id=stream_id,
+                headers=error.headers,
             )
         )
 
@@ -460,11 +504,12 @@ class Connection:
             lane = self._lanes[name] = _Lane(name)
         if self._queued_bytes + size > self.limits.max_queued_bytes:
             self._refuse(
-                ProtocolError(
+                ProtocolError.limit(
                     "websocket_queue_limit_reached",
                     f"{self._queued_bytes} bytes of requests are already queued on this "
                     f"connection (limit {self.limits.max_queued_bytes}); wait for responses "
                     "to finish before sending more.",
+                    QUEUE_RETRY_AFTER,
                 ),
                 name,
             )
@@ -495,27 +540,32 @@ class Connection:
             if lane.free and lane.queue:
                 self._ready.append(lane)
 
+    def _chain(self, parent: str | None, lane: _Lane) -> tuple[Conversation, bool] | None:
+        """The conversation a request continues (a fork of `parent`'s checkpoint, or a
+        new one) and whether a failure evicts the parent; None on a miss."""
+        if parent is None:
+            conversation = Conversation(
+                self._format, context_window=self._context_window, policy=self._policy
+            )
+            return conversation, False
+        # The transport already tried the store (`Ledger.warm`): a miss here is final.
+        cached = self.cache.get(parent)
+        if cached is None:
+            return None
+        # A continuation on the lane that made the parent consumes it on failure; a
+        # fork from another lane must leave the parent to its own lane.
+        return cached.checkpoint.fork(), cached.lane == lane.name
+
     def _start(self, lane: _Lane, pending: _Pending) -> None:
         """Run the turn up to the engine call; errors end the request here."""
         request = pending.request
         start = self._clock()
         parent = request.previous_response_id
-        evicts_parent = False
-        if parent is not None:
-            cached = self.cache.get(parent)
-            # The transport already tried the store (`Ledger.warm`): a miss here is final.
-            checkpoint = cached.checkpoint if cached is not None else None
-            if checkpoint is None:
-                self._refuse(ProtocolError.not_found(parent), lane.name)
-                return
-            # A continuation on the lane that made the parent consumes it on failure;
-            # a fork from another lane must leave the parent to its own lane.
-            evicts_parent = cached is not None and cached.lane == lane.name
-            conversation = checkpoint.fork()
-        else:
-            conversation = Conversation(
-                self._format, context_window=self._context_window, policy=self._policy
-            )
+        chain = self._chain(parent, lane)
+        if chain is None:
+            self._refuse(ProtocolError.not_found(str(parent)), lane.name)
+            return
+        conversation, evicts_parent = chain
         rendering = _Rendering(lane, pending, conversation, parent, evicts_parent, start)
         if request.input_bytes >= RENDER_OFFLOAD_BYTES:
             key = self._next_key
@@ -551,7 +601,13 @@ class Connection:
             fields = fields.replace(
                 '"model":null', '"model":' + orjson.dumps(self._model).decode(), 1
             )
-        events = ResponseEvents(fields, stream_id=lane.name)
+        if self._request_id is None:
+            events = ResponseEvents(fields, stream_id=lane.name, request_id=new_id("req_"))
+            request_id = events.request_id
+        else:
+            events = ResponseEvents(fields, stream_id=lane.name)
+            request_id = self._request_id
+        requests_log.info("response %s request %s", events.response_id, request_id)
         peer_prompt = (
             None
             if self._baseline is None
@@ -574,21 +630,147 @@ class Connection:
             evicts_parent=rendering.evicts_parent,
             overhead_ns=0,
         )
+        lane.active = active
+        self._active[key] = active
+        self._actions.append(events.lifecycle("response.created", "in_progress"))
+        self._actions.append(events.lifecycle("response.in_progress", "in_progress"))
+        threshold = request.compact_threshold
+        if threshold is not None and turn.prompt_tokens > threshold and peer_prompt is None:
+            # The prompt passed the client's threshold: the engine summarizes first, and
+            # the turn then runs on the summary (`_summarized`).
+            summary = self._summary_turn(request, lane)
+            if isinstance(summary, ProtocolError):
+                message = f"The conversation could not be compacted: {summary.message}"
+                self._fail(active, message, Usage())
+                return
+            active.overhead_ns = pending.parse_ns + self._clock() - start
+            self._summarize(active, *summary, resume=True)
+            return
         prompt = conversation.prompt() if peer_prompt is None else peer_prompt
-        budget = self._context_window - len(prompt)
-        max_tokens = request.max_output_tokens
-        sampling = Sampling(
+        active.overhead_ns = pending.parse_ns + self._clock() - start
+        self._actions.append(Generate(key, prompt, self._sampling(request, len(prompt))))
+
+    def _sampling(
+        self, request: CreateRequest, prompt_tokens: int, limit: int | None = None
+    ) -> Sampling:
+        budget = self._context_window - prompt_tokens
+        max_tokens = request.max_output_tokens if limit is None else limit
+        return Sampling(
             max_output_tokens=budget if max_tokens is None else min(max_tokens, budget),
             temperature=request.temperature,
             top_p=request.top_p,
             stop_tokens=self._stop_tokens,
         )
+
+    def conversation_for(self, request: CreateRequest) -> Conversation:
+        """The conversation `request` would extend (`POST /v1/responses/input_tokens`
+        counts its prompt there: on a cached chain, only the new items are rendered).
+        Raises ProtocolError for a refused request or a missed `previous_response_id`."""
+        if request.error is not None:
+            raise ProtocolError.from_core(request.error)
+        chain = self._chain(request.previous_response_id, self._lanes[None])
+        if chain is None:
+            raise ProtocolError.not_found(str(request.previous_response_id))
+        return chain[0]
+
+    # ---------------------------------------------------------------- compaction
+
+    def receive_compact(self, request: CreateRequest) -> None:
+        """`POST /v1/responses/compact` (its body parsed as a request): the engine
+        summarizes the conversation (the chain of `previous_response_id`, then the
+        input); the one frame out is the `response.compaction` object, or an error."""
+        if self.closed:
+            return
+        if request.error is not None:
+            self._refuse(ProtocolError.from_core(request.error))
+            return
+        lane = self._lanes[None]
+        parent = request.previous_response_id
+        summary = self._summary_turn(request, lane)
+        if isinstance(summary, ProtocolError):
+            self._refuse(summary)
+            return
+        conversation, turn = summary
+        active = _Active(
+            key=self._next_key,
+            lane=lane,
+            request=request,
+            events=ResponseEvents(request.response_fields_json),
+            conversation=conversation,
+            parser=conversation.parser(),
+            turn=turn,
+            parent=parent,
+            evicts_parent=False,
+            overhead_ns=0,
+        )
+        self._next_key += 1
         lane.active = active
-        self._active[key] = active
-        self._actions.append(events.lifecycle("response.created", "in_progress"))
-        self._actions.append(events.lifecycle("response.in_progress", "in_progress"))
-        active.overhead_ns = pending.parse_ns + self._clock() - start
-        self._actions.append(Generate(key, prompt, sampling))
+        self._active[active.key] = active
+        self._summarize(active, conversation, turn, resume=False)
+
+    def _summary_turn(
+        self, request: CreateRequest, lane: _Lane
+    ) -> tuple[Conversation, Turn] | ProtocolError:
+        """The summarization of `request`'s conversation (its parent's chain and its
+        input, then the instruction to summarize) rendered for the engine; or why not."""
+        parent = request.previous_response_id
+        chain = self._chain(parent, lane)
+        if chain is None:
+            return ProtocolError.not_found(str(parent))
+        conversation, _ = chain
+        try:
+            summary_tokens = self._compactor.summary_tokens
+            return conversation, conversation.extend(summarizing(request, summary_tokens))
+        except CoreError as e:
+            return ProtocolError.from_core(e)
+
+    def _summarize(
+        self, active: _Active, conversation: Conversation, turn: Turn, *, resume: bool
+    ) -> None:
+        """Hand the engine the summarization; `_summarized` takes it from there."""
+        compaction = Summary(new_id("cmp_"), resume)
+        active.compaction = compaction
+        active.conversation, active.parser, active.turn = conversation, conversation.parser(), turn
+        if resume:
+            self._actions.append(
+                active.events.event(
+                    "response.compaction.compacting", item_id=compaction.item_id, output_index=0
+                )
+            )
+        prompt = conversation.prompt()
+        sampling = self._sampling(active.request, len(prompt), self._compactor.summary_tokens)
+        self._actions.append(Generate(active.key, prompt, sampling))
+
+    def _summarized(self, active: _Active, compaction: Summary) -> None:
+        """The engine wrote the summary: seal it; then either answer /compact, or run
+        the turn on a new conversation holding the summary in place of the history."""
+        compaction.feed(active.parser.finish()[0])
+        spent = self._usage(active)
+        item = compaction.item(self._compactor)
+        active.compaction = None
+        if not compaction.resume:
+            self._actions.append(compacted_resource(item, spent))
+            self._release(active)
+            return
+        events = active.events
+        self._actions.append(events.item_added(0, item))
+        self._actions.append(events.item_done(0, item))
+        events.index_offset = 1
+        conversation = Conversation(
+            self._format, context_window=self._context_window, policy=self._policy
+        )
+        try:
+            turn = conversation.extend(resumed(active.request, compaction.text))
+        except CoreError as e:
+            self._fail(active, f"The compacted conversation failed: {e.message}", spent)
+            return
+        active.conversation, active.parser, active.turn = conversation, conversation.parser(), turn
+        active.spent = spent
+        self._active[active.key] = active
+        prompt = conversation.prompt()
+        self._actions.append(
+            Generate(active.key, prompt, self._sampling(active.request, len(prompt)))
+        )
 
     def _warm_up(
         self,
@@ -605,9 +787,7 @@ class Connection:
         usage = Usage()
         self._actions.append(events.lifecycle("response.created", "in_progress"))
         final = events.response_json("completed", output=[], usage=usage)
-        self._actions.append(
-            events.lifecycle("response.completed", "completed", output=[], usage=usage)
-        )
+        self._actions.append(events.wrap("response.completed", final))
         self.cache.put(events.response_id, checkpoint, events.stream_id)
         self._report(
             Finished(
@@ -627,15 +807,18 @@ class Connection:
     def _usage(self, active: _Active) -> Usage:
         turn = active.turn
         # A new conversation renders its fixed prefix in this very turn: nothing of its
-        # prompt came from the cache, whatever the core kept between its own steps.
-        cached = 0 if active.parent is None else turn.cached_tokens
-        return Usage(
+        # prompt came from the cache, whatever the core kept between its own steps (a
+        # compacted turn runs on a new conversation too).
+        spent = active.spent
+        cached = 0 if active.parent is None or spent is not None else turn.cached_tokens
+        usage = Usage(
             input_tokens=turn.prompt_tokens,
             cached_tokens=cached,
             cache_write_tokens=turn.prompt_tokens - cached,
             output_tokens=active.parser.output_tokens,
             reasoning_tokens=active.parser.reasoning_tokens,
         )
+        return usage if spent is None else usage + spent
 
     def _terminal(
         self,
@@ -652,11 +835,7 @@ class Connection:
         final = events.response_json(
             status, usage=usage, error=error, incomplete_reason=incomplete_reason
         )
-        self._actions.append(
-            events.lifecycle(
-                kind, status, usage=usage, error=error, incomplete_reason=incomplete_reason
-            )
-        )
+        self._actions.append(events.wrap(kind, final))
         if checkpoint is not None:
             self.cache.put(events.response_id, checkpoint, active.lane.name)
         self._report(

@@ -12,16 +12,31 @@ from hotloop._core import CoreError
 
 
 class ProtocolError(Exception):
-    """A refused request: `status` (HTTP semantics), stable `code`, `message`, `param`."""
+    """A refused request: `status` (HTTP semantics), stable `code`, `message`, `param`,
+    and `headers` the refusal carries (`retry-after` when a limit refused work that can
+    be retried: in `error.headers` on every transport, and as HTTP headers)."""
 
     def __init__(
-        self, code: str, message: str, param: str | None = None, *, status: int = 400
+        self,
+        code: str,
+        message: str,
+        param: str | None = None,
+        *,
+        status: int = 400,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
         self.status = status
+        self.headers = headers
+
+    @classmethod
+    def limit(cls, code: str, message: str, retry_after: int) -> ProtocolError:
+        """A limit refused work the client may send again in `retry_after` seconds:
+        429 `rate_limit_error` with `retry-after`, as OpenAI's limits answer."""
+        return cls(code, message, status=429, headers={"retry-after": str(retry_after)})
 
     @classmethod
     def from_core(cls, error: CoreError) -> ProtocolError:

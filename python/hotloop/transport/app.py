@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import re
 
-from hotloop._core import Policy
+from hotloop._core import Limits, Policy
 from hotloop.auth import ApiKeys, AuthError
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
-from hotloop.events import error_body
+from hotloop.events import error_body, new_id
 from hotloop.ledger import Ledger
 from hotloop.protocol import (
     Baseline,
@@ -27,8 +27,9 @@ from hotloop.protocol import (
     ConnectionLimits,
     Observer,
 )
+from hotloop.protocol.compaction import Compactor
 from hotloop.transport.asgi import SEND_FRAMES, ASGIApp, Message, Receive, Scope, Send
-from hotloop.transport.http import header
+from hotloop.transport.http import header, with_request_id
 from hotloop.transport.websocket import Socket, deny
 
 log = logging.getLogger("hotloop")
@@ -40,6 +41,16 @@ RESPONSES_PATHS = ("/v1/responses", "/responses")
 # same name in a nested object only costs a needless store read, and an id written
 # with escapes (no server-made id needs one) is a plain cache miss.
 PREVIOUS_RESPONSE_ID = re.compile(r'"previous_response_id"\s*:\s*"([^"\\]+)"')
+
+
+def connection_limits(config: ServerConfig, engine: Engine) -> ConnectionLimits:
+    """The bounds every connection and HTTP request of the server gets; `input_image`
+    parts are accepted only when the engine takes images."""
+    return ConnectionLimits(
+        max_frame_bytes=config.max_frame_bytes,
+        max_queued_bytes=config.max_queued_bytes,
+        request=Limits(images="image" in engine.modalities),
+    )
 
 
 def route_path(scope: Scope) -> str:
@@ -66,9 +77,12 @@ class App:
         policy: Policy | None = None,
         baseline: Baseline | None = None,
         keys: ApiKeys | None = None,
+        compactor: Compactor | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
+        # Without one (an app built by hand), items sealed here open only in this process.
+        self.compactor = compactor or Compactor.ephemeral()
         # The same check as the HTTP routes (`build_app` hands both one `ApiKeys`).
         self.keys = ApiKeys(self.config.api_keys) if keys is None else keys
         self.budget = (
@@ -82,10 +96,7 @@ class App:
         self.ledger = ledger
         self.drain = None if ledger is None else ledger.drain
         self._policy = policy
-        self._limits = ConnectionLimits(
-            max_frame_bytes=self.config.max_frame_bytes,
-            max_queued_bytes=self.config.max_queued_bytes,
-        )
+        self._limits = connection_limits(self.config, engine)
         self.baseline = baseline
 
     @property
@@ -110,7 +121,7 @@ class App:
             if self._http is not None:
                 await self._http(scope, receive, send)
             else:
-                await _not_found(send)
+                await _not_found(with_request_id(send, new_id("req_")))
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
@@ -132,20 +143,28 @@ class App:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         await receive()  # websocket.connect
+        # The upgrade's own id, on its acceptance or refusal (not a wrapper around `send`:
+        # that would cost every streamed frame); each response on the socket then gets
+        # one of its own (`Connection`).
+        upgrade = with_request_id(send, new_id("req_"))
         config = self.config
         if route_path(scope) not in RESPONSES_PATHS:
-            await deny(scope, send, 404, "not_found", "WebSocket mode is served on /v1/responses.")
+            await deny(
+                scope, upgrade, 404, "not_found", "WebSocket mode is served on /v1/responses."
+            )
             return
         if not config.websocket:
-            await deny(scope, send, 426, "websocket_disabled", "WebSocket mode is off: use HTTP.")
+            await deny(
+                scope, upgrade, 426, "websocket_disabled", "WebSocket mode is off: use HTTP."
+            )
             return
         try:
             credential = self.keys.authenticate(header(scope, b"authorization"))
         except AuthError as e:
-            await deny(scope, send, 401, e.code, e.message)
+            await deny(scope, upgrade, 401, e.code, e.message)
             return
         key = None if credential is None else credential.key
-        await send({"type": "websocket.accept"})
+        await upgrade({"type": "websocket.accept"})
         cache = ConnectionCache(config.max_cached_bytes, self.budget)
         observer = self._observer
         if self.ledger is not None:
@@ -162,6 +181,7 @@ class App:
             observer=observer,
             baseline=self.baseline,
             principal=key,
+            compactor=self.compactor,
         )
         socket = Socket(
             connection,

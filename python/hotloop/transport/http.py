@@ -2,6 +2,8 @@
 
 Routes (each also without the `/v1` prefix, and below any mount point):
 
+- `POST /v1/responses/compact` (a sealed summary of the conversation) and
+  `POST /v1/responses/input_tokens` (its prompt tokens, counted without generating)
 - `POST /v1/responses`: JSON, or with `"stream": true` SSE frames (`event:` + `data:`)
   carrying exactly the WebSocket payloads. The turn runs through the same sans-I/O
   `Connection` as WebSocket mode, with the process-wide cache of the caller's key as
@@ -27,10 +29,10 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from hotloop._core import CoreError, Policy, parse_request
+from hotloop._core import CoreError, CreateRequest, Policy, parse_request
 from hotloop.auth import ApiKeys, AuthError
-from hotloop.engines.base import EngineError, close_stream
-from hotloop.events import error_body
+from hotloop.engines.base import EngineError, EngineSession, close_stream
+from hotloop.events import error_body, new_id
 from hotloop.ledger import Books, Ledger
 from hotloop.protocol import (
     Baseline,
@@ -41,10 +43,12 @@ from hotloop.protocol import (
     Generate,
     Render,
 )
+from hotloop.protocol.compaction import Compactor
+from hotloop.protocol.connection import RENDER_OFFLOAD_BYTES
 from hotloop.protocol.errors import ProtocolError
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
-from hotloop.transport.asgi import Receive, Scope, Send
+from hotloop.transport.asgi import Message, Receive, Scope, Send
 from hotloop.transport.websocket import render_off_loop
 
 log = logging.getLogger("hotloop.http")
@@ -77,6 +81,7 @@ class HttpApi:
         limits: ConnectionLimits | None = None,
         policy: Policy | None = None,
         baseline: Baseline | None = None,
+        compactor: Compactor | None = None,
     ) -> None:
         self.ledger = ledger
         self.model = model
@@ -84,11 +89,14 @@ class HttpApi:
         self.limits = limits or ConnectionLimits()
         self.policy = policy
         self.baseline = baseline
+        self.compactor = compactor or Compactor.ephemeral()
         self.created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = new_id("req_")
+        send = with_request_id(send, request_id)
         try:
-            await self._route(scope, receive, send)
+            await self._route(scope, receive, send, request_id)
         except _ClientGone:
             return
         except ProtocolError as e:
@@ -100,7 +108,7 @@ class HttpApi:
         except StoreError as e:
             await _error(send, ProtocolError(e.code, e.message, status=503))
 
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _route(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         method: str = scope["method"]
         parts = _route_path(scope).strip("/").split("/")
         if parts[0] == "v1":
@@ -121,7 +129,13 @@ class HttpApi:
         match parts:
             case ["responses"]:
                 _allow(method, "POST")
-                await self._create(scope, receive, send, principal)
+                await self._create(scope, receive, send, principal, request_id)
+            case ["responses", "compact"]:
+                _allow(method, "POST")
+                await self._compact(scope, receive, send, principal, request_id)
+            case ["responses", "input_tokens"]:
+                _allow(method, "POST")
+                await self._input_tokens(scope, receive, send, principal, request_id)
             case ["responses", response_id]:
                 _allow(method, "GET", "DELETE")
                 if method == "GET":
@@ -166,33 +180,18 @@ class HttpApi:
     # ---------------------------------------------------------------- POST /v1/responses
 
     async def _create(
-        self, scope: Scope, receive: Receive, send: Send, principal: str | None
+        self, scope: Scope, receive: Receive, send: Send, principal: str | None, request_id: str
     ) -> None:
         if self.ledger.drain.draining:
             # Only a kept-alive connection can still send one: the listener is closed.
             raise ShuttingDown
-        body = await _read_body(scope, receive, self.limits.max_frame_bytes)
-        start = time.perf_counter_ns()
-        try:
-            request = parse_request(body, self.limits.request)
-        except CoreError as e:
-            raise ProtocolError.from_core(e) from e
+        body, request, parse_ns = await self._request(scope, receive)
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
         exchange = _Exchange(books, cache)
-        connection = Connection(
-            chat_format=self.ledger.engine.chat_format,
-            context_window=self.ledger.engine.context_window,
-            model=self.model,
-            cache=cache,
-            limits=self.limits,
-            policy=self.policy,
-            observer=exchange,
-            principal=principal,
-            baseline=self.baseline,
-        )
-        connection.receive_request(request, len(body), time.perf_counter_ns() - start)
+        connection = self._connection(cache, principal, request_id, exchange)
+        connection.receive_request(request, len(body), parse_ns)
         actions = connection.actions()
         work = next((a for a in actions if isinstance(a, Render)), None)
         if work is not None:
@@ -208,6 +207,88 @@ class HttpApi:
         else:
             await self._run(receive, connection, actions, _discard)
             await _reply_final(send, exchange.result)
+
+    async def _request(self, scope: Scope, receive: Receive) -> tuple[bytes, CreateRequest, int]:
+        """The body, parsed (compaction items expanded first), and the parse time."""
+        body = await _read_body(scope, receive, self.limits.max_frame_bytes)
+        start = time.perf_counter_ns()
+        try:
+            request = parse_request(self.compactor.expand(body), self.limits.request)
+        except CoreError as e:
+            raise ProtocolError.from_core(e) from e
+        return body, request, time.perf_counter_ns() - start
+
+    def _connection(
+        self,
+        cache: ConnectionCache,
+        principal: str | None,
+        request_id: str,
+        observer: _Exchange | None = None,
+    ) -> Connection:
+        return Connection(
+            chat_format=self.ledger.engine.chat_format,
+            context_window=self.ledger.engine.context_window,
+            model=self.model,
+            cache=cache,
+            limits=self.limits,
+            policy=self.policy,
+            observer=observer,
+            principal=principal,
+            baseline=self.baseline,
+            request_id=request_id,
+            compactor=self.compactor,
+        )
+
+    # ---------------------------------------------------------------- compact, input_tokens
+
+    async def _compact(
+        self, scope: Scope, receive: Receive, send: Send, principal: str | None, request_id: str
+    ) -> None:
+        """`POST /v1/responses/compact`: the engine summarizes the conversation into a
+        sealed `compaction` item (`Connection.receive_compact`)."""
+        _, request, _ = await self._request(scope, receive)
+        if request.model is None:
+            raise ProtocolError(
+                "missing_required_parameter", "Missing required parameter: 'model'.", "model"
+            )
+        owner = self.ledger.observer(principal, "http").owner
+        cache = self.ledger.http_cache(owner)
+        await self.ledger.warm(cache, request.previous_response_id, owner)
+        connection = self._connection(cache, principal, request_id)
+        connection.receive_compact(request)
+        replies: list[bytes] = []
+
+        async def keep(frame: bytes) -> None:
+            replies.append(frame)
+
+        await self._run(receive, connection, connection.actions(), keep)
+        if not replies:
+            return  # the client went away
+        if _is_error(replies[-1]):
+            await _reply_refusal(send, replies[-1])
+        else:
+            await _reply(send, 200, replies[-1])
+
+    async def _input_tokens(
+        self, scope: Scope, receive: Receive, send: Send, principal: str | None, request_id: str
+    ) -> None:
+        """`POST /v1/responses/input_tokens`: the prompt tokens of the request, in the
+        model's format and tokenizer, rendered as a turn would be (from the cached
+        chain when `previous_response_id` hits: only the new items)."""
+        _, request, _ = await self._request(scope, receive)
+        owner = self.ledger.observer(principal, "http").owner
+        cache = self.ledger.http_cache(owner)
+        await self.ledger.warm(cache, request.previous_response_id, owner)
+        conversation = self._connection(cache, principal, request_id).conversation_for(request)
+        try:
+            if request.input_bytes >= RENDER_OFFLOAD_BYTES:
+                turn = await asyncio.to_thread(conversation.extend, request)
+            else:
+                turn = conversation.extend(request)
+        except CoreError as e:
+            raise ProtocolError.from_core(e) from e
+        body = {"object": "response.input_tokens", "input_tokens": turn.prompt_tokens}
+        await _reply(send, 200, orjson.dumps(body))
 
     async def _stream(
         self, receive: Receive, send: Send, connection: Connection, actions: list[Any]
@@ -246,7 +327,19 @@ class HttpApi:
             generation.result()
 
     async def _generate(self, connection: Connection, work: Generate, emit: Emit) -> None:
+        """Run `work`, and the work it leads to (a compacted turn after its summary)."""
         session = self.ledger.engine.session()
+        next_work: Generate | None = work
+        try:
+            while next_work is not None:
+                await self._generate_one(connection, session, next_work, emit)
+                next_work = await _emit_frames(connection, emit)
+        finally:
+            await session.close()
+
+    async def _generate_one(
+        self, connection: Connection, session: EngineSession, work: Generate, emit: Emit
+    ) -> None:
         stream: AsyncIterator[list[int]] | None = None
         try:
             stream = session.generate(work.prompt, work.sampling)
@@ -265,8 +358,6 @@ class HttpApi:
         finally:
             if stream is not None:
                 await close_stream(stream)
-            await session.close()
-        await _emit_frames(connection, emit)
 
     # ---------------------------------------------------------------- stored responses
 
@@ -332,6 +423,26 @@ class _Exchange:
         self._books.ledger.record(response, "http")
 
 
+# The messages that open an HTTP response: a plain one, a WebSocket upgrade's
+# acceptance, and its refusal.
+RESPONSE_STARTS = frozenset(
+    ("http.response.start", "websocket.accept", "websocket.http.response.start")
+)
+
+
+def with_request_id(send: Send, request_id: str) -> Send:
+    """`send` that stamps the response with `x-request-id`, where OpenAI's SDKs read a
+    request's id (`_request_id` on the returned object, `request_id` on errors)."""
+    stamp = (b"x-request-id", request_id.encode())
+
+    async def stamped(message: Message) -> None:
+        if message["type"] in RESPONSE_STARTS:
+            message = {**message, "headers": [*message.get("headers", ()), stamp]}
+        await send(message)
+
+    return stamped
+
+
 def sse_frame(frame: bytes) -> bytes:
     """One server event as an SSE frame: `event: <type>`, `data: <payload>`."""
     return b"event: " + _event_type(frame) + b"\ndata: " + frame + b"\n\n"
@@ -351,10 +462,15 @@ def _is_error(frame: bytes) -> bool:
     return frame.startswith(b'{"type":"error"')
 
 
-async def _emit_frames(connection: Connection, emit: Emit) -> None:
+async def _emit_frames(connection: Connection, emit: Emit) -> Generate | None:
+    """Send the frames the connection has; return engine work it handed out, if any."""
+    work = None
     for action in connection.actions():
         if isinstance(action, bytes):
             await emit(action)
+        elif isinstance(action, Generate):
+            work = action
+    return work
 
 
 async def _discard(frame: bytes) -> None:
@@ -429,24 +545,33 @@ def _query(query: dict[str, list[str]], name: str) -> str | None:
     return values[0] if values else None
 
 
-async def _reply(send: Send, status: int, body: bytes, content_type: bytes = JSON) -> None:
+async def _reply(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = JSON,
+    extra: dict[str, str] | None = None,
+) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if extra:
+        headers.extend((k.encode(), v.encode()) for k, v in extra.items())
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 async def _error(send: Send, error: ProtocolError) -> None:
-    await _reply(
-        send, error.status, error_body(error.code, error.message, error.param, error.status)
-    )
+    body = error_body(error.code, error.message, error.param, error.status, error.headers)
+    await _reply(send, error.status, body, extra=error.headers)
 
 
 async def _reply_refusal(send: Send, frame: bytes) -> None:
-    """A request the protocol refused: the WebSocket envelope becomes status + body."""
+    """A request the protocol refused: the WebSocket envelope becomes status + body
+    (and its `error.headers`, HTTP headers)."""
     event = orjson.loads(frame)
-    await _reply(send, event["status"], orjson.dumps({"error": event["error"]}))
+    error = event["error"]
+    await _reply(send, event["status"], orjson.dumps({"error": error}), extra=error.get("headers"))
 
 
 async def _reply_final(send: Send, finished: Finished | None) -> None:
@@ -469,4 +594,4 @@ async def _reply_final(send: Send, finished: Finished | None) -> None:
     await _reply(send, 200, finished.response_json)
 
 
-__all__ = ["HttpApi", "sse_frame"]
+__all__ = ["HttpApi", "sse_frame", "with_request_id"]
