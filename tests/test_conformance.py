@@ -25,6 +25,7 @@ from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimScript
 from hotloop.protocol.compaction import SUMMARY_HEADER
 from open_responses import check_compaction, check_event, check_response
+from openai import OpenAI
 from openai.types.responses import CompactedResponse, Response
 from sdk_events import validate
 from servers import FAST, serving
@@ -465,3 +466,44 @@ def test_a_limit_that_refuses_work_says_when_to_retry(tmp_path: Path) -> None:
     assert error["code"] == "websocket_queue_limit_reached"
     assert error["headers"] == {"retry-after": "1"}
     assert refused["status"] == 429 and refused["error"]["headers"] == {"retry-after": "1"}
+
+
+def test_the_openai_sdk_compacts_and_counts(base: str) -> None:
+    client = OpenAI(base_url=base, api_key=KEY, max_retries=0)
+    compacted = client.responses.compact(model="sim", input=CONVERSATION)  # type: ignore[arg-type]
+    assert compacted.object == "response.compaction"
+    assert compacted.output[0].type == "compaction"
+    assert compacted._request_id is not None and compacted._request_id.startswith("req_")
+    item = compacted.output[0].model_dump(exclude_none=True)
+    counted = client.responses.input_tokens.count(
+        model="sim",
+        input=[item, {"role": "user", "content": "Go on."}],  # type: ignore[list-item]
+    )
+    assert counted.object == "response.input_tokens" and counted.input_tokens > 0
+    response = client.responses.create(
+        model="sim",
+        input=[item, {"role": "user", "content": "Go on."}],  # type: ignore[list-item]
+    )
+    assert response.usage is not None
+    assert response.usage.input_tokens == counted.input_tokens
+    assert response._request_id is not None
+
+
+def test_a_compacted_chain_continues_after_a_restart(tmp_path: Path) -> None:
+    management = [{"type": "compaction", "compact_threshold": 1000}]
+    with server(tmp_path, SimScript(text=SUMMARY)) as url:
+        first = completed(url + "/v1", {"input": "word " * 1500})
+        compacted = completed(
+            url + "/v1",
+            {
+                "input": "Go on.",
+                "previous_response_id": first["id"],
+                "context_management": management,
+            },
+        )
+        assert compacted["output"][0]["type"] == "compaction"
+    follow = {"input": "And then?", "previous_response_id": compacted["id"]}
+    with server(tmp_path, SimScript(text=SUMMARY)) as url:
+        # Rebuilt from the store: the summary and what followed, not the long history.
+        response = completed(url + "/v1", follow)
+    assert response["usage"]["input_tokens"] < 200

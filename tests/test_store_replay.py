@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Conversation, Tokenizer, parse_request
+from hotloop.protocol.compaction import Compactor
 from hotloop.store import Chain, StoredResponse
 from shell_tool import TOOLS
 
@@ -97,6 +98,6 @@ def test_replay_matches_the_warm_conversation(chat_format: Any) -> None:
         previous = f"resp_{n}"
 
     rebuilt = Conversation(fmt, context_window=1 << 20)
-    Chain(stored).replay(rebuilt)
+    Chain(stored).replay(rebuilt, Compactor.ephemeral())
     assert rebuilt.checkpoint().fork().prompt().tokens() == warm.prompt().tokens()
     assert rebuilt.open_call_ids == warm.open_call_ids == []

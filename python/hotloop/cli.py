@@ -99,14 +99,15 @@ def create_app() -> App:
 def build_app(engine: Engine, config: ServerConfig) -> App:
     """The whole server around `engine`: WebSocket mode, the HTTP routes, and the
     ledger (store in `config.data_dir`, usage, metrics, shutdown drain)."""
+    compactor = compactor_for(config)
     ledger = Ledger(
         engine,
         cache_memory_bytes=config.cache_memory_bytes,
         max_cached_bytes=config.max_cached_bytes,
         # An empty data directory means no durable store: store=true is then a no-op.
         data_dir=config.data_dir or None,
+        compactor=compactor,
     )
-    compactor = compactor_for(config)
     # `--baseline`: one peer per process, shared by both transports like its store.
     baseline = Peer(config.baseline) if config.baseline else None
     keys = ApiKeys(config.api_keys)

@@ -23,7 +23,8 @@ from hotloop._core import Checkpoint, Conversation, CoreError, Policy
 from hotloop.auth import key_id
 from hotloop.engines.base import Engine
 from hotloop.metrics import Metrics
-from hotloop.protocol import CacheBudget, ConnectionCache, Finished
+from hotloop.protocol import CacheBudget, ConnectionCache, Finished, ProtocolError
+from hotloop.protocol.compaction import Compactor
 from hotloop.shutdown import Drain
 from hotloop.store import Chain, Store, StoredResponse, StoreError, open_store
 from hotloop.usage import Usage
@@ -42,7 +43,10 @@ class Ledger:
         max_cached_bytes: int,
         data_dir: str | Path | None = None,
         policy: Policy | None = None,
+        compactor: Compactor | None = None,
     ) -> None:
+        """`compactor`: the server's compaction key, to rebuild chains that hold
+        compaction items (one of the ledger's own otherwise)."""
         self.usage = Usage()
         self.metrics = Metrics(self.usage)
         self.drain = Drain()
@@ -60,6 +64,7 @@ class Ledger:
         )
         self._max_cached_bytes = max_cached_bytes
         self._policy = policy
+        self.compactor = compactor or Compactor.ephemeral()
         self._http_caches: dict[str | None, ConnectionCache] = {}
         self._puts: set[asyncio.Task[None]] = set()
         self._unbooked: deque[tuple[Finished, str]] = deque()
@@ -121,8 +126,8 @@ class Ledger:
             policy=self._policy,
         )
         try:
-            chain.replay(conversation)
-        except CoreError as e:
+            chain.replay(conversation, self.compactor)
+        except (CoreError, ProtocolError) as e:
             log.warning("stored chain of %s no longer renders: %s", response_id, e.message)
             return None
         self.metrics.store_rebuilds.inc()

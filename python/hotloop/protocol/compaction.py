@@ -133,9 +133,18 @@ class Compactor:
         items = request.get("input") if isinstance(request, dict) else None
         if not isinstance(items, list) or not any(_is_compaction(i) for i in items):
             return body
-        request["input"] = [self._expanded(item, i) for i, item in enumerate(items)]
+        request["input"] = self._expanded_list(items)
         out = orjson.dumps(parsed)
         return out if isinstance(body, bytes) else out.decode()
+
+    def expand_items(self, items: bytes) -> bytes:
+        """A JSON array of items (a stored chain's) with its compaction items expanded."""
+        if b'"compaction"' not in items:
+            return items
+        return orjson.dumps(self._expanded_list(orjson.loads(items)))
+
+    def _expanded_list(self, items: list[Any]) -> list[Any]:
+        return [self._expanded(item, i) for i, item in enumerate(items)]
 
     def _expanded(self, item: Any, index: int) -> Any:
         if not _is_compaction(item):
@@ -154,6 +163,12 @@ class Compactor:
 def summary_message(summary: str) -> dict[str, Any]:
     """The input item a compaction stands for."""
     return _user(SUMMARY_HEADER + summary)
+
+
+def compacted(output: list[Any]) -> bool:
+    """Whether a response's output starts with a compaction (`context_management`): its
+    conversation was replaced by the summary, its own input included."""
+    return bool(output) and _is_compaction(output[0])
 
 
 def _is_compaction(item: Any) -> bool:

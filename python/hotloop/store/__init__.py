@@ -22,9 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
+from hotloop.protocol.compaction import compacted
+
 if TYPE_CHECKING:
     from hotloop._core import Conversation
     from hotloop.metrics import Metrics
+    from hotloop.protocol.compaction import Compactor
 
 Order = Literal["asc", "desc"]
 
@@ -88,21 +91,28 @@ class Chain:
     def head(self) -> StoredResponse:
         return self.responses[-1]
 
-    def replay(self, conversation: Conversation) -> None:
+    def replay(self, conversation: Conversation, compactor: Compactor) -> None:
         """Rebuild the rendered state of `head` into an empty conversation: every turn's
         input items, then its output items. Instructions and tools are not inherited
         through `previous_response_id`, so the whole chain renders under the head's
         own prefix; the next request applies its own on top (and the core re-renders
-        from the prefix only if they differ). Raises CoreError from the core if a
-        stored item no longer validates."""
+        from the prefix only if they differ). Compaction items render as their summary
+        (`compactor` opens them), and a response compacted by `context_management`
+        restarts the chain from its output, as it did when it ran. Raises CoreError
+        from the core if a stored item no longer validates (ProtocolError if a
+        compaction item no longer opens)."""
         head = orjson.loads(self.head.response)
         instructions = head.get("instructions")
         tools_json = orjson.dumps(head.get("tools") or []).decode()
-        for stored in self.responses:
-            output = orjson.loads(stored.response).get("output") or []
-            for items in (stored.input_items, orjson.dumps(output)):
+        outputs = [orjson.loads(stored.response).get("output") or [] for stored in self.responses]
+        start = max((i for i, output in enumerate(outputs) if compacted(output)), default=-1)
+        for index, stored in enumerate(self.responses):
+            if index < start:
+                continue
+            output = orjson.dumps(outputs[index])
+            for items in (output,) if index == start else (stored.input_items, output):
                 conversation.append_items(
-                    items.decode(),
+                    compactor.expand_items(items).decode(),
                     instructions=instructions if isinstance(instructions, str) else None,
                     tools_json=tools_json,
                 )
