@@ -1,7 +1,8 @@
 """The protocol state machine's compaction (sans-I/O, played with plain calls): the
 `/responses/compact` summary, automatic compaction by `context_management`, sealed
-items sent back as input; and every terminal status (completed, incomplete, failed,
-cancelled, warm-up) valid under the Open Responses schemas as well as the SDK's."""
+items sent back as input; every terminal status (completed, incomplete, failed,
+cancelled, warm-up) valid under the Open Responses schemas as well as the SDK's; and
+the sampling settings a Response echoes when the engine has defaults of its own."""
 
 from __future__ import annotations
 
@@ -190,3 +191,19 @@ def test_keys_from_a_secret_or_a_data_dir_are_stable(tmp_path: Any) -> None:
     kept = Compactor.in_directory(str(tmp_path)).seal("y")
     assert Compactor.in_directory(str(tmp_path)).open(kept, "p") == "y"
     assert (tmp_path / "compaction.key").stat().st_mode & 0o077 == 0
+
+
+def test_responses_echo_the_engine_s_own_sampling_defaults() -> None:
+    cache = ConnectionCache(1 << 30, CacheBudget(1 << 30))
+    connection = Connection(
+        chat_format=FORMAT,
+        context_window=1 << 20,
+        model="m",
+        cache=cache,
+        sampling_defaults=(0.2, 0.9),
+    )
+    driver = ConnectionDriver(connection)
+    created = driver.create("hi")[0]["response"]
+    assert (created["temperature"], created["top_p"]) == (0.2, 0.9)
+    created = driver.create("hi", temperature=0.7, stream_id="b")[0]["response"]
+    assert (created["temperature"], created["top_p"]) == (0.7, 0.9)

@@ -123,6 +123,10 @@ class _DrainedEngine:
     def modalities(self) -> tuple[str, ...]:
         return self._engine.modalities
 
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        return self._engine.sampling_defaults
+
     async def start(self) -> None:
         await self._engine.start()
 

@@ -59,6 +59,9 @@ async def close_stream(stream: AsyncIterator[list[int]]) -> None:
 
 
 TEXT_ONLY = ("text",)
+# The Responses API's documented `temperature` and `top_p`: what a request that sets
+# neither is served with, unless the engine has defaults of its own.
+API_SAMPLING = (1.0, 1.0)
 
 
 class Engine(Protocol):
@@ -81,6 +84,12 @@ class Engine(Protocol):
         with vision, whose requests may carry `input_image` parts (the prompt then
         marks where each image stood; a text-only model refuses them with
         `unsupported_content`)."""
+        ...
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        """The `temperature` and `top_p` it samples with when a request sets none: what
+        Responses echo for such a request."""
         ...
 
     async def start(self) -> None: ...

@@ -176,6 +176,10 @@ class LlamaEngine:
         return TEXT_ONLY
 
     @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        return self.config.temperature, self.config.top_p
+
+    @property
     def runner(self) -> _Runner:
         if self._runner is None:
             raise EngineError("engine_unavailable", "the llama engine is not started")

@@ -28,7 +28,7 @@ import orjson
 
 from hotloop._core import ChatFormat, Prompt
 from hotloop.config import ServerConfig
-from hotloop.engines.base import TEXT_ONLY, Sampling
+from hotloop.engines.base import API_SAMPLING, TEXT_ONLY, Sampling
 
 TIMER_RESOLUTION = 0.001
 
@@ -189,6 +189,10 @@ class SimEngine:
     @property
     def modalities(self) -> tuple[str, ...]:
         return self._modalities
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        return API_SAMPLING  # it does not sample: the API's own
 
     async def start(self) -> None:
         """Nothing to load: the script's token ids are computed at construction."""

@@ -46,7 +46,7 @@ from hotloop._core import (
     UnknownEvent,
     parse_event,
 )
-from hotloop.engines.base import EngineError, Sampling
+from hotloop.engines.base import API_SAMPLING, EngineError, Sampling
 from hotloop.events import ResponseEvents, Usage, error_event, new_id
 from hotloop.protocol.cache import ConnectionCache
 from hotloop.protocol.compaction import (
@@ -232,14 +232,17 @@ class Connection:
         baseline: Baseline | None = None,
         request_id: str | None = None,
         compactor: Compactor | None = None,
+        sampling_defaults: tuple[float, float] = API_SAMPLING,
     ) -> None:
         """`request_id`: the HTTP request's id (its `x-request-id`) for the response it
         makes; without one (WebSocket mode) each response gets its own, carried on its
         `response.created` and terminal events. `compactor`: the server's compaction
-        key (one of this connection's own otherwise)."""
+        key (one of this connection's own otherwise). `sampling_defaults`: the engine's
+        `temperature` and `top_p` for requests that set none, which their Responses echo."""
         self.cache = cache
         self._request_id = request_id
         self._compactor = compactor or Compactor.ephemeral()
+        self._sampling_defaults = sampling_defaults
         self.limits = limits or ConnectionLimits()
         self._format = chat_format
         self._context_window = context_window
@@ -601,6 +604,8 @@ class Connection:
             fields = fields.replace(
                 '"model":null', '"model":' + orjson.dumps(self._model).decode(), 1
             )
+        if self._sampling_defaults != API_SAMPLING:
+            fields = self._engine_sampling(request, fields)
         if self._request_id is None:
             events = ResponseEvents(fields, stream_id=lane.name, request_id=new_id("req_"))
             request_id = events.request_id
@@ -649,6 +654,20 @@ class Connection:
         prompt = conversation.prompt() if peer_prompt is None else peer_prompt
         active.overhead_ns = pending.parse_ns + self._clock() - start
         self._actions.append(Generate(key, prompt, self._sampling(request, len(prompt))))
+
+    def _engine_sampling(self, request: CreateRequest, fields: str) -> str:
+        """`fields` echoing the engine's own defaults where the request set no sampling
+        (the core echoes the API's). Only for engines with defaults of their own (the
+        llama engine), whose turns take milliseconds: one parse of the fields is noise."""
+        if request.temperature is not None and request.top_p is not None:
+            return fields
+        echoed = orjson.loads(fields)
+        temperature, top_p = self._sampling_defaults
+        if request.temperature is None:
+            echoed["temperature"] = temperature
+        if request.top_p is None:
+            echoed["top_p"] = top_p
+        return orjson.dumps(echoed).decode()
 
     def _sampling(
         self, request: CreateRequest, prompt_tokens: int, limit: int | None = None

@@ -182,6 +182,7 @@ class App:
             baseline=self.baseline,
             principal=key,
             compactor=self.compactor,
+            sampling_defaults=self.engine.sampling_defaults,
         )
         socket = Socket(
             connection,

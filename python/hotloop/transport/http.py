@@ -237,6 +237,7 @@ class HttpApi:
             baseline=self.baseline,
             request_id=request_id,
             compactor=self.compactor,
+            sampling_defaults=self.ledger.engine.sampling_defaults,
         )
 
     # ---------------------------------------------------------------- compact, input_tokens
