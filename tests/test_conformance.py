@@ -132,6 +132,11 @@ def test_basic_response(base: str) -> None:
     )
     assert response["output"][0]["role"] == "assistant"
     assert response["completed_at"] >= response["created_at"]
+    # Stored, and retrieved as it was sent.
+    headers = {"Authorization": f"Bearer {KEY}"}
+    stored = httpx.get(f"{base}/responses/{response['id']}", headers=headers, timeout=30)
+    assert stored.status_code == 200
+    check_response(stored.json())
 
 
 def test_settings_are_echoed_or_filled_with_defaults(base: str) -> None:
@@ -507,3 +512,8 @@ def test_a_compacted_chain_continues_after_a_restart(tmp_path: Path) -> None:
         # Rebuilt from the store: the summary and what followed, not the long history.
         response = completed(url + "/v1", follow)
     assert response["usage"]["input_tokens"] < 200
+
+
+def test_a_model_with_vision_compacts_a_conversation_with_images(vision_base: str) -> None:
+    (item,) = compact(vision_base, {"model": "sim", "input": image_input()})["output"]
+    completed(vision_base, {"input": [item, {"role": "user", "content": "And?"}]})

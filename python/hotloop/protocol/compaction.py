@@ -29,7 +29,7 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from hotloop._core import CreateRequest, parse_request
+from hotloop._core import CreateRequest, Limits, parse_request
 from hotloop.events import Usage, new_id
 from hotloop.protocol.errors import ProtocolError
 
@@ -203,21 +203,24 @@ class Summary:
         }
 
 
-def summarizing(request: CreateRequest, summary_tokens: int) -> CreateRequest:
+def summarizing(
+    request: CreateRequest, summary_tokens: int, limits: Limits | None
+) -> CreateRequest:
     """`request` with the instruction to summarize appended to its input, and no room
-    for more than a summary: what the engine is given to write one."""
+    for more than a summary: what the engine is given to write one (parsed with the
+    connection's `limits`, as the request was)."""
     items = [*orjson.loads(request.input_json), _user(SUMMARIZE)]
-    return _derived(request, items, summary_tokens)
+    return _derived(request, items, summary_tokens, limits)
 
 
 def resumed(request: CreateRequest, summary: str) -> CreateRequest:
     """The turn `request` on a compacted conversation: its instructions and tools, and
     the summary in place of everything before."""
-    return _derived(request, [summary_message(summary)], request.max_output_tokens)
+    return _derived(request, [summary_message(summary)], request.max_output_tokens, None)
 
 
 def _derived(
-    request: CreateRequest, items: list[Any], max_output_tokens: int | None
+    request: CreateRequest, items: list[Any], max_output_tokens: int | None, limits: Limits | None
 ) -> CreateRequest:
     # Only on a compaction (once per many turns): the request's own prefix is read back
     # from the fields it echoes, as the core serialised them.
@@ -230,7 +233,7 @@ def _derived(
     }
     if request.reasoning_effort is not None:
         body["reasoning"] = {"effort": request.reasoning_effort}
-    derived = parse_request(orjson.dumps(body))
+    derived = parse_request(orjson.dumps(body), limits)
     if derived.error is not None:
         raise derived.error
     return derived

@@ -738,8 +738,8 @@ class Connection:
             return ProtocolError.not_found(str(parent))
         conversation, _ = chain
         try:
-            summary_tokens = self._compactor.summary_tokens
-            return conversation, conversation.extend(summarizing(request, summary_tokens))
+            summarize = summarizing(request, self._compactor.summary_tokens, self.limits.request)
+            return conversation, conversation.extend(summarize)
         except CoreError as e:
             return ProtocolError.from_core(e)
 
