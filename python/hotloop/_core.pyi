@@ -103,7 +103,11 @@ class Limits:
         max_items: int = 10_000,
         max_text_bytes: int = 10 * 1024 * 1024,
         max_tools: int = 512,
-    ) -> None: ...
+        images: bool = False,
+    ) -> None:
+        """`images`: the model takes images, so `input_image` parts of user messages are
+        accepted (each renders as `[image]`); otherwise they are refused with
+        `unsupported_content` at the part."""
 
 class Policy:
     """The built-in content policy: a multi-pattern matcher over new text only."""
@@ -133,6 +137,8 @@ class CreateRequest:
     temperature: float | None
     top_p: float | None
     reasoning_effort: str | None
+    compact_threshold: int | None
+    """`context_management`'s `compact_threshold`: compact when the prompt passes it."""
     input_item_count: int
     input_bytes: int
     skipped_tools: list[tuple[str, str | None]]
@@ -143,9 +149,11 @@ class CreateRequest:
     @property
     def response_fields_json(self) -> str:
         """A JSON object with the request fields a Response echoes, nulls and defaults
-        filled in: instructions, max_output_tokens, metadata, model, parallel_tool_calls,
-        previous_response_id, reasoning, store, temperature, text, tool_choice, tools,
-        top_p, truncation."""
+        filled in: frequency_penalty, instructions, max_output_tokens, max_tool_calls,
+        metadata, model, parallel_tool_calls, presence_penalty, previous_response_id,
+        prompt_cache_key, reasoning, safety_identifier, service_tier, store, temperature,
+        text, tool_choice, tools (function tools with description, parameters and strict),
+        top_logprobs, top_p, truncation."""
 
 class CancelEvent:
     type: Literal["response.cancel"]

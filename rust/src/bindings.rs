@@ -316,13 +316,14 @@ pub(crate) struct PyLimits {
 #[pymethods]
 impl PyLimits {
     #[new]
-    #[pyo3(signature = (*, max_items = 10_000, max_text_bytes = 10 * 1024 * 1024, max_tools = 512))]
-    fn new(max_items: usize, max_text_bytes: usize, max_tools: usize) -> Self {
+    #[pyo3(signature = (*, max_items = 10_000, max_text_bytes = 10 * 1024 * 1024, max_tools = 512, images = false))]
+    fn new(max_items: usize, max_text_bytes: usize, max_tools: usize, images: bool) -> Self {
         PyLimits {
             inner: validate::Limits {
                 max_items,
                 max_text_bytes,
                 max_tools,
+                images,
             },
         }
     }
@@ -330,8 +331,11 @@ impl PyLimits {
     fn __repr__(&self) -> String {
         let l = &self.inner;
         format!(
-            "Limits(max_items={}, max_text_bytes={}, max_tools={})",
-            l.max_items, l.max_text_bytes, l.max_tools
+            "Limits(max_items={}, max_text_bytes={}, max_tools={}, images={})",
+            l.max_items,
+            l.max_text_bytes,
+            l.max_tools,
+            if l.images { "True" } else { "False" }
         )
     }
 }
@@ -418,6 +422,10 @@ impl PyCreateRequest {
     #[getter]
     fn top_p(&self) -> Option<f64> {
         self.inner.top_p
+    }
+    #[getter]
+    fn compact_threshold(&self) -> Option<u64> {
+        self.inner.compact_threshold
     }
     #[getter]
     fn reasoning_effort(&self) -> Option<&str> {

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 import orjson
 
-from hotloop.engines.base import EngineError, Sampling
+from hotloop.engines.base import API_SAMPLING, TEXT_ONLY, EngineError, Sampling
 
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Prompt
@@ -327,6 +327,16 @@ class UpstreamEngine:
     @property
     def context_window(self) -> int:
         return self.config.context_window
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        # Replicas are fed token ids: there is no channel for pixels.
+        return TEXT_ONLY
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        # Unset settings are left to the replica, whose defaults are not known here.
+        return API_SAMPLING
 
     async def start(self) -> None:
         headers = dict(self.config.headers)

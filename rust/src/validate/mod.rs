@@ -40,6 +40,9 @@ pub struct Limits {
     pub max_text_bytes: usize,
     /// Entries in `tools`.
     pub max_tools: usize,
+    /// The model takes images: `input_image` parts of user messages are accepted (and
+    /// render as a placeholder); otherwise they are refused as `unsupported_content`.
+    pub images: bool,
 }
 
 impl Default for Limits {
@@ -48,6 +51,7 @@ impl Default for Limits {
             max_items: 10_000,
             max_text_bytes: 10 * 1024 * 1024,
             max_tools: 512,
+            images: false,
         }
     }
 }
