@@ -83,7 +83,13 @@ def serve(data_dir: str, tree: str | None) -> tuple[subprocess.Popen[str], str]:
     return process, f"127.0.0.1:{port}"
 
 
-def client(address: str, kind: str, acked: list[str], lock: threading.Lock) -> None:
+def acknowledge(acked: list[str], seen: threading.Condition, response_id: str) -> None:
+    with seen:
+        acked.append(response_id)
+        seen.notify_all()
+
+
+def client(address: str, kind: str, acked: list[str], seen: threading.Condition) -> None:
     body = {"model": "sim", "input": "hi", "store": True}
     try:
         if kind == "ws":
@@ -97,15 +103,13 @@ def client(address: str, kind: str, acked: list[str], lock: threading.Lock) -> N
                     ):
                         pass
                     if event["type"] == "response.completed":
-                        with lock:
-                            acked.append(event["response"]["id"])
+                        acknowledge(acked, seen, event["response"]["id"])
         with httpx.Client(base_url=f"http://{address}", timeout=GUARD) as http:
             while True:
                 if kind == "http":
                     reply = http.post("/v1/responses", json=body)
                     if reply.status_code == 200:
-                        with lock:
-                            acked.append(reply.json()["id"])
+                        acknowledge(acked, seen, reply.json()["id"])
                     continue
                 last: dict[str, Any] = {}
                 with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as s:
@@ -113,8 +117,7 @@ def client(address: str, kind: str, acked: list[str], lock: threading.Lock) -> N
                         if line.startswith("data: "):
                             last = orjson.loads(line[6:])
                 if last.get("type") == "response.completed":
-                    with lock:
-                        acked.append(last["response"]["id"])
+                    acknowledge(acked, seen, last["response"]["id"])
     except (OSError, ValueError, httpx.HTTPError, WebSocketException):
         return  # the server was killed: what this client saw is the record
 
@@ -123,16 +126,16 @@ def sigkill_run(tree: str | None) -> dict[str, int]:
     with tempfile.TemporaryDirectory(prefix="hotloop-kill-") as data_dir:
         process, address = serve(data_dir, tree)
         acked: list[str] = []
-        lock = threading.Lock()
+        seen = threading.Condition()
         threads = [
-            threading.Thread(target=client, args=(address, kind, acked, lock), daemon=True)
+            threading.Thread(target=client, args=(address, kind, acked, seen), daemon=True)
             for kind in ("ws", "ws", "ws", "http", "sse")
         ]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + GUARD
-        while len(acked) < TARGET and time.monotonic() < deadline:
-            time.sleep(0.001)
+        # Woken by each acknowledgement instead of polling; GUARD only bounds a broken run.
+        with seen:
+            seen.wait_for(lambda: len(acked) >= TARGET, GUARD)
         time.sleep(random.uniform(0, 0.05))
         process.send_signal(signal.SIGKILL)
         process.wait()
