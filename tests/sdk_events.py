@@ -54,3 +54,13 @@ CODEX_EVENTS: dict[str, type[BaseModel]] = {
     "response.interrupt.accepted": _InterruptAccepted,
     "response.output_item.interrupted": _ItemInterrupted,
 }
+
+
+def final(conn: Any) -> Any:
+    """Read an SDK WebSocket connection (`client.responses.connect()`) up to the
+    response's terminal event and return the response; an `error` event fails."""
+    for event in conn:
+        if event.type in ("response.completed", "response.failed", "response.incomplete"):
+            return event.response
+        assert event.type != "error", event
+    raise AssertionError("the socket closed before a terminal event")

@@ -191,7 +191,7 @@ class RecordingEngine:
         return Session()
 
 
-@pytest.mark.parametrize("sim_format", ["harmony", "smollm2"])
+@pytest.mark.parametrize("sim_format", ["harmony", "smollm2", "qwen3"])
 def test_a_rebuilt_continuation_sends_the_engine_the_warm_prompt(
     tmp_path: Path, sim_format: str
 ) -> None:

@@ -78,12 +78,34 @@ class ChatFormat:
     def chatml(tokenizer: Tokenizer, default_system: str | None = None) -> ChatFormat:
         """ChatML (SmolLM2, Qwen) with `<tool_call>` tool calls. `default_system` is the
         system message the model's template inserts when the conversation has none."""
+    @staticmethod
+    def template(
+        template: ChatTemplate,
+        tokenizer: Tokenizer,
+        *,
+        kwargs_json: str | None = None,
+        tool_parser: str | None = None,
+        verbatim: bool = False,
+        window: bool = True,
+        check_every: int = 64,
+    ) -> ChatFormat:
+        """The generic format: the model's own chat template over its vocabulary, the
+        prompt equal to `tokenizers.encode(render(messages), add_special_tokens=False)`
+        and built by difference (see `TemplatePrompt`). `kwargs_json`: template kwargs
+        (`{"enable_thinking": false}`); `tool_parser`: a parser name, None or `auto`
+        for the template's own; `verbatim`: keep the model's sampled ids where the
+        template renders them unchanged. Raises CoreError when the vocabulary has no
+        end-of-turn token."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """`harmony`, `chatml` or `template:<template name>`."""
     @property
     def tokenizer(self) -> Tokenizer: ...
     @property
     def stop_tokens(self) -> list[int]: ...
+    @property
+    def tool_parser(self) -> str | None:
+        """A template format's tool-call parser (`hermes`, ...); None for the others."""
     def completion_tokens(
         self,
         *,
@@ -205,7 +227,8 @@ class Turn:
     """Prompt tokens served from the rendered-token cache (not rendered again)."""
     new_tokens: int
     invalidated: bool
-    """The prefix (instructions/tools) changed and the chain re-rendered from it."""
+    """Earlier history was re-rendered: the prefix (instructions/tools) changed, or a
+    chat template rendered earlier messages differently (`hotloop_prompt_rewrites_total`)."""
 
 class Prompt:
     """The prompt of one turn: shares the conversation's token chunks (no copy)."""
@@ -323,6 +346,9 @@ class ChatTemplate:
     @staticmethod
     def from_gguf(path: str) -> ChatTemplate:
         """`tokenizer.chat_template` of a GGUF, with its BOS/EOS strings."""
+    @staticmethod
+    def gguf_tokens(path: str) -> list[tuple[str, str]]:
+        """The special-token strings a GGUF names (`bos_token`, `eos_token`, ...)."""
     @property
     def name(self) -> str: ...
     @property

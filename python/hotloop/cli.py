@@ -26,6 +26,7 @@ from hotloop import logs, native_deps
 from hotloop.auth import ApiKeys, parse_entry
 from hotloop.bench import command as bench
 from hotloop.bench.peer import SIM_FORMAT, Peer
+from hotloop.chat_template import TemplateChoice
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
@@ -59,10 +60,35 @@ def sim_engine(config: ServerConfig) -> Engine:
     return from_config(config)
 
 
+def template_choice(
+    config: ServerConfig, template: str | None, verbatim: bool
+) -> TemplateChoice | None:
+    """The model's own chat template as configured (`template` None: not used);
+    `verbatim` is the engine's default for `--chat-template-verbatim`."""
+    if template is None:
+        return None
+    return TemplateChoice(
+        template=template,
+        tool_parser=config.tool_parser,
+        kwargs_json=config.chat_template_kwargs,
+        verbatim=verbatim
+        if config.chat_template_verbatim is None
+        else config.chat_template_verbatim,
+    )
+
+
 def llama_engine(config: ServerConfig) -> Engine:
     from hotloop.engines.llama import LlamaConfig, LlamaEngine
 
-    options: dict[str, Any] = {"model_path": config.llama_model_path, "n_ctx": config.llama_context}
+    # A GGUF of the operator's comes with its own template; the built-in SmolLM2 keeps the
+    # hand-written ChatML unless a template is asked for (both give the same ids).
+    template = config.chat_template or ("auto" if config.llama_model_path else None)
+    options: dict[str, Any] = {
+        "model_path": config.llama_model_path,
+        "n_ctx": config.llama_context,
+        # The engine keeps each sequence's sampled ids in its KV cache: verbatim by default.
+        "template": template_choice(config, template, verbatim=True),
+    }
     if config.model:
         options["model"] = config.model
     engine: Engine = LlamaEngine(LlamaConfig(**options))
@@ -87,6 +113,7 @@ def upstream_engine(config: ServerConfig) -> Engine:
             chat_format=config.upstream_format,
             tokenizer=config.upstream_tokenizer,
             default_system=config.upstream_default_system,
+            template=template_choice(config, config.chat_template, verbatim=False),
             routing=config.upstream_routing,
             router=config.upstream_router,
         )

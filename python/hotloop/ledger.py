@@ -82,6 +82,7 @@ class Ledger:
             "cache": cache,
         }
         self.fingerprint = format_fingerprint(engine.chat_format)
+        self.format_name = engine.chat_format.name
         self.metrics.cache_counts = lambda: (
             self.budget.hits,
             self.budget.misses,
@@ -226,6 +227,8 @@ class Ledger:
                 prompt_tokens=finished.turn.prompt_tokens,
                 cached_tokens=finished.turn.cached_tokens,
             )
+            if finished.turn.invalidated:
+                metrics.prompt_rewrites.labels(self.format_name).inc()
         self.usage.record(
             label,
             input_tokens=usage.input_tokens,

@@ -4,6 +4,7 @@
                           # websocket}, plus the peer; writes benches/results/agent.json + PNGs
     hotloop bench agent --format smollm2   # the same in SmolLM2's ChatML, against the
                           # open-model peer; writes agent_smollm2.json + PNGs
+    hotloop bench agent --format qwen3     # Qwen3's own template, against vLLM's path
     hotloop bench load    # 10..500 agents on one process and on --workers 2
     hotloop bench plot    # redraw the PNGs from the JSON files
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 MODES = ("http_full", "http_previous", "websocket")
 # `--format`: the sim's chat format, and the peer that renders the same prompt in it (a
 # peer in another format would feed the engine ids the replay script does not know).
-PEERS = {"harmony": "harmony", "smollm2": "open-model"}
+PEERS = {"harmony": "harmony", "smollm2": "open-model", "qwen3": "qwen3"}
 
 T = TypeVar("T")
 MODEL = "sim"
@@ -339,7 +340,8 @@ def register(commands: Any) -> None:
         "--format",
         choices=tuple(PEERS),
         default="harmony",
-        help="the sim engine's chat format (harmony: gpt-oss; smollm2: ChatML)",
+        help="the sim engine's chat format (harmony: gpt-oss; smollm2: ChatML; qwen3: "
+        "Qwen3's own template and vocabulary)",
     )
     agent.add_argument(
         "--baseline",

