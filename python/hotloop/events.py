@@ -50,6 +50,17 @@ class Usage:
             "total_tokens": self.input_tokens + self.output_tokens,
         }
 
+    def plus(self, other: Usage) -> Usage:
+        """The usage of a response sampled in several model turns (a long-running
+        response resumed by injected tool output): every count adds up."""
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+            self.output_tokens + other.output_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+        )
+
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -128,6 +139,7 @@ class ResponseEvents:
     """
 
     __slots__ = (
+        "_base",
         "_fields",
         "_heads",
         "_ids",
@@ -152,6 +164,7 @@ class ResponseEvents:
         self.created_at = int(time.time()) if created_at is None else created_at
         self.output: list[dict[str, Any]] = []
         self._seq = 0
+        self._base = 0
         # Per output index: the item id and the pre-serialised head of its delta events.
         self._ids: dict[int, str] = {}
         self._heads: dict[int, bytes] = {}
@@ -160,6 +173,11 @@ class ResponseEvents:
         self._tail = (
             b"}" if stream_id is None else b',"stream_id":' + orjson.dumps(stream_id) + b"}"
         )
+
+    def next_turn(self) -> None:
+        """The response samples another model turn (resumed after injected tool
+        output): its parser counts items from 0 again, their `output_index` goes on."""
+        self._base = len(self._ids)
 
     @property
     def sequence_number(self) -> int:
@@ -251,13 +269,13 @@ class ResponseEvents:
                 self._seq = seq + 1
                 emit(
                     b'%b%b,"sequence_number":%d%b'
-                    % (self._heads[ev[1]], orjson.dumps(ev[2]), seq, self._tail)
+                    % (self._heads[ev[1] + self._base], orjson.dumps(ev[2]), seq, self._tail)
                 )
             else:
                 self._structural(ev, emit)
 
     def _structural(self, ev: tuple[Any, ...], emit: Callable[[bytes], object]) -> None:
-        kind, index = ev[0], ev[1]
+        kind, index = ev[0], ev[1] + self._base
         item: dict[str, Any]
         if kind == "message_start":
             item_id = new_id("msg_")

@@ -29,6 +29,7 @@ from hotloop.protocol import (
     Observer,
     QueueMemory,
 )
+from hotloop.protocol.injection import MULTI_AGENT_BETA
 from hotloop.store import StoreError
 from hotloop.transport.admission import RETRY_AFTER_SECONDS
 from hotloop.transport.asgi import (
@@ -235,6 +236,8 @@ class App:
             session_key=session_key(scope),
             queue_memory=self.queue_memory,
             durable=self.ledger is not None and self.ledger.durable,
+            inject=config.inject or multi_agent(scope),
+            inject_idle_timeout=config.inject_idle_timeout,
         )
         socket = Socket(
             connection,
@@ -262,6 +265,13 @@ class App:
                 del self._sockets_of[owner]
             if self.ledger is not None:
                 self.ledger.metrics.connections.dec()
+
+
+def multi_agent(scope: Scope) -> bool:
+    """The upgrade asked for the long-running response (`OpenAI-Beta` lists
+    `responses_multi_agent=v1` among its comma-separated values)."""
+    beta = header(scope, b"openai-beta") or b""
+    return MULTI_AGENT_BETA in (value.strip() for value in beta.split(b","))
 
 
 def _warming(
