@@ -60,7 +60,7 @@ class ConnectionDriver:
         frames = []
         for action in self.conn.actions():
             if isinstance(action, bytes):
-                frames.append(validate(action))
+                frames.append(self.frame(action))
             elif isinstance(action, Render):
                 self.renders[action.key] = action
             elif isinstance(action, Generate):
@@ -76,6 +76,10 @@ class ConnectionDriver:
             else:
                 self.closed = action
         return frames
+
+    def frame(self, frame: bytes) -> dict[str, Any]:
+        """One frame the connection sent, checked."""
+        return validate(frame)
 
     def send(self, event: dict[str, Any] | str) -> list[dict[str, Any]]:
         self.conn.receive_text(event if isinstance(event, str) else orjson.dumps(event).decode())

@@ -107,7 +107,11 @@ class Limits:
         max_text_bytes: int = 10 * 1024 * 1024,
         max_tools: int = 512,
         max_tools_bytes: int = 2 * 1024 * 1024,
-    ) -> None: ...
+        images: bool = False,
+    ) -> None:
+        """`images`: the model takes images, so `input_image` parts of user messages are
+        accepted (each renders as `[image]`); otherwise they are refused with
+        `unsupported_content` at the part."""
 
 class Policy:
     """The built-in content policy: a multi-pattern matcher over new text only."""
@@ -137,6 +141,8 @@ class CreateRequest:
     temperature: float | None
     top_p: float | None
     reasoning_effort: str | None
+    compact_threshold: int | None
+    """`context_management`'s `compact_threshold`: compact when the prompt passes it."""
     input_item_count: int
     input_bytes: int
     frame_bytes: int
@@ -150,9 +156,11 @@ class CreateRequest:
     @property
     def response_fields_json(self) -> str:
         """A JSON object with the request fields a Response echoes, nulls and defaults
-        filled in: instructions, max_output_tokens, metadata, model, parallel_tool_calls,
-        previous_response_id, reasoning, store, temperature, text, tool_choice, tools,
-        top_p, truncation."""
+        filled in: frequency_penalty, instructions, max_output_tokens, max_tool_calls,
+        metadata, model, parallel_tool_calls, presence_penalty, previous_response_id,
+        prompt_cache_key, reasoning, safety_identifier, service_tier, store, temperature,
+        text, tool_choice, tools (function tools with description, parameters and strict),
+        top_logprobs, top_p, truncation."""
 
 class CancelEvent:
     type: Literal["response.cancel"]
@@ -181,6 +189,11 @@ def parse_event(frame: str | bytes, limits: Limits | None = None) -> ClientEvent
 
 def parse_request(body: str | bytes, limits: Limits | None = None) -> CreateRequest:
     """Parse an HTTP `POST /v1/responses` body (no `type` field)."""
+
+def check_values(frame: str | bytes) -> None:
+    """The boundary invariant alone: raises `CoreError` (`invalid_value`, at the field's
+    path) for a number outside 64 bits or a lone surrogate, which a strict parser
+    such as orjson refuses or rewrites."""
 
 # ---------------------------------------------------------------- the cache
 

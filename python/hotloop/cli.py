@@ -29,7 +29,8 @@ from hotloop.bench.peer import SIM_FORMAT, Peer
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
-from hotloop.protocol import ConnectionLimits, QueueMemory
+from hotloop.protocol import QueueMemory
+from hotloop.protocol.compaction import Compactor
 from hotloop.transport import App
 from hotloop.transport.admission import (
     AdmittingHttpProtocol,
@@ -37,6 +38,7 @@ from hotloop.transport.admission import (
     raise_open_files_limit,
     return_large_buffers,
 )
+from hotloop.transport.app import connection_limits
 from hotloop.transport.frames import FrameSendingProtocol
 from hotloop.transport.http import HttpApi
 
@@ -119,6 +121,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
     ledger (the store at `config.store` or in `config.data_dir`, usage, metrics, shutdown
     drain)."""
     keys = ApiKeys(config.api_keys, config.tenant_label_secret)
+    compactor = compactor_for(config)
     ledger = Ledger(
         engine,
         keys=keys,
@@ -129,6 +132,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         commit_window=config.store_commit_window,
         busy_timeout=config.store_busy_timeout,
         cache=config.store_cache,
+        compactor=compactor,
     )
     ledger.metrics.node = config.node
     # `--baseline`: one peer per process, shared by both transports like its store.
@@ -144,10 +148,9 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         baseline=baseline,
         model=config.model or engine.model,
         keys=keys,
-        limits=ConnectionLimits(
-            max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
-        ),
+        limits=connection_limits(config, engine),
         queue_memory=queue_memory,
+        compactor=compactor,
     )
     return App(
         ledger.engine,
@@ -157,7 +160,19 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         baseline=baseline,
         keys=keys,
         queue_memory=queue_memory,
+        compactor=compactor,
     )
+
+
+def compactor_for(config: ServerConfig) -> Compactor:
+    """The key that seals compaction items: the operator's secret, else the one kept in
+    the data directory (so restarts and workers agree), else this process's own."""
+    tokens = config.compaction_summary_tokens
+    if config.compaction_key:
+        return Compactor.from_secret(config.compaction_key, tokens)
+    if config.data_dir:
+        return Compactor.in_directory(config.data_dir, tokens)
+    return Compactor.ephemeral(tokens)
 
 
 def argument_parser() -> argparse.ArgumentParser:

@@ -134,6 +134,14 @@ class ServerConfig:
     store_busy_timeout: float = _option(
         5.0, "how long a commit retries a database locked by another process before failing"
     )
+    compaction_key: str | None = _option(
+        None,
+        "secret that seals compaction items (default: a key generated once and kept in "
+        "the data directory)",
+    )
+    compaction_summary_tokens: int = _option(
+        512, "longest summary the engine writes when it compacts a conversation"
+    )
     drain_timeout: float = _option(
         30.0, "on SIGTERM/SIGINT, how long in-flight responses get to finish"
     )
@@ -205,6 +213,11 @@ class ServerConfig:
     sim_tool_arguments: str = _option("{}", "sim: the call's arguments (JSON)")
     sim_script: str | None = _option(
         None, "sim: JSON file of turns to replay in order, instead of the call above"
+    )
+    sim_modalities: str = _option(
+        "text",
+        "sim: inputs it accepts, text or text,image (images reach it as a placeholder, "
+        "as a stand-in for a vision model)",
     )
 
     @classmethod

@@ -199,7 +199,7 @@ def _build_entry(target: Path, what: str, minutes: str, build: Callable[[Path], 
     the build and its duration, so the user sees why nothing else happens for minutes,
     and that it will not happen again."""
     _say(
-        f"building {what} from source ({minutes} on a few cores); this happens once, "
+        f"building {what} from source ({minutes}, longer under load); this happens once, "
         f"later runs use {target}"
     )
     start = time.monotonic()
@@ -247,7 +247,7 @@ def ensure_llama_cpp_python() -> None:
                 )
                 return scratch
 
-            _build_entry(target, what, "10-20 minutes", build)
+            _build_entry(target, what, "about 4 minutes on 2 idle cores", build)
             wheels = sorted(target.glob("llama_cpp_python-*.whl"))
         wheel = wheels[-1]
     if _installed_from("llama_cpp_python", wheel):
@@ -321,7 +321,7 @@ def ensure_llama_server() -> Path:
 
     with _locked(target.name):
         if not binary.is_file():
-            _build_entry(target, what, "5-10 minutes", build)
+            _build_entry(target, what, "about 5 minutes on 2 idle cores", build)
     return binary
 
 

@@ -336,14 +336,22 @@ impl PyLimits {
         max_text_bytes = 10 * 1024 * 1024,
         max_tools = 512,
         max_tools_bytes = 2 * 1024 * 1024,
+        images = false,
     ))]
-    fn new(max_items: usize, max_text_bytes: usize, max_tools: usize, max_tools_bytes: usize) -> Self {
+    fn new(
+        max_items: usize,
+        max_text_bytes: usize,
+        max_tools: usize,
+        max_tools_bytes: usize,
+        images: bool,
+    ) -> Self {
         PyLimits {
             inner: validate::Limits {
                 max_items,
                 max_text_bytes,
                 max_tools,
                 max_tools_bytes,
+                images,
             },
         }
     }
@@ -351,8 +359,12 @@ impl PyLimits {
     fn __repr__(&self) -> String {
         let l = &self.inner;
         format!(
-            "Limits(max_items={}, max_text_bytes={}, max_tools={}, max_tools_bytes={})",
-            l.max_items, l.max_text_bytes, l.max_tools, l.max_tools_bytes
+            "Limits(max_items={}, max_text_bytes={}, max_tools={}, max_tools_bytes={}, images={})",
+            l.max_items,
+            l.max_text_bytes,
+            l.max_tools,
+            l.max_tools_bytes,
+            if l.images { "True" } else { "False" }
         )
     }
 }
@@ -439,6 +451,10 @@ impl PyCreateRequest {
     #[getter]
     fn top_p(&self) -> Option<f64> {
         self.inner.top_p
+    }
+    #[getter]
+    fn compact_threshold(&self) -> Option<u64> {
+        self.inner.compact_threshold
     }
     #[getter]
     fn reasoning_effort(&self) -> Option<&str> {
@@ -564,9 +580,11 @@ fn frame_bytes<'a>(frame: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
         return Ok(bytes.as_bytes());
     }
     let text = frame.downcast::<PyString>()?;
-    text.to_str()
-        .map(str::as_bytes)
-        .map_err(|_| Error::new(Code::InvalidJson, "The message is not valid UTF-8 text.").into())
+    text.to_str().map(str::as_bytes).map_err(|_| not_utf8().into())
+}
+
+fn not_utf8() -> Error {
+    Error::new(Code::InvalidJson, "The message is not valid UTF-8 text.")
 }
 
 fn parse_frame<T: Send>(
@@ -619,6 +637,15 @@ fn parse_request(
     let limits = limits.map(|l| l.inner).unwrap_or_default();
     let inner = parse_frame(py, body, |b| validate::parse_request(b, &limits))?;
     Ok(PyCreateRequest { inner })
+}
+
+/// The boundary invariant alone (`validate::check_values`): for Python code that must
+/// load a frame with a strict parser before the core parses it (compaction's expansion).
+#[pyfunction]
+fn check_values(py: Python<'_>, frame: &Bound<'_, PyAny>) -> PyResult<()> {
+    parse_frame(py, frame, |b| {
+        validate::check_values(std::str::from_utf8(b).map_err(|_| not_utf8())?)
+    })
 }
 
 // ---------------------------------------------------------------- the cache
@@ -1222,6 +1249,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyUnknownEvent>()?;
     m.add_function(wrap_pyfunction!(parse_event, m)?)?;
     m.add_function(wrap_pyfunction!(parse_request, m)?)?;
+    m.add_function(wrap_pyfunction!(check_values, m)?)?;
     m.add_class::<PyTurn>()?;
     m.add_class::<PyPrompt>()?;
     m.add_class::<PyOutputParser>()?;

@@ -198,9 +198,13 @@ FUNCTION_FIELDS = ("name", "description", "parameters")
 
 def chat_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """Responses function tools in Chat Completions form (what templates are given);
-    None without any, so a template renders its tool-less system turn."""
+    None without any, so a template renders its tool-less system turn. A member that is
+    null (as a Response echoes an unset description) is left out, as if unset."""
     functions = [
-        {"type": "function", "function": {k: t[k] for k in FUNCTION_FIELDS if k in t}}
+        {
+            "type": "function",
+            "function": {k: t[k] for k in FUNCTION_FIELDS if t.get(k) is not None},
+        }
         for t in tools
         if t.get("type", "function") == "function"
     ]

@@ -183,7 +183,7 @@ def harmony_renderer() -> Renderer:
         if tools:
             content = content.with_function_tools(
                 [
-                    ToolDescription.new(t["name"], t.get("description", ""), t.get("parameters"))
+                    ToolDescription.new(t["name"], t.get("description") or "", t.get("parameters"))
                     for t in tools
                 ]
             )

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
-from hotloop.engines.base import EngineError, Sampling
+from hotloop.engines.base import TEXT_ONLY, EngineError, Sampling
 
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Prompt
@@ -169,6 +169,15 @@ class LlamaEngine:
     @property
     def context_window(self) -> int:
         return self.runner.context_window
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        # SmolLM2 and the GGUFs this engine loads without a vision projector read text.
+        return TEXT_ONLY
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        return self.config.temperature, self.config.top_p
 
     @property
     def runner(self) -> _Runner:

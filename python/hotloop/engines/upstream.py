@@ -46,7 +46,7 @@ import httpx
 import orjson
 
 from hotloop._core import SseDecoder
-from hotloop.engines.base import EngineError, Sampling
+from hotloop.engines.base import API_SAMPLING, TEXT_ONLY, EngineError, Sampling
 
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Prompt
@@ -243,6 +243,16 @@ class UpstreamEngine:
     @property
     def context_window(self) -> int:
         return self.config.context_window
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        # Replicas are fed token ids: there is no channel for pixels.
+        return TEXT_ONLY
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        # Unset settings are left to the replica, whose defaults are not known here.
+        return API_SAMPLING
 
     async def start(self) -> None:
         # At server start, off the event loop, not in the first connection: building the

@@ -50,9 +50,16 @@ from hotloop._core import (
     UnknownEvent,
     parse_event,
 )
-from hotloop.engines.base import EngineError, Sampling
-from hotloop.events import ResponseEvents, Usage, error_event
+from hotloop.engines.base import API_SAMPLING, EngineError, Sampling
+from hotloop.events import ResponseEvents, Usage, error_event, new_id
 from hotloop.protocol.cache import ConnectionCache
+from hotloop.protocol.compaction import (
+    Compactor,
+    Summary,
+    compacted_resource,
+    resumed,
+    summarizing,
+)
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.injection import (
     Injection,
@@ -62,7 +69,7 @@ from hotloop.protocol.injection import (
     resume_frame,
     returned_input,
 )
-from hotloop.protocol.queue_memory import QueueMemory
+from hotloop.protocol.queue_memory import RETRY_AFTER_SECONDS, QueueMemory
 from hotloop.protocol.steering import (
     MAX_PENDING_STEERS,
     Steer,
@@ -75,6 +82,8 @@ if TYPE_CHECKING:
     from hotloop._core import ClientEvent
 
 log = logging.getLogger("hotloop.protocol")
+# One line per response: its id and the request id the client saw, to match reports.
+requests_log = logging.getLogger("hotloop.requests")
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 MAX_IN_FLIGHT = 16
@@ -276,12 +285,16 @@ class _Active:
     """Accepted steers: sampling stops at the next item boundary, a successor follows."""
     cut: bool = False
     """Sampling stopped at an item boundary for a steer."""
+    compaction: Summary | None = None
+    """Set while the engine writes a summary (`conversation`, `parser` and `turn` are
+    the summarization's); the turn proper starts from it afterwards."""
+    spent: Usage | None = None
+    """The engine passes before the current one, added to its usage: a compacted
+    turn's summarization, a long-running response's earlier model turns."""
     waiting: dict[str, str] = field(default_factory=dict)
     """Long-running mode: the calls (call id -> name) the response waits for output of."""
     injected: list[Injection] = field(default_factory=list)
     """Injections accepted while other calls still wait (they resume it together)."""
-    spent: Usage | None = None
-    """The usage of the model turns before the current one (a resumed response)."""
     resumed: Turn | None = None
     """The current model turn of a resumed response (`turn` stays the first one: the
     store keeps every turn's ids after the first prompt as the response's output)."""
@@ -370,6 +383,9 @@ class Connection:
         session_key: str | None = None,
         queue_memory: QueueMemory | None = None,
         durable: bool = False,
+        request_id: str | None = None,
+        compactor: Compactor | None = None,
+        sampling_defaults: tuple[float, float] = API_SAMPLING,
         inject: bool = False,
         inject_idle_timeout: float = 300.0,
     ) -> None:
@@ -378,7 +394,12 @@ class Connection:
         the process-wide bound on queued request bytes that this connection's queue
         counts in (unbounded beyond its own limit without one). `durable`: the server
         has a store; `store=true` responses are committed (`Persist`) before their
-        terminal event. `inject`: the long-running response (protocol.md section 8): a
+        terminal event. `request_id`: the HTTP request's id (its `x-request-id`) for the
+        response it makes; without one (WebSocket mode) each response gets its own,
+        carried on its `response.created` and terminal events. `compactor`: the server's
+        compaction key (one of this connection's own otherwise). `sampling_defaults`: the
+        engine's `temperature` and `top_p` for requests that set none, which their
+        Responses echo. `inject`: the long-running response (protocol.md section 8): a
         response that calls a client tool waits, open, for `response.inject`, and ends
         `response.incomplete` after `inject_idle_timeout` seconds without it."""
         self.cache = cache
@@ -389,6 +410,9 @@ class Connection:
         model turn (they hold their lane)."""
         self._session_key = session_key
         self._queue_memory = queue_memory
+        self._request_id = request_id
+        self._compactor = compactor or Compactor.ephemeral()
+        self._sampling_defaults = sampling_defaults
         self.limits = limits or ConnectionLimits()
         self._format = chat_format
         self._context_window = context_window
@@ -437,9 +461,11 @@ class Connection:
             return Parsed(error, size, 0, frame)
         start = self._clock()
         try:
-            event = parse_event(frame, self.limits.request)
+            event = parse_event(self._compactor.expand(frame), self.limits.request)
         except CoreError as e:
             return Parsed(ProtocolError.from_core(e), size, self._clock() - start, frame)
+        except ProtocolError as e:  # a compaction item that is not ours, or tampered with
+            return Parsed(e, size, self._clock() - start, frame)
         return Parsed(event, size, self._clock() - start, frame)
 
     def receive_parsed(self, parsed: Parsed) -> None:
@@ -509,6 +535,9 @@ class Connection:
         active = self._active.get(key)
         if active is None or active.cut:
             return False
+        if active.compaction is not None:
+            active.compaction.feed(active.parser.feed(ids))
+            return not active.parser.stopped
         if active.steers:
             more = self._feed_to_boundary(active, ids)
         else:
@@ -539,6 +568,9 @@ class Connection:
         """The engine finished response `key` (stop token or max_output_tokens)."""
         active = self._active.pop(key, None)
         if active is None:
+            return
+        if active.compaction is not None:
+            self._summarized(active, active.compaction)
             return
         if active.cut and not active.parser.stopped:
             self._steered(active)
@@ -590,10 +622,15 @@ class Connection:
 
     def engine_failed(self, key: int, error: EngineError) -> None:
         active = self._active.pop(key, None)
-        if active is not None:
-            self._fail(
-                active, f"The engine failed ({error.code}): {error.message}", self._usage(active)
-            )
+        if active is None:
+            return
+        message = f"The engine failed ({error.code}): {error.message}"
+        if active.compaction is not None and not active.compaction.resume:
+            # /responses/compact has no response to fail: its request gets the error.
+            self._refuse(ProtocolError("server_error", message, status=500))
+            self._release(active)
+            return
+        self._fail(active, message, self._usage(active))
 
     def render_done(self, key: int, turn: Turn) -> None:
         """The `Render` work `key` finished: the turn goes on to the engine."""
@@ -815,11 +852,12 @@ class Connection:
         accepted steers, injected tool outputs) in its bound and the process's; raise the
         `ProtocolError` that refuses them past either."""
         if self._queued_bytes + size > self.limits.max_queued_bytes:
-            raise ProtocolError(
+            raise ProtocolError.limit(
                 "websocket_queue_limit_reached",
                 f"{self._queued_bytes} bytes of input are already queued on this "
                 f"connection (limit {self.limits.max_queued_bytes}); wait for responses "
                 "to finish before sending more.",
+                RETRY_AFTER_SECONDS,
             )
         if self._queue_memory is not None:
             self._queue_memory.reserve(self._principal, size)
@@ -855,41 +893,46 @@ class Connection:
             if lane.free and lane.queue:
                 self._ready.append(lane)
 
+    def _chain(
+        self, parent: str | None, lane: _Lane
+    ) -> tuple[Conversation, bool, str | None] | ProtocolError:
+        """The conversation a request continues (a fork of `parent`'s checkpoint, or a
+        new one), whether a failure evicts the parent, and the root of the parent's
+        chain (its routing key; None for a new conversation); or why it cannot."""
+        if parent is None:
+            conversation = Conversation(
+                self._format, context_window=self._context_window, policy=self._policy
+            )
+            return conversation, False, None
+        # The transport already tried the store (`Ledger.warm`): a miss here is final,
+        # unless the store could not be read.
+        cached = self.cache.get(parent)
+        checkpoint = cached.checkpoint if cached is not None else None
+        unreadable = self._unreadable.pop(parent, None)
+        if cached is None or checkpoint is None:
+            if unreadable is None:
+                return ProtocolError.not_found(parent)
+            return ProtocolError.store_unavailable(unreadable)
+        # A continuation on the lane that made the parent consumes it on failure; a
+        # fork from another lane must leave the parent to its own lane.
+        return checkpoint.fork(), cached.lane == lane.name, cached.root
+
     def _start(self, lane: _Lane, pending: _Pending) -> None:
         """Run the turn up to the engine call; errors end the request here."""
         start = self._clock()
         if pending.parsed is None:
-            event = parse_event(pending.frame or b"", self.limits.request)
+            frame = self._compactor.expand(pending.frame or b"")
+            event = parse_event(frame, self.limits.request)
             assert isinstance(event, CreateRequest), "the frame parsed as one before"
             pending.parsed, pending.frame = event, None
             pending.parse_ns += self._clock() - start
         request = pending.request
         parent = request.previous_response_id
-        evicts_parent = False
-        root = None
-        if parent is not None:
-            cached = self.cache.get(parent)
-            # The transport already tried the store (`Ledger.warm`): a miss here is
-            # final, unless the store could not be read.
-            checkpoint = cached.checkpoint if cached is not None else None
-            unreadable = self._unreadable.pop(parent, None)
-            if checkpoint is None:
-                error = (
-                    ProtocolError.not_found(parent)
-                    if unreadable is None
-                    else ProtocolError.store_unavailable(unreadable)
-                )
-                self._refuse_turn(pending, error, lane.name)
-                return
-            # A continuation on the lane that made the parent consumes it on failure;
-            # a fork from another lane must leave the parent to its own lane.
-            evicts_parent = cached is not None and cached.lane == lane.name
-            root = cached.root if cached is not None else None
-            conversation = checkpoint.fork()
-        else:
-            conversation = Conversation(
-                self._format, context_window=self._context_window, policy=self._policy
-            )
+        chain = self._chain(parent, lane)
+        if isinstance(chain, ProtocolError):
+            self._refuse_turn(pending, chain, lane.name)
+            return
+        conversation, evicts_parent, root = chain
         rendering = _Rendering(lane, pending, conversation, parent, evicts_parent, start, root)
         if pending.size >= OFFLOAD_BYTES:
             key = self._next_key
@@ -940,7 +983,15 @@ class Connection:
             fields = fields.replace(
                 '"model":null', '"model":' + orjson.dumps(self._model).decode(), 1
             )
-        events = ResponseEvents(fields, stream_id=lane.name)
+        if self._sampling_defaults != API_SAMPLING:
+            fields = self._engine_sampling(request, fields)
+        if self._request_id is None:
+            events = ResponseEvents(fields, stream_id=lane.name, request_id=new_id("req_"))
+            request_id = events.request_id
+        else:
+            events = ResponseEvents(fields, stream_id=lane.name)
+            request_id = self._request_id
+        requests_log.info("response %s request %s", events.response_id, request_id)
         peer_prompt = (
             None
             if self._baseline is None
@@ -966,24 +1017,165 @@ class Connection:
             active.overhead_ns = pending.parse_ns + self._clock() - start
             self._warm_up(active)
             return
-        prompt = conversation.prompt() if peer_prompt is None else peer_prompt
-        sampling = self._sampling(request, len(prompt), request.max_output_tokens)
         lane.active = active
         self._active[key] = active
         self._actions.append(events.lifecycle("response.created", "in_progress"))
         self._actions.append(events.lifecycle("response.in_progress", "in_progress"))
+        threshold = request.compact_threshold
+        if threshold is not None and turn.prompt_tokens > threshold and peer_prompt is None:
+            # The prompt passed the client's threshold: the engine summarizes first, and
+            # the turn then runs on the summary (`_summarized`).
+            summary = self._summary_turn(request, lane)
+            if isinstance(summary, ProtocolError):
+                message = f"The conversation could not be compacted: {summary.message}"
+                self._fail(active, message, Usage())
+                return
+            active.overhead_ns = pending.parse_ns + self._clock() - start
+            self._summarize(active, summary[0], summary[1], resume=True)
+            return
+        prompt = conversation.prompt() if peer_prompt is None else peer_prompt
         active.overhead_ns = pending.parse_ns + self._clock() - start
-        self._actions.append(Generate(key, prompt, sampling, self._session_key or root))
+        self._generate(active, prompt)
+
+    def _engine_sampling(self, request: CreateRequest, fields: str) -> str:
+        """`fields` echoing the engine's own defaults where the request set no sampling
+        (the core echoes the API's). Only for engines with defaults of their own (the
+        llama engine), whose turns take milliseconds: one parse of the fields is noise."""
+        if request.temperature is not None and request.top_p is not None:
+            return fields
+        echoed = orjson.loads(fields)
+        temperature, top_p = self._sampling_defaults
+        if request.temperature is None:
+            echoed["temperature"] = temperature
+        if request.top_p is None:
+            echoed["top_p"] = top_p
+        return orjson.dumps(echoed).decode()
 
     def _sampling(self, request: CreateRequest, prompt_tokens: int, limit: int | None) -> Sampling:
-        """The request's sampling settings, at most `limit` output tokens within the
-        context window."""
         budget = self._context_window - prompt_tokens
+        max_tokens = request.max_output_tokens if limit is None else limit
         return Sampling(
-            max_output_tokens=budget if limit is None else min(limit, budget),
+            max_output_tokens=budget if max_tokens is None else min(max_tokens, budget),
             temperature=request.temperature,
             top_p=request.top_p,
             stop_tokens=self._stop_tokens,
+        )
+
+    def conversation_for(self, request: CreateRequest) -> Conversation:
+        """The conversation `request` would extend (`POST /v1/responses/input_tokens`
+        counts its prompt there: on a cached chain, only the new items are rendered).
+        Raises ProtocolError for a refused request or a missed `previous_response_id`."""
+        if request.error is not None:
+            raise ProtocolError.from_core(request.error)
+        chain = self._chain(request.previous_response_id, self._lanes[None])
+        if isinstance(chain, ProtocolError):
+            raise chain
+        return chain[0]
+
+    # ---------------------------------------------------------------- compaction
+
+    def receive_compact(self, request: CreateRequest) -> None:
+        """`POST /v1/responses/compact` (its body parsed as a request): the engine
+        summarizes the conversation (the chain of `previous_response_id`, then the
+        input); the one frame out is the `response.compaction` object, or an error."""
+        if self.closed:
+            return
+        if request.error is not None:
+            self._refuse(ProtocolError.from_core(request.error))
+            return
+        lane = self._lanes[None]
+        parent = request.previous_response_id
+        summary = self._summary_turn(request, lane)
+        if isinstance(summary, ProtocolError):
+            self._refuse(summary)
+            return
+        conversation, turn, root = summary
+        events = ResponseEvents(request.response_fields_json)
+        active = _Active(
+            key=self._next_key,
+            lane=lane,
+            request=request,
+            events=events,
+            conversation=conversation,
+            parser=conversation.parser(),
+            turn=turn,
+            parent=parent,
+            evicts_parent=False,
+            overhead_ns=0,
+            root=root or events.response_id,
+        )
+        self._next_key += 1
+        lane.active = active
+        self._active[active.key] = active
+        self._summarize(active, conversation, turn, resume=False)
+
+    def _summary_turn(
+        self, request: CreateRequest, lane: _Lane
+    ) -> tuple[Conversation, Turn, str | None] | ProtocolError:
+        """The summarization of `request`'s conversation (its parent's chain and its
+        input, then the instruction to summarize) rendered for the engine, and the
+        chain's root; or why not."""
+        chain = self._chain(request.previous_response_id, lane)
+        if isinstance(chain, ProtocolError):
+            return chain
+        conversation, _, root = chain
+        try:
+            summarize = summarizing(request, self._compactor.summary_tokens, self.limits.request)
+            return conversation, conversation.extend(summarize), root
+        except CoreError as e:
+            return ProtocolError.from_core(e)
+
+    def _summarize(
+        self, active: _Active, conversation: Conversation, turn: Turn, *, resume: bool
+    ) -> None:
+        """Hand the engine the summarization; `_summarized` takes it from there."""
+        compaction = Summary(new_id("cmp_"), resume)
+        active.compaction = compaction
+        active.conversation, active.parser, active.turn = conversation, conversation.parser(), turn
+        if resume:
+            self._actions.append(
+                active.events.event(
+                    "response.compaction.compacting", item_id=compaction.item_id, output_index=0
+                )
+            )
+        self._generate(active, conversation.prompt(), self._compactor.summary_tokens)
+
+    def _summarized(self, active: _Active, compaction: Summary) -> None:
+        """The engine wrote the summary: seal it; then either answer /compact, or run
+        the turn on a new conversation holding the summary in place of the history."""
+        compaction.feed(active.parser.finish()[0])
+        spent = self._usage(active)
+        item = compaction.item(self._compactor)
+        active.compaction = None
+        if not compaction.resume:
+            self._actions.append(compacted_resource(item, spent))
+            self._release(active)
+            return
+        events = active.events
+        self._actions.append(events.item_added(0, item))
+        self._actions.append(events.item_done(0, item))
+        events.index_offset = 1
+        # The model turn's own items follow (an interrupt keeps them, a wait looks there).
+        active.first_item = len(events.output)
+        conversation = Conversation(
+            self._format, context_window=self._context_window, policy=self._policy
+        )
+        try:
+            turn = conversation.extend(resumed(active.request, compaction.text))
+        except CoreError as e:
+            self._fail(active, f"The compacted conversation failed: {e.message}", spent)
+            return
+        active.conversation, active.parser, active.turn = conversation, conversation.parser(), turn
+        active.spent = spent
+        self._active[active.key] = active
+        self._generate(active, conversation.prompt())
+
+    def _generate(self, active: _Active, prompt: Prompt, limit: int | None = None) -> None:
+        """Hand the engine `prompt`, routed by the session or the chain's root so every
+        turn of a conversation (its summarization too) lands where its cache is."""
+        sampling = self._sampling(active.request, len(prompt), limit)
+        self._actions.append(
+            Generate(active.key, prompt, sampling, self._session_key or active.root)
         )
 
     def _warm_up(self, active: _Active) -> None:
@@ -1000,8 +1192,12 @@ class Connection:
         """The response's usage so far: every model turn's prompt and output."""
         turn = active.resumed or active.turn
         # A new conversation renders its fixed prefix in this very turn: nothing of its
-        # prompt came from the cache, whatever the core kept between its own steps.
-        cached = 0 if active.parent is None and active.resumed is None else turn.cached_tokens
+        # prompt came from the cache, whatever the core kept between its own steps (a
+        # compacted turn runs on a new conversation too). A resumed model turn extends
+        # the response's own tokens.
+        spent = active.spent
+        fresh = active.resumed is None and (active.parent is None or spent is not None)
+        cached = 0 if fresh else turn.cached_tokens
         usage = Usage(
             input_tokens=turn.prompt_tokens,
             cached_tokens=cached,
@@ -1009,7 +1205,7 @@ class Connection:
             output_tokens=active.parser.output_tokens,
             reasoning_tokens=active.parser.reasoning_tokens,
         )
-        return usage if active.spent is None else active.spent.plus(usage)
+        return usage if spent is None else usage + spent
 
     def _terminal(
         self,
@@ -1408,15 +1604,7 @@ class Connection:
         active.parser = active.conversation.parser()
         active.first_item = len(active.events.output)
         active.events.next_turn()
-        prompt = active.conversation.prompt()
-        self._actions.append(
-            Generate(
-                active.key,
-                prompt,
-                self._sampling(request, len(prompt), left),
-                self._session_key or active.root,
-            )
-        )
+        self._generate(active, active.conversation.prompt(), left)
 
     def _fail(self, active: _Active, message: str, usage: Usage) -> None:
         if active.evicts_parent and active.parent is not None:
