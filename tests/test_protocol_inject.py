@@ -340,3 +340,26 @@ def test_steering_input_counts_in_the_connection_queue_bound() -> None:
     assert memory.used_bytes > 0
     lost.conn.connection_lost()
     assert memory.used_bytes == 0
+
+
+def test_an_output_sent_on_the_call_item_is_held_until_the_turn_ends() -> None:
+    """The client answers a call as soon as its item is done, before the model turn
+    ended (ChatML samples its end-of-turn token after the call): the output is held,
+    and the response resumes when the turn ends calling."""
+    driver = parallel_client()
+    calls = chatml().completion_tokens(calls=[("exec_command", '{"cmd":"ls"}')])
+    target = driver.create("List files", tools=TOOLS)[0]["response"]["id"]
+    key = min(driver.generating)
+    assert driver.conn.engine_output(key, calls[:-1])  # all but the end of the turn
+    (call,) = [f["item"] for f in driver.pump() if f["type"] == "response.output_item.done"]
+    assert types(inject(driver, target, output(call["call_id"]))) == ["response.inject.created"]
+    assert inject(driver, target, output(call["call_id"]))[0]["error"]["code"] == "invalid_input"
+    assert not driver.conn.engine_output(key, calls[-1:])
+    driver.conn.engine_done(key)
+    assert driver.pump() == []  # no terminal event, no wait: the same response resumes
+    assert not driver.waits and list(driver.generating) == [key + 1]
+    text = chatml().tokenizer.decode(driver.generating[max(driver.generating)].prompt.tokens())
+    assert text.index('"cmd"') < text.index("a.py b.txt")
+    answer = chatml().completion_tokens(text="Done.")
+    done = driver.finish(ids=answer)[-1]
+    assert done["type"] == "response.completed" and done["response"]["id"] == target

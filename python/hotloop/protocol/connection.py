@@ -1450,8 +1450,22 @@ class Connection:
         stays open, holding its lane (and the engine session its sequence), until
         `response.inject` answers every call, or the idle timeout, a cancel, an
         interrupt or the connection's end stops it."""
-        active.waiting = {item["call_id"]: item["name"] for item in calls}
+        answered = self._held_answers(active)
+        active.waiting = {
+            item["call_id"]: item["name"] for item in calls if item["call_id"] not in answered
+        }
         self._waiting[active.key] = active
+        if not active.waiting:
+            # Every call was answered while the turn still sampled: it resumes at once.
+            try:
+                self._resume(active)
+                return
+            except ProtocolError as e:
+                for injection in active.injected:
+                    self._inject_failed(active, active.events.response_id, injection.input, e)
+                self._dequeued(sum(injection.size for injection in active.injected))
+                active.injected = []
+                active.waiting = {item["call_id"]: item["name"] for item in calls}
         self._actions.append(Wait(active.key, self._inject_idle_timeout))
         self._announce_pending(active.events, active.steers, self._required(active))
         if self._expiring:
@@ -1502,21 +1516,18 @@ class Connection:
                 if target is None:
                     raise self._not_waiting(response_id)
             injection = parse_injection(append, event, size)
-            if target.key not in self._waiting:
-                raise ProtocolError(
-                    "invalid_input",
-                    f"Response '{target.events.response_id}' is sampling: it waits for no "
-                    "tool output yet.",
-                    "input",
-                )
-            answered = answer(target.waiting, injection)
+            answered = answer(self._answerable(target), injection)
             self._hold(size)
         except ProtocolError as e:
             self._inject_failed(target, response_id, event.get("input"), e)
             return
         assert target is not None, "found above, or refused"
-        names = {call_id: target.waiting.pop(call_id) for call_id in answered}
         target.injected.append(injection)
+        if target.key not in self._waiting:
+            # Its model turn still samples: held until the turn ends calling (`_wait`).
+            self._actions.append(self._inject_created(target))
+            return
+        names = {call_id: target.waiting.pop(call_id) for call_id in answered}
         if target.waiting:
             self._actions.append(self._inject_created(target))
             return
@@ -1528,6 +1539,25 @@ class Connection:
             target.waiting.update(names)
             self._dequeued(size)
             self._inject_failed(target, response_id, event.get("input"), e)
+            return
+        self._actions.append(self._inject_created(target))
+
+    def _held_answers(self, active: _Active) -> set[str]:
+        """The call ids the injections `active` holds answer."""
+        return {item["call_id"] for injection in active.injected for item in injection.items}
+
+    def _answerable(self, target: _Active) -> dict[str, str]:
+        """The calls an injection may answer now: the ones the response waits for; while
+        its model turn still samples, the calls it completed so far that no held
+        injection answers (a client may answer a call as soon as its item is done)."""
+        if target.key in self._waiting:
+            return target.waiting
+        held = self._held_answers(target)
+        return {
+            item["call_id"]: item["name"]
+            for item in target.events.output[target.first_item :]
+            if item["type"] == "function_call" and item["call_id"] not in held
+        }
 
     def _inject_created(self, target: _Active) -> bytes:
         events = target.events
@@ -1591,7 +1621,6 @@ class Connection:
             turn = active.conversation.extend(request)
         except CoreError as e:
             raise ProtocolError("invalid_input", e.message, "input") from e
-        self._actions.append(self._inject_created(active))
         self._dequeued(sum(injection.size for injection in active.injected))
         self._release_steers(active.steers)
         active.injected, active.steers = [], []
