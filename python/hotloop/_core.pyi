@@ -310,6 +310,10 @@ class Conversation:
         response's `output` array) as its items; function calls become open calls with
         their stored call ids. Raises CoreError and leaves the conversation unchanged
         on failure."""
+    def commit_items(self, items_json: str, ids: Sequence[int]) -> None:
+        """Close the open turn with `ids` as its output and `items_json` (output items)
+        as its items, as `commit_output` does with a parser's: function calls keep the
+        call ids given. Raises CoreError and leaves the conversation unchanged on failure."""
     def append_text(self, chunk: str) -> int:
         """Grow the last item's text (streamed or chunked content); returns tokens changed."""
     def prompt(self) -> Prompt:

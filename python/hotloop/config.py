@@ -92,6 +92,16 @@ class ServerConfig:
         False, "accept permessage-deflate (smaller frames, more CPU per streamed token)", _flag
     )
     connection_lifetime: float = _option(3600.0, "WebSocket connection lifetime")
+    inject: bool = _option(
+        False,
+        "long-running responses on every WebSocket, as if each upgrade sent "
+        "`OpenAI-Beta: responses_multi_agent=v1`: a response calling a client tool waits "
+        "open for response.inject",
+        _flag,
+    )
+    inject_idle_timeout: float = _option(
+        300.0, "how long a long-running response waits for injected tool output"
+    )
     max_frame_bytes: int = _option(16 * MIB, "largest client frame accepted")
     max_queued_bytes: int = _option(
         64 * MIB, "bytes of queued response.create events per connection"

@@ -178,6 +178,14 @@ class ResponseEvents:
             b"}" if stream_id is None else b',"stream_id":' + orjson.dumps(stream_id) + b"}"
         )
 
+    def next_turn(self) -> None:
+        """The response samples another model turn (resumed after injected tool
+        output): its parser numbers items from 0 again, their `output_index` goes on
+        after every item started so far (all of them completed)."""
+        self.index_offset += len(self._ids)
+        self._ids.clear()
+        self._heads.clear()
+
     @property
     def sequence_number(self) -> int:
         """The number the next event will carry."""
@@ -240,9 +248,12 @@ class ResponseEvents:
         return self.event("response.output_item.added", output_index=index, item=item)
 
     def open_items(self, completed: set[str]) -> list[tuple[int, str]]:
-        """`(output_index, item_id)` of the items started but not in `completed`."""
+        """`(output_index, item_id)` of the model turn's items started but not in
+        `completed`."""
         return [
-            (index, item_id) for index, item_id in self._ids.items() if item_id not in completed
+            (key + self.index_offset, item_id)
+            for key, item_id in self._ids.items()
+            if item_id not in completed
         ]
 
     def item_done(self, index: int, item: dict[str, Any]) -> bytes:

@@ -989,6 +989,10 @@ impl PyConversation {
         Ok(either!(AnyConversation, &mut self.inner, c => c.append_output_json(items_json, &ids))?)
     }
 
+    fn commit_items(&mut self, items_json: &str, ids: Vec<u32>) -> PyResult<()> {
+        Ok(self.inner.commit_items_json(items_json, &ids)?)
+    }
+
     fn append_text(&mut self, chunk: &str) -> PyResult<usize> {
         Ok(either!(AnyConversation, &mut self.inner, c => c.append_text(chunk))?)
     }

@@ -30,6 +30,7 @@ from hotloop.protocol import (
     QueueMemory,
 )
 from hotloop.protocol.compaction import Compactor
+from hotloop.protocol.injection import MULTI_AGENT_BETA
 from hotloop.store import StoreError
 from hotloop.transport.admission import RETRY_AFTER_SECONDS
 from hotloop.transport.asgi import (
@@ -252,6 +253,8 @@ class App:
             durable=self.ledger is not None and self.ledger.durable,
             compactor=self.compactor,
             sampling_defaults=self.engine.sampling_defaults,
+            inject=config.inject or multi_agent(scope),
+            inject_idle_timeout=config.inject_idle_timeout,
         )
         socket = Socket(
             connection,
@@ -279,6 +282,13 @@ class App:
                 del self._sockets_of[owner]
             if self.ledger is not None:
                 self.ledger.metrics.connections.dec()
+
+
+def multi_agent(scope: Scope) -> bool:
+    """The upgrade asked for the long-running response (`OpenAI-Beta` lists
+    `responses_multi_agent=v1` among its comma-separated values)."""
+    beta = header(scope, b"openai-beta") or b""
+    return MULTI_AGENT_BETA in (value.strip() for value in beta.split(b","))
 
 
 def _warming(

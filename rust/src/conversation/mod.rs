@@ -794,24 +794,39 @@ impl Conversation {
     /// rebuilt prompt is the one the original conversation held. On error the
     /// conversation is unchanged.
     pub fn append_output_json(&mut self, items_json: &str, ids: &[u32]) -> Result<()> {
+        self.output_json(items_json, ids, true)?;
+        self.turns += 1;
+        Ok(())
+    }
+
+    /// Close the open turn with `ids` as its output segment and `items_json` (output
+    /// items) as its items, as `commit_output` does with a parser's: for output that
+    /// keeps items the client already saw (an interrupted response's completed items,
+    /// whose function calls keep their call ids). On error the conversation is unchanged.
+    pub fn commit_items_json(&mut self, items_json: &str, ids: &[u32]) -> Result<()> {
+        self.open_turn_id()?;
+        self.output_json(items_json, ids, false)
+    }
+
+    fn output_json(&mut self, items_json: &str, ids: &[u32], header: bool) -> Result<()> {
         let vocab = self.format.tokenizer().vocab_size();
         let items: Arc<[Item]> = parse_stored_output(items_json, ids, vocab)?.into();
         let mut next = self.chain.clone();
         let mut open = next.open_calls.as_ref().clone();
         admit_calls(&mut open, &items)?;
         let from = next.segments.len();
-        let steps = vec![
-            Step::Header,
-            Step::Output {
-                items,
-                sampled: ids.to_vec(),
-            },
-        ];
+        let mut steps = Vec::with_capacity(2);
+        if header {
+            steps.push(Step::Header);
+        }
+        steps.push(Step::Output {
+            items,
+            sampled: ids.to_vec(),
+        });
         let work = next.rewrite(self.format.as_ref(), from, steps);
         next.open_calls = Arc::new(open);
         self.replace_chain(next);
         self.count(&work);
-        self.turns += 1;
         Ok(())
     }
 
