@@ -123,6 +123,7 @@ def test_context_management_compacts_a_turn_past_its_threshold() -> None:
         "response.in_progress",
         "response.compaction.compacting",
     ]
+    (summary_key,) = driver.generating
     summary_frames = driver.finish(ids=SUMMARY_IDS)
     assert [f["type"] for f in summary_frames] == [
         "response.output_item.added",
@@ -130,8 +131,11 @@ def test_context_management_compacts_a_turn_past_its_threshold() -> None:
     ]
     item = summary_frames[-1]["item"]
     assert item["type"] == "compaction" and summary_frames[-1]["output_index"] == 0
-    # The turn proper runs on the summary alone: a short prompt.
-    (work,) = driver.generating.values()
+    # The turn proper runs on the summary alone: a short prompt. It is new engine work:
+    # the transport forgets a key when its task ends, so the summary's key reused here
+    # would leave the turn out of a cancel's reach.
+    ((key, work),) = driver.generating.items()
+    assert key != summary_key
     assert len(work.prompt) < 200
     frames = driver.finish(ids=ANSWER_IDS)
     assert {f["output_index"] for f in frames if "output_index" in f} == {1}

@@ -990,7 +990,7 @@ impl PyConversation {
     }
 
     fn commit_items(&mut self, items_json: &str, ids: Vec<u32>) -> PyResult<()> {
-        Ok(self.inner.commit_items_json(items_json, &ids)?)
+        Ok(either!(AnyConversation, &mut self.inner, c => c.commit_items_json(items_json, &ids))?)
     }
 
     fn append_text(&mut self, chunk: &str) -> PyResult<usize> {

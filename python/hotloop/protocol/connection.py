@@ -1167,6 +1167,10 @@ class Connection:
             return
         active.conversation, active.parser, active.turn = conversation, conversation.parser(), turn
         active.spent = spent
+        # New engine work, under a key of its own: the transport forgets the summary's
+        # key when that task ends, which would leave this one out of a cancel's reach.
+        active.key = self._next_key
+        self._next_key += 1
         self._active[active.key] = active
         self._generate(active, conversation.prompt())
 

@@ -378,6 +378,17 @@ impl TemplateConversation {
         Ok(())
     }
 
+    /// Close the open turn with `items_json` (output items) and their sampled `ids`, as
+    /// `commit_output` does with a parser's: for output that keeps items the client
+    /// already saw (an interrupted response's completed items, whose function calls keep
+    /// their call ids). On error the conversation is unchanged.
+    pub fn commit_items_json(&mut self, items_json: &str, ids: &[u32]) -> Result<()> {
+        self.open_turn_id()?;
+        let vocab = self.format.tokenizer().vocab_size();
+        let items = parse_stored_output(items_json, ids, vocab)?;
+        self.record_output(&items, ids, false)
+    }
+
     fn record_output(&mut self, items: &[Item], sampled: &[u32], open_first: bool) -> Result<()> {
         let mut next = self.state.clone();
         let mut open = next.open_calls.as_ref().clone();

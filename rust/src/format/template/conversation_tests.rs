@@ -281,3 +281,26 @@ fn completions_of_each_family_parse_back_to_their_items() {
         );
     }
 }
+
+#[test]
+fn committed_items_keep_their_call_ids_and_equal_the_full_render() {
+    // An interrupted response's completed items, committed as the client saw them.
+    let mut c = TemplateConversation::new(format(false), 1 << 20);
+    let tools = r#""tools":[{"type":"function","name":"ls","parameters":{"type":"object"}}]"#;
+    c.extend_request(&request(&format!(r#"{{"input":"List files.",{tools}}}"#)), None)
+        .unwrap();
+    let call = Item::FunctionCall {
+        call_id: "call_kept".into(),
+        name: "ls".into(),
+        arguments: r#"{"path": "/"}"#.into(),
+    };
+    let ids = c.format.completion_tokens(std::slice::from_ref(&call));
+    let items =
+        r#"[{"type":"function_call","call_id":"call_kept","name":"ls","arguments":"{\"path\": \"/\"}"}]"#;
+    c.commit_items_json(items, &ids).unwrap();
+    assert_eq!(c.open_call_ids(), vec!["call_kept".to_string()]);
+    check(&c, false);
+    // A turn is closed now: committing again is refused and changes nothing.
+    assert!(c.commit_items_json(items, &ids).is_err());
+    assert_eq!(c.open_call_ids(), vec!["call_kept".to_string()]);
+}
