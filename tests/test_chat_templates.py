@@ -215,6 +215,83 @@ def test_the_shipped_templates_are_extracted() -> None:
     )
 
 
+# gpt-oss's own template against the hand-written harmony format (openai-harmony's
+# rendering, what the model was trained on). The template writes today's date into the
+# system turn; without that line the two give the same ids wherever the template follows
+# harmony, and `HARMONY_DIVERGENCES` is the whole of where it does not.
+GPT_OSS = "openai-gpt-oss-120b.jinja"
+DATE_LINE = '{{- "Current date: " + strftime_now("%Y-%m-%d") + "\\n\\n" }}'
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+CALL_ROUND = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"type": "reasoning", "id": "rs_1", "summary": [], "content": [
+        {"type": "reasoning_text", "text": "Need weather."}
+    ]},
+    {"type": "function_call", "call_id": "c1", "name": "get_weather",
+     "arguments": '{"city":"Paris"}'},
+    {"type": "function_call_output", "call_id": "c1", "output": '{"temp":20}'},
+]  # fmt: skip
+HARMONY_DIVERGENCES = (
+    # Instructions end with a blank line even when no tool list follows them.
+    ("Be brief.<|end|>", "Be brief.\n\n<|end|>"),
+    # A call's reasoning is read from `thinking`, which vLLM's conversion does not set.
+    ("<|start|>assistant<|channel|>analysis<|message|>Need weather.<|end|>", ""),
+    # The call's content type without harmony's `<|constrain|>` token.
+    ("commentary <|constrain|>json", "commentary json"),
+    # Arguments and outputs through `tojson`: re-spaced, and an output quoted as a string.
+    ('{"city":"Paris"}', '{"city": "Paris"}'),
+    ('{"temp":20}', '"{\\"temp\\":20}"'),
+)
+
+
+def test_gpt_oss_template_gives_the_harmony_ids_but_for_its_own_choices() -> None:
+    source = (ensure_chat_templates() / "templates" / GPT_OSS).read_text()
+    assert DATE_LINE in source
+    undated = source.replace(DATE_LINE, '{{- "\\n" }}')
+    tokenizer = _core.Tokenizer.openai("o200k_harmony")
+    generic = _core.ChatFormat.template(
+        _core.ChatTemplate.from_source("gpt-oss", undated), tokenizer
+    )
+    harmony = _core.ChatFormat.harmony()
+
+    def ids(chat_format: _core.ChatFormat, body: dict[str, Any]) -> list[int]:
+        conversation = _core.Conversation(chat_format, context_window=1 << 20)
+        conversation.extend(_core.parse_request(json.dumps({"model": "m", **body})))
+        return conversation.prompt().tokens()
+
+    same = [
+        {"input": "Hello"},
+        {"input": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Bye"},
+        ]},
+        {"instructions": "Be brief.", "tools": [WEATHER_TOOL], "input": "Weather in Paris?"},
+    ]  # fmt: skip
+    for body in same:
+        assert ids(generic, body) == ids(harmony, body), body
+    differing = [
+        {"instructions": "Be brief.", "input": "Hello"},
+        {"tools": [WEATHER_TOOL], "input": CALL_ROUND},
+    ]
+    for body in differing:
+        by_harmony = tokenizer.decode(ids(harmony, body))
+        by_template = tokenizer.decode(ids(generic, body))
+        assert by_template != by_harmony
+        for theirs, ours in HARMONY_DIVERGENCES:
+            by_harmony = by_harmony.replace(theirs, ours)
+        assert by_template == by_harmony, body
+
+
 if __name__ == "__main__":
     counts: dict[str, int] = {}
     for path in template_files():
