@@ -292,6 +292,82 @@ def test_gpt_oss_template_gives_the_harmony_ids_but_for_its_own_choices() -> Non
         assert by_template == by_harmony, body
 
 
+# Mistral Nemo's own template over its tekken vocabulary against mistral-common's request
+# encoder, the reference vLLM's `--tokenizer-mode mistral` serves with: the same ids.
+NEMO = "mistralai-Mistral-Nemo-Instruct-2407.jinja"
+NEMO_CALL = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"type": "function_call", "call_id": "abcdefghi", "name": "get_weather",
+     "arguments": '{"city": "Paris"}'},
+    {"type": "function_call_output", "call_id": "abcdefghi", "output": '{"temp": 20}'},
+]  # fmt: skip
+NEMO_CASES = {
+    "user": {"input": "Hello"},
+    "multi_turn": {"input": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+    ]},
+    "system": {"instructions": "Be brief.", "input": "Hello"},
+    "tools": {"tools": [WEATHER_TOOL], "input": "Weather in Paris?"},
+    "tool_call": {"tools": [WEATHER_TOOL], "input": NEMO_CALL},
+}  # fmt: skip
+
+
+def mistral_common_ids(tekken: Path, body: dict[str, Any]) -> list[int]:
+    from mistral_common.protocol.instruct import messages as m
+    from mistral_common.protocol.instruct import tool_calls as t
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    items = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    messages: list[Any] = []
+    if "instructions" in body:
+        messages.append(m.SystemMessage(content=body["instructions"]))
+    for item in items:
+        if isinstance(item, str) or item.get("role") == "user":
+            messages.append(
+                m.UserMessage(content=item if isinstance(item, str) else item["content"])
+            )
+        elif item.get("role") == "assistant":
+            messages.append(m.AssistantMessage(content=item["content"]))
+        elif item["type"] == "function_call":
+            call = t.FunctionCall(name=item["name"], arguments=item["arguments"])
+            messages.append(
+                m.AssistantMessage(tool_calls=[t.ToolCall(id=item["call_id"], function=call)])
+            )
+        else:
+            messages.append(m.ToolMessage(tool_call_id=item["call_id"], content=item["output"]))
+    tools = [
+        t.Tool(
+            function=t.Function(
+                name=x["name"], description=x["description"], parameters=x["parameters"]
+            )
+        )
+        for x in body.get("tools", [])
+    ]
+    request = ChatCompletionRequest(messages=messages, tools=tools or None)
+    return MistralTokenizer.from_file(str(tekken)).encode_chat_completion(request).tokens
+
+
+@pytest.mark.parametrize("case", NEMO_CASES)
+def test_mistral_nemo_template_gives_mistral_commons_request_ids(case: str) -> None:
+    from references import tekken_files
+
+    (tekken,) = [p for p in tekken_files() if "240718" in p.name]  # Nemo's, July 2024
+    source = (ensure_chat_templates() / "templates" / NEMO).read_text()
+    template = _core.ChatTemplate.from_source(
+        "nemo", source, [("bos_token", "<s>"), ("eos_token", "</s>")]
+    )
+    chat_format = _core.ChatFormat.template(
+        template, _core.Tokenizer.from_tekken(tekken.read_bytes())
+    )
+    body = NEMO_CASES[case]
+    conversation = _core.Conversation(chat_format, context_window=1 << 20)
+    conversation.extend(_core.parse_request(json.dumps({"model": "m", **body})))
+    assert conversation.prompt().tokens() == mistral_common_ids(tekken, body)
+
+
 if __name__ == "__main__":
     counts: dict[str, int] = {}
     for path in template_files():
