@@ -92,11 +92,11 @@ class ConnectionDriver:
         """Run one handed-out render (here, on the test's thread) and report it."""
         work = self.renders.pop(min(self.renders) if key is None else key)
         try:
-            turn = work.conversation.extend(work.request)
+            request, turn = work.run()
         except CoreError as e:
             self.conn.render_failed(work.key, e)
         else:
-            self.conn.render_done(work.key, turn)
+            self.conn.render_done(work.key, turn, request)
         return self.pump()
 
     def commit(self, key: int | None = None, error: str | None = None) -> list[dict[str, Any]]:

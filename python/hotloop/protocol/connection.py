@@ -144,13 +144,19 @@ class Generate:
 
 @dataclass(frozen=True)
 class Render:
-    """Render work too large for the event loop: run `conversation.extend(request)` in
-    a worker thread (the core releases the GIL for it), then call
-    `render_done(key, turn)`, or `render_failed(key, error)` with its `CoreError`."""
+    """Work too large for the event loop: `run()` in a worker thread (the core releases
+    the GIL for it), then call `render_done(key, turn, request)` with what it returned,
+    or `render_failed(key, error)` with its `CoreError`."""
 
     key: int
     conversation: Conversation
-    request: CreateRequest
+    request: CreateRequest | Callable[[], CreateRequest]
+    """The request, or how to parse it again: a request that waited in its lane's queue
+    kept only its frame, and a large frame is parsed here, not on the event loop."""
+
+    def run(self) -> tuple[CreateRequest, Turn]:
+        request = self.request if isinstance(self.request, CreateRequest) else self.request()
+        return request, self.conversation.extend(request)
 
 
 @dataclass(frozen=True)
@@ -261,6 +267,11 @@ class _Pending:
     steered: _Steered | None = None
     """The steering input this turn carries (an automatic successor, or a continuation
     with queued steers prepended): returned in `response.steer.failed` if it fails."""
+    parent: str | None = field(init=False)
+    """The request's `previous_response_id`, kept while only the frame is."""
+
+    def __post_init__(self) -> None:
+        self.parent = None if self.parsed is None else self.parsed.previous_response_id
 
     @property
     def request(self) -> CreateRequest:
@@ -632,11 +643,13 @@ class Connection:
             return
         self._fail(active, message, self._usage(active))
 
-    def render_done(self, key: int, turn: Turn) -> None:
-        """The `Render` work `key` finished: the turn goes on to the engine."""
+    def render_done(self, key: int, turn: Turn, request: CreateRequest) -> None:
+        """The `Render` work `key` finished (`Render.run` returned `request`, `turn`): the
+        turn goes on to the engine."""
         rendering = self._end_render(key)
         if rendering is None:
             return
+        rendering.pending.parsed = request
         self._rendered(rendering, turn)
         active = rendering.lane.active
         if rendering.cancelled and active is not None:
@@ -920,14 +933,7 @@ class Connection:
     def _start(self, lane: _Lane, pending: _Pending) -> None:
         """Run the turn up to the engine call; errors end the request here."""
         start = self._clock()
-        if pending.parsed is None:
-            frame = self._compactor.expand(pending.frame or b"")
-            event = parse_event(frame, self.limits.request)
-            assert isinstance(event, CreateRequest), "the frame parsed as one before"
-            pending.parsed, pending.frame = event, None
-            pending.parse_ns += self._clock() - start
-        request = pending.request
-        parent = request.previous_response_id
+        parent = pending.parent
         chain = self._chain(parent, lane)
         if isinstance(chain, ProtocolError):
             self._refuse_turn(pending, chain, lane.name)
@@ -938,14 +944,33 @@ class Connection:
             key = self._next_key
             self._next_key += 1
             lane.rendering = self._rendering[key] = rendering
-            self._actions.append(Render(key, conversation, request))
+            frame = pending.frame
+            if pending.parsed is not None:
+                self._actions.append(Render(key, conversation, pending.parsed))
+            elif frame is not None:
+                # Parsed again with the render, off the event loop, as it was the first time.
+                self._actions.append(Render(key, conversation, lambda: self._parse_queued(frame)))
+            pending.frame = None
             return
+        if pending.parsed is None:
+            pending.parsed = self._parse_queued(pending.frame or b"")
+            pending.frame = None
+            pending.parse_ns += self._clock() - start
+        request = pending.request
         try:
             turn = conversation.extend(request)
         except CoreError as e:
             self._render_refused(rendering, e)
             return
         self._rendered(rendering, turn)
+
+    def _parse_queued(self, frame: str | bytes) -> CreateRequest:
+        """A queued request's frame, parsed again when its turn comes (it reads no state
+        that changes, so it may run in a worker thread): the parse is deterministic, so
+        it gives what the first parse gave."""
+        event = parse_event(self._compactor.expand(frame), self.limits.request)
+        assert isinstance(event, CreateRequest), "the frame parsed as one before"
+        return event
 
     def _end_render(self, key: int) -> _Rendering | None:
         # None when the client went away meanwhile.

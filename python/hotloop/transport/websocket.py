@@ -76,11 +76,11 @@ async def render_off_loop(connection: Connection, work: Render) -> None:
     Cancelling the caller abandons the result: the thread finishes on its own, on a
     conversation nothing else holds."""
     try:
-        turn = await asyncio.to_thread(work.conversation.extend, work.request)
+        request, turn = await asyncio.to_thread(work.run)
     except CoreError as e:
         connection.render_failed(work.key, e)
     else:
-        connection.render_done(work.key, turn)
+        connection.render_done(work.key, turn, request)
 
 
 async def persist(connection: Connection, work: Persist, commit: Awaitable[None]) -> None:
