@@ -14,10 +14,12 @@ import pytest
 from connection_driver import run_on
 from engine_conversation import small_llama
 from fake_upstreams import FakeUpstream, Script, serving
-from hotloop._core import ChatFormat
-from hotloop.engines.base import EngineSession
-from hotloop.engines.llama import LlamaEngine, LlamaSession, TurnStats
-from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+from hotloop._core import ChatFormat, Prompt, Tokenizer
+from hotloop.engines.base import EngineSession, Sampling
+from hotloop.engines.llama import SMOLLM2_DEFAULT_SYSTEM, LlamaEngine, LlamaSession, TurnStats
+from hotloop.engines.llama_server import LlamaServer
+from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine, UpstreamSession
+from hotloop.native_deps import ensure_llama_server, smollm2_gguf_path
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
 from test_protocol_connection import TOOLS
 
@@ -183,3 +185,74 @@ async def test_the_upstream_is_sent_the_parked_prompt_extended() -> None:
         )
         await session.close()
         await engine.close()
+
+
+class Recorded:
+    """A session whose prompts and llama-server timings are kept, generation by
+    generation."""
+
+    def __init__(self, session: UpstreamSession) -> None:
+        self.session = session
+        self.prompts: list[list[int]] = []
+        self.timings: list[dict[str, Any]] = []
+
+    async def generate(
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None
+    ) -> AsyncIterator[list[int]]:
+        self.prompts.append(prompt.tokens())
+        stream = self.session.generate(prompt, sampling, route_key)
+        try:
+            async for ids in stream:
+                yield ids
+        finally:
+            # The connection stops reading at the model's stop token; the stream's last
+            # event, with llama-server's timings, follows it at once: read it too.
+            async for _ in stream:
+                pass
+
+    async def ended(self) -> None:
+        assert self.session.last_timings is not None
+        self.timings.append(dict(self.session.last_timings))
+
+
+@pytest.mark.model
+async def test_llama_server_serves_the_resumed_prompt_from_its_cache() -> None:
+    # The real llama-server (its `cache_n`): an injected output resumes the slot that
+    # holds the parked prompt and the sampled call; only the output's turn is evaluated.
+    server = LlamaServer(ensure_llama_server(), smollm2_gguf_path(), n_ctx=4096, threads=1)
+    await server.start()
+    tokenizer = Tokenizer.from_gguf(str(smollm2_gguf_path()))
+    smollm2 = ChatFormat.chatml(tokenizer, default_system=SMOLLM2_DEFAULT_SYSTEM)
+    config = UpstreamConfig(
+        dialect="llamacpp", replicas=(server.url,), model="m", context_window=4096
+    )
+    engine = UpstreamEngine(config, smollm2)
+    await engine.start()
+    try:
+        recorded = Recorded(engine.session())
+        conn = connection(smollm2, 4096)
+        create(conn, EXAMPLES, 64, tools=TOOLS)
+        frames = await run_on(conn, recorded, recorded.ended)  # type: ignore[arg-type]
+        calls = [
+            f["item"]
+            for f in frames
+            if f["type"] == "response.output_item.done" and f["item"]["type"] == "function_call"
+        ]
+        assert calls  # the model called the tool, and waits
+        output = {"type": "function_call_output", "call_id": calls[0]["call_id"], "output": "x"}
+        target = frames[0]["response"]["id"]
+        send(conn, {"type": "response.inject", "response_id": target, "input": [output]})
+        frames = await run_on(conn, recorded, recorded.ended)  # type: ignore[arg-type]
+        assert frames[-1]["response"]["id"] == target
+        parked, resumed = recorded.prompts[:2]
+        first, second = recorded.timings[:2]
+        assert resumed[: len(parked)] == parked
+        assert first["cache_n"] == 0 and first["prompt_n"] == len(parked)
+        # Served from the slot: the parked prompt and the call the model sampled (but its
+        # last id, never decoded); evaluated: the output's tool turn and the next header.
+        assert second["cache_n"] == len(parked) + first["predicted_n"] - 1
+        assert second["cache_n"] + second["prompt_n"] == len(resumed)
+        await recorded.session.close()
+    finally:
+        await engine.close()
+        await server.stop()
