@@ -8,9 +8,9 @@
 //! bucket per rank. A rank's bucket is sorted once when that rank comes up (positions
 //! arrive nearly in order, so the sort is close to a linear scan) and drained in order;
 //! positions queued for the rank being drained (a merge re-creating a pair of the same
-//! rank to its left) go to a small heap beside it; a rank lower than the one being
-//! drained (possible with scores or hand-made merges) parks the rest of the current
-//! bucket until that rank is done. The pop order is exactly the heap's.
+//! rank to its left) go to a small heap beside it, and pairs of a lower rank (possible
+//! with scores or hand-made merges) to another small heap drained before it. The pop
+//! order is exactly the heap's.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -35,8 +35,20 @@ pub(crate) struct Agenda {
     queue: Vec<u32>,
     next: usize,
     late: BinaryHeap<Reverse<u32>>,
+    /// Pairs of a rank lower than the one being drained, queued since it began (a merge
+    /// that makes a pair which merges earlier; Gemma's runs of spaces do it at every
+    /// merge): (rank << 32 | position), drained first.
+    low: BinaryHeap<Reverse<u64>>,
     /// Emptied buckets, reused.
     spare: Vec<Vec<u32>>,
+}
+
+fn key(rank: u32, position: u32) -> Reverse<u64> {
+    Reverse((u64::from(rank) << 32) | u64::from(position))
+}
+
+fn unkey(Reverse(key): Reverse<u64>) -> (u32, u32) {
+    ((key >> 32) as u32, key as u32)
 }
 
 impl Agenda {
@@ -56,40 +68,45 @@ impl Agenda {
         self.queue.clear();
         self.next = 0;
         self.late.clear();
+        self.low.clear();
     }
 
     pub(crate) fn push(&mut self, rank: u32, position: u32) {
         if !self.bucketed {
-            self.heap
-                .push(Reverse((u64::from(rank) << 32) | u64::from(position)));
-        } else if self.current == Some(rank) {
-            self.late.push(Reverse(position));
-        } else {
-            let (ranks, spare) = (&mut self.ranks, &mut self.spare);
-            self.buckets
-                .entry(rank)
-                .or_insert_with(|| {
-                    ranks.push(Reverse(rank));
-                    let mut bucket = spare.pop().unwrap_or_default();
-                    bucket.clear();
-                    bucket
-                })
-                .push(position);
+            self.heap.push(key(rank, position));
+            return;
+        }
+        match self.current {
+            Some(current) if rank < current => self.low.push(key(rank, position)),
+            Some(current) if rank == current => self.late.push(Reverse(position)),
+            // Higher than the rank being drained (or nothing drained yet): a bucket.
+            _ => {
+                let (ranks, spare) = (&mut self.ranks, &mut self.spare);
+                self.buckets
+                    .entry(rank)
+                    .or_insert_with(|| {
+                        ranks.push(Reverse(rank));
+                        let mut bucket = spare.pop().unwrap_or_default();
+                        bucket.clear();
+                        bucket
+                    })
+                    .push(position);
+            }
         }
     }
 
     /// The lowest (rank, position) queued, removed.
     pub(crate) fn pop(&mut self) -> Option<(u32, u32)> {
         if !self.bucketed {
-            let Reverse(key) = self.heap.pop()?;
-            return Some(((key >> 32) as u32, key as u32));
+            return self.heap.pop().map(unkey);
         }
         loop {
+            // Everything in `low` ranks below the rank being drained, which ranks below
+            // every bucket.
+            if let Some(entry) = self.low.pop() {
+                return Some(unkey(entry));
+            }
             if let Some(rank) = self.current {
-                if self.ranks.peek().is_some_and(|&Reverse(r)| r < rank) {
-                    self.park(rank);
-                    continue;
-                }
                 let queued = self.queue.get(self.next).copied();
                 let late = self.late.peek().map(|&Reverse(p)| p);
                 match (queued, late) {
@@ -119,20 +136,6 @@ impl Agenda {
             self.next = 0;
             self.current = Some(rank);
         }
-    }
-
-    /// A rank lower than the one being drained was queued: put what is left of the
-    /// current rank back into its bucket (it has none while it is drained).
-    fn park(&mut self, rank: u32) {
-        let mut rest = self.spare.pop().unwrap_or_default();
-        rest.clear();
-        rest.extend_from_slice(&self.queue[self.next..]);
-        rest.extend(self.late.drain().map(|Reverse(p)| p));
-        self.queue.clear();
-        self.next = 0;
-        self.buckets.insert(rank, rest);
-        self.ranks.push(Reverse(rank));
-        self.current = None;
     }
 }
 

@@ -482,6 +482,8 @@ impl BpeModel {
 
     /// The first symbols of a piece, before any merge.
     fn symbols(&self, piece: &str, syms: &mut Vec<Sym>) {
+        // At most one symbol per byte: no regrowth (and copy) on a long piece.
+        syms.reserve(piece.len());
         let mut push = |id: u32| {
             let i = syms.len() as u32;
             syms.push(Sym {
