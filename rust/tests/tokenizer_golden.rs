@@ -47,6 +47,7 @@ fn load(source: &serde_json::Map<String, serde_json::Value>) -> Arc<dyn Tokenize
     match kind.as_str() {
         "gguf" => tokenizer::from_gguf(Path::new(&path)),
         "tekken" => tokenizer::from_tekken(&read()),
+        "sentencepiece" => tokenizer::from_sentencepiece_model(&read()),
         _ => tokenizer::from_tokenizer_json(&read()),
     }
     .unwrap_or_else(|e| panic!("{path}: {e}"))

@@ -1,6 +1,7 @@
 """Writes tests/golden/tokenizers/<family>.json: the reference ids of a fixed set of texts
 for each open-model family, from that family's own reference encoder (Hugging Face
-`tokenizers` for tokenizer.json, `mistral-common` for tekken.json, llama.cpp for GGUF).
+`tokenizers` for tokenizer.json, `mistral-common` for tekken.json and SentencePiece
+`.model` files, llama.cpp for GGUF).
 
 Run once, after `make native`: `.venv/bin/python -m tests.golden.make_tokenizer_golden`.
 `cargo test` (rust/tests/tokenizer_golden.rs) and pytest (tests/test_tokenizer_golden.py)
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import llama_cpp
 from hotloop import native_deps
+from mistral_common.tokens.tokenizers.sentencepiece import SentencePieceTokenizer
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
 from tests import references
@@ -76,6 +78,13 @@ def main() -> None:
         {"tekken": f"<site>/mistral_common/data/{tekken.name}"},
         lambda t: ref.encode(t, False, False),
     )
+    for name, file in references.SENTENCEPIECE_FAMILIES.items():
+        spm = SentencePieceTokenizer(str(references.sentencepiece_model(file)))
+        _write(
+            name,
+            {"sentencepiece": f"<site>/mistral_common/data/{file}"},
+            lambda t, spm=spm: spm.encode(t, False, False),
+        )
     gemma = native_deps.gemma3_gguf_path()
     llama = llama_cpp.Llama(str(gemma), vocab_only=True, verbose=False)
     _write(

@@ -1,9 +1,10 @@
 //! The BPE engine for open models: byte-level vocabularies (GPT-2 style SmolLM2 and
 //! StarCoder, Llama 3, Qwen2/3, DeepSeek, Mistral tekken) and SentencePiece-style ones
-//! (Gemma 3, Mistral v1-v3, Phi-3), whatever the source: `tokenizer.json`
-//! ([`super::tokenizer_json`]), GGUF metadata ([`super::gguf`]) or `tekken.json`
-//! ([`super::tekken`]). The sources differ in how they spell tokens and rank merges;
-//! each turns its file into one [`Vocabulary`] of decoded token bytes and merge ranks.
+//! (Gemma 3, Mistral v1-v7, Phi-3), whatever the source: `tokenizer.json`
+//! ([`super::tokenizer_json`]), GGUF metadata ([`super::gguf`]), `tekken.json`
+//! ([`super::tekken`]) or a SentencePiece `.model` ([`super::sentencepiece`]). The
+//! sources differ in how they spell tokens and rank merges; each turns its file into one
+//! [`Vocabulary`] of decoded token bytes and merge ranks.
 //!
 //! Encoding a text: user-defined (non-special) added tokens are cut out first
 //! (leftmost-longest, as Hugging Face and llama.cpp match them); each section between
@@ -11,9 +12,10 @@
 //! and each piece is encoded by BPE. BPE starts from one symbol per byte (byte-level) or
 //! per character (SentencePiece, with byte fallback) and repeatedly merges the adjacent
 //! pair of lowest rank, leftmost first on ties, as Hugging Face, llama.cpp and tiktoken
-//! all do. Symbols sit in a linked list and candidate pairs in a binary heap, so a piece
-//! of n symbols costs O(n log n): `"A" * 100_000`, long space runs and a SentencePiece
-//! text with no pre-tokenizer at all stay linear-ish, never quadratic.
+//! all do. Symbols sit in a linked list and candidate pairs in an agenda (`agenda.rs`: a
+//! binary heap, or buckets by rank for long pieces), so a piece of n symbols costs
+//! O(n log n) at worst: `"A" * 1_000_000`, long space runs and a SentencePiece text with
+//! no pre-tokenizer at all stay linear-ish, never quadratic.
 //!
 //! Ranks come in two kinds ([`Merges`]): a ranked list of pairs (Hugging Face `merges`,
 //! GGUF `tokenizer.ggml.merges`), or a rank per token where every split of a token into
@@ -30,14 +32,15 @@
 //! text, as llama.cpp and Hugging Face (non-special added tokens) do.
 
 use std::borrow::Cow;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::ops::Range;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use foldhash::{HashMap as FastMap, HashSet as FastSet};
+use regex_syntax::is_word_character;
 use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
+use super::agenda::Agenda;
 use super::pretokenizer::PreTokenizer;
 use super::Tokenizer;
 use crate::error::{Code, Error, Result};
@@ -102,6 +105,26 @@ pub enum Prepend {
     /// Before every text section (Hugging Face `Prepend` normalizer, llama.cpp's
     /// `add_space_prefix`: also after an added token matched in the text).
     Always,
+    /// Once, before the whole text, even when it starts with an added token (which then
+    /// follows a lone `▁`): SentencePiece's `add_dummy_prefix`.
+    Once,
+    /// Hugging Face's `Metaspace` pre-tokenizer: before every section (`first_only`: only
+    /// before a text that starts with a section, not with an added token), but never
+    /// before a section that already starts with a space.
+    Metaspace {
+        first_only: bool,
+    },
+}
+
+/// How a user-defined token matches in text (Hugging Face's `AddedToken` options).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AddedRule {
+    /// The match takes the whitespace before it.
+    pub lstrip: bool,
+    /// The match takes the whitespace after it.
+    pub rstrip: bool,
+    /// Only a match with no word character (`\w`) right before or after it counts.
+    pub single_word: bool,
 }
 
 /// Text normalization before the pre-tokenizer, per section between added tokens.
@@ -152,6 +175,8 @@ pub struct Vocabulary {
     /// Tokens matched in text before anything else, by the text they match (which for
     /// SentencePiece may differ from their decoded bytes: `▁▁` decodes to two spaces).
     pub added: Vec<(String, u32)>,
+    /// The added tokens that strip whitespace or match only as a word.
+    pub added_rules: Vec<(u32, AddedRule)>,
 }
 
 const NONE: u32 = u32::MAX;
@@ -175,8 +200,8 @@ pub struct BpeModel {
     merges: FastMap<u64, (u32, u32)>,
     /// Control, unknown and user-defined tokens by their literal text.
     specials: HashMap<String, u32>,
-    /// User-defined tokens, matched in text before normalization.
-    added: Option<(AhoCorasick, Vec<u32>)>,
+    /// User-defined tokens, matched in text before normalization, by pattern index.
+    added: Option<(AhoCorasick, Vec<(u32, AddedRule)>)>,
     /// Pieces answered by one lookup instead of the merge loop: every token with
     /// `ignore_merges`, else the tokens whose own bytes encode to exactly themselves.
     whole: FastMap<Box<[u8]>, u32>,
@@ -268,7 +293,12 @@ impl BpeModel {
                 .match_kind(MatchKind::LeftmostLongest)
                 .build(v.added.iter().map(|(text, _)| text))
                 .map_err(|e| invalid(format!("added tokens: {e}")))?;
-            Some((automaton, v.added.iter().map(|(_, id)| *id).collect()))
+            let rules: HashMap<u32, AddedRule> = v.added_rules.iter().copied().collect();
+            let ids = v
+                .added
+                .iter()
+                .map(|(_, id)| (*id, rules.get(id).copied().unwrap_or_default()));
+            Some((automaton, ids.collect()))
         };
         let mut model = BpeModel {
             name: v.name,
@@ -332,11 +362,25 @@ impl BpeModel {
         };
         let mut at = 0;
         for m in automaton.find_iter(text) {
-            if m.start() > at {
-                f(at..m.start(), None);
+            let (id, rule) = ids[m.pattern().as_usize()];
+            let (mut start, mut end) = (m.start(), m.end());
+            let word_before = text[..start].chars().next_back().is_some_and(is_word_character);
+            let word_after = text[end..].chars().next().is_some_and(is_word_character);
+            // A match inside whitespace an earlier `rstrip` took is no match.
+            if start < at || (rule.single_word && (word_before || word_after)) {
+                continue;
             }
-            f(m.range(), Some(ids[m.pattern().as_usize()]));
-            at = m.end();
+            if rule.lstrip {
+                start = at.max(text[..start].trim_end_matches(char::is_whitespace).len());
+            }
+            if rule.rstrip {
+                end = text.len() - text[end..].trim_start_matches(char::is_whitespace).len();
+            }
+            if start > at {
+                f(at..start, None);
+            }
+            f(start..end, Some(id));
+            at = end;
         }
         if at < text.len() {
             f(at..text.len(), None);
@@ -352,7 +396,8 @@ impl BpeModel {
         if self.normalizer.metaspace && text.contains('▁') {
             text = Cow::Owned(text.replace('▁', " "));
         }
-        if prepend && !text.is_empty() {
+        let has_space = matches!(self.normalizer.prepend, Prepend::Metaspace { .. }) && text.starts_with(' ');
+        if prepend && !text.is_empty() && !has_space {
             text = Cow::Owned(format!(" {text}"));
         }
         text
@@ -402,27 +447,43 @@ impl BpeModel {
         let mut work = Work::default();
         out.reserve(text.len() / 3);
         let mut after_token = at_start;
+        let mut first = at_start;
         self.for_each_section(text, |range, token| {
+            let prepend = match self.normalizer.prepend {
+                Prepend::Never => false,
+                Prepend::Always | Prepend::Metaspace { first_only: false } => after_token,
+                Prepend::Once | Prepend::Metaspace { first_only: true } => first,
+            };
+            first = false;
             if let Some(id) = token {
+                if prepend && self.normalizer.prepend == Prepend::Once {
+                    self.encode_split(" ", &mut work, out);
+                }
                 out.push(id);
                 after_token = true;
                 return;
             }
-            let prepend = self.normalizer.prepend == Prepend::Always && after_token;
             after_token = false;
             let section = self.normalize(&text[range], prepend);
-            self.split(&section, &mut |r| {
-                let piece = &section[r];
-                match self.whole.get(piece.as_bytes()) {
-                    Some(&id) => out.push(id),
-                    None => self.encode_piece(piece, &mut work, out),
-                }
-            });
+            self.encode_split(&section, &mut work, out);
+        });
+    }
+
+    /// Split a normalized section and encode its pieces.
+    fn encode_split(&self, section: &str, work: &mut Work, out: &mut Vec<u32>) {
+        self.split(section, &mut |r| {
+            let piece = &section[r];
+            match self.whole.get(piece.as_bytes()) {
+                Some(&id) => out.push(id),
+                None => self.encode_piece(piece, work, out),
+            }
         });
     }
 
     /// The first symbols of a piece, before any merge.
     fn symbols(&self, piece: &str, syms: &mut Vec<Sym>) {
+        // At most one symbol per byte: no regrowth (and copy) on a long piece.
+        syms.reserve(piece.len());
         let mut push = |id: u32| {
             let i = syms.len() as u32;
             syms.push(Sym {
@@ -467,10 +528,12 @@ impl BpeModel {
         self.symbols(piece, &mut work.syms);
         let n = work.syms.len() as u32;
         if n > 1 {
-            let mut initial = std::mem::take(&mut work.heap).into_vec();
-            initial.clear();
-            initial.extend((0..n - 1).filter_map(|i| self.candidate(&work.syms, i)));
-            work.heap = BinaryHeap::from(initial);
+            work.agenda.start(n as usize);
+            for i in 0..n - 1 {
+                if let Some((rank, _)) = self.merge_at(&work.syms, i) {
+                    work.agenda.push(rank, i);
+                }
+            }
             self.merge_all(work);
         }
         let mut i = if n == 0 { NONE } else { 0 };
@@ -484,8 +547,7 @@ impl BpeModel {
     }
 
     fn merge_all(&self, work: &mut Work) {
-        while let Some(Reverse(key)) = work.heap.pop() {
-            let (rank, left) = ((key >> 32) as u32, key as u32);
+        while let Some((rank, left)) = work.agenda.pop() {
             let sym = work.syms[left as usize];
             // A stale entry: the pair at `left` changed since it was queued. A pair that
             // changed into another of the same rank is as good a next merge.
@@ -502,8 +564,8 @@ impl BpeModel {
                 work.syms[after as usize].prev = left;
             }
             for i in [sym.prev, left] {
-                if let Some(c) = self.candidate(&work.syms, i) {
-                    work.heap.push(c);
+                if let Some((rank, _)) = self.merge_at(&work.syms, i) {
+                    work.agenda.push(rank, i);
                 }
             }
         }
@@ -518,12 +580,6 @@ impl BpeModel {
         self.merges
             .get(&pair_key(l.id, syms[l.next as usize].id))
             .copied()
-    }
-
-    /// The heap entry for the pair at `left`: lowest rank first, then leftmost.
-    fn candidate(&self, syms: &[Sym], left: u32) -> Option<Reverse<u64>> {
-        self.merge_at(syms, left)
-            .map(|(rank, _)| Reverse(((rank as u64) << 32) | left as u64))
     }
 }
 
@@ -597,8 +653,8 @@ struct Sym {
 #[derive(Default)]
 struct Work {
     syms: Vec<Sym>,
-    /// Candidate merges as (rank << 32 | left symbol), popped smallest first.
-    heap: BinaryHeap<Reverse<u64>>,
+    /// Candidate merges as (rank, left symbol), popped smallest first.
+    agenda: Agenda,
 }
 
 impl Tokenizer for BpeModel {
@@ -630,7 +686,7 @@ impl Tokenizer for BpeModel {
     }
 
     fn prefix_len(&self) -> usize {
-        usize::from(self.normalizer.prepend == Prepend::Always)
+        usize::from(self.normalizer.prepend != Prepend::Never)
     }
 
     fn token_bytes(&self, id: u32) -> &[u8] {
@@ -749,6 +805,7 @@ pub(crate) mod tests {
             unk: None,
             strip_leading_space: false,
             added: vec![("<tool>".into(), 1)],
+            added_rules: Vec::new(),
         }
     }
 
@@ -797,6 +854,7 @@ pub(crate) mod tests {
             unk: Some(0),
             strip_leading_space: true,
             added: Vec::new(),
+            added_rules: Vec::new(),
         })
         .unwrap()
     }
@@ -866,6 +924,32 @@ pub(crate) mod tests {
             vec![t.byte_ids[b'a' as usize], 1, t.byte_ids[b'b' as usize]]
         );
         assert_eq!(t.pieces("a<tool>b").collect::<Vec<_>>(), ["a", "<tool>", "b"]);
+    }
+
+    #[test]
+    fn added_token_rules_strip_whitespace_and_match_words() {
+        let with_rule = |rule| {
+            let mut v = tiny_vocabulary();
+            v.added_rules = vec![(1, rule)];
+            BpeModel::new(v).unwrap()
+        };
+        let strip = with_rule(AddedRule {
+            lstrip: true,
+            rstrip: true,
+            single_word: false,
+        });
+        assert_eq!(
+            strip.pieces("a  <tool> \nb").collect::<Vec<_>>(),
+            ["a", "  <tool> \n", "b"]
+        );
+        assert_eq!(encode(&strip, " <tool> "), [1]);
+        let word = with_rule(AddedRule {
+            single_word: true,
+            ..AddedRule::default()
+        });
+        assert!(!encode(&word, "a<tool>").contains(&1));
+        assert!(!encode(&word, "<tool>é").contains(&1));
+        assert!(encode(&word, "a <tool>.").contains(&1));
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::path::Path;
 
 use super::bpe_model::{gpt2_byte_decoder, Alphabet, Merges, Normalizer, Prepend, TokenKind, Vocabulary};
 use super::pretokenizer::PreTokenizer;
-use super::tokenizer_json::{byte_token, split_merge};
+use super::sentencepiece::Scored;
+use super::tokenizer_json::split_merge;
 use crate::error::{Code, Error, Result};
 
 /// A metadata value. Integers of every width are widened; floats are kept only as f64.
@@ -203,17 +204,16 @@ pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
         return Err(invalid("tokenizer.ggml.token_type and tokens differ in length"));
     }
     let name = str_of("general.name").unwrap_or("gguf").to_owned();
-    // User-defined tokens are matched in the text by their text, as llama.cpp does.
-    let added: Vec<(String, u32)> = texts
-        .iter()
-        .zip(&kinds)
-        .enumerate()
-        .filter(|(_, (text, kind))| **kind == TokenKind::UserDefined && !text.is_empty())
-        .map(|(id, (text, _))| (text.to_string(), id as u32))
-        .collect();
-    let literal = |kind: TokenKind| matches!(kind, TokenKind::Control | TokenKind::Unknown);
     match model {
         "gpt2" => {
+            // User-defined tokens are matched in the text by their text, as llama.cpp does.
+            let added: Vec<(String, u32)> = texts
+                .iter()
+                .zip(&kinds)
+                .enumerate()
+                .filter(|(_, (text, kind))| **kind == TokenKind::UserDefined && !text.is_empty())
+                .map(|(id, (text, _))| (text.to_string(), id as u32))
+                .collect();
             let pre_name = str_of("tokenizer.ggml.pre").unwrap_or("default");
             let pre = PreTokenizer::from_llama_pre(pre_name)?
                 .ok_or_else(|| invalid(format!("GGUF pre-tokenizer {pre_name:?} is not supported")))?;
@@ -222,7 +222,10 @@ pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
                 .iter()
                 .zip(&kinds)
                 .map(|(text, &kind)| {
-                    if literal(kind) || kind == TokenKind::UserDefined {
+                    if matches!(
+                        kind,
+                        TokenKind::Control | TokenKind::Unknown | TokenKind::UserDefined
+                    ) {
                         text.as_bytes().to_vec()
                     } else {
                         decode(text)
@@ -255,6 +258,7 @@ pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
                 unk: None,
                 strip_leading_space: false,
                 added,
+                added_rules: Vec::new(),
             })
         }
         "llama" => {
@@ -265,32 +269,11 @@ pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
             if scores.len() != texts.len() {
                 return Err(invalid("tokenizer.ggml.scores and tokens differ in length"));
             }
-            // Higher score merges first: rank tokens by descending score; equal scores
-            // share a rank (llama.cpp then takes the leftmost pair).
-            let score = |i: usize| match scores[i] {
-                Value::Float(f) => f,
-                Value::Int(i) => i as f64,
+            let score = |v: &Value| match v {
+                Value::Float(f) => *f,
+                Value::Int(i) => *i as f64,
                 _ => f64::NEG_INFINITY,
             };
-            let mut order: Vec<usize> = (0..texts.len()).collect();
-            order.sort_by(|&a, &b| score(b).total_cmp(&score(a)));
-            let mut ranks = vec![u32::MAX; texts.len()];
-            let mut rank = 0u32;
-            for (i, &id) in order.iter().enumerate() {
-                if i > 0 && score(order[i - 1]) != score(id) {
-                    rank += 1;
-                }
-                ranks[id] = rank;
-            }
-            let tokens: Vec<Vec<u8>> = texts
-                .iter()
-                .zip(&kinds)
-                .map(|(text, &kind)| match kind {
-                    TokenKind::Byte => byte_token(text).map_or_else(|| text.as_bytes().to_vec(), |b| vec![b]),
-                    k if literal(k) => text.as_bytes().to_vec(),
-                    _ => text.replace('▁', " ").into_bytes(),
-                })
-                .collect();
             let add_space_prefix = match meta.get("tokenizer.ggml.add_space_prefix") {
                 Some(Value::Bool(b)) => *b,
                 _ => true,
@@ -311,34 +294,23 @@ pub fn vocabulary(meta: &Metadata) -> Result<Vocabulary> {
                     other => other,
                 })
                 .collect();
-            let unk = kinds
-                .iter()
-                .position(|&k| k == TokenKind::Unknown)
-                .map(|i| i as u32);
-            Ok(Vocabulary {
+            Ok(Scored {
                 name,
-                pre: PreTokenizer::Whole,
-                normalizer: Normalizer {
-                    nfc: false,
-                    metaspace: true,
-                    prepend: if add_space_prefix {
-                        Prepend::Always
-                    } else {
-                        Prepend::Never
-                    },
+                scores: scores.iter().map(score).collect(),
+                texts,
+                kinds,
+                // llama.cpp's `add_space_prefix` also goes after each user-defined token.
+                prepend: if add_space_prefix {
+                    Prepend::Always
+                } else {
+                    Prepend::Never
                 },
                 alphabet: Alphabet::Chars {
                     byte_fallback: true,
                     fuse_unk: false,
                 },
-                tokens,
-                kinds,
-                merges: Merges::ByTokenRank(ranks),
-                ignore_merges: false,
-                unk,
-                strip_leading_space: add_space_prefix,
-                added,
-            })
+            }
+            .into_vocabulary())
         }
         _ => unreachable!("checked above"),
     }

@@ -3,7 +3,8 @@
 //! - [`openai`]: the embedded OpenAI encodings (`o200k_base`, `o200k_harmony`, `cl100k_base`).
 //! - [`bpe_model`]: BPE for open models (byte-level and SentencePiece-style), loaded from
 //!   a `tokenizer.json` ([`tokenizer_json`]), GGUF metadata ([`gguf`]) or a Mistral
-//!   `tekken.json` ([`tekken`]), split by a [`pretokenizer`].
+//!   `tekken.json` ([`tekken`]) or a SentencePiece `.model` ([`sentencepiece`]), split by
+//!   a [`pretokenizer`].
 //! - [`detok`]: streaming detokenization (ids in, whole UTF-8 characters out).
 //! - [`incremental`]: a growing text that keeps its ids as chunks are appended.
 //!
@@ -16,12 +17,14 @@ use std::sync::Arc;
 
 use crate::error::Result;
 
+mod agenda;
 pub mod bpe_model;
 pub mod detok;
 pub mod gguf;
 pub mod incremental;
 pub mod openai;
 pub mod pretokenizer;
+pub mod sentencepiece;
 pub mod tekken;
 pub mod tokenizer_json;
 
@@ -106,4 +109,12 @@ pub fn from_tokenizer_json(data: &[u8]) -> Result<Arc<dyn Tokenizer>> {
 /// A BPE tokenizer from the bytes of a Mistral `tekken.json`.
 pub fn from_tekken(data: &[u8]) -> Result<Arc<dyn Tokenizer>> {
     Ok(Arc::new(bpe_model::BpeModel::new(tekken::vocabulary(data)?)?))
+}
+
+/// A BPE tokenizer from the bytes of a SentencePiece `.model` (a `ModelProto`), with the
+/// ids the `sentencepiece` library gives.
+pub fn from_sentencepiece_model(data: &[u8]) -> Result<Arc<dyn Tokenizer>> {
+    Ok(Arc::new(bpe_model::BpeModel::new(sentencepiece::vocabulary(
+        data,
+    )?)?))
 }

@@ -66,6 +66,9 @@ pub enum PreTokenizer {
     /// No split: the text is one piece (SentencePiece-style vocabularies, which cut it
     /// themselves where no token can span; see `bpe_model`).
     Whole,
+    /// A piece starts at every space (Hugging Face `Metaspace` with `split`, on text whose
+    /// `▁` are spaces).
+    BeforeSpaces,
 }
 
 /// Llama 3's split (also cl100k_base's): three-digit number groups.
@@ -147,6 +150,19 @@ impl PreTokenizer {
             PreTokenizer::Whole => {
                 if !range.is_empty() {
                     out(range)
+                }
+            }
+            PreTokenizer::BeforeSpaces => {
+                let mut start = range.start;
+                for at in memchr::memchr_iter(b' ', &text.as_bytes()[range.clone()]) {
+                    let at = range.start + at;
+                    if at > start {
+                        out(start..at);
+                        start = at;
+                    }
+                }
+                if start < range.end {
+                    out(start..range.end);
                 }
             }
             PreTokenizer::Gpt2 => split_gpt2(text, range, out),

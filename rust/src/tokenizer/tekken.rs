@@ -131,5 +131,6 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
         unk: None,
         strip_leading_space: false,
         added: Vec::new(),
+        added_rules: Vec::new(),
     })
 }

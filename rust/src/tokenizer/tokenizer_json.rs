@@ -3,10 +3,12 @@
 //! Supported: normalizers `NFC`, `Prepend("▁")` and `Replace(" " -> "▁")` (alone or in a
 //! `Sequence`); pre-tokenizers `Split` (regex or string; `Isolated` or
 //! `MergedWithPrevious`), `Digits`, `ByteLevel` (with or without its GPT-2 regex), in a
-//! `Sequence` or alone, or none (SentencePiece-style); the BPE model with `byte_fallback`,
-//! `fuse_unk`, `unk_token` and `ignore_merges`; `added_tokens` (special ones only by
-//! name, the others matched in text). Anything else is refused with `invalid_vocabulary`
-//! naming the component, never approximated.
+//! `Sequence` or alone, `Metaspace` alone (`prepend_scheme` always / first / never, with
+//! or without its split), or none (SentencePiece-style); the BPE model with
+//! `byte_fallback`, `fuse_unk`, `unk_token` and `ignore_merges`; `added_tokens` (special
+//! ones only by name, the others matched in text, with `lstrip`, `rstrip`, `single_word`;
+//! `normalized` ones only where no normalizer changes the text). Anything else is
+//! refused with `invalid_vocabulary` naming the component, never approximated.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,7 +16,9 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::bpe_model::{gpt2_byte_decoder, Alphabet, Merges, Normalizer, Prepend, TokenKind, Vocabulary};
+use super::bpe_model::{
+    gpt2_byte_decoder, AddedRule, Alphabet, Merges, Normalizer, Prepend, TokenKind, Vocabulary,
+};
 use super::pretokenizer::{Behavior, PreTokenizer, RegexSplit, RegexSplits, GPT2};
 use crate::error::{Code, Error, Result};
 
@@ -47,6 +51,9 @@ struct AddedToken {
     rstrip: bool,
     #[serde(default)]
     single_word: bool,
+    /// Matched in the normalized text (Hugging Face's default for non-special tokens).
+    #[serde(default)]
+    normalized: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -191,6 +198,11 @@ fn pre_tokenizer(v: Option<&Value>, metaspace: bool) -> Result<(PreTokenizer, bo
                     return Err(invalid("tokenizer.json Split without a pattern"));
                 }
             }
+            "Metaspace" => {
+                return Err(invalid(
+                    "tokenizer.json Metaspace inside a pre-tokenizer Sequence is not supported",
+                ))
+            }
             other => {
                 return Err(invalid(format!(
                     "tokenizer.json pre_tokenizer {other:?} is not supported"
@@ -204,6 +216,41 @@ fn pre_tokenizer(v: Option<&Value>, metaspace: bool) -> Result<(PreTokenizer, bo
         PreTokenizer::Regex(Arc::new(RegexSplits { stages }))
     };
     Ok((pre, byte_level))
+}
+
+/// A `Metaspace` pre-tokenizer: where it puts its `▁` prefix, and its split (a piece
+/// starts at every space) or none.
+fn metaspace(v: &Value) -> Result<(Prepend, PreTokenizer)> {
+    if v.get("replacement").and_then(Value::as_str) != Some("▁") {
+        return Err(invalid(format!(
+            "tokenizer.json Metaspace replacement {} is not supported (\"▁\" is)",
+            v.get("replacement").unwrap_or(&Value::Null)
+        )));
+    }
+    // Files before `prepend_scheme` say `add_prefix_space`.
+    let legacy = match v.get("add_prefix_space").and_then(Value::as_bool) {
+        Some(false) => "never",
+        _ => "always",
+    };
+    let prepend = match v.get("prepend_scheme").and_then(Value::as_str).unwrap_or(legacy) {
+        "always" => Prepend::Metaspace { first_only: false },
+        "first" => Prepend::Metaspace { first_only: true },
+        "never" => Prepend::Never,
+        other => {
+            return Err(invalid(format!(
+                "tokenizer.json Metaspace prepend_scheme {other:?} is not supported"
+            )))
+        }
+    };
+    let split = v.get("split").and_then(Value::as_bool).unwrap_or(true);
+    Ok((
+        prepend,
+        if split {
+            PreTokenizer::BeforeSpaces
+        } else {
+            PreTokenizer::Whole
+        },
+    ))
 }
 
 /// `<0xNN>`, SentencePiece's byte token spelling.
@@ -236,8 +283,22 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
     if model.dropout.is_some_and(|d| d > 0.0) {
         return Err(invalid("tokenizer.json BPE dropout is not supported"));
     }
-    let normalizer = normalizer(doc.normalizer.as_ref())?;
-    let (pre, byte_level) = pre_tokenizer(doc.pre_tokenizer.as_ref(), normalizer.metaspace)?;
+    let mut normalizer = normalizer(doc.normalizer.as_ref())?;
+    let normalizes = normalizer != Normalizer::NONE;
+    let (pre, byte_level) = match doc.pre_tokenizer.as_ref().filter(|p| kind_of(p) == "Metaspace") {
+        Some(m) => {
+            if normalizes {
+                return Err(invalid(
+                    "tokenizer.json Metaspace after a normalizer is not supported",
+                ));
+            }
+            let (prepend, pre) = metaspace(m)?;
+            normalizer.metaspace = true;
+            normalizer.prepend = prepend;
+            (pre, false)
+        }
+        None => pre_tokenizer(doc.pre_tokenizer.as_ref(), normalizer.metaspace)?,
+    };
     if byte_level && (normalizer.metaspace || normalizer.prepend != Prepend::Never) {
         return Err(invalid(
             "tokenizer.json mixes ByteLevel with SentencePiece normalizers",
@@ -288,6 +349,7 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
         None => None,
     };
     let mut added = Vec::new();
+    let mut added_rules = Vec::new();
     for token in &doc.added_tokens {
         let id = token.id as usize;
         if token.special {
@@ -295,11 +357,20 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
             kinds[id] = TokenKind::Control;
             continue;
         }
-        if token.lstrip || token.rstrip || token.single_word {
+        // Matched in normalized text: the same as the raw text when nothing normalizes.
+        if normalizes && token.normalized != Some(false) {
             return Err(invalid(format!(
-                "tokenizer.json added token {:?} with lstrip/rstrip/single_word is not supported",
+                "tokenizer.json added token {:?} with normalized=true under a normalizer is not supported",
                 token.content
             )));
+        }
+        let rule = AddedRule {
+            lstrip: token.lstrip,
+            rstrip: token.rstrip,
+            single_word: token.single_word,
+        };
+        if rule != AddedRule::default() {
+            added_rules.push((token.id, rule));
         }
         kinds[id] = if kinds[id] == TokenKind::Normal {
             TokenKind::UserDefined
@@ -332,10 +403,13 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
         .map(|d| flatten(d, "decoders"))
         .unwrap_or_default()
         .iter()
-        .any(|d| {
-            kind_of(d) == "Strip"
-                && d.get("content").and_then(Value::as_str) == Some(" ")
-                && d.get("start").and_then(Value::as_u64) == Some(1)
+        .any(|d| match kind_of(d) {
+            "Strip" => {
+                d.get("content").and_then(Value::as_str) == Some(" ")
+                    && d.get("start").and_then(Value::as_u64) == Some(1)
+            }
+            "Metaspace" => metaspace(d).is_ok_and(|(prepend, _)| prepend != Prepend::Never),
+            _ => false,
         });
     Ok(Vocabulary {
         name: "tokenizer.json".to_owned(),
@@ -349,6 +423,7 @@ pub fn vocabulary(data: &[u8]) -> Result<Vocabulary> {
         unk,
         strip_leading_space,
         added,
+        added_rules,
     })
 }
 
