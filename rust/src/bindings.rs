@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyString};
 
 use crate::error::{Code, Error};
 use crate::tokenizer::{self, detok, incremental, Tokenizer};
+use crate::upstream::http::{Progress, ResponseReader};
 use crate::upstream::{self, SseDecoder, StreamError};
 use crate::validate::{self, ClientEvent};
 
@@ -1156,6 +1157,105 @@ impl PyTemplatePrompt {
 
 // ---------------------------------------------------------------- upstream streams
 
+/// A failure as (code, message, whether another replica may be tried).
+type Failure = (&'static str, String, bool);
+
+/// One HTTP/1.1 response from an upstream replica, decoded from the bytes of each read
+/// (see `upstream::http`): `feed` returns the new token ids and whether anything else
+/// changed (the head, the finish, the end of the body, a failure), which the properties
+/// then tell; most reads change nothing else.
+#[pyclass(name = "ResponseReader", module = "hotloop._core")]
+pub(crate) struct PyResponseReader {
+    inner: ResponseReader,
+    failure: Option<Failure>,
+}
+
+impl PyResponseReader {
+    fn progress(&mut self, progress: Progress) -> (Vec<u32>, bool) {
+        let decoded = progress.decoded;
+        let failed = decoded.error.is_some();
+        if let Some(error) = decoded.error {
+            self.failure = Some(match error {
+                StreamError::Upstream(message) => ("upstream_error", message, true),
+                StreamError::Aborted(message) => ("upstream_error", message, false),
+                StreamError::Protocol(message) => ("upstream_protocol", message, false),
+            });
+        }
+        let news = progress.head || progress.complete || failed || decoded.done || decoded.ended;
+        (decoded.ids, news)
+    }
+}
+
+#[pymethods]
+impl PyResponseReader {
+    /// `dialect`: the request asked for that dialect's event stream; None: a plain
+    /// request whose body is collected.
+    #[new]
+    #[pyo3(signature = (dialect=None))]
+    fn new(dialect: Option<&str>) -> PyResult<Self> {
+        let dialect = dialect
+            .map(|name| {
+                upstream::Dialect::from_name(name)
+                    .ok_or_else(|| PyValueError::new_err(format!("unknown dialect {name:?}")))
+            })
+            .transpose()?;
+        Ok(PyResponseReader {
+            inner: ResponseReader::new(dialect),
+            failure: None,
+        })
+    }
+
+    fn feed(&mut self, data: &[u8]) -> (Vec<u32>, bool) {
+        let progress = self.inner.feed(data);
+        self.progress(progress)
+    }
+
+    fn eof(&mut self) -> (Vec<u32>, bool) {
+        let progress = self.inner.eof();
+        self.progress(progress)
+    }
+
+    #[getter]
+    fn status(&self) -> Option<u16> {
+        self.inner.status()
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.events().is_some_and(|events| events.done())
+    }
+
+    #[getter]
+    fn ended(&self) -> bool {
+        self.inner.events().is_some_and(|events| events.ended())
+    }
+
+    #[getter]
+    fn complete(&self) -> bool {
+        self.inner.complete()
+    }
+
+    #[getter]
+    fn reusable(&self) -> bool {
+        self.inner.reusable()
+    }
+
+    #[getter]
+    fn failure(&self) -> Option<Failure> {
+        self.failure.clone()
+    }
+
+    #[getter]
+    fn body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.inner.body())
+    }
+
+    #[getter]
+    fn timings(&self) -> Option<&str> {
+        self.inner.events().and_then(|events| events.timings())
+    }
+}
+
 /// One read's decoded events for Python: ids, done, ended, and a failure as (code,
 /// message, whether another replica may be tried).
 type DecodedTuple = (Vec<u32>, bool, bool, Option<(&'static str, String, bool)>);
@@ -1225,6 +1325,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyConversation>()?;
     m.add_class::<PyChatTemplate>()?;
     m.add_class::<PyTemplatePrompt>()?;
+    m.add_class::<PyResponseReader>()?;
     m.add_class::<PySseDecoder>()?;
     Ok(())
 }
