@@ -13,7 +13,7 @@ use pyo3::types::{PyBytes, PyString};
 use crate::error::{Code, Error};
 use crate::tokenizer::{self, detok, incremental, Tokenizer};
 use crate::upstream::http::{Progress, ResponseReader};
-use crate::upstream::{self, SseDecoder, StreamError};
+use crate::upstream::{self, StreamError};
 use crate::validate::{self, ClientEvent};
 
 // ---------------------------------------------------------------- errors
@@ -1256,51 +1256,6 @@ impl PyResponseReader {
     }
 }
 
-/// One read's decoded events for Python: ids, done, ended, and a failure as (code,
-/// message, whether another replica may be tried).
-type DecodedTuple = (Vec<u32>, bool, bool, Option<(&'static str, String, bool)>);
-
-#[pyclass(name = "SseDecoder", module = "hotloop._core")]
-pub(crate) struct PySseDecoder {
-    inner: SseDecoder,
-}
-
-impl PySseDecoder {
-    fn convert(decoded: upstream::Decoded) -> DecodedTuple {
-        let error = decoded.error.map(|e| match e {
-            StreamError::Upstream(message) => ("upstream_error", message, true),
-            StreamError::Aborted(message) => ("upstream_error", message, false),
-            StreamError::Protocol(message) => ("upstream_protocol", message, false),
-        });
-        (decoded.ids, decoded.done, decoded.ended, error)
-    }
-}
-
-#[pymethods]
-impl PySseDecoder {
-    #[new]
-    fn new(dialect: &str) -> PyResult<Self> {
-        let dialect = upstream::Dialect::from_name(dialect)
-            .ok_or_else(|| PyValueError::new_err(format!("unknown dialect {dialect:?}")))?;
-        Ok(PySseDecoder {
-            inner: SseDecoder::new(dialect),
-        })
-    }
-
-    fn feed(&mut self, data: &[u8]) -> DecodedTuple {
-        Self::convert(self.inner.feed(data))
-    }
-
-    fn finish(&mut self) -> DecodedTuple {
-        Self::convert(self.inner.finish())
-    }
-
-    #[getter]
-    fn timings(&self) -> Option<&str> {
-        self.inner.timings()
-    }
-}
-
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -1326,6 +1281,5 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyChatTemplate>()?;
     m.add_class::<PyTemplatePrompt>()?;
     m.add_class::<PyResponseReader>()?;
-    m.add_class::<PySseDecoder>()?;
     Ok(())
 }

@@ -274,11 +274,10 @@ impl SseDecoder {
         let Some(meta) = event.meta_info else {
             return Err(StreamError::Protocol("SGLang chunk without meta_info".into()));
         };
-        let ids = event.output_ids.ok_or_else(|| {
-            StreamError::Protocol("expected a list of token ids in `output_ids`".into())
-        })?;
-        let cumulative =
-            meta.completion_tokens == Some(ids.len() as u64) && ids.len() >= self.emitted;
+        let ids = event
+            .output_ids
+            .ok_or_else(|| StreamError::Protocol("expected a list of token ids in `output_ids`".into()))?;
+        let cumulative = meta.completion_tokens == Some(ids.len() as u64) && ids.len() >= self.emitted;
         let new = if cumulative {
             &ids[self.emitted..]
         } else {
@@ -466,9 +465,18 @@ mod tests {
         for (data, message) in [
             ("data: {nope\n", "malformed stream event"),
             ("data: [1]\n", "stream event is not an object"),
-            ("data: {\"choices\":[{\"token_ids\":[\"a\"]}]}\n", "unexpected stream event"),
-            ("data: {\"choices\":[{\"token_ids\":[-1]}]}\n", "unexpected stream event"),
-            ("data: {\"choices\":[{\"token_ids\":[4294967296]}]}\n", "unexpected stream event"),
+            (
+                "data: {\"choices\":[{\"token_ids\":[\"a\"]}]}\n",
+                "unexpected stream event",
+            ),
+            (
+                "data: {\"choices\":[{\"token_ids\":[-1]}]}\n",
+                "unexpected stream event",
+            ),
+            (
+                "data: {\"choices\":[{\"token_ids\":[4294967296]}]}\n",
+                "unexpected stream event",
+            ),
         ] {
             let out = SseDecoder::new(Dialect::Vllm).feed(data.as_bytes());
             let Some(StreamError::Protocol(text)) = out.error else {

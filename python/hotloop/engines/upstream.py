@@ -3,8 +3,9 @@
 Owns the wire dialects (vLLM `POST /v1/completions`, SGLang `POST /generate`, llama.cpp
 server `POST /completion`), replica choice and health, and the mapping of upstream
 failures to `EngineError` codes; the keep-alive HTTP/1.1 client and the decoding of the
-streams are `hotloop.engines.http1` and `hotloop._core.ResponseReader`. It must not see text or items:
-prompts go out as the exact ids of the rendered-token cache, sampled ids come back.
+streams are `hotloop.engines.http1` and `hotloop._core.ResponseReader`. It must not see
+text or items: prompts go out as the exact ids of the rendered-token cache, sampled ids
+come back.
 
 Routing (`UpstreamConfig.routing`), so that every turn of a conversation lands on the
 replica whose prefix cache holds its history:
