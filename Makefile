@@ -7,8 +7,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ENGINE ?= llama
 
-.PHONY: all venv develop native reference-data haproxy services serve test test-rust test-python lint bench \
-	bench-ci wheel test-wheel docs fuzz clean
+.PHONY: all venv develop native reference-data haproxy services node-clients serve test \
+	test-rust test-python lint bench bench-ci wheel test-wheel docs fuzz clean
 
 all: develop
 
@@ -43,6 +43,11 @@ haproxy:
 	@test -x /usr/sbin/haproxy || command -v haproxy >/dev/null 2>&1 || \
 		(apt-get update -qq && apt-get install -y -qq haproxy)
 
+# The npm clients the tests drive (openai-node, the Vercel AI SDK), from their lockfiles.
+node-clients:
+	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
+	cd tests/aisdk && npm ci --no-audit --no-fund --loglevel=error
+
 # Only the llama engine needs the native set-up (`make serve ENGINE=sim` starts at once).
 serve: develop $(if $(filter llama,$(ENGINE)),native)
 	$(BIN)/hotloop serve --host $(HOST) --port $(PORT) --engine $(ENGINE)
@@ -56,7 +61,7 @@ reference-data: develop
 test-rust: reference-data
 	cargo test --manifest-path rust/Cargo.toml
 
-test-python: develop native reference-data services haproxy
+test-python: develop native reference-data services haproxy node-clients
 	$(BIN)/pytest -q
 
 test: test-rust test-python

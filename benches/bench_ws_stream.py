@@ -183,7 +183,9 @@ def process_cpu(pid: int) -> tuple[float, float, float]:
 class Served:
     """`hotloop serve --engine sim` at one rate, and a WebSocket client of it."""
 
-    def __init__(self, tokens_per_second: float, words: int) -> None:
+    def __init__(self, tokens_per_second: float, words: int, deflate: bool = False) -> None:
+        """`deflate`: the server accepts permessage-deflate and the client offers it
+        (benches/bench_ws_deflate.py); otherwise neither uses it."""
         self.server = ServerProcess.start(
             [
                 "--engine",
@@ -194,10 +196,12 @@ class Served:
                 str(tokens_per_second),
                 "--sim-text",
                 "word " * words,
+                "--websocket-deflate" if deflate else "--no-websocket-deflate",
             ]
         )
         try:
-            self.ws = connect(self.server.ws_url, max_size=None)
+            compression = "deflate" if deflate else None
+            self.ws = connect(self.server.ws_url, max_size=None, compression=compression)
         except OSError:
             self.server.stop()
             raise

@@ -5,11 +5,15 @@ generations it hands out wait until the test runs them, so ordering is the test'
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from hotloop._core import ChatFormat, CoreError
+from hotloop.engines.base import EngineSession, close_stream
 from hotloop.protocol import (
+    Action,
     Cancel,
     Close,
     Connection,
@@ -18,6 +22,7 @@ from hotloop.protocol import (
     Observer,
     Persist,
     Render,
+    Wait,
 )
 from sdk_events import validate
 
@@ -46,6 +51,7 @@ class ConnectionDriver:
         self.renders: dict[int, Render] = {}
         self.generating: dict[int, Generate] = {}
         self.persisting: dict[int, Persist] = {}
+        self.waits: dict[int, Wait] = {}
         self.cancelled: list[int] = []
         self.closed: Close | None = None
 
@@ -54,7 +60,7 @@ class ConnectionDriver:
         frames = []
         for action in self.conn.actions():
             if isinstance(action, bytes):
-                frames.append(validate(action))
+                frames.append(self.frame(action))
             elif isinstance(action, Render):
                 self.renders[action.key] = action
             elif isinstance(action, Generate):
@@ -63,10 +69,17 @@ class ConnectionDriver:
                 self.persisting[action.key] = action
             elif isinstance(action, Cancel):
                 self.cancelled.append(action.key)
-                self.generating.pop(action.key)
+                # A waiting response's key names its idle timer, not engine work.
+                self.waits.pop(action.key, None) or self.generating.pop(action.key)
+            elif isinstance(action, Wait):
+                self.waits[action.key] = action
             else:
                 self.closed = action
         return frames
+
+    def frame(self, frame: bytes) -> dict[str, Any]:
+        """One frame the connection sent, checked."""
+        return validate(frame)
 
     def send(self, event: dict[str, Any] | str) -> list[dict[str, Any]]:
         self.conn.receive_text(event if isinstance(event, str) else orjson.dumps(event).decode())
@@ -79,11 +92,11 @@ class ConnectionDriver:
         """Run one handed-out render (here, on the test's thread) and report it."""
         work = self.renders.pop(min(self.renders) if key is None else key)
         try:
-            turn = work.conversation.extend(work.request)
+            request, turn = work.run()
         except CoreError as e:
             self.conn.render_failed(work.key, e)
         else:
-            self.conn.render_done(work.key, turn)
+            self.conn.render_done(work.key, turn, request)
         return self.pump()
 
     def commit(self, key: int | None = None, error: str | None = None) -> list[dict[str, Any]]:
@@ -101,3 +114,35 @@ class ConnectionDriver:
         self.conn.engine_output(work.key, ids)
         self.conn.engine_done(work.key)
         return self.pump()
+
+
+async def run_on(
+    conn: Connection,
+    session: EngineSession,
+    ended: Callable[[], Awaitable[None]] | None = None,
+    taken: list[Action] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every piece of engine work `conn` hands out on a real engine `session`, one
+    at a time, until none is left; return the frames it sent (validated). `ended` is
+    awaited after each generation (to read the engine's own counters); `taken` are
+    actions the test took from `conn` already. Idle timers and cancels of finished work
+    are left alone."""
+    frames: list[dict[str, Any]] = []
+    actions = deque([*(taken or []), *conn.actions()])
+    while actions:
+        action = actions.popleft()
+        if isinstance(action, bytes):
+            frames.append(validate(action))
+        elif isinstance(action, Generate):
+            stream = session.generate(action.prompt, action.sampling, action.route_key)
+            try:
+                async for ids in stream:
+                    if not conn.engine_output(action.key, ids):
+                        break
+            finally:
+                await close_stream(stream)
+            if ended is not None:
+                await ended()
+            conn.engine_done(action.key)
+        actions.extend(conn.actions())
+    return frames

@@ -4,9 +4,12 @@ the engines use (the engines never see text; the tests need some ids to send).""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import cache
 
 import llama_cpp
+from hotloop.engines.llama import LlamaConfig, LlamaEngine
 from hotloop.native_deps import smollm2_gguf_path
 
 IM_END = 2  # SmolLM2's <|im_end|>, the ChatML stop token
@@ -52,3 +55,14 @@ def next_turn(history: list[int], reply: list[int], user: str) -> list[int]:
         *closed,
         *encode(f"\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"),
     ]
+
+
+@asynccontextmanager
+async def small_llama() -> AsyncIterator[LlamaEngine]:
+    """SmolLM2 in-process, started: a 4k-token KV cache of two sequences, one thread."""
+    engine = LlamaEngine(LlamaConfig(n_ctx=4096, max_sequences=2, n_threads=1))
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()

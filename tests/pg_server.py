@@ -16,12 +16,13 @@ import pytest
 from hotloop.bench.proc import free_port
 from hotloop.cluster import POSTGRES_BIN
 from hotloop.cluster import Postgres as PostgresServer
+from missing import missing
 
 
 def started_server() -> Iterator[PostgresServer]:
     """Start a server in a new temporary directory; stop and remove it afterwards."""
     if not PostgresServer.installed():
-        pytest.skip(f"PostgreSQL 15 is not installed ({POSTGRES_BIN}): run `make services`")
+        missing(f"PostgreSQL 15 ({POSTGRES_BIN})", "make services")
     with PostgresServer.temporary() as server:
         yield server
 

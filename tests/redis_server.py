@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from missing import missing
 from pg_server import free_port
 
 
@@ -54,7 +55,7 @@ class RedisServer:
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed: run `make services`")
+        missing("redis-server", "make services")
     root = Path(tempfile.mkdtemp(prefix="hotloop-redis-"))
     server = RedisServer(root)
     server.start()

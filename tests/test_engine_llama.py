@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from engine_conversation import IM_END, IdsPrompt, first_turn, next_turn
+from engine_conversation import IM_END, IdsPrompt, first_turn, next_turn, small_llama
 from hotloop.engines.base import EngineError, Sampling
-from hotloop.engines.llama import LlamaConfig, LlamaEngine, LlamaSession
+from hotloop.engines.llama import LlamaEngine, LlamaSession
 
 pytestmark = pytest.mark.model
 
@@ -19,10 +19,8 @@ ENDLESS = Sampling(max_output_tokens=1500, temperature=0.0)  # no stop token
 
 @pytest.fixture
 async def engine() -> AsyncIterator[LlamaEngine]:
-    engine = LlamaEngine(LlamaConfig(n_ctx=4096, max_sequences=2, n_threads=1))
-    await engine.start()
-    yield engine
-    await engine.close()
+    async with small_llama() as started:
+        yield started
 
 
 async def collect(session: LlamaSession, ids: list[int], sampling: Sampling) -> list[int]:

@@ -5,13 +5,13 @@ the engine evaluates only the new tokens of the prompt."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from hotloop.config import ServerConfig
 from hotloop.engines.llama import LlamaConfig, LlamaEngine
 from hotloop.transport import App
 from openai import OpenAI
+from sdk_events import final
 from servers import Validating, serving
 
 pytestmark = pytest.mark.model
@@ -24,14 +24,6 @@ def served() -> Iterator[tuple[str, LlamaEngine, Validating]]:
     with serving(app) as url:
         yield url + "/v1", engine, app
     assert app.invalid == []
-
-
-def final(conn: Any) -> Any:
-    for event in conn:
-        if event.type in ("response.completed", "response.failed", "response.incomplete"):
-            return event.response
-        assert event.type != "error", event
-    raise AssertionError("the socket closed before a terminal event")
 
 
 def test_two_turns_over_the_websocket_give_real_text(

@@ -1,33 +1,22 @@
 """openai-node's `ResponsesWS` (npm `openai` + `ws`) against a live server: a two-turn
-WebSocket continuation. The npm packages are installed into tests/node/node_modules
-(git-ignored) by the fixture; node must be on PATH."""
+WebSocket continuation. The npm packages are in tests/node (see `node_clients`)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import orjson
 import pytest
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
+from node_clients import installed, run
 from servers import serving, sim_engine
-
-NODE_DIR = Path(__file__).parent / "node"
 
 
 @pytest.fixture(scope="module")
 def node_client() -> Path:
-    assert shutil.which("node") and shutil.which("npm"), "node and npm are required"
-    if not (NODE_DIR / "node_modules" / "openai").is_dir():
-        subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=NODE_DIR,
-            check=True,
-        )
-    return NODE_DIR / "two_turns.mjs"
+    return installed("node") / "two_turns.mjs"
 
 
 @pytest.fixture
@@ -38,14 +27,7 @@ def url(tmp_path: Path) -> Iterator[str]:
 
 
 def test_responses_ws_two_turn_continuation(node_client: Path, url: str) -> None:
-    run = subprocess.run(
-        ["node", str(node_client), url, "sk-node"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
-    result = orjson.loads(run.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = run(node_client, url, "sk-node")
     assert result["first"].startswith("resp_") and result["second"].startswith("resp_")
     assert result["first"] != result["second"]
     assert result["text"] == "Done."

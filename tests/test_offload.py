@@ -108,8 +108,13 @@ def test_a_queued_large_input_renders_after_the_lane_frees() -> None:
     assert driver.create(HISTORY) == []
     assert driver.renders == {}  # not before the lane's first response is done
     assert driver.finish()[-1]["type"] == "response.completed"
-    assert len(driver.renders) == 1
+    (work,) = driver.renders.values()
+    # It waited as its frame alone, and is parsed again with its render, in the worker
+    # thread: a large frame is never parsed on the event loop, the first time or now.
+    assert not isinstance(work.request, CreateRequest)
     assert kinds(driver.render()) == STARTED
+    (big,) = driver.generating.values()
+    assert len(big.prompt) > OFFLOAD_BYTES // 8
 
 
 def test_cancel_during_a_render_cancels_the_response_once_started() -> None:

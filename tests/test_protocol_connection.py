@@ -244,6 +244,10 @@ def test_queue_bytes_limit() -> None:
     assert client.create("y" * 100) == []
     frames = client.create("z" * 200)
     assert errors(frames) == ["websocket_queue_limit_reached"]
+    # A limit that refuses work says when to retry, as OpenAI's 429s do.
+    assert frames[0]["status"] == 429
+    assert frames[0]["error"]["type"] == "rate_limit_error"
+    assert frames[0]["error"]["headers"] == {"retry-after": "1"}
 
 
 def test_cancel_ends_with_one_cancelled_terminal() -> None:

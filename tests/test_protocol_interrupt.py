@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from connection_driver import FORMAT
-from test_protocol_connection import Client
+from test_protocol_connection import CALL, TOOLS, Client
 
 THOUGHT_AND_ANSWER = FORMAT.completion_tokens(
     reasoning="The user greets me.", text="Hello there, my good friend."
@@ -81,3 +81,21 @@ def test_interrupt_of_a_finished_or_unknown_response_is_an_error() -> None:
     ]
     # The running response is untouched by the refused interrupt.
     assert client.finish()[-1]["type"] == "response.completed"
+
+
+def test_an_interrupted_response_keeps_its_completed_call_id() -> None:
+    """Regression: the completed items were rebuilt from text, and the parser minted a
+    new call id for the call, so its output (by the id the client saw) was refused."""
+    client = Client()
+    created = client.create("List files", tools=TOOLS)[0]["response"]["id"]
+    key = min(client.generating)
+    # The call is sampled whole; the engine has not reported the end yet.
+    client.conn.engine_output(key, CALL)
+    call = next(e["item"] for e in client.pump() if e["type"] == "response.output_item.done")
+    frames = interrupt(client, created)
+    assert frames[-1]["response"]["output"] == [call]
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "a.py"}
+    continued = client.create([output], previous_response_id=created, tools=TOOLS)
+    assert [e["type"] for e in continued] == ["response.created", "response.in_progress"]
+    history = FORMAT.tokenizer.decode(client.generating[max(client.generating)].prompt.tokens())
+    assert history.index('{"cmd":"ls"}') < history.index("a.py")

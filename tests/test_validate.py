@@ -137,7 +137,7 @@ def test_other_events() -> None:
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
             "unsupported_content",
-            "input[0].content[0].type",
+            "input[0].content[0]",
         ),
         (
             {"input": ["ok", {"role": "user", "content": [{"type": "input_text", "text": 1}]}]},

@@ -78,12 +78,34 @@ class ChatFormat:
     def chatml(tokenizer: Tokenizer, default_system: str | None = None) -> ChatFormat:
         """ChatML (SmolLM2, Qwen) with `<tool_call>` tool calls. `default_system` is the
         system message the model's template inserts when the conversation has none."""
+    @staticmethod
+    def template(
+        template: ChatTemplate,
+        tokenizer: Tokenizer,
+        *,
+        kwargs_json: str | None = None,
+        tool_parser: str | None = None,
+        verbatim: bool = False,
+        window: bool = True,
+        check_every: int = 64,
+    ) -> ChatFormat:
+        """The generic format: the model's own chat template over its vocabulary, the
+        prompt equal to `tokenizers.encode(render(messages), add_special_tokens=False)`
+        and built by difference (see `TemplatePrompt`). `kwargs_json`: template kwargs
+        (`{"enable_thinking": false}`); `tool_parser`: a parser name, None or `auto`
+        for the template's own; `verbatim`: keep the model's sampled ids where the
+        template renders them unchanged. Raises CoreError when the vocabulary has no
+        end-of-turn token."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """`harmony`, `chatml` or `template:<template name>`."""
     @property
     def tokenizer(self) -> Tokenizer: ...
     @property
     def stop_tokens(self) -> list[int]: ...
+    @property
+    def tool_parser(self) -> str | None:
+        """A template format's tool-call parser (`hermes`, ...); None for the others."""
     def completion_tokens(
         self,
         *,
@@ -107,7 +129,11 @@ class Limits:
         max_text_bytes: int = 10 * 1024 * 1024,
         max_tools: int = 512,
         max_tools_bytes: int = 2 * 1024 * 1024,
-    ) -> None: ...
+        images: bool = False,
+    ) -> None:
+        """`images`: the model takes images, so `input_image` parts of user messages are
+        accepted (each renders as `[image]`); otherwise they are refused with
+        `unsupported_content` at the part."""
 
 class Policy:
     """The built-in content policy: a multi-pattern matcher over new text only."""
@@ -137,6 +163,8 @@ class CreateRequest:
     temperature: float | None
     top_p: float | None
     reasoning_effort: str | None
+    compact_threshold: int | None
+    """`context_management`'s `compact_threshold`: compact when the prompt passes it."""
     input_item_count: int
     input_bytes: int
     frame_bytes: int
@@ -150,9 +178,11 @@ class CreateRequest:
     @property
     def response_fields_json(self) -> str:
         """A JSON object with the request fields a Response echoes, nulls and defaults
-        filled in: instructions, max_output_tokens, metadata, model, parallel_tool_calls,
-        previous_response_id, reasoning, store, temperature, text, tool_choice, tools,
-        top_p, truncation."""
+        filled in: frequency_penalty, instructions, max_output_tokens, max_tool_calls,
+        metadata, model, parallel_tool_calls, presence_penalty, previous_response_id,
+        prompt_cache_key, reasoning, safety_identifier, service_tier, store, temperature,
+        text, tool_choice, tools (function tools with description, parameters and strict),
+        top_logprobs, top_p, truncation."""
 
 class CancelEvent:
     type: Literal["response.cancel"]
@@ -182,6 +212,11 @@ def parse_event(frame: str | bytes, limits: Limits | None = None) -> ClientEvent
 def parse_request(body: str | bytes, limits: Limits | None = None) -> CreateRequest:
     """Parse an HTTP `POST /v1/responses` body (no `type` field)."""
 
+def check_values(frame: str | bytes) -> None:
+    """The boundary invariant alone: raises `CoreError` (`invalid_value`, at the field's
+    path) for a number outside 64 bits or a lone surrogate, which a strict parser
+    such as orjson refuses or rewrites."""
+
 # ---------------------------------------------------------------- the cache
 
 class Turn:
@@ -192,7 +227,8 @@ class Turn:
     """Prompt tokens served from the rendered-token cache (not rendered again)."""
     new_tokens: int
     invalidated: bool
-    """The prefix (instructions/tools) changed and the chain re-rendered from it."""
+    """Earlier history was re-rendered: the prefix (instructions/tools) changed, or a
+    chat template rendered earlier messages differently (`hotloop_prompt_rewrites_total`)."""
 
 class Prompt:
     """The prompt of one turn: shares the conversation's token chunks (no copy)."""
@@ -274,6 +310,10 @@ class Conversation:
         response's `output` array) as its items; function calls become open calls with
         their stored call ids. Raises CoreError and leaves the conversation unchanged
         on failure."""
+    def commit_items(self, items_json: str, ids: Sequence[int]) -> None:
+        """Close the open turn with `ids` as its output and `items_json` (output items)
+        as its items, as `commit_output` does with a parser's: function calls keep the
+        call ids given. Raises CoreError and leaves the conversation unchanged on failure."""
     def append_text(self, chunk: str) -> int:
         """Grow the last item's text (streamed or chunked content); returns tokens changed."""
     def prompt(self) -> Prompt:
@@ -310,6 +350,9 @@ class ChatTemplate:
     @staticmethod
     def from_gguf(path: str) -> ChatTemplate:
         """`tokenizer.chat_template` of a GGUF, with its BOS/EOS strings."""
+    @staticmethod
+    def gguf_tokens(path: str) -> list[tuple[str, str]]:
+        """The special-token strings a GGUF names (`bos_token`, `eos_token`, ...)."""
     @property
     def name(self) -> str: ...
     @property

@@ -26,10 +26,12 @@ from hotloop import logs, native_deps
 from hotloop.auth import ApiKeys, parse_entry
 from hotloop.bench import command as bench
 from hotloop.bench.peer import SIM_FORMAT, Peer
+from hotloop.chat_template import TemplateChoice
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
-from hotloop.protocol import ConnectionLimits, QueueMemory
+from hotloop.protocol import QueueMemory
+from hotloop.protocol.compaction import Compactor
 from hotloop.transport import App
 from hotloop.transport.admission import (
     AdmittingHttpProtocol,
@@ -37,6 +39,7 @@ from hotloop.transport.admission import (
     raise_open_files_limit,
     return_large_buffers,
 )
+from hotloop.transport.app import connection_limits
 from hotloop.transport.frames import FrameSendingProtocol
 from hotloop.transport.http import HttpApi
 
@@ -57,10 +60,35 @@ def sim_engine(config: ServerConfig) -> Engine:
     return from_config(config)
 
 
+def template_choice(
+    config: ServerConfig, template: str | None, verbatim: bool
+) -> TemplateChoice | None:
+    """The model's own chat template as configured (`template` None: not used);
+    `verbatim` is the engine's default for `--chat-template-verbatim`."""
+    if template is None:
+        return None
+    return TemplateChoice(
+        template=template,
+        tool_parser=config.tool_parser,
+        kwargs_json=config.chat_template_kwargs,
+        verbatim=verbatim
+        if config.chat_template_verbatim is None
+        else config.chat_template_verbatim,
+    )
+
+
 def llama_engine(config: ServerConfig) -> Engine:
     from hotloop.engines.llama import LlamaConfig, LlamaEngine
 
-    options: dict[str, Any] = {"model_path": config.llama_model_path, "n_ctx": config.llama_context}
+    # A GGUF of the operator's comes with its own template; the built-in SmolLM2 keeps the
+    # hand-written ChatML unless a template is asked for (both give the same ids).
+    template = config.chat_template or ("auto" if config.llama_model_path else None)
+    options: dict[str, Any] = {
+        "model_path": config.llama_model_path,
+        "n_ctx": config.llama_context,
+        # The engine keeps each sequence's sampled ids in its KV cache: verbatim by default.
+        "template": template_choice(config, template, verbatim=True),
+    }
     if config.model:
         options["model"] = config.model
     engine: Engine = LlamaEngine(LlamaConfig(**options))
@@ -85,6 +113,7 @@ def upstream_engine(config: ServerConfig) -> Engine:
             chat_format=config.upstream_format,
             tokenizer=config.upstream_tokenizer,
             default_system=config.upstream_default_system,
+            template=template_choice(config, config.chat_template, verbatim=False),
             routing=config.upstream_routing,
             router=config.upstream_router,
         )
@@ -119,6 +148,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
     ledger (the store at `config.store` or in `config.data_dir`, usage, metrics, shutdown
     drain)."""
     keys = ApiKeys(config.api_keys, config.tenant_label_secret)
+    compactor = compactor_for(config)
     ledger = Ledger(
         engine,
         keys=keys,
@@ -129,6 +159,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         commit_window=config.store_commit_window,
         busy_timeout=config.store_busy_timeout,
         cache=config.store_cache,
+        compactor=compactor,
     )
     ledger.metrics.node = config.node
     # `--baseline`: one peer per process, shared by both transports like its store.
@@ -144,10 +175,9 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         baseline=baseline,
         model=config.model or engine.model,
         keys=keys,
-        limits=ConnectionLimits(
-            max_frame_bytes=config.max_frame_bytes, max_queued_bytes=config.max_queued_bytes
-        ),
+        limits=connection_limits(config, engine),
         queue_memory=queue_memory,
+        compactor=compactor,
     )
     return App(
         ledger.engine,
@@ -157,7 +187,19 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         baseline=baseline,
         keys=keys,
         queue_memory=queue_memory,
+        compactor=compactor,
     )
+
+
+def compactor_for(config: ServerConfig) -> Compactor:
+    """The key that seals compaction items: the operator's secret, else the one kept in
+    the data directory (so restarts and workers agree), else this process's own."""
+    tokens = config.compaction_summary_tokens
+    if config.compaction_key:
+        return Compactor.from_secret(config.compaction_key, tokens)
+    if config.data_dir:
+        return Compactor.in_directory(config.data_dir, tokens)
+    return Compactor.ephemeral(tokens)
 
 
 def argument_parser() -> argparse.ArgumentParser:

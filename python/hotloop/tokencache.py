@@ -2,8 +2,11 @@
 
 Give it a conversation id and the conversation's new items (or more text for its last
 item); get back the prompt tokens, rendered through a chat format and tokenized, with
-only the new part rendered. Conversations are evicted least recently used once the
-cache holds more than `max_bytes`.
+only the new part rendered. The format is a hand-written one (`ChatFormat.harmony()`,
+`ChatFormat.chatml(...)`) or any model's own chat template (`ChatFormat.template(...)`,
+or `TokenCache.for_model(tokenizer_path)`), whose prompt equals
+`tokenizers.encode(apply_chat_template(...), add_special_tokens=False)`. Conversations
+are evicted least recently used once the cache holds more than `max_bytes`.
 
 This module owns the id -> conversation map and its byte bound. Rendering, tokenization
 and the chain itself are the compiled core's (`hotloop._core.Conversation`).
@@ -18,6 +21,7 @@ from typing import Any
 import orjson
 
 from hotloop._core import ChatFormat, Conversation, Prompt
+from hotloop.chat_template import TemplateChoice
 
 JsonItems = str | bytes | Sequence[Mapping[str, Any]]
 
@@ -63,6 +67,31 @@ class TokenCache:
         self.evictions = 0
         """Conversations dropped to stay under `max_bytes`."""
 
+    @classmethod
+    def for_model(
+        cls,
+        tokenizer: str,
+        chat_template: str = "auto",
+        *,
+        tool_parser: str = "auto",
+        template_kwargs: Mapping[str, Any] | None = None,
+        verbatim: bool = False,
+        max_bytes: int = 256 * 1024 * 1024,
+        context_window: int = 1 << 40,
+    ) -> TokenCache:
+        """A cache rendering a model's own chat template: `tokenizer` is its vocabulary (a
+        tokenizer.json, tekken.json or .gguf path, or a model directory), `chat_template`
+        `auto` (the template that comes with it: the GGUF's, or the chat_template.jinja /
+        tokenizer_config.json beside the tokenizer.json) or a template path;
+        `template_kwargs` are passed to the template (`{"enable_thinking": False}`)."""
+        choice = TemplateChoice(
+            template=chat_template,
+            tool_parser=tool_parser,
+            kwargs_json=None if template_kwargs is None else orjson.dumps(template_kwargs).decode(),
+            verbatim=verbatim,
+        )
+        return cls(choice.format(tokenizer), max_bytes=max_bytes, context_window=context_window)
+
     def append(
         self,
         conversation_id: str,
@@ -99,8 +128,10 @@ class TokenCache:
         return conversation.prompt()
 
     def stats(self, conversation_id: str) -> dict[str, int]:
-        """The conversation's work counters (segments/tokens rendered and reused,
-        invalidations)."""
+        """The conversation's work counters: for the hand-written formats, segments/tokens
+        rendered and reused and invalidations; for a chat template, full and window
+        renders, `rewrites` (turns where the template rewrote earlier text), tokens kept
+        and encoded."""
         return self._get(conversation_id).stats
 
     def forget(self, conversation_id: str) -> None:

@@ -246,10 +246,18 @@ use crate::format::ChatFormat;
 use crate::item::{Item, Role};
 use crate::render::Renderer;
 
+/// The two kinds of chat format: rendered item by item (harmony, ChatML), or through
+/// a model's own chat template.
+#[derive(Clone)]
+enum FormatKind {
+    Items(Arc<dyn ChatFormat>),
+    Template(Arc<TemplateFormat>),
+}
+
 /// A chat format: how items become prompt tokens and sampled tokens become items.
 #[pyclass(name = "ChatFormat", module = "hotloop._core", frozen)]
 pub(crate) struct PyChatFormat {
-    pub(crate) inner: Arc<dyn ChatFormat>,
+    inner: FormatKind,
 }
 
 #[pymethods]
@@ -257,7 +265,7 @@ impl PyChatFormat {
     #[staticmethod]
     fn harmony() -> PyChatFormat {
         PyChatFormat {
-            inner: Arc::new(Harmony::new()),
+            inner: FormatKind::Items(Arc::new(Harmony::new())),
         }
     }
 
@@ -266,25 +274,78 @@ impl PyChatFormat {
     fn chatml(tokenizer: &PyTokenizer, default_system: Option<String>) -> PyResult<PyChatFormat> {
         let format = ChatMl::new(tokenizer.inner.clone(), default_system)?;
         Ok(PyChatFormat {
-            inner: Arc::new(format),
+            inner: FormatKind::Items(Arc::new(format)),
         })
     }
 
+    /// The generic format: a model's own chat template over its vocabulary.
+    #[staticmethod]
+    #[pyo3(signature = (template, tokenizer, *, kwargs_json = None, tool_parser = None,
+                        verbatim = false, window = true, check_every = 64))]
+    fn template(
+        template: &PyChatTemplate,
+        tokenizer: &PyTokenizer,
+        kwargs_json: Option<&str>,
+        tool_parser: Option<&str>,
+        verbatim: bool,
+        window: bool,
+        check_every: u64,
+    ) -> PyResult<PyChatFormat> {
+        let kwargs = kwargs_json
+            .map(|k| json_arg("template kwargs", k))
+            .transpose()?
+            .unwrap_or_default();
+        let policy = TemplatePolicy {
+            window,
+            check_every,
+            verbatim,
+        };
+        let format = TemplateFormat::new(
+            template.inner.clone(),
+            tokenizer.inner.clone(),
+            kwargs,
+            tool_parser,
+            policy,
+        )?;
+        Ok(PyChatFormat {
+            inner: FormatKind::Template(Arc::new(format)),
+        })
+    }
+
+    /// `harmony`, `chatml`, or `template:<template name>`.
     #[getter]
-    fn name(&self) -> &str {
-        self.inner.name()
+    fn name(&self) -> String {
+        match &self.inner {
+            FormatKind::Items(f) => f.name().to_owned(),
+            FormatKind::Template(f) => format!("template:{}", f.name()),
+        }
     }
 
     #[getter]
     fn tokenizer(&self) -> PyTokenizer {
         PyTokenizer {
-            inner: self.inner.tokenizer().clone(),
+            inner: match &self.inner {
+                FormatKind::Items(f) => f.tokenizer().clone(),
+                FormatKind::Template(f) => f.tokenizer().clone(),
+            },
         }
     }
 
     #[getter]
     fn stop_tokens(&self) -> Vec<u32> {
-        self.inner.stop_tokens().to_vec()
+        match &self.inner {
+            FormatKind::Items(f) => f.stop_tokens().to_vec(),
+            FormatKind::Template(f) => f.stop_tokens().to_vec(),
+        }
+    }
+
+    /// The tool-call parser of a template format (`hermes`, ...); None for the others.
+    #[getter]
+    fn tool_parser(&self) -> Option<&'static str> {
+        match &self.inner {
+            FormatKind::Items(_) => None,
+            FormatKind::Template(f) => Some(f.family().name()),
+        }
     }
 
     /// Reasoning, then text, then calls (`(name, arguments_json)`), as the model samples them.
@@ -306,13 +367,18 @@ impl PyChatFormat {
             name,
             arguments,
         }));
-        let mut r = Renderer::new(self.inner.tokenizer().as_ref());
-        self.inner.render_completion(&items, &mut r);
-        r.finish()
+        match &self.inner {
+            FormatKind::Items(f) => {
+                let mut r = Renderer::new(f.tokenizer().as_ref());
+                f.render_completion(&items, &mut r);
+                r.finish()
+            }
+            FormatKind::Template(f) => f.completion_tokens(&items),
+        }
     }
 
     fn __repr__(&self) -> String {
-        format!("ChatFormat({})", self.inner.name())
+        format!("ChatFormat({})", self.name())
     }
 }
 
@@ -337,14 +403,22 @@ impl PyLimits {
         max_text_bytes = 10 * 1024 * 1024,
         max_tools = 512,
         max_tools_bytes = 2 * 1024 * 1024,
+        images = false,
     ))]
-    fn new(max_items: usize, max_text_bytes: usize, max_tools: usize, max_tools_bytes: usize) -> Self {
+    fn new(
+        max_items: usize,
+        max_text_bytes: usize,
+        max_tools: usize,
+        max_tools_bytes: usize,
+        images: bool,
+    ) -> Self {
         PyLimits {
             inner: validate::Limits {
                 max_items,
                 max_text_bytes,
                 max_tools,
                 max_tools_bytes,
+                images,
             },
         }
     }
@@ -352,8 +426,12 @@ impl PyLimits {
     fn __repr__(&self) -> String {
         let l = &self.inner;
         format!(
-            "Limits(max_items={}, max_text_bytes={}, max_tools={}, max_tools_bytes={})",
-            l.max_items, l.max_text_bytes, l.max_tools, l.max_tools_bytes
+            "Limits(max_items={}, max_text_bytes={}, max_tools={}, max_tools_bytes={}, images={})",
+            l.max_items,
+            l.max_text_bytes,
+            l.max_tools,
+            l.max_tools_bytes,
+            if l.images { "True" } else { "False" }
         )
     }
 }
@@ -440,6 +518,10 @@ impl PyCreateRequest {
     #[getter]
     fn top_p(&self) -> Option<f64> {
         self.inner.top_p
+    }
+    #[getter]
+    fn compact_threshold(&self) -> Option<u64> {
+        self.inner.compact_threshold
     }
     #[getter]
     fn reasoning_effort(&self) -> Option<&str> {
@@ -565,9 +647,11 @@ fn frame_bytes<'a>(frame: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
         return Ok(bytes.as_bytes());
     }
     let text = frame.downcast::<PyString>()?;
-    text.to_str()
-        .map(str::as_bytes)
-        .map_err(|_| Error::new(Code::InvalidJson, "The message is not valid UTF-8 text.").into())
+    text.to_str().map(str::as_bytes).map_err(|_| not_utf8().into())
+}
+
+fn not_utf8() -> Error {
+    Error::new(Code::InvalidJson, "The message is not valid UTF-8 text.")
 }
 
 fn parse_frame<T: Send>(
@@ -620,6 +704,15 @@ fn parse_request(
     let limits = limits.map(|l| l.inner).unwrap_or_default();
     let inner = parse_frame(py, body, |b| validate::parse_request(b, &limits))?;
     Ok(PyCreateRequest { inner })
+}
+
+/// The boundary invariant alone (`validate::check_values`): for Python code that must
+/// load a frame with a strict parser before the core parses it (compaction's expansion).
+#[pyfunction]
+fn check_values(py: Python<'_>, frame: &Bound<'_, PyAny>) -> PyResult<()> {
+    parse_frame(py, frame, |b| {
+        validate::check_values(std::str::from_utf8(b).map_err(|_| not_utf8())?)
+    })
 }
 
 // ---------------------------------------------------------------- the cache
@@ -774,9 +867,32 @@ impl PyOutputParser {
     }
 }
 
+/// A conversation of either kind of format (they offer the same methods).
+enum AnyConversation {
+    Items(Box<Conversation>),
+    Template(Box<TemplateConversation>),
+}
+
+#[derive(Clone)]
+enum AnyCheckpoint {
+    Items(Checkpoint),
+    Template(Box<TemplateCheckpoint>),
+}
+
+/// `$body` with `$c` bound to the conversation or checkpoint inside `$value`, whichever
+/// kind it is.
+macro_rules! either {
+    ($kind:ident, $value:expr, $c:ident => $body:expr) => {
+        match $value {
+            $kind::Items($c) => $body,
+            $kind::Template($c) => $body,
+        }
+    };
+}
+
 #[pyclass(name = "Checkpoint", module = "hotloop._core", frozen)]
 struct PyCheckpoint {
-    inner: Checkpoint,
+    inner: AnyCheckpoint,
     policy: Option<Arc<Policy>>,
 }
 
@@ -784,17 +900,20 @@ struct PyCheckpoint {
 impl PyCheckpoint {
     #[getter]
     fn token_count(&self) -> usize {
-        self.inner.token_count()
+        either!(AnyCheckpoint, &self.inner, c => c.token_count())
     }
 
     #[getter]
     fn memory_bytes(&self) -> usize {
-        self.inner.memory_bytes()
+        either!(AnyCheckpoint, &self.inner, c => c.memory_bytes())
     }
 
     fn fork(&self) -> PyConversation {
         PyConversation {
-            inner: self.inner.fork(),
+            inner: match &self.inner {
+                AnyCheckpoint::Items(c) => AnyConversation::Items(Box::new(c.fork())),
+                AnyCheckpoint::Template(c) => AnyConversation::Template(Box::new(c.fork())),
+            },
             policy: self.policy.clone(),
         }
     }
@@ -806,7 +925,7 @@ impl PyCheckpoint {
 /// the class because `Conversation` is `Send`).
 #[pyclass(name = "Conversation", module = "hotloop._core")]
 struct PyConversation {
-    inner: Conversation,
+    inner: AnyConversation,
     policy: Option<Arc<Policy>>,
 }
 
@@ -819,8 +938,16 @@ impl PyConversation {
         context_window: usize,
         policy: Option<PyRef<'_, PyPolicy>>,
     ) -> Self {
+        let inner = match &format.inner {
+            FormatKind::Items(f) => {
+                AnyConversation::Items(Box::new(Conversation::new(Arc::clone(f), context_window)))
+            }
+            FormatKind::Template(f) => {
+                AnyConversation::Template(Box::new(TemplateConversation::new(Arc::clone(f), context_window)))
+            }
+        };
         PyConversation {
-            inner: Conversation::new(Arc::clone(&format.inner), context_window),
+            inner,
             policy: policy.map(|p| Arc::clone(&p.inner)),
         }
     }
@@ -833,9 +960,9 @@ impl PyConversation {
         let request = &request.inner;
         let (inner, policy) = (&mut self.inner, self.policy.as_deref());
         let turn = if request.frame_bytes >= RELEASE_GIL_BYTES {
-            py.allow_threads(|| inner.extend_request(request, policy))
+            py.allow_threads(|| either!(AnyConversation, inner, c => c.extend_request(request, policy)))
         } else {
-            inner.extend_request(request, policy)
+            either!(AnyConversation, inner, c => c.extend_request(request, policy))
         };
         Ok(turn?.into())
     }
@@ -850,65 +977,78 @@ impl PyConversation {
     ) -> PyResult<PyTurn> {
         let inner = &mut self.inner;
         let turn = if items_json.len() >= RELEASE_GIL_BYTES {
-            py.allow_threads(|| inner.append_json(items_json, instructions, tools_json))
+            py.allow_threads(
+                || either!(AnyConversation, inner, c => c.append_json(items_json, instructions, tools_json)),
+            )
         } else {
-            inner.append_json(items_json, instructions, tools_json)
+            either!(AnyConversation, inner, c => c.append_json(items_json, instructions, tools_json))
         };
         Ok(turn?.into())
     }
 
     fn append_output(&mut self, items_json: &str, ids: Vec<u32>) -> PyResult<()> {
-        Ok(self.inner.append_output_json(items_json, &ids)?)
+        Ok(either!(AnyConversation, &mut self.inner, c => c.append_output_json(items_json, &ids))?)
+    }
+
+    fn commit_items(&mut self, items_json: &str, ids: Vec<u32>) -> PyResult<()> {
+        Ok(either!(AnyConversation, &mut self.inner, c => c.commit_items_json(items_json, &ids))?)
     }
 
     fn append_text(&mut self, chunk: &str) -> PyResult<usize> {
-        Ok(self.inner.append_text(chunk)?)
+        Ok(either!(AnyConversation, &mut self.inner, c => c.append_text(chunk))?)
     }
 
     fn prompt(&self) -> PyPrompt {
         PyPrompt {
-            inner: self.inner.prompt(),
+            inner: either!(AnyConversation, &self.inner, c => c.prompt()),
         }
     }
 
     fn parser(&self) -> PyResult<PyOutputParser> {
         Ok(PyOutputParser {
-            inner: Mutex::new(self.inner.parser()?),
+            inner: Mutex::new(either!(AnyConversation, &self.inner, c => c.parser())?),
         })
     }
 
     fn commit_output(&mut self, parser: PyRef<'_, PyOutputParser>) -> PyResult<()> {
-        Ok(self.inner.commit_output(&parser.parser())?)
+        Ok(either!(AnyConversation, &mut self.inner, c => c.commit_output(&parser.parser()))?)
     }
 
     fn checkpoint(&mut self) -> PyCheckpoint {
         PyCheckpoint {
-            inner: self.inner.checkpoint(),
+            inner: match &mut self.inner {
+                AnyConversation::Items(c) => AnyCheckpoint::Items(c.checkpoint()),
+                AnyConversation::Template(c) => AnyCheckpoint::Template(Box::new(c.checkpoint())),
+            },
             policy: self.policy.clone(),
         }
     }
 
     #[getter]
     fn token_count(&self) -> usize {
-        self.inner.token_count()
+        either!(AnyConversation, &self.inner, c => c.token_count())
     }
 
     #[getter]
     fn memory_bytes(&self) -> usize {
-        self.inner.memory_bytes()
+        either!(AnyConversation, &self.inner, c => c.memory_bytes())
     }
 
     #[getter]
     fn open_call_ids(&self) -> Vec<String> {
-        self.inner.open_call_ids()
+        either!(AnyConversation, &self.inner, c => c.open_call_ids())
     }
 
+    /// Work counters: the item formats' (`segments_rendered`, ...) or a template's
+    /// (`full_renders`, `window_renders`, `rewrites`, ...).
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = PyDict::new(py);
-        for (name, value) in self.inner.stats().pairs() {
-            dict.set_item(name, value)?;
-        }
+        either!(AnyConversation, &self.inner, c => {
+            for (name, value) in c.stats().pairs() {
+                dict.set_item(name, value)?;
+            }
+        });
         Ok(dict)
     }
 }
@@ -916,6 +1056,7 @@ impl PyConversation {
 // ---------------------------------------------------------------- chat templates
 
 use crate::format::template::cache::{Policy as TemplatePolicy, TemplatePrompt};
+use crate::format::template::conversation::{TemplateCheckpoint, TemplateConversation, TemplateFormat};
 use crate::format::template::messages::chat_tools;
 use crate::format::template::specials::Specials;
 use crate::format::template::{ChatTemplate, RenderOptions};
@@ -973,6 +1114,13 @@ impl PyChatTemplate {
         Ok(PyChatTemplate {
             inner: Arc::new(inner),
         })
+    }
+
+    /// The special-token strings a GGUF names (`[("bos_token", "<bos>"), ...]`), for
+    /// `from_source` with a template given apart from the model file.
+    #[staticmethod]
+    fn gguf_tokens(py: Python<'_>, path: PathBuf) -> PyResult<Vec<(String, String)>> {
+        Ok(py.allow_threads(|| ChatTemplate::gguf_tokens(&path))?)
     }
 
     #[getter]
@@ -1088,25 +1236,27 @@ impl PyTemplatePrompt {
     /// All ids (`ids_from(kept)` for the new ones).
     #[getter]
     fn ids(&self) -> Vec<u32> {
-        self.inner.ids().to_vec()
+        self.inner.ids()
     }
 
     fn ids_from(&self, start: usize) -> Vec<u32> {
-        ids_from(self.inner.ids(), start)
+        let ids = self.inner.id_chunks();
+        ids.to_vec(start, ids.len())
     }
 
     #[getter]
-    fn text(&self) -> &str {
+    fn text(&self) -> String {
         self.inner.text()
     }
 
     fn __len__(&self) -> usize {
-        self.inner.ids().len()
+        self.inner.len()
     }
 
     #[getter]
     fn messages_json(&self) -> String {
-        serde_json::to_string(self.inner.messages()).expect("messages serialize")
+        let messages: Vec<&serde_json::Value> = self.inner.messages().iter().map(|m| m.as_ref()).collect();
+        serde_json::to_string(&messages).expect("messages serialize")
     }
 
     #[getter]
@@ -1146,8 +1296,7 @@ impl PyTemplatePrompt {
     fn parser(&self) -> PyOutputParser {
         let tokenizer = self.inner.tokenizer().clone();
         let stop = self.inner.stop_tokens();
-        let text = self.inner.text().trim_end_matches('\n');
-        let in_reasoning = text.ends_with("<think>") || text.ends_with("[THINK]");
+        let in_reasoning = self.inner.opens_reasoning();
         let family = self.family.unwrap_or(Family::Hermes);
         PyOutputParser {
             inner: Mutex::new(TurnParser::detached(family.parser(tokenizer, stop, in_reasoning))),
@@ -1273,6 +1422,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyUnknownEvent>()?;
     m.add_function(wrap_pyfunction!(parse_event, m)?)?;
     m.add_function(wrap_pyfunction!(parse_request, m)?)?;
+    m.add_function(wrap_pyfunction!(check_values, m)?)?;
     m.add_class::<PyTurn>()?;
     m.add_class::<PyPrompt>()?;
     m.add_class::<PyOutputParser>()?;

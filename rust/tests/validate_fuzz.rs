@@ -137,7 +137,7 @@ proptest! {
             *slot(&mut doc, &location) = replacement;
         }
         let limits = if tight {
-            Limits { max_items: 2, max_text_bytes: 4, max_tools: 1, max_tools_bytes: 64 }
+            Limits { max_items: 2, max_text_bytes: 4, max_tools: 1, max_tools_bytes: 64, images: false }
         } else {
             Limits::default()
         };

@@ -66,3 +66,23 @@ def test_open_model_peer_runs_beside_hotloop_in_smollm2(tmp_path: Path) -> None:
 def test_a_peer_in_another_format_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="the peer is open-model, not harmony"):
         run_agent(_agent_args(tmp_path, "--format", "smollm2", "--baseline", "harmony"))
+
+
+def test_long_running_mode_replays_the_rollout_in_one_response(tmp_path: Path) -> None:
+    flags = ("--speeds", "50000", "--sim-ttft", "0.001", "--sim-prefill", "1e7", "--baseline", "")
+    run_agent(_agent_args(tmp_path, *flags, "--modes", "websocket,long_running"))
+    (speed,) = json.loads((tmp_path / "agent.json").read_text())["speeds"]
+    chain, long = speed["runs"]["websocket"], speed["runs"]["long_running"]
+    assert long["summary"]["turns"] == TOOL_CALLS + 1
+    assert long["summary"]["replayed_calls"] == TOOL_CALLS
+    # One response: its usage, reported at its end, adds up the chain's turns, and the
+    # prompt tokens not served from the cache are the same: nothing was rendered again.
+    assert long["turns"][-1]["input_tokens"] == sum(t["input_tokens"] for t in chain["turns"])
+    assert (
+        long["summary"]["new_prompt_tokens_per_turn"]
+        == chain["summary"]["new_prompt_tokens_per_turn"]
+    )
+    assert long["summary"]["ideal_s"] == chain["summary"]["ideal_s"]
+    assert "long_running_over_websocket" in speed["targets"]
+    with pytest.raises(SystemExit, match="run both"):
+        run_agent(_agent_args(tmp_path, *flags, "--modes", "long_running"))

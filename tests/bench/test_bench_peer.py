@@ -128,13 +128,15 @@ def _chatml_history(rollout: Rollout, steps: int) -> list[dict[str, object]]:
     return items
 
 
-def _prompts_in_smollm2(body: dict[str, object]) -> tuple[list[int], list[int]]:
-    """(the open-model peer's ids, hotloop's prompt ids) for one request body."""
+def _prompts(
+    body: dict[str, object], sim_format: str = "smollm2", flavour: str = "open-model"
+) -> tuple[list[int], list[int]]:
+    """(the peer's ids, hotloop's prompt ids in the sim format) for one request body."""
     request = parse_request(orjson.dumps({"model": "sim", **body}).decode())
     assert request.error is None
-    conversation = Conversation(SIM_FORMATS["smollm2"](), context_window=1 << 22)
+    conversation = Conversation(SIM_FORMATS[sim_format](), context_window=1 << 22)
     conversation.extend(request)
-    peer_prompt = Peer("open-model").render_request("resp_full", request)
+    peer_prompt = Peer(flavour).render_request("resp_full", request)
     return peer_prompt.tokens(), conversation.prompt().tokens()
 
 
@@ -161,7 +163,7 @@ def test_open_model_peer_ids_equal_hotloops_for_a_tool_conversation() -> None:
             {"type": "message", "role": "user", "content": "And 3 days from now?"},
         ],
     }
-    peer, ours = _prompts_in_smollm2(body)
+    peer, ours = _prompts(body)
     assert peer == ours
     text = SIM_FORMATS["smollm2"]().tokenizer.decode(ours)
     assert '"name": "ping"' in text and '{"city": "Zürich", "unit": "c"}' in text
@@ -176,9 +178,23 @@ def test_open_model_peer_ids_equal_hotloops_for_the_rollout(rollout: Rollout) ->
         "tools": rollout.tools,
         "input": _chatml_history(rollout, 5),
     }
-    peer, ours = _prompts_in_smollm2(body)
+    peer, ours = _prompts(body)
     assert peer == ours
     assert len(ours) > 1000
+
+
+def test_qwen3_peer_ids_equal_hotloops_for_the_rollout(rollout: Rollout) -> None:
+    """The qwen3 baseline (vLLM's path: its messages, Qwen3's own template, HF
+    tokenizers) feeds the `qwen3` sim its ids: they must be hotloop's, token for token."""
+    body = {
+        "instructions": rollout.instructions,
+        "tools": rollout.tools,
+        "input": _chatml_history(rollout, 5),
+    }
+    peer, ours = _prompts(body, "qwen3", "qwen3")
+    assert peer == ours
+    assert len(ours) > 1000
+    assert SIM_FORMATS["qwen3"]().tokenizer.decode(ours).endswith("<|im_start|>assistant\n")
 
 
 class FixedPeer:

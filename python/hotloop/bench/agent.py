@@ -5,6 +5,9 @@
 - `http_previous`: HTTP with `previous_response_id` and `store: true`.
 - `websocket`: one socket for the whole task, each turn a `response.create` carrying only
   the new tool output and `previous_response_id` (`store: false`, as Codex does).
+- `long_running`: one socket (`OpenAI-Beta: responses_multi_agent=v1`) and one response
+  for the whole task: each tool output goes into it with `response.inject`, and sampling
+  resumes in it; a turn runs from the request (or injection) to the next call item.
 
 Each turn records the time to the first streamed token, the time to the terminal event,
 the server's CPU time and the usage the server reported. The tool's run time is simulated
@@ -23,7 +26,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import orjson
@@ -33,6 +36,9 @@ from hotloop.bench.command import MODES
 from hotloop.bench.rollout import Rollout
 
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
+WAITING = "waiting"
+"""A long-running response's turn that ended calling a tool: it waits, open."""
+MULTI_AGENT = {"OpenAI-Beta": "responses_multi_agent=v1"}
 
 
 class BenchError(Exception):
@@ -70,6 +76,9 @@ def _observe(reply: Reply, event: dict[str, Any]) -> bool:
     return False
 
 
+SocketT = TypeVar("SocketT", bound="WebSocketTransport")
+
+
 class WebSocketTransport:
     """One socket for the whole task (raw `websockets`, no compression)."""
 
@@ -77,25 +86,62 @@ class WebSocketTransport:
         self._socket = socket
 
     @classmethod
-    async def open(cls, url: str, api_key: str) -> WebSocketTransport:
+    async def open(
+        cls: type[SocketT], url: str, api_key: str, headers: dict[str, str] | None = None
+    ) -> SocketT:
         socket = await connect(
             url,
             max_size=None,
             compression=None,
-            additional_headers={"Authorization": f"Bearer {api_key}"},
+            additional_headers={"Authorization": f"Bearer {api_key}", **(headers or {})},
         )
         return cls(socket)
 
     async def create(self, body: dict[str, Any]) -> Reply:
+        return await self._send({"type": "response.create", **body})
+
+    async def _send(self, event: dict[str, Any]) -> Reply:
         reply = Reply()
-        await self._socket.send(orjson.dumps({"type": "response.create", **body}).decode())
+        await self._socket.send(orjson.dumps(event).decode())
         async for frame in self._socket:
-            if _observe(reply, orjson.loads(frame)):
+            if self._observe(reply, orjson.loads(frame)):
                 return reply
         raise BenchError("the server closed the socket in the middle of a response")
 
+    def _observe(self, reply: Reply, event: dict[str, Any]) -> bool:
+        return _observe(reply, event)
+
     async def close(self) -> None:
         await self._socket.close()
+
+
+class LongRunningTransport(WebSocketTransport):
+    """One response for the whole task: a call item ends a turn (the response waits
+    for its output), `inject` sends the output into the same response."""
+
+    def __init__(self, socket: ClientConnection) -> None:
+        super().__init__(socket)
+        self._response: dict[str, Any] = {}
+
+    async def inject(self, response_id: str, items: list[dict[str, Any]]) -> Reply:
+        return await self._send(
+            {"type": "response.inject", "response_id": response_id, "input": items}
+        )
+
+    def _observe(self, reply: Reply, event: dict[str, Any]) -> bool:
+        kind = event.get("type")
+        if kind == "response.created":
+            self._response = event["response"]
+        elif kind == "response.inject.failed":
+            raise BenchError(f"the injection was refused: {event['error']}")
+        elif kind == "response.output_item.done" and event["item"]["type"] == "function_call":
+            # The response now waits for this call's output: the turn is over.
+            reply.events += 1
+            reply.done_at = time.perf_counter()
+            reply.terminal = WAITING
+            reply.response = {**self._response, "output": [event["item"]], "usage": None}
+            return True
+        return _observe(reply, event)
 
 
 class HttpTransport:
@@ -223,12 +269,18 @@ class Agent:
             body = self._body(new_items, previous)
             request_bytes = len(orjson.dumps(body))
             sent = time.perf_counter()
-            reply = await self.transport.create(body)
-            if reply.terminal != "response.completed":
+            if isinstance(self.transport, LongRunningTransport) and previous is not None:
+                request_bytes = len(orjson.dumps(new_items))
+                reply = await self.transport.inject(previous, new_items)
+            else:
+                reply = await self.transport.create(body)
+            if reply.terminal not in ("response.completed", WAITING):
                 raise BenchError(f"turn {index}: {reply.terminal}: {reply.response}")
             response = reply.response
             output = response.get("output") or []
             calls = [item for item in output if item.get("type") == "function_call"]
+            if reply.terminal != WAITING and self.mode == "long_running":
+                calls = []  # the response ended: its calls were all answered inside it
             replayed = False
             if index < len(rollout.steps) and calls:
                 step = rollout.steps[index]
@@ -281,4 +333,6 @@ class Agent:
 async def open_transport(mode: str, base_url: str, ws_url: str, api_key: str) -> Transport:
     if mode == "websocket":
         return await WebSocketTransport.open(ws_url, api_key)
+    if mode == "long_running":
+        return await LongRunningTransport.open(ws_url, api_key, MULTI_AGENT)
     return HttpTransport(base_url, api_key)

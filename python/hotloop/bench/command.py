@@ -1,9 +1,11 @@
 """`hotloop bench`: the agent-loop benchmark, the concurrency sweep, and re-plotting.
 
     hotloop bench agent   # rollout x {65, 1000, 4000} tok/s x {http_full, http_previous,
-                          # websocket}, plus the peer; writes benches/results/agent.json + PNGs
+                          # websocket, long_running}, plus the peer; writes
+                          # benches/results/agent.json + PNGs
     hotloop bench agent --format smollm2   # the same in SmolLM2's ChatML, against the
                           # open-model peer; writes agent_smollm2.json + PNGs
+    hotloop bench agent --format qwen3     # Qwen3's own template, against vLLM's path
     hotloop bench load    # 10..500 agents on one process and on --workers 2
     hotloop bench plot    # redraw the PNGs from the JSON files
 
@@ -39,10 +41,10 @@ if TYPE_CHECKING:
 
 # The clients, plots and progress bars need the `bench` extra; `hotloop serve` must not,
 # so they are imported when a benchmark runs, not when the command line is built.
-MODES = ("http_full", "http_previous", "websocket")
+MODES = ("http_full", "http_previous", "websocket", "long_running")
 # `--format`: the sim's chat format, and the peer that renders the same prompt in it (a
 # peer in another format would feed the engine ids the replay script does not know).
-PEERS = {"harmony": "harmony", "smollm2": "open-model"}
+PEERS = {"harmony": "harmony", "smollm2": "open-model", "qwen3": "qwen3"}
 
 T = TypeVar("T")
 MODEL = "sim"
@@ -164,6 +166,9 @@ def _agent_speeds(
     from hotloop.bench.report import SimParameters, summarise
 
     modes = args.modes.split(",")
+    if "long_running" in modes and "websocket" not in modes:
+        # Its usage comes once, for the whole response: its ideal is the chain's.
+        raise SystemExit("hotloop bench: long_running is measured against websocket; run both")
     results: dict[str, Any] = {
         "machine": _machine(),
         "format": args.format,
@@ -190,7 +195,8 @@ def _agent_speeds(
             label = f"{speed:g} tok/s {f'peer:{peer} ' if peer else ''}{mode}"
             with ServerProcess.start(flags) as server:
                 run = _run(_agent_run(server, rollout, mode, args.tool_time, label))
-            summary = summarise(run, sim)
+            chain = entry["runs"].get("websocket") if mode == "long_running" else None
+            summary = summarise(run, sim, None if chain is None else chain["summary"]["ideal_s"])
             name = f"peer_{peer}_{mode}" if peer else mode
             entry["runs"][name] = {"summary": summary, **run.to_json()}
             print(
@@ -208,6 +214,12 @@ def _agent_speeds(
 def _targets(entry: dict[str, Any]) -> dict[str, Any]:
     runs = entry["runs"]
     found: dict[str, Any] = {}
+    if "websocket" in runs and "long_running" in runs:
+        chain, long = runs["websocket"]["summary"], runs["long_running"]["summary"]
+        found["long_running_over_websocket"] = long["wall_s"] / chain["wall_s"]
+        found["long_running_server_cpu_per_turn_over_websocket"] = (
+            long["server_cpu_per_turn_ms_median"] / chain["server_cpu_per_turn_ms_median"]
+        )
     if "websocket" in runs:
         found["websocket_ratio_to_ideal"] = runs["websocket"]["summary"]["ratio_to_ideal"]
         if "http_full" in runs:
@@ -339,7 +351,8 @@ def register(commands: Any) -> None:
         "--format",
         choices=tuple(PEERS),
         default="harmony",
-        help="the sim engine's chat format (harmony: gpt-oss; smollm2: ChatML)",
+        help="the sim engine's chat format (harmony: gpt-oss; smollm2: ChatML; qwen3: "
+        "Qwen3's own template and vocabulary)",
     )
     agent.add_argument(
         "--baseline",

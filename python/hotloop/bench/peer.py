@@ -14,6 +14,8 @@ libraries:
   messages -> SmolLM2 with the Qwen2.5 tool template, rendered by jinja2 and encoded by
   Hugging Face `tokenizers` (hotloop.bench.open_model); run against
   `--sim-format smollm2`.
+- `qwen3` (vLLM serving Qwen3): items -> vLLM's chat messages -> Qwen3's own template,
+  jinja2, Hugging Face `tokenizers`; run against `--sim-format qwen3`.
 
 `hotloop serve --baseline harmony|template|open-model` runs one of them on every turn, before the
 engine call (the `Baseline` hook of the protocol's `Connection`), so the agent benchmark
@@ -183,7 +185,7 @@ def harmony_renderer() -> Renderer:
         if tools:
             content = content.with_function_tools(
                 [
-                    ToolDescription.new(t["name"], t.get("description", ""), t.get("parameters"))
+                    ToolDescription.new(t["name"], t.get("description") or "", t.get("parameters"))
                     for t in tools
                 ]
             )
@@ -291,15 +293,29 @@ def open_model_renderer() -> Renderer:
     return OpenModelPeer.smollm2_with_tools().render_items
 
 
+def qwen3_renderer() -> Renderer:
+    """vLLM serving Qwen3 from its Hub files: Qwen3's own template rendered by jinja2 over
+    vLLM's messages, then HF `tokenizers`, whole conversation every turn."""
+    from hotloop.bench.open_model import VllmTemplatePeer
+
+    return VllmTemplatePeer.qwen3().render_items
+
+
 RENDERERS: dict[str, Callable[[], Renderer]] = {
     "harmony": harmony_renderer,
     "template": template_renderer,
     "open-model": open_model_renderer,
+    "qwen3": qwen3_renderer,
 }
 
 # The sim format (`--sim-format`) whose vocabulary each flavour's prompt ids are in: the
 # engine is fed the peer's ids, so the two must agree.
-SIM_FORMAT: dict[str, str] = {"harmony": "harmony", "template": "harmony", "open-model": "smollm2"}
+SIM_FORMAT: dict[str, str] = {
+    "harmony": "harmony",
+    "template": "harmony",
+    "open-model": "smollm2",
+    "qwen3": "qwen3",
+}
 
 
 class Peer:

@@ -59,8 +59,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[int(rank) - 1]
 
 
-def summarise(run: AgentRun, sim: SimParameters) -> dict[str, Any]:
-    ideal = ideal_time(run, sim)
+def summarise(run: AgentRun, sim: SimParameters, ideal: float | None = None) -> dict[str, Any]:
+    """`ideal`: the run's ideal time when its turns do not carry their own usage (a
+    long-running response reports usage once, at its end: the chain's ideal serves, the
+    conversation being the same)."""
+    if ideal is None:
+        ideal = ideal_time(run, sim)
     ttfts = [t.ttft for t in run.turns]
     cpu_ms = [t.server_cpu_ns / 1e6 for t in run.turns]
     return {
@@ -79,6 +83,10 @@ def summarise(run: AgentRun, sim: SimParameters) -> dict[str, Any]:
         "final_context_tokens": run.turns[-1].input_tokens,
         "request_mb": sum(t.request_bytes for t in run.turns) / 1e6,
         "replayed_calls": sum(t.replayed for t in run.turns),
+        # Prompt tokens that did not come from the rendered-token cache, per round trip:
+        # what a prefix-caching engine evaluates.
+        "new_prompt_tokens_per_turn": sum(t.input_tokens - t.cached_tokens for t in run.turns)
+        / len(run.turns),
     }
 
 

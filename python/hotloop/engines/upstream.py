@@ -41,12 +41,12 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from hotloop.engines.base import EngineError, Sampling
+from hotloop.chat_template import TemplateChoice, load_tokenizer
+from hotloop.engines.base import API_SAMPLING, TEXT_ONLY, EngineError, Sampling
 from hotloop.engines.http1 import Client, HeaderError, Link, LinkError, Origin
 
 if TYPE_CHECKING:
@@ -201,6 +201,8 @@ class UpstreamConfig:
     tokenizer: str | None = None
     """For `chatml`: a `.gguf` or `tokenizer.json` path, or an OpenAI encoding name."""
     default_system: str | None = None
+    template: TemplateChoice | None = None
+    """The model's own chat template over `tokenizer` (instead of `chat_format`)."""
     served_model: str | None = None
     api_key: str | None = None
     connect_timeout: float = 5.0
@@ -246,6 +248,16 @@ class UpstreamEngine:
     @property
     def context_window(self) -> int:
         return self.config.context_window
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        # Replicas are fed token ids: there is no channel for pixels.
+        return TEXT_ONLY
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        # Unset settings are left to the replica, whose defaults are not known here.
+        return API_SAMPLING
 
     async def start(self) -> None:
         # At server start, off the event loop, not in the first connection: building the
@@ -313,22 +325,19 @@ class UpstreamEngine:
 
 def chat_format_from(config: UpstreamConfig) -> ChatFormat:
     """The chat format the upstream's model was trained on, from the configuration."""
-    from hotloop._core import ChatFormat, Tokenizer
+    from hotloop._core import ChatFormat
 
+    if config.template is not None:
+        if config.tokenizer is None:
+            raise ValueError("a chat template needs the model's vocabulary (--upstream-tokenizer)")
+        return config.template.format(config.tokenizer)
     if config.chat_format == "harmony":
         return ChatFormat.harmony()
     if config.chat_format != "chatml":
         raise ValueError(f"unknown chat format {config.chat_format!r} (harmony or chatml)")
-    source = config.tokenizer
-    if source is None:
+    if config.tokenizer is None:
         raise ValueError("the chatml format needs a tokenizer (.gguf, tokenizer.json or name)")
-    if source.endswith(".gguf"):
-        tokenizer = Tokenizer.from_gguf(source)
-    elif source.endswith(".json"):
-        tokenizer = Tokenizer.from_tokenizer_json(Path(source).read_bytes())
-    else:
-        tokenizer = Tokenizer.openai(source)
-    return ChatFormat.chatml(tokenizer, default_system=config.default_system)
+    return ChatFormat.chatml(load_tokenizer(config.tokenizer), default_system=config.default_system)
 
 
 class _RetryElsewhere(Exception):

@@ -15,6 +15,7 @@ from hotloop.protocol.connection import (
     Parsed,
     Persist,
     Render,
+    Wait,
     offloads,
 )
 from hotloop.protocol.errors import ProtocolError
@@ -37,5 +38,6 @@ __all__ = [
     "ProtocolError",
     "QueueMemory",
     "Render",
+    "Wait",
     "offloads",
 ]

@@ -29,11 +29,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from hotloop._core import (
+    AppendEvent,
     CancelEvent,
     ChatFormat,
     Checkpoint,
@@ -49,11 +50,26 @@ from hotloop._core import (
     UnknownEvent,
     parse_event,
 )
-from hotloop.engines.base import EngineError, Sampling
-from hotloop.events import ResponseEvents, Usage, error_event
+from hotloop.engines.base import API_SAMPLING, EngineError, Sampling
+from hotloop.events import ResponseEvents, Usage, error_event, new_id
 from hotloop.protocol.cache import ConnectionCache
+from hotloop.protocol.compaction import (
+    Compactor,
+    Summary,
+    compacted_resource,
+    resumed,
+    summarizing,
+)
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.queue_memory import QueueMemory
+from hotloop.protocol.injection import (
+    Injection,
+    answer,
+    as_append,
+    parse_injection,
+    resume_frame,
+    returned_input,
+)
+from hotloop.protocol.queue_memory import RETRY_AFTER_SECONDS, QueueMemory
 from hotloop.protocol.steering import (
     MAX_PENDING_STEERS,
     Steer,
@@ -66,6 +82,8 @@ if TYPE_CHECKING:
     from hotloop._core import ClientEvent
 
 log = logging.getLogger("hotloop.protocol")
+# One line per response: its id and the request id the client saw, to match reports.
+requests_log = logging.getLogger("hotloop.requests")
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 MAX_IN_FLIGHT = 16
@@ -126,13 +144,19 @@ class Generate:
 
 @dataclass(frozen=True)
 class Render:
-    """Render work too large for the event loop: run `conversation.extend(request)` in
-    a worker thread (the core releases the GIL for it), then call
-    `render_done(key, turn)`, or `render_failed(key, error)` with its `CoreError`."""
+    """Work too large for the event loop: `run()` in a worker thread (the core releases
+    the GIL for it), then call `render_done(key, turn, request)` with what it returned,
+    or `render_failed(key, error)` with its `CoreError`."""
 
     key: int
     conversation: Conversation
-    request: CreateRequest
+    request: CreateRequest | Callable[[], CreateRequest]
+    """The request, or how to parse it again: a request that waited in its lane's queue
+    kept only its frame, and a large frame is parsed here, not on the event loop."""
+
+    def run(self) -> tuple[CreateRequest, Turn]:
+        request = self.request if isinstance(self.request, CreateRequest) else self.request()
+        return request, self.conversation.extend(request)
 
 
 @dataclass(frozen=True)
@@ -147,9 +171,19 @@ class Persist:
 
 @dataclass(frozen=True)
 class Cancel:
-    """Stop the engine work of `key`; the connection already sent its terminal event."""
+    """Stop the engine work of `key`, or the idle timer of `Wait(key)`; the connection
+    already sent any terminal event."""
 
     key: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Response `key` waits for injected tool output: call `wait_expired(key)` after
+    `seconds` (the connection ignores it if the response resumed or ended meanwhile)."""
+
+    key: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -160,7 +194,7 @@ class Close:
     reason: str = ""
 
 
-Action = bytes | Generate | Render | Persist | Cancel | Close
+Action = bytes | Generate | Render | Persist | Cancel | Wait | Close
 
 
 @dataclass(frozen=True)
@@ -233,6 +267,11 @@ class _Pending:
     steered: _Steered | None = None
     """The steering input this turn carries (an automatic successor, or a continuation
     with queued steers prepended): returned in `response.steer.failed` if it fails."""
+    parent: str | None = field(init=False)
+    """The request's `previous_response_id`, kept while only the frame is."""
+
+    def __post_init__(self) -> None:
+        self.parent = None if self.parsed is None else self.parsed.previous_response_id
 
     @property
     def request(self) -> CreateRequest:
@@ -257,6 +296,21 @@ class _Active:
     """Accepted steers: sampling stops at the next item boundary, a successor follows."""
     cut: bool = False
     """Sampling stopped at an item boundary for a steer."""
+    compaction: Summary | None = None
+    """Set while the engine writes a summary (`conversation`, `parser` and `turn` are
+    the summarization's); the turn proper starts from it afterwards."""
+    spent: Usage | None = None
+    """The engine passes before the current one, added to its usage: a compacted
+    turn's summarization, a long-running response's earlier model turns."""
+    waiting: dict[str, str] = field(default_factory=dict)
+    """Long-running mode: the calls (call id -> name) the response waits for output of."""
+    injected: list[Injection] = field(default_factory=list)
+    """Injections accepted while other calls still wait (they resume it together)."""
+    resumed: Turn | None = None
+    """The current model turn of a resumed response (`turn` stays the first one: the
+    store keeps every turn's ids after the first prompt as the response's output)."""
+    first_item: int = 0
+    """Where the current model turn's items start in `events.output`."""
 
 
 @dataclass
@@ -340,16 +394,36 @@ class Connection:
         session_key: str | None = None,
         queue_memory: QueueMemory | None = None,
         durable: bool = False,
+        request_id: str | None = None,
+        compactor: Compactor | None = None,
+        sampling_defaults: tuple[float, float] = API_SAMPLING,
+        inject: bool = False,
+        inject_idle_timeout: float = 300.0,
     ) -> None:
         """`session_key`: the client's session header (`session_id`, `x-session-id`),
         which routes every turn of the connection as one conversation. `queue_memory`:
         the process-wide bound on queued request bytes that this connection's queue
         counts in (unbounded beyond its own limit without one). `durable`: the server
         has a store; `store=true` responses are committed (`Persist`) before their
-        terminal event."""
+        terminal event. `request_id`: the HTTP request's id (its `x-request-id`) for the
+        response it makes; without one (WebSocket mode) each response gets its own,
+        carried on its `response.created` and terminal events. `compactor`: the server's
+        compaction key (one of this connection's own otherwise). `sampling_defaults`: the
+        engine's `temperature` and `top_p` for requests that set none, which their
+        Responses echo. `inject`: the long-running response (protocol.md section 8): a
+        response that calls a client tool waits, open, for `response.inject`, and ends
+        `response.incomplete` after `inject_idle_timeout` seconds without it."""
         self.cache = cache
+        self._inject = inject
+        self._inject_idle_timeout = inject_idle_timeout
+        self._waiting: dict[int, _Active] = {}
+        """Long-running responses waiting for tool output, by the key of their last
+        model turn (they hold their lane)."""
         self._session_key = session_key
         self._queue_memory = queue_memory
+        self._request_id = request_id
+        self._compactor = compactor or Compactor.ephemeral()
+        self._sampling_defaults = sampling_defaults
         self.limits = limits or ConnectionLimits()
         self._format = chat_format
         self._context_window = context_window
@@ -398,9 +472,11 @@ class Connection:
             return Parsed(error, size, 0, frame)
         start = self._clock()
         try:
-            event = parse_event(frame, self.limits.request)
+            event = parse_event(self._compactor.expand(frame), self.limits.request)
         except CoreError as e:
             return Parsed(ProtocolError.from_core(e), size, self._clock() - start, frame)
+        except ProtocolError as e:  # a compaction item that is not ours, or tampered with
+            return Parsed(e, size, self._clock() - start, frame)
         return Parsed(event, size, self._clock() - start, frame)
 
     def receive_parsed(self, parsed: Parsed) -> None:
@@ -419,8 +495,15 @@ class Connection:
         elif isinstance(event, UnknownEvent) and event.type == "response.interrupt":
             self._interrupt(parsed.frame)
         elif isinstance(event, UnknownEvent) and event.type == "response.steer":
-            self._steer(parsed.frame)
-        elif isinstance(event, UnknownEvent):
+            self._steer(parsed.frame, parsed.size)
+        elif isinstance(event, UnknownEvent) and event.type == "response.inject" and self._inject:
+            event_json = orjson.loads(parsed.frame)
+            append = parse_event(as_append(event_json), self.limits.request)
+            assert isinstance(append, AppendEvent), "an inject parses as an append"
+            self._receive_injection(append, event_json, parsed.size)
+        elif isinstance(event, AppendEvent) and self._inject:
+            self._receive_injection(event, orjson.loads(parsed.frame), parsed.size)
+        elif isinstance(event, UnknownEvent) and event.type != "response.inject":
             self._refuse(
                 ProtocolError(
                     "unknown_event_type",
@@ -431,12 +514,12 @@ class Connection:
                 self._echo(event.stream_id),
             )
         else:
-            # response.append: the long-running-response extension is not enabled.
+            # response.inject / response.append: the long-running response is off.
             self._refuse(
                 ProtocolError(
                     "unknown_event_type",
-                    f"'{event.type}' needs the long-running-response extension, "
-                    "which this server does not enable.",
+                    f"'{event.type}' needs the long-running response: send the header "
+                    "'OpenAI-Beta: responses_multi_agent=v1' on the upgrade.",
                     "type",
                 )
             )
@@ -463,10 +546,20 @@ class Connection:
         active = self._active.get(key)
         if active is None or active.cut:
             return False
+        if active.compaction is not None:
+            active.compaction.feed(active.parser.feed(ids))
+            return not active.parser.stopped
         if active.steers:
-            return self._feed_to_boundary(active, ids)
-        active.events.feed(active.parser.feed(ids), self._actions.append)
-        return not active.parser.stopped
+            more = self._feed_to_boundary(active, ids)
+        else:
+            active.events.feed(active.parser.feed(ids), self._actions.append)
+            more = not active.parser.stopped
+        if self._inject and active.parser.stopped:
+            # The model stopped: a response that called a tool waits from now on, so an
+            # injection sent on its call item finds it waiting (the engine's own end,
+            # which `engine_done` then ignores, may come after that frame).
+            self.engine_done(key)
+        return more
 
     def _feed_to_boundary(self, active: _Active, ids: list[int]) -> bool:
         """A steered response: tokens one at a time, up to the end of the item being
@@ -487,6 +580,9 @@ class Connection:
         active = self._active.pop(key, None)
         if active is None:
             return
+        if active.compaction is not None:
+            self._summarized(active, active.compaction)
+            return
         if active.cut and not active.parser.stopped:
             self._steered(active)
             return
@@ -496,13 +592,20 @@ class Connection:
         if outcome == "malformed":
             self._fail(active, f"The model's output could not be parsed: {message}", usage)
             return
-        checkpoint: Checkpoint | None = None
         try:
             active.conversation.commit_output(active.parser)
-            checkpoint = active.conversation.checkpoint()
         except CoreError as e:
             self._fail(active, f"The model's output could not be recorded: {e.message}", usage)
             return
+        calls = [
+            item
+            for item in active.events.output[active.first_item :]
+            if item["type"] == "function_call"
+        ]
+        if self._inject and outcome == "stopped" and calls:
+            self._wait(active, calls)
+            return
+        checkpoint = active.conversation.checkpoint()
         if outcome == "truncated":
             kind, status, reason = "response.incomplete", "incomplete", "max_output_tokens"
         else:
@@ -530,16 +633,23 @@ class Connection:
 
     def engine_failed(self, key: int, error: EngineError) -> None:
         active = self._active.pop(key, None)
-        if active is not None:
-            self._fail(
-                active, f"The engine failed ({error.code}): {error.message}", self._usage(active)
-            )
+        if active is None:
+            return
+        message = f"The engine failed ({error.code}): {error.message}"
+        if active.compaction is not None and not active.compaction.resume:
+            # /responses/compact has no response to fail: its request gets the error.
+            self._refuse(ProtocolError("server_error", message, status=500))
+            self._release(active)
+            return
+        self._fail(active, message, self._usage(active))
 
-    def render_done(self, key: int, turn: Turn) -> None:
-        """The `Render` work `key` finished: the turn goes on to the engine."""
+    def render_done(self, key: int, turn: Turn, request: CreateRequest) -> None:
+        """The `Render` work `key` finished (`Render.run` returned `request`, `turn`): the
+        turn goes on to the engine."""
         rendering = self._end_render(key)
         if rendering is None:
             return
+        rendering.pending.parsed = request
         self._rendered(rendering, turn)
         active = rendering.lane.active
         if rendering.cancelled and active is not None:
@@ -608,6 +718,9 @@ class Connection:
         """The connection's lifetime is over: finish what is in flight, refuse the
         rest, then close with 1000. Never cuts a response in the middle."""
         self._expiring = True
+        # A response waiting for tool output would hold the connection open forever.
+        for waiting in list(self._waiting.values()):
+            self._cancel_active(waiting)
         self._finish_expiry()
 
     def connection_lost(self) -> None:
@@ -616,6 +729,7 @@ class Connection:
         for active in self._active.values():
             self._actions.append(Cancel(active.key))
         self._active.clear()
+        self._waiting.clear()
         # Commits in progress finish on their own; their usage is booked now, as their
         # generation ended.
         for ending in self._ending.values():
@@ -643,7 +757,7 @@ class Connection:
 
     @property
     def in_flight(self) -> int:
-        return len(self._active) + len(self._rendering) + len(self._ending)
+        return len(self._active) + len(self._rendering) + len(self._ending) + len(self._waiting)
 
     @property
     def busy(self) -> bool:
@@ -713,23 +827,11 @@ class Connection:
                 )
                 return
             lane = self._lanes[name] = _Lane(name)
-        if self._queued_bytes + size > self.limits.max_queued_bytes:
-            self._refuse(
-                ProtocolError(
-                    "websocket_queue_limit_reached",
-                    f"{self._queued_bytes} bytes of requests are already queued on this "
-                    f"connection (limit {self.limits.max_queued_bytes}); wait for responses "
-                    "to finish before sending more.",
-                ),
-                name,
-            )
+        try:
+            self._hold(size)
+        except ProtocolError as e:
+            self._refuse(e, name)
             return
-        if self._queue_memory is not None:
-            try:
-                self._queue_memory.reserve(self._principal, size)
-            except ProtocolError as e:
-                self._refuse(e, name)
-                return
         pending = _Pending(request, size, parse_ns)
         awaiting = self._awaiting.get(name)
         if (
@@ -749,14 +851,34 @@ class Connection:
             pending = _Pending(
                 steered, size, parse_ns, steered=_Steered(awaiting.events, awaiting.steers, False)
             )
+            self._release_steers(awaiting.steers)
             awaiting.steers = []
         lane.queue.append(pending)
-        self._queued_bytes += size
         if lane.free and len(lane.queue) == 1:
             self._ready.append(lane)
         self._pump()
         if not pending.started and frame is not None:
             pending.parsed, pending.frame = None, frame  # it waits: keep the smaller form
+
+    def _hold(self, size: int) -> None:
+        """Count `size` bytes of input waiting on this connection (queued requests,
+        accepted steers, injected tool outputs) in its bound and the process's; raise the
+        `ProtocolError` that refuses them past either."""
+        if self._queued_bytes + size > self.limits.max_queued_bytes:
+            raise ProtocolError.limit(
+                "websocket_queue_limit_reached",
+                f"{self._queued_bytes} bytes of input are already queued on this "
+                f"connection (limit {self.limits.max_queued_bytes}); wait for responses "
+                "to finish before sending more.",
+                RETRY_AFTER_SECONDS,
+            )
+        if self._queue_memory is not None:
+            self._queue_memory.reserve(self._principal, size)
+        self._queued_bytes += size
+
+    def _release_steers(self, steers: list[Steer]) -> None:
+        """Steers leave the queue: started in a request, or refused."""
+        self._dequeued(sum(steer.size for steer in steers))
 
     def _dequeued(self, size: int) -> None:
         self._queued_bytes -= size
@@ -784,54 +906,71 @@ class Connection:
             if lane.free and lane.queue:
                 self._ready.append(lane)
 
-    def _start(self, lane: _Lane, pending: _Pending) -> None:
-        """Run the turn up to the engine call; errors end the request here."""
-        start = self._clock()
-        if pending.parsed is None:
-            event = parse_event(pending.frame or b"", self.limits.request)
-            assert isinstance(event, CreateRequest), "the frame parsed as one before"
-            pending.parsed, pending.frame = event, None
-            pending.parse_ns += self._clock() - start
-        request = pending.request
-        parent = request.previous_response_id
-        evicts_parent = False
-        root = None
-        if parent is not None:
-            cached = self.cache.get(parent)
-            # The transport already tried the store (`Ledger.warm`): a miss here is
-            # final, unless the store could not be read.
-            checkpoint = cached.checkpoint if cached is not None else None
-            unreadable = self._unreadable.pop(parent, None)
-            if checkpoint is None:
-                error = (
-                    ProtocolError.not_found(parent)
-                    if unreadable is None
-                    else ProtocolError.store_unavailable(unreadable)
-                )
-                self._refuse_turn(pending, error, lane.name)
-                return
-            # A continuation on the lane that made the parent consumes it on failure;
-            # a fork from another lane must leave the parent to its own lane.
-            evicts_parent = cached is not None and cached.lane == lane.name
-            root = cached.root if cached is not None else None
-            conversation = checkpoint.fork()
-        else:
+    def _chain(
+        self, parent: str | None, lane: _Lane
+    ) -> tuple[Conversation, bool, str | None] | ProtocolError:
+        """The conversation a request continues (a fork of `parent`'s checkpoint, or a
+        new one), whether a failure evicts the parent, and the root of the parent's
+        chain (its routing key; None for a new conversation); or why it cannot."""
+        if parent is None:
             conversation = Conversation(
                 self._format, context_window=self._context_window, policy=self._policy
             )
+            return conversation, False, None
+        # The transport already tried the store (`Ledger.warm`): a miss here is final,
+        # unless the store could not be read.
+        cached = self.cache.get(parent)
+        checkpoint = cached.checkpoint if cached is not None else None
+        unreadable = self._unreadable.pop(parent, None)
+        if cached is None or checkpoint is None:
+            if unreadable is None:
+                return ProtocolError.not_found(parent)
+            return ProtocolError.store_unavailable(unreadable)
+        # A continuation on the lane that made the parent consumes it on failure; a
+        # fork from another lane must leave the parent to its own lane.
+        return checkpoint.fork(), cached.lane == lane.name, cached.root
+
+    def _start(self, lane: _Lane, pending: _Pending) -> None:
+        """Run the turn up to the engine call; errors end the request here."""
+        start = self._clock()
+        parent = pending.parent
+        chain = self._chain(parent, lane)
+        if isinstance(chain, ProtocolError):
+            self._refuse_turn(pending, chain, lane.name)
+            return
+        conversation, evicts_parent, root = chain
         rendering = _Rendering(lane, pending, conversation, parent, evicts_parent, start, root)
         if pending.size >= OFFLOAD_BYTES:
             key = self._next_key
             self._next_key += 1
             lane.rendering = self._rendering[key] = rendering
-            self._actions.append(Render(key, conversation, request))
+            frame = pending.frame
+            if pending.parsed is not None:
+                self._actions.append(Render(key, conversation, pending.parsed))
+            elif frame is not None:
+                # Parsed again with the render, off the event loop, as it was the first time.
+                self._actions.append(Render(key, conversation, lambda: self._parse_queued(frame)))
+            pending.frame = None
             return
+        if pending.parsed is None:
+            pending.parsed = self._parse_queued(pending.frame or b"")
+            pending.frame = None
+            pending.parse_ns += self._clock() - start
+        request = pending.request
         try:
             turn = conversation.extend(request)
         except CoreError as e:
             self._render_refused(rendering, e)
             return
         self._rendered(rendering, turn)
+
+    def _parse_queued(self, frame: str | bytes) -> CreateRequest:
+        """A queued request's frame, parsed again when its turn comes (it reads no state
+        that changes, so it may run in a worker thread): the parse is deterministic, so
+        it gives what the first parse gave."""
+        event = parse_event(self._compactor.expand(frame), self.limits.request)
+        assert isinstance(event, CreateRequest), "the frame parsed as one before"
+        return event
 
     def _end_render(self, key: int) -> _Rendering | None:
         # None when the client went away meanwhile.
@@ -869,7 +1008,15 @@ class Connection:
             fields = fields.replace(
                 '"model":null', '"model":' + orjson.dumps(self._model).decode(), 1
             )
-        events = ResponseEvents(fields, stream_id=lane.name)
+        if self._sampling_defaults != API_SAMPLING:
+            fields = self._engine_sampling(request, fields)
+        if self._request_id is None:
+            events = ResponseEvents(fields, stream_id=lane.name, request_id=new_id("req_"))
+            request_id = events.request_id
+        else:
+            events = ResponseEvents(fields, stream_id=lane.name)
+            request_id = self._request_id
+        requests_log.info("response %s request %s", events.response_id, request_id)
         peer_prompt = (
             None
             if self._baseline is None
@@ -895,21 +1042,170 @@ class Connection:
             active.overhead_ns = pending.parse_ns + self._clock() - start
             self._warm_up(active)
             return
+        lane.active = active
+        self._active[key] = active
+        self._actions.append(events.lifecycle("response.created", "in_progress"))
+        self._actions.append(events.lifecycle("response.in_progress", "in_progress"))
+        threshold = request.compact_threshold
+        if threshold is not None and turn.prompt_tokens > threshold and peer_prompt is None:
+            # The prompt passed the client's threshold: the engine summarizes first, and
+            # the turn then runs on the summary (`_summarized`).
+            summary = self._summary_turn(request, lane)
+            if isinstance(summary, ProtocolError):
+                message = f"The conversation could not be compacted: {summary.message}"
+                self._fail(active, message, Usage())
+                return
+            active.overhead_ns = pending.parse_ns + self._clock() - start
+            self._summarize(active, summary[0], summary[1], resume=True)
+            return
         prompt = conversation.prompt() if peer_prompt is None else peer_prompt
-        budget = self._context_window - len(prompt)
-        max_tokens = request.max_output_tokens
-        sampling = Sampling(
+        active.overhead_ns = pending.parse_ns + self._clock() - start
+        self._generate(active, prompt)
+
+    def _engine_sampling(self, request: CreateRequest, fields: str) -> str:
+        """`fields` echoing the engine's own defaults where the request set no sampling
+        (the core echoes the API's). Only for engines with defaults of their own (the
+        llama engine), whose turns take milliseconds: one parse of the fields is noise."""
+        if request.temperature is not None and request.top_p is not None:
+            return fields
+        echoed = orjson.loads(fields)
+        temperature, top_p = self._sampling_defaults
+        if request.temperature is None:
+            echoed["temperature"] = temperature
+        if request.top_p is None:
+            echoed["top_p"] = top_p
+        return orjson.dumps(echoed).decode()
+
+    def _sampling(self, request: CreateRequest, prompt_tokens: int, limit: int | None) -> Sampling:
+        budget = self._context_window - prompt_tokens
+        max_tokens = request.max_output_tokens if limit is None else limit
+        return Sampling(
             max_output_tokens=budget if max_tokens is None else min(max_tokens, budget),
             temperature=request.temperature,
             top_p=request.top_p,
             stop_tokens=self._stop_tokens,
         )
+
+    def conversation_for(self, request: CreateRequest) -> Conversation:
+        """The conversation `request` would extend (`POST /v1/responses/input_tokens`
+        counts its prompt there: on a cached chain, only the new items are rendered).
+        Raises ProtocolError for a refused request or a missed `previous_response_id`."""
+        if request.error is not None:
+            raise ProtocolError.from_core(request.error)
+        chain = self._chain(request.previous_response_id, self._lanes[None])
+        if isinstance(chain, ProtocolError):
+            raise chain
+        return chain[0]
+
+    # ---------------------------------------------------------------- compaction
+
+    def receive_compact(self, request: CreateRequest) -> None:
+        """`POST /v1/responses/compact` (its body parsed as a request): the engine
+        summarizes the conversation (the chain of `previous_response_id`, then the
+        input); the one frame out is the `response.compaction` object, or an error."""
+        if self.closed:
+            return
+        if request.error is not None:
+            self._refuse(ProtocolError.from_core(request.error))
+            return
+        lane = self._lanes[None]
+        parent = request.previous_response_id
+        summary = self._summary_turn(request, lane)
+        if isinstance(summary, ProtocolError):
+            self._refuse(summary)
+            return
+        conversation, turn, root = summary
+        events = ResponseEvents(request.response_fields_json)
+        active = _Active(
+            key=self._next_key,
+            lane=lane,
+            request=request,
+            events=events,
+            conversation=conversation,
+            parser=conversation.parser(),
+            turn=turn,
+            parent=parent,
+            evicts_parent=False,
+            overhead_ns=0,
+            root=root or events.response_id,
+        )
+        self._next_key += 1
         lane.active = active
-        self._active[key] = active
-        self._actions.append(events.lifecycle("response.created", "in_progress"))
-        self._actions.append(events.lifecycle("response.in_progress", "in_progress"))
-        active.overhead_ns = pending.parse_ns + self._clock() - start
-        self._actions.append(Generate(key, prompt, sampling, self._session_key or root))
+        self._active[active.key] = active
+        self._summarize(active, conversation, turn, resume=False)
+
+    def _summary_turn(
+        self, request: CreateRequest, lane: _Lane
+    ) -> tuple[Conversation, Turn, str | None] | ProtocolError:
+        """The summarization of `request`'s conversation (its parent's chain and its
+        input, then the instruction to summarize) rendered for the engine, and the
+        chain's root; or why not."""
+        chain = self._chain(request.previous_response_id, lane)
+        if isinstance(chain, ProtocolError):
+            return chain
+        conversation, _, root = chain
+        try:
+            summarize = summarizing(request, self._compactor.summary_tokens, self.limits.request)
+            return conversation, conversation.extend(summarize), root
+        except CoreError as e:
+            return ProtocolError.from_core(e)
+
+    def _summarize(
+        self, active: _Active, conversation: Conversation, turn: Turn, *, resume: bool
+    ) -> None:
+        """Hand the engine the summarization; `_summarized` takes it from there."""
+        compaction = Summary(new_id("cmp_"), resume)
+        active.compaction = compaction
+        active.conversation, active.parser, active.turn = conversation, conversation.parser(), turn
+        if resume:
+            self._actions.append(
+                active.events.event(
+                    "response.compaction.compacting", item_id=compaction.item_id, output_index=0
+                )
+            )
+        self._generate(active, conversation.prompt(), self._compactor.summary_tokens)
+
+    def _summarized(self, active: _Active, compaction: Summary) -> None:
+        """The engine wrote the summary: seal it; then either answer /compact, or run
+        the turn on a new conversation holding the summary in place of the history."""
+        compaction.feed(active.parser.finish()[0])
+        spent = self._usage(active)
+        item = compaction.item(self._compactor)
+        active.compaction = None
+        if not compaction.resume:
+            self._actions.append(compacted_resource(item, spent))
+            self._release(active)
+            return
+        events = active.events
+        self._actions.append(events.item_added(0, item))
+        self._actions.append(events.item_done(0, item))
+        events.index_offset = 1
+        # The model turn's own items follow (an interrupt keeps them, a wait looks there).
+        active.first_item = len(events.output)
+        conversation = Conversation(
+            self._format, context_window=self._context_window, policy=self._policy
+        )
+        try:
+            turn = conversation.extend(resumed(active.request, compaction.text))
+        except CoreError as e:
+            self._fail(active, f"The compacted conversation failed: {e.message}", spent)
+            return
+        active.conversation, active.parser, active.turn = conversation, conversation.parser(), turn
+        active.spent = spent
+        # New engine work, under a key of its own: the transport forgets the summary's
+        # key when that task ends, which would leave this one out of a cancel's reach.
+        active.key = self._next_key
+        self._next_key += 1
+        self._active[active.key] = active
+        self._generate(active, conversation.prompt())
+
+    def _generate(self, active: _Active, prompt: Prompt, limit: int | None = None) -> None:
+        """Hand the engine `prompt`, routed by the session or the chain's root so every
+        turn of a conversation (its summarization too) lands where its cache is."""
+        sampling = self._sampling(active.request, len(prompt), limit)
+        self._actions.append(
+            Generate(active.key, prompt, sampling, self._session_key or active.root)
+        )
 
     def _warm_up(self, active: _Active) -> None:
         """`generate: false`: the state is rendered and cached under a fresh id, with
@@ -922,17 +1218,23 @@ class Connection:
     # ---------------------------------------------------------------- endings
 
     def _usage(self, active: _Active) -> Usage:
-        turn = active.turn
+        """The response's usage so far: every model turn's prompt and output."""
+        turn = active.resumed or active.turn
         # A new conversation renders its fixed prefix in this very turn: nothing of its
-        # prompt came from the cache, whatever the core kept between its own steps.
-        cached = 0 if active.parent is None else turn.cached_tokens
-        return Usage(
+        # prompt came from the cache, whatever the core kept between its own steps (a
+        # compacted turn runs on a new conversation too). A resumed model turn extends
+        # the response's own tokens.
+        spent = active.spent
+        fresh = active.resumed is None and (active.parent is None or spent is not None)
+        cached = 0 if fresh else turn.cached_tokens
+        usage = Usage(
             input_tokens=turn.prompt_tokens,
             cached_tokens=cached,
             cache_write_tokens=turn.prompt_tokens - cached,
             output_tokens=active.parser.output_tokens,
             reasoning_tokens=active.parser.reasoning_tokens,
         )
+        return usage if spent is None else usage + spent
 
     def _terminal(
         self,
@@ -945,6 +1247,9 @@ class Connection:
         error: dict[str, str] | None = None,
         incomplete_reason: str | None = None,
     ) -> None:
+        # Injections still waiting for the other calls' outputs die with the response.
+        self._dequeued(sum(injection.size for injection in active.injected))
+        active.injected = []
         events = active.events
         final = events.response_json(
             status, usage=usage, error=error, incomplete_reason=incomplete_reason
@@ -1006,11 +1311,17 @@ class Connection:
         """After a terminal event: the steers its response accepted start the automatic
         successor, or stay queued while it waits for client tool output."""
         lane, events = active.lane, active.events
+        # Calls answered by injected output inside the response wait for nothing.
+        open_calls = set(active.conversation.open_call_ids)
         required = [
             {"type": "function_call_output", "call_id": item["call_id"], "name": item["name"]}
             for item in events.output
-            if item["type"] == "function_call"
+            if item["type"] == "function_call" and item["call_id"] in open_calls
         ]
+        replaced = self._awaiting.get(lane.name)
+        if replaced is not None:
+            # Steers queued for the lane's previous response can no longer be taken.
+            self._release_steers(replaced.steers)
         if ending.checkpoint is not None and required and ending.status == "completed":
             self._awaiting[lane.name] = _Awaiting(events, required)
         else:
@@ -1019,10 +1330,12 @@ class Connection:
             return
         if ending.checkpoint is None:
             error = ProtocolError("response_not_active", "The steered response did not finish.")
+            self._release_steers(active.steers)
             self._steers_failed(_Steered(events, active.steers, True), error)
         elif lane.name in self._awaiting:
             self._steers_pending(self._awaiting[lane.name], active.steers)
         else:
+            self._release_steers(active.steers)
             frame = successor_frame(
                 active.request.response_fields_json, events.response_id, active.steers, lane.name
             )
@@ -1041,13 +1354,18 @@ class Connection:
 
     def _steers_pending(self, awaiting: _Awaiting, steers: list[Steer]) -> None:
         awaiting.steers.extend(steers)
+        self._announce_pending(awaiting.events, steers, awaiting.required)
+
+    def _announce_pending(
+        self, events: ResponseEvents, steers: list[Steer], required: list[dict[str, str]]
+    ) -> None:
         for steer in steers:
             self._actions.append(
-                awaiting.events.event(
+                events.event(
                     "response.steer.pending",
                     steer=steer.wire(),
                     reason="waiting_for_required_input",
-                    required_input=awaiting.required,
+                    required_input=required,
                 )
             )
 
@@ -1087,14 +1405,14 @@ class Connection:
         else:
             self._actions.append(events.event("response.steer.failed", **fields))
 
-    def _steer(self, frame: str | bytes) -> None:
+    def _steer(self, frame: str | bytes, size: int) -> None:
         """`response.steer`: accepted for a running response (it stops at its next
         item boundary, a successor follows) or one waiting for tool output (queued for
         the client's continuation); refused with `response.steer.failed` otherwise."""
         event = orjson.loads(frame)
         target, raw_input = event.get("previous_response_id"), event.get("input")
         try:
-            steer = parse_steer(event)
+            steer = parse_steer(event, size)
         except ProtocolError as e:
             self._steer_failed(None, target, raw_input, e)
             return
@@ -1122,9 +1440,17 @@ class Connection:
             )
             self._steer_failed(events, target, raw_input, error)
             return
+        try:
+            self._hold(steer.size)
+        except ProtocolError as e:
+            self._steer_failed(events, target, raw_input, e)
+            return
         self._actions.append(events.event("response.steer.accepted", steer=steer.wire()))
         if running is not None:
             running.steers.append(steer)
+            if running.key in self._waiting:
+                # Long-running mode: it goes into the turn the injected output resumes.
+                self._announce_pending(events, [steer], self._required(running))
         elif awaiting is not None:
             self._steers_pending(awaiting, [steer])
 
@@ -1145,6 +1471,198 @@ class Connection:
             f"Response '{response_id}' is not on this connection.",
             "response_id",
         )
+
+    # ---------------------------------------------------------------- the long-running response
+
+    def _wait(self, active: _Active, calls: list[dict[str, Any]]) -> None:
+        """Long-running mode: the model turn ended calling client tools. The response
+        stays open, holding its lane (and the engine session its sequence), until
+        `response.inject` answers every call, or the idle timeout, a cancel, an
+        interrupt or the connection's end stops it."""
+        answered = self._held_answers(active)
+        active.waiting = {
+            item["call_id"]: item["name"] for item in calls if item["call_id"] not in answered
+        }
+        self._waiting[active.key] = active
+        if not active.waiting:
+            # Every call was answered while the turn still sampled: it resumes at once.
+            try:
+                self._resume(active)
+                return
+            except ProtocolError as e:
+                for injection in active.injected:
+                    self._inject_failed(active, active.events.response_id, injection.input, e)
+                self._dequeued(sum(injection.size for injection in active.injected))
+                active.injected = []
+                active.waiting = {item["call_id"]: item["name"] for item in calls}
+        self._actions.append(Wait(active.key, self._inject_idle_timeout))
+        self._announce_pending(active.events, active.steers, self._required(active))
+        if self._expiring:
+            self._cancel_active(active)
+
+    def _required(self, active: _Active) -> list[dict[str, str]]:
+        return [
+            {"type": "function_call_output", "call_id": call_id, "name": name}
+            for call_id, name in active.waiting.items()
+        ]
+
+    def wait_expired(self, key: int) -> None:
+        """The idle timeout of `Wait(key)`: a response still waiting for tool output ends
+        `response.incomplete` (reason `idle_timeout`). It stays continuable: its calls are
+        open, and a `response.create` with their outputs continues it."""
+        active = self._waiting.pop(key, None)
+        if active is None:
+            return
+        if active.steers:
+            self._release_steers(active.steers)
+            self._steers_failed(
+                _Steered(active.events, active.steers, True),
+                ProtocolError("response_not_active", "The response ended waiting for tool output."),
+            )
+            active.steers = []
+        self._terminal(
+            active,
+            "response.incomplete",
+            "incomplete",
+            self._usage(active),
+            active.conversation.checkpoint(),
+            incomplete_reason="idle_timeout",
+        )
+
+    def _receive_injection(self, append: AppendEvent, event: dict[str, Any], size: int) -> None:
+        """`response.inject` (or `response.append`): tool outputs for a waiting response,
+        committed all or nothing (`response.inject.created`); the response resumes once no
+        call waits. Refused with `response.inject.failed` and the input returned."""
+        response_id = event.get("response_id")
+        target: _Active | None = None
+        try:
+            if response_id is None and event.get("type") == "response.append":
+                target = self._only_waiting()
+            elif not isinstance(response_id, str):
+                raise ProtocolError("invalid_input", "response_id must be a response id.")
+            else:
+                target = self._running(response_id)
+                if target is None:
+                    raise self._not_waiting(response_id)
+            injection = parse_injection(append, event, size)
+            answered = answer(self._answerable(target), injection)
+            self._hold(size)
+        except ProtocolError as e:
+            self._inject_failed(target, response_id, event.get("input"), e)
+            return
+        assert target is not None, "found above, or refused"
+        target.injected.append(injection)
+        if target.key not in self._waiting:
+            # Its model turn still samples: held until the turn ends calling (`_wait`).
+            self._actions.append(self._inject_created(target))
+            return
+        names = {call_id: target.waiting.pop(call_id) for call_id in answered}
+        if target.waiting:
+            self._actions.append(self._inject_created(target))
+            return
+        try:
+            self._resume(target)
+        except ProtocolError as e:
+            # Nothing was committed: the calls wait for this output again.
+            target.injected.pop()
+            target.waiting.update(names)
+            self._dequeued(size)
+            self._inject_failed(target, response_id, event.get("input"), e)
+            return
+        self._actions.append(self._inject_created(target))
+
+    def _held_answers(self, active: _Active) -> set[str]:
+        """The call ids the injections `active` holds answer."""
+        return {item["call_id"] for injection in active.injected for item in injection.items}
+
+    def _answerable(self, target: _Active) -> dict[str, str]:
+        """The calls an injection may answer now: the ones the response waits for; while
+        its model turn still samples, the calls it completed so far that no held
+        injection answers (a client may answer a call as soon as its item is done)."""
+        if target.key in self._waiting:
+            return target.waiting
+        held = self._held_answers(target)
+        return {
+            item["call_id"]: item["name"]
+            for item in target.events.output[target.first_item :]
+            if item["type"] == "function_call" and item["call_id"] not in held
+        }
+
+    def _inject_created(self, target: _Active) -> bytes:
+        events = target.events
+        return events.event("response.inject.created", response_id=events.response_id)
+
+    def _only_waiting(self) -> _Active:
+        """`response.append` without an id continues the connection's waiting response."""
+        waiting = list(self._waiting.values())
+        if len(waiting) == 1:
+            return waiting[0]
+        if not waiting:
+            raise ProtocolError("response_not_found", "No response waits for tool output.")
+        raise ProtocolError(
+            "invalid_input",
+            f"{len(waiting)} responses wait for tool output: name one with response_id.",
+            "response_id",
+        )
+
+    def _not_waiting(self, response_id: str) -> ProtocolError:
+        """Why `response_id` takes no injection, in the codes of `response.inject.failed`."""
+        error = self._not_running(response_id)
+        if error.code == "response_not_active":
+            return ProtocolError("response_already_completed", error.message, error.param)
+        return error
+
+    def _inject_failed(
+        self, target: _Active | None, response_id: object, raw_input: object, error: ProtocolError
+    ) -> None:
+        fields: dict[str, object] = {
+            "response_id": response_id if isinstance(response_id, str) else "",
+            "input": returned_input(raw_input),
+            "error": {"code": error.code, "message": error.message},
+        }
+        if target is None:
+            # No response to number it within: it is the first event of its own.
+            self._actions.append(
+                orjson.dumps({"type": "response.inject.failed", **fields, "sequence_number": 0})
+            )
+        else:
+            if not fields["response_id"]:
+                fields["response_id"] = target.events.response_id
+            self._actions.append(target.events.event("response.inject.failed", **fields))
+
+    def _resume(self, active: _Active) -> None:
+        """Every call is answered: append the injected outputs (then any steering input
+        accepted meanwhile) to the conversation's tokens, validated as delta input and
+        rendered alone, and sample the next model turn of the same response. Raises
+        `ProtocolError` `invalid_input` (the conversation unchanged) if the core refuses
+        the outputs."""
+        items = [item for injection in active.injected for item in injection.items]
+        items += [item for steer in active.steers for item in steer.items]
+        spent = self._usage(active)
+        limit = active.request.max_output_tokens
+        left = None if limit is None else max(limit - spent.output_tokens, 0)
+        frame = resume_frame(active.request.response_fields_json, items, left or None)
+        request = parse_event(frame, self.limits.request)
+        assert isinstance(request, CreateRequest), "a response.create with new input"
+        try:
+            if request.error is not None:
+                raise request.error
+            turn = active.conversation.extend(request)
+        except CoreError as e:
+            raise ProtocolError("invalid_input", e.message, "input") from e
+        self._dequeued(sum(injection.size for injection in active.injected))
+        self._release_steers(active.steers)
+        active.injected, active.steers = [], []
+        del self._waiting[active.key]
+        self._actions.append(Cancel(active.key))  # its idle timer
+        active.key = self._next_key
+        self._next_key += 1
+        self._active[active.key] = active
+        active.spent, active.resumed = spent, turn
+        active.parser = active.conversation.parser()
+        active.first_item = len(active.events.output)
+        active.events.next_turn()
+        self._generate(active, active.conversation.prompt(), left)
 
     def _fail(self, active: _Active, message: str, usage: Usage) -> None:
         if active.evicts_parent and active.parent is not None:
@@ -1168,13 +1686,24 @@ class Connection:
         self._cancel_active(target)
 
     def _cancel_active(self, target: _Active) -> None:
-        del self._active[target.key]
-        self._actions.append(Cancel(target.key))
+        self._stop(target)
         # Items still open are dropped: the cancelled response reports what completed.
         self._terminal(target, "response.incomplete", "cancelled", self._usage(target), None)
 
+    def _stop(self, target: _Active) -> None:
+        """`target` leaves the running responses: its engine work (or its idle timer,
+        if it waits for tool output) stops."""
+        if self._active.pop(target.key, None) is None:
+            del self._waiting[target.key]
+        self._actions.append(Cancel(target.key))
+
     def _running(self, response_id: str) -> _Active | None:
-        return next((a for a in self._active.values() if a.events.response_id == response_id), None)
+        """The response sampling, or waiting open for tool output, with this id."""
+        for responses in (self._active, self._waiting):
+            for active in responses.values():
+                if active.events.response_id == response_id:
+                    return active
+        return None
 
     def _interrupt(self, frame: str | bytes) -> None:
         """Codex's `response.interrupt` (protocol.md section 8): the response stops at
@@ -1200,8 +1729,8 @@ class Connection:
             # never silence, so a client waiting for an answer does not hang.
             self._refuse(self._not_running(response_id))
             return
-        del self._active[target.key]
-        self._actions.append(Cancel(target.key))
+        waiting = target.key in self._waiting
+        self._stop(target)
         events = target.events
         self._actions.append(events.event("response.interrupt.accepted", response_id=response_id))
         completed = {item["id"] for item in events.output}
@@ -1211,7 +1740,10 @@ class Connection:
                     "response.output_item.interrupted", output_index=index, item_id=item_id
                 )
             )
-        checkpoint = self._completed_checkpoint(target)
+        # A waiting response's model turn is committed already: nothing is partial.
+        checkpoint = (
+            target.conversation.checkpoint() if waiting else self._completed_checkpoint(target)
+        )
         self._terminal(
             target,
             "response.incomplete",
@@ -1222,22 +1754,24 @@ class Connection:
         )
 
     def _completed_checkpoint(self, active: _Active) -> Checkpoint | None:
-        """The conversation with only the response's completed items as its output,
-        rendered as the model would have sampled them (the partial tokens are gone)."""
+        """The conversation with only the model turn's completed items as its output,
+        rendered as the model would have sampled them (the partial tokens are gone); the
+        items are the ones the client saw, so a function call keeps its call id."""
         texts: dict[str, list[str]] = {"message": [], "reasoning": []}
         calls = []
-        for item in active.events.output:
+        completed = active.events.output[active.first_item :]
+        for item in completed:
             if item["type"] == "function_call":
                 calls.append((item["name"], item["arguments"]))
             else:
                 texts[item["type"]].append(item["content"][0]["text"])
         # Several items of one kind (a preamble, then more text) become one.
         text, reasoning = ("\n\n".join(texts[kind]) or None for kind in ("message", "reasoning"))
-        parser = active.conversation.parser()
         try:
-            parser.feed(self._format.completion_tokens(text=text, reasoning=reasoning, calls=calls))
-            parser.finish()
-            active.conversation.commit_output(parser)
+            active.conversation.commit_items(
+                orjson.dumps(completed).decode(),
+                self._format.completion_tokens(text=text, reasoning=reasoning, calls=calls),
+            )
         except CoreError as e:
             log.warning(
                 "interrupted response %s is not continuable: %s", active.events.response_id, e

@@ -13,7 +13,9 @@ from hotloop._core import CoreError
 
 
 class ProtocolError(Exception):
-    """A refused request: `status` (HTTP semantics), stable `code`, `message`, `param`."""
+    """A refused request: `status` (HTTP semantics), stable `code`, `message`, `param`,
+    and `retry_after` when a limit refused work that can be retried (sent as
+    `error.headers["retry-after"]` on every transport, and as an HTTP header)."""
 
     def __init__(
         self,
@@ -31,6 +33,12 @@ class ProtocolError(Exception):
         self.status = status
         self.retry_after = retry_after
         """Seconds after which a retry may succeed (429 and 503 refusals)."""
+
+    @classmethod
+    def limit(cls, code: str, message: str, retry_after: int) -> ProtocolError:
+        """A limit refused work the client may send again in `retry_after` seconds:
+        429 `rate_limit_error` with `retry-after`, as OpenAI's limits answer."""
+        return cls(code, message, status=429, retry_after=retry_after)
 
     @classmethod
     def from_core(cls, error: CoreError) -> ProtocolError:

@@ -49,6 +49,8 @@ class Steer:
     previous_response_id: str
     input: Any
     items: tuple[dict[str, Any], ...]
+    size: int = 0
+    """The frame's bytes, held in the queue memory while the steer waits."""
 
     def wire(self) -> dict[str, str]:
         return {"id": self.id, "previous_response_id": self.previous_response_id}
@@ -58,9 +60,9 @@ def invalid(message: str) -> ProtocolError:
     return ProtocolError("invalid_input", message, "input")
 
 
-def parse_steer(event: dict[str, Any]) -> Steer:
-    """Validate a `response.steer` frame (decoded) and mint its steer id. Raises
-    `ProtocolError` `invalid_input`."""
+def parse_steer(event: dict[str, Any], size: int = 0) -> Steer:
+    """Validate a `response.steer` frame (decoded, `size` bytes) and mint its steer id.
+    Raises `ProtocolError` `invalid_input`."""
     extra = sorted(set(event) - STEER_FIELDS)
     if extra:
         # `stream_id` among them: the target fixes the lane.
@@ -71,7 +73,7 @@ def parse_steer(event: dict[str, Any]) -> Steer:
     if not isinstance(target, str) or not target:
         raise invalid("previous_response_id must be a response id.")
     raw = event.get("input")
-    return Steer(new_id("steer_"), target, raw, tuple(_messages(raw)))
+    return Steer(new_id("steer_"), target, raw, tuple(_messages(raw)), size)
 
 
 def _messages(raw: Any) -> list[dict[str, Any]]:
@@ -98,13 +100,19 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
     return items
 
 
+def inherited(fields_json: str) -> dict[str, Any]:
+    """The request fields of a response (`CreateRequest.response_fields_json`) that a
+    request continuing it on the server's initiative carries over."""
+    fields = orjson.loads(fields_json)
+    return {key: fields[key] for key in INHERITED if key in fields}
+
+
 def successor_frame(
     fields_json: str, target: str, steers: list[Steer], stream_id: str | None
 ) -> bytes:
     """The `response.create` of the automatic successor: the target's settings, the
     target as its parent, the steering input in submission order as its input."""
-    fields = orjson.loads(fields_json)
-    frame: dict[str, Any] = {key: fields[key] for key in INHERITED if key in fields}
+    frame = inherited(fields_json)
     frame.update(
         type="response.create",
         previous_response_id=target,

@@ -24,9 +24,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
+from hotloop.protocol.compaction import compacted
+
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Conversation
     from hotloop.metrics import Metrics
+    from hotloop.protocol.compaction import Compactor
 
 Order = Literal["asc", "desc"]
 
@@ -123,6 +126,7 @@ class Chain:
     def replay(
         self,
         conversation: Conversation,
+        compactor: Compactor,
         fingerprint: str = "",
         rerendered: Callable[[], None] | None = None,
     ) -> None:
@@ -135,25 +139,36 @@ class Chain:
         An output stored under `fingerprint` (the serving format's) is appended as its
         stored token ids, so the rebuilt prompt is exactly the one the original
         connection held; any other output is rendered again from its text, and
-        `rerendered` is called for each. Raises CoreError from the core if a stored item
-        no longer validates, ValueError if a stored record is not JSON."""
+        `rerendered` is called for each. Compaction items render as their summary
+        (`compactor` opens them), and a response compacted by `context_management`
+        restarts the chain from its output (rendered from text), as it did when it ran.
+        Raises CoreError from the core if a stored item no longer validates,
+        ProtocolError if a compaction item no longer opens, ValueError if a stored
+        record is not JSON."""
         head = orjson.loads(self.head.response)
         instructions = head.get("instructions")
-        tools_json = orjson.dumps(head.get("tools") or []).decode()
         prefix: dict[str, Any] = {
             "instructions": instructions if isinstance(instructions, str) else None,
-            "tools_json": tools_json,
+            "tools_json": orjson.dumps(head.get("tools") or []).decode(),
         }
-        for stored in self.responses:
-            conversation.append_items(stored.input_items.decode(), **prefix)
-            output = orjson.loads(stored.response).get("output") or []
-            exact = bool(fingerprint) and stored.fingerprint == fingerprint
+        outputs = [orjson.loads(stored.response).get("output") or [] for stored in self.responses]
+        start = max((i for i, output in enumerate(outputs) if compacted(output)), default=-1)
+        for index, stored in enumerate(self.responses):
+            if index < start:
+                continue
+            if index > start:
+                conversation.append_items(
+                    compactor.expand_items(stored.input_items).decode(), **prefix
+                )
+            output = outputs[index]
+            exact = index > start and bool(fingerprint) and stored.fingerprint == fingerprint
             if exact and stored.output_token_ids:
                 conversation.append_output(orjson.dumps(output).decode(), stored.output_token_ids)
             elif output:
                 if rerendered is not None:
                     rerendered()
-                conversation.append_items(orjson.dumps(output).decode(), **prefix)
+                items = compactor.expand_items(orjson.dumps(output)).decode()
+                conversation.append_items(items, **prefix)
 
 
 class Store(Protocol):

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from hotloop import logs
-from hotloop._core import Policy
+from hotloop._core import Limits, Policy
 from hotloop.auth import ApiKeys, AuthError
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
@@ -29,6 +29,8 @@ from hotloop.protocol import (
     Observer,
     QueueMemory,
 )
+from hotloop.protocol.compaction import Compactor
+from hotloop.protocol.injection import MULTI_AGENT_BETA
 from hotloop.store import StoreError
 from hotloop.transport.admission import RETRY_AFTER_SECONDS
 from hotloop.transport.asgi import (
@@ -39,12 +41,22 @@ from hotloop.transport.asgi import (
     Scope,
     Send,
 )
-from hotloop.transport.http import header, session_key
+from hotloop.transport.http import header, session_key, with_request_id
 from hotloop.transport.websocket import Socket, deny
 
 log = logging.getLogger("hotloop")
 
 RESPONSES_PATHS = ("/v1/responses", "/responses")
+
+
+def connection_limits(config: ServerConfig, engine: Engine) -> ConnectionLimits:
+    """The bounds every connection and HTTP request of the server gets; `input_image`
+    parts are accepted only when the engine takes images."""
+    return ConnectionLimits(
+        max_frame_bytes=config.max_frame_bytes,
+        max_queued_bytes=config.max_queued_bytes,
+        request=Limits(images="image" in engine.modalities),
+    )
 
 
 def route_path(scope: Scope) -> str:
@@ -72,9 +84,12 @@ class App:
         baseline: Baseline | None = None,
         keys: ApiKeys | None = None,
         queue_memory: QueueMemory | None = None,
+        compactor: Compactor | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
+        # Without one (an app built by hand), items sealed here open only in this process.
+        self.compactor = compactor or Compactor.ephemeral()
         # The same check as the HTTP routes (`build_app` hands both one `ApiKeys`).
         self.keys = (
             ApiKeys(self.config.api_keys, self.config.tenant_label_secret) if keys is None else keys
@@ -92,10 +107,7 @@ class App:
         self.ledger = ledger
         self.drain = None if ledger is None else ledger.drain
         self._policy = policy
-        self._limits = ConnectionLimits(
-            max_frame_bytes=self.config.max_frame_bytes,
-            max_queued_bytes=self.config.max_queued_bytes,
-        )
+        self._limits = connection_limits(self.config, engine)
         self.baseline = baseline
         # `hotloop serve` names its node on every response (uvicorn's default headers);
         # a refused upgrade is answered by the app, which names it here.
@@ -135,7 +147,7 @@ class App:
                 if self._http is not None:
                     await self._http(scope, receive, send)
                 else:
-                    await _not_found(send)
+                    await _not_found(with_request_id(send, logs.bound_request_id()))
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
@@ -174,11 +186,15 @@ class App:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         await receive()  # websocket.connect
+        # The upgrade's own id, on its acceptance or refusal (not a wrapper around `send`:
+        # that would cost every streamed frame); each response on the socket then gets
+        # one of its own (`Connection`).
+        upgrade = with_request_id(send, logs.bound_request_id())
         config = self.config
         if route_path(scope) not in RESPONSES_PATHS:
             await self._deny(
                 scope,
-                send,
+                upgrade,
                 404,
                 "not_found",
                 "WebSocket mode is served on /v1/responses.",
@@ -187,7 +203,7 @@ class App:
         if not config.websocket:
             await self._deny(
                 scope,
-                send,
+                upgrade,
                 426,
                 "websocket_disabled",
                 "WebSocket mode is off: use HTTP.",
@@ -196,7 +212,7 @@ class App:
         try:
             credential = self.keys.authenticate(header(scope, b"authorization"))
         except AuthError as e:
-            await self._deny(scope, send, 401, e.code, e.message)
+            await self._deny(scope, upgrade, 401, e.code, e.message)
             return
         key, owner = (None, None) if credential is None else credential[:2]
         cap = config.max_connections_per_key
@@ -205,7 +221,7 @@ class App:
                 self.ledger.metrics.refusals.labels("too_many_connections").inc()
             await self._deny(
                 scope,
-                send,
+                upgrade,
                 429,
                 "too_many_connections",
                 f"This API key already has {cap} open WebSocket connections; close one "
@@ -213,7 +229,7 @@ class App:
                 RETRY_AFTER_SECONDS,
             )
             return
-        await send({"type": "websocket.accept"})
+        await upgrade({"type": "websocket.accept"})
         cache = ConnectionCache(config.max_cached_bytes, self.budget, owner)
         observer = self._observer
         books = None
@@ -235,6 +251,10 @@ class App:
             session_key=session_key(scope),
             queue_memory=self.queue_memory,
             durable=self.ledger is not None and self.ledger.durable,
+            compactor=self.compactor,
+            sampling_defaults=self.engine.sampling_defaults,
+            inject=config.inject or multi_agent(scope),
+            inject_idle_timeout=config.inject_idle_timeout,
         )
         socket = Socket(
             connection,
@@ -263,6 +283,13 @@ class App:
                 del self._sockets_of[owner]
             if self.ledger is not None:
                 self.ledger.metrics.connections.dec()
+
+
+def multi_agent(scope: Scope) -> bool:
+    """The upgrade asked for the long-running response (`OpenAI-Beta` lists
+    `responses_multi_agent=v1` among its comma-separated values)."""
+    beta = header(scope, b"openai-beta") or b""
+    return MULTI_AGENT_BETA in (value.strip() for value in beta.split(b","))
 
 
 def _warming(

@@ -2,6 +2,8 @@
 
 Routes (each also without the `/v1` prefix, and below any mount point):
 
+- `POST /v1/responses/compact` (a sealed summary of the conversation) and
+  `POST /v1/responses/input_tokens` (its prompt tokens, counted without generating)
 - `POST /v1/responses`: JSON, or with `"stream": true` SSE frames (`event:` + `data:`)
   carrying exactly the WebSocket payloads. The turn runs through the same sans-I/O
   `Connection` as WebSocket mode, with the process-wide cache of the caller's key as
@@ -29,9 +31,10 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from hotloop._core import CoreError, Policy, parse_request
+from hotloop import logs
+from hotloop._core import CoreError, CreateRequest, Policy, parse_request
 from hotloop.auth import ApiKeys, AuthError
-from hotloop.engines.base import EngineError, close_stream
+from hotloop.engines.base import EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.ledger import Books, Ledger
 from hotloop.protocol import (
@@ -46,11 +49,12 @@ from hotloop.protocol import (
     Render,
     offloads,
 )
-from hotloop.protocol.connection import STORE_UNAVAILABLE
+from hotloop.protocol.compaction import Compactor
+from hotloop.protocol.connection import OFFLOAD_BYTES, STORE_UNAVAILABLE
 from hotloop.protocol.errors import ProtocolError
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
-from hotloop.transport.asgi import Receive, Scope, Send
+from hotloop.transport.asgi import Message, Receive, Scope, Send
 from hotloop.transport.websocket import persist, render_off_loop
 
 log = logging.getLogger("hotloop.http")
@@ -85,6 +89,7 @@ class HttpApi:
         policy: Policy | None = None,
         baseline: Baseline | None = None,
         queue_memory: QueueMemory | None = None,
+        compactor: Compactor | None = None,
     ) -> None:
         self.ledger = ledger
         self.model = model
@@ -94,11 +99,14 @@ class HttpApi:
         self.baseline = baseline
         self.queue_memory = queue_memory or QueueMemory(1 << 62, 1 << 62)
         """Request bodies count in the process's queue memory while read and parsed."""
+        self.compactor = compactor or Compactor.ephemeral()
         self.created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = logs.bound_request_id()
+        send = with_request_id(send, request_id)
         try:
-            await self._route(scope, receive, send)
+            await self._route(scope, receive, send, request_id)
         except _ClientGone:
             return
         except ProtocolError as e:
@@ -110,7 +118,7 @@ class HttpApi:
         except StoreError as e:
             await _error(send, ProtocolError(e.code, e.message, status=503))
 
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _route(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         method: str = scope["method"]
         parts = _route_path(scope).strip("/").split("/")
         if parts[0] == "v1":
@@ -131,7 +139,13 @@ class HttpApi:
         match parts:
             case ["responses"]:
                 _allow(method, "POST")
-                await self._create(scope, receive, send, principal)
+                await self._create(scope, receive, send, principal, request_id)
+            case ["responses", "compact"]:
+                _allow(method, "POST")
+                await self._compact(scope, receive, send, principal, request_id)
+            case ["responses", "input_tokens"]:
+                _allow(method, "POST")
+                await self._input_tokens(scope, receive, send, principal, request_id)
             case ["responses", response_id]:
                 _allow(method, "GET", "DELETE")
                 if method == "GET":
@@ -183,45 +197,18 @@ class HttpApi:
     # ---------------------------------------------------------------- POST /v1/responses
 
     async def _create(
-        self, scope: Scope, receive: Receive, send: Send, principal: str | None
+        self, scope: Scope, receive: Receive, send: Send, principal: str | None, request_id: str
     ) -> None:
         if self.ledger.drain.draining:
             # Only a kept-alive connection can still send one: the listener is closed.
             raise ShuttingDown
-        reserved = _Reservation(self.queue_memory, principal)
-        try:
-            body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
-            start = time.perf_counter_ns()
-            try:
-                if offloads(body):
-                    # A large body (input, tools or instructions): parsed in a worker thread.
-                    request = await asyncio.to_thread(parse_request, body, self.limits.request)
-                else:
-                    request = parse_request(body, self.limits.request)
-            except CoreError as e:
-                raise ProtocolError.from_core(e) from e
-        finally:
-            reserved.release()
-        size = len(body)
-        del body  # a body of up to 16 MiB need not live as long as the response
+        size, request, parse_ns = await self._request(scope, receive, principal)
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
         exchange = _Exchange(books, cache)
-        connection = Connection(
-            chat_format=self.ledger.engine.chat_format,
-            context_window=self.ledger.engine.context_window,
-            model=self.model,
-            cache=cache,
-            limits=self.limits,
-            policy=self.policy,
-            observer=exchange,
-            principal=principal,
-            baseline=self.baseline,
-            session_key=session_key(scope),
-            durable=self.ledger.durable,
-        )
-        connection.receive_request(request, size, time.perf_counter_ns() - start)
+        connection = self._connection(scope, cache, principal, request_id, exchange)
+        connection.receive_request(request, size, parse_ns)
         actions = connection.actions()
         work = next((a for a in actions if isinstance(a, Render)), None)
         if work is not None:
@@ -237,6 +224,107 @@ class HttpApi:
         else:
             await self._run(receive, connection, actions, _discard)
             await _reply_final(send, exchange.result)
+
+    async def _request(
+        self, scope: Scope, receive: Receive, principal: str | None
+    ) -> tuple[int, CreateRequest, int]:
+        """The body's size, the body parsed (compaction items expanded first), and the
+        parse time. The body counts in the process's queue memory until it is parsed (a
+        body of up to 16 MiB need not live as long as the response)."""
+        reserved = _Reservation(self.queue_memory, principal)
+
+        def parse(body: bytes) -> CreateRequest:
+            return parse_request(self.compactor.expand(body), self.limits.request)
+
+        try:
+            body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
+            start = time.perf_counter_ns()
+            try:
+                # A large body (input, tools or instructions): parsed in a worker thread.
+                request = await asyncio.to_thread(parse, body) if offloads(body) else parse(body)
+            except CoreError as e:
+                raise ProtocolError.from_core(e) from e
+        finally:
+            reserved.release()
+        return len(body), request, time.perf_counter_ns() - start
+
+    def _connection(
+        self,
+        scope: Scope,
+        cache: ConnectionCache,
+        principal: str | None,
+        request_id: str,
+        observer: _Exchange | None = None,
+    ) -> Connection:
+        return Connection(
+            chat_format=self.ledger.engine.chat_format,
+            context_window=self.ledger.engine.context_window,
+            model=self.model,
+            cache=cache,
+            limits=self.limits,
+            policy=self.policy,
+            observer=observer,
+            principal=principal,
+            baseline=self.baseline,
+            session_key=session_key(scope),
+            durable=self.ledger.durable,
+            request_id=request_id,
+            compactor=self.compactor,
+            sampling_defaults=self.ledger.engine.sampling_defaults,
+        )
+
+    # ---------------------------------------------------------------- compact, input_tokens
+
+    async def _compact(
+        self, scope: Scope, receive: Receive, send: Send, principal: str | None, request_id: str
+    ) -> None:
+        """`POST /v1/responses/compact`: the engine summarizes the conversation into a
+        sealed `compaction` item (`Connection.receive_compact`)."""
+        _, request, _ = await self._request(scope, receive, principal)
+        if request.model is None:
+            raise ProtocolError(
+                "missing_required_parameter", "Missing required parameter: 'model'.", "model"
+            )
+        owner = self.ledger.observer(principal, "http").owner
+        cache = self.ledger.http_cache(owner)
+        await self.ledger.warm(cache, request.previous_response_id, owner)
+        connection = self._connection(scope, cache, principal, request_id)
+        connection.receive_compact(request)
+        replies: list[bytes] = []
+
+        async def keep(frame: bytes) -> None:
+            replies.append(frame)
+
+        await self._run(receive, connection, connection.actions(), keep)
+        if not replies:
+            return  # the client went away
+        if _is_error(replies[-1]):
+            await _reply_refusal(send, replies[-1])
+        else:
+            await _reply(send, 200, replies[-1])
+
+    async def _input_tokens(
+        self, scope: Scope, receive: Receive, send: Send, principal: str | None, request_id: str
+    ) -> None:
+        """`POST /v1/responses/input_tokens`: the prompt tokens of the request, in the
+        model's format and tokenizer, rendered as a turn would be (from the cached
+        chain when `previous_response_id` hits: only the new items)."""
+        _, request, _ = await self._request(scope, receive, principal)
+        owner = self.ledger.observer(principal, "http").owner
+        cache = self.ledger.http_cache(owner)
+        await self.ledger.warm(cache, request.previous_response_id, owner)
+        conversation = self._connection(scope, cache, principal, request_id).conversation_for(
+            request
+        )
+        try:
+            if request.frame_bytes >= OFFLOAD_BYTES:
+                turn = await asyncio.to_thread(conversation.extend, request)
+            else:
+                turn = conversation.extend(request)
+        except CoreError as e:
+            raise ProtocolError.from_core(e) from e
+        body = {"object": "response.input_tokens", "input_tokens": turn.prompt_tokens}
+        await _reply(send, 200, orjson.dumps(body))
 
     async def _stream(
         self, receive: Receive, send: Send, connection: Connection, actions: list[Any]
@@ -270,7 +358,19 @@ class HttpApi:
             generation.result()
 
     async def _generate(self, connection: Connection, work: Generate, emit: Emit) -> None:
+        """Run `work`, and the work it leads to (a compacted turn after its summary)."""
         session = self.ledger.engine.session()
+        next_work: Generate | None = work
+        try:
+            while next_work is not None:
+                next_work = await self._generate_one(connection, session, next_work, emit)
+        finally:
+            await session.close()
+
+    async def _generate_one(
+        self, connection: Connection, session: EngineSession, work: Generate, emit: Emit
+    ) -> Generate | None:
+        """Run one engine call; return the engine work it leads to, if any."""
         stream: AsyncIterator[list[int]] | None = None
         try:
             stream = session.generate(work.prompt, work.sampling, work.route_key)
@@ -289,8 +389,7 @@ class HttpApi:
         finally:
             if stream is not None:
                 await close_stream(stream)
-            await session.close()
-        await self._send_actions(connection, connection.actions(), emit)
+        return await self._send_actions(connection, connection.actions(), emit)
 
     async def _send_actions(
         self, connection: Connection, actions: list[Any], emit: Emit
@@ -374,6 +473,26 @@ class _Exchange:
         if not response.request.store:
             self._cache.evict(response.response_id)
         self._books.ledger.record(response, "http")
+
+
+# The messages that open an HTTP response: a plain one, a WebSocket upgrade's
+# acceptance, and its refusal.
+RESPONSE_STARTS = frozenset(
+    ("http.response.start", "websocket.accept", "websocket.http.response.start")
+)
+
+
+def with_request_id(send: Send, request_id: str) -> Send:
+    """`send` that stamps the response with `x-request-id`, where OpenAI's SDKs read a
+    request's id (`_request_id` on the returned object, `request_id` on errors)."""
+    stamp = (b"x-request-id", request_id.encode())
+
+    async def stamped(message: Message) -> None:
+        if message["type"] in RESPONSE_STARTS:
+            message = {**message, "headers": [*message.get("headers", ()), stamp]}
+        await send(message)
+
+    return stamped
 
 
 def sse_frame(frame: bytes) -> bytes:
@@ -526,9 +645,17 @@ async def _error(send: Send, error: ProtocolError) -> None:
 
 
 async def _reply_refusal(send: Send, frame: bytes) -> None:
-    """A request the protocol refused: the WebSocket envelope becomes status + body."""
+    """A request the protocol refused: the WebSocket envelope becomes status + body
+    (and its `error.headers["retry-after"]`, the HTTP header)."""
     event = orjson.loads(frame)
-    await _reply(send, event["status"], orjson.dumps({"error": event["error"]}))
+    error = event["error"]
+    retry_after = error.get("headers", {}).get("retry-after")
+    await _reply(
+        send,
+        event["status"],
+        orjson.dumps({"error": error}),
+        retry_after=None if retry_after is None else int(retry_after),
+    )
 
 
 async def _reply_final(send: Send, finished: Finished | None) -> None:
@@ -552,4 +679,4 @@ async def _reply_final(send: Send, finished: Finished | None) -> None:
     await _reply(send, 200, finished.response_json)
 
 
-__all__ = ["HttpApi", "sse_frame"]
+__all__ = ["HttpApi", "sse_frame", "with_request_id"]

@@ -33,6 +33,7 @@ from hotloop.protocol import (
     Parsed,
     Persist,
     Render,
+    Wait,
     offloads,
 )
 from hotloop.store import StoreError
@@ -75,11 +76,11 @@ async def render_off_loop(connection: Connection, work: Render) -> None:
     Cancelling the caller abandons the result: the thread finishes on its own, on a
     conversation nothing else holds."""
     try:
-        turn = await asyncio.to_thread(work.conversation.extend, work.request)
+        request, turn = await asyncio.to_thread(work.run)
     except CoreError as e:
         connection.render_failed(work.key, e)
     else:
-        connection.render_done(work.key, turn)
+        connection.render_done(work.key, turn, request)
 
 
 async def persist(connection: Connection, work: Persist, commit: Awaitable[None]) -> None:
@@ -138,6 +139,8 @@ class Socket:
         """How often generation paused because the client read too slowly."""
         self.paused = asyncio.Event()
         """Set while generation is paused until the client reads (health and tests)."""
+        self._waits: dict[int, asyncio.TimerHandle] = {}
+        """Idle timeouts of responses waiting for injected tool output, by key."""
         self._generating: dict[int, asyncio.Task[None]] = {}
         """Engine work and offloaded renders, by key (both end with the socket)."""
         self._persisting: dict[int, asyncio.Task[None]] = {}
@@ -170,6 +173,8 @@ class Socket:
             await self._read(receive)
         finally:
             timer.cancel()
+            for wait in self._waits.values():
+                wait.cancel()
             # Also after a lifetime close: the cache must leave the global budget.
             self.connection.connection_lost()
             self._dispatch()
@@ -221,6 +226,12 @@ class Socket:
                 connection.store_unavailable(parent, e.message)
         return parsed
 
+    def _wait_expired(self, key: int) -> None:
+        del self._waits[key]
+        self.connection.wait_expired(key)
+        self._dispatch()
+        self._has_output.set()
+
     def _expire(self) -> None:
         self.connection.lifetime_reached()
         self._dispatch()
@@ -247,7 +258,14 @@ class Socket:
                 commit = self._commit(action.finished)
                 self._persisting[action.key] = asyncio.create_task(self._persist(action, commit))
                 self._idle.clear()
+            elif isinstance(action, Wait):
+                self._waits[action.key] = asyncio.get_running_loop().call_later(
+                    action.seconds, self._wait_expired, action.key
+                )
             elif isinstance(action, Cancel):
+                wait = self._waits.pop(action.key, None)
+                if wait is not None:
+                    wait.cancel()
                 stopped = self._generating.pop(action.key, None)
                 if stopped is not None:
                     stopped.cancel()

@@ -45,6 +45,17 @@ impl Element for u32 {
     }
 }
 
+/// Rendered text (the chat-template prompt's), byte by byte.
+impl Element for u8 {
+    const LEAF: usize = 512;
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+    fn shares_heap(&self, _: &Self) -> bool {
+        true
+    }
+}
+
 enum Node<T> {
     Leaf(Arc<Vec<T>>),
     Branch(Arc<Vec<Node<T>>>),

@@ -16,7 +16,7 @@
 //! This module owns the chain and its accounting; it does not parse requests (that is
 //! `validate`) and does not know any chat format beyond the `ChatFormat` trait.
 
-mod chunks;
+pub(crate) mod chunks;
 mod growth;
 mod prompt;
 mod segment;
@@ -39,7 +39,7 @@ use crate::tokenizer::Tokenizer;
 use crate::validate::{self, check_context_budget, CreateRequest, Limits, Policy};
 
 pub use prompt::Prompt;
-use turn::TurnId;
+pub(crate) use turn::TurnId;
 pub use turn::{Turn, TurnParser};
 
 /// Work counters of one conversation (forks start from zero).
@@ -80,9 +80,9 @@ pub struct Delta {
 /// copies O(open calls), never O(history); a tool result naming an older call finds its
 /// function by walking the segments back (only when re-rendering history).
 #[derive(Clone)]
-struct OpenCall {
-    call_id: String,
-    name: String,
+pub(crate) struct OpenCall {
+    pub(crate) call_id: String,
+    pub(crate) name: String,
 }
 
 /// Where the last growing text may restart re-tokenization (see `growth`).
@@ -289,7 +289,7 @@ impl Chain {
 /// Check the delta's calls against the chain (protocol.md section 4): a
 /// `function_call_output` must answer an open call, a `function_call` must not reuse the id
 /// of an open one. Updates the open set; O(new items + open calls), never O(history).
-fn admit_calls(open: &mut Vec<OpenCall>, items: &[Item]) -> Result<()> {
+pub(crate) fn admit_calls(open: &mut Vec<OpenCall>, items: &[Item]) -> Result<()> {
     let error = |message: String| Err(Error::new(Code::UnknownCallId, message).at("input"));
     for (i, item) in items.iter().enumerate() {
         match item {
@@ -330,6 +330,96 @@ fn grown(item: &Item, chunk: &str) -> Item {
         Item::FunctionCall { arguments, .. } => arguments.push_str(chunk),
     }
     item
+}
+
+/// A request refused before rendering: its parse failed, or the content policy refuses
+/// its new text (its instructions only when they differ from `current`'s).
+pub(crate) fn check_request(
+    request: &CreateRequest,
+    current: &Prefix,
+    policy: Option<&Policy>,
+) -> Result<()> {
+    if let Some(error) = &request.error {
+        return Err(error.clone());
+    }
+    if let Some(policy) = policy {
+        if let Some(instructions) = &request.prefix.instructions {
+            if current.instructions.as_ref() != Some(instructions) {
+                policy.check_text(instructions, "instructions")?;
+            }
+        }
+        policy.check_input(&request.input)?;
+    }
+    Ok(())
+}
+
+/// `append_items` from JSON: `items_json` is an `input` array (or string), `tools_json` a
+/// `tools` array, both parsed and checked by `validate` as in a request. Returns the items
+/// and the new prefix (None when `instructions` and `tools_json` are both None: keep
+/// `current`; otherwise `current` with what was given replaced).
+pub(crate) fn parse_append(
+    current: &Prefix,
+    items_json: &str,
+    instructions: Option<String>,
+    tools_json: Option<&str>,
+) -> Result<(Vec<Item>, Option<Prefix>)> {
+    let not_json = |what: &str| Error::new(Code::InvalidJson, format!("{what} is not one JSON value"));
+    serde_json::from_str::<&RawValue>(items_json).map_err(|_| not_json("items_json"))?;
+    let mut body = String::with_capacity(items_json.len() + tools_json.map_or(0, str::len) + 64);
+    body.push_str("{\"input\":");
+    body.push_str(items_json);
+    if let Some(tools) = tools_json {
+        serde_json::from_str::<&RawValue>(tools).map_err(|_| not_json("tools_json"))?;
+        body.push_str(",\"tools\":");
+        body.push_str(tools);
+    }
+    if let Some(text) = &instructions {
+        body.push_str(",\"instructions\":");
+        body.push_str(&serde_json::Value::from(text.as_str()).to_string());
+    }
+    body.push('}');
+    let request = validate::parse_request(body.as_bytes(), &Limits::default())?;
+    if let Some(error) = request.error {
+        return Err(error);
+    }
+    let prefix = (instructions.is_some() || tools_json.is_some()).then(|| Prefix {
+        instructions: if instructions.is_some() {
+            request.prefix.instructions
+        } else {
+            current.instructions.clone()
+        },
+        tools: if tools_json.is_some() {
+            request.prefix.tools
+        } else {
+            current.tools.clone()
+        },
+        reasoning_effort: current.reasoning_effort.clone(),
+    });
+    Ok((request.input.items, prefix))
+}
+
+/// A stored model turn's items (`items_json`, the response's `output` array), checked
+/// with its output ids against a vocabulary of `vocab` tokens.
+pub(crate) fn parse_stored_output(items_json: &str, ids: &[u32], vocab: usize) -> Result<Vec<Item>> {
+    if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(Error::new(
+            Code::InvalidValue,
+            format!("output token id {bad} is outside the vocabulary ({vocab} tokens)"),
+        ));
+    }
+    serde_json::from_str::<&RawValue>(items_json)
+        .map_err(|_| Error::new(Code::InvalidJson, "items_json is not one JSON value"))?;
+    let body = format!("{{\"input\":{items_json}}}");
+    let request = validate::parse_request(body.as_bytes(), &Limits::default())?;
+    if let Some(error) = request.error {
+        return Err(error);
+    }
+    Ok(request.input.items)
+}
+
+/// A fresh conversation id (turn parsers name the conversation they belong to).
+pub(crate) fn next_conversation_id() -> u64 {
+    CONVERSATION_IDS.fetch_add(1, Ordering::Relaxed)
 }
 
 static CONVERSATION_IDS: AtomicU64 = AtomicU64::new(1);
@@ -386,7 +476,7 @@ impl Checkpoint {
             chain: self.chain.clone(),
             base: Some(self.chain.clone()),
             stats: Stats::default(),
-            id: CONVERSATION_IDS.fetch_add(1, Ordering::Relaxed),
+            id: next_conversation_id(),
             turns: 0,
         }
     }
@@ -401,7 +491,7 @@ impl Conversation {
             chain,
             base: None,
             stats: Stats::default(),
-            id: CONVERSATION_IDS.fetch_add(1, Ordering::Relaxed),
+            id: next_conversation_id(),
             turns: 0,
         }
     }
@@ -423,17 +513,7 @@ impl Conversation {
     /// content policy on new text only (instructions only when they changed), then
     /// appends its items and opens the turn.
     pub fn extend_request(&mut self, request: &CreateRequest, policy: Option<&Policy>) -> Result<Turn> {
-        if let Some(error) = &request.error {
-            return Err(error.clone());
-        }
-        if let Some(policy) = policy {
-            if let Some(instructions) = &request.prefix.instructions {
-                if self.prefix().instructions.as_ref() != Some(instructions) {
-                    policy.check_text(instructions, "instructions")?;
-                }
-            }
-            policy.check_input(&request.input)?;
-        }
+        check_request(request, self.prefix(), policy)?;
         // Requests resend their instructions and tools every turn: copy them only when
         // they differ from the chain's.
         let prefix = (self.chain.history_len() == 0 || request.prefix != *self.prefix())
@@ -451,42 +531,8 @@ impl Conversation {
         instructions: Option<String>,
         tools_json: Option<&str>,
     ) -> Result<Turn> {
-        let not_json = |what: &str| Error::new(Code::InvalidJson, format!("{what} is not one JSON value"));
-        serde_json::from_str::<&RawValue>(items_json).map_err(|_| not_json("items_json"))?;
-        let mut body = String::with_capacity(items_json.len() + tools_json.map_or(0, str::len) + 64);
-        body.push_str("{\"input\":");
-        body.push_str(items_json);
-        if let Some(tools) = tools_json {
-            serde_json::from_str::<&RawValue>(tools).map_err(|_| not_json("tools_json"))?;
-            body.push_str(",\"tools\":");
-            body.push_str(tools);
-        }
-        if let Some(text) = &instructions {
-            body.push_str(",\"instructions\":");
-            body.push_str(&serde_json::Value::from(text.as_str()).to_string());
-        }
-        body.push('}');
-        let request = validate::parse_request(body.as_bytes(), &Limits::default())?;
-        if let Some(error) = request.error {
-            return Err(error);
-        }
-        let prefix = (instructions.is_some() || tools_json.is_some()).then(|| {
-            let current = self.prefix();
-            Prefix {
-                instructions: if instructions.is_some() {
-                    request.prefix.instructions
-                } else {
-                    current.instructions.clone()
-                },
-                tools: if tools_json.is_some() {
-                    request.prefix.tools
-                } else {
-                    current.tools.clone()
-                },
-                reasoning_effort: current.reasoning_effort.clone(),
-            }
-        });
-        self.append_items(request.input.items, prefix)
+        let (items, prefix) = parse_append(self.prefix(), items_json, instructions, tools_json)?;
+        self.append_items(items, prefix)
     }
 
     /// Append items without opening a turn (token caches, rebuilds from a store). `prefix`
@@ -701,16 +747,7 @@ impl Conversation {
     }
 
     fn open_turn_id(&self) -> Result<TurnId> {
-        if !self.chain.turn_open() {
-            return Err(Error::new(
-                Code::InvalidValue,
-                "no assistant turn is open: call extend before parsing or committing output",
-            ));
-        }
-        Ok(TurnId {
-            conversation: self.id,
-            serial: self.turns,
-        })
+        TurnId::open(self.chain.turn_open(), self.id, self.turns)
     }
 
     /// A parser for the open turn's output.
@@ -757,37 +794,39 @@ impl Conversation {
     /// rebuilt prompt is the one the original conversation held. On error the
     /// conversation is unchanged.
     pub fn append_output_json(&mut self, items_json: &str, ids: &[u32]) -> Result<()> {
+        self.output_json(items_json, ids, true)?;
+        self.turns += 1;
+        Ok(())
+    }
+
+    /// Close the open turn with `ids` as its output segment and `items_json` (output
+    /// items) as its items, as `commit_output` does with a parser's: for output that
+    /// keeps items the client already saw (an interrupted response's completed items,
+    /// whose function calls keep their call ids). On error the conversation is unchanged.
+    pub fn commit_items_json(&mut self, items_json: &str, ids: &[u32]) -> Result<()> {
+        self.open_turn_id()?;
+        self.output_json(items_json, ids, false)
+    }
+
+    fn output_json(&mut self, items_json: &str, ids: &[u32], header: bool) -> Result<()> {
         let vocab = self.format.tokenizer().vocab_size();
-        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(Error::new(
-                Code::InvalidValue,
-                format!("output token id {bad} is outside the vocabulary ({vocab} tokens)"),
-            ));
-        }
-        serde_json::from_str::<&RawValue>(items_json)
-            .map_err(|_| Error::new(Code::InvalidJson, "items_json is not one JSON value"))?;
-        let body = format!("{{\"input\":{items_json}}}");
-        let request = validate::parse_request(body.as_bytes(), &Limits::default())?;
-        if let Some(error) = request.error {
-            return Err(error);
-        }
-        let items: Arc<[Item]> = request.input.items.into();
+        let items: Arc<[Item]> = parse_stored_output(items_json, ids, vocab)?.into();
         let mut next = self.chain.clone();
         let mut open = next.open_calls.as_ref().clone();
         admit_calls(&mut open, &items)?;
         let from = next.segments.len();
-        let steps = vec![
-            Step::Header,
-            Step::Output {
-                items,
-                sampled: ids.to_vec(),
-            },
-        ];
+        let mut steps = Vec::with_capacity(2);
+        if header {
+            steps.push(Step::Header);
+        }
+        steps.push(Step::Output {
+            items,
+            sampled: ids.to_vec(),
+        });
         let work = next.rewrite(self.format.as_ref(), from, steps);
         next.open_calls = Arc::new(open);
         self.replace_chain(next);
         self.count(&work);
-        self.turns += 1;
         Ok(())
     }
 

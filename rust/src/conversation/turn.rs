@@ -1,6 +1,7 @@
 //! The output side of one turn: the format's streaming parser, wrapped so that the ids it
 //! saw are exactly what `Conversation::commit_output` appends to history.
 
+use crate::error::{Code, Error, Result};
 use crate::format::{Outcome, OutputParser, ParseEvent};
 use crate::item::Item;
 
@@ -12,7 +13,9 @@ pub struct Turn {
     pub cached_tokens: usize,
     /// Prompt tokens rendered by this call.
     pub new_tokens: usize,
-    /// The prefix (instructions, tools) changed and the chain re-rendered from it.
+    /// Earlier history was re-rendered: the prefix (instructions, tools) changed, or a
+    /// chat template rendered earlier messages differently (counted per format in
+    /// `/metrics`).
     pub invalidated: bool,
 }
 
@@ -21,6 +24,19 @@ pub struct Turn {
 pub(crate) struct TurnId {
     pub conversation: u64,
     pub serial: u64,
+}
+
+impl TurnId {
+    /// The id of a conversation's open turn; an error when no turn is open.
+    pub(crate) fn open(turn_open: bool, conversation: u64, serial: u64) -> Result<TurnId> {
+        if !turn_open {
+            return Err(Error::new(
+                Code::InvalidValue,
+                "no assistant turn is open: call extend before parsing or committing output",
+            ));
+        }
+        Ok(TurnId { conversation, serial })
+    }
 }
 
 pub struct TurnParser {

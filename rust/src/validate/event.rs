@@ -181,7 +181,7 @@ mod tests {
                 "include":["reasoning.encrypted_content"],"client_metadata":{"a":1},"text":{"verbosity":"low"}}"#,
         );
         let nested = create_request(
-            r#"{"type":"response.create","response":{"model":"m","input":"hi","stream":true,"text":{"verbosity":"low"}}}"#,
+            r#"{"type":"response.create","response":{"model":"m","input":"hi","stream":true,"prompt_cache_key":"k","text":{"verbosity":"low"}}}"#,
         );
         assert_eq!(flat.error, None);
         assert_eq!(flat.input.items, nested.input.items);
@@ -211,9 +211,14 @@ mod tests {
             fields,
             json!({
                 "instructions": null, "max_output_tokens": null, "metadata": {}, "model": null,
-                "parallel_tool_calls": true, "previous_response_id": null, "reasoning": null,
-                "store": true, "temperature": null, "text": {"format": {"type": "text"}},
-                "tool_choice": "auto", "tools": [], "top_p": null, "truncation": "disabled"
+                "parallel_tool_calls": true, "previous_response_id": null,
+                "reasoning": {"effort": null, "summary": null},
+                "store": true, "temperature": 1.0, "text": {"format": {"type": "text"}},
+                "tool_choice": "auto", "tools": [], "top_p": 1.0, "truncation": "disabled",
+                // Open Responses requires these with a value: the API's defaults.
+                "frequency_penalty": 0.0, "presence_penalty": 0.0, "top_logprobs": 0,
+                "service_tier": "default", "max_tool_calls": null, "safety_identifier": null,
+                "prompt_cache_key": null
             })
         );
         let r = create_request(
@@ -233,8 +238,14 @@ mod tests {
                 "model": "gpt-oss", "parallel_tool_calls": false, "previous_response_id": "resp_1",
                 "reasoning": {"effort": "high", "summary": "auto"}, "store": false, "temperature": 0.5,
                 "text": {"format": {"type": "json_object"}}, "tool_choice": {"type": "function", "name": "f"},
-                "tools": [{"type":"function","name":"f","parameters":{"type":"object"}},{"type":"web_search"}],
-                "top_p": 0.9, "truncation": "auto"
+                "tools": [
+                    {"type":"function","name":"f","parameters":{"type":"object"},"description":null,"strict":true},
+                    {"type":"web_search"}
+                ],
+                "top_p": 0.9, "truncation": "auto",
+                "frequency_penalty": 0.0, "presence_penalty": 0.0, "top_logprobs": 0,
+                "service_tier": "default", "max_tool_calls": null, "safety_identifier": null,
+                "prompt_cache_key": null
             })
         );
         assert!(!r.generate && !r.store);
@@ -279,7 +290,7 @@ mod tests {
             (
                 r#""input":[{"role":"user","content":[{"type":"input_audio"}]}]"#,
                 Code::UnsupportedContent,
-                "input[0].content[0].type",
+                "input[0].content[0]",
             ),
         ];
         for (fields, code, param) in cases {

@@ -182,7 +182,7 @@ fn parse_item(mut item: RawItem, path: &Path, limits: &Limits) -> Result<(Item, 
     };
     let max = limits.max_text_bytes;
     match kind.as_ref() {
-        "message" => parse_message(item, path, max),
+        "message" => parse_message(item, path, max, limits.images),
         "function_call" => {
             let call_id = required_name(item.call_id, &path.key("call_id"), max)?;
             let name = required_name(item.name, &path.key("name"), max)?;
@@ -212,7 +212,7 @@ fn parse_item(mut item: RawItem, path: &Path, limits: &Limits) -> Result<(Item, 
     }
 }
 
-fn parse_message(item: RawItem, path: &Path, max: usize) -> Result<(Item, TextSource)> {
+fn parse_message(item: RawItem, path: &Path, max: usize, images: bool) -> Result<(Item, TextSource)> {
     let role_path = path.key("role");
     let role = required_text(item.role, &role_path, NO_LIMIT)?;
     let role = match role.as_str() {
@@ -235,6 +235,7 @@ fn parse_message(item: RawItem, path: &Path, max: usize) -> Result<(Item, TextSo
     // The text part type a role may carry, as the API defines it.
     let allowed: &[&str] = match role {
         Role::Assistant => &["output_text"],
+        Role::User if images => &["input_text", IMAGE_PART],
         _ => &["input_text"],
     };
     let (text, source) = text_or_parts(content, &content_path, "content", allowed, "", max)?;
@@ -304,15 +305,18 @@ fn parts(
         let type_path = part_path.key("type");
         let kind = required_text(part.kind, &type_path, NO_LIMIT)?;
         if !allowed.contains(&kind.as_str()) {
-            return Err(part_type_error(&type_path, &kind, allowed));
+            return Err(part_type_error(&part_path, &kind, allowed));
         }
-        let text_path = part_path.key("text");
-        let piece = part.text.ok_or_else(|| field::missing(&text_path))?;
-        let piece = piece.text(&text_path, max)?;
         if j > 0 {
             text.push_str(separator);
         }
-        text.push_str(&piece);
+        if kind == IMAGE_PART {
+            text.push_str(IMAGE_PLACEHOLDER);
+        } else {
+            let text_path = part_path.key("text");
+            let piece = part.text.ok_or_else(|| field::missing(&text_path))?;
+            text.push_str(&piece.text(&text_path, max)?);
+        }
         if text.len() > max {
             return Err(Error::new(
                 Code::StringAboveMaxLength,
@@ -334,9 +338,19 @@ fn parts(
     ))
 }
 
-/// Text part types of the API that belong to another role are invalid values; any other
-/// part type (images, files, audio, ...) is content this server cannot render.
-fn part_type_error(path: &Path, kind: &str, allowed: &[&str]) -> Error {
+/// An image part of a user message, accepted when the model takes images
+/// ([`Limits::images`]).
+const IMAGE_PART: &str = "input_image";
+
+/// What an accepted image renders as: the engine's vision input is out of the text, so
+/// the prompt marks where it stood.
+const IMAGE_PLACEHOLDER: &str = "[image]";
+
+/// Text part types of the API that belong to another role are invalid values (at the
+/// part's `type`); any other part type (images, files, audio, ...) is content this
+/// model cannot take (at the part).
+fn part_type_error(part_path: &Path, kind: &str, allowed: &[&str]) -> Error {
+    let path = &part_path.key("type");
     let supported = allowed
         .iter()
         .map(|a| format!("'{a}'"))
@@ -355,14 +369,19 @@ fn part_type_error(path: &Path, kind: &str, allowed: &[&str]) -> Error {
             format!("Invalid value for '{path}': '{kind}'. Supported values here are {supported}."),
         )
     } else {
+        let modalities = if allowed.contains(&IMAGE_PART) {
+            "text and images"
+        } else {
+            "text only"
+        };
         Error::new(
             Code::UnsupportedContent,
             format!(
-                "Content part type '{kind}' is not supported: this server renders text only \
-                 ({supported} here)."
+                "Content part '{part_path}' of type '{kind}' is not supported: this model \
+                 accepts {modalities} ({supported} here)."
             ),
         )
-        .at(path.to_string())
+        .at(part_path.to_string())
     }
 }
 
@@ -486,7 +505,7 @@ mod tests {
             (
                 r#"[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]"#,
                 Code::UnsupportedContent,
-                "input[0].content[0].type",
+                "input[0].content[0]",
             ),
             (
                 r#"[{"role":"user","content":[{"type":"output_text","text":"x"}]}]"#,
@@ -536,7 +555,7 @@ mod tests {
             (
                 r#"[{"type":"function_call_output","call_id":"c","output":[{"type":"input_file","file_id":"f"}]}]"#,
                 Code::UnsupportedContent,
-                "input[0].output[0].type",
+                "input[0].output[0]",
             ),
             (
                 r#"[{"type":"computer_call"}]"#,
@@ -557,12 +576,37 @@ mod tests {
     }
 
     #[test]
+    fn images_render_as_placeholders_when_the_model_takes_them() {
+        let json = r#"[{"role":"user","content":[{"type":"input_text","text":"see "},{"type":"input_image","image_url":"data:image/png;base64,AA=="}]}]"#;
+        let raw: &RawValue = serde_json::from_str(json).unwrap();
+        let e = parse_input(Some(raw), &Limits::default()).unwrap_err();
+        assert_eq!(
+            (e.code, e.param.as_deref()),
+            (Code::UnsupportedContent, Some("input[0].content[1]"))
+        );
+        assert!(e.message.contains("text only"), "{}", e.message);
+        let vision = Limits {
+            images: true,
+            ..Limits::default()
+        };
+        let input = parse_input(Some(raw), &vision).unwrap();
+        assert_eq!(
+            input.items[0],
+            Item::Message {
+                role: Role::User,
+                text: format!("see {IMAGE_PLACEHOLDER}")
+            }
+        );
+    }
+
+    #[test]
     fn limits() {
         let tight = Limits {
             max_items: 2,
             max_text_bytes: 4,
             max_tools: 1,
             max_tools_bytes: 4,
+            images: false,
         };
         let raw: &RawValue = serde_json::from_str(r#"["a","b","c"]"#).unwrap();
         assert_eq!(

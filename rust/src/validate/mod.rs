@@ -46,6 +46,9 @@ pub struct Limits {
     /// and rendering tools costs CPU in proportion to their bytes (about 0.2 us a byte
     /// for schema-heavy lists), so this bounds a request's CPU for them.
     pub max_tools_bytes: usize,
+    /// The model takes images: `input_image` parts of user messages are accepted (and
+    /// render as a placeholder); otherwise they are refused as `unsupported_content`.
+    pub images: bool,
 }
 
 impl Default for Limits {
@@ -55,6 +58,7 @@ impl Default for Limits {
             max_text_bytes: 10 * 1024 * 1024,
             max_tools: 512,
             max_tools_bytes: 2 * 1024 * 1024,
+            images: false,
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::error::{Code, Error, Result};
 use crate::item::Prefix;
 
 /// The fields of a request body this server reads, as raw slices of the frame. Unknown
-/// fields (`include`, `prompt_cache_key`, `client_metadata`, ...) are skipped.
+/// fields (`include`, `client_metadata`, ...) are skipped.
 #[derive(Deserialize, Default)]
 pub(super) struct Body<'a> {
     #[serde(borrow, rename = "type")]
@@ -65,12 +65,39 @@ pub(super) struct Body<'a> {
     text: Option<&'a RawValue>,
     #[serde(borrow)]
     truncation: Option<&'a RawValue>,
+    // Echoed only (Open Responses requires them in a Response with a value).
+    #[serde(borrow)]
+    frequency_penalty: Option<&'a RawValue>,
+    #[serde(borrow)]
+    presence_penalty: Option<&'a RawValue>,
+    #[serde(borrow)]
+    top_logprobs: Option<&'a RawValue>,
+    #[serde(borrow)]
+    max_tool_calls: Option<&'a RawValue>,
+    #[serde(borrow)]
+    service_tier: Option<&'a RawValue>,
+    #[serde(borrow)]
+    safety_identifier: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt_cache_key: Option<&'a RawValue>,
+    #[serde(borrow)]
+    context_management: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
 struct RawReasoning<'a> {
     #[serde(borrow)]
     effort: Option<&'a RawValue>,
+    #[serde(borrow)]
+    summary: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawContextManagement<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow)]
+    compact_threshold: Option<&'a RawValue>,
 }
 
 /// A parsed `response.create`. When `error` is set the request must be refused with it;
@@ -102,6 +129,9 @@ pub struct CreateRequest {
     pub max_output_tokens: Option<u64>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// `context_management: [{"type": "compaction", "compact_threshold": N}]`: compact
+    /// the conversation when a turn's prompt passes N tokens.
+    pub compact_threshold: Option<u64>,
     /// The input as a JSON array of items (a string input becomes one user message).
     pub input_json: String,
     /// Bytes of the raw `input` field.
@@ -112,8 +142,9 @@ pub struct CreateRequest {
     /// The fields a Response echoes, defaults and nulls filled in (`{}` when `error`
     /// is set), compact, in a fixed order. `model` is null when the request named none,
     /// spelled `"model":null` before any field that could contain that text (only
-    /// `instructions`, `max_output_tokens` and `metadata` precede it), so the server can
-    /// substitute its own model name with one string replacement.
+    /// `frequency_penalty`, `instructions`, `max_output_tokens`, `max_tool_calls` and
+    /// `metadata` precede it), so the server can substitute its own model name with one
+    /// string replacement.
     pub response_fields_json: String,
 }
 
@@ -136,6 +167,7 @@ impl Default for CreateRequest {
             max_output_tokens: None,
             temperature: None,
             top_p: None,
+            compact_threshold: None,
             input_json: "[]".to_string(),
             input_bytes: 0,
             frame_bytes: 0,
@@ -197,10 +229,13 @@ impl CreateRequest {
             .map(|r| field::number_in(r, &Path::root("top_p"), 0.0, 1.0))
             .transpose()?;
         check_metadata(body.metadata)?;
+        self.compact_threshold = compact_threshold(body.context_management)?;
+        let echoed = echoed_settings(body, max)?;
         let text = text_config(body.text)?;
         let truncation = truncation(body.truncation)?;
         self.prefix.instructions = field::opt_string(body.instructions, &Path::root("instructions"), max)?;
         self.prefix.reasoning_effort = reasoning_effort(body.reasoning)?;
+        let reasoning = reasoning_echo(body.reasoning)?;
         let tools = parse_tools(body.tools, limits)?;
         self.tool_choice = parse_tool_choice(body.tool_choice, &tools.functions)?;
         self.prefix.tools = tools.functions;
@@ -208,28 +243,50 @@ impl CreateRequest {
         self.input_bytes = body.input.map_or(0, |r| r.get().len());
         self.input = parse_input(body.input, limits)?;
         self.input_json = input_json(body.input);
-        self.response_fields_json = self.response_fields(body, &text, truncation);
+        let tools_echo = body
+            .tools
+            .map_or_else(|| "[]".to_string(), |_| tools.echo_json.clone());
+        self.response_fields_json = self.response_fields(
+            body,
+            &Echo {
+                text,
+                truncation,
+                reasoning,
+                tools: tools_echo,
+                settings: echoed,
+            },
+        );
         Ok(())
     }
 
-    fn response_fields(&self, body: &Body, text: &str, truncation: &str) -> String {
+    fn response_fields(&self, body: &Body, echo: &Echo) -> String {
         let raw_or = |raw: Option<&RawValue>, default: &str| raw.map_or(default, RawValue::get).to_string();
         let json = |v: &Option<String>| serde_json::to_string(v).unwrap_or_else(|_| "null".into());
-        let fields: [(&str, String); 14] = [
+        let settings = &echo.settings;
+        // Open Responses requires every sampling setting with a number: a request that
+        // sets none was served with the API's documented defaults.
+        let fields: [(&str, String); 21] = [
+            ("frequency_penalty", number(settings.frequency_penalty)),
             ("instructions", json(&self.prefix.instructions)),
             ("max_output_tokens", raw_or(body.max_output_tokens, "null")),
+            ("max_tool_calls", raw_or(body.max_tool_calls, "null")),
             ("metadata", raw_or(body.metadata, "{}")),
             ("model", json(&self.model)),
             ("parallel_tool_calls", self.parallel_tool_calls.to_string()),
+            ("presence_penalty", number(settings.presence_penalty)),
             ("previous_response_id", json(&self.previous_response_id)),
-            ("reasoning", raw_or(body.reasoning, "null")),
+            ("prompt_cache_key", json(&settings.prompt_cache_key)),
+            ("reasoning", echo.reasoning.clone()),
+            ("safety_identifier", json(&settings.safety_identifier)),
+            ("service_tier", format!("\"{}\"", settings.service_tier)),
             ("store", self.store.to_string()),
-            ("temperature", raw_or(body.temperature, "null")),
-            ("text", text.to_string()),
+            ("temperature", number(self.temperature.unwrap_or(1.0))),
+            ("text", echo.text.clone()),
             ("tool_choice", raw_or(body.tool_choice, r#""auto""#)),
-            ("tools", raw_or(body.tools, "[]")),
-            ("top_p", raw_or(body.top_p, "null")),
-            ("truncation", format!("\"{truncation}\"")),
+            ("tools", echo.tools.clone()),
+            ("top_logprobs", settings.top_logprobs.to_string()),
+            ("top_p", number(self.top_p.unwrap_or(1.0))),
+            ("truncation", format!("\"{}\"", echo.truncation)),
         ];
         let mut out = String::with_capacity(256 + fields.iter().map(|(_, v)| v.len()).sum::<usize>());
         out.push('{');
@@ -253,6 +310,130 @@ impl CreateRequest {
         }
         policy.check_input(&self.input)
     }
+}
+
+/// What a Response echoes beside the request's own fields, each resolved once.
+struct Echo {
+    text: String,
+    truncation: &'static str,
+    reasoning: String,
+    tools: String,
+    settings: EchoedSettings,
+}
+
+/// Settings this server accepts and echoes but does not act on (one service tier, no
+/// logprobs, no penalties in the engines).
+struct EchoedSettings {
+    frequency_penalty: f64,
+    presence_penalty: f64,
+    top_logprobs: u64,
+    service_tier: &'static str,
+    safety_identifier: Option<String>,
+    prompt_cache_key: Option<String>,
+}
+
+const SERVICE_TIERS: [&str; 5] = ["auto", "default", "flex", "scale", "priority"];
+
+fn echoed_settings(body: &Body, max: usize) -> Result<EchoedSettings> {
+    let penalty = |raw: Option<&RawValue>, name: &str| {
+        raw.map_or(Ok(0.0), |r| field::number_in(r, &Path::root(name), -2.0, 2.0))
+    };
+    let top_logprobs = match body.top_logprobs {
+        None => 0,
+        Some(raw) => field::number_in(raw, &Path::root("top_logprobs"), 0.0, 20.0).and_then(|n| {
+            if n.fract() == 0.0 {
+                Ok(n as u64)
+            } else {
+                Err(field::type_error(
+                    &Path::root("top_logprobs"),
+                    "an integer",
+                    "a number",
+                ))
+            }
+        })?,
+    };
+    if let Some(raw) = body.max_tool_calls {
+        field::positive_int(raw, &Path::root("max_tool_calls"))?;
+    }
+    let tier_path = Path::root("service_tier");
+    let service_tier = match field::opt_string(body.service_tier, &tier_path, 64)? {
+        // `auto` resolves to the tier that served the request: this server has one.
+        None => "default",
+        Some(tier) => match SERVICE_TIERS.iter().find(|t| **t == tier) {
+            Some(&"auto") => "default",
+            Some(known) => known,
+            None => {
+                return Err(invalid_value(
+                    &tier_path,
+                    format!(
+                        "Invalid value for 'service_tier': '{tier}'. Supported values are {}.",
+                        SERVICE_TIERS.map(|t| format!("'{t}'")).join(", ")
+                    ),
+                ))
+            }
+        },
+    };
+    Ok(EchoedSettings {
+        frequency_penalty: penalty(body.frequency_penalty, "frequency_penalty")?,
+        presence_penalty: penalty(body.presence_penalty, "presence_penalty")?,
+        top_logprobs,
+        service_tier,
+        safety_identifier: field::opt_string(body.safety_identifier, &Path::root("safety_identifier"), max)?,
+        prompt_cache_key: field::opt_string(body.prompt_cache_key, &Path::root("prompt_cache_key"), max)?,
+    })
+}
+
+/// A JSON number that stays a float on the wire (`1.0`, not `1`).
+fn number(x: f64) -> String {
+    serde_json::to_string(&x).unwrap_or_else(|_| "null".into())
+}
+
+/// `reasoning` as echoed: always `{"effort", "summary"}`, each null when not set.
+fn reasoning_echo(raw: Option<&RawValue>) -> Result<String> {
+    let path = Path::root("reasoning");
+    let Some(raw) = raw else {
+        return Ok(r#"{"effort":null,"summary":null}"#.to_string());
+    };
+    let reasoning: RawReasoning = field::object(raw, &path)?;
+    let summary = field::opt_string(reasoning.summary, &path.key("summary"), 64)?;
+    let effort = field::opt_string(reasoning.effort, &path.key("effort"), 64)?;
+    Ok(serde_json::json!({"effort": effort, "summary": summary}).to_string())
+}
+
+/// The smallest `compact_threshold` accepted: below it a summary would not be shorter
+/// than what it replaces.
+const MIN_COMPACT_THRESHOLD: u64 = 1000;
+
+/// `context_management`: a list of at most one `{"type": "compaction", "compact_threshold": N}`.
+fn compact_threshold(raw: Option<&RawValue>) -> Result<Option<u64>> {
+    let path = Path::root("context_management");
+    let Some(raw) = raw else { return Ok(None) };
+    if raw.get().trim() == "null" {
+        return Ok(None);
+    }
+    let mut threshold = None;
+    for (i, element) in field::bounded_array(raw, &path, 1)?.into_iter().enumerate() {
+        let entry_path = path.index(i);
+        let entry: RawContextManagement = field::object(element, &entry_path)?;
+        let type_path = entry_path.key("type");
+        let kind = field::string(field::required(entry.kind, &type_path)?, &type_path)?;
+        if kind != "compaction" {
+            return Err(invalid_value(
+                &type_path,
+                format!("Invalid value for '{type_path}': '{kind}'. Supported values are 'compaction'."),
+            ));
+        }
+        let n_path = entry_path.key("compact_threshold");
+        let n = field::positive_int(field::required(entry.compact_threshold, &n_path)?, &n_path)?;
+        if n < MIN_COMPACT_THRESHOLD {
+            return Err(invalid_value(
+                &n_path,
+                format!("Invalid '{n_path}': {n}; it must be at least {MIN_COMPACT_THRESHOLD} tokens."),
+            ));
+        }
+        threshold = Some(n);
+    }
+    Ok(threshold)
 }
 
 /// Parse an HTTP `POST /v1/responses` body. Malformed JSON or a body that is not an

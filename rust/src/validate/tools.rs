@@ -27,6 +27,9 @@ pub struct Tools {
     pub functions: Vec<Tool>,
     /// Tools of other types, accepted but not rendered.
     pub skipped: Vec<SkippedTool>,
+    /// The list as a Response echoes it: as sent, with the fields a function tool must
+    /// carry there (`description`, `parameters`, `strict`) filled in when missing.
+    pub echo_json: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,14 +165,18 @@ impl ToolCache {
 fn parse_uncached(raw: &RawValue, limits: &Limits) -> Result<Tools> {
     let path = Path::root("tools");
     let mut tools = Tools::default();
-    for (i, element) in field::bounded_array(raw, &path, limits.max_tools)?
-        .into_iter()
-        .enumerate()
-    {
+    let elements = field::bounded_array(raw, &path, limits.max_tools)?;
+    tools.echo_json = String::with_capacity(raw.get().len() + 2 + 48 * elements.len());
+    tools.echo_json.push('[');
+    for (i, element) in elements.into_iter().enumerate() {
         let tool_path = path.index(i);
         let tool: RawTool = field::object(element, &tool_path)?;
         let type_path = tool_path.key("type");
         let kind = field::string(field::required(tool.kind, &type_path)?, &type_path)?;
+        if i > 0 {
+            tools.echo_json.push(',');
+        }
+        echo_tool(&mut tools.echo_json, element, &tool, kind == "function");
         if kind != "function" {
             // A name is informative only here; a malformed one is not worth a refusal.
             let name = tool.name.and_then(|n| field::string(n, &tool_path).ok());
@@ -189,7 +196,29 @@ fn parse_uncached(raw: &RawValue, limits: &Limits) -> Result<Tools> {
         }
         tools.functions.push(function);
     }
+    tools.echo_json.push(']');
     Ok(tools)
+}
+
+/// Append `element` as sent; a function tool gets the members it lacks appended before
+/// its closing brace (defaults as parsed: no description, no parameters, strict).
+fn echo_tool(out: &mut String, element: &RawValue, tool: &RawTool, function: bool) {
+    let text = element.get().trim_end();
+    if !function {
+        out.push_str(text);
+        return;
+    }
+    out.push_str(&text[..text.len() - 1]);
+    for (present, member) in [
+        (tool.description.is_some(), r#","description":null"#),
+        (tool.parameters.is_some(), r#","parameters":null"#),
+        (tool.strict.is_some(), r#","strict":true"#),
+    ] {
+        if !present {
+            out.push_str(member);
+        }
+    }
+    out.push('}');
 }
 
 fn parse_function(tool: &RawTool, path: &Path, limits: &Limits) -> Result<Tool> {

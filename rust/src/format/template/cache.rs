@@ -17,6 +17,8 @@
 //! (Qwen3 dropping earlier reasoning, a date in the system turn) fail the probe and are
 //! rendered whole, still tokenized incrementally; each rewrite is counted.
 
+use std::borrow::Borrow;
+use std::mem::size_of;
 use std::sync::Arc;
 
 use minijinja::Value;
@@ -25,6 +27,7 @@ use serde_json::{json, Value as Json};
 use super::messages::ChatMessages;
 use super::specials::Specials;
 use super::{message_value, ChatTemplate, RenderOptions};
+use crate::conversation::chunks::{Chunks, Element};
 use crate::error::{Code, Error, Result};
 use crate::item::Item;
 use crate::tokenizer::Tokenizer;
@@ -108,27 +111,43 @@ impl Default for Policy {
     }
 }
 
+/// A restart point `(byte, token)` of the held text.
+impl Element for (usize, usize) {
+    const LEAF: usize = 32;
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+    fn shares_heap(&self, _: &Self) -> bool {
+        true
+    }
+}
+
 /// A rendered and tokenized conversation that grows turn by turn.
+///
+/// Cloning it (a checkpoint, a fork) shares the text, the ids and the restart points
+/// (persistent [`Chunks`]) and the messages (`Arc`s): it copies two pointer arrays,
+/// one entry per message, never the history's text.
+#[derive(Clone)]
 pub struct TemplatePrompt {
     template: Arc<ChatTemplate>,
     specials: Arc<Specials>,
-    options: RenderOptions,
+    options: Arc<RenderOptions>,
     policy: Policy,
     stability: Option<Stability>,
     messages: ChatMessages,
     /// Template values of `messages`, converted once.
     values: Vec<Value>,
-    text: String,
-    ids: Vec<u32>,
+    text: Chunks<u8>,
+    ids: Chunks<u32>,
     /// Restart points `(byte, token)`, ascending, starting with `(0, 0)`.
-    bounds: Vec<(usize, usize)>,
+    bounds: Chunks<(usize, usize)>,
     /// Messages in `text`, and whether it ends with a generation prompt.
     rendered: usize,
     generation: bool,
     /// Bytes of verbatim output appended after the last render.
     output_len: usize,
     /// `render([first message])`: the head every window render starts with.
-    head: Option<String>,
+    head: Option<Arc<str>>,
     /// Some message carried reasoning (sticky).
     has_reasoning: bool,
     stats: TemplateStats,
@@ -142,17 +161,19 @@ impl TemplatePrompt {
         options: RenderOptions,
         policy: Policy,
     ) -> TemplatePrompt {
+        let mut bounds = Chunks::default();
+        bounds.push((0, 0));
         TemplatePrompt {
             template,
             specials,
-            options,
+            options: Arc::new(options),
             policy,
             stability: None,
             messages: ChatMessages::new(instructions),
             values: Vec::new(),
-            text: String::new(),
-            ids: Vec::new(),
-            bounds: vec![(0, 0)],
+            text: Chunks::default(),
+            ids: Chunks::default(),
+            bounds,
             rendered: 0,
             generation: false,
             output_len: 0,
@@ -175,20 +196,94 @@ impl TemplatePrompt {
         self.template.stop_tokens(self.specials.tokenizer().as_ref())
     }
 
-    pub fn text(&self) -> &str {
-        &self.text
+    /// The rendered text (copied out of the shared chunks).
+    pub fn text(&self) -> String {
+        self.text_range(0, self.text.len())
     }
 
-    pub fn ids(&self) -> &[u32] {
+    /// All ids, shared (`Prompt` takes them without copying).
+    pub fn id_chunks(&self) -> &Chunks<u32> {
         &self.ids
     }
 
-    pub fn messages(&self) -> &[Json] {
+    pub fn ids(&self) -> Vec<u32> {
+        self.ids.to_vec(0, self.ids.len())
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    pub fn messages(&self) -> &[Arc<Json>] {
         self.messages.messages()
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Text bytes `start..end`, cut at character boundaries (renders and verbatim
+    /// outputs are whole UTF-8 texts, and every cut is a common-prefix length).
+    fn text_range(&self, start: usize, end: usize) -> String {
+        String::from_utf8(self.text.to_vec(start, end)).expect("the held text is cut at character boundaries")
+    }
+
+    /// The prompt ends by opening a reasoning block (`<think>\n`, `[THINK]`): the
+    /// model's output starts inside it.
+    pub fn opens_reasoning(&self) -> bool {
+        let tail = self
+            .text
+            .to_vec(self.text.len().saturating_sub(32), self.text.len());
+        let tail = String::from_utf8_lossy(&tail);
+        let tail = tail.trim_end_matches('\n');
+        tail.ends_with("<think>") || tail.ends_with("[THINK]")
+    }
+
+    /// Replace the instructions and the render options (a request whose prefix
+    /// changed): the next prompt renders everything and keeps the tokens before the
+    /// first byte that differs.
+    pub fn set_prefix(&mut self, instructions: Option<&str>, options: RenderOptions) {
+        self.messages.set_instructions(instructions);
+        self.options = Arc::new(options);
+        self.stability = None;
+        self.head = None;
+    }
+
+    /// Grow the last message's text by `chunk`; false when it has no text content.
+    pub fn grow_last(&mut self, chunk: &str) -> bool {
+        self.messages.grow_last(chunk)
+    }
+
+    /// Bytes this prompt holds that `base` (an earlier state it was cloned from) does
+    /// not share.
+    pub fn memory_bytes(&self, base: Option<&TemplatePrompt>) -> usize {
+        let messages = self.messages.messages();
+        let shared = |i: usize| {
+            base.and_then(|b| b.messages.messages().get(i))
+                .is_some_and(|m| Arc::ptr_eq(m, &messages[i]))
+        };
+        let new_messages: usize = (0..messages.len())
+            .filter(|&i| !shared(i))
+            .map(|i| json_bytes(&messages[i]))
+            .sum();
+        self.text.unique_bytes(base.map(|b| &b.text))
+            + self.ids.unique_bytes(base.map(|b| &b.ids))
+            + self.bounds.unique_bytes(base.map(|b| &b.bounds))
+            + messages.len() * (size_of::<Arc<Json>>() + size_of::<Value>())
+            + new_messages
     }
 
     pub fn stats(&self) -> TemplateStats {
         self.stats
+    }
+
+    /// Start counting from zero (a fork counts its own work).
+    pub fn reset_stats(&mut self) {
+        self.stats = TemplateStats::default();
     }
 
     /// The probe's verdict (after the first prompt).
@@ -225,7 +320,7 @@ impl TemplatePrompt {
             return; // Not text: the next prompt re-encodes exactly from before it.
         };
         self.push_bound();
-        self.text.push_str(&text);
+        self.text.extend_from_slice(text.as_bytes());
         self.ids.extend_from_slice(ids);
         self.push_bound();
         self.output_len += text.len();
@@ -249,7 +344,7 @@ impl TemplatePrompt {
                     append_stable: false,
                     without_reasoning_only: false,
                     reason: Some("window renders are off".into()),
-                    generation_prompt: None,
+                    generation_prompt: generation_prompt(&self.template, &self.options),
                 }
             });
         }
@@ -261,9 +356,11 @@ impl TemplatePrompt {
         self.values.truncate(changed);
         let fresh: Vec<Value> = self.messages.messages()[changed..]
             .iter()
-            .map(message_value)
+            .map(|m| message_value(m))
             .collect();
-        self.has_reasoning |= self.messages.messages()[changed..].iter().any(carries_reasoning);
+        self.has_reasoning |= self.messages.messages()[changed..]
+            .iter()
+            .any(|m| carries_reasoning(m));
         self.values.extend(fresh);
         if changed < ANCHOR {
             self.head = None;
@@ -310,7 +407,7 @@ impl TemplatePrompt {
         let new = self
             .template
             .render_values(&self.values, add_generation_prompt, &self.options)?;
-        let at = common_prefix(&self.text, &new);
+        let at = held_prefix(&self.text, &new);
         Ok((at, new[at..].to_owned()))
     }
 
@@ -323,12 +420,13 @@ impl TemplatePrompt {
         add_generation_prompt: bool,
     ) -> Result<Option<(usize, String)>> {
         let head = match &self.head {
-            Some(head) => head.clone(),
+            Some(head) => Arc::clone(head),
             None => {
-                let head = self
+                let head: Arc<str> = self
                     .template
-                    .render_values(&self.values[..ANCHOR], false, &self.options)?;
-                self.head = Some(head.clone());
+                    .render_values(&self.values[..ANCHOR], false, &self.options)?
+                    .into();
+                self.head = Some(Arc::clone(&head));
                 head
             }
         };
@@ -341,10 +439,20 @@ impl TemplatePrompt {
             add_generation_prompt,
             &self.options,
         )?;
+        // Only the held text the old window covers is read (and copied): from where its
+        // tail starts, to the end.
         let rendered = self.text.len() - self.output_len;
-        let Some((at, tail)) = splice(&self.text, rendered, &head, &old, &new) else {
+        let Some(from) = old
+            .strip_prefix(&*head)
+            .and_then(|old_tail| rendered.checked_sub(old_tail.len()))
+        else {
             return Ok(None);
         };
+        let held = self.text_range(from, self.text.len());
+        let Some((at, tail)) = splice(&held, rendered - from, &head, &old, &new) else {
+            return Ok(None);
+        };
+        let at = from + at;
         self.stats.window_renders += 1;
         let check = self.policy.check_every;
         if check > 0 && self.stats.window_renders.is_multiple_of(check) {
@@ -352,13 +460,14 @@ impl TemplatePrompt {
             let full = self
                 .template
                 .render_values(&self.values, add_generation_prompt, &self.options)?;
-            if full.get(..at) != Some(&self.text[..at]) || full[at..] != tail {
+            let same_head = full.get(..at).is_some_and(|f| held_prefix(&self.text, f) == at);
+            if !same_head || full[at..] != tail {
                 self.stats.window_mismatches += 1;
                 if let Some(s) = self.stability.as_mut() {
                     s.append_stable = false;
                     s.reason = Some("a window render disagreed with the full render".into());
                 }
-                let at = common_prefix(&self.text, &full);
+                let at = held_prefix(&self.text, &full);
                 return Ok(Some((at, full[at..].to_owned())));
             }
         }
@@ -368,18 +477,32 @@ impl TemplatePrompt {
     /// Keep the text before `at`, append `tail`, re-encode from the last restart point
     /// at or before `at`. Returns the number of ids kept.
     fn apply(&mut self, at: usize, tail: &str) -> usize {
-        let keep = self.bounds.partition_point(|&(byte, _)| byte <= at);
-        self.bounds.truncate(keep.max(1));
+        // The restart points at or before `at` (binary search: they ascend).
+        let (mut lo, mut hi) = (0, self.bounds.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.bounds.get(mid).is_some_and(|&(byte, _)| byte <= at) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        self.bounds.truncate(lo.max(1));
         let (byte, token) = *self.bounds.last().expect("bounds start with (0, 0)");
         self.ids.truncate(token);
+        let mut run = self.text_range(byte, at);
+        run.push_str(tail);
         self.text.truncate(at);
-        self.text.push_str(tail);
-        let before = self.ids.len();
-        self.specials
-            .encode(&self.text[byte..], byte, &mut self.ids, &mut self.bounds);
+        self.text.extend_from_slice(tail.as_bytes());
+        let (mut ids, mut after) = (Vec::new(), Vec::new());
+        self.specials.encode(&run, byte, &mut ids, &mut after);
+        self.ids.extend_from_slice(&ids);
+        for (b, t) in after {
+            self.bounds.push((b, token + t));
+        }
         self.stats.tokens_kept += token as u64;
-        self.stats.tokens_encoded += (self.ids.len() - before) as u64;
-        self.stats.bytes_encoded += (self.text.len() - byte) as u64;
+        self.stats.tokens_encoded += ids.len() as u64;
+        self.stats.bytes_encoded += run.len() as u64;
         token
     }
 }
@@ -395,10 +518,10 @@ fn window_start(changed: usize, last_user: Option<usize>) -> usize {
 }
 
 /// Index of the last user message.
-fn last_user(messages: &[Json]) -> Option<usize> {
+fn last_user<M: Borrow<Json>>(messages: &[M]) -> Option<usize> {
     messages
         .iter()
-        .rposition(|m| m.get("role").and_then(Json::as_str) == Some("user"))
+        .rposition(|m| m.borrow().get("role").and_then(Json::as_str) == Some("user"))
 }
 
 /// The anchor messages followed by the tail.
@@ -419,6 +542,36 @@ fn splice(held: &str, rendered: usize, head: &str, old: &str, new: &str) -> Opti
     let from = rendered - old_tail.len();
     let p = common_prefix(&held[from..], new_tail);
     Some((from + p, new_tail[p..].to_owned()))
+}
+
+/// Length of the common prefix of the held text and `new`, on a character boundary
+/// (of both: they agree on every byte before it).
+fn held_prefix(held: &Chunks<u8>, new: &str) -> usize {
+    let new_bytes = new.as_bytes();
+    let (mut n, mut differs) = (0, false);
+    held.for_each_slice(0, new_bytes.len(), &mut |s| {
+        if differs {
+            return;
+        }
+        let same = s.iter().zip(&new_bytes[n..]).take_while(|(x, y)| x == y).count();
+        n += same;
+        differs = same < s.len();
+    });
+    while !new.is_char_boundary(n) {
+        n -= 1;
+    }
+    n
+}
+
+/// Approximate heap bytes of a JSON value (its strings plus a node overhead).
+fn json_bytes(value: &Json) -> usize {
+    size_of::<Json>()
+        + match value {
+            Json::String(s) => s.len(),
+            Json::Array(a) => a.iter().map(json_bytes).sum(),
+            Json::Object(o) => o.iter().map(|(k, v)| k.len() + json_bytes(v)).sum(),
+            _ => 0,
+        }
 }
 
 /// Length of the common prefix of `a` and `b`, on a character boundary.
@@ -452,6 +605,15 @@ fn probe_messages() -> Vec<Json> {
         json!({"role": "user", "content": "Third question?"}),
         json!({"role": "assistant", "content": "Third answer."}),
     ]
+}
+
+/// The text `add_generation_prompt=true` appends to the probe's first messages, when it
+/// only appends.
+fn generation_prompt(template: &ChatTemplate, options: &RenderOptions) -> Option<String> {
+    let values: Vec<Value> = probe_messages()[..ANCHOR].iter().map(message_value).collect();
+    let without = template.render_values(&values, false, options).ok()?;
+    let with = template.render_values(&values, true, options).ok()?;
+    with.strip_prefix(without.as_str()).map(str::to_owned)
 }
 
 /// A message the template may render reasoning for.
@@ -499,20 +661,20 @@ pub fn probe(template: &ChatTemplate, options: &RenderOptions) -> Stability {
 
 fn probe_with(template: &ChatTemplate, options: &RenderOptions, messages: &[Json]) -> Stability {
     let values: Vec<Value> = messages.iter().map(message_value).collect();
+    // Known whether or not windows are allowed: what the generation prompt appends is
+    // never history, so a turn that changes it rewrites nothing.
+    let generation_prompt = generation_prompt(template, options);
     let unstable = |reason: String| Stability {
         append_stable: false,
         without_reasoning_only: false,
         reason: Some(reason),
-        generation_prompt: None,
+        generation_prompt: generation_prompt.clone(),
     };
     let render = |msgs: &[Value], agp: bool| template.render_values(msgs, agp, options);
     let head = match render(&values[..ANCHOR], false) {
         Ok(head) => head,
         Err(e) => return unstable(format!("the probe does not render: {}", e.message)),
     };
-    let generation_prompt = render(&values[..ANCHOR], true)
-        .ok()
-        .and_then(|t| t.strip_prefix(head.as_str()).map(str::to_owned));
     // Each step appends one message to a prompt that ended with the generation prompt,
     // as a turn does; the spliced window renders must give the full render.
     for n in ANCHOR + 1..=values.len() {

@@ -14,6 +14,10 @@
 //!
 //! Merging means a new item may change the last message; [`ChatMessages`] records the
 //! first message changed since it was last taken, which is where re-rendering starts.
+//! Messages are shared (`Arc`): a checkpoint of a conversation copies pointers, and
+//! editing the last message copies only that one.
+
+use std::sync::Arc;
 
 use serde_json::{json, Map, Value as Json};
 
@@ -22,21 +26,53 @@ use crate::item::{Item, Role, Tool};
 /// The chat messages of a conversation, built item by item.
 #[derive(Debug, Clone, Default)]
 pub struct ChatMessages {
-    messages: Vec<Json>,
+    messages: Vec<Arc<Json>>,
     /// Index of the first message changed since [`ChatMessages::take_changed`].
     changed_from: usize,
+    /// The first message is the `system` message made from `instructions`.
+    instructions: bool,
 }
 
 impl ChatMessages {
     pub fn new(instructions: Option<&str>) -> ChatMessages {
         let mut m = ChatMessages::default();
-        if let Some(text) = instructions {
-            m.messages.push(json!({"role": "system", "content": text}));
-        }
+        m.set_instructions(instructions);
         m
     }
 
-    pub fn messages(&self) -> &[Json] {
+    /// Make, replace or drop the leading `system` message that `instructions` become
+    /// (a request whose instructions changed).
+    pub fn set_instructions(&mut self, instructions: Option<&str>) {
+        let message = instructions.map(|text| Arc::new(json!({"role": "system", "content": text})));
+        match (self.instructions, message) {
+            (true, Some(m)) => self.messages[0] = m,
+            (true, None) => {
+                self.messages.remove(0);
+            }
+            (false, Some(m)) => self.messages.insert(0, m),
+            (false, None) => return,
+        }
+        self.instructions = instructions.is_some();
+        self.changed_from = 0;
+    }
+
+    /// Append `chunk` to the last message's text content (a message or tool output
+    /// growing in chunks); false when the last message has no text content.
+    pub fn grow_last(&mut self, chunk: &str) -> bool {
+        let Some(last) = self.messages.len().checked_sub(1) else {
+            return false;
+        };
+        if !self.messages[last].get("content").is_some_and(Json::is_string) {
+            return false;
+        }
+        if let Some(Json::String(text)) = Arc::make_mut(&mut self.messages[last]).get_mut("content") {
+            text.push_str(chunk);
+        }
+        self.changed_from = self.changed_from.min(last);
+        true
+    }
+
+    pub fn messages(&self) -> &[Arc<Json>] {
         &self.messages
     }
 
@@ -115,7 +151,7 @@ impl ChatMessages {
 
     fn append(&mut self, message: Json) {
         self.changed_from = self.changed_from.min(self.messages.len());
-        self.messages.push(message);
+        self.messages.push(Arc::new(message));
     }
 
     /// The last message when it is an assistant message that `accepts` the item
@@ -130,7 +166,7 @@ impl ChatMessages {
             return None;
         }
         self.changed_from = self.changed_from.min(last);
-        self.messages[last].as_object_mut()
+        Arc::make_mut(&mut self.messages[last]).as_object_mut()
     }
 }
 
@@ -217,12 +253,12 @@ mod tests {
         });
         assert_eq!(m.take_changed(), 2);
         assert_eq!(
-            m.messages()[2],
+            *m.messages()[2],
             json!({"role": "assistant", "content": "ok", "reasoning": "think", "reasoning_content": "think",
                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": {"path": "/"}}}]})
         );
         assert_eq!(
-            m.messages()[3],
+            *m.messages()[3],
             json!({"role": "tool", "content": "a b", "tool_call_id": "c1"})
         );
         // A call after a tool output starts a new assistant message.

@@ -18,6 +18,7 @@
 //! the tool-call parsers in `format::toolcall`).
 
 pub mod cache;
+pub mod conversation;
 mod env;
 pub mod messages;
 pub mod pyjson;
@@ -136,28 +137,19 @@ impl ChatTemplate {
                     format!("{} has no tokenizer.chat_template", path.display()),
                 )
             })?;
-        let vocab = meta.get("tokenizer.ggml.tokens").and_then(gguf::Value::as_array);
-        let token_text = |key: &str| {
-            let id = meta.get(key)?.as_int()?;
-            vocab?.get(usize::try_from(id).ok()?)?.as_str().map(str::to_owned)
-        };
-        let mut tokens = Vec::new();
-        for (var, key) in [
-            ("bos_token", "tokenizer.ggml.bos_token_id"),
-            ("eos_token", "tokenizer.ggml.eos_token_id"),
-            ("unk_token", "tokenizer.ggml.unknown_token_id"),
-            ("pad_token", "tokenizer.ggml.padding_token_id"),
-        ] {
-            if let Some(text) = token_text(key) {
-                tokens.push((var.to_owned(), text));
-            }
-        }
+        let tokens = gguf_token_strings(&meta);
         let name = meta
             .get("general.name")
             .and_then(gguf::Value::as_str)
             .unwrap_or("gguf")
             .to_owned();
         ChatTemplate::new(&name, source, tokens)
+    }
+
+    /// The special-token strings (`bos_token`, `eos_token`, ...) a GGUF names, for a
+    /// template given apart from it (a base model's GGUF carries none).
+    pub fn gguf_tokens(path: &Path) -> Result<Vec<(String, String)>> {
+        Ok(gguf_token_strings(&gguf::read_metadata_file(path)?))
     }
 
     /// A `.jinja` file, rendered with these special-token strings.
@@ -265,6 +257,27 @@ const END_OF_TURN: &[&str] = &[
     "<|return|>",
     "<|call|>",
 ];
+
+/// `bos_token`, `eos_token`, ... as the texts of the ids a GGUF's metadata names.
+fn gguf_token_strings(meta: &gguf::Metadata) -> Vec<(String, String)> {
+    let vocab = meta.get("tokenizer.ggml.tokens").and_then(gguf::Value::as_array);
+    let token_text = |key: &str| {
+        let id = meta.get(key)?.as_int()?;
+        vocab?.get(usize::try_from(id).ok()?)?.as_str().map(str::to_owned)
+    };
+    let mut tokens = Vec::new();
+    for (var, key) in [
+        ("bos_token", "tokenizer.ggml.bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id"),
+        ("unk_token", "tokenizer.ggml.unknown_token_id"),
+        ("pad_token", "tokenizer.ggml.padding_token_id"),
+    ] {
+        if let Some(text) = token_text(key) {
+            tokens.push((var.to_owned(), text));
+        }
+    }
+    tokens
+}
 
 /// A chat message as the template sees it.
 pub fn message_value(message: &Json) -> Value {

@@ -137,6 +137,62 @@ impl Family {
 
     /// A streaming parser. `stop` are the ids that end the turn; `in_reasoning` when
     /// the generation prompt already opened the reasoning block.
+    /// The text a model of this family samples to produce `items` (reasoning, then
+    /// text, then calls), without its stop token: what the simulated engine answers.
+    pub fn completion_text(self, items: &[Item]) -> String {
+        let mut out = String::new();
+        let mut calls = Vec::new();
+        for item in items {
+            match item {
+                Item::Reasoning { text } => {
+                    if let Some((open, close)) = self.syntax().reasoning {
+                        out.push_str(&format!("{open}\n{text}\n{close}\n\n"));
+                    }
+                }
+                Item::Message { text, .. } => out.push_str(text),
+                Item::FunctionCall { name, arguments, .. } => calls.push((name.as_str(), arguments.as_str())),
+                Item::FunctionCallOutput { .. } => {}
+            }
+        }
+        let object = |key: &str, (name, arguments): (&str, &str)| {
+            format!(
+                "{{\"name\": {}, \"{key}\": {arguments}}}",
+                serde_json::Value::from(name)
+            )
+        };
+        if calls.is_empty() {
+            return out;
+        }
+        match self {
+            Family::Hermes => {
+                let calls: Vec<String> = calls
+                    .into_iter()
+                    .map(|c| format!("<tool_call>\n{}\n</tool_call>", object("arguments", c)))
+                    .collect();
+                out.push_str(&calls.join("\n"));
+            }
+            Family::Llama3Json => {
+                let calls: Vec<String> = calls.into_iter().map(|c| object("parameters", c)).collect();
+                out.push_str("<|python_tag|>");
+                out.push_str(&calls.join("; "));
+            }
+            Family::Mistral => {
+                let calls: Vec<String> = calls.into_iter().map(|c| object("arguments", c)).collect();
+                out.push_str(&format!("[TOOL_CALLS][{}]", calls.join(", ")));
+            }
+            Family::DeepSeekV3 => {
+                out.push_str(DS_CALLS_BEGIN);
+                for (name, arguments) in calls {
+                    out.push_str(&format!(
+                        "{DS_CALL_BEGIN}function{DS_SEP}{name}\n```json\n{arguments}\n```{DS_CALL_END}"
+                    ));
+                }
+                out.push_str(DS_CALLS_END);
+            }
+        }
+        out
+    }
+
     pub fn parser(
         self,
         tokenizer: Arc<dyn Tokenizer>,

@@ -1,0 +1,306 @@
+//! The template conversation against a from-scratch render + encode, through requests,
+//! committed model turns, checkpoints and forks.
+
+use std::sync::Arc;
+
+use serde_json::Map;
+
+use super::*;
+use crate::format::template::cache::Policy as RenderPolicy;
+use crate::format::transcript::marker_vocab;
+use crate::format::ParseEvent;
+use crate::validate::{parse_request, Limits};
+
+/// ChatML with Qwen2.5's tool calls and tools in the system turn.
+const CHATML_TOOLS: &str = "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}Tools: {% for t in tools %}{{ t.function.name }} {% endfor %}<|im_end|>\n{% endif %}{% for m in messages %}{% if not (tools and m.role == 'system') %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}\n<tool_call>\n{{ c.function | tojson }}\n</tool_call>{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+fn format(verbatim: bool) -> Arc<TemplateFormat> {
+    let template = Arc::new(
+        ChatTemplate::new(
+            "chatml-tools",
+            CHATML_TOOLS,
+            vec![("eos_token".into(), "<|im_end|>".into())],
+        )
+        .unwrap(),
+    );
+    let policy = RenderPolicy {
+        verbatim,
+        check_every: 1,
+        ..RenderPolicy::default()
+    };
+    Arc::new(TemplateFormat::new(template, marker_vocab(), Map::new(), None, policy).unwrap())
+}
+
+fn request(body: &str) -> CreateRequest {
+    parse_request(body.as_bytes(), &Limits::default()).unwrap()
+}
+
+/// The conversation's ids equal encode(render(its messages)) with the generation prompt
+/// when a turn is open.
+fn check(c: &TemplateConversation, agp: bool) {
+    let p = c.template_prompt();
+    let messages: Vec<Json> = p.messages().iter().map(|m| (**m).clone()).collect();
+    let options = c.format.options(c.prefix());
+    let text = c.format.template.render(&messages, agp, &options).unwrap();
+    assert_eq!(p.text(), text);
+    assert_eq!(c.prompt().tokens(), c.format.specials.encode_all(&text));
+}
+
+/// Feed the model's answer to the open turn and commit it.
+fn answer(c: &mut TemplateConversation, items: &[Item]) -> Vec<ParseEvent> {
+    let mut parser = c.parser().unwrap();
+    let mut events = Vec::new();
+    for id in c.format.completion_tokens(items) {
+        parser.feed(id, &mut events);
+    }
+    parser.finish(&mut events);
+    c.commit_output(&parser).unwrap();
+    events
+}
+
+#[test]
+fn turns_calls_and_forks_equal_the_full_render() {
+    let mut c = TemplateConversation::new(format(false), 1 << 20);
+    let tools = r#""tools":[{"type":"function","name":"ls","parameters":{"type":"object"}}]"#;
+    let first = c
+        .extend_request(
+            &request(&format!(
+                r#"{{"input":"List files.","instructions":"Be brief.",{tools}}}"#
+            )),
+            None,
+        )
+        .unwrap();
+    assert_eq!(first.cached_tokens, 0);
+    check(&c, true);
+    let events = answer(
+        &mut c,
+        &[Item::FunctionCall {
+            call_id: String::new(),
+            name: "ls".into(),
+            arguments: r#"{"path": "/"}"#.into(),
+        }],
+    );
+    let call_id = events
+        .iter()
+        .find_map(|e| match e {
+            ParseEvent::CallDone { name, call_id, .. } if name == "ls" => Some(call_id.clone()),
+            _ => None,
+        })
+        .expect("the call is parsed back");
+    assert_eq!(c.open_call_ids(), vec![call_id.clone()]);
+    check(&c, false);
+    let checkpoint = c.checkpoint();
+    let second = c
+        .extend_request(
+            &request(&format!(
+                r#"{{"input":[{{"type":"function_call_output","call_id":"{call_id}","output":"a b"}}],"instructions":"Be brief.",{tools}}}"#
+            )),
+            None,
+        )
+        .unwrap();
+    assert!(!second.invalidated);
+    assert!(
+        second.cached_tokens > first.prompt_tokens,
+        "turn 2 keeps turn 1's tokens"
+    );
+    check(&c, true);
+    assert!(c.open_call_ids().is_empty());
+
+    // A fork from the checkpoint shares turn 1 and goes its own way; the original is untouched.
+    let before = c.prompt().tokens();
+    let mut fork = checkpoint.fork();
+    assert_eq!(fork.prompt().tokens(), checkpoint.prompt().tokens());
+    let turn = fork
+        .extend_request(
+            &request(&format!(
+                r#"{{"input":[{{"type":"function_call_output","call_id":"{call_id}","output":"other"}}],"instructions":"Be brief.",{tools}}}"#
+            )),
+            None,
+        )
+        .unwrap();
+    check(&fork, true);
+    assert!(turn.cached_tokens >= checkpoint.token_count() - 4);
+    assert_eq!(c.prompt().tokens(), before);
+
+    // A changed prefix re-renders, keeps what still matches, and is counted.
+    let changed = fork
+        .extend_request(
+            &request(r#"{"input":"Again.","instructions":"Be very brief."}"#),
+            None,
+        )
+        .unwrap();
+    assert!(changed.invalidated);
+    check(&fork, true);
+    assert!(fork.stats().rewrites >= 1);
+}
+
+#[test]
+fn unknown_call_outputs_and_broken_renders_leave_the_conversation_unchanged() {
+    let mut c = TemplateConversation::new(format(false), 1 << 20);
+    c.extend_request(&request(r#"{"input":"hi"}"#), None).unwrap();
+    let before = c.prompt().tokens();
+    let refused = c.extend_request(
+        &request(r#"{"input":[{"type":"function_call_output","call_id":"nope","output":"x"}]}"#),
+        None,
+    );
+    assert_eq!(refused.unwrap_err().code, Code::UnknownCallId);
+    assert_eq!(c.prompt().tokens(), before);
+
+    let template = Arc::new(
+        ChatTemplate::new(
+            "strict",
+            "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+            vec![("eos_token".into(), "<|im_end|>".into())],
+        )
+        .unwrap(),
+    );
+    let strict = Arc::new(
+        TemplateFormat::new(
+            template,
+            marker_vocab(),
+            Map::new(),
+            None,
+            RenderPolicy::default(),
+        )
+        .unwrap(),
+    );
+    let mut c = TemplateConversation::new(strict, 1 << 20);
+    c.append_json(
+        r#"[{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"}]"#,
+        None,
+        None,
+    )
+    .unwrap();
+    let before = c.prompt().tokens();
+    let error = c
+        .append_json(
+            r#"[{"type":"function_call_output","call_id":"c1","output":"x"}]"#,
+            None,
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(error.code, Code::TemplateError);
+    assert_eq!(c.prompt().tokens(), before);
+    assert_eq!(c.open_call_ids(), vec!["c1".to_owned()]);
+}
+
+#[test]
+fn verbatim_turns_keep_the_sampled_ids_and_checkpoints_share_the_history() {
+    let mut c = TemplateConversation::new(format(true), 1 << 20);
+    c.extend_request(&request(r#"{"input":"hi"}"#), None).unwrap();
+    let header = c.token_count();
+    let text = [Item::Message {
+        role: crate::item::Role::Assistant,
+        text: "hello there".into(),
+    }];
+    answer(&mut c, &text);
+    let sampled = c.format.completion_tokens(&text);
+    assert_eq!(c.prompt().tokens()[header..header + sampled.len()], sampled[..]);
+    let first = c.checkpoint();
+    c.extend_request(
+        &request(&format!(r#"{{"input":"{}"}}"#, "more ".repeat(2000))),
+        None,
+    )
+    .unwrap();
+    let second = c.checkpoint();
+    // The second checkpoint adds its turn, not a copy of the first one's history.
+    assert!(second.memory_bytes() < c.memory_bytes());
+    assert!(first.memory_bytes() < second.memory_bytes());
+    assert_eq!(
+        second.prompt().common_prefix_len(&first.prompt()),
+        first.token_count()
+    );
+    c.extend_request(&request(r#"{"input":"x"}"#), None).unwrap();
+    let third = c.checkpoint();
+    assert!(
+        third.memory_bytes() < 4000,
+        "a small turn's checkpoint shares the 20 KB history: {} bytes",
+        third.memory_bytes()
+    );
+}
+
+#[test]
+fn completions_of_each_family_parse_back_to_their_items() {
+    let tokenizer = marker_vocab();
+    let items = [
+        Item::Reasoning { text: "think".into() },
+        Item::Message {
+            role: crate::item::Role::Assistant,
+            text: "Calling.".into(),
+        },
+        Item::FunctionCall {
+            call_id: String::new(),
+            name: "get".into(),
+            arguments: r#"{"a": 1}"#.into(),
+        },
+        Item::FunctionCall {
+            call_id: String::new(),
+            name: "put".into(),
+            arguments: r#"{"b": [2]}"#.into(),
+        },
+    ];
+    for family in [
+        Family::Hermes,
+        Family::Llama3Json,
+        Family::Mistral,
+        Family::DeepSeekV3,
+    ] {
+        let specials = Specials::new(Arc::clone(&tokenizer));
+        let mut ids = specials.encode_all(&family.completion_text(&items));
+        let stop = tokenizer.special("<|im_end|>").unwrap();
+        ids.push(stop);
+        let mut parser = family.parser(Arc::clone(&tokenizer), vec![stop], false);
+        let mut events = Vec::new();
+        for id in ids {
+            parser.feed(id, &mut events);
+        }
+        assert_eq!(
+            parser.finish(&mut events),
+            crate::format::Outcome::Stopped,
+            "{family:?}"
+        );
+        let calls: Vec<(String, String)> = parser
+            .items()
+            .iter()
+            .filter_map(|i| match i {
+                Item::FunctionCall { name, arguments, .. } => Some((name.clone(), arguments.clone())),
+                _ => None,
+            })
+            .collect();
+        let args = |s: &str| serde_json::from_str::<Json>(s).unwrap();
+        assert_eq!(calls.len(), 2, "{family:?}");
+        assert_eq!(
+            (calls[0].0.as_str(), args(&calls[0].1)),
+            ("get", args(r#"{"a": 1}"#)),
+            "{family:?}"
+        );
+        assert_eq!(
+            (calls[1].0.as_str(), args(&calls[1].1)),
+            ("put", args(r#"{"b": [2]}"#)),
+            "{family:?}"
+        );
+    }
+}
+
+#[test]
+fn committed_items_keep_their_call_ids_and_equal_the_full_render() {
+    // An interrupted response's completed items, committed as the client saw them.
+    let mut c = TemplateConversation::new(format(false), 1 << 20);
+    let tools = r#""tools":[{"type":"function","name":"ls","parameters":{"type":"object"}}]"#;
+    c.extend_request(&request(&format!(r#"{{"input":"List files.",{tools}}}"#)), None)
+        .unwrap();
+    let call = Item::FunctionCall {
+        call_id: "call_kept".into(),
+        name: "ls".into(),
+        arguments: r#"{"path": "/"}"#.into(),
+    };
+    let ids = c.format.completion_tokens(std::slice::from_ref(&call));
+    let items =
+        r#"[{"type":"function_call","call_id":"call_kept","name":"ls","arguments":"{\"path\": \"/\"}"}]"#;
+    c.commit_items_json(items, &ids).unwrap();
+    assert_eq!(c.open_call_ids(), vec!["call_kept".to_string()]);
+    check(&c, false);
+    // A turn is closed now: committing again is refused and changes nothing.
+    assert!(c.commit_items_json(items, &ids).is_err());
+    assert_eq!(c.open_call_ids(), vec!["call_kept".to_string()]);
+}
