@@ -427,21 +427,44 @@ class TemplatePrompt:
 
 # ---------------------------------------------------------------- upstream streams
 
-Decoded = tuple[list[int], bool, bool, tuple[str, str, bool] | None]
+class ResponseReader:
+    """One HTTP/1.1 response of an upstream replica, decoded from the raw bytes of each
+    socket read (rust/src/upstream/http.rs): the head, the body (chunked,
+    length-delimited or up to the close) and, for a 2xx answer to a stream request of
+    `dialect` (`vllm`, `sglang` or `llamacpp`), its server-sent events; any other body
+    is collected (`body`). `feed` and `eof` return `(ids, news)`: the new sampled ids and
+    whether anything else changed (the head was read, a finishing event or `[DONE]` was
+    seen, the body ended, a failure), which the properties then tell."""
 
-class SseDecoder:
-    """Server-sent events of one upstream response in, sampled ids out
-    (rust/src/upstream.rs): `dialect` is `vllm`, `sglang` or `llamacpp`. Each call
-    decodes every complete event of the bytes given so far and returns `(ids, done,
-    ended, error)`: the new ids, whether a finishing event was seen, whether `[DONE]`
-    was, and the first failure as `(code, message, retryable)` (`upstream_error` or
-    `upstream_protocol`; `retryable`: another replica may not fail so, as for an `error`
-    event; `ids` hold what came before it)."""
-
-    def __init__(self, dialect: str) -> None: ...
-    def feed(self, data: bytes) -> Decoded: ...
-    def finish(self) -> Decoded:
-        """The end of the body: a last line without its newline still counts."""
+    def __init__(self, dialect: str | None = None) -> None: ...
+    def feed(self, data: bytes) -> tuple[list[int], bool]: ...
+    def eof(self) -> tuple[list[int], bool]:
+        """The server closed the connection: it ends a body framed by the close (a last
+        event line without its newline still counts); any other stays incomplete."""
+    @property
+    def status(self) -> int | None:
+        """The status code, once the head is read."""
+    @property
+    def done(self) -> bool:
+        """A finishing event was seen."""
+    @property
+    def ended(self) -> bool:
+        """`data: [DONE]` was seen."""
+    @property
+    def complete(self) -> bool:
+        """The body was read to its end."""
+    @property
+    def reusable(self) -> bool:
+        """Complete, and the connection may carry the next request."""
+    @property
+    def failure(self) -> tuple[str, str, bool] | None:
+        """The first failure as `(code, message, retryable)` (`upstream_error` or
+        `upstream_protocol`; `retryable`: another replica may not fail so, as for an
+        `error` event). The ids of the read that failed hold what came before it;
+        nothing after it is read."""
+    @property
+    def body(self) -> bytes:
+        """A collected body (at most 1 MiB of it)."""
     @property
     def timings(self) -> str | None:
         """llama.cpp server: the finishing event's `timings`, as JSON text."""

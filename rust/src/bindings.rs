@@ -12,7 +12,8 @@ use pyo3::types::{PyBytes, PyString};
 
 use crate::error::{Code, Error};
 use crate::tokenizer::{self, detok, incremental, Tokenizer};
-use crate::upstream::{self, SseDecoder, StreamError};
+use crate::upstream::http::{Progress, ResponseReader};
+use crate::upstream::{self, StreamError};
 use crate::validate::{self, ClientEvent};
 
 // ---------------------------------------------------------------- errors
@@ -1310,48 +1311,102 @@ impl PyTemplatePrompt {
 
 // ---------------------------------------------------------------- upstream streams
 
-/// One read's decoded events for Python: ids, done, ended, and a failure as (code,
-/// message, whether another replica may be tried).
-type DecodedTuple = (Vec<u32>, bool, bool, Option<(&'static str, String, bool)>);
+/// A failure as (code, message, whether another replica may be tried).
+type Failure = (&'static str, String, bool);
 
-#[pyclass(name = "SseDecoder", module = "hotloop._core")]
-pub(crate) struct PySseDecoder {
-    inner: SseDecoder,
+/// One HTTP/1.1 response from an upstream replica, decoded from the bytes of each read
+/// (see `upstream::http`): `feed` returns the new token ids and whether anything else
+/// changed (the head, the finish, the end of the body, a failure), which the properties
+/// then tell; most reads change nothing else.
+#[pyclass(name = "ResponseReader", module = "hotloop._core")]
+pub(crate) struct PyResponseReader {
+    inner: ResponseReader,
+    failure: Option<Failure>,
 }
 
-impl PySseDecoder {
-    fn convert(decoded: upstream::Decoded) -> DecodedTuple {
-        let error = decoded.error.map(|e| match e {
-            StreamError::Upstream(message) => ("upstream_error", message, true),
-            StreamError::Aborted(message) => ("upstream_error", message, false),
-            StreamError::Protocol(message) => ("upstream_protocol", message, false),
-        });
-        (decoded.ids, decoded.done, decoded.ended, error)
+impl PyResponseReader {
+    fn progress(&mut self, progress: Progress) -> (Vec<u32>, bool) {
+        let decoded = progress.decoded;
+        let failed = decoded.error.is_some();
+        if let Some(error) = decoded.error {
+            self.failure = Some(match error {
+                StreamError::Upstream(message) => ("upstream_error", message, true),
+                StreamError::Aborted(message) => ("upstream_error", message, false),
+                StreamError::Protocol(message) => ("upstream_protocol", message, false),
+            });
+        }
+        let news = progress.head || progress.complete || failed || decoded.done || decoded.ended;
+        (decoded.ids, news)
     }
 }
 
 #[pymethods]
-impl PySseDecoder {
+impl PyResponseReader {
+    /// `dialect`: the request asked for that dialect's event stream; None: a plain
+    /// request whose body is collected.
     #[new]
-    fn new(dialect: &str) -> PyResult<Self> {
-        let dialect = upstream::Dialect::from_name(dialect)
-            .ok_or_else(|| PyValueError::new_err(format!("unknown dialect {dialect:?}")))?;
-        Ok(PySseDecoder {
-            inner: SseDecoder::new(dialect),
+    #[pyo3(signature = (dialect=None))]
+    fn new(dialect: Option<&str>) -> PyResult<Self> {
+        let dialect = dialect
+            .map(|name| {
+                upstream::Dialect::from_name(name)
+                    .ok_or_else(|| PyValueError::new_err(format!("unknown dialect {name:?}")))
+            })
+            .transpose()?;
+        Ok(PyResponseReader {
+            inner: ResponseReader::new(dialect),
+            failure: None,
         })
     }
 
-    fn feed(&mut self, data: &[u8]) -> DecodedTuple {
-        Self::convert(self.inner.feed(data))
+    fn feed(&mut self, data: &[u8]) -> (Vec<u32>, bool) {
+        let progress = self.inner.feed(data);
+        self.progress(progress)
     }
 
-    fn finish(&mut self) -> DecodedTuple {
-        Self::convert(self.inner.finish())
+    fn eof(&mut self) -> (Vec<u32>, bool) {
+        let progress = self.inner.eof();
+        self.progress(progress)
+    }
+
+    #[getter]
+    fn status(&self) -> Option<u16> {
+        self.inner.status()
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.events().is_some_and(|events| events.done())
+    }
+
+    #[getter]
+    fn ended(&self) -> bool {
+        self.inner.events().is_some_and(|events| events.ended())
+    }
+
+    #[getter]
+    fn complete(&self) -> bool {
+        self.inner.complete()
+    }
+
+    #[getter]
+    fn reusable(&self) -> bool {
+        self.inner.reusable()
+    }
+
+    #[getter]
+    fn failure(&self) -> Option<Failure> {
+        self.failure.clone()
+    }
+
+    #[getter]
+    fn body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.inner.body())
     }
 
     #[getter]
     fn timings(&self) -> Option<&str> {
-        self.inner.timings()
+        self.inner.events().and_then(|events| events.timings())
     }
 }
 
@@ -1380,6 +1435,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyConversation>()?;
     m.add_class::<PyChatTemplate>()?;
     m.add_class::<PyTemplatePrompt>()?;
-    m.add_class::<PySseDecoder>()?;
+    m.add_class::<PyResponseReader>()?;
     Ok(())
 }

@@ -1,13 +1,21 @@
 //! The upstream engine's stream decoder: server-sent events from vLLM, SGLang or llama.cpp
 //! server in, sampled token ids out, without I/O.
 //!
-//! The Python engine hands [`SseDecoder::feed`] the bytes of each socket read; the decoder
-//! keeps the incomplete tail, splits the complete lines, parses every `data:` event's JSON
-//! and extracts the dialect's ids and finish signal, so one read costs one call however
-//! many events it holds. Semantics match the dialects' documented shapes: `[DONE]` ends the
-//! stream, an `error` object in an event is the server's failure, events after the
-//! finishing one are read (so the connection can be reused) but add no ids.
+//! [`http::ResponseReader`] takes the raw bytes of each socket read of an HTTP/1.1
+//! response (head, chunked or length-delimited body) and hands the body to an
+//! [`SseDecoder`], which keeps the incomplete tail, splits the complete lines, parses
+//! every `data:` event into a typed, borrowing struct of the dialect (only the fields we
+//! read: ids, finish, usage, error, timings; the rest is skipped, never built) and
+//! extracts the ids and finish signal, so one read costs one call however many events it
+//! holds. Semantics match the dialects' documented shapes: `[DONE]` ends the stream, an
+//! `error` object in an event is the server's failure, events after the finishing one are
+//! read (so the connection can be reused) but add no ids.
 
+pub mod http;
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// The wire dialect whose event shapes the decoder reads.
@@ -71,6 +79,67 @@ pub struct SseDecoder {
     timings: Option<String>,
 }
 
+/// vLLM's completion chunk: what we read of it.
+#[derive(Deserialize)]
+struct VllmEvent<'a> {
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+    #[serde(default)]
+    choices: Option<Vec<VllmChoice>>,
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct VllmChoice {
+    #[serde(default)]
+    token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    finish_reason: Option<IgnoredAny>,
+}
+
+/// SGLang's `/generate` chunk.
+#[derive(Deserialize)]
+struct SglangEvent<'a> {
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+    #[serde(default)]
+    output_ids: Option<Vec<u32>>,
+    #[serde(borrow, default)]
+    meta_info: Option<SglangMeta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct SglangMeta<'a> {
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    /// An object (`{"type": "stop" | "length" | "abort", ...}`) once finished; read
+    /// further only then, once per stream.
+    #[serde(borrow, default)]
+    finish_reason: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct SglangFinish<'a> {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(borrow, default)]
+    message: Option<&'a RawValue>,
+}
+
+/// llama.cpp server's `/completion` chunk.
+#[derive(Deserialize)]
+struct LlamaCppEvent<'a> {
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
+    #[serde(borrow, default)]
+    stop: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    timings: Option<&'a RawValue>,
+}
+
 impl SseDecoder {
     pub fn new(dialect: Dialect) -> Self {
         SseDecoder {
@@ -88,42 +157,69 @@ impl SseDecoder {
         self.timings.as_deref()
     }
 
+    /// A finishing event has been seen.
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    /// `data: [DONE]` has been seen.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
     /// Decode every complete line of `data` (with what an earlier read left incomplete).
     pub fn feed(&mut self, data: &[u8]) -> Decoded {
         let mut out = Decoded::default();
-        if self.ended {
-            out.ended = true;
-            out.done = self.done;
-            return out;
-        }
-        self.pending.extend_from_slice(data);
-        let buffer = std::mem::take(&mut self.pending);
-        let mut start = 0;
-        while let Some(at) = memchr(b'\n', &buffer[start..]) {
-            let line = &buffer[start..start + at];
-            start += at + 1;
-            if !self.line(line, &mut out) {
-                break;
-            }
-        }
-        if !self.ended && out.error.is_none() {
-            self.pending = buffer[start..].to_vec();
-        }
+        self.feed_into(data, &mut out);
         out.done = self.done;
         out.ended = self.ended;
         out
     }
 
+    /// [`SseDecoder::feed`] adding to `out` (ids, the first error); `out.done` and
+    /// `out.ended` are left to the caller. Nothing is read after an error or `[DONE]`.
+    pub fn feed_into(&mut self, data: &[u8], out: &mut Decoded) {
+        if self.ended || out.error.is_some() {
+            return;
+        }
+        let mut rest = data;
+        if !self.pending.is_empty() {
+            let Some(at) = memchr::memchr(b'\n', rest) else {
+                self.pending.extend_from_slice(rest);
+                return;
+            };
+            let mut line = std::mem::take(&mut self.pending);
+            line.extend_from_slice(&rest[..at]);
+            rest = &rest[at + 1..];
+            if !self.line(&line, out) {
+                return;
+            }
+        }
+        while let Some(at) = memchr::memchr(b'\n', rest) {
+            let line = &rest[..at];
+            rest = &rest[at + 1..];
+            if !self.line(line, out) {
+                return;
+            }
+        }
+        self.pending.extend_from_slice(rest);
+    }
+
     /// The end of the body: a last line without its newline still counts.
     pub fn finish(&mut self) -> Decoded {
         let mut out = Decoded::default();
-        let tail = std::mem::take(&mut self.pending);
-        if !self.ended && !tail.is_empty() {
-            self.line(&tail, &mut out);
-        }
+        self.finish_into(&mut out);
         out.done = self.done;
         out.ended = self.ended;
         out
+    }
+
+    /// [`SseDecoder::finish`] adding to `out`.
+    pub fn finish_into(&mut self, out: &mut Decoded) {
+        let tail = std::mem::take(&mut self.pending);
+        if !self.ended && out.error.is_none() && !tail.is_empty() {
+            self.line(&tail, out);
+        }
     }
 
     /// One line; false when nothing after it may be read (an error or `[DONE]`).
@@ -137,7 +233,12 @@ impl SseDecoder {
             self.ended = true;
             return false;
         }
-        match self.event(data, out) {
+        let result = match self.dialect {
+            Dialect::Vllm => self.vllm(data, out),
+            Dialect::Sglang => self.sglang(data, out),
+            Dialect::LlamaCpp => self.llamacpp(data, out),
+        };
+        match result {
             Ok(()) => true,
             Err(error) => {
                 out.error = Some(error);
@@ -146,73 +247,37 @@ impl SseDecoder {
         }
     }
 
-    fn event(&mut self, data: &[u8], out: &mut Decoded) -> Result<(), StreamError> {
-        let shown = || String::from_utf8_lossy(&data[..data.len().min(200)]).into_owned();
-        let event: Value = serde_json::from_slice(data)
-            .map_err(|_| StreamError::Protocol(format!("malformed stream event: {}", shown())))?;
-        let Value::Object(event) = event else {
-            return Err(StreamError::Protocol(format!(
-                "stream event is not an object: {}",
-                shown()
-            )));
-        };
-        if let Some(error) = event.get("error").filter(|e| !e.is_null()) {
-            let message = match error {
-                Value::Object(fields) => match fields.get("message") {
-                    Some(Value::String(text)) => text.clone(),
-                    Some(other) => other.to_string(),
-                    None => error.to_string(),
-                },
-                Value::String(text) => text.clone(),
-                other => other.to_string(),
-            };
-            return Err(StreamError::Upstream(format!(
-                "upstream reported an error: {message}"
-            )));
-        }
+    fn vllm(&mut self, data: &[u8], out: &mut Decoded) -> Result<(), StreamError> {
+        let event: VllmEvent = parse(data)?;
+        upstream_error(event.error)?;
         if self.done {
             return Ok(());
         }
-        let value = Value::Object(event);
-        match self.dialect {
-            Dialect::Vllm => self.vllm(&value, out),
-            Dialect::Sglang => self.sglang(&value, out),
-            Dialect::LlamaCpp => self.llamacpp(&value, out),
-        }
-    }
-
-    fn vllm(&mut self, event: &Value, out: &mut Decoded) -> Result<(), StreamError> {
-        let Some(choice) = event
-            .get("choices")
-            .and_then(Value::as_array)
-            .and_then(|c| c.first())
-        else {
+        let Some(choice) = event.choices.into_iter().flatten().next() else {
             // vLLM sends a usage-only chunk last when asked; nothing to emit.
-            if event.get("usage").is_some() {
+            if event.usage.is_some() {
                 return Ok(());
             }
             return Err(StreamError::Protocol("vLLM chunk without choices".into()));
         };
-        match choice.get("token_ids") {
-            None | Some(Value::Null) => {}
-            Some(ids) => ids_into(ids, "choices[0].token_ids", &mut out.ids)?,
-        }
-        self.done = choice.get("finish_reason").is_some_and(|f| !f.is_null());
+        out.ids.extend(choice.token_ids.unwrap_or_default());
+        self.done = choice.finish_reason.is_some();
         Ok(())
     }
 
-    fn sglang(&mut self, event: &Value, out: &mut Decoded) -> Result<(), StreamError> {
-        let Some(meta) = event.get("meta_info").and_then(Value::as_object) else {
+    fn sglang(&mut self, data: &[u8], out: &mut Decoded) -> Result<(), StreamError> {
+        let event: SglangEvent = parse(data)?;
+        upstream_error(event.error)?;
+        if self.done {
+            return Ok(());
+        }
+        let Some(meta) = event.meta_info else {
             return Err(StreamError::Protocol("SGLang chunk without meta_info".into()));
         };
-        let mut ids = Vec::new();
-        ids_into(
-            event.get("output_ids").unwrap_or(&Value::Null),
-            "output_ids",
-            &mut ids,
-        )?;
-        let total = meta.get("completion_tokens").and_then(Value::as_u64);
-        let cumulative = total == Some(ids.len() as u64) && ids.len() >= self.emitted;
+        let ids = event
+            .output_ids
+            .ok_or_else(|| StreamError::Protocol("expected a list of token ids in `output_ids`".into()))?;
+        let cumulative = meta.completion_tokens == Some(ids.len() as u64) && ids.len() >= self.emitted;
         let new = if cumulative {
             &ids[self.emitted..]
         } else {
@@ -220,58 +285,99 @@ impl SseDecoder {
         };
         self.emitted += new.len();
         out.ids.extend_from_slice(new);
-        let finish = meta.get("finish_reason").filter(|f| !f.is_null());
-        if let Some(Value::Object(reason)) = finish {
-            if reason.get("type").and_then(Value::as_str) == Some("abort") {
-                let message = reason.get("message").map_or("None".into(), |m| match m {
-                    Value::String(text) => text.clone(),
-                    other => other.to_string(),
-                });
-                return Err(StreamError::Aborted(format!("SGLang aborted: {message}")));
+        if let Some(reason) = meta.finish_reason {
+            if let Ok(finish) = serde_json::from_str::<SglangFinish>(reason.get()) {
+                if finish.kind.as_deref() == Some("abort") {
+                    let message = finish.message.map_or("None".into(), raw_text);
+                    return Err(StreamError::Aborted(format!("SGLang aborted: {message}")));
+                }
             }
+            self.done = true;
         }
-        self.done = finish.is_some();
         Ok(())
     }
 
-    fn llamacpp(&mut self, event: &Value, out: &mut Decoded) -> Result<(), StreamError> {
-        if let Some(ids) = event.get("tokens") {
-            ids_into(ids, "tokens", &mut out.ids)?;
-        }
-        self.done = match event.get("stop") {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-            Some(Value::Number(n)) => n.as_f64() != Some(0.0),
-            Some(Value::String(s)) => !s.is_empty(),
-            Some(Value::Array(a)) => !a.is_empty(),
-            Some(Value::Object(o)) => !o.is_empty(),
-            Some(Value::Bool(true)) => true,
-        };
+    fn llamacpp(&mut self, data: &[u8], out: &mut Decoded) -> Result<(), StreamError> {
+        let event: LlamaCppEvent = parse(data)?;
+        upstream_error(event.error)?;
         if self.done {
-            if let Some(timings @ Value::Object(_)) = event.get("timings") {
-                self.timings = Some(timings.to_string());
+            return Ok(());
+        }
+        out.ids.extend(event.tokens.unwrap_or_default());
+        self.done = event.stop.is_some_and(truthy);
+        if self.done {
+            if let Some(timings) = event.timings.filter(|t| t.get().starts_with('{')) {
+                self.timings = Some(timings.get().to_owned());
             }
         }
         Ok(())
     }
 }
 
-/// Append the token ids in `value` (a JSON array of non-negative 32-bit integers).
-fn ids_into(value: &Value, place: &str, out: &mut Vec<u32>) -> Result<(), StreamError> {
-    let wrong = || StreamError::Protocol(format!("expected a list of token ids in `{place}`"));
-    let ids = value.as_array().ok_or_else(wrong)?;
-    out.reserve(ids.len());
-    for id in ids {
-        let id = id
-            .as_u64()
-            .and_then(|i| u32::try_from(i).ok())
-            .ok_or_else(wrong)?;
-        out.push(id);
+/// One event's typed fields; a malformed event, or one whose fields have the wrong
+/// types (ids that are not non-negative 32-bit integers), is a protocol error.
+fn parse<'a, T: Deserialize<'a>>(data: &'a [u8]) -> Result<T, StreamError> {
+    let shown = || String::from_utf8_lossy(&data[..data.len().min(200)]).into_owned();
+    // serde would also read a struct from an array, field by field.
+    if data.first() != Some(&b'{') {
+        return Err(StreamError::Protocol(format!(
+            "stream event is not an object: {}",
+            shown()
+        )));
     }
-    Ok(())
+    serde_json::from_slice(data).map_err(|e| {
+        let shown = shown();
+        let what = if e.is_data() {
+            "unexpected stream event"
+        } else {
+            "malformed stream event"
+        };
+        StreamError::Protocol(format!("{what} ({e}): {shown}"))
+    })
 }
 
-fn memchr(byte: u8, haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&b| b == byte)
+/// The server's `error` field, when set, as the failure it reports.
+fn upstream_error(error: Option<&RawValue>) -> Result<(), StreamError> {
+    let Some(error) = error else {
+        return Ok(());
+    };
+    let message = match serde_json::from_str::<Value>(error.get()) {
+        Ok(Value::Object(fields)) => match fields.get("message") {
+            Some(Value::String(text)) => text.clone(),
+            Some(other) => other.to_string(),
+            None => error.get().to_owned(),
+        },
+        _ => raw_text(error),
+    };
+    Err(StreamError::Upstream(format!(
+        "upstream reported an error: {message}"
+    )))
+}
+
+/// A JSON string's text, or any other value's JSON.
+fn raw_text(value: &RawValue) -> String {
+    match serde_json::from_str::<String>(value.get()) {
+        Ok(text) => text,
+        Err(_) => value.get().to_owned(),
+    }
+}
+
+/// JavaScript truthiness, as llama.cpp's `stop` is read: false, 0, "", [] and {} are
+/// false (null never gets here: serde maps it to `None`).
+fn truthy(value: &RawValue) -> bool {
+    match value.get() {
+        "false" => return false,
+        "true" => return true,
+        _ => {}
+    }
+    match serde_json::from_str::<Value>(value.get()) {
+        Ok(Value::Bool(b)) => b,
+        Ok(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Ok(Value::String(s)) => !s.is_empty(),
+        Ok(Value::Array(a)) => !a.is_empty(),
+        Ok(Value::Object(o)) => !o.is_empty(),
+        Ok(Value::Null) | Err(_) => false,
+    }
 }
 
 #[cfg(test)]
@@ -357,20 +463,38 @@ mod tests {
     #[test]
     fn malformed_and_non_object_events_and_bad_ids_are_protocol_errors() {
         for (data, message) in [
-            ("data: {nope\n", "malformed stream event: {nope"),
-            ("data: [1]\n", "stream event is not an object: [1]"),
+            ("data: {nope\n", "malformed stream event"),
+            ("data: [1]\n", "stream event is not an object"),
             (
                 "data: {\"choices\":[{\"token_ids\":[\"a\"]}]}\n",
-                "expected a list of token ids in `choices[0].token_ids`",
+                "unexpected stream event",
             ),
             (
                 "data: {\"choices\":[{\"token_ids\":[-1]}]}\n",
-                "expected a list of token ids in `choices[0].token_ids`",
+                "unexpected stream event",
+            ),
+            (
+                "data: {\"choices\":[{\"token_ids\":[4294967296]}]}\n",
+                "unexpected stream event",
             ),
         ] {
             let out = SseDecoder::new(Dialect::Vllm).feed(data.as_bytes());
-            assert_eq!(out.error, Some(StreamError::Protocol(message.into())), "{data}");
+            let Some(StreamError::Protocol(text)) = out.error else {
+                panic!("{data}: {:?}", out.error);
+            };
+            assert!(text.starts_with(message), "{data}: {text}");
+            assert!(text.ends_with(data[6..].trim_end()), "{data}: {text}");
         }
+    }
+
+    #[test]
+    fn unread_fields_of_any_shape_are_skipped_and_usage_may_be_null() {
+        let mut decoder = SseDecoder::new(Dialect::Vllm);
+        let read = "data: {\"id\":\"c\",\"choices\":[{\"text\":\"\\u00e9\",\"logprobs\":{\"a\":[1,{}]},\
+                    \"token_ids\":[1],\"prompt_token_ids\":[5,6],\"finish_reason\":null}],\"usage\":null}\n";
+        let out = decoder.feed(read.as_bytes());
+        assert_eq!(out.ids, vec![1]);
+        assert!(out.error.is_none() && !out.done);
     }
 
     #[test]

@@ -8,6 +8,7 @@ state (its KV/prefix cache, the replica it routed to) across turns.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -60,6 +61,22 @@ async def close_stream(stream: AsyncIterator[list[int]]) -> None:
     aclose = getattr(stream, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+async def coalesced(stream: AsyncIterator[list[int]], window: float) -> AsyncIterator[list[int]]:
+    """`stream` with its batches merged over `window` seconds (`--stream-coalesce-ms`):
+    after handing over a batch it waits `window` before asking the engine for the next,
+    which then holds every id sampled meanwhile (an engine hands over all the ids ready
+    when asked: the upstream's connection keeps decoding its reads, the sim computes
+    what is due). The first batch is not delayed, no id waits longer than `window`
+    (plus the event loop's timer resolution), and a response costs one delta event per
+    window instead of one per engine batch."""
+    try:
+        async for ids in stream:
+            yield ids
+            await asyncio.sleep(window)
+    finally:
+        await close_stream(stream)
 
 
 TEXT_ONLY = ("text",)

@@ -1,9 +1,11 @@
 """The upstream engine: a remote inference server that takes token ids.
 
 Owns the wire dialects (vLLM `POST /v1/completions`, SGLang `POST /generate`, llama.cpp
-server `POST /completion`), the keep-alive HTTP client, replica choice and health, and
-the mapping of upstream failures to `EngineError` codes. It must not see text or items:
-prompts go out as the exact ids of the rendered-token cache, sampled ids come back.
+server `POST /completion`), replica choice and health, and the mapping of upstream
+failures to `EngineError` codes; the keep-alive HTTP/1.1 client and the decoding of the
+streams are `hotloop.engines.http1` and `hotloop._core.ResponseReader`. It must not see
+text or items: prompts go out as the exact ids of the rendered-token cache, sampled ids
+come back.
 
 Routing (`UpstreamConfig.routing`), so that every turn of a conversation lands on the
 replica whose prefix cache holds its history:
@@ -41,15 +43,14 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
 import orjson
 
-from hotloop._core import SseDecoder
 from hotloop.chat_template import TemplateChoice, load_tokenizer
 from hotloop.engines.base import API_SAMPLING, TEXT_ONLY, EngineError, Sampling
+from hotloop.engines.http1 import Client, HeaderError, Link, LinkError, Origin
 
 if TYPE_CHECKING:
-    from hotloop._core import ChatFormat, Prompt
+    from hotloop._core import ChatFormat, Prompt, ResponseReader
 
 
 class Dialect(Protocol):
@@ -160,9 +161,11 @@ class Replica:
     """The model name the replica reported (vLLM), resolved at its first session."""
     unhealthy_until: float = 0.0
     failures: int = 0
+    origin: Origin = field(init=False, repr=False, compare=False)
     _seed: hashlib.blake2b = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self.origin = Origin.from_url(self.url)
         # Hashing the key after the URL: a copy of this state skips rehashing the URL.
         self._seed = hashlib.blake2b(self.url.encode() + b"\0", digest_size=8)
 
@@ -230,7 +233,7 @@ class UpstreamEngine:
         self.dialect = DIALECTS[config.dialect]
         self.replicas = [Replica(url.rstrip("/")) for url in urls]
         self._chat_format = chat_format
-        self._client: httpx.AsyncClient | None = None
+        self._client: Client | None = None
 
     @property
     def model(self) -> str:
@@ -263,28 +266,23 @@ class UpstreamEngine:
         headers = dict(self.config.headers)
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
-        limits = httpx.Limits(
+        self._client = Client(
+            headers=headers,
+            connect_timeout=self.config.connect_timeout,
+            read_timeout=self.config.read_timeout,
             max_connections=self.config.max_connections,
-            max_keepalive_connections=self.config.max_connections,
         )
-        timeout = httpx.Timeout(
-            connect=self.config.connect_timeout,
-            read=self.config.read_timeout,
-            write=self.config.read_timeout,
-            pool=self.config.connect_timeout,
-        )
-        self._client = httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout)
 
     def session(self) -> UpstreamSession:
         return UpstreamSession(self)
 
     async def close(self) -> None:
         if self._client is not None:
-            await self._client.aclose()
+            self._client.close()
             self._client = None
 
     @property
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> Client:
         if self._client is None:
             raise EngineError("upstream_unavailable", "the upstream engine is not started")
         return self._client
@@ -366,7 +364,47 @@ class UpstreamSession:
     async def generate(
         self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
     ) -> AsyncIterator[list[int]]:
-        ids = prompt.tokens()
+        replica, link, first = await self._open(prompt.tokens(), sampling, route_key)
+        client = self.engine.client
+        reader = link.reader
+        assert reader is not None
+        try:
+            if first is not None:
+                yield first
+                # Every batch after the first: `next` hands over the ids of every read
+                # since the last call, decoded in Rust as they arrived (one call per
+                # socket read), with no per-line or per-event Python. Reading on after
+                # the finishing event, to the end of the body, lets the keep-alive
+                # connection go back to the pool instead of closing.
+                while True:
+                    batch = await link.next()
+                    if batch is not None:
+                        yield batch
+                    elif self._over(replica, reader, started=True):
+                        break
+            if not reader.done:
+                raise EngineError(
+                    "upstream_error",
+                    f"{replica.url} closed the stream before finishing",
+                    before_first_token=first is None,
+                )
+            self.engine.mark_ok(replica)
+            if reader.timings is not None:
+                self.last_timings = orjson.loads(reader.timings)
+        except LinkError as e:
+            raise self._link_failure(replica, e, started=True) from e
+        finally:
+            # Abandoned mid-body (cancelled, closed by the consumer, failed), the
+            # connection is closed: that is how the upstream learns to stop generating.
+            client.done(replica.origin, link)
+
+    async def _open(
+        self, ids: list[int], sampling: Sampling, route_key: str | None
+    ) -> tuple[Replica, Link, list[int] | None]:
+        """Send the request and wait for the first ids, retrying on other replicas
+        (see the module docstring) while no token has been seen. Returns the replica,
+        the connection reading the rest, and the first batch (None: the response ended
+        without one)."""
         tried: list[Replica] = []
         stale_retried = False
         last_error = EngineError("upstream_unavailable", "no upstream replica is configured")
@@ -385,9 +423,8 @@ class UpstreamSession:
             if replica is None:
                 raise last_error
             try:
-                async for batch in self._stream(replica, ids, sampling, headers):
-                    yield batch
-                return
+                link, first = await self._first(replica, ids, sampling, headers)
+                return replica, link, first
             except _RetryElsewhere as retry:
                 last_error = retry.error
                 if retry.stale and not stale_retried:
@@ -401,83 +438,59 @@ class UpstreamSession:
             self.engine.unpin(self.replica)
         self.replica = self.engine.pin(exclude)
 
-    async def _stream(
+    async def _first(
         self, replica: Replica, ids: list[int], sampling: Sampling, headers: dict[str, str]
-    ) -> AsyncIterator[list[int]]:
+    ) -> tuple[Link, list[int] | None]:
+        """One attempt on one replica, up to its first ids; a failure that another
+        replica may not have is `_RetryElsewhere`."""
         engine = self.engine
         dialect = engine.dialect
-        decoder = SseDecoder(dialect.name)
-        started = False
-        responded = False
+        client = engine.client
+        link: Link | None = None
         try:
             model = await self._served_model(replica)
-            body = dialect.body(model, ids, sampling)
-            async with engine.client.stream(
-                "POST",
-                replica.url + dialect.path,
-                content=orjson.dumps(body),
-                headers=headers,
-            ) as response:
-                responded = True
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise self._status_error(replica, response)
-                # One Rust call per socket read decodes all its complete events: no
-                # per-line iterator layers, no per-event Python JSON objects. Reading on
-                # after the finishing event (to `[DONE]` or the end of the body) lets the
-                # keep-alive connection go back to the pool instead of being closed.
-                reads = response.aiter_raw()
-                while True:
-                    data = await anext(reads, None)
-                    new, done, ended, failure = (
-                        decoder.finish() if data is None else decoder.feed(data)
-                    )
-                    if new:
-                        started = True
-                        yield new
-                    if failure is not None:
-                        code, message, retryable = failure
-                        if retryable and not started:
-                            raise _RetryElsewhere(EngineError(code, message))
-                        raise EngineError(code, message)
-                    if ended or data is None:
-                        break
-                if not done:
-                    raise EngineError(
-                        "upstream_error",
-                        f"{replica.url} closed the stream before finishing",
-                        before_first_token=not started,
-                    )
-            engine.mark_ok(replica)
-            if decoder.timings is not None:
-                self.last_timings = orjson.loads(decoder.timings)
-        except httpx.TimeoutException as e:
-            error = EngineError(
-                "upstream_timeout",
-                f"{replica.url} sent nothing for {engine.config.read_timeout:g}s"
-                f" ({type(e).__name__})",
-                before_first_token=not started,
+            body = orjson.dumps(dialect.body(model, ids, sampling))
+            link = await client.send(
+                replica.origin, "POST", dialect.path, headers, body, stream=dialect.name
             )
-            if not started:
-                raise _RetryElsewhere(error) from e
-            raise error from e
-        except httpx.TransportError as e:
-            error = EngineError(
-                "upstream_unavailable",
-                f"{replica.url}: {type(e).__name__}: {e}",
-                before_first_token=not started,
-            )
-            if not started:
-                # Closed without a response on a connection that was open: the server
-                # dropped an idle keep-alive connection as we reused it (a benign race).
-                stale = not responded and isinstance(
-                    e, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError
-                )
-                raise _RetryElsewhere(error, stale=stale) from e
-            raise error from e
-        except EngineError as e:
-            e.before_first_token = not started
+            reader = link.reader
+            assert reader is not None
+            while True:
+                batch = await link.next()
+                if batch is not None or self._over(replica, reader, started=False):
+                    return link, batch
+        except LinkError as e:
+            if link is not None:
+                client.done(replica.origin, link)
+            raise self._link_failure(replica, e, started=False) from e
+        except HeaderError as e:  # the session header: a client's, never a valid one
+            raise EngineError("upstream_rejected", str(e)) from e
+        except BaseException:
+            if link is not None:
+                client.done(replica.origin, link)
             raise
+
+    def _over(self, replica: Replica, reader: ResponseReader, *, started: bool) -> bool:
+        """What the response's new state means: raises its failure, else tells whether
+        the stream is over (the body's end, or `[DONE]`)."""
+        failure = reader.failure
+        if failure is not None:
+            code, message, retryable = failure
+            error = EngineError(code, message, before_first_token=not started)
+            if retryable and not started:
+                raise _RetryElsewhere(error)
+            raise error
+        status = reader.status
+        if status is not None and status >= 400:
+            if reader.complete:
+                raise self._status_error(replica, status, reader.body)
+            return False
+        return reader.complete or reader.ended
+
+    def _link_failure(self, replica: Replica, e: LinkError, *, started: bool) -> Exception:
+        code = "upstream_timeout" if e.timeout else "upstream_unavailable"
+        error = EngineError(code, f"{replica.url}: {e.message}", before_first_token=not started)
+        return error if started else _RetryElsewhere(error, stale=e.stale)
 
     async def _served_model(self, replica: Replica) -> str:
         """The name to put in requests: configured, or asked of the replica once."""
@@ -486,20 +499,19 @@ class UpstreamSession:
         if config.served_model is not None or models_path is None:
             return config.served_model or config.model
         if replica.served_model is None:
-            response = await self.engine.client.get(replica.url + models_path)
-            if response.status_code >= 400:
-                raise self._status_error(replica, response)
+            status, content = await self.engine.client.fetch(replica.origin, models_path, {})
+            if status >= 400:
+                raise self._status_error(replica, status, content)
             try:
-                replica.served_model = str(orjson.loads(response.content)["data"][0]["id"])
+                replica.served_model = str(orjson.loads(content)["data"][0]["id"])
             except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as e:
                 raise EngineError(
                     "upstream_protocol", f"{replica.url}{models_path} lists no model"
                 ) from e
         return replica.served_model
 
-    def _status_error(self, replica: Replica, response: httpx.Response) -> Exception:
-        detail = _error_message(response.content)
-        status = response.status_code
+    def _status_error(self, replica: Replica, status: int, content: bytes) -> Exception:
+        detail = _error_message(content)
         if status < 500:
             return EngineError(
                 "upstream_rejected", f"{replica.url} refused the request ({status}): {detail}"

@@ -266,6 +266,7 @@ class App:
             stream_cpu=None if self.ledger is None else self.ledger.metrics.stream_cpu,
             commit=None if self.ledger is None else self.ledger.persist,
             warm=warm,
+            coalesce=config.stream_coalesce_ms / 1000,
         )
         scope[CONNECTION_IDLE] = socket.idle
         self.connections += 1

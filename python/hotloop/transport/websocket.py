@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from hotloop._core import CoreError
-from hotloop.engines.base import EngineError, EngineSession, close_stream
+from hotloop.engines.base import EngineError, EngineSession, close_stream, coalesced
 from hotloop.events import error_body
 from hotloop.metrics import StreamCpu
 from hotloop.protocol import (
@@ -109,6 +109,7 @@ class Socket:
         stream_cpu: StreamCpu | None = None,
         commit: Commit | None = None,
         warm: Callable[[str], Awaitable[None]] | None = None,
+        coalesce: float = 0.0,
     ) -> None:
         """`send_frames`: the server offers `hotloop.websocket.send_frames` (see
         `hotloop.transport.frames`); the frames ready together then go out in one send.
@@ -116,7 +117,9 @@ class Socket:
         metrics; a socket of its own otherwise). `commit`: how `Persist` work is done
         (required when the connection is durable). `warm`: awaited with a request's
         `previous_response_id` before the request reaches the connection, to rebuild
-        it from the store when the cache misses it (`Ledger.warm`)."""
+        it from the store when the cache misses it (`Ledger.warm`). `coalesce`: seconds
+        over which a response's engine batches are merged into one (see `coalesced`;
+        0: every batch as it comes)."""
         self.connection = connection
         self._commit = commit
         self._warm = warm
@@ -126,6 +129,7 @@ class Socket:
         self._send = send
         self._high_water = high_water
         self._lifetime = lifetime
+        self._coalesce = coalesce
         self._outbox: deque[bytes | Close] = deque()
         self._outbox_bytes = 0
         self._has_output = asyncio.Event()
@@ -282,6 +286,8 @@ class Socket:
         ids_stream: AsyncIterator[list[int]] | None = None
         try:
             ids_stream = self._session.generate(work.prompt, work.sampling, work.route_key)
+            if self._coalesce > 0:
+                ids_stream = coalesced(ids_stream, self._coalesce)
             async for ids in ids_stream:
                 batches += 1
                 phase = batches % StreamCpu.EVERY

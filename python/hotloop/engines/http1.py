@@ -1,0 +1,349 @@
+"""The upstream engine's HTTP/1.1 client: keep-alive connections to replicas, the request
+writer, and responses decoded in Rust from each socket read.
+
+Owns the connections (`Link`, an asyncio protocol: one `ResponseReader.feed` call per
+read in `data_received`, which parses the head, the chunked body and every complete
+server-sent event of the read and returns the new token ids), the pool of idle ones
+per origin and the limit on open ones (`Client`), the connect and read timeouts,
+pausing a socket whose consumer falls behind (so the replica sees a slow reader and
+nothing is buffered without bound), and closing the connection of an abandoned
+exchange (how vLLM and SGLang learn a request was cancelled). It knows neither
+dialects nor replicas' health: `hotloop.engines.upstream` does.
+
+Why not httpx: a streamed token crossed httpx, httpcore, h11 and anyio's async
+iterators (one coroutine step per layer per read), which cost more CPU than the rest of
+the server's work per token (docs/upstream-streaming.md has the measurements).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+from typing import cast
+from urllib.parse import urlsplit
+
+from hotloop._core import ResponseReader
+
+PAUSE_IDS = 256
+"""Ids held for a consumer that is behind before the socket stops reading: from then on
+the replica's writes back up (its own flow control), not our memory."""
+
+
+class LinkError(Exception):
+    """The transport failed: `timeout` (no connection or no byte within the timeout), or
+    the connection failed or closed before the body's end. `stale`: a connection that
+    was open closed before the response's head arrived (for a pooled keep-alive
+    connection, the server dropped it as we reused it: a benign race, worth one retry)."""
+
+    def __init__(self, message: str, *, timeout: bool = False, stale: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.timeout = timeout
+        self.stale = stale
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where requests to one base URL go, and what prefixes their paths."""
+
+    host: str
+    port: int
+    tls: bool
+    authority: str
+    """The `Host` header."""
+    prefix: str
+    """The base URL's path (a router mounted under a path), prefixed to every request."""
+
+    @classmethod
+    def from_url(cls, url: str) -> Origin:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"an upstream URL is http:// or https:// with a host: {url!r}")
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        return cls(parts.hostname, port, tls, parts.netloc, parts.path.rstrip("/"))
+
+
+class HeaderError(ValueError):
+    """A header name or value that would break the request: a line break, a NUL, a
+    character outside Latin-1."""
+
+
+def header_lines(headers: dict[str, str]) -> bytes:
+    """`name: value` lines (see `HeaderError`)."""
+    out = bytearray()
+    for name, value in headers.items():
+        if any(c in name for c in ":\r\n\0 ") or any(c in value for c in "\r\n\0"):
+            raise HeaderError(f"header {name!r} has a character HTTP does not allow")
+        try:
+            out += f"{name}: {value}\r\n".encode("latin-1")
+        except UnicodeEncodeError as e:
+            raise HeaderError(f"header {name!r} is not Latin-1") from e
+    return bytes(out)
+
+
+class Link(asyncio.Protocol):
+    """One keep-alive connection to a replica, and the response being read on it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
+        self._loop = loop
+        self._read_timeout = read_timeout
+        self.transport: asyncio.Transport | None = None
+        self.reader: ResponseReader | None = None
+        """The response being read; None while idle in the pool."""
+        self.closed = False
+        self._ids: list[int] = []
+        self._news = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._last_read = 0.0
+        self._silence: asyncio.TimerHandle | None = None
+        self._timed_out = False
+
+    # ------------------------------------------------------------ asyncio's side
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's does not subclass asyncio.Transport).
+        self.transport = cast("asyncio.Transport", transport)
+
+    def data_received(self, data: bytes) -> None:
+        reader = self.reader
+        if reader is None:
+            # Bytes on an idle connection answer nothing we sent: do not reuse it.
+            self.close()
+            return
+        self._last_read = self._loop.time()
+        ids, news = reader.feed(data)
+        if ids:
+            held = self._ids
+            if held:
+                held += ids
+            else:
+                self._ids = held = ids
+            if len(held) >= PAUSE_IDS and not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
+        elif not news:
+            return  # part of an event: nothing for the consumer yet
+        if news:
+            self._news = True
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.reader is not None:
+            ids, _ = self.reader.eof()
+            self._ids += ids
+        self._news = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _check_silence(self) -> None:
+        """The read timeout, checked by one timer per exchange re-armed from the time of
+        the last read (not a timer per read). A paused socket is waiting for us, not
+        for the replica: the timeout counts again from its resumption."""
+        if self.reader is None:
+            return
+        now = self._loop.time()
+        due = self._last_read + self._read_timeout
+        if self._paused or now < due:
+            self._silence = self._loop.call_at(
+                now + self._read_timeout if self._paused else due, self._check_silence
+            )
+            return
+        self._timed_out = True
+        self._news = True
+        self._wake()
+
+    # ------------------------------------------------------------ the exchange's side
+
+    def send(self, request: bytes, reader: ResponseReader) -> None:
+        """Write a request whose response `reader` reads."""
+        assert self.transport is not None and self.reader is None
+        self.reader = reader
+        self._ids = []
+        self._news = False
+        self._timed_out = False
+        self._last_read = self._loop.time()
+        self._silence = self._loop.call_at(
+            self._last_read + self._read_timeout, self._check_silence
+        )
+        self.transport.write(request)
+
+    async def next(self) -> list[int] | None:
+        """The ids decoded since the last call, waiting for some; None when there are
+        none but the response's state changed (read it from `reader`). Raises LinkError
+        for silence beyond the read timeout and for a connection lost before the
+        body's end, after the ids that came before."""
+        while True:
+            ids = self._ids
+            if ids:
+                self._ids = []
+                if self._paused:
+                    self._resume()
+                return ids
+            if self._news:
+                self._news = False
+                self._raise_failure()
+                return None
+            self._waiter = waiter = self._loop.create_future()
+            await waiter
+
+    async def read_to_end(self) -> None:
+        """Read the response's body to its end (a collected one: error or listing)."""
+        reader = self.reader
+        assert reader is not None
+        while not reader.complete:
+            await self.next()
+
+    def _raise_failure(self) -> None:
+        reader = self.reader
+        assert reader is not None
+        if self._timed_out:
+            raise LinkError(f"nothing for {self._read_timeout:g}s", timeout=True)
+        if self.closed and not reader.complete:
+            answered = reader.status is not None
+            where = "before the end of the response" if answered else "without answering"
+            raise LinkError(f"the connection closed {where}", stale=not answered)
+
+    def _resume(self) -> None:
+        self._paused = False
+        self._last_read = self._loop.time()
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def finish(self) -> bool:
+        """End the exchange; True when the connection can carry the next request (the
+        body was read to its end, the server keeps it open), else it is closed."""
+        if self._silence is not None:
+            self._silence.cancel()
+            self._silence = None
+        reader, self.reader = self.reader, None
+        if reader is None or self.closed or self._paused or not reader.reusable:
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+
+
+class Client:
+    """Connections to replicas: idle keep-alive ones per origin (reused newest first),
+    at most `max_connections` in use at once (a request waits up to the connect timeout
+    for one), and the headers every request carries."""
+
+    def __init__(
+        self,
+        *,
+        headers: dict[str, str],
+        connect_timeout: float,
+        read_timeout: float,
+        max_connections: int,
+    ) -> None:
+        self._headers = header_lines(headers)
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._max_idle = max_connections
+        self._slots = asyncio.Semaphore(max_connections)
+        self._idle: dict[Origin, list[Link]] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    async def send(
+        self,
+        origin: Origin,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes = b"",
+        stream: str | None = None,
+    ) -> Link:
+        """Send a request on a pooled or new connection; the returned link reads its
+        response (`stream`: the dialect whose events a 2xx body holds). Whatever happens
+        next, the caller ends the exchange with `done`."""
+        head = header_lines(headers)  # before a connection is taken
+        if self._slots.locked():
+            try:
+                await asyncio.wait_for(self._slots.acquire(), self._connect_timeout)
+            except asyncio.TimeoutError as e:
+                raise LinkError("every connection is in use", timeout=True) from e
+        else:
+            await self._slots.acquire()  # free: no timer
+        try:
+            link = await self._connection(origin)
+        except BaseException:
+            self._slots.release()
+            raise
+        request = b"%s %s HTTP/1.1\r\nHost: %s\r\n%b%bContent-Length: %d\r\n\r\n%b" % (
+            method.encode(),
+            (origin.prefix + path).encode(),
+            origin.authority.encode(),
+            self._headers,
+            head,
+            len(body),
+            body,
+        )
+        link.send(request, ResponseReader(stream))
+        return link
+
+    async def fetch(self, origin: Origin, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        """GET a whole (small) response: its status and body."""
+        link = await self.send(origin, "GET", path, headers)
+        try:
+            await link.read_to_end()
+            reader = link.reader
+            assert reader is not None and reader.status is not None
+            return reader.status, reader.body
+        finally:
+            self.done(origin, link)
+
+    def done(self, origin: Origin, link: Link) -> None:
+        """End an exchange: its connection goes back to the pool, or is closed when it
+        cannot be reused (abandoned mid-body, failed, or told to close)."""
+        self._slots.release()
+        if link.finish():
+            idle = self._idle.setdefault(origin, [])
+            if len(idle) < self._max_idle:
+                idle.append(link)
+            else:
+                link.close()
+
+    async def _connection(self, origin: Origin) -> Link:
+        idle = self._idle.get(origin)
+        while idle:
+            link = idle.pop()
+            if not link.closed:
+                return link
+        loop = asyncio.get_running_loop()
+        context = None
+        if origin.tls:
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            context = self._tls
+        try:
+            _, link = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: Link(loop, self._read_timeout), origin.host, origin.port, ssl=context
+                ),
+                self._connect_timeout,
+            )
+        except asyncio.TimeoutError as e:
+            raise LinkError(f"no connection within {self._connect_timeout:g}s", timeout=True) from e
+        except OSError as e:
+            raise LinkError(f"{type(e).__name__}: {e}") from e
+        return link
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for link in idle:
+                link.close()
+        self._idle.clear()
