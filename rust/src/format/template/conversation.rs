@@ -371,9 +371,7 @@ impl TemplateConversation {
     /// verbatim mode its ids after a generation prompt. On error the conversation is
     /// unchanged.
     pub fn append_output_json(&mut self, items_json: &str, ids: &[u32]) -> Result<()> {
-        let vocab = self.format.tokenizer().vocab_size();
-        let items = parse_stored_output(items_json, ids, vocab)?;
-        self.record_output(&items, ids, true)?;
+        self.output_json(items_json, ids, true)?;
         self.turns += 1;
         Ok(())
     }
@@ -384,9 +382,13 @@ impl TemplateConversation {
     /// their call ids). On error the conversation is unchanged.
     pub fn commit_items_json(&mut self, items_json: &str, ids: &[u32]) -> Result<()> {
         self.open_turn_id()?;
+        self.output_json(items_json, ids, false)
+    }
+
+    fn output_json(&mut self, items_json: &str, ids: &[u32], open_first: bool) -> Result<()> {
         let vocab = self.format.tokenizer().vocab_size();
         let items = parse_stored_output(items_json, ids, vocab)?;
-        self.record_output(&items, ids, false)
+        self.record_output(&items, ids, open_first)
     }
 
     fn record_output(&mut self, items: &[Item], sampled: &[u32], open_first: bool) -> Result<()> {
