@@ -340,6 +340,35 @@ def test_large_frames_are_parsed_off_the_event_loop_thread(
     assert [(size >= OFFLOAD_BYTES, on_loop) for size, on_loop in large] == [(True, False)] * 2
 
 
+def test_a_queued_large_frame_is_parsed_again_off_the_event_loop_thread(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A large frame that waits behind its lane's running response keeps only its text
+    and is parsed again when its turn comes: that parse too runs in a worker thread."""
+    import hotloop.protocol.connection as connection_module
+
+    parsed_on_loop: list[tuple[int, bool]] = []
+    parse = connection_module.parse_event
+
+    def spy(frame: str | bytes, *args: Any) -> Any:
+        parsed_on_loop.append((len(frame), running_loop()))
+        return parse(frame, *args)
+
+    monkeypatch.setattr(connection_module, "parse_event", spy)
+    # A slow first response: the large frame arrives while it runs, and waits.
+    engine = SimEngine(FORMAT, model="sim", speed=SimSpeed(tokens_per_second=50.0, ttft=0.0))
+    with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
+        with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
+            ws.send(orjson.dumps({"type": "response.create", "input": "hi"}).decode())
+            recv_until(ws, "response.created")
+            big = {"type": "response.create", "input": "hi", "tools": BIG_TOOLS}
+            ws.send(orjson.dumps(big).decode())
+            for _ in range(2):
+                assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
+    large = [on_loop for size, on_loop in parsed_on_loop if size >= OFFLOAD_BYTES]
+    assert large == [False, False]  # on arrival, and again when its turn came
+
+
 def test_a_tool_list_above_its_byte_limit_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     too_many = [wide_tool(2 * 1024 * 1024 // 40)]
     driver = Driver()
