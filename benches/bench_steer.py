@@ -14,11 +14,13 @@ all timed on this thread:
 - inject: the long-running response (`inject=True`): the model called a tool and the
   response waits; `response.inject` with a 2 KB tool output, up to the resumed
   `Generate` of the same response.
+- inject stored: the same into a `store: true` response on a durable connection, which
+  keeps each finished model turn's ids for the store's record of the interleaving.
 - tool continuation: the same call ending its response, then a `response.create`
   continuing it with the same 2 KB tool output, up to its `Generate` (the chain).
 
-Prints medians and the ratios steer/append (target about 1), re-render/steer and
-inject/tool continuation (target at most 1).
+Prints medians and the ratios steer/append (target about 1), re-render/steer,
+inject/tool continuation (target at most 1) and inject stored/inject.
 Run: `.venv/bin/python benches/bench_steer.py` (figures: docs/steering.md).
 """
 
@@ -41,10 +43,15 @@ ROUNDS = 30
 STEER_TEXT = text_of(2048)
 
 
-def connection(inject: bool = False) -> Connection:
+def connection(inject: bool = False, durable: bool = False) -> Connection:
     cache = ConnectionCache(1 << 32, CacheBudget(1 << 32))
     return Connection(
-        chat_format=FORMAT, context_window=1 << 22, model="sim", cache=cache, inject=inject
+        chat_format=FORMAT,
+        context_window=1 << 22,
+        model="sim",
+        cache=cache,
+        inject=inject,
+        durable=durable,
     )
 
 
@@ -56,7 +63,8 @@ def run(conn: Connection) -> tuple[int, str | None]:
         actions = conn.actions()
         for action in actions:
             if isinstance(action, Render):
-                conn.render_done(action.key, action.conversation.extend(action.request))
+                request, turn = action.run()
+                conn.render_done(action.key, turn, request)
             elif isinstance(action, Generate):
                 return action.key, response_id
             elif isinstance(action, bytes) and b'"response.created"' in action:
@@ -128,6 +136,7 @@ def main() -> None:
     print(f"  re-render/steer  {medians['re-render'] / medians['steer']:.1f}")
     ratio = medians["inject"] / medians["tool continuation"]
     print(f"  inject/tool continuation  {ratio:.2f}")
+    print(f"  inject stored/inject      {medians['inject stored'] / medians['inject']:.2f}")
 
 
 def tool_output(call_id: str) -> dict[str, str]:
@@ -135,20 +144,25 @@ def tool_output(call_id: str) -> dict[str, str]:
 
 
 def tool_outputs(items: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """A 2 KB tool output into the waiting long-running response, and into a chain."""
-    timings: dict[str, list[float]] = {"inject": [], "tool continuation": []}
-    long, chain = connection(inject=True), connection()
+    """A 2 KB tool output into the waiting long-running response (not stored, and
+    stored: each model turn's ids kept for the store's record), and into a chain."""
+    timings: dict[str, list[float]] = {"inject": [], "inject stored": [], "tool continuation": []}
+    long, stored, chain = connection(inject=True), connection(True, durable=True), connection()
     long.receive_text(create(items))
+    stored.receive_text(create(items, store=True))
     chain.receive_text(create(items))
-    (long_key, long_id), (chain_key, chain_id) = run(long), run(chain)
+    waiting = {"inject": (long, *run(long)), "inject stored": (stored, *run(stored))}
+    chain_key, chain_id = run(chain)
     for _ in range(ROUNDS):
-        output = tool_output(call(long, long_key))
-        frame = orjson.dumps({"type": "response.inject", "response_id": long_id, "input": [output]})
-        start = time.perf_counter()
-        long.receive_text(frame)
-        long_key, resumed = run(long)
-        timings["inject"].append(time.perf_counter() - start)
-        assert resumed is None, "the same response resumes"
+        for name, (conn, key, response_id) in waiting.items():
+            output = tool_output(call(conn, key))
+            frame = {"type": "response.inject", "response_id": response_id, "input": [output]}
+            start = time.perf_counter()
+            conn.receive_text(orjson.dumps(frame))
+            key, resumed = run(conn)
+            timings[name].append(time.perf_counter() - start)
+            assert resumed is None, "the same response resumes"
+            waiting[name] = (conn, key, response_id)
 
         continuation = create([tool_output(call(chain, chain_key))], previous_response_id=chain_id)
         start = time.perf_counter()

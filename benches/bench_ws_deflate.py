@@ -80,7 +80,8 @@ def traffic(steps: int) -> tuple[list[bytes], list[bytes], list[int]]:
         actions = connection.actions()
         for render in [a for a in actions if isinstance(a, Render)]:
             # A large tool output is rendered off the event loop; here, inline.
-            connection.render_done(render.key, render.conversation.extend(render.request))
+            request, turn = render.run()
+            connection.render_done(render.key, turn, request)
             actions += connection.actions()
         work = next(a for a in actions if isinstance(a, Generate))
         ids = chat_format.completion_tokens(

@@ -30,10 +30,13 @@ FORMAT = ChatFormat.harmony()
 ANSWER = FORMAT.completion_tokens(text="Hello there, friend.")
 
 
-def sim_connection(cache: ConnectionCache, observer: Observer, **options: Any) -> Connection:
-    """A Connection over harmony with a 1M-token window, serving the model `sim`."""
+def sim_connection(
+    cache: ConnectionCache, observer: Observer, chat_format: ChatFormat = FORMAT, **options: Any
+) -> Connection:
+    """A Connection over harmony (or `chat_format`) with a 1M-token window, serving the
+    model `sim`."""
     return Connection(
-        chat_format=FORMAT,
+        chat_format=chat_format,
         context_window=1 << 20,
         model="sim",
         cache=cache,

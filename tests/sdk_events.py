@@ -16,7 +16,7 @@ INJECT_EVENTS = {"response.inject.created", "response.inject.failed"}
 # (it has response_already_completed and response_not_found), and the queue bounds'.
 INJECT_CODES = {"invalid_input", "websocket_queue_limit_reached", "queue_memory_exceeded"}
 # `incomplete_details.reason` values of section 8 the SDK's enum lacks.
-REASONS = {"interrupted", "idle_timeout"}
+REASONS = {"interrupted", "idle_timeout", "connection_closing"}
 
 
 def validate(frame: bytes | str) -> dict[str, Any]:
@@ -26,8 +26,8 @@ def validate(frame: bytes | str) -> dict[str, Any]:
     `incomplete_details.reason` lacks Codex's `interrupted`, so such a terminal is
     checked with every other field strict and that one value allowed. The beta
     injection events are checked against the SDK's beta models, the same way for the
-    error codes their enum lacks (`INJECT_CODES`); so is the long-running response's
-    `idle_timeout`."""
+    error codes their enum lacks (`INJECT_CODES`); so are the long-running response's
+    `idle_timeout` and `connection_closing`."""
     event: dict[str, Any] = orjson.loads(frame)
     codex = CODEX_EVENTS.get(event["type"])
     reason = ((event.get("response") or {}).get("incomplete_details") or {}).get("reason")

@@ -249,15 +249,55 @@ def test_a_timer_of_a_resumed_response_finds_nothing() -> None:
     assert driver.finish()[-1]["type"] == "response.completed"
 
 
-def test_the_lifetime_ends_a_waiting_response() -> None:
+def test_the_lifetime_ends_a_waiting_response_continuable() -> None:
     driver = client()
-    waiting_call(driver)
+    target, (call,) = waiting_call(driver)
     driver.conn.lifetime_reached()
     frames = driver.pump()
     assert types(frames) == ["response.incomplete", "error"]
-    assert frames[0]["response"]["status"] == "cancelled"
+    response = frames[0]["response"]
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "connection_closing"}
     assert frames[1]["error"]["code"] == "websocket_connection_limit_reached"
     assert driver.closed is not None
+    entry = driver.conn.cache.get(target)
+    assert entry is not None and entry.checkpoint.fork().open_call_ids == [call["call_id"]]
+
+
+def test_a_disconnect_ends_a_waiting_response_committed_and_booked() -> None:
+    """The client goes away while the response waits: it ends as on a closing
+    connection, its usage is booked, and it is committed (so a new connection can
+    continue it); nothing else starts on its lane."""
+    recorder = Recorder()
+    cache = ConnectionCache(1 << 30, CacheBudget(1 << 30))
+    driver = ConnectionDriver(sim_connection(cache, recorder, inject=True, durable=True))
+    target, _ = waiting_call(driver)
+    driver.create("Then this", tools=TOOLS)  # queued behind it on the lane
+    driver.conn.connection_lost()
+    driver.pump()
+    (work,) = driver.persisting.values()
+    assert work.finished.response_id == target and work.finished.status == "incomplete"
+    assert work.finished.checkpoint is not None
+    assert [finished.response_id for finished in recorder.done] == [target]
+    assert not driver.generating and driver.conn.in_flight == 0
+
+
+def test_a_draining_server_ends_a_waiting_response_and_a_call_does_not_wait() -> None:
+    driver = client()
+    target, _ = waiting_call(driver)
+    other = driver.create("List files", tools=TOOLS, stream_id="b")[0]["response"]["id"]
+    driver.conn.shutting_down()
+    frames = driver.pump()
+    assert types(frames) == ["response.incomplete"]
+    assert frames[0]["response"]["id"] == target
+    assert frames[0]["response"]["incomplete_details"] == {"reason": "connection_closing"}
+    # The other lane's response ends calling while the server drains: it could not
+    # resume here, so it ends at once, continuable, instead of waiting.
+    frames = driver.finish(ids=CALL)
+    assert types(frames)[-1] == "response.incomplete"
+    assert frames[-1]["response"]["id"] == other
+    assert not driver.waits and driver.closed is None
+    assert driver.conn.in_flight == 0
 
 
 def test_a_steer_while_waiting_follows_the_tool_output() -> None:

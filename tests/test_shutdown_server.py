@@ -170,3 +170,39 @@ def test_sigterm_closes_an_idle_websocket_at_once_and_a_busy_one_after_its_respo
         busy.join(HANG_GUARD)
         assert busy.terminal is not None and busy.terminal["type"] == "response.completed"
         assert server.stop() in (0, -signal.SIGTERM)
+
+
+def test_sigterm_ends_a_waiting_long_running_response_stored_and_continuable(
+    tmp_path: Path,
+) -> None:
+    """A long-running response waits for tool output when the server is told to stop:
+    it could not resume on a draining server, so it ends at once (`response.incomplete`,
+    reason `connection_closing`), committed, before the socket closes with 1012; after a
+    restart the client continues it with the call's output."""
+    args = ["--data-dir", str(tmp_path), "--api-keys", KEY, "--sim-ttft", "0", "--inject"]
+    args += ["--sim-tool", "exec_command", "--sim-tool-calls", "1"]
+    tools = [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}]
+    with served_process(args) as server:
+        ws_url = server.url.replace("http://", "ws://") + "/v1/responses"
+        with connect(ws_url, additional_headers=AUTH) as ws:
+            create = {"type": "response.create", "model": "sim", "input": "ls", "tools": tools}
+            ws.send(orjson.dumps(create).decode())
+            events = [orjson.loads(ws.recv(HANG_GUARD))]
+            while events[-1]["type"] != "response.output_item.done":
+                events.append(orjson.loads(ws.recv(HANG_GUARD)))
+            target, call = events[0]["response"]["id"], events[-1]["item"]
+            server.process.send_signal(signal.SIGTERM)
+            ended = orjson.loads(ws.recv(HANG_GUARD))
+            assert ended["type"] == "response.incomplete", ended
+            assert ended["response"]["incomplete_details"] == {"reason": "connection_closing"}
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(HANG_GUARD)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+        assert server.stop() in (0, -signal.SIGTERM)
+
+    with served_process(args) as server, httpx.Client(base_url=server.url, headers=AUTH) as http:
+        answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "a.py"}
+        body = {"model": "sim", "input": [answer], "tools": tools, "previous_response_id": target}
+        reply = http.post("/v1/responses", json=body, timeout=HANG_GUARD)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["status"] == "completed"

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from array import array
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import pytest
 from hotloop.metrics import Metrics
 from hotloop.store import (
     InputItemPage,
+    ModelTurn,
     Order,
     Store,
     StoredResponse,
@@ -27,8 +30,10 @@ from hotloop.store import (
     open_store,
 )
 from hotloop.store.items import listed_items, page_of
-from hotloop.store.records import Quarantined, Row
+from hotloop.store.postgres import MIGRATIONS as POSTGRES_MIGRATIONS
+from hotloop.store.records import RESPONSE_COLUMNS, Quarantined, Row
 from hotloop.store.sqlite import FILE_NAME, SQLiteDatabase
+from hotloop.store.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from hotloop.store.writer import BackgroundStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -287,6 +292,85 @@ async def test_load_chain(store: Store) -> None:
     assert [r.input_items for r in chain.responses] == [
         response(f"resp_{i}").input_items for i in (1, 2, 3)
     ]
+
+
+def long_running(rid: str) -> StoredResponse:
+    """A long-running response: two model turns, a tool output injected between them."""
+    output = [{"type": "function_call", "call_id": "call_1"}, {"type": "message"}]
+    items = [
+        {"role": "user", "content": "ls"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "a.py"},
+    ]
+    base = response(rid, items=items, ids=(1, 2, 3, 4, 5))
+    body = {**orjson.loads(base.response), "output": output}
+    return replace(
+        base, response=orjson.dumps(body), model_turns=(ModelTurn(1, 2, 1), ModelTurn(2, 5, 0))
+    )
+
+
+async def test_a_long_running_response_keeps_its_model_turns(store: Store) -> None:
+    await store.put(long_running("resp_l"))
+    await store.put(response("resp_m", previous="resp_l"))
+    chain = await store.load_chain("resp_m", None)
+    assert chain is not None
+    first, then = chain.responses
+    assert first.model_turns == (ModelTurn(1, 2, 1), ModelTurn(2, 5, 0))
+    assert then.model_turns == ()
+    page = await store.list_input_items("resp_l", None, order="asc")
+    assert page is not None
+    assert [item["type"] for item in page.data] == ["message", "function_call_output"]
+
+
+def previous_schema(backend: Backend) -> None:
+    """Make `backend`'s database the schema before `model_turns`, holding one response."""
+    row = (
+        "resp_old",
+        None,
+        None,
+        1,
+        orjson.dumps({"id": "resp_old", "output": []}),
+        None,
+        None,
+        b'[{"role":"user","content":"hi"}]',
+        array("I", [5, 6]).tobytes(),
+        "f1",
+    )
+    columns = RESPONSE_COLUMNS.removesuffix(", model_turns")
+    if isinstance(backend.target, Path):
+        with sqlite3.connect(backend.target / FILE_NAME) as db:
+            for step in SQLITE_MIGRATIONS[:-1]:
+                for statement in step:
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {len(SQLITE_MIGRATIONS) - 1}")
+            db.execute(f"INSERT INTO responses ({columns}) VALUES ({', '.join('?' * 10)})", row)
+        return
+    import psycopg
+
+    with psycopg.connect(backend.target) as connection:
+        for step in POSTGRES_MIGRATIONS[:-1]:
+            for statement in step:
+                connection.execute(statement)
+        connection.execute("CREATE TABLE hotloop_schema (version integer NOT NULL)")
+        connection.execute(
+            "INSERT INTO hotloop_schema VALUES (%s)", (len(POSTGRES_MIGRATIONS) - 1,)
+        )
+        connection.execute(
+            f"INSERT INTO responses ({columns}) VALUES ({', '.join(['%s'] * 10)})", row
+        )
+
+
+async def test_the_schema_before_model_turns_is_migrated(backend: Backend) -> None:
+    previous_schema(backend)
+    store = await backend.open()
+    try:
+        old = await store.load_chain("resp_old", None)
+        assert old is not None and old.head.model_turns == ()
+        assert list(old.head.output_token_ids) == [5, 6]
+        await store.put(long_running("resp_l"))
+        chain = await store.load_chain("resp_l", None)
+        assert chain is not None and chain.head.model_turns == long_running("resp_l").model_turns
+    finally:
+        await store.close()
 
 
 async def test_load_chain_with_a_deleted_ancestor_is_a_miss(store: Store) -> None:

@@ -13,7 +13,7 @@ from hotloop.store import open_store
 from hotloop.store.cache import CachedStore
 from pg_server import PostgresServer
 from redis_server import RedisServer
-from test_store import response
+from test_store import long_running, response
 
 
 @pytest.fixture
@@ -42,6 +42,18 @@ async def test_a_chain_is_served_whole_from_the_cache(cached: CachedStore) -> No
     chain = await cached.load_chain("resp_3", None)
     assert chain is not None and [r.id for r in chain.responses] == ["resp_1", "resp_2", "resp_3"]
     assert cached.hits == 1 and cached.misses == 0
+
+
+async def test_a_long_running_response_is_cached_with_its_model_turns(
+    cached: CachedStore,
+) -> None:
+    await cached.put(long_running("resp_l"))
+    await cached.copied()
+    chain = await cached.load_chain("resp_l", None)
+    assert chain is not None and cached.hits == 1
+    head = chain.head
+    assert head.model_turns == long_running("resp_l").model_turns
+    assert list(head.output_token_ids) == [1, 2, 3, 4, 5]
 
 
 async def test_a_miss_reads_the_store_and_fills_the_cache(

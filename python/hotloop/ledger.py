@@ -21,16 +21,25 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from hotloop import logs
 from hotloop._core import Checkpoint, Conversation, CoreError, Policy
 from hotloop.auth import ApiKeys, key_id
 from hotloop.engines.base import Engine
 from hotloop.metrics import Metrics
-from hotloop.protocol import CacheBudget, ConnectionCache, Finished, ProtocolError
+from hotloop.protocol import (
+    CacheBudget,
+    ConnectionCache,
+    Finished,
+    ProtocolError,
+    TurnSegment,
+)
 from hotloop.protocol.compaction import Compactor
 from hotloop.shutdown import Drain
 from hotloop.store import (
     Chain,
+    ModelTurn,
     Store,
     StoredResponse,
     StoreError,
@@ -244,22 +253,35 @@ class Ledger:
         response instead of acknowledging it."""
         self.drain.hold()
         commit = asyncio.get_running_loop().create_task(self._commit(finished))
-        commit.add_done_callback(lambda _: self.drain.release())
+        commit.add_done_callback(self._committed)
         return commit
+
+    def _committed(self, commit: asyncio.Task[None]) -> None:
+        self.drain.release()
+        if not commit.cancelled():
+            # Read here too: the socket that waited for it may be gone (its failure was
+            # logged by the store, and the response never acknowledged).
+            commit.exception()
 
     async def _commit(self, finished: Finished) -> None:
         if self.store is None:
             raise StoreError("store_unavailable", "This server has no durable store.")
         request = finished.request
+        input_items = request.input_json.encode()
+        if finished.segments:
+            input_items, output_ids, turns = _interleaved(input_items, finished.segments)
+        else:
+            output_ids, turns = _output_ids(finished), []
         stored = StoredResponse(
             id=finished.response_id,
             owner=key_id(finished.principal) if finished.principal is not None else None,
             previous_response_id=request.previous_response_id,
             created_at=finished.created_at,
             response=finished.response_json,
-            input_items=request.input_json.encode(),
-            output_token_ids=_output_ids(finished),
+            input_items=input_items,
+            output_token_ids=output_ids,
             fingerprint=self.fingerprint,
+            model_turns=turns,
         )
         await self.store.put(stored)
 
@@ -270,6 +292,26 @@ def _output_ids(finished: Finished) -> list[int]:
     if finished.checkpoint is None or finished.turn is None:
         return []
     return finished.checkpoint.fork().prompt().tokens_from(finished.turn.prompt_tokens)
+
+
+def _interleaved(
+    input_items: bytes, segments: tuple[TurnSegment, ...]
+) -> tuple[bytes, list[int], list[ModelTurn]]:
+    """A long-running response that took input while it ran, as the store keeps it:
+    the request's input items (their bytes as sent) followed by the input committed
+    inside the response, every model turn's ids in one run, and the bounds between."""
+    ids: list[int] = []
+    inside: list[dict[str, Any]] = []
+    turns = []
+    for segment in segments:
+        ids += segment.token_ids
+        inside += segment.then
+        turns.append(ModelTurn(segment.outputs_end, len(ids), len(segment.then)))
+    if inside:
+        items = orjson.dumps(inside)
+        head = input_items.rstrip()[:-1].rstrip()
+        input_items = items if head.endswith(b"[") else head + b"," + items[1:]
+    return input_items, ids, turns
 
 
 class Books:

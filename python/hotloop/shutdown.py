@@ -9,9 +9,11 @@ worker of `--workers N`), with `timeout_graceful_shutdown` set to the drain dead
 1. stop listening (new connections are refused by the kernel);
 2. ask every connection to shut down: an HTTP connection finishes the response it is
    sending and closes; a WebSocket (`hotloop.transport.frames.FrameSendingProtocol`)
-   refuses new responses (`ShuttingDown`: `response.failed`, 503), waits until no
-   response of the process is in flight or the deadline passes, then closes with 1012
-   (plain uvicorn would close it with 1012 at once, cutting responses in the middle);
+   refuses new responses (`ShuttingDown`: `response.failed`, 503), ends its responses
+   waiting for tool output (they could not resume: `Connection.shutting_down`), waits
+   until none of its responses is in flight or the deadline passes, then closes with
+   1012 (plain uvicorn would close it with 1012 at once, cutting responses in the
+   middle);
 3. wait for the connections to close, up to the deadline;
 4. the ASGI lifespan shutdown, where the app closes its store (`Store.close` flushes
    the background writer).

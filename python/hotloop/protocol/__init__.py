@@ -15,6 +15,7 @@ from hotloop.protocol.connection import (
     Parsed,
     Persist,
     Render,
+    TurnSegment,
     Wait,
     offloads,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "ProtocolError",
     "QueueMemory",
     "Render",
+    "TurnSegment",
     "Wait",
     "offloads",
 ]

@@ -98,6 +98,9 @@ MAX_NAMED_LANES = 32
 # an MCP-sized tool list no longer stalls every other connection's frames and handshakes.
 OFFLOAD_BYTES = 32 * 1024
 STORE_UNAVAILABLE = "store_unavailable"
+CONNECTION_CLOSING = "connection_closing"
+"""`incomplete_details.reason` of a response that waited for tool output when its
+connection reached its lifetime or the server began draining."""
 ITEM_DONE = frozenset(("message_done", "reasoning_done", "call_done"))
 
 
@@ -223,6 +226,22 @@ class Finished:
     failure: str | None = None
     """Why it failed, as a stable code: `store_unavailable` when its commit failed (the
     wire's `error.code` is then `server_error`, the SDK's enum having nothing closer)."""
+    segments: tuple[TurnSegment, ...] = ()
+    """A stored long-running response that took input while it ran: every model turn
+    with the input committed after it (empty otherwise: the request's input, then the
+    whole output, whose ids the store takes from `checkpoint` after `turn`)."""
+
+
+@dataclass(frozen=True)
+class TurnSegment:
+    """One model turn of a long-running response, as the store keeps it: where its items
+    end in `output` (a count), its output segment's token ids as the cache holds them,
+    and the input committed inside the response after it (injected tool outputs, then
+    steering input; after the last turn, outputs still held when the response ended)."""
+
+    outputs_end: int
+    token_ids: list[int]
+    then: list[dict[str, Any]]
 
 
 class Observer(Protocol):
@@ -307,10 +326,17 @@ class _Active:
     injected: list[Injection] = field(default_factory=list)
     """Injections accepted while other calls still wait (they resume it together)."""
     resumed: Turn | None = None
-    """The current model turn of a resumed response (`turn` stays the first one: the
-    store keeps every turn's ids after the first prompt as the response's output)."""
+    """The current model turn of a resumed response (`turn` stays the first one, whose
+    prompt the metrics count; the store takes each turn's ids from `segments`)."""
     first_item: int = 0
     """Where the current model turn's items start in `events.output`."""
+    segments: list[TurnSegment] = field(default_factory=list)
+    """A stored long-running response's model turns that input followed, for the store."""
+
+    @property
+    def current_turn(self) -> Turn:
+        """The model turn sampling now (or last)."""
+        return self.resumed or self.turn
 
 
 @dataclass
@@ -446,6 +472,7 @@ class Connection:
         self._queued_bytes = 0
         self._actions: list[Action] = []
         self._expiring = False
+        self._draining = False
         self._skipped_tools: set[tuple[str, str | None]] = set()
         self._awaiting: dict[str | None, _Awaiting] = {}
         self.closed = False
@@ -718,14 +745,29 @@ class Connection:
         """The connection's lifetime is over: finish what is in flight, refuse the
         rest, then close with 1000. Never cuts a response in the middle."""
         self._expiring = True
-        # A response waiting for tool output would hold the connection open forever.
-        for waiting in list(self._waiting.values()):
-            self._cancel_active(waiting)
+        self._closing()
         self._finish_expiry()
 
+    def shutting_down(self) -> None:
+        """The server drains (`hotloop.shutdown`): it finishes what is in flight, and the
+        transport closes the connection once nothing is (with 1012)."""
+        self._draining = True
+        self._closing()
+
+    def _closing(self) -> None:
+        """A response waiting for tool output would hold the closing connection open
+        until its idle timeout, and could not resume on it: it ends now (reason
+        `connection_closing`), continuable on another connection."""
+        for waiting in list(self._waiting.values()):
+            self._end_waiting(waiting, CONNECTION_CLOSING)
+
     def connection_lost(self) -> None:
-        """The client went away: stop all generation; the cache dies with the socket."""
+        """The client went away: stop all generation; the cache dies with the socket. A
+        response waiting for tool output ends as on a closing connection (its usage
+        booked, and committed when stored, so the client can continue it from a new
+        connection)."""
         self.closed = True
+        self._closing()
         for active in self._active.values():
             self._actions.append(Cancel(active.key))
         self._active.clear()
@@ -897,7 +939,8 @@ class Connection:
 
     def _pump(self) -> None:
         """Start queued requests while lanes are free and the in-flight cap allows."""
-        while self._ready and self.in_flight < MAX_IN_FLIGHT and not self._expiring:
+        closing = self._expiring or self.closed
+        while self._ready and self.in_flight < MAX_IN_FLIGHT and not closing:
             lane = self._ready.popleft()
             pending = lane.queue.popleft()
             pending.started = True
@@ -1219,7 +1262,7 @@ class Connection:
 
     def _usage(self, active: _Active) -> Usage:
         """The response's usage so far: every model turn's prompt and output."""
-        turn = active.resumed or active.turn
+        turn = active.current_turn
         # A new conversation renders its fixed prefix in this very turn: nothing of its
         # prompt came from the cache, whatever the core kept between its own steps (a
         # compacted turn runs on a new conversation too). A resumed model turn extends
@@ -1247,9 +1290,17 @@ class Connection:
         error: dict[str, str] | None = None,
         incomplete_reason: str | None = None,
     ) -> None:
-        # Injections still waiting for the other calls' outputs die with the response.
-        self._dequeued(sum(injection.size for injection in active.injected))
-        active.injected = []
+        closed = False
+        if active.injected:
+            checkpoint, closed = self._commit_held(active, checkpoint)
+        stored = self._stores(active)
+        if stored and active.segments and not closed:
+            # The last model turn of a response that took input while it ran.
+            active.segments.append(
+                self._turn_segment(active, [])
+                if checkpoint is not None
+                else TurnSegment(len(active.events.output), [], [])
+            )
         events = active.events
         final = events.response_json(
             status, usage=usage, error=error, incomplete_reason=incomplete_reason
@@ -1275,9 +1326,10 @@ class Connection:
                 error=error,
                 created_at=events.created_at,
                 failure=None if error is None else error["code"],
+                segments=tuple(active.segments),
             ),
         )
-        if self._durable and active.request.store:
+        if stored:
             active.lane.active = None
             active.lane.ending = self._ending[active.key] = ending
             self._actions.append(Persist(active.key, ending.finished))
@@ -1483,6 +1535,10 @@ class Connection:
         active.waiting = {
             item["call_id"]: item["name"] for item in calls if item["call_id"] not in answered
         }
+        if self._expiring or self._draining:
+            # It could not resume on this connection: outputs it holds are committed.
+            self._end_waiting(active, CONNECTION_CLOSING)
+            return
         self._waiting[active.key] = active
         if not active.waiting:
             # Every call was answered while the turn still sampled: it resumes at once.
@@ -1497,8 +1553,6 @@ class Connection:
                 active.waiting = {item["call_id"]: item["name"] for item in calls}
         self._actions.append(Wait(active.key, self._inject_idle_timeout))
         self._announce_pending(active.events, active.steers, self._required(active))
-        if self._expiring:
-            self._cancel_active(active)
 
     def _required(self, active: _Active) -> list[dict[str, str]]:
         return [
@@ -1508,11 +1562,17 @@ class Connection:
 
     def wait_expired(self, key: int) -> None:
         """The idle timeout of `Wait(key)`: a response still waiting for tool output ends
-        `response.incomplete` (reason `idle_timeout`). It stays continuable: its calls are
+        `response.incomplete` (reason `idle_timeout`)."""
+        active = self._waiting.get(key)
+        if active is not None:
+            self._end_waiting(active, "idle_timeout")
+
+    def _end_waiting(self, active: _Active, reason: str) -> None:
+        """A response waiting for tool output ends `response.incomplete` with `reason`. It
+        stays continuable: the outputs injected so far are committed, the other calls are
         open, and a `response.create` with their outputs continues it."""
-        active = self._waiting.pop(key, None)
-        if active is None:
-            return
+        if self._waiting.pop(active.key, None) is not None:
+            self._actions.append(Cancel(active.key))  # its idle timer
         if active.steers:
             self._release_steers(active.steers)
             self._steers_failed(
@@ -1526,7 +1586,7 @@ class Connection:
             "incomplete",
             self._usage(active),
             active.conversation.checkpoint(),
-            incomplete_reason="idle_timeout",
+            incomplete_reason=reason,
         )
 
     def _receive_injection(self, append: AppendEvent, event: dict[str, Any], size: int) -> None:
@@ -1641,15 +1701,13 @@ class Connection:
         spent = self._usage(active)
         limit = active.request.max_output_tokens
         left = None if limit is None else max(limit - spent.output_tokens, 0)
-        frame = resume_frame(active.request.response_fields_json, items, left or None)
-        request = parse_event(frame, self.limits.request)
-        assert isinstance(request, CreateRequest), "a response.create with new input"
+        segment = self._segment(active, items)
         try:
-            if request.error is not None:
-                raise request.error
-            turn = active.conversation.extend(request)
+            turn = self._commit_input(active, items, left or None)
         except CoreError as e:
             raise ProtocolError("invalid_input", e.message, "input") from e
+        if segment is not None:
+            active.segments.append(segment)
         self._dequeued(sum(injection.size for injection in active.injected))
         self._release_steers(active.steers)
         active.injected, active.steers = [], []
@@ -1663,6 +1721,61 @@ class Connection:
         active.first_item = len(active.events.output)
         active.events.next_turn()
         self._generate(active, active.conversation.prompt(), left)
+
+    def _commit_input(
+        self, active: _Active, items: list[dict[str, Any]], max_output_tokens: int | None
+    ) -> Turn:
+        """Append `items` to the response's conversation after its last model turn,
+        validated as delta input and rendered alone, under the response's own settings
+        (`max_output_tokens`: what is left of its budget). Raises CoreError, the
+        conversation unchanged."""
+        frame = resume_frame(active.request.response_fields_json, items, max_output_tokens)
+        request = parse_event(frame, self.limits.request)
+        assert isinstance(request, CreateRequest), "a response.create with new input"
+        if request.error is not None:
+            raise request.error
+        return active.conversation.extend(request)
+
+    def _stores(self, active: _Active) -> bool:
+        """`active` is committed to the store before its terminal event."""
+        return self._durable and active.request.store
+
+    def _segment(self, active: _Active, then: list[dict[str, Any]]) -> TurnSegment | None:
+        """The current model turn of a stored response, followed by `then` (None when
+        the response is not stored)."""
+        if not self._stores(active):
+            return None
+        return self._turn_segment(active, then)
+
+    def _turn_segment(self, active: _Active, then: list[dict[str, Any]]) -> TurnSegment:
+        ids = active.conversation.prompt().tokens_from(active.current_turn.prompt_tokens)
+        return TurnSegment(len(active.events.output), ids, then)
+
+    def _commit_held(
+        self, active: _Active, checkpoint: Checkpoint | None
+    ) -> tuple[Checkpoint | None, bool]:
+        """The response ends holding injected outputs it acknowledged (answers to calls
+        it completed, while other calls waited or its turn still sampled): they are
+        committed after its last model turn, so the calls it is continued with are
+        answered. Not when it cannot be continued (`checkpoint` None): they end with it.
+        Returns the checkpoint to end with, and whether the outputs closed the turn."""
+        held = [item for injection in active.injected for item in injection.items]
+        self._dequeued(sum(injection.size for injection in active.injected))
+        active.injected = []
+        if checkpoint is None:
+            return None, False
+        segment = self._segment(active, held)
+        try:
+            self._commit_input(active, held, None)
+        except CoreError as e:
+            # Checked against the core when they arrived: only the context can refuse them.
+            log.warning(
+                "outputs held by %s not committed: %s", active.events.response_id, e.message
+            )
+            return checkpoint, False
+        if segment is not None:
+            active.segments.append(segment)
+        return active.conversation.checkpoint(), True
 
     def _fail(self, active: _Active, message: str, usage: Usage) -> None:
         if active.evicts_parent and active.parent is not None:

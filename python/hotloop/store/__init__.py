@@ -49,15 +49,34 @@ class StoreError(Exception):
 
 
 @dataclass(frozen=True)
+class ModelTurn:
+    """Where one model turn of a stored long-running response ends (see
+    `StoredResponse.model_turns`): counts into `output` and `output_token_ids`, and the
+    input items committed after it."""
+
+    outputs_end: int
+    ids_end: int
+    inputs_after: int
+
+
+@dataclass(frozen=True)
 class StoredResponse:
     """A response that ended with `store=true`, captured right after its terminal event.
 
     `response` is the Response object exactly as the terminal event carries it (a JSON
     object, bytes); `input_items` is the request's input as a JSON array (the delta when
-    the request continued a previous response); `owner` is the API key id that created
-    it (None when auth is off). `output_token_ids` is the output segment as the
-    rendered-token cache holds it (the sampled ids verbatim) and `fingerprint` names the
-    chat format and tokenizer that produced them (`format_fingerprint`).
+    the request continued a previous response), followed by the input committed inside
+    a long-running response; `owner` is the API key id that created it (None when auth is
+    off). `output_token_ids` is the output segment as the rendered-token cache holds it
+    (the sampled ids verbatim) and `fingerprint` names the chat format and tokenizer that
+    produced them (`format_fingerprint`).
+
+    `model_turns` is how a long-running response interleaves its input and output: one
+    `ModelTurn` bound per model turn, in order, each giving where that turn's items end
+    in `output`, where its ids end in `output_token_ids`, and how many input items were
+    committed after it inside the response (injected tool outputs, then steering input),
+    taken from the end of `input_items`. Empty for a response of one model turn (the
+    whole input, then the whole output).
     """
 
     id: str
@@ -68,6 +87,49 @@ class StoredResponse:
     input_items: bytes
     output_token_ids: Sequence[int] = ()
     fingerprint: str = ""
+    model_turns: Sequence[ModelTurn] = ()
+
+    def segments(self, output: list[Any]) -> list[tuple[bytes, list[Any], Sequence[int]]]:
+        """The response as its conversation holds it, given its `output` items: per model
+        turn, the input items before it as a JSON array (the request's, or the ones
+        committed inside the response after the previous turn; possibly empty), its output
+        items and its output token ids. Raises ValueError when `model_turns` does not fit
+        the record."""
+        ids = self.output_token_ids
+        if not self.model_turns:
+            return [(self.input_items, output, ids)]
+        items = orjson.loads(self.input_items)
+        if not isinstance(items, list):
+            raise ValueError("input_items is not a JSON array")
+        at_input = len(items) - sum(turn.inputs_after for turn in self.model_turns)
+        if at_input < 0:
+            raise ValueError("model_turns counts more input items than the record has")
+        before = items[:at_input]
+        segments: list[tuple[bytes, list[Any], Sequence[int]]] = []
+        at_output = at_ids = 0
+        for turn in self.model_turns:
+            if not (
+                at_output <= turn.outputs_end <= len(output)
+                and at_ids <= turn.ids_end <= len(ids)
+                and turn.inputs_after >= 0
+            ):
+                raise ValueError("model_turns does not fit the record")
+            segments.append(
+                (
+                    orjson.dumps(before),
+                    output[at_output : turn.outputs_end],
+                    ids[at_ids : turn.ids_end],
+                )
+            )
+            before = items[at_input : at_input + turn.inputs_after]
+            at_input += turn.inputs_after
+            at_output, at_ids = turn.outputs_end, turn.ids_end
+        if at_output != len(output) or at_ids != len(ids):
+            raise ValueError("model_turns does not cover the output")
+        if before:
+            # Input committed after the last model turn (outputs held when it ended).
+            segments.append((orjson.dumps(before), [], ()))
+        return segments
 
 
 def may_read(stored_owner: str | None, owner: str | None) -> bool:
@@ -130,11 +192,11 @@ class Chain:
         fingerprint: str = "",
         rerendered: Callable[[], None] | None = None,
     ) -> None:
-        """Rebuild the rendered state of `head` into an empty conversation: every turn's
-        input items, then its output. Instructions and tools are not inherited through
-        `previous_response_id`, so the whole chain renders under the head's own prefix;
-        the next request applies its own on top (and the core re-renders from the prefix
-        only if they differ).
+        """Rebuild the rendered state of `head` into an empty conversation: every
+        response's input items, then its output. Instructions and tools are not
+        inherited through `previous_response_id`, so the whole chain renders under the
+        head's own prefix; the next request applies its own on top (and the core
+        re-renders from the prefix only if they differ).
 
         An output stored under `fingerprint` (the serving format's) is appended as its
         stored token ids, so the rebuilt prompt is exactly the one the original
@@ -142,9 +204,11 @@ class Chain:
         `rerendered` is called for each. Compaction items render as their summary
         (`compactor` opens them), and a response compacted by `context_management`
         restarts the chain from its output (rendered from text), as it did when it ran.
+        A long-running response replays turn by turn: each model turn's output, then
+        the input committed inside the response after it (`StoredResponse.segments`).
         Raises CoreError from the core if a stored item no longer validates,
         ProtocolError if a compaction item no longer opens, ValueError if a stored
-        record is not JSON."""
+        record is not JSON or does not fit together."""
         head = orjson.loads(self.head.response)
         instructions = head.get("instructions")
         prefix: dict[str, Any] = {
@@ -156,19 +220,20 @@ class Chain:
         for index, stored in enumerate(self.responses):
             if index < start:
                 continue
-            if index > start:
-                conversation.append_items(
-                    compactor.expand_items(stored.input_items).decode(), **prefix
-                )
-            output = outputs[index]
             exact = index > start and bool(fingerprint) and stored.fingerprint == fingerprint
-            if exact and stored.output_token_ids:
-                conversation.append_output(orjson.dumps(output).decode(), stored.output_token_ids)
-            elif output:
-                if rerendered is not None:
-                    rerendered()
-                items = compactor.expand_items(orjson.dumps(output)).decode()
-                conversation.append_items(items, **prefix)
+            for turn, (input_items, output, ids) in enumerate(stored.segments(outputs[index])):
+                # A compacted response restarts the chain from its output.
+                if index > start or turn > 0:
+                    conversation.append_items(
+                        compactor.expand_items(input_items).decode(), **prefix
+                    )
+                if exact and ids:
+                    conversation.append_output(orjson.dumps(output).decode(), ids)
+                elif output:
+                    if rerendered is not None:
+                        rerendered()
+                    items = compactor.expand_items(orjson.dumps(output)).decode()
+                    conversation.append_items(items, **prefix)
 
 
 class Store(Protocol):
@@ -262,6 +327,7 @@ async def open_store(
 __all__ = [
     "Chain",
     "InputItemPage",
+    "ModelTurn",
     "Order",
     "Store",
     "StoreError",

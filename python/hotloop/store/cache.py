@@ -14,11 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import astuple
 from typing import Any
 
 import orjson
 
-from hotloop.store import Chain, InputItemPage, Order, Store, StoredResponse, may_read
+from hotloop.store import (
+    Chain,
+    InputItemPage,
+    ModelTurn,
+    Order,
+    Store,
+    StoredResponse,
+    may_read,
+)
 
 log = logging.getLogger("hotloop.store.cache")
 
@@ -47,6 +56,7 @@ def _encode(record: StoredResponse, ancestors: list[str] | None) -> bytes:
             "input_items": record.input_items.decode(),
             "output_token_ids": list(record.output_token_ids),
             "fingerprint": record.fingerprint,
+            "model_turns": [list(astuple(turn)) for turn in record.model_turns],
             "ancestors": ancestors,
         }
     )
@@ -63,6 +73,8 @@ def _decode(raw: bytes | str) -> tuple[StoredResponse, list[str] | None]:
         input_items=entry["input_items"].encode(),
         output_token_ids=entry["output_token_ids"],
         fingerprint=entry["fingerprint"],
+        # Copied by an older hotloop: one model turn.
+        model_turns=tuple(ModelTurn(*turn) for turn in entry.get("model_turns", ())),
     )
     return record, entry["ancestors"]
 

@@ -79,6 +79,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE TABLE probe (id integer PRIMARY KEY, at bigint NOT NULL)",
     ),
+    (
+        "ALTER TABLE responses ADD COLUMN model_turns bytea",
+        "ALTER TABLE quarantine ADD COLUMN model_turns bytea",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 # pg_advisory_xact_lock key: "hotloop" in ASCII.
@@ -97,7 +101,7 @@ WITH RECURSIVE chain (id, previous_response_id, depth) AS (
     WHERE {_OWNED.format(table="r")}
 )
 SELECT r.id, r.owner, r.previous_response_id, r.created_at, r.response, r.tools_at, t.tools,
-       r.input_items, r.output_token_ids, r.fingerprint
+       r.input_items, r.output_token_ids, r.fingerprint, r.model_turns
 FROM chain JOIN responses AS r ON r.id = chain.id
 LEFT JOIN tool_lists AS t ON t.hash = r.tools_hash
 ORDER BY chain.depth
@@ -216,14 +220,14 @@ class PostgresDatabase:
             if rows:
                 cursor.executemany(
                     f"INSERT INTO responses ({RESPONSE_COLUMNS})"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
                     " ON CONFLICT (id) DO UPDATE SET owner = excluded.owner,"
                     " previous_response_id = excluded.previous_response_id,"
                     " created_at = excluded.created_at, response = excluded.response,"
                     " tools_hash = excluded.tools_hash, tools_at = excluded.tools_at,"
                     " input_items = excluded.input_items,"
                     " output_token_ids = excluded.output_token_ids,"
-                    " fingerprint = excluded.fingerprint",
+                    " fingerprint = excluded.fingerprint, model_turns = excluded.model_turns",
                     [r.values() for r in rows],
                 )
             items = [(r.id, *item) for r in rows for item in r.items]
@@ -237,7 +241,7 @@ class PostgresDatabase:
             if rejected:
                 cursor.executemany(
                     f"INSERT INTO quarantine ({QUARANTINE_COLUMNS})"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                     [q.values() for q in rejected],
                 )
 

@@ -16,20 +16,22 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from hotloop.store import InputItemPage, StoredResponse
+from hotloop.store import InputItemPage, ModelTurn, StoredResponse
 from hotloop.store.items import listed_items
 
 RESPONSE_COLUMNS = (
     "id, owner, previous_response_id, created_at, response, tools_hash, tools_at,"
-    " input_items, output_token_ids, fingerprint"
+    " input_items, output_token_ids, fingerprint, model_turns"
 )
 QUARANTINE_COLUMNS = (
-    "response_id, owner, reason, quarantined_at, response, input_items, output_token_ids"
+    "response_id, owner, reason, quarantined_at, response, input_items, output_token_ids,"
+    " model_turns"
 )
 
 
@@ -63,6 +65,8 @@ class Row:
     input_items: bytes
     output_token_ids: bytes
     fingerprint: str
+    model_turns: bytes | None
+    """`StoredResponse.model_turns` as JSON (`turns_json`); NULL for one model turn."""
     items: list[tuple[int, str, bytes]]
     """(position, id, item JSON in wire form) per input item."""
 
@@ -79,6 +83,7 @@ class Row:
             self.input_items,
             self.output_token_ids,
             self.fingerprint,
+            self.model_turns,
         )
 
 
@@ -102,6 +107,7 @@ class Quarantined:
             record.response,
             record.input_items,
             ids,
+            turns_json(record.model_turns),
         )
 
 
@@ -117,6 +123,11 @@ def prepare(record: StoredResponse) -> Row:
             # A text column in PostgreSQL cannot hold it: refused here, so that it cannot
             # fail the whole transaction of the responses committed with it.
             raise RecordError("an input item id holds a NUL character")
+        if record.model_turns:
+            try:
+                record.segments(response.get("output") or [])
+            except ValueError as e:
+                raise RecordError(str(e)) from e
         body, tools_at, tools = _split_tools(record.response, response)
         ids = array("I", record.output_token_ids).tobytes()
     except RecordError:
@@ -137,6 +148,7 @@ def prepare(record: StoredResponse) -> Row:
         input_items=record.input_items,
         output_token_ids=ids,
         fingerprint=record.fingerprint,
+        model_turns=turns_json(record.model_turns),
         items=items,
     )
 
@@ -167,6 +179,21 @@ def joined(response: bytes, tools_at: int | None, tools: bytes | None) -> bytes:
     return response[:tools_at] + tools + response[tools_at:]
 
 
+def turns_json(turns: Sequence[ModelTurn]) -> bytes | None:
+    """`StoredResponse.model_turns` as a column: `[[outputs_end, ids_end, inputs_after],
+    ...]`, or NULL for a response of one model turn."""
+    if not turns:
+        return None
+    return orjson.dumps([[t.outputs_end, t.ids_end, t.inputs_after] for t in turns])
+
+
+def model_turns(column: bytes | None) -> tuple[ModelTurn, ...]:
+    """The `model_turns` column read back."""
+    if column is None:
+        return ()
+    return tuple(ModelTurn(*turn) for turn in orjson.loads(column))
+
+
 def token_ids(blob: bytes) -> list[int]:
     ids = array("I")
     ids.frombytes(blob)
@@ -189,8 +216,10 @@ __all__ = [
     "Row",
     "ToolList",
     "joined",
+    "model_turns",
     "page",
     "prepare",
     "quarantined",
     "token_ids",
+    "turns_json",
 ]

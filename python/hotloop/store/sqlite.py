@@ -35,6 +35,7 @@ from hotloop.store.records import (
     Quarantined,
     Row,
     joined,
+    model_turns,
     page,
     token_ids,
 )
@@ -82,12 +83,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE TABLE probe (id INTEGER PRIMARY KEY, at INTEGER NOT NULL)",
     ),
+    (
+        "ALTER TABLE responses ADD COLUMN model_turns BLOB",
+        "ALTER TABLE quarantine ADD COLUMN model_turns BLOB",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _SELECT = (
     "r.id, r.owner, r.previous_response_id, r.created_at, r.response, r.tools_at, t.tools,"
-    " r.input_items, r.output_token_ids, r.fingerprint"
+    " r.input_items, r.output_token_ids, r.fingerprint, r.model_turns"
 )
 
 # Newest first: the head of the chain, then its parent, up to the root or a gap.
@@ -116,7 +121,17 @@ _PAGE_DESC = (
 )
 
 ChainRow = tuple[
-    str, str | None, str | None, int, bytes, int | None, bytes | None, bytes, bytes, str
+    str,
+    str | None,
+    str | None,
+    int,
+    bytes,
+    int | None,
+    bytes | None,
+    bytes,
+    bytes,
+    str,
+    bytes | None,
 ]
 
 
@@ -288,7 +303,7 @@ class SQLiteDatabase:
             )
             db.executemany(
                 f"INSERT OR REPLACE INTO responses ({RESPONSE_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [r.values() for r in rows],
             )
             db.executemany(
@@ -297,7 +312,7 @@ class SQLiteDatabase:
                 [(r.id, *item) for r in rows for item in r.items],
             )
             db.executemany(
-                f"INSERT INTO quarantine ({QUARANTINE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO quarantine ({QUARANTINE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [q.values() for q in rejected],
             )
 
@@ -381,6 +396,7 @@ def chain_record(row: ChainRow) -> StoredResponse:
         input_items=bytes(row[7]),
         output_token_ids=token_ids(bytes(row[8])),
         fingerprint=row[9],
+        model_turns=model_turns(None if row[10] is None else bytes(row[10])),
     )
 
 

@@ -34,7 +34,7 @@ from hotloop.protocol.injection import MULTI_AGENT_BETA
 from hotloop.store import StoreError
 from hotloop.transport.admission import RETRY_AFTER_SECONDS
 from hotloop.transport.asgi import (
-    CONNECTION_IDLE,
+    CONNECTION_DRAIN,
     SEND_FRAMES,
     ASGIApp,
     Receive,
@@ -268,7 +268,7 @@ class App:
             warm=warm,
             coalesce=config.stream_coalesce_ms / 1000,
         )
-        scope[CONNECTION_IDLE] = socket.idle
+        scope[CONNECTION_DRAIN] = socket.drain
         self.connections += 1
         self._sockets_of[owner] = self._sockets_of.get(owner, 0) + 1
         if self.ledger is not None:

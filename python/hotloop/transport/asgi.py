@@ -17,12 +17,13 @@ SEND_FRAMES = "hotloop.websocket.send_frames"
 `scope["extensions"]` and its message type, `{"type": SEND_FRAMES, "frames": [bytes]}`,
 each item one text frame's UTF-8 payload, all written at once."""
 
-CONNECTION_IDLE = "hotloop.websocket.connection_idle"
-"""The app puts an async callable under this scope key for each accepted WebSocket: it
-returns once the connection has no response in flight and nothing left to send.
-hotloop's server (`hotloop.transport.frames`) awaits it at shutdown before closing the
-socket with 1012, so an idle connection closes at once and a busy one right after its
-responses end."""
+CONNECTION_DRAIN = "hotloop.websocket.connection_drain"
+"""The app puts an async callable under this scope key for each accepted WebSocket:
+called at shutdown, it ends the connection's responses that wait for tool output (they
+could not resume on a draining server) and returns once the connection has no response
+in flight and nothing left to send. hotloop's server (`hotloop.transport.frames`) awaits
+it before closing the socket with 1012, so an idle connection closes at once and a busy
+one right after its responses end."""
 
 
 def find_inner(app: object, attribute: str, kind: type[T]) -> T | None:

@@ -18,10 +18,11 @@ server that is not hotloop's CLI) uses `websocket.send` as usual.
 
 It also drains at shutdown (see `hotloop.shutdown`): uvicorn asks each connection to
 shut down, and plain uvicorn closes a WebSocket with 1012 at once; this one first lets
-the connection's in-flight responses finish (the app's `CONNECTION_IDLE`; without it,
-the whole process's), up to uvicorn's graceful-shutdown timeout. An idle connection
-closes at once: its client reconnects (behind a load balancer, to another node) instead
-of sending its next request to a server that would refuse it.
+the connection's in-flight responses finish (the app's `CONNECTION_DRAIN`, which also
+ends the responses waiting for tool output; without it, the whole process's), up to
+uvicorn's graceful-shutdown timeout. An idle connection closes at once: its client
+reconnects (behind a load balancer, to another node) instead of sending its next
+request to a server that would refuse it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from websockets.http11 import Request
 from websockets.protocol import State
 
 from hotloop.shutdown import Drain, find_drain
-from hotloop.transport.asgi import CONNECTION_IDLE, SEND_FRAMES
+from hotloop.transport.asgi import CONNECTION_DRAIN, SEND_FRAMES
 
 log = logging.getLogger("hotloop.websocket")
 
@@ -119,27 +120,32 @@ class FrameSendingProtocol(WebSocketsSansIOProtocol):
 
     def shutdown(self) -> None:
         drain = find_drain(self.app)
-        if drain is None or not drain.in_flight or not self.handshake_complete:
+        # uvicorn types its scope without our key; the app put `Socket.drain` there.
+        ends = cast("Callable[[], Awaitable[None]] | None", self.scope.get(CONNECTION_DRAIN))
+        if (
+            drain is None
+            or not self.handshake_complete
+            # A response waiting for tool output is not in flight, but must end first.
+            or (ends is None and not drain.in_flight)
+        ):
             super().shutdown()
             return
-        # uvicorn types its scope without our key; the app put `Socket.idle` there.
-        idle = cast("Callable[[], Awaitable[None]] | None", self.scope.get(CONNECTION_IDLE))
-        task = self.loop.create_task(self._shutdown_drained(drain, idle))
+        task = self.loop.create_task(self._shutdown_drained(drain, ends))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     async def _shutdown_drained(
-        self, drain: Drain, idle: Callable[[], Awaitable[None]] | None
+        self, drain: Drain, ends: Callable[[], Awaitable[None]] | None
     ) -> None:
         deadline = self.config.timeout_graceful_shutdown or DRAIN_DEADLINE
-        if idle is None:
+        if ends is None:
             await drain.wait(deadline)
         else:
             # Refuse new responses process-wide (and answer /health with 503), but close
             # this socket as soon as its own responses are done.
             drain.draining = True
             try:
-                await asyncio.wait_for(idle(), deadline)
+                await asyncio.wait_for(ends(), deadline)
             except asyncio.TimeoutError:
                 pass  # the deadline: uvicorn closes what is left, as for the others
         if not self.transport.is_closing():

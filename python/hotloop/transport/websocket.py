@@ -87,7 +87,9 @@ async def persist(connection: Connection, work: Persist, commit: Awaitable[None]
     """Wait for a finished response's commit, then let the connection send its terminal
     event (or fail it when the store could not commit it)."""
     try:
-        await commit
+        # Shielded: a socket that closes stops waiting, the commit goes on (the drain
+        # holds shutdown for it).
+        await asyncio.shield(commit)
     except StoreError as e:
         connection.persist_failed(work.key, e.message)
     else:
@@ -164,6 +166,17 @@ class Socket:
         response)."""
         while not self._idle.is_set():
             await self._idle.wait()
+
+    async def drain(self) -> None:
+        """The server shuts down: a response waiting for tool output ends now (see
+        `Connection.shutting_down`), then return once the connection is idle (`idle`)."""
+        self.connection.shutting_down()
+        self._dispatch()
+        if self._outbox and not self._done:
+            # Its terminal frames are not sent yet.
+            self._idle.clear()
+            self._has_output.set()
+        await self.idle()
 
     async def run(self, receive: Receive) -> None:
         loop = asyncio.get_running_loop()
