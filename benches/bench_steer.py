@@ -131,7 +131,7 @@ def main() -> None:
     medians = {name: statistics.median(values) * 1e3 for name, values in timings.items()}
     print(f"history {HISTORY_TOKENS} tokens, 2 KB steering input, {ROUNDS} rounds (median ms):")
     for name, value in medians.items():
-        print(f"  {name:10} {value:8.3f} ms")
+        print(f"  {name:17} {value:8.3f} ms")
     print(f"  steer/append     {medians['steer'] / medians['append']:.2f}")
     print(f"  re-render/steer  {medians['re-render'] / medians['steer']:.1f}")
     ratio = medians["inject"] / medians["tool continuation"]
