@@ -11,6 +11,7 @@ the end do the same over a socket, across a restart and across a dropped socket.
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from hotloop.protocol import CacheBudget, ConnectionCache, Finished
 from hotloop.protocol.compaction import Compactor
 from hotloop.store import ModelTurn, StoredResponse
 from hotloop.store.records import RecordError, prepare
+from openai.types.responses import ResponseItemList
 from servers import HANG_GUARD, Validating, serving, sim_engine
 from test_protocol_connection import CALL, TOOLS, Recorder
 from test_protocol_inject import chatml, inject, output, two_calls, types
@@ -231,6 +233,7 @@ def test_a_long_running_response_survives_a_restart(tmp_path: Path) -> None:
         assert "hotloop_store_rebuilds_total 1" in metrics
         assert "hotloop_store_rerenders_total 0" in metrics
         items = httpx.get(f"{base}/v1/responses/{target}/input_items?order=asc").json()
+        ResponseItemList.model_validate(items, strict=True)
         assert [item["type"] for item in items["data"]] == ["message", "function_call_output"]
         assert items["data"][1]["call_id"] == answer["call_id"]
     assert rebuilt.prompts == warm.prompts[2:]
@@ -254,13 +257,15 @@ def test_a_dropped_socket_leaves_a_waiting_response_continuable(tmp_path: Path) 
     config = ServerConfig(engine="sim", data_dir=str(tmp_path), inject=True)
     with serving(build_app(sim_engine(SCRIPT), config)) as base:
         url = base.replace("http://", "ws://") + "/v1/responses"
-        with connect(url) as ws:
-            ws.send(create(input="List files", tools=TOOLS))
-            target = orjson.loads(ws.recv())["response"]["id"]
-            while (event := orjson.loads(ws.recv()))["type"] != "response.output_item.done":
-                pass
-            call = event["item"]
-            ws.socket.close()  # no close frame: the network dropped
+        dropped = connect(url)
+        dropped.send(create(input="List files", tools=TOOLS))
+        target = orjson.loads(dropped.recv())["response"]["id"]
+        while (event := orjson.loads(dropped.recv()))["type"] != "response.output_item.done":
+            pass
+        call = event["item"]
+        # No close frame: the network dropped (and the client does not wait to close).
+        dropped.socket.shutdown(socket.SHUT_RDWR)
+        dropped.socket.close()
         # The commit runs after the disconnect: a client that reconnects at once may
         # have to ask again (bounded: only a broken run reaches the guard).
         deadline = time.monotonic() + HANG_GUARD
