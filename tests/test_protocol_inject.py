@@ -403,3 +403,26 @@ def test_an_output_sent_on_the_call_item_is_held_until_the_turn_ends() -> None:
     answer = chatml().completion_tokens(text="Done.")
     done = driver.finish(ids=answer)[-1]
     assert done["type"] == "response.completed" and done["response"]["id"] == target
+
+
+def test_an_output_held_when_the_turn_is_interrupted_is_committed() -> None:
+    """An acknowledged output is not dropped when the turn holding it ends otherwise:
+    interrupted, the response keeps the output after its completed call, so it is
+    continued without sending the output again."""
+    driver = parallel_client()
+    calls = chatml().completion_tokens(calls=[("exec_command", '{"cmd":"ls"}')])
+    target = driver.create("List files", tools=TOOLS)[0]["response"]["id"]
+    key = min(driver.generating)
+    assert driver.conn.engine_output(key, calls[:-1])
+    (call,) = [f["item"] for f in driver.pump() if f["type"] == "response.output_item.done"]
+    assert types(inject(driver, target, output(call["call_id"]))) == ["response.inject.created"]
+    frames = driver.send({"type": "response.interrupt", "response_id": target})
+    assert types(frames)[0] == "response.interrupt.accepted"
+    assert frames[-1]["response"]["incomplete_details"] == {"reason": "interrupted"}
+    entry = driver.conn.cache.get(target)
+    assert entry is not None and entry.checkpoint.fork().open_call_ids == []
+    assert not driver.conn.busy
+    more = driver.create("Thanks.", tools=TOOLS, previous_response_id=target)
+    assert more[0]["type"] == "response.created"
+    text = chatml().tokenizer.decode(driver.generating[max(driver.generating)].prompt.tokens())
+    assert text.index('"cmd"') < text.index("a.py b.txt") < text.index("Thanks.")
