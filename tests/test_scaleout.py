@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging.config
 import os
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from hotloop.engines.upstream import Replica, rendezvous
 from hotloop.logs import log_config
 from hotloop_process import HotloopProcess, acknowledged, http_turn, ws_turn
 from pg_server import PostgresServer
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,3 +211,42 @@ def test_a_continuation_while_the_database_is_down_is_retryable_not_unknown(
                     break
         assert acknowledged(answers[-1]), answers
         assert all(a["error"]["code"] == "store_unavailable" for a in answers[:-1]), answers
+
+
+def test_a_waiting_response_on_a_stopped_node_continues_on_another(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A long-running response waits for tool output on node1 when node1 is told to stop:
+    it ends at once (`connection_closing`), committed to the shared PostgreSQL, then the
+    socket closes with 1012. The client continues it through HAProxy with the call's
+    output; node2 rebuilds it from the store and its replica finds the parked prompt in
+    its prefix cache."""
+    config = ClusterConfig(
+        nodes=2, replicas=1, tool_calls=1, postgres=True, node_flags=("--inject",)
+    )
+    with Cluster(config, tmp_path_factory.mktemp("inject-cluster")) as cluster:
+        node1 = cluster.node_url("node1").replace("http://", "ws://") + "/v1/responses"
+        with connect(node1) as ws:
+            create = {"type": "response.create", "model": "sim", "input": "Fix the test."}
+            ws.send(orjson.dumps(create).decode())
+            events = [orjson.loads(ws.recv(TIMEOUT))]
+            while events[-1]["type"] != "response.output_item.done":
+                events.append(orjson.loads(ws.recv(TIMEOUT)))
+            target, call = events[0]["response"]["id"], events[-1]["item"]
+            cluster.nodes["node1"].signal(signal.SIGTERM)
+            ended = orjson.loads(ws.recv(TIMEOUT))
+            assert ended["type"] == "response.incomplete", ended
+            assert ended["response"]["incomplete_details"] == {"reason": "connection_closing"}
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(TIMEOUT)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+        cluster.haproxy.wait_operational("node1", False)
+        answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
+        reply = post(cluster.url, input=[answer], previous_response_id=target)
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-hotloop-node"] == "node2"
+        assert reply.json()["status"] == "completed"
+        (url,) = cluster.replica_urls
+        first, second = httpx.get(f"{url}/prompts", timeout=TIMEOUT).json()
+        # node2 sent the parked prompt and the sampled call again, then the output.
+        assert second["cached"] > first["tokens"]
