@@ -13,12 +13,14 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 import orjson
+import pytest
 from pg_server import free_port
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 READY = "Uvicorn running on"  # logged once the socket listens
@@ -117,6 +119,28 @@ def ws_turn(socket: ClientConnection, text: str, **fields: Any) -> dict[str, Any
             return event
 
 
+def stopped_while_waiting(
+    socket: ClientConnection, stop: Callable[[], None], **fields: Any
+) -> tuple[str, dict[str, Any]]:
+    """Start a long-running response (the server runs with `--inject` and a model that
+    calls a tool), and once its call item is done (it waits for the output) `stop` the
+    server: the response ends at once as `connection_closing`, then the socket closes
+    with 1012. Returns the response id and the call item."""
+    create = {"type": "response.create", "model": "sim", "input": "Fix the test.", **fields}
+    socket.send(orjson.dumps(create).decode())
+    events = [orjson.loads(socket.recv(HANG_GUARD))]
+    while events[-1]["type"] != "response.output_item.done":
+        events.append(orjson.loads(socket.recv(HANG_GUARD)))
+    stop()
+    ended = orjson.loads(socket.recv(HANG_GUARD))
+    assert ended["type"] == "response.incomplete", ended
+    assert ended["response"]["incomplete_details"] == {"reason": "connection_closing"}
+    with pytest.raises(ConnectionClosed) as closed:
+        socket.recv(HANG_GUARD)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+    return events[0]["response"]["id"], events[-1]["item"]
+
+
 def acknowledged(event: dict[str, Any]) -> str | None:
     """The response id a client was told is complete, if it was."""
     if event.get("type") == "response.completed":
@@ -125,4 +149,4 @@ def acknowledged(event: dict[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["HotloopProcess", "acknowledged", "http_turn", "ws_turn"]
+__all__ = ["HotloopProcess", "acknowledged", "http_turn", "stopped_while_waiting", "ws_turn"]

@@ -28,9 +28,14 @@ from hotloop.cluster import (
 from hotloop.config import ServerConfig
 from hotloop.engines.upstream import Replica, rendezvous
 from hotloop.logs import log_config
-from hotloop_process import HotloopProcess, acknowledged, http_turn, ws_turn
+from hotloop_process import (
+    HotloopProcess,
+    acknowledged,
+    http_turn,
+    stopped_while_waiting,
+    ws_turn,
+)
 from pg_server import PostgresServer
-from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,19 +232,8 @@ def test_a_waiting_response_on_a_stopped_node_continues_on_another(
     with Cluster(config, tmp_path_factory.mktemp("inject-cluster")) as cluster:
         node1 = cluster.node_url("node1").replace("http://", "ws://") + "/v1/responses"
         with connect(node1) as ws:
-            create = {"type": "response.create", "model": "sim", "input": "Fix the test."}
-            ws.send(orjson.dumps(create).decode())
-            events = [orjson.loads(ws.recv(TIMEOUT))]
-            while events[-1]["type"] != "response.output_item.done":
-                events.append(orjson.loads(ws.recv(TIMEOUT)))
-            target, call = events[0]["response"]["id"], events[-1]["item"]
-            cluster.nodes["node1"].signal(signal.SIGTERM)
-            ended = orjson.loads(ws.recv(TIMEOUT))
-            assert ended["type"] == "response.incomplete", ended
-            assert ended["response"]["incomplete_details"] == {"reason": "connection_closing"}
-            with pytest.raises(ConnectionClosed) as closed:
-                ws.recv(TIMEOUT)
-            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+            stop = lambda: cluster.nodes["node1"].signal(signal.SIGTERM)  # noqa: E731
+            target, call = stopped_while_waiting(ws, stop)
         cluster.haproxy.wait_operational("node1", False)
         answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
         reply = post(cluster.url, input=[answer], previous_response_id=target)

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from hotloop_process import stopped_while_waiting
 from servers import HANG_GUARD, ServedProcess, served_process
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
@@ -185,19 +186,8 @@ def test_sigterm_ends_a_waiting_long_running_response_stored_and_continuable(
     with served_process(args) as server:
         ws_url = server.url.replace("http://", "ws://") + "/v1/responses"
         with connect(ws_url, additional_headers=AUTH) as ws:
-            create = {"type": "response.create", "model": "sim", "input": "ls", "tools": tools}
-            ws.send(orjson.dumps(create).decode())
-            events = [orjson.loads(ws.recv(HANG_GUARD))]
-            while events[-1]["type"] != "response.output_item.done":
-                events.append(orjson.loads(ws.recv(HANG_GUARD)))
-            target, call = events[0]["response"]["id"], events[-1]["item"]
-            server.process.send_signal(signal.SIGTERM)
-            ended = orjson.loads(ws.recv(HANG_GUARD))
-            assert ended["type"] == "response.incomplete", ended
-            assert ended["response"]["incomplete_details"] == {"reason": "connection_closing"}
-            with pytest.raises(ConnectionClosed) as closed:
-                ws.recv(HANG_GUARD)
-            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+            stop = lambda: server.process.send_signal(signal.SIGTERM)  # noqa: E731
+            target, call = stopped_while_waiting(ws, stop, tools=tools)
         assert server.stop() in (0, -signal.SIGTERM)
 
     with served_process(args) as server, httpx.Client(base_url=server.url, headers=AUTH) as http:
