@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+mod call_json;
 pub mod chatml;
 pub mod harmony;
 pub(crate) mod output;

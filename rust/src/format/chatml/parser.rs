@@ -13,6 +13,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::format::call_json::{call_head, End, Head, ObjectScan, MAX_CALL_HEAD};
 use crate::format::output::{Markup, OpenKind, OutputItems, SampledText};
 use crate::format::{Outcome, ParseEvent};
 use crate::item::Item;
@@ -20,9 +21,6 @@ use crate::tokenizer::Tokenizer;
 
 const OPEN_TAG: &str = "<tool_call>";
 const CLOSE_TAG: &str = "</tool_call>";
-/// A call head (`{"name": "...", "arguments": `) longer than this is not in the
-/// template's shape: the call is parsed whole instead of re-matched on every token.
-const MAX_CALL_HEAD: usize = 1024;
 
 #[derive(Debug)]
 enum State {
@@ -50,105 +48,6 @@ enum CallPart {
     Tail,
     /// Not in the template's shape: parsed whole at `</tool_call>`.
     Whole,
-}
-
-/// Where a JSON object ends, one character at a time (strings and escapes aware).
-#[derive(Debug, Default)]
-struct ObjectScan {
-    depth: u32,
-    in_string: bool,
-    escape: bool,
-}
-
-enum Scan {
-    /// Whitespace before the object.
-    Skip,
-    Take,
-    /// The object's closing brace.
-    Last,
-    /// The value is not an object.
-    NotObject,
-}
-
-impl ObjectScan {
-    fn push(&mut self, c: char) -> Scan {
-        if self.depth == 0 {
-            return match c {
-                '{' => {
-                    self.depth = 1;
-                    Scan::Take
-                }
-                c if c.is_whitespace() => Scan::Skip,
-                _ => Scan::NotObject,
-            };
-        }
-        if self.in_string {
-            match (self.escape, c) {
-                (true, _) => self.escape = false,
-                (false, '\\') => self.escape = true,
-                (false, '"') => self.in_string = false,
-                _ => {}
-            }
-            return Scan::Take;
-        }
-        match c {
-            '"' => self.in_string = true,
-            '{' | '[' => self.depth += 1,
-            '}' | ']' => {
-                self.depth -= 1;
-                if self.depth == 0 {
-                    return Scan::Last;
-                }
-            }
-            _ => {}
-        }
-        Scan::Take
-    }
-}
-
-enum Head {
-    /// The text so far is a prefix of the template's shape.
-    Incomplete,
-    Mismatch,
-    /// The name, and the length of `{"name": "...", "arguments": ` with its whitespace.
-    Matched(String, usize),
-}
-
-/// Match the start of a call in the template's shape: `{"name": "NAME", "arguments": `.
-fn call_head(text: &str) -> Head {
-    let rest = match literals(text, &["{", "\"name\"", ":", "\""]) {
-        Ok(rest) => rest,
-        Err(head) => return head,
-    };
-    // Names are identifiers: one with an escape is left to the whole-call parse.
-    let Some(end) = rest.find(['"', '\\']) else {
-        return Head::Incomplete;
-    };
-    if rest.as_bytes()[end] == b'\\' {
-        return Head::Mismatch;
-    }
-    let name = rest[..end].to_owned();
-    match literals(&rest[end + 1..], &[",", "\"arguments\"", ":"]) {
-        Ok(rest) => Head::Matched(name, text.len() - rest.len()),
-        Err(head) => head,
-    }
-}
-
-/// `text` after `expected`, each literal after optional whitespace; or why not: the
-/// text ends inside them (Incomplete) or differs (Mismatch).
-fn literals<'a>(text: &'a str, expected: &[&str]) -> Result<&'a str, Head> {
-    let mut rest = text;
-    for literal in expected {
-        rest = rest.trim_start();
-        if let Some(after) = rest.strip_prefix(literal) {
-            rest = after;
-        } else if literal.starts_with(rest) {
-            return Err(Head::Incomplete);
-        } else {
-            return Err(Head::Mismatch);
-        }
-    }
-    Ok(rest)
 }
 
 #[derive(Deserialize)]
@@ -280,32 +179,13 @@ impl ChatMlParser {
                     Head::Incomplete => return Ok(false),
                 },
                 CallPart::Arguments(scan) => {
-                    let mut taken = 0;
-                    let mut delta = String::new();
-                    let mut next = None;
-                    for c in self.pending.chars() {
-                        match scan.push(c) {
-                            Scan::Skip => {}
-                            Scan::Take => delta.push(c),
-                            Scan::Last => {
-                                delta.push(c);
-                                next = Some(CallPart::Tail);
-                            }
-                            Scan::NotObject => next = Some(CallPart::Whole),
-                        }
-                        if next.is_some() {
-                            // A value that is not an object is left for the whole-call parse.
-                            if !matches!(next, Some(CallPart::Whole)) {
-                                taken += c.len_utf8();
-                            }
-                            break;
-                        }
-                        taken += c.len_utf8();
-                    }
+                    let (delta, taken, end) = scan.scan(&self.pending);
                     self.items.push(&delta, out);
                     body.extend(self.pending.drain(..taken));
-                    match next {
-                        Some(p) => *part = p,
+                    match end {
+                        Some(End::Object) => *part = CallPart::Tail,
+                        // A value that is not an object is left for the whole-call parse.
+                        Some(End::NotObject) => *part = CallPart::Whole,
                         None => return Ok(false),
                     }
                 }
@@ -427,32 +307,5 @@ impl Markup for ChatMlParser {
 
     fn reasoning_tokens(&self) -> usize {
         0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn head(text: &str) -> String {
-        match call_head(text) {
-            Head::Incomplete => "incomplete".into(),
-            Head::Mismatch => "mismatch".into(),
-            Head::Matched(name, len) => format!("{name} {len}"),
-        }
-    }
-
-    #[test]
-    fn call_heads_match_with_any_whitespace_and_wait_for_more() {
-        let full = r#"{"name": "exec", "arguments": {"cmd": "ls"}}"#;
-        assert_eq!(head(full), "exec 29");
-        assert_eq!(head(r#" { "name" :"exec" ,"arguments":{}"#), "exec 31");
-        // Every prefix of the head is incomplete, never a mismatch.
-        for end in 0..29 {
-            assert_eq!(head(&full[..end]), "incomplete", "{:?}", &full[..end]);
-        }
-        assert_eq!(head(r#"{"nam": "exec""#), "mismatch");
-        assert_eq!(head(r#"{"name": "ex\u0041", "#), "mismatch");
-        assert_eq!(head(r#"{"name": "exec", "args": {}"#), "mismatch");
     }
 }

@@ -10,10 +10,13 @@
 //! Markers are read as text, whether the vocabulary has a special token for them or
 //! not: each sampled token is decoded (a special token to its literal text) and the
 //! text is scanned, holding back only a tail that could still grow into a marker. A
-//! call is emitted when its body is complete (its closing marker, or the stop token for
-//! the forms that run to the end), as the same start/delta/done events the ChatML and
-//! harmony parsers give; a body that is not a call in the family's shape makes the
-//! output `malformed`.
+//! Hermes call in the template's shape (`{"name": "...", "arguments": {...}}`) starts
+//! once its name is read and streams its arguments as they are sampled, as the ChatML
+//! parser's do; the other forms are emitted when their body is complete (its closing
+//! marker, or the stop token for the forms that run to the end). Either way the whole
+//! call is checked before it is done, and the events are the ones the ChatML and harmony
+//! parsers give; a body that is not a call in the family's shape makes the output
+//! `malformed`.
 //!
 //! A template whose generation prompt opens the reasoning (`<think>\n`, DeepSeek R1 and
 //! Qwen3 with thinking on) starts the parser inside reasoning: [`Family::parser`]'s
@@ -24,6 +27,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::call_json::{call_head, End, Head, ObjectScan, MAX_CALL_HEAD};
 use super::output::{Markup, MarkupParser, OpenKind, OutputItems, SampledText};
 use super::{Outcome, OutputParser, ParseEvent};
 use crate::error::{Code, Error, Result};
@@ -222,6 +226,20 @@ enum State {
 
 const BARE: usize = usize::MAX;
 
+/// How far the open call's body has been streamed.
+#[derive(Debug)]
+enum Streamed {
+    /// A `{"name", "arguments"}` object whose name is not read yet.
+    Head,
+    /// The call started (its name read); its arguments object is being scanned from
+    /// `FamilyParser::scanned` on.
+    Arguments(ObjectScan),
+    /// The arguments went out; the rest of the body is checked at the close marker.
+    Tail,
+    /// Not streamed (another shape or form): the body is read whole at its end.
+    Whole,
+}
+
 pub struct FamilyParser {
     family: Family,
     syntax: Syntax,
@@ -234,6 +252,9 @@ pub struct FamilyParser {
     pending: String,
     /// The body of the open call.
     body: String,
+    streamed: Streamed,
+    /// How much of `body` the argument scan has read.
+    scanned: usize,
     reasoning_tokens: usize,
 }
 
@@ -261,6 +282,8 @@ impl FamilyParser {
             text: SampledText::default(),
             pending: String::new(),
             body: String::new(),
+            streamed: Streamed::Whole,
+            scanned: 0,
             reasoning_tokens: 0,
         }
     }
@@ -312,10 +335,11 @@ impl FamilyParser {
                         let hold = partial_suffix(&self.pending, &[close]);
                         let done = self.pending.len() - hold;
                         self.body.extend(self.pending.drain(..done));
-                        return Ok(());
+                        return self.stream_call(out);
                     };
                     self.body.extend(self.pending.drain(..at));
                     self.pending.drain(..close.len());
+                    self.stream_call(out)?;
                     self.emit_calls(self.syntax.calls[i].2, out)?;
                     self.state = State::Start;
                 }
@@ -361,6 +385,14 @@ impl FamilyParser {
                             } else {
                                 next
                             };
+                            if let State::Call(i) = next {
+                                self.streamed = if self.syntax.calls[i].2 == Body::Objects {
+                                    Streamed::Head
+                                } else {
+                                    Streamed::Whole
+                                };
+                                self.scanned = 0;
+                            }
                         }
                         None => {
                             // A newline that may turn out to precede a call is held too.
@@ -395,12 +427,55 @@ impl FamilyParser {
         self.pending.drain(..self.pending.len() - trimmed);
     }
 
-    /// Parse the finished body as calls and emit them.
+    /// Stream what the open call's body holds so far: once the name of a
+    /// `{"name", "arguments"}` object is read the call starts, and its arguments object
+    /// goes out as it arrives. Any other shape is left whole for `emit_calls`.
+    fn stream_call(&mut self, out: &mut Vec<ParseEvent>) -> std::result::Result<(), String> {
+        loop {
+            match &mut self.streamed {
+                Streamed::Head => match call_head(&self.body) {
+                    // A call with no name is refused by the whole-body check.
+                    Head::Matched(name, len) if !name.is_empty() => {
+                        self.items.start(OpenKind::Call, &name, out);
+                        self.scanned = len;
+                        self.streamed = Streamed::Arguments(ObjectScan::default());
+                    }
+                    Head::Incomplete if self.body.len() <= MAX_CALL_HEAD => return Ok(()),
+                    _ => self.streamed = Streamed::Whole,
+                },
+                Streamed::Arguments(scan) => {
+                    let (delta, taken, end) = scan.scan(&self.body[self.scanned..]);
+                    self.items.push(&delta, out);
+                    self.scanned += taken;
+                    match end {
+                        Some(End::Object) => self.streamed = Streamed::Tail,
+                        // A value that is not an object is left for the whole-body read.
+                        Some(End::NotObject) => self.streamed = Streamed::Whole,
+                        None => return Ok(()),
+                    }
+                }
+                Streamed::Tail | Streamed::Whole => return Ok(()),
+            }
+        }
+    }
+
+    /// Parse the finished body as calls and emit them (a call streamed so far is
+    /// closed once the whole body checks out).
     fn emit_calls(&mut self, body: Body, out: &mut Vec<ParseEvent>) -> std::result::Result<(), String> {
         let text = std::mem::take(&mut self.body);
+        let streamed = std::mem::replace(&mut self.streamed, Streamed::Whole);
         let calls = parse_calls(body, &text)?;
         if calls.is_empty() {
             return Err(format!("{} call with no function", self.family.name()));
+        }
+        if self.items.open_kind() == Some(OpenKind::Call) {
+            // Started by `stream_call`: one object, whose arguments streamed as an object
+            // (equal to the parsed raw value) or turned out not to be one.
+            if matches!(streamed, Streamed::Whole) {
+                self.items.push(&calls[0].1, out);
+            }
+            self.items.close(out);
+            return Ok(());
         }
         for (name, arguments) in calls {
             self.items.start(OpenKind::Call, &name, out);
@@ -603,7 +678,8 @@ impl Markup for FamilyParser {
         if self.state == State::Stopped {
             return Outcome::Stopped;
         }
-        // Cut off: keep the text so far; a call cut off before its end is dropped.
+        // Cut off: keep the text so far; a call cut off after its name is closed with the
+        // arguments streamed so far (as the ChatML parser does), any other is dropped.
         match self.state {
             State::Start | State::Content => {
                 let text = std::mem::take(&mut self.pending);
@@ -621,6 +697,7 @@ impl Markup for FamilyParser {
         self.items.close(out);
         self.pending.clear();
         self.body.clear();
+        self.streamed = Streamed::Whole;
         self.state = State::Content;
         Outcome::Truncated
     }

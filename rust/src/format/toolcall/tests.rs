@@ -267,3 +267,85 @@ fn families_by_name_and_from_templates() {
     assert_eq!(Family::detect("<｜tool▁calls▁begin｜>"), Some(Family::DeepSeekV3));
     assert_eq!(Family::detect("{{ messages }}"), None);
 }
+
+/// Events of `text` fed one byte per token: those before the first token of `marker`,
+/// and all of them; and how many bytes of arguments had gone out after each token.
+fn events_split_at(
+    family: Family,
+    text: &str,
+    marker: &str,
+) -> (Vec<ParseEvent>, Vec<ParseEvent>, Vec<usize>) {
+    let t = vocab();
+    let stop = vec![t.special("<|im_end|>").unwrap()];
+    let cut = t.special(marker).unwrap();
+    let mut p = family.parser(t.clone(), stop, false);
+    let (mut before, mut events, mut progress) = (None, Vec::new(), Vec::new());
+    for id in ids(t.as_ref(), text, true) {
+        if id == cut && before.is_none() {
+            before = Some(events.clone());
+        }
+        p.feed(id, &mut events);
+        progress.push(streamed_arguments(&events).len());
+    }
+    p.finish(&mut events);
+    (before.unwrap_or_default(), events, progress)
+}
+
+fn streamed_arguments(events: &[ParseEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ParseEvent::ArgumentsDelta { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn hermes_arguments_stream_before_the_call_closes() {
+    let text = "<tool_call>\n{\"name\": \"exec\", \"arguments\": {\"cmd\": \"ls -la\", \"n\": [1, {\"a\": \"}\"}]}}\n</tool_call><|im_end|>";
+    let (before, events, progress) = events_split_at(Family::Hermes, text, "</tool_call>");
+    // The call started with its name and every argument byte went out before the close,
+    // each as it was fed.
+    assert!(matches!(&before[0], ParseEvent::CallStart { name, .. } if name == "exec"));
+    let arguments = "{\"cmd\": \"ls -la\", \"n\": [1, {\"a\": \"}\"}]}";
+    assert_eq!(streamed_arguments(&before), arguments);
+    let mut steps = progress.clone();
+    steps.dedup();
+    assert_eq!(steps.len(), arguments.len() + 1, "{progress:?}");
+    assert!(!before.iter().any(|e| matches!(e, ParseEvent::CallDone { .. })));
+    let done = events.iter().find_map(|e| match e {
+        ParseEvent::CallDone { arguments, .. } => Some(arguments.as_str()),
+        _ => None,
+    });
+    assert_eq!(done, Some(arguments));
+}
+
+#[test]
+fn a_hermes_call_cut_off_keeps_the_arguments_streamed() {
+    let t = vocab();
+    let text = "<tool_call>\n{\"name\": \"exec\", \"arguments\": {\"cmd\": \"ls";
+    let mut p = Family::Hermes.parser(t.clone(), vec![t.special("<|im_end|>").unwrap()], false);
+    let mut events = Vec::new();
+    for id in ids(t.as_ref(), text, false) {
+        p.feed(id, &mut events);
+    }
+    assert_eq!(p.finish(&mut events), Outcome::Truncated);
+    assert_eq!(streamed_arguments(&events), "{\"cmd\": \"ls");
+    assert!(matches!(p.items(), [Item::FunctionCall { name, arguments, .. }]
+        if name == "exec" && arguments == "{\"cmd\": \"ls"));
+}
+
+#[test]
+fn a_hermes_call_in_another_shape_is_still_read_whole() {
+    // `arguments` before `name`: nothing streams, the call comes out at its end.
+    let text = "<tool_call>\n{\"arguments\": {\"cmd\": \"ls\"}, \"name\": \"exec\"}\n</tool_call><|im_end|>";
+    let (before, events, _) = events_split_at(Family::Hermes, text, "</tool_call>");
+    assert!(before.is_empty());
+    assert_eq!(streamed_arguments(&events), "{\"cmd\": \"ls\"}");
+    let (got, outcome) = parse(Family::Hermes, false, text);
+    assert_eq!(
+        (got, outcome),
+        (items(&["call:exec:{\"cmd\": \"ls\"}"]), Outcome::Stopped)
+    );
+}
