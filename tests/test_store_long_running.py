@@ -23,7 +23,7 @@ from connection_driver import ANSWER, FORMAT, ConnectionDriver, sim_connection
 from hotloop._core import ChatFormat, Checkpoint, Conversation, parse_request
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
-from hotloop.engines.sim import from_config
+from hotloop.engines.sim import SIM_FORMATS, from_config
 from hotloop.ledger import Ledger
 from hotloop.protocol import CacheBudget, ConnectionCache, Finished
 from hotloop.protocol.compaction import Compactor
@@ -55,6 +55,12 @@ def committed(driver: ConnectionDriver) -> tuple[Finished, list[dict[str, Any]]]
     return work.finished, driver.commit(work.key)
 
 
+def last_call(frames: list[dict[str, Any]]) -> dict[str, Any]:
+    (call,) = [f["item"] for f in frames if f["type"] == "response.output_item.done"]
+    assert call["type"] == "function_call", call
+    return call
+
+
 def tokens(checkpoint: Checkpoint) -> list[int]:
     return checkpoint.fork().prompt().tokens()
 
@@ -75,21 +81,27 @@ async def input_item_types(ledger: Ledger, response_id: str) -> list[str]:
     return [item.get("role") or item["type"] for item in page.data]
 
 
-async def test_injected_outputs_and_steering_replay_to_the_warm_tokens(tmp_path: Path) -> None:
-    driver = durable_driver(FORMAT)
+@pytest.mark.parametrize("sim_format", SIM_FORMATS)
+async def test_injected_outputs_and_steering_replay_to_the_warm_tokens(
+    tmp_path: Path, sim_format: str
+) -> None:
+    """Harmony and ChatML (the core's item formats) and Qwen3's own template."""
+    fmt = SIM_FORMATS[sim_format]()
+    call_ids = fmt.completion_tokens(calls=[("exec_command", '{"cmd": "ls"}')])
+    driver = durable_driver(fmt)
     target = driver.create("List files", tools=TOOLS)[0]["response"]["id"]
-    call = driver.finish(ids=CALL)[-1]["item"]
+    call = last_call(driver.finish(ids=call_ids))
     steer = {"type": "response.steer", "previous_response_id": target, "input": "Only .py"}
     assert types(driver.send(steer)) == ["response.steer.accepted", "response.steer.pending"]
     inject(driver, target, output(call["call_id"]))
-    second = driver.finish(ids=CALL)[-1]["item"]
+    second = last_call(driver.finish(ids=call_ids))
     inject(driver, target, output(second["call_id"], "c.py"))
-    driver.finish(ids=ANSWER)
+    driver.finish(ids=fmt.completion_tokens(text="Two files."))
     finished, frames = committed(driver)
     assert frames[-1]["type"] == "response.completed"
     assert len(finished.segments) == 3
 
-    books = ledger(tmp_path, "harmony")
+    books = ledger(tmp_path, sim_format)
     await books.start()
     try:
         checkpoint = await rebuilt(books, finished)
