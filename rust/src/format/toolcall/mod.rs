@@ -573,11 +573,7 @@ fn call_object(text: &str) -> std::result::Result<(String, String), String> {
 fn parse_calls(body: Body, text: &str) -> std::result::Result<Vec<(String, String)>, String> {
     match body {
         Body::Objects => Ok(vec![call_object(text)?]),
-        Body::LlamaObjects => text
-            .split(';')
-            .filter(|part| !part.trim().is_empty())
-            .map(call_object)
-            .collect(),
+        Body::LlamaObjects => llama_calls(text),
         Body::Mistral => {
             let mut calls = Vec::new();
             for part in text.split("[TOOL_CALLS]").filter(|p| !p.trim().is_empty()) {
@@ -624,6 +620,29 @@ fn parse_calls(body: Body, text: &str) -> std::result::Result<Vec<(String, Strin
             Ok(calls)
         }
     }
+}
+
+/// Llama's calls: JSON objects joined by `;` (a `;` inside an argument's string is
+/// part of it: `{"cmd": "cd /tmp; ls"}`).
+fn llama_calls(text: &str) -> std::result::Result<Vec<(String, String)>, String> {
+    let mut calls = Vec::new();
+    let mut rest = text.trim_start();
+    while !rest.is_empty() {
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<&RawValue>();
+        let call = match values.next() {
+            Some(Ok(call)) => call,
+            Some(Err(e)) => return Err(format!("tool call is not a JSON object: {e}")),
+            None => break,
+        };
+        calls.push(call_object(call.get())?);
+        rest = rest[values.byte_offset()..].trim_start();
+        match rest.strip_prefix(';') {
+            Some(after) => rest = after.trim_start(),
+            None if rest.is_empty() => {}
+            None => return Err(format!("unexpected text after a tool call: {rest:?}")),
+        }
+    }
+    Ok(calls)
 }
 
 /// `function<｜tool▁sep｜>name\n```json\n{...}\n```` (V3, R1) or `name<｜tool▁sep｜>{...}` (V3.1).

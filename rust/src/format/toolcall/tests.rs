@@ -188,6 +188,20 @@ fn llama3_json_calls_bare_and_after_python_tag() {
         "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"q\": \"x\"}}<|eom_id|>",
     );
     assert_eq!(got, items(&["call:a:{}", "call:b:{\"q\": \"x\"}"]));
+    // A `;` inside an argument is not a call separator.
+    let (got, outcome) = parse(
+        Family::Llama3Json,
+        false,
+        "<|python_tag|>{\"name\": \"exec\", \"parameters\": {\"cmd\": \"cd /tmp; ls\"}};{\"name\": \"b\", \"parameters\": {}};<|eom_id|>",
+    );
+    assert_eq!(outcome, Outcome::Stopped);
+    assert_eq!(got, items(&["call:exec:{\"cmd\": \"cd /tmp; ls\"}", "call:b:{}"]));
+    let (_, outcome) = parse(
+        Family::Llama3Json,
+        false,
+        "<|python_tag|>{\"name\": \"a\", \"parameters\": {}} and more<|eom_id|>",
+    );
+    assert!(matches!(outcome, Outcome::Malformed(_)), "{outcome:?}");
     let (got, _) = parse(Family::Llama3Json, false, "Hello, world!\nWhat's up?<|eot_id|>");
     assert_eq!(got, items(&["text:Hello, world!\nWhat's up?"]));
     let (_, outcome) = parse(
