@@ -35,6 +35,15 @@ pub(crate) enum End {
 }
 
 impl ObjectScan {
+    /// A scan that starts inside an object (its opening brace read): it ends at the
+    /// brace that closes it.
+    pub(crate) fn inside() -> ObjectScan {
+        ObjectScan {
+            depth: 1,
+            ..ObjectScan::default()
+        }
+    }
+
     fn push(&mut self, c: char) -> Scan {
         if self.depth == 0 {
             return match c {
@@ -101,6 +110,12 @@ pub(crate) enum Head {
 
 /// Match the start of a call in the template's shape: `{"name": "NAME", "arguments": `.
 pub(crate) fn call_head(text: &str) -> Head {
+    call_head_with(text, &["\"arguments\""])
+}
+
+/// `call_head` with the arguments under one of `keys` (quoted): Llama 3 writes
+/// `"parameters"`.
+pub(crate) fn call_head_with(text: &str, keys: &[&str]) -> Head {
     let rest = match literals(text, &["{", "\"name\"", ":", "\""]) {
         Ok(rest) => rest,
         Err(head) => return head,
@@ -112,10 +127,19 @@ pub(crate) fn call_head(text: &str) -> Head {
     if rest.as_bytes()[end] == b'\\' {
         return Head::Mismatch;
     }
-    let name = rest[..end].to_owned();
-    match literals(&rest[end + 1..], &[",", "\"arguments\"", ":"]) {
-        Ok(rest) => Head::Matched(name, text.len() - rest.len()),
-        Err(head) => head,
+    let name = &rest[..end];
+    let mut incomplete = false;
+    for key in keys {
+        match literals(&rest[end + 1..], &[",", key, ":"]) {
+            Ok(rest) => return Head::Matched(name.to_owned(), text.len() - rest.len()),
+            Err(Head::Incomplete) => incomplete = true,
+            Err(_) => {}
+        }
+    }
+    if incomplete {
+        Head::Incomplete
+    } else {
+        Head::Mismatch
     }
 }
 

@@ -10,10 +10,11 @@
 //! Markers are read as text, whether the vocabulary has a special token for them or
 //! not: each sampled token is decoded (a special token to its literal text) and the
 //! text is scanned, holding back only a tail that could still grow into a marker. A
-//! Hermes call in the template's shape (`{"name": "...", "arguments": {...}}`) starts
-//! once its name is read and streams its arguments as they are sampled, as the ChatML
-//! parser's do; the other forms are emitted when their body is complete (its closing
-//! marker, or the stop token for the forms that run to the end). Either way the whole
+//! call written as a JSON object in the template's shape (`{"name": "...", "arguments":
+//! {...}}`: Hermes's, Llama's objects joined by `;`, Mistral v3's array) starts once its
+//! name is read and streams its arguments as they are sampled, as the ChatML parser's
+//! do; the other forms are emitted when their body is complete (its closing marker, or
+//! the stop token for the forms that run to the end). Either way the whole
 //! call is checked before it is done, and the events are the ones the ChatML and harmony
 //! parsers give; a body that is not a call in the family's shape makes the output
 //! `malformed`.
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::call_json::{call_head, End, Head, ObjectScan, MAX_CALL_HEAD};
+use super::call_json::{call_head_with, End, Head, ObjectScan, MAX_CALL_HEAD};
 use super::output::{Markup, MarkupParser, OpenKind, OutputItems, SampledText};
 use super::{Outcome, OutputParser, ParseEvent};
 use crate::error::{Code, Error, Result};
@@ -226,17 +227,21 @@ enum State {
 
 const BARE: usize = usize::MAX;
 
-/// How far the open call's body has been streamed.
+/// How far the open call body has been streamed. Hermes's one object, Llama's objects
+/// joined by `;` and Mistral's JSON array stream call by call; other forms are read whole.
 #[derive(Debug)]
 enum Streamed {
-    /// A `{"name", "arguments"}` object whose name is not read yet.
+    /// Before Mistral's array: its `[`.
+    Array,
+    /// Before a call object's name (from `FamilyParser::scanned` on).
     Head,
-    /// The call started (its name read); its arguments object is being scanned from
-    /// `FamilyParser::scanned` on.
+    /// The call started (its name read); its arguments object is being scanned.
     Arguments(ObjectScan),
-    /// The arguments went out; the rest of the body is checked at the close marker.
-    Tail,
-    /// Not streamed (another shape or form): the body is read whole at its end.
+    /// The arguments went out; the rest of the call object is being scanned.
+    Closing(ObjectScan),
+    /// After a call object: a separator, then the next call.
+    Between,
+    /// Nothing more streams: the rest of the body is checked, and emitted, at its end.
     Whole,
 }
 
@@ -253,8 +258,13 @@ pub struct FamilyParser {
     /// The body of the open call.
     body: String,
     streamed: Streamed,
-    /// How much of `body` the argument scan has read.
+    /// How much of `body` the streaming has read.
     scanned: usize,
+    /// Calls of the open body started by streaming.
+    started: usize,
+    /// The last started call's arguments turned out not to be an object: they go out
+    /// with the whole-body read.
+    unstreamed: bool,
     reasoning_tokens: usize,
 }
 
@@ -284,6 +294,8 @@ impl FamilyParser {
             body: String::new(),
             streamed: Streamed::Whole,
             scanned: 0,
+            started: 0,
+            unstreamed: false,
             reasoning_tokens: 0,
         }
     }
@@ -328,7 +340,7 @@ impl FamilyParser {
                     let close = if i == BARE { None } else { self.syntax.calls[i].1 };
                     let Some(close) = close else {
                         self.body.push_str(&std::mem::take(&mut self.pending));
-                        return Ok(());
+                        return self.stream_call(out);
                     };
                     let Some(at) = self.pending.find(close) else {
                         // Keep only what may be the start of the close marker pending.
@@ -348,6 +360,7 @@ impl FamilyParser {
                 {
                     self.pending = self.pending.trim_start().to_owned();
                     self.state = State::Call(BARE);
+                    self.open_call(self.syntax.bare_object.expect("checked above"));
                 }
                 State::Start | State::Content | State::Reasoning => {
                     if self.state == State::Start {
@@ -386,12 +399,7 @@ impl FamilyParser {
                                 next
                             };
                             if let State::Call(i) = next {
-                                self.streamed = if self.syntax.calls[i].2 == Body::Objects {
-                                    Streamed::Head
-                                } else {
-                                    Streamed::Whole
-                                };
-                                self.scanned = 0;
+                                self.open_call(self.syntax.calls[i].2);
                             }
                         }
                         None => {
@@ -427,59 +435,123 @@ impl FamilyParser {
         self.pending.drain(..self.pending.len() - trimmed);
     }
 
-    /// Stream what the open call's body holds so far: once the name of a
-    /// `{"name", "arguments"}` object is read the call starts, and its arguments object
-    /// goes out as it arrives. Any other shape is left whole for `emit_calls`.
+    /// A call body of shape `body` opens.
+    fn open_call(&mut self, body: Body) {
+        self.streamed = match body {
+            Body::Objects | Body::LlamaObjects => Streamed::Head,
+            Body::Mistral => Streamed::Array,
+            Body::DeepSeek => Streamed::Whole,
+        };
+        self.scanned = 0;
+        self.started = 0;
+        self.unstreamed = false;
+    }
+
+    /// The body's shape (the open call's).
+    fn body_shape(&self) -> Option<Body> {
+        match self.state {
+            State::Call(BARE) => self.syntax.bare_object,
+            State::Call(i) => Some(self.syntax.calls[i].2),
+            _ => None,
+        }
+    }
+
+    /// Stream what the open call body holds so far: once a call object's name is read
+    /// the call starts, and its arguments object goes out as it arrives. Anything not in
+    /// the expected shape stops the streaming: the rest is read whole by `emit_calls`.
     fn stream_call(&mut self, out: &mut Vec<ParseEvent>) -> std::result::Result<(), String> {
+        let Some(shape) = self.body_shape() else {
+            return Ok(());
+        };
         loop {
+            let rest = &self.body[self.scanned..];
             match &mut self.streamed {
-                Streamed::Head => match call_head(&self.body) {
-                    // A call with no name is refused by the whole-body check.
-                    Head::Matched(name, len) if !name.is_empty() => {
-                        self.items.start(OpenKind::Call, &name, out);
-                        self.scanned = len;
-                        self.streamed = Streamed::Arguments(ObjectScan::default());
+                Streamed::Array => match rest.trim_start().strip_prefix('[') {
+                    Some(after) => {
+                        self.scanned = self.body.len() - after.len();
+                        self.streamed = Streamed::Head;
                     }
-                    Head::Incomplete if self.body.len() <= MAX_CALL_HEAD => return Ok(()),
-                    _ => self.streamed = Streamed::Whole,
+                    None if rest.trim().is_empty() => return Ok(()),
+                    None => self.streamed = Streamed::Whole,
                 },
+                Streamed::Head => {
+                    let keys: &[&str] = if shape == Body::LlamaObjects {
+                        &["\"parameters\"", "\"arguments\""]
+                    } else {
+                        &["\"arguments\""]
+                    };
+                    match call_head_with(rest, keys) {
+                        // A call with no name is refused by the whole-body check.
+                        Head::Matched(name, len) if !name.is_empty() => {
+                            self.items.start(OpenKind::Call, &name, out);
+                            self.started += 1;
+                            self.scanned += len;
+                            self.streamed = Streamed::Arguments(ObjectScan::default());
+                        }
+                        Head::Incomplete if rest.len() <= MAX_CALL_HEAD => return Ok(()),
+                        _ => self.streamed = Streamed::Whole,
+                    }
+                }
                 Streamed::Arguments(scan) => {
-                    let (delta, taken, end) = scan.scan(&self.body[self.scanned..]);
+                    let (delta, taken, end) = scan.scan(rest);
                     self.items.push(&delta, out);
                     self.scanned += taken;
                     match end {
-                        Some(End::Object) => self.streamed = Streamed::Tail,
-                        // A value that is not an object is left for the whole-body read.
-                        Some(End::NotObject) => self.streamed = Streamed::Whole,
+                        Some(End::Object) if shape == Body::Objects => self.streamed = Streamed::Whole,
+                        Some(End::Object) => self.streamed = Streamed::Closing(ObjectScan::inside()),
+                        Some(End::NotObject) => {
+                            // Not an object (some models write a JSON string holding
+                            // it): it goes out with the whole-body read.
+                            self.unstreamed = true;
+                            self.streamed = Streamed::Whole;
+                        }
                         None => return Ok(()),
                     }
                 }
-                Streamed::Tail | Streamed::Whole => return Ok(()),
+                Streamed::Closing(scan) => {
+                    let (_, taken, end) = scan.scan(rest);
+                    self.scanned += taken;
+                    match end {
+                        Some(_) => self.streamed = Streamed::Between,
+                        None => return Ok(()),
+                    }
+                }
+                Streamed::Between => {
+                    let separator = if shape == Body::LlamaObjects { ';' } else { ',' };
+                    match rest.trim_start().strip_prefix(separator) {
+                        Some(after) => {
+                            self.scanned = self.body.len() - after.len();
+                            self.streamed = Streamed::Head;
+                        }
+                        None if rest.trim().is_empty() => return Ok(()),
+                        None => self.streamed = Streamed::Whole,
+                    }
+                }
+                Streamed::Whole => return Ok(()),
             }
         }
     }
 
-    /// Parse the finished body as calls and emit them (a call streamed so far is
-    /// closed once the whole body checks out).
+    /// Parse the finished body as calls and emit the ones not streamed (the calls
+    /// streamed so far are closed once the whole body checks out).
     fn emit_calls(&mut self, body: Body, out: &mut Vec<ParseEvent>) -> std::result::Result<(), String> {
         let text = std::mem::take(&mut self.body);
-        let streamed = std::mem::replace(&mut self.streamed, Streamed::Whole);
+        self.streamed = Streamed::Whole;
+        let started = std::mem::take(&mut self.started);
         let calls = parse_calls(body, &text)?;
         if calls.is_empty() {
             return Err(format!("{} call with no function", self.family.name()));
         }
-        if self.items.open_kind() == Some(OpenKind::Call) {
-            // Started by `stream_call`: one object, whose arguments streamed as an object
-            // (equal to the parsed raw value) or turned out not to be one.
-            if matches!(streamed, Streamed::Whole) {
-                self.items.push(&calls[0].1, out);
-            }
-            self.items.close(out);
-            return Ok(());
+        if started > calls.len() {
+            return Err(format!("{} call body read two ways", self.family.name()));
         }
-        for (name, arguments) in calls {
-            self.items.start(OpenKind::Call, &name, out);
-            self.items.push(&arguments, out);
+        if std::mem::take(&mut self.unstreamed) {
+            self.items.push(&calls[started - 1].1, out);
+        }
+        self.items.close(out);
+        for (name, arguments) in &calls[started..] {
+            self.items.start(OpenKind::Call, name, out);
+            self.items.push(arguments, out);
             self.items.close(out);
         }
         Ok(())
@@ -503,6 +575,7 @@ impl FamilyParser {
                     return Err(format!("unterminated tool call: no {close}"));
                 }
                 self.body.push_str(&std::mem::take(&mut self.pending));
+                self.stream_call(out)?;
                 self.emit_calls(body, out)?;
             }
             State::Reasoning => {
@@ -717,6 +790,8 @@ impl Markup for FamilyParser {
         self.pending.clear();
         self.body.clear();
         self.streamed = Streamed::Whole;
+        self.started = 0;
+        self.unstreamed = false;
         self.state = State::Content;
         Outcome::Truncated
     }

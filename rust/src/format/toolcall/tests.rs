@@ -37,11 +37,9 @@ fn ids(t: &dyn Tokenizer, text: &str, bytewise: bool) -> Vec<u32> {
     }
 }
 
-/// What the parser made of `text`: its items as short strings and the outcome, the
-/// same when fed token by token and byte by byte.
-fn parse(family: Family, in_reasoning: bool, text: &str) -> (Vec<String>, Outcome) {
-    let t = vocab();
-    let stop: Vec<u32> = [
+/// The stop tokens of every family.
+fn stop_ids(t: &dyn Tokenizer) -> Vec<u32> {
+    [
         "<|eot_id|>",
         "<|eom_id|>",
         "</s>",
@@ -50,7 +48,14 @@ fn parse(family: Family, in_reasoning: bool, text: &str) -> (Vec<String>, Outcom
     ]
     .iter()
     .map(|m| t.special(m).unwrap())
-    .collect();
+    .collect()
+}
+
+/// What the parser made of `text`: its items as short strings and the outcome, the
+/// same when fed token by token and byte by byte.
+fn parse(family: Family, in_reasoning: bool, text: &str) -> (Vec<String>, Outcome) {
+    let t = vocab();
+    let stop = stop_ids(t.as_ref());
     let mut results = Vec::new();
     for bytewise in [false, true] {
         let mut p = family.parser(t.clone(), stop.clone(), in_reasoning);
@@ -290,7 +295,7 @@ fn events_split_at(
     marker: &str,
 ) -> (Vec<ParseEvent>, Vec<ParseEvent>, Vec<usize>) {
     let t = vocab();
-    let stop = vec![t.special("<|im_end|>").unwrap()];
+    let stop = stop_ids(t.as_ref());
     let cut = t.special(marker).unwrap();
     let mut p = family.parser(t.clone(), stop, false);
     let (mut before, mut events, mut progress) = (None, Vec::new(), Vec::new());
@@ -362,4 +367,54 @@ fn a_hermes_call_in_another_shape_is_still_read_whole() {
         (got, outcome),
         (items(&["call:exec:{\"cmd\": \"ls\"}"]), Outcome::Stopped)
     );
+}
+
+/// The calls started and done among `events`, in order: `start:NAME`, `done:NAME`.
+fn call_events(events: &[ParseEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ParseEvent::CallStart { name, .. } => Some(format!("start:{name}")),
+            ParseEvent::CallDone { name, .. } => Some(format!("done:{name}")),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn llama_and_mistral_calls_stream_one_after_another() {
+    for (family, text, stop) in [
+        (
+            Family::Llama3Json,
+            "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"cmd\": \"cd /tmp; ls\"}}; {\"name\": \"b\", \"parameters\": {\"q\": [1, 2]}}<|eom_id|>",
+            "<|eom_id|>",
+        ),
+        (
+            Family::Llama3Json,
+            "{\"name\": \"a\", \"parameters\": {\"cmd\": \"cd /tmp; ls\"}};{\"name\": \"b\", \"arguments\": {\"q\": [1, 2]}}<|eom_id|>",
+            "<|eom_id|>",
+        ),
+        (
+            Family::Mistral,
+            "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"cmd\": \"cd /tmp; ls\"}, \"id\": \"abc123def\"}, {\"name\": \"b\", \"arguments\": {\"q\": [1, 2]}, \"id\": \"x}y\"}]</s>",
+            "</s>",
+        ),
+    ] {
+        let (before, events, progress) = events_split_at(family, text, stop);
+        // Both calls went out before the stop token, the first done before the second
+        // started, every argument byte as it was fed.
+        assert_eq!(call_events(&before), ["start:a", "done:a", "start:b"], "{text}");
+        let arguments = "{\"cmd\": \"cd /tmp; ls\"}{\"q\": [1, 2]}";
+        assert_eq!(streamed_arguments(&before), arguments, "{text}");
+        let mut steps = progress.clone();
+        steps.dedup();
+        assert_eq!(steps.len(), arguments.len() + 1, "{text}: {progress:?}");
+        assert_eq!(call_events(&events), ["start:a", "done:a", "start:b", "done:b"]);
+        let (got, outcome) = parse(family, false, text);
+        assert_eq!(outcome, Outcome::Stopped);
+        assert_eq!(
+            got,
+            items(&["call:a:{\"cmd\": \"cd /tmp; ls\"}", "call:b:{\"q\": [1, 2]}"])
+        );
+    }
 }
