@@ -31,6 +31,7 @@ from hotloop.protocol import (
 from hotloop.protocol.connection import OFFLOAD_BYTES
 from sdk_events import validate
 from servers import FAST, hotloop_server, serving
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 # An agent resuming a task: its first request carries a long tool output.
@@ -338,6 +339,39 @@ def test_large_frames_are_parsed_off_the_event_loop_thread(
     (small, on_loop), *large = parsed_on_loop
     assert small < OFFLOAD_BYTES and on_loop
     assert [(size >= OFFLOAD_BYTES, on_loop) for size, on_loop in large] == [(True, False)] * 2
+
+
+def test_a_large_text_message_is_decoded_off_the_event_loop_thread(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """hotloop's server hands a large text message to the app undecoded
+    (`RECEIVE_UTF8`): the UTF-8 decode of megabytes runs with the parse in a worker
+    thread, and a payload that is not UTF-8 still closes the socket with 1007."""
+    from hotloop.transport.websocket import Socket
+
+    decoded_on_loop: list[tuple[int, bool]] = []
+    decode_and_parse = Socket._decode_and_parse
+
+    def spy(self: Socket, payload: bytes) -> Any:
+        decoded_on_loop.append((len(payload), running_loop()))
+        return decode_and_parse(self, payload)
+
+    monkeypatch.setattr(Socket, "_decode_and_parse", spy)
+    engine = SimEngine(FORMAT, model="sim", speed=FAST)
+    with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
+        url = base.replace("http://", "ws://") + "/v1/responses"
+        with connect(url) as ws:
+            for fields in ({"input": "hi"}, {"input": "hi", "tools": BIG_TOOLS}):
+                ws.send(orjson.dumps({"type": "response.create", **fields}).decode())
+                assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
+        with connect(url) as ws:
+            ws.send(b"\xff" * OFFLOAD_BYTES, text=True)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(60)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+    assert [(size >= OFFLOAD_BYTES, on_loop) for size, on_loop in decoded_on_loop] == [
+        (True, False)
+    ] * 2
 
 
 def test_a_queued_large_frame_is_parsed_again_off_the_event_loop_thread(

@@ -172,8 +172,10 @@ class ResponseEvents:
         # Per output index: the item id and the pre-serialised head of its delta events.
         self._ids: dict[int, str] = {}
         self._heads: dict[int, bytes] = {}
-        inner = fields_json.strip()[1:-1].strip().encode()
-        self._fields = b"," + inner + b"}" if inner else b"}"
+        # An agent's tool list can make these megabytes: each copy of them counts.
+        raw = fields_json.encode()
+        inner = raw[raw.index(b"{") + 1 : raw.rindex(b"}")].strip()
+        self._fields = b"".join((b",", inner, b"}")) if inner else b"}"
         self._tail = (
             b"}" if stream_id is None else b',"stream_id":' + orjson.dumps(stream_id) + b"}"
         )
@@ -191,16 +193,17 @@ class ResponseEvents:
         """The number the next event will carry."""
         return self._seq
 
-    def _frame(self, head: bytes) -> bytes:
-        # `head` is an open JSON object without its closing brace.
+    def _frame(self, *head: bytes | memoryview) -> bytes:
+        # `head`, joined, is an open JSON object without its closing brace. One join: a
+        # Response holding a large tool list is copied once per frame.
         seq = self._seq
         self._seq = seq + 1
-        return b'%b,"sequence_number":%d%b' % (head, seq, self._tail)
+        return b"".join((*head, b',"sequence_number":%d' % seq, self._tail))
 
     def event(self, kind: str, **fields: Any) -> bytes:
         """A response event of type `kind` with these fields."""
         body = orjson.dumps({"type": kind, **fields})
-        return self._frame(body[:-1])
+        return self._frame(memoryview(body)[:-1])
 
     def response_json(
         self,
@@ -213,6 +216,22 @@ class ResponseEvents:
     ) -> bytes:
         """The full Response object; `usage` is null until the response is terminal,
         `completed_at` until it completed."""
+        return b"".join(
+            self._response_parts(
+                status, output=output, usage=usage, error=error, incomplete_reason=incomplete_reason
+            )
+        )
+
+    def _response_parts(
+        self,
+        status: str,
+        *,
+        output: list[dict[str, Any]] | None = None,
+        usage: Usage | None = None,
+        error: dict[str, Any] | None = None,
+        incomplete_reason: str | None = None,
+    ) -> tuple[memoryview, bytes]:
+        """`response_json` in two pieces, to join without a copy between."""
         head = orjson.dumps(
             {
                 "id": self.response_id,
@@ -229,18 +248,21 @@ class ResponseEvents:
                 "background": False,
             }
         )
-        return head[:-1] + self._fields
+        return memoryview(head)[:-1], self._fields
 
     def lifecycle(self, kind: str, status: str, **response: Any) -> bytes:
         """`response.created` / `in_progress` / `completed` / `failed` / `incomplete`."""
-        return self.wrap(kind, self.response_json(status, **response))
+        return self._lifecycle(kind, *self._response_parts(status, **response))
 
     def wrap(self, kind: str, response: bytes) -> bytes:
         """A lifecycle event of type `kind` around a Response object from `response_json`."""
-        head = b'{"type":"' + kind.encode() + b'","response":' + response
+        return self._lifecycle(kind, response)
+
+    def _lifecycle(self, kind: str, *response: bytes | memoryview) -> bytes:
+        request_id = b""
         if self.request_id is not None and kind != "response.in_progress":
-            head += b',"request_id":"' + self.request_id.encode() + b'"'
-        return self._frame(head)
+            request_id = b',"request_id":"' + self.request_id.encode() + b'"'
+        return self._frame(b'{"type":"', kind.encode(), b'","response":', *response, request_id)
 
     # ---------------------------------------------------------------- output items
 

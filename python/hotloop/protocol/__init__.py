@@ -3,6 +3,7 @@
 
 from hotloop.protocol.cache import CacheBudget, ConnectionCache
 from hotloop.protocol.connection import (
+    OFFLOAD_BYTES,
     Action,
     Baseline,
     Cancel,
@@ -23,6 +24,7 @@ from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.queue_memory import QueueMemory
 
 __all__ = [
+    "OFFLOAD_BYTES",
     "Action",
     "Baseline",
     "CacheBudget",

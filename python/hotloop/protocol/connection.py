@@ -380,11 +380,8 @@ class _Ending:
 
     active: _Active
     kind: str
-    status: str
-    usage: Usage
+    """The terminal event's type; `finished` holds the Response it carries."""
     checkpoint: Checkpoint | None
-    incomplete_reason: str | None
-    error: dict[str, str] | None
     finished: Finished
 
 
@@ -717,14 +714,11 @@ class Connection:
             replace(
                 ending,
                 kind="response.failed",
-                status="failed",
                 checkpoint=None,
-                incomplete_reason=None,
-                error=error,
                 finished=replace(
                     ending.finished,
                     response_json=active.events.response_json(
-                        "failed", usage=ending.usage, error=error
+                        "failed", usage=ending.finished.usage, error=error
                     ),
                     checkpoint=None,
                     status="failed",
@@ -1308,11 +1302,7 @@ class Connection:
         ending = _Ending(
             active,
             kind,
-            status,
-            usage,
             checkpoint,
-            incomplete_reason,
-            error,
             Finished(
                 events.response_id,
                 active.request,
@@ -1340,18 +1330,11 @@ class Connection:
             self._release(active)
 
     def _conclude(self, ending: _Ending) -> None:
-        """Send the terminal event, cache the new state and report it."""
+        """Send the terminal event (the Response as committed), cache the new state and
+        report it."""
         active = ending.active
         events = active.events
-        self._actions.append(
-            events.lifecycle(
-                ending.kind,
-                ending.status,
-                usage=ending.usage,
-                error=ending.error,
-                incomplete_reason=ending.incomplete_reason,
-            )
-        )
+        self._actions.append(events.wrap(ending.kind, ending.finished.response_json))
         if ending.checkpoint is not None:
             self.cache.put(events.response_id, ending.checkpoint, active.lane.name, active.root)
         self._report(ending.finished)
@@ -1374,7 +1357,7 @@ class Connection:
         if replaced is not None:
             # Steers queued for the lane's previous response can no longer be taken.
             self._release_steers(replaced.steers)
-        if ending.checkpoint is not None and required and ending.status == "completed":
+        if ending.checkpoint is not None and required and ending.finished.status == "completed":
             self._awaiting[lane.name] = _Awaiting(events, required)
         else:
             self._awaiting.pop(lane.name, None)

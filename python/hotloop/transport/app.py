@@ -35,6 +35,7 @@ from hotloop.store import StoreError
 from hotloop.transport.admission import RETRY_AFTER_SECONDS
 from hotloop.transport.asgi import (
     CONNECTION_DRAIN,
+    RECEIVE_UTF8,
     SEND_FRAMES,
     ASGIApp,
     Receive,
@@ -269,6 +270,7 @@ class App:
             coalesce=config.stream_coalesce_ms / 1000,
         )
         scope[CONNECTION_DRAIN] = socket.drain
+        scope[RECEIVE_UTF8] = True
         self.connections += 1
         self._sockets_of[owner] = self._sockets_of.get(owner, 0) + 1
         if self.ledger is not None:

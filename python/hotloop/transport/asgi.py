@@ -17,6 +17,13 @@ SEND_FRAMES = "hotloop.websocket.send_frames"
 `scope["extensions"]` and its message type, `{"type": SEND_FRAMES, "frames": [bytes]}`,
 each item one text frame's UTF-8 payload, all written at once."""
 
+RECEIVE_UTF8 = "hotloop.websocket.receive_utf8"
+"""hotloop's server extension for receiving: an app that sets this scope key (to True)
+gets a large text message (`OFFLOAD_BYTES` or more) as `{"type": "websocket.receive",
+RECEIVE_UTF8: payload}`, its UTF-8 bytes not yet decoded, so that the app decodes them
+off the event loop with the parse. A payload that is not UTF-8 is the app's to close
+with 1007."""
+
 CONNECTION_DRAIN = "hotloop.websocket.connection_drain"
 """The app puts an async callable under this scope key for each accepted WebSocket:
 called at shutdown, it ends the connection's responses that wait for tool output (they

@@ -38,8 +38,9 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.http11 import Request
 from websockets.protocol import State
 
+from hotloop.protocol import OFFLOAD_BYTES
 from hotloop.shutdown import Drain, find_drain
-from hotloop.transport.asgi import CONNECTION_DRAIN, SEND_FRAMES
+from hotloop.transport.asgi import CONNECTION_DRAIN, RECEIVE_UTF8, SEND_FRAMES
 
 log = logging.getLogger("hotloop.websocket")
 
@@ -75,24 +76,34 @@ class FrameSendingProtocol(WebSocketsSansIOProtocol):
     def send_receive_event_to_app(self) -> None:
         """uvicorn's, except for a text message that is not UTF-8: one line at DEBUG
         instead of a traceback at ERROR (any client can send one per connection, and
-        a log flood is a denial of service of its own), then the 1007 close."""
+        a log flood is a denial of service of its own), then the 1007 close; and a large
+        one goes to an app that asked for it (`RECEIVE_UTF8`) undecoded."""
         if self.curr_msg_data_type == "text" and not self.close_sent:
             data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+            self.frames = []
+            if len(data) >= OFFLOAD_BYTES and self.scope.get(RECEIVE_UTF8):
+                # Decoding megabytes would hold the loop: the app decodes them off it.
+                self._deliver({"type": "websocket.receive", RECEIVE_UTF8: data})
+                return
             try:
                 text = data.decode()
             except UnicodeDecodeError:
-                self.frames = []
                 log.debug("closing a WebSocket (1007): a text message is not valid UTF-8")
                 self.conn.send_close(1007)
                 self.handle_parser_exception()
                 return
-            self.frames = []
-            self.queue.put_nowait({"type": "websocket.receive", "text": text})
-            if not self.read_paused:
-                self.read_paused = True
-                self.transport.pause_reading()
+            self._deliver({"type": "websocket.receive", "text": text})
             return
         super().send_receive_event_to_app()
+
+    def _deliver(self, message: dict[str, Any]) -> None:
+        """Hand a message to the app and stop reading until it takes it (uvicorn's flow
+        control)."""
+        # uvicorn types its queue with the spec's messages only; ours carries an extension.
+        self.queue.put_nowait(cast("Any", message))
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)

@@ -37,7 +37,7 @@ from hotloop.protocol import (
     offloads,
 )
 from hotloop.store import StoreError
-from hotloop.transport.asgi import SEND_FRAMES, Receive, Scope, Send
+from hotloop.transport.asgi import RECEIVE_UTF8, SEND_FRAMES, Receive, Scope, Send
 
 log = logging.getLogger("hotloop.websocket")
 
@@ -208,8 +208,15 @@ class Socket:
             kind = message["type"]
             if kind == "websocket.receive":
                 text = message.get("text")
+                if text is None:
+                    text = message.get(RECEIVE_UTF8)
                 if text is not None:
-                    connection.receive_parsed(await self._parse(text))
+                    parsed = await self._parse(text)
+                    if parsed is None:
+                        log.debug("closing a WebSocket (1007): a text message is not valid UTF-8")
+                        await self._send({"type": "websocket.close", "code": 1007})
+                        return
+                    connection.receive_parsed(parsed)
                 else:
                     connection.receive_bytes(message.get("bytes") or b"")
                 self._dispatch()
@@ -220,12 +227,18 @@ class Socket:
             elif kind == "websocket.disconnect":
                 return
 
-    async def _parse(self, text: str) -> Parsed:
+    async def _parse(self, text: str | bytes) -> Parsed | None:
         """Parse a frame, a large one in a worker thread; then warm its continuation.
         The reader awaits both, so frames still reach the connection in arrival order
-        (and the order of requests within a lane holds)."""
+        (and the order of requests within a lane holds). `bytes`: a large text message's
+        UTF-8 payload (`RECEIVE_UTF8`), decoded in the worker thread too; None when it is
+        not UTF-8."""
         connection = self.connection
-        if offloads(text):
+        if isinstance(text, bytes):
+            parsed = await asyncio.to_thread(self._decode_and_parse, text)
+            if parsed is None:
+                return None
+        elif offloads(text):
             parsed = await asyncio.to_thread(connection.parse, text)
         else:
             parsed = connection.parse(text)
@@ -238,6 +251,13 @@ class Socket:
                 # as `store_unavailable` (retryable), not as an unknown id.
                 connection.store_unavailable(parent, e.message)
         return parsed
+
+    def _decode_and_parse(self, payload: bytes) -> Parsed | None:
+        try:
+            text = payload.decode()
+        except UnicodeDecodeError:
+            return None
+        return self.connection.parse(text)
 
     def _wait_expired(self, key: int) -> None:
         del self._waits[key]
