@@ -203,24 +203,11 @@ class ResponseEvents:
     def event(self, kind: str, **fields: Any) -> bytes:
         """A response event of type `kind` with these fields."""
         body = orjson.dumps({"type": kind, **fields})
-        return self._frame(memoryview(body)[:-1])
+        return self._frame(body[:-1])
 
-    def response_json(
-        self,
-        status: str,
-        *,
-        output: list[dict[str, Any]] | None = None,
-        usage: Usage | None = None,
-        error: dict[str, Any] | None = None,
-        incomplete_reason: str | None = None,
-    ) -> bytes:
-        """The full Response object; `usage` is null until the response is terminal,
-        `completed_at` until it completed."""
-        return b"".join(
-            self._response_parts(
-                status, output=output, usage=usage, error=error, incomplete_reason=incomplete_reason
-            )
-        )
+    def response_json(self, status: str, **response: Any) -> bytes:
+        """The full Response object (`_response_parts` joined)."""
+        return b"".join(self._response_parts(status, **response))
 
     def _response_parts(
         self,
@@ -231,7 +218,8 @@ class ResponseEvents:
         error: dict[str, Any] | None = None,
         incomplete_reason: str | None = None,
     ) -> tuple[memoryview, bytes]:
-        """`response_json` in two pieces, to join without a copy between."""
+        """The Response object in two pieces, to join without a copy between; `usage` is
+        null until the response is terminal, `completed_at` until it completed."""
         head = orjson.dumps(
             {
                 "id": self.response_id,
