@@ -1,23 +1,25 @@
 """WebSocket mode's protocol logic, without I/O: the per-connection state machine
 (`Connection`), its connection cache of checkpoints, and the protocol's error type."""
 
-from hotloop.protocol.cache import CacheBudget, ConnectionCache
-from hotloop.protocol.connection import (
-    OFFLOAD_BYTES,
+from hotloop.protocol.actions import (
     Action,
     Baseline,
     Cancel,
     Close,
-    Connection,
-    ConnectionLimits,
     Finished,
     Generate,
     Observer,
-    Parsed,
     Persist,
     Render,
     TurnSegment,
     Wait,
+)
+from hotloop.protocol.cache import CacheBudget, ConnectionCache
+from hotloop.protocol.connection import (
+    OFFLOAD_BYTES,
+    Connection,
+    ConnectionLimits,
+    Parsed,
     offloads,
 )
 from hotloop.protocol.errors import ProtocolError

@@ -50,8 +50,9 @@ from hotloop.protocol import (
     offloads,
 )
 from hotloop.protocol.compaction import Compactor
-from hotloop.protocol.connection import OFFLOAD_BYTES, STORE_UNAVAILABLE
+from hotloop.protocol.connection import OFFLOAD_BYTES
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.response import STORE_UNAVAILABLE
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
 from hotloop.transport.asgi import Message, Receive, Scope, Send

@@ -1,0 +1,148 @@
+"""What a `Connection` answers with and what it reports, without I/O: the work it hands
+the transport (`Generate`, `Render`, `Persist`, `Cancel`, `Wait`, `Close`; server frames
+are plain bytes), the record of a finished response (`Finished`, with its `TurnSegment`s)
+and the two interfaces it reports through (`Observer`, `Baseline`).
+
+Plain data: the units of the protocol layer build these, the transport runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hotloop._core import Checkpoint, Conversation, CreateRequest, Prompt, Turn
+from hotloop.engines.base import Sampling
+from hotloop.events import Usage
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Engine work: stream sampled ids for `prompt`, feeding them to
+    `engine_output(key, ids)`, then call `engine_done(key)` (or `engine_failed`).
+    `route_key` names the conversation the same way on every node: the client's
+    session header when it sent one, otherwise the id of the chain's first response
+    (kept with every cached checkpoint and rebuilt from the store on a miss)."""
+
+    key: int
+    prompt: Prompt
+    sampling: Sampling
+    route_key: str
+
+
+@dataclass(frozen=True)
+class Render:
+    """Work too large for the event loop: `run()` in a worker thread (the core releases
+    the GIL for it), then call `render_done(key, turn, request)` with what it returned,
+    or `render_failed(key, error)` with its `CoreError`."""
+
+    key: int
+    conversation: Conversation
+    request: CreateRequest | Callable[[], CreateRequest]
+    """The request, or how to parse it again: a request that waited in its lane's queue
+    kept only its frame, and a large frame is parsed here, not on the event loop."""
+
+    def run(self) -> tuple[CreateRequest, Turn]:
+        request = self.request if isinstance(self.request, CreateRequest) else self.request()
+        return request, self.conversation.extend(request)
+
+
+@dataclass(frozen=True)
+class Persist:
+    """Durable work: commit `finished` (a `store=true` response) to the store, then call
+    `persist_done(key)`, or `persist_failed(key, message)` when it was not committed.
+    The response's terminal event waits for it; deltas were sent already."""
+
+    key: int
+    finished: Finished
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop the engine work of `key`, or the idle timer of `Wait(key)`; the connection
+    already sent any terminal event."""
+
+    key: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Response `key` waits for injected tool output: call `wait_expired(key)` after
+    `seconds` (the connection ignores it if the response resumed or ended meanwhile)."""
+
+    key: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Close:
+    """Close the socket after sending every frame before this action."""
+
+    code: int = 1000
+    reason: str = ""
+
+
+Action = bytes | Generate | Render | Persist | Cancel | Wait | Close
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A response that reached its terminal event, for work off the critical path
+    (persistence when `request.store`, usage accounting, metrics)."""
+
+    response_id: str
+    request: CreateRequest
+    response_json: bytes
+    """The terminal Response object."""
+    checkpoint: Checkpoint | None
+    """Where to continue from; None when the response cannot be continued."""
+    usage: Usage
+    principal: str | None
+    """The API key the connection authenticated with."""
+    overhead_ns: int
+    """Server time from the start of the turn to the engine call (parse, lookup,
+    validate, render, tokenize)."""
+    turn: Turn | None
+    status: str = "completed"
+    """The Response's `status` (the protocol knows it; nobody parses `response_json`)."""
+    error: dict[str, str] | None = None
+    """The Response's `error` (`code`, `message`) when it failed."""
+    created_at: int = 0
+    failure: str | None = None
+    """Why it failed, as a stable code: `store_unavailable` when its commit failed (the
+    wire's `error.code` is then `server_error`, the SDK's enum having nothing closer)."""
+    segments: tuple[TurnSegment, ...] = ()
+    """A stored long-running response that took input while it ran: every model turn
+    with the input committed after it (empty otherwise: the request's input, then the
+    whole output, whose ids the store takes from `checkpoint` after `turn`)."""
+
+
+@dataclass(frozen=True)
+class TurnSegment:
+    """One model turn of a long-running response, as the store keeps it: where its items
+    end in `output` (a count), its output segment's token ids as the cache holds them,
+    and the input committed inside the response after it (injected tool outputs, then
+    steering input; after the last turn, outputs still held when the response ended)."""
+
+    outputs_end: int
+    token_ids: list[int]
+    then: list[dict[str, Any]]
+
+
+class Observer(Protocol):
+    """What the connection tells the rest of the server."""
+
+    def finished(self, response: Finished) -> None:
+        """Called once per terminal Response; must not block."""
+        ...
+
+
+class Baseline(Protocol):
+    """A stateless peer's per-turn prompt work, run instead of the cache's prompt for
+    comparison (`hotloop serve --baseline`, see hotloop.bench.peer): the engine is fed
+    the peer's prompt."""
+
+    def render_request(self, response_id: str, request: CreateRequest) -> Prompt: ...
+
+    def commit(self, response_id: str, response_json: bytes) -> None: ...

@@ -1,0 +1,90 @@
+"""Codex's `response.interrupt` (protocol.md section 8): the response stops at once, its
+partial items are discarded (`response.output_item.interrupted`), and it stays
+continuable with only its completed items, rendered as the model would have sampled
+them. A stateless transition of one running response; finding it is the connection's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import orjson
+
+from hotloop._core import Checkpoint, CoreError
+from hotloop.protocol.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from hotloop.protocol.connection import Connection
+    from hotloop.protocol.response import Response
+
+log = logging.getLogger("hotloop.protocol")
+
+
+def interrupt(connection: Connection, frame: str | bytes) -> None:
+    """`response.interrupt`: the running (or waiting) response it names ends
+    `response.incomplete` (reason `interrupted`); an error when there is none."""
+    event = orjson.loads(frame)
+    response_id = event.get("response_id")
+    if not isinstance(response_id, str):
+        connection.refuse(
+            ProtocolError("missing_required_parameter", "response_id is required.", "response_id")
+        )
+        return
+    if event.get("mode", "discard_partial_items") != "discard_partial_items":
+        connection.refuse(
+            ProtocolError("invalid_value", "mode must be 'discard_partial_items'.", "mode")
+        )
+        return
+    target = connection.running(response_id)
+    if target is None:
+        # Crossed its terminal event on the wire, or never existed here: an error,
+        # never silence, so a client waiting for an answer does not hang.
+        connection.refuse(connection.not_running(response_id))
+        return
+    waiting = target.key in connection.long_running.waiting
+    target.stop()
+    events = target.events
+    connection.outbox.append(events.event("response.interrupt.accepted", response_id=response_id))
+    completed = {item["id"] for item in events.output}
+    for index, item_id in sorted(events.open_items(completed)):
+        connection.outbox.append(
+            events.event("response.output_item.interrupted", output_index=index, item_id=item_id)
+        )
+    # A waiting response's model turn is committed already: nothing is partial.
+    checkpoint = target.conversation.checkpoint() if waiting else completed_checkpoint(target)
+    target.terminal(
+        "response.incomplete",
+        "incomplete",
+        target.usage(),
+        checkpoint,
+        incomplete_reason="interrupted",
+    )
+
+
+def completed_checkpoint(response: Response) -> Checkpoint | None:
+    """The conversation with only the model turn's completed items as its output,
+    rendered as the model would have sampled them (the partial tokens are gone); the
+    items are the ones the client saw, so a function call keeps its call id."""
+    texts: dict[str, list[str]] = {"message": [], "reasoning": []}
+    calls = []
+    completed = response.events.output[response.first_item :]
+    for item in completed:
+        if item["type"] == "function_call":
+            calls.append((item["name"], item["arguments"]))
+        else:
+            texts[item["type"]].append(item["content"][0]["text"])
+    # Several items of one kind (a preamble, then more text) become one.
+    text, reasoning = ("\n\n".join(texts[kind]) or None for kind in ("message", "reasoning"))
+    chat_format = response.connection.settings.chat_format
+    try:
+        response.conversation.commit_items(
+            orjson.dumps(completed).decode(),
+            chat_format.completion_tokens(text=text, reasoning=reasoning, calls=calls),
+        )
+    except CoreError as e:
+        log.warning(
+            "interrupted response %s is not continuable: %s", response.events.response_id, e
+        )
+        return None
+    return response.conversation.checkpoint()

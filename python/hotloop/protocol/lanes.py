@@ -1,0 +1,64 @@
+"""A connection's lanes (protocol.md section 5): each one's queue of requests and the
+one response it runs at a time (rendering, sampling or committing). FIFO within a lane,
+concurrent across lanes; the `Connection` starts the head of a free lane's queue.
+
+Plain state: the connection moves requests through it, the response that holds a lane
+frees it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hotloop._core import CreateRequest
+
+if TYPE_CHECKING:
+    from hotloop.protocol.response import Ending, Rendering, Response
+    from hotloop.protocol.steering import Steered
+
+
+@dataclass
+class Pending:
+    """A request on its lane's queue. One that has to wait keeps only its frame's text
+    (`frame`: about one byte per queued byte) instead of the parsed request (about two:
+    the parsed items plus the input's JSON kept for the store), and is parsed again when
+    its turn comes; the parse is deterministic, so the second gives the first's result."""
+
+    parsed: CreateRequest | None
+    size: int
+    parse_ns: int
+    frame: str | bytes | None = None
+    started: bool = False
+    steered: Steered | None = None
+    """The steering input this turn carries (an automatic successor, or a continuation
+    with queued steers prepended): returned in `response.steer.failed` if it fails."""
+    parent: str | None = field(init=False)
+    """The request's `previous_response_id`, kept while only the frame is."""
+
+    def __post_init__(self) -> None:
+        self.parent = None if self.parsed is None else self.parsed.previous_response_id
+
+    @property
+    def request(self) -> CreateRequest:
+        assert self.parsed is not None, "parsed again by Connection._start"
+        return self.parsed
+
+    @property
+    def automatic(self) -> bool:
+        """An automatic successor: no client request asked for it."""
+        return self.steered is not None and self.steered.automatic
+
+
+@dataclass
+class Lane:
+    name: str | None
+    queue: deque[Pending] = field(default_factory=deque)
+    active: Response | None = None
+    rendering: Rendering | None = None
+    ending: Ending | None = None
+
+    @property
+    def free(self) -> bool:
+        return self.active is None and self.rendering is None and self.ending is None

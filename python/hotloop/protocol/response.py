@@ -1,0 +1,495 @@
+"""One response on a connection, from the start of its turn to its terminal event and
+commit: `Rendering` (its new items rendered off the event loop), `Response` (the engine
+samples it: parser events, the end of its output, its usage, its terminal Response) and
+`Ending` (its terminal event waits for the store's commit).
+
+A response holds its lane from its start to its terminal event. The connection hands
+it engine results and client events by key; what a response does to the connection
+goes through the connection's own services (its actions, its byte bounds, its cache,
+its lanes). Steering, the long-running response and compaction change a response
+through their units (`steering.py`, `injection.py`, `summarization.py`); this module
+does not know their rules, only where they join a response's life.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import orjson
+
+from hotloop._core import (
+    ChatFormat,
+    Checkpoint,
+    Conversation,
+    CoreError,
+    CreateRequest,
+    OutputParser,
+    Policy,
+    Prompt,
+    Turn,
+)
+from hotloop.engines.base import API_SAMPLING, EngineError, Sampling
+from hotloop.events import ResponseEvents, Usage, new_id
+from hotloop.protocol.actions import Baseline, Cancel, Finished, Generate, Persist, TurnSegment
+from hotloop.protocol.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from hotloop.protocol.compaction import Summary
+    from hotloop.protocol.connection import Connection
+    from hotloop.protocol.injection import Injection
+    from hotloop.protocol.lanes import Lane, Pending
+    from hotloop.protocol.steering import Steer
+
+# One line per response: its id and the request id the client saw, to match reports.
+requests_log = logging.getLogger("hotloop.requests")
+
+STORE_UNAVAILABLE = "store_unavailable"
+ITEM_DONE = frozenset(("message_done", "reasoning_done", "call_done"))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every turn on a connection is served with, fixed at the upgrade."""
+
+    chat_format: ChatFormat
+    context_window: int
+    model: str
+    policy: Policy | None
+    principal: str | None
+    """The API key the connection authenticated with."""
+    baseline: Baseline | None
+    session_key: str | None
+    request_id: str | None
+    sampling_defaults: tuple[float, float]
+    durable: bool
+    inject: bool
+    stop_tokens: tuple[int, ...]
+
+    def conversation(self) -> Conversation:
+        """A new conversation in the connection's format."""
+        return Conversation(
+            self.chat_format, context_window=self.context_window, policy=self.policy
+        )
+
+
+@dataclass
+class Rendering:
+    """A turn waiting for its `Render` work; it holds its lane like an active turn."""
+
+    connection: Connection
+    lane: Lane
+    pending: Pending
+    conversation: Conversation
+    parent: str | None
+    evicts_parent: bool
+    start: int
+    root: str | None
+    """The chain's first response id; None for a new chain (it is the new response)."""
+    cancelled: bool = False
+
+    def refused(self, error: CoreError) -> None:
+        """The core refused the new items: the request is refused."""
+        if self.evicts_parent and self.parent is not None:
+            self.connection.cache.evict(self.parent)
+        self.connection.refuse_turn(self.pending, ProtocolError.from_core(error), self.lane.name)
+
+    def rendered(self, turn: Turn) -> None:
+        """The new items are in the conversation: the response starts (its
+        `response.created`), and the engine is handed its prompt."""
+        connection, settings = self.connection, self.connection.settings
+        lane, pending, conversation = self.lane, self.pending, self.conversation
+        request, start = pending.request, self.start
+        fields = request.response_fields_json
+        if request.model is None:
+            fields = fields.replace(
+                '"model":null', '"model":' + orjson.dumps(settings.model).decode(), 1
+            )
+        if settings.sampling_defaults != API_SAMPLING:
+            fields = engine_sampling(request, fields, settings.sampling_defaults)
+        if settings.request_id is None:
+            events = ResponseEvents(fields, stream_id=lane.name, request_id=new_id("req_"))
+            request_id = events.request_id
+        else:
+            events = ResponseEvents(fields, stream_id=lane.name)
+            request_id = settings.request_id
+        requests_log.info("response %s request %s", events.response_id, request_id)
+        peer_prompt = (
+            None
+            if settings.baseline is None
+            else settings.baseline.render_request(events.response_id, request)
+        )
+        response = Response(
+            connection=connection,
+            key=connection.new_key(),
+            lane=lane,
+            request=request,
+            events=events,
+            conversation=conversation,
+            parser=conversation.parser(),
+            turn=turn,
+            parent=self.parent,
+            evicts_parent=self.evicts_parent,
+            overhead_ns=0,
+            root=self.root or events.response_id,
+        )
+        if not request.generate:
+            response.overhead_ns = pending.parse_ns + connection.clock() - start
+            response.warm_up()
+            return
+        lane.active = response
+        connection.generating[response.key] = response
+        connection.outbox.append(events.lifecycle("response.created", "in_progress"))
+        connection.outbox.append(events.lifecycle("response.in_progress", "in_progress"))
+        threshold = request.compact_threshold
+        if threshold is not None and turn.prompt_tokens > threshold and peer_prompt is None:
+            # The prompt passed the client's threshold: the engine summarizes first, and
+            # the turn then runs on the summary (`Summarization.summarized`).
+            summarization = connection.summarization
+            summary = summarization.summary_turn(request, lane)
+            if isinstance(summary, ProtocolError):
+                message = f"The conversation could not be compacted: {summary.message}"
+                response.fail(message, Usage())
+                return
+            response.overhead_ns = pending.parse_ns + connection.clock() - start
+            summarization.summarize(response, summary[0], summary[1], resume=True)
+            return
+        prompt = conversation.prompt() if peer_prompt is None else peer_prompt
+        response.overhead_ns = pending.parse_ns + connection.clock() - start
+        response.generate(prompt)
+
+
+def engine_sampling(request: CreateRequest, fields: str, defaults: tuple[float, float]) -> str:
+    """`fields` echoing the engine's own defaults where the request set no sampling
+    (the core echoes the API's). Only for engines with defaults of their own (the
+    llama engine), whose turns take milliseconds: one parse of the fields is noise."""
+    if request.temperature is not None and request.top_p is not None:
+        return fields
+    echoed = orjson.loads(fields)
+    temperature, top_p = defaults
+    if request.temperature is None:
+        echoed["temperature"] = temperature
+    if request.top_p is None:
+        echoed["top_p"] = top_p
+    return orjson.dumps(echoed).decode()
+
+
+@dataclass
+class Response:
+    """A response the engine samples (or that waits, open, for tool output)."""
+
+    connection: Connection
+    key: int
+    lane: Lane
+    request: CreateRequest
+    events: ResponseEvents
+    conversation: Conversation
+    parser: OutputParser
+    turn: Turn
+    parent: str | None
+    evicts_parent: bool
+    overhead_ns: int
+    root: str
+    steers: list[Steer] = field(default_factory=list)
+    """Accepted steers: sampling stops at the next item boundary, a successor follows."""
+    cut: bool = False
+    """Sampling stopped at an item boundary for a steer."""
+    compaction: Summary | None = None
+    """Set while the engine writes a summary (`conversation`, `parser` and `turn` are
+    the summarization's); the turn proper starts from it afterwards."""
+    spent: Usage | None = None
+    """The engine passes before the current one, added to its usage: a compacted
+    turn's summarization, a long-running response's earlier model turns."""
+    waiting: dict[str, str] = field(default_factory=dict)
+    """Long-running mode: the calls (call id -> name) the response waits for output of."""
+    injected: list[Injection] = field(default_factory=list)
+    """Injections accepted while other calls still wait (they resume it together)."""
+    resumed: Turn | None = None
+    """The current model turn of a resumed response (`turn` stays the first one, whose
+    prompt the metrics count; the store takes each turn's ids from `segments`)."""
+    first_item: int = 0
+    """Where the current model turn's items start in `events.output`."""
+    segments: list[TurnSegment] = field(default_factory=list)
+    """A stored long-running response's model turns that input followed, for the store."""
+
+    @property
+    def current_turn(self) -> Turn:
+        """The model turn sampling now (or last)."""
+        return self.resumed or self.turn
+
+    @property
+    def stored(self) -> bool:
+        """The response is committed to the store before its terminal event."""
+        return self.connection.settings.durable and self.request.store
+
+    # ---------------------------------------------------------------- sampling
+
+    def generate(self, prompt: Prompt, limit: int | None = None) -> None:
+        """Hand the engine `prompt`, routed by the session or the chain's root so every
+        turn of a conversation (its summarization too) lands where its cache is."""
+        connection = self.connection
+        request = self.request
+        budget = connection.settings.context_window - len(prompt)
+        max_tokens = request.max_output_tokens if limit is None else limit
+        sampling = Sampling(
+            max_output_tokens=budget if max_tokens is None else min(max_tokens, budget),
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stop_tokens=connection.settings.stop_tokens,
+        )
+        route_key = connection.settings.session_key or self.root
+        connection.outbox.append(Generate(self.key, prompt, sampling, route_key))
+
+    def feed(self, ids: list[int]) -> bool:
+        """Sampled ids; returns whether the engine should go on."""
+        if self.compaction is not None:
+            self.compaction.feed(self.parser.feed(ids))
+            return not self.parser.stopped
+        if self.steers:
+            more = self._feed_to_boundary(ids)
+        else:
+            self.events.feed(self.parser.feed(ids), self.connection.outbox.append)
+            more = not self.parser.stopped
+        if self.connection.settings.inject and self.parser.stopped:
+            # The model stopped: a response that called a tool waits from now on, so an
+            # injection sent on its call item finds it waiting (the engine's own end,
+            # which `engine_done` then ignores, may come after that frame).
+            self.connection.engine_done(self.key)
+        return more
+
+    def _feed_to_boundary(self, ids: list[int]) -> bool:
+        """A steered response: tokens one at a time, up to the end of the item being
+        sampled; what the engine sampled beyond it is dropped unseen, so the parser (and
+        the history it commits) holds whole items only."""
+        emit = self.connection.outbox.append
+        for token in ids:
+            parsed = self.parser.feed([token])
+            self.events.feed(parsed, emit)
+            if any(event[0] in ITEM_DONE for event in parsed):
+                self.cut = True
+                return False
+            if self.parser.stopped:
+                return False
+        return True
+
+    def done(self) -> None:
+        """The engine finished (stop token or max_output_tokens): the output is
+        committed and the response ends, or waits for tool output."""
+        connection = self.connection
+        if self.compaction is not None:
+            connection.summarization.summarized(self, self.compaction)
+            return
+        if self.cut and not self.parser.stopped:
+            self._end_steered()
+            return
+        parsed, outcome, message = self.parser.finish()
+        self.events.feed(parsed, connection.outbox.append)
+        usage = self.usage()
+        if outcome == "malformed":
+            self.fail(f"The model's output could not be parsed: {message}", usage)
+            return
+        try:
+            self.conversation.commit_output(self.parser)
+        except CoreError as e:
+            self.fail(f"The model's output could not be recorded: {e.message}", usage)
+            return
+        calls = [
+            item
+            for item in self.events.output[self.first_item :]
+            if item["type"] == "function_call"
+        ]
+        if connection.settings.inject and outcome == "stopped" and calls:
+            connection.long_running.wait(self, calls)
+            return
+        checkpoint = self.conversation.checkpoint()
+        if outcome == "truncated":
+            kind, status, reason = "response.incomplete", "incomplete", "max_output_tokens"
+        else:
+            kind, status, reason = "response.completed", "completed", None
+        self.terminal(kind, status, usage, checkpoint, incomplete_reason=reason)
+
+    def _end_steered(self) -> None:
+        """The steered response ends at its item boundary, its sampled ids committed
+        verbatim: the successor appends the steering input to these very tokens."""
+        usage = self.usage()
+        try:
+            self.conversation.commit_output(self.parser)
+        except CoreError as e:
+            self.fail(f"The model's output could not be recorded: {e.message}", usage)
+            return
+        checkpoint = self.conversation.checkpoint()
+        self.terminal(
+            "response.incomplete", "incomplete", usage, checkpoint, incomplete_reason="steered"
+        )
+
+    def failed(self, error: EngineError) -> None:
+        """The engine failed."""
+        message = f"The engine failed ({error.code}): {error.message}"
+        if self.compaction is not None and not self.compaction.resume:
+            # /responses/compact has no response to fail: its request gets the error.
+            self.connection.refuse(ProtocolError("server_error", message, status=500))
+            self.connection.release(self.lane)
+            return
+        self.fail(message, self.usage())
+
+    def warm_up(self) -> None:
+        """`generate: false`: the state is rendered and cached under a fresh id, with
+        an empty output and zero usage. It never takes its lane (it ends inside the
+        connection's pump), except while its commit runs."""
+        checkpoint = self.conversation.checkpoint()
+        self.connection.outbox.append(self.events.lifecycle("response.created", "in_progress"))
+        self.terminal("response.completed", "completed", Usage(), checkpoint)
+
+    # ---------------------------------------------------------------- stopping
+
+    def stop(self) -> None:
+        """The response leaves the running responses: its engine work (or its idle
+        timer, if it waits for tool output) stops."""
+        connection = self.connection
+        if connection.generating.pop(self.key, None) is None:
+            del connection.long_running.waiting[self.key]
+        connection.outbox.append(Cancel(self.key))
+
+    def cancel(self) -> None:
+        """`response.cancel`: it stops where it is."""
+        self.stop()
+        # Items still open are dropped: the cancelled response reports what completed.
+        self.terminal("response.incomplete", "cancelled", self.usage(), None)
+
+    # ---------------------------------------------------------------- endings
+
+    def usage(self) -> Usage:
+        """The response's usage so far: every model turn's prompt and output."""
+        turn = self.current_turn
+        # A new conversation renders its fixed prefix in this very turn: nothing of its
+        # prompt came from the cache, whatever the core kept between its own steps (a
+        # compacted turn runs on a new conversation too). A resumed model turn extends
+        # the response's own tokens.
+        spent = self.spent
+        fresh = self.resumed is None and (self.parent is None or spent is not None)
+        cached = 0 if fresh else turn.cached_tokens
+        usage = Usage(
+            input_tokens=turn.prompt_tokens,
+            cached_tokens=cached,
+            cache_write_tokens=turn.prompt_tokens - cached,
+            output_tokens=self.parser.output_tokens,
+            reasoning_tokens=self.parser.reasoning_tokens,
+        )
+        return usage if spent is None else usage + spent
+
+    def fail(self, message: str, usage: Usage) -> None:
+        if self.evicts_parent and self.parent is not None:
+            self.connection.cache.evict(self.parent)
+        error = {"code": "server_error", "message": message}
+        self.terminal("response.failed", "failed", usage, None, error=error)
+
+    def turn_segment(self, then: list[dict[str, object]]) -> TurnSegment:
+        """The current model turn as the store keeps it, followed by `then`."""
+        ids = self.conversation.prompt().tokens_from(self.current_turn.prompt_tokens)
+        return TurnSegment(len(self.events.output), ids, then)
+
+    def terminal(
+        self,
+        kind: str,
+        status: str,
+        usage: Usage,
+        checkpoint: Checkpoint | None,
+        *,
+        error: dict[str, str] | None = None,
+        incomplete_reason: str | None = None,
+    ) -> None:
+        """The response ends: its terminal event goes out, after the store's commit
+        when it is stored."""
+        connection = self.connection
+        closed = False
+        if self.injected:
+            checkpoint, closed = connection.long_running.commit_held(self, checkpoint)
+        stored = self.stored
+        if stored and self.segments and not closed:
+            # The last model turn of a response that took input while it ran.
+            self.segments.append(
+                self.turn_segment([])
+                if checkpoint is not None
+                else TurnSegment(len(self.events.output), [], [])
+            )
+        events = self.events
+        final = events.response_json(
+            status, usage=usage, error=error, incomplete_reason=incomplete_reason
+        )
+        ending = Ending(
+            self,
+            kind,
+            checkpoint,
+            Finished(
+                events.response_id,
+                self.request,
+                final,
+                checkpoint,
+                usage,
+                connection.settings.principal,
+                self.overhead_ns,
+                self.turn,
+                status=status,
+                error=error,
+                created_at=events.created_at,
+                failure=None if error is None else error["code"],
+                segments=tuple(self.segments),
+            ),
+        )
+        if stored:
+            self.lane.active = None
+            self.lane.ending = connection.ending[self.key] = ending
+            connection.outbox.append(Persist(self.key, ending.finished))
+            return
+        ending.conclude()
+        # A warm-up never took its lane (it ends inside the pump): nothing to free.
+        if self.lane.active is self:
+            connection.release(self.lane)
+
+
+@dataclass
+class Ending:
+    """A finished turn whose terminal event waits for its commit (`Persist`)."""
+
+    response: Response
+    kind: str
+    """The terminal event's type; `finished` holds the Response it carries."""
+    checkpoint: Checkpoint | None
+    finished: Finished
+
+    def conclude(self) -> None:
+        """Send the terminal event (the Response as committed), cache the new state and
+        report it."""
+        response = self.response
+        connection, events = response.connection, response.events
+        connection.outbox.append(events.wrap(self.kind, self.finished.response_json))
+        if self.checkpoint is not None:
+            connection.cache.put(
+                events.response_id, self.checkpoint, response.lane.name, response.root
+            )
+        connection.report(self.finished)
+        connection.steering.after_terminal(response, self)
+
+    def store_failed(self, message: str) -> None:
+        """The commit failed: the response ends as `response.failed` (`error.message`
+        starting with `store_unavailable:`), never acknowledged."""
+        response = self.response
+        if response.evicts_parent and response.parent is not None:
+            response.connection.cache.evict(response.parent)
+        error = {"code": "server_error", "message": f"{STORE_UNAVAILABLE}: {message}"}
+        replace(
+            self,
+            kind="response.failed",
+            checkpoint=None,
+            finished=replace(
+                self.finished,
+                response_json=response.events.response_json(
+                    "failed", usage=self.finished.usage, error=error
+                ),
+                checkpoint=None,
+                status="failed",
+                error=error,
+                failure=STORE_UNAVAILABLE,
+            ),
+        ).conclude()
