@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from connection_driver import ANSWER, ConnectionDriver, sim_connection
-from hotloop.protocol import CacheBudget, ConnectionCache, Finished
+from hotloop._core import Limits
+from hotloop.protocol import CacheBudget, ConnectionCache, ConnectionLimits, Finished
 
 # A second message header inside the message: the output parser refuses it.
 MALFORMED = ANSWER[:3] + ANSWER[:3] + ANSWER[3:]
@@ -55,3 +56,18 @@ def test_a_failed_commit_of_a_continuation_consumes_its_parent() -> None:
     assert failed["type"] == "response.failed"
     assert parent not in client.cache
     assert not client.conn.busy
+
+
+def test_a_turn_whose_summarization_is_refused_fails_and_its_lane_goes_on() -> None:
+    # Two input items fit the limit; the summarization's added instruction does not.
+    client = Client(limits=ConnectionLimits(request=Limits(max_items=2)))
+    management = [{"type": "compaction", "compact_threshold": 1000}]
+    texts = ("word " * 1500, "And now?")
+    two = [{"type": "message", "role": "user", "content": text} for text in texts]
+    started = client.create(two, context_management=management)
+    assert types(started)[:2] == ["response.created", "response.in_progress"]
+    failed = started[-1]
+    assert failed["type"] == "response.failed"
+    assert "could not be compacted" in failed["response"]["error"]["message"]
+    assert client.generating == {} and not client.conn.busy
+    assert types(client.create("next"))[0] == "response.created"

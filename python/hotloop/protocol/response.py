@@ -149,6 +149,9 @@ class Rendering:
             summarization = connection.summarization
             summary = summarization.summary_turn(request, lane)
             if isinstance(summary, ProtocolError):
+                # No engine work started: it leaves the running responses (in flight
+                # otherwise, the connection would never be idle again).
+                del connection.generating[response.key]
                 message = f"The conversation could not be compacted: {summary.message}"
                 response.fail(message, Usage())
                 return
