@@ -223,11 +223,7 @@ class Connection:
         # `isascii` is O(1) on str: only non-ASCII text pays for measuring its bytes.
         size = len(frame) if isinstance(frame, bytes) or frame.isascii() else len(frame.encode())
         if size > self.limits.max_frame_bytes:
-            error = ProtocolError(
-                "frame_too_large",
-                f"The frame is {size} bytes; this server accepts at most "
-                f"{self.limits.max_frame_bytes} bytes per frame.",
-            )
+            error = ProtocolError.frame_too_large(size, self.limits.max_frame_bytes)
             return Parsed(error, size, 0, frame)
         start = self.clock()
         try:
@@ -264,25 +260,10 @@ class Connection:
         elif isinstance(event, AppendEvent) and inject:
             self.long_running.receive(event, orjson.loads(parsed.frame), parsed.size)
         elif isinstance(event, UnknownEvent) and event.type != "response.inject":
-            self.refuse(
-                ProtocolError(
-                    "unknown_event_type",
-                    f"Unknown event type '{event.type}'. Supported: response.create, "
-                    "response.cancel, response.processed, response.interrupt, response.steer.",
-                    "type",
-                ),
-                self._echo(event.stream_id),
-            )
+            self.refuse(ProtocolError.unknown_event(event.type), self._echo(event.stream_id))
         else:
             # response.inject / response.append: the long-running response is off.
-            self.refuse(
-                ProtocolError(
-                    "unknown_event_type",
-                    f"'{event.type}' needs the long-running response: send the header "
-                    "'OpenAI-Beta: responses_multi_agent=v1' on the upgrade.",
-                    "type",
-                )
-            )
+            self.refuse(ProtocolError.long_running_off(event.type))
 
     def receive_request(self, request: CreateRequest, size: int, parse_ns: int = 0) -> None:
         """A request parsed by the caller (an HTTP `POST /v1/responses` body of `size`
@@ -299,12 +280,7 @@ class Connection:
     def receive_bytes(self, frame: bytes) -> None:
         """One binary frame: refused, the socket stays open."""
         if not self.closed:
-            self.refuse(
-                ProtocolError(
-                    "binary_frame_not_supported",
-                    "Binary frames are not supported: send each event as a JSON text frame.",
-                )
-            )
+            self.refuse(ProtocolError.binary_frame())
 
     def engine_output(self, key: int, ids: list[int]) -> bool:
         """Sampled ids for response `key`. Returns whether the engine should go on
@@ -469,18 +445,13 @@ class Connection:
         )
 
     def refuse_turn(self, pending: Pending, error: ProtocolError, name: str | None) -> None:
-        """A turn refused before generation; steering input it carried is returned
-        (`successor_creation_failed`), and an automatic successor, which no client
-        request asked for, gets no `error` event."""
+        """A turn refused before generation. An automatic successor, which no client
+        request asked for, gets no `error` event; steering input it carried is returned
+        (`Steering.successor_failed`)."""
         if not pending.automatic:
             self.refuse(error, name)
         if pending.steered is not None:
-            self.steering.failed(
-                pending.steered,
-                ProtocolError(
-                    "successor_creation_failed", f"The successor failed: {error.message}"
-                ),
-            )
+            self.steering.successor_failed(pending.steered, error)
 
     def hold(self, size: int) -> None:
         """Count `size` bytes of input waiting on this connection (queued requests,
@@ -585,13 +556,7 @@ class Connection:
     ) -> None:
         name = request.stream_id
         if name is not None and not STREAM_ID.fullmatch(name):
-            self.refuse(
-                ProtocolError(
-                    "invalid_stream_id",
-                    "stream_id must be 1-256 characters of letters, digits, '_', '.' or '-'.",
-                    "stream_id",
-                )
-            )
+            self.refuse(ProtocolError.invalid_stream_id())
             return
         if request.error is not None:
             self.refuse(ProtocolError.from_core(request.error), name)
@@ -599,30 +564,15 @@ class Connection:
         if request.skipped_tools:
             self._note_skipped(request.skipped_tools)
         if request.background:
-            self.refuse(
-                ProtocolError(
-                    "invalid_value",
-                    "background responses are not supported over WebSocket mode.",
-                    "background",
-                ),
-                name,
-            )
+            self.refuse(ProtocolError.background(), name)
             return
         if self._expiring:
-            self.refuse(self._lifetime_error(), name)
+            self.refuse(ProtocolError.lifetime_reached(), name)
             return
         lane = self._lanes.get(name)
         if lane is None:
             if len(self._lanes) - 1 >= MAX_NAMED_LANES:
-                self.refuse(
-                    ProtocolError(
-                        "websocket_stream_limit_reached",
-                        f"This connection already uses {MAX_NAMED_LANES} stream_ids; "
-                        "open a new connection for more lanes.",
-                        "stream_id",
-                    ),
-                    name,
-                )
+                self.refuse(ProtocolError.stream_limit(MAX_NAMED_LANES), name)
                 return
             lane = self._lanes[name] = Lane(name)
         try:
@@ -738,12 +688,6 @@ class Connection:
         self._pump()
         self._finish_expiry()
 
-    def _lifetime_error(self) -> ProtocolError:
-        return ProtocolError(
-            "websocket_connection_limit_reached",
-            "This connection reached its lifetime limit; open a new connection to continue.",
-        )
-
     def _finish_expiry(self) -> None:
         if not self._expiring or self.in_flight or self.closed:
             return
@@ -751,10 +695,10 @@ class Connection:
         for lane in self._lanes.values():
             while lane.queue:
                 pending = lane.queue.popleft()
-                self.refuse_turn(pending, self._lifetime_error(), lane.name)
+                self.refuse_turn(pending, ProtocolError.lifetime_reached(), lane.name)
                 refused = refused or not pending.automatic
         if not refused:
-            self.refuse(self._lifetime_error())
+            self.refuse(ProtocolError.lifetime_reached())
         self._ready.clear()
         self.dequeued(self._queued_bytes)
         self.closed = True

@@ -62,3 +62,71 @@ class ProtocolError(Exception):
             "previous_response_id",
             status=503,
         )
+
+    # The connection's own refusals (frames, lanes, lifetime).
+
+    @classmethod
+    def frame_too_large(cls, size: int, limit: int) -> ProtocolError:
+        return cls(
+            "frame_too_large",
+            f"The frame is {size} bytes; this server accepts at most {limit} bytes per frame.",
+        )
+
+    @classmethod
+    def binary_frame(cls) -> ProtocolError:
+        return cls(
+            "binary_frame_not_supported",
+            "Binary frames are not supported: send each event as a JSON text frame.",
+        )
+
+    @classmethod
+    def unknown_event(cls, event_type: str) -> ProtocolError:
+        return cls(
+            "unknown_event_type",
+            f"Unknown event type '{event_type}'. Supported: response.create, "
+            "response.cancel, response.processed, response.interrupt, response.steer.",
+            "type",
+        )
+
+    @classmethod
+    def long_running_off(cls, event_type: str) -> ProtocolError:
+        """`response.inject` / `response.append` on a connection without the
+        long-running response."""
+        return cls(
+            "unknown_event_type",
+            f"'{event_type}' needs the long-running response: send the header "
+            "'OpenAI-Beta: responses_multi_agent=v1' on the upgrade.",
+            "type",
+        )
+
+    @classmethod
+    def invalid_stream_id(cls) -> ProtocolError:
+        return cls(
+            "invalid_stream_id",
+            "stream_id must be 1-256 characters of letters, digits, '_', '.' or '-'.",
+            "stream_id",
+        )
+
+    @classmethod
+    def stream_limit(cls, lanes: int) -> ProtocolError:
+        return cls(
+            "websocket_stream_limit_reached",
+            f"This connection already uses {lanes} stream_ids; "
+            "open a new connection for more lanes.",
+            "stream_id",
+        )
+
+    @classmethod
+    def background(cls) -> ProtocolError:
+        return cls(
+            "invalid_value",
+            "background responses are not supported over WebSocket mode.",
+            "background",
+        )
+
+    @classmethod
+    def lifetime_reached(cls) -> ProtocolError:
+        return cls(
+            "websocket_connection_limit_reached",
+            "This connection reached its lifetime limit; open a new connection to continue.",
+        )

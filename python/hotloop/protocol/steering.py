@@ -318,6 +318,11 @@ class Steering:
                 )
             )
 
+    def successor_failed(self, steered: Steered, error: ProtocolError) -> None:
+        """The turn carrying `steered` was refused before generation."""
+        message = f"The successor failed: {error.message}"
+        self.failed(steered, ProtocolError("successor_creation_failed", message))
+
     def failed(self, steered: Steered, error: ProtocolError) -> None:
         """The steers `steered` carries fail, their input returned."""
         for steer in steered.steers:
