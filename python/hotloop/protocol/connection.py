@@ -263,7 +263,7 @@ class Connection:
             self.refuse(ProtocolError.unknown_event(event.type), self._echo(event.stream_id))
         else:
             # response.inject / response.append: the long-running response is off.
-            self.refuse(ProtocolError.long_running_off(event.type))
+            self.refuse(ProtocolError.unknown_event(event.type, needs_long_running=True))
 
     def receive_request(self, request: CreateRequest, size: int, parse_ns: int = 0) -> None:
         """A request parsed by the caller (an HTTP `POST /v1/responses` body of `size`

@@ -80,24 +80,20 @@ class ProtocolError(Exception):
         )
 
     @classmethod
-    def unknown_event(cls, event_type: str) -> ProtocolError:
-        return cls(
-            "unknown_event_type",
-            f"Unknown event type '{event_type}'. Supported: response.create, "
-            "response.cancel, response.processed, response.interrupt, response.steer.",
-            "type",
-        )
-
-    @classmethod
-    def long_running_off(cls, event_type: str) -> ProtocolError:
-        """`response.inject` / `response.append` on a connection without the
-        long-running response."""
-        return cls(
-            "unknown_event_type",
-            f"'{event_type}' needs the long-running response: send the header "
-            "'OpenAI-Beta: responses_multi_agent=v1' on the upgrade.",
-            "type",
-        )
+    def unknown_event(cls, event_type: str, *, needs_long_running: bool = False) -> ProtocolError:
+        """An event type this connection does not take; `needs_long_running`: one it takes
+        with the long-running response only (`response.inject`, `response.append`)."""
+        if needs_long_running:
+            message = (
+                f"'{event_type}' needs the long-running response: send the header "
+                "'OpenAI-Beta: responses_multi_agent=v1' on the upgrade."
+            )
+        else:
+            message = (
+                f"Unknown event type '{event_type}'. Supported: response.create, "
+                "response.cancel, response.processed, response.interrupt, response.steer."
+            )
+        return cls("unknown_event_type", message, "type")
 
     @classmethod
     def invalid_stream_id(cls) -> ProtocolError:

@@ -120,19 +120,16 @@ class Rendering:
             if settings.baseline is None
             else settings.baseline.render_request(events.response_id, request)
         )
-        response = Response(
-            connection=connection,
-            key=connection.new_key(),
-            lane=lane,
-            request=request,
-            events=events,
-            conversation=conversation,
-            parser=conversation.parser(),
-            turn=turn,
-            parent=self.parent,
+        response = Response.open(
+            connection,
+            lane,
+            request,
+            events,
+            conversation,
+            turn,
+            self.parent,
             evicts_parent=self.evicts_parent,
-            overhead_ns=0,
-            root=self.root or events.response_id,
+            root=self.root,
         )
         if not request.generate:
             response.overhead_ns = pending.parse_ns + connection.clock() - start
@@ -215,6 +212,37 @@ class Response:
     """Where the current model turn's items start in `events.output`."""
     segments: list[TurnSegment] = field(default_factory=list)
     """A stored long-running response's model turns that input followed, for the store."""
+
+    @classmethod
+    def open(
+        cls,
+        connection: Connection,
+        lane: Lane,
+        request: CreateRequest,
+        events: ResponseEvents,
+        conversation: Conversation,
+        turn: Turn,
+        parent: str | None,
+        *,
+        evicts_parent: bool,
+        root: str | None,
+    ) -> Response:
+        """A response starting its first model turn, under a new key; `root`: its
+        chain's first response (None: this one starts the chain)."""
+        return cls(
+            connection=connection,
+            key=connection.new_key(),
+            lane=lane,
+            request=request,
+            events=events,
+            conversation=conversation,
+            parser=conversation.parser(),
+            turn=turn,
+            parent=parent,
+            evicts_parent=evicts_parent,
+            overhead_ns=0,
+            root=root or events.response_id,
+        )
 
     @property
     def current_turn(self) -> Turn:

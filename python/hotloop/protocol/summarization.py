@@ -51,19 +51,16 @@ class Summarization:
             return
         conversation, turn, root = summary
         events = ResponseEvents(request.response_fields_json)
-        response = Response(
-            connection=connection,
-            key=connection.new_key(),
-            lane=lane,
-            request=request,
-            events=events,
-            conversation=conversation,
-            parser=conversation.parser(),
-            turn=turn,
-            parent=parent,
+        response = Response.open(
+            connection,
+            lane,
+            request,
+            events,
+            conversation,
+            turn,
+            parent,
             evicts_parent=False,
-            overhead_ns=0,
-            root=root or events.response_id,
+            root=root,
         )
         lane.active = response
         connection.generating[response.key] = response
