@@ -32,7 +32,7 @@ import httpx
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
-from hotloop.bench.command import MODES
+from hotloop.bench import MODES
 from hotloop.bench.rollout import Rollout
 
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})

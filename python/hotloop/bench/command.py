@@ -30,6 +30,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hotloop.bench import MODES
 from hotloop.bench.peer import SIM_FORMAT
 from hotloop.bench.rollout import Rollout, build_rollout
 
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 
 # The clients, plots and progress bars need the `bench` extra; `hotloop serve` must not,
 # so they are imported when a benchmark runs, not when the command line is built.
-MODES = ("http_full", "http_previous", "websocket", "long_running")
 # `--format`: the sim's chat format, and the peer that renders the same prompt in it (a
 # peer in another format would feed the engine ids the replay script does not know).
 PEERS = {"harmony": "harmony", "smollm2": "open-model", "qwen3": "qwen3"}

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 import tokenizers
 
 from hotloop.bench.hf_template import HfTemplate
-from hotloop.bench.peer import content_text
+from hotloop.bench.items import content_text
 
 # GGUF scalar value types and their struct formats; 8 is a string, 9 an array.
 _SCALAR = {

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from hotloop._core import Prompt
+from hotloop.bench.items import content_text
 
 if TYPE_CHECKING:
     from hotloop._core import CreateRequest
@@ -130,13 +131,6 @@ def use_local_vocab() -> Path:
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(directory))
     os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", str(directory))
     return directory
-
-
-def content_text(content: Any) -> str:
-    """A message's or output's text: a string, or the text of its content parts."""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content or [])
 
 
 class Renderer(Protocol):
