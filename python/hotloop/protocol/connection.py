@@ -663,6 +663,7 @@ class Connection:
         if active.compaction is not None and not active.compaction.resume:
             # /responses/compact has no response to fail: its request gets the error.
             self._refuse(ProtocolError("server_error", message, status=500))
+            self._book(active, b"", self._usage(active), "failed", active.compaction.item_id)
             self._release(active)
             return
         self._fail(active, message, self._usage(active))
@@ -756,14 +757,21 @@ class Connection:
             self._end_waiting(waiting, CONNECTION_CLOSING)
 
     def connection_lost(self) -> None:
-        """The client went away: stop all generation; the cache dies with the socket. A
-        response waiting for tool output ends as on a closing connection (its usage
-        booked, and committed when stored, so the client can continue it from a new
-        connection)."""
+        """The socket closed: `abandon`, and the cache dies with the socket."""
+        self.abandon()
+        self.cache.clear()
+
+    def abandon(self) -> None:
+        """The client went away (its socket closed, or it left an HTTP request): stop all
+        generation, and book what the engine did for the responses it stops. A response
+        waiting for tool output ends as on a closing connection (its usage booked, and
+        committed when stored, so the client can continue it from a new connection)."""
         self.closed = True
         self._closing()
         for active in self._active.values():
             self._actions.append(Cancel(active.key))
+            usage = self._usage(active)
+            self._book(active, active.events.response_json("cancelled", usage=usage), usage)
         self._active.clear()
         self._waiting.clear()
         # Commits in progress finish on their own; their usage is booked now, as their
@@ -782,7 +790,6 @@ class Connection:
         self._ready.clear()
         self._dequeued(self._queued_bytes)
         self._awaiting.clear()
-        self.cache.clear()
 
     # ---------------------------------------------------------------- outputs
 
@@ -1210,7 +1217,9 @@ class Connection:
         item = compaction.item(self._compactor)
         active.compaction = None
         if not compaction.resume:
-            self._actions.append(compacted_resource(item, spent))
+            resource = compacted_resource(item, spent)
+            self._actions.append(resource)
+            self._book(active, resource, spent, "completed", compaction.item_id)
             self._release(active)
             return
         events = active.events
@@ -1890,6 +1899,34 @@ class Connection:
             self._baseline.commit(finished.response_id, finished.response_json)
         if self._observer is not None:
             self._observer.finished(finished)
+
+    def _book(
+        self,
+        active: _Active,
+        response_json: bytes,
+        usage: Usage,
+        status: str = "cancelled",
+        response_id: str | None = None,
+    ) -> None:
+        """Engine work that ends without a terminal event (a client gone mid-turn, a
+        `/responses/compact` summary) is booked all the same, to the key that asked:
+        the prompt was prefilled and the tokens sampled. Nothing is cached or stored."""
+        if self._observer is None:
+            return
+        self._observer.finished(
+            Finished(
+                response_id or active.events.response_id,
+                active.request,
+                response_json,
+                None,
+                usage,
+                self._principal,
+                active.overhead_ns,
+                active.turn,
+                status=status,
+                created_at=active.events.created_at,
+            )
+        )
 
     def _lifetime_error(self) -> ProtocolError:
         return ProtocolError(

@@ -44,6 +44,7 @@ from hotloop.protocol import (
     ConnectionLimits,
     Finished,
     Generate,
+    Observer,
     Persist,
     QueueMemory,
     Render,
@@ -223,7 +224,8 @@ class HttpApi:
             await self._stream(receive, send, connection, actions)
         else:
             await self._run(receive, connection, actions, _discard)
-            await _reply_final(send, exchange.result)
+            if not connection.closed:
+                await _reply_final(send, exchange.result)
 
     async def _request(
         self, scope: Scope, receive: Receive, principal: str | None
@@ -254,7 +256,7 @@ class HttpApi:
         cache: ConnectionCache,
         principal: str | None,
         request_id: str,
-        observer: _Exchange | None = None,
+        observer: Observer | None = None,
     ) -> Connection:
         return Connection(
             chat_format=self.ledger.engine.chat_format,
@@ -285,10 +287,11 @@ class HttpApi:
             raise ProtocolError(
                 "missing_required_parameter", "Missing required parameter: 'model'.", "model"
             )
-        owner = self.ledger.observer(principal, "http").owner
-        cache = self.ledger.http_cache(owner)
-        await self.ledger.warm(cache, request.previous_response_id, owner)
-        connection = self._connection(scope, cache, principal, request_id)
+        # The summary is engine work: booked to the key like a response.
+        books = self.ledger.observer(principal, "http")
+        cache = self.ledger.http_cache(books.owner)
+        await self.ledger.warm(cache, request.previous_response_id, books.owner)
+        connection = self._connection(scope, cache, principal, request_id, books)
         connection.receive_compact(request)
         replies: list[bytes] = []
 
@@ -341,7 +344,8 @@ class HttpApi:
         self, receive: Receive, connection: Connection, actions: list[Any], emit: Emit
     ) -> None:
         """Send the frames so far, then run the engine work; a client that disconnects
-        cancels generation (uvicorn's `send` to a closed connection is silent)."""
+        cancels generation (uvicorn's `send` to a closed connection is silent), and what
+        the engine did until then is booked (`Connection.abandon`)."""
         work = await self._send_actions(connection, actions, emit)
         if work is None:
             return
@@ -354,7 +358,9 @@ class HttpApi:
             if not generation.done():
                 generation.cancel()
             await asyncio.gather(generation, watcher, return_exceptions=True)
-        if generation.done() and not generation.cancelled():
+        if generation.cancelled():
+            connection.abandon()
+        else:
             generation.result()
 
     async def _generate(self, connection: Connection, work: Generate, emit: Emit) -> None:
