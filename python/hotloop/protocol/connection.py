@@ -889,6 +889,9 @@ class Connection:
             steered = parse_event(frame, self.limits.request)
             assert isinstance(steered, CreateRequest), "a response.create with more input"
             if steered.error is not None:
+                # Refused with the steers (over the item limit, say): its bytes leave
+                # the bounds; the steers stay queued for the next continuation.
+                self._dequeued(size)
                 self._refuse(ProtocolError.from_core(steered.error), name)
                 return
             pending = _Pending(
