@@ -1,0 +1,88 @@
+"""Attacks on the connection layer by one tenant, against a real server (uvicorn in a
+thread, sim engine, SQLite store), asserting what the other tenant still gets.
+
+Issue 21 defect 9: continuing a stored chain on a new socket rebuilds it from the store;
+the rebuild ran on the event loop (0.17 s of loop time for a million tokens), so a tenant
+continuing a long chain from new sockets over and over stalled every other tenant. The
+attack here holds a rebuild in its middle and has the victim run a whole turn meanwhile:
+only a rebuild off the loop lets that turn through. Deterministic: nothing is timed (the
+guards only bound a broken run)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop.store import Chain
+from servers import serving, sim_engine
+from websockets.sync.client import connect
+
+pytestmark = pytest.mark.abuse
+
+ATTACKER, VICTIM = "sk-a", "sk-b"
+GUARD = 30.0
+
+
+def turn(base: str, key: str, **fields: Any) -> dict[str, Any]:
+    """One WebSocket turn on a new socket; its terminal event (or error)."""
+    url = base.replace("http://", "ws://") + "/v1/responses"
+    with connect(url, additional_headers={"authorization": f"Bearer {key}"}) as ws:
+        ws.send(orjson.dumps({"type": "response.create", "model": "sim", **fields}).decode())
+        while True:
+            event: dict[str, Any] = orjson.loads(ws.recv(GUARD))
+            if event["type"] in ("response.completed", "response.failed", "error"):
+                return event
+
+
+def test_a_stored_chain_is_rebuilt_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = ServerConfig(engine="sim", api_keys=(ATTACKER, VICTIM), data_dir=str(tmp_path))
+    rebuilding = threading.Event()
+    victim_served = threading.Event()
+    on_loop: list[bool] = []
+    replay: Callable[..., None] = Chain.replay
+
+    def held(chain: Chain, *args: Any) -> None:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        rebuilding.set()
+        # The attacker's rebuild stays in its middle until the victim's turn is done.
+        victim_served.wait(GUARD)
+        replay(chain, *args)
+
+    with serving(build_app(sim_engine(), settings)) as base:
+        stored = httpx.post(
+            base + "/v1/responses",
+            json={"model": "sim", "input": "a long history", "store": True},
+            headers={"authorization": f"Bearer {ATTACKER}"},
+        ).json()
+        monkeypatch.setattr(Chain, "replay", held)
+        attack: dict[str, Any] = {}
+        attacker = threading.Thread(
+            target=lambda: attack.update(
+                turn(base, ATTACKER, input="go on", previous_response_id=stored["id"])
+            )
+        )
+        attacker.start()
+        try:
+            assert rebuilding.wait(GUARD)
+            victim = turn(base, VICTIM, input="hello")
+        finally:
+            victim_served.set()
+            attacker.join()
+    assert victim["type"] == "response.completed"
+    assert on_loop == [False]
+    assert attack["type"] == "response.completed", attack
+    assert attack["response"]["previous_response_id"] == stored["id"]
