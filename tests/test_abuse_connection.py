@@ -86,3 +86,25 @@ def test_a_stored_chain_is_rebuilt_off_the_event_loop(
     assert on_loop == [False]
     assert attack["type"] == "response.completed", attack
     assert attack["response"]["previous_response_id"] == stored["id"]
+
+
+def test_a_compaction_item_opens_for_its_own_key_only(tmp_path: Path) -> None:
+    """Issue 21: key B sent key A's compaction item and read A's summary back through
+    `input_items`. Refused now, over HTTP and WebSocket; A still continues from it."""
+    settings = ServerConfig(engine="sim", api_keys=(ATTACKER, VICTIM), data_dir=str(tmp_path))
+    conversation = [{"role": "user", "content": "The launch code word is slate."}]
+    with serving(build_app(sim_engine(), settings)) as base:
+
+        def post(key: str, path: str, body: dict[str, Any]) -> httpx.Response:
+            headers = {"authorization": f"Bearer {key}"}
+            return httpx.post(base + path, json={"model": "sim", **body}, headers=headers)
+
+        compacted = post(VICTIM, "/v1/responses/compact", {"input": conversation})
+        (item,) = compacted.json()["output"]
+        stolen = post(ATTACKER, "/v1/responses", {"input": [item], "store": True})
+        assert stolen.status_code == 400
+        assert stolen.json()["error"]["code"] == "invalid_encrypted_content"
+        refused = turn(base, ATTACKER, input=[item])
+        assert refused["error"]["code"] == "invalid_encrypted_content"
+        assert post(VICTIM, "/v1/responses", {"input": [item]}).status_code == 200
+        assert turn(base, VICTIM, input=[item])["type"] == "response.completed"

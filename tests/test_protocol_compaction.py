@@ -14,7 +14,7 @@ from connection_driver import FORMAT, ConnectionDriver
 from hotloop._core import parse_request
 from hotloop.engines.base import EngineError
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
-from hotloop.protocol.compaction import SUMMARY_HEADER, Compactor
+from hotloop.protocol.compaction import PREFIX, SUMMARY_HEADER, Compactor
 from hotloop.protocol.errors import ProtocolError
 from open_responses import check_compaction, check_event, check_response
 from openai.types.responses import CompactedResponse
@@ -201,6 +201,34 @@ def test_a_frame_failing_the_boundary_check_is_left_to_the_core() -> None:
     (error,) = driver.pump()
     assert error["error"]["code"] == "invalid_value"
     assert error["error"]["param"].endswith("input[1].zz")
+
+
+def test_an_item_opens_for_the_api_key_it_was_sealed_for_only() -> None:
+    """Issue 21: key B opened key A's item (and read the summary back through
+    `input_items`); the owner's key id is bound into the tag now."""
+    compactor = Compactor.ephemeral()
+    sealed = compactor.bound("key_a").seal(SUMMARY)
+    assert compactor.bound("key_a").open(sealed, "p") == SUMMARY
+    for other in (compactor.bound("key_b"), compactor.bound(None), compactor):
+        with pytest.raises(ProtocolError) as refused:
+            other.open(sealed, "p")
+        assert refused.value.code == "invalid_encrypted_content"
+
+
+def test_any_change_to_encrypted_content_is_refused() -> None:
+    """Issue 21: base64 decoding skipped characters outside its alphabet, so `*`, `.`,
+    newlines and extra `=` went through; only the text sealed opens now."""
+    compactor = Compactor.ephemeral()
+    sealed = compactor.seal(SUMMARY)
+    at = len(PREFIX) + 8
+    changed = [sealed + "=", sealed + "\n", *(sealed[:at] + c + sealed[at:] for c in "*.\n= ")]
+    # The standard alphabet's spelling of the URL-safe characters decodes the same.
+    changed += [sealed.replace(a, b) for a, b in (("-", "+"), ("_", "/")) if a in sealed]
+    assert compactor.open(sealed, "p") == SUMMARY
+    for content in changed:
+        with pytest.raises(ProtocolError) as refused:
+            compactor.open(content, "p")
+        assert refused.value.code == "invalid_encrypted_content", repr(content)
 
 
 def test_keys_from_a_secret_or_a_data_dir_are_stable(tmp_path: Any) -> None:

@@ -154,7 +154,7 @@ class Ledger:
         # Rendering a long chain takes long (0.17 s for a million tokens): it runs in a
         # worker thread, as a large frame's render does (the core releases the GIL for
         # large items), so every other connection is served meanwhile.
-        rebuilt = await asyncio.to_thread(self._rebuild, response_id, chain)
+        rebuilt = await asyncio.to_thread(self._rebuild, response_id, chain, owner)
         if rebuilt is None:
             return None
         checkpoint, rerenders = rebuilt
@@ -174,10 +174,13 @@ class Ledger:
             checkpoint, root = restored
             cache.put(parent, checkpoint, None, root)
 
-    def _rebuild(self, response_id: str, chain: Chain) -> tuple[Checkpoint, int] | None:
+    def _rebuild(
+        self, response_id: str, chain: Chain, owner: str | None
+    ) -> tuple[Checkpoint, int] | None:
         """The chain's checkpoint and how many of its outputs were rendered again from
-        text (None if it no longer renders). Runs in a worker thread: it touches nothing
-        shared, the caller counts the metrics on the loop."""
+        text (None if it no longer renders); its compaction items open as `owner`'s.
+        Runs in a worker thread: it touches nothing shared, the caller counts the
+        metrics on the loop."""
         conversation = Conversation(
             self.engine.chat_format,
             context_window=self.engine.context_window,
@@ -190,7 +193,7 @@ class Ledger:
             rerenders += 1
 
         try:
-            chain.replay(conversation, self.compactor, self.fingerprint, rerendered)
+            chain.replay(conversation, self.compactor.bound(owner), self.fingerprint, rerendered)
         except (CoreError, ProtocolError) as e:
             log.warning("stored chain of %s no longer renders: %s", response_id, e.message)
             return None

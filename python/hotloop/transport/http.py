@@ -33,7 +33,7 @@ import orjson
 
 from hotloop import logs
 from hotloop._core import CoreError, CreateRequest, Policy, parse_request
-from hotloop.auth import ApiKeys, AuthError
+from hotloop.auth import ApiKeys, AuthError, key_id
 from hotloop.engines.base import EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.ledger import Books, Ledger
@@ -234,9 +234,10 @@ class HttpApi:
         parse time. The body counts in the process's queue memory until it is parsed (a
         body of up to 16 MiB need not live as long as the response)."""
         reserved = _Reservation(self.queue_memory, principal)
+        compactor = self._compactor(principal)
 
         def parse(body: bytes) -> CreateRequest:
-            return parse_request(self.compactor.expand(body), self.limits.request)
+            return parse_request(compactor.expand(body), self.limits.request)
 
         try:
             body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
@@ -271,9 +272,13 @@ class HttpApi:
             session_key=session_key(scope),
             durable=self.ledger.durable,
             request_id=request_id,
-            compactor=self.compactor,
+            compactor=self._compactor(principal),
             sampling_defaults=self.ledger.engine.sampling_defaults,
         )
+
+    def _compactor(self, principal: str | None) -> Compactor:
+        """The compaction key as `principal`'s: it opens that key's items only."""
+        return self.compactor.bound(None if principal is None else key_id(principal))
 
     # ---------------------------------------------------------------- compact, input_tokens
 
