@@ -108,3 +108,20 @@ def test_a_compaction_item_opens_for_its_own_key_only(tmp_path: Path) -> None:
         assert refused["error"]["code"] == "invalid_encrypted_content"
         assert post(VICTIM, "/v1/responses", {"input": [item]}).status_code == 200
         assert turn(base, VICTIM, input=[item])["type"] == "response.completed"
+
+
+def test_frames_nested_too_deep_keep_the_socket(tmp_path: Path) -> None:
+    """Issue 21 minor: a steer, interrupt or inject frame with an unknown field nested
+    past the decoder's 1,024 levels dropped the socket (1006, every lane lost)."""
+    settings = ServerConfig(engine="sim", api_keys=(ATTACKER,), inject=True)
+    deep = "[" * 1100 + "]" * 1100
+    with serving(build_app(sim_engine(), settings)) as base:
+        url = base.replace("http://", "ws://") + "/v1/responses"
+        with connect(url, additional_headers={"authorization": f"Bearer {ATTACKER}"}) as ws:
+            for kind in ("response.steer", "response.interrupt", "response.inject"):
+                ws.send(f'{{"type":"{kind}","response_id":"resp_x","zz":{deep}}}')
+                refused = orjson.loads(ws.recv(GUARD))
+                assert refused["error"]["code"] == "invalid_json", refused
+            ws.send('{"type":"response.create","model":"sim","input":"hi"}')
+            while (event := orjson.loads(ws.recv(GUARD)))["type"] != "response.completed":
+                assert event["type"] != "error", event

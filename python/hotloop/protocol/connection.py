@@ -102,12 +102,22 @@ CONNECTION_CLOSING = "connection_closing"
 """`incomplete_details.reason` of a response that waited for tool output when its
 connection reached its lifetime or the server began draining."""
 ITEM_DONE = frozenset(("message_done", "reasoning_done", "call_done"))
+INJECTS = frozenset(("response.inject", "response.append"))
+"""The long-running response's events (refused on a connection without it)."""
+PASSED_THROUGH = frozenset(("response.interrupt", "response.steer", *INJECTS))
+"""Events the connection decodes itself (`Connection._passed_through`)."""
 
 
 def offloads(frame: str | bytes) -> bool:
     """Whether `frame` is parsed off the event loop (`Connection.parse` in a worker
     thread). A str's length in characters is a lower bound of its bytes."""
     return len(frame) >= OFFLOAD_BYTES
+
+
+def undecodable(error: orjson.JSONDecodeError) -> ProtocolError:
+    """A frame the core parsed (it skips unknown fields at any depth) that the decoder
+    refuses (it stops at 1,024 levels): refused, never a dropped socket."""
+    return ProtocolError("invalid_json", f"The event cannot be decoded: {error}.")
 
 
 @dataclass(frozen=True)
@@ -516,18 +526,9 @@ class Connection:
             self._cancel(event)
         elif isinstance(event, ProcessedEvent):
             pass  # Codex acknowledges each response; an error here breaks its next turn.
-        elif isinstance(event, UnknownEvent) and event.type == "response.interrupt":
-            self._interrupt(parsed.frame)
-        elif isinstance(event, UnknownEvent) and event.type == "response.steer":
-            self._steer(parsed.frame, parsed.size)
-        elif isinstance(event, UnknownEvent) and event.type == "response.inject" and self._inject:
-            event_json = orjson.loads(parsed.frame)
-            append = parse_event(as_append(event_json), self.limits.request)
-            assert isinstance(append, AppendEvent), "an inject parses as an append"
-            self._receive_injection(append, event_json, parsed.size)
-        elif isinstance(event, AppendEvent) and self._inject:
-            self._receive_injection(event, orjson.loads(parsed.frame), parsed.size)
-        elif isinstance(event, UnknownEvent) and event.type != "response.inject":
+        elif event.type in PASSED_THROUGH and (self._inject or event.type not in INJECTS):
+            self._passed_through(event, parsed)
+        elif isinstance(event, UnknownEvent) and event.type not in INJECTS:
             self._refuse(
                 ProtocolError(
                     "unknown_event_type",
@@ -547,6 +548,25 @@ class Connection:
                     "type",
                 )
             )
+
+    def _passed_through(self, event: UnknownEvent | AppendEvent, parsed: Parsed) -> None:
+        """An event the core passes through (steer, interrupt, inject) or parses only in
+        part (append), decoded here (`undecodable` when the decoder cannot)."""
+        try:
+            decoded = orjson.loads(parsed.frame)
+        except orjson.JSONDecodeError as e:
+            self._refuse(undecodable(e))
+            return
+        if event.type == "response.interrupt":
+            self._interrupt(decoded)
+        elif event.type == "response.steer":
+            self._steer(decoded, parsed.size)
+        elif isinstance(event, AppendEvent):
+            self._receive_injection(event, decoded, parsed.size)
+        else:
+            append = parse_event(as_append(decoded), self.limits.request)
+            assert isinstance(append, AppendEvent), "an inject parses as an append"
+            self._receive_injection(append, decoded, parsed.size)
 
     def receive_request(self, request: CreateRequest, size: int, parse_ns: int = 0) -> None:
         """A request parsed by the caller (an HTTP `POST /v1/responses` body of `size`
@@ -885,15 +905,14 @@ class Connection:
         ):
             # The continuation of a response that waited for tool output takes the
             # steers queued for it, in submission order, before its own input.
-            frame = with_steering(frame, awaiting.steers)
-            steered = parse_event(frame, self.limits.request)
-            assert isinstance(steered, CreateRequest), "a response.create with more input"
-            if steered.error is not None:
+            taken = self._with_steers(frame, awaiting.steers)
+            if isinstance(taken, ProtocolError):
                 # Refused with the steers (over the item limit, say): its bytes leave
                 # the bounds; the steers stay queued for the next continuation.
                 self._dequeued(size)
-                self._refuse(ProtocolError.from_core(steered.error), name)
+                self._refuse(taken, name)
                 return
+            frame, steered = taken
             pending = _Pending(
                 steered, size, parse_ns, steered=_Steered(awaiting.events, awaiting.steers, False)
             )
@@ -905,6 +924,25 @@ class Connection:
         self._pump()
         if not pending.started and frame is not None:
             pending.parsed, pending.frame = None, frame  # it waits: keep the smaller form
+
+    def _with_steers(
+        self, frame: str | bytes, steers: list[Steer]
+    ) -> tuple[bytes, CreateRequest] | ProtocolError:
+        """A continuation's frame with `steers` before its own input, and its parse; or
+        why it is refused (the core's limits count the steers too)."""
+        try:
+            frame = with_steering(frame, steers)
+            steered = parse_event(self._compactor.expand(frame), self.limits.request)
+        except orjson.JSONDecodeError as e:
+            return undecodable(e)
+        except CoreError as e:
+            return ProtocolError.from_core(e)
+        except ProtocolError as e:
+            return e
+        assert isinstance(steered, CreateRequest), "a response.create with more input"
+        if steered.error is not None:
+            return ProtocolError.from_core(steered.error)
+        return frame, steered
 
     def _hold(self, size: int) -> None:
         """Count `size` bytes of input waiting on this connection (queued requests,
@@ -1452,11 +1490,10 @@ class Connection:
         else:
             self._actions.append(events.event("response.steer.failed", **fields))
 
-    def _steer(self, frame: str | bytes, size: int) -> None:
+    def _steer(self, event: dict[str, Any], size: int) -> None:
         """`response.steer`: accepted for a running response (it stops at its next
         item boundary, a successor follows) or one waiting for tool output (queued for
         the client's continuation); refused with `response.steer.failed` otherwise."""
-        event = orjson.loads(frame)
         target, raw_input = event.get("previous_response_id"), event.get("input")
         try:
             steer = parse_steer(event, size)
@@ -1813,11 +1850,10 @@ class Connection:
                     return active
         return None
 
-    def _interrupt(self, frame: str | bytes) -> None:
+    def _interrupt(self, event: dict[str, Any]) -> None:
         """Codex's `response.interrupt` (protocol.md section 8): the response stops at
         once, its partial items are discarded, and it stays continuable with only its
         completed items."""
-        event = orjson.loads(frame)
         response_id = event.get("response_id")
         if not isinstance(response_id, str):
             self._refuse(

@@ -128,7 +128,9 @@ def with_steering(frame: str | bytes, steers: list[Steer]) -> bytes:
     input prepended to its own, in submission order."""
     event = orjson.loads(frame)
     body = event["response"] if isinstance(event.get("response"), dict) else event
-    own = body.get("input", [])
-    own = [{"type": "message", "role": "user", "content": own}] if isinstance(own, str) else own
-    body["input"] = [item for steer in steers for item in steer.items] + list(own)
+    own = body.get("input")
+    if isinstance(own, str):
+        own = [{"type": "message", "role": "user", "content": own}]
+    # `"input": null` is no input, as the core parses it.
+    body["input"] = [item for steer in steers for item in steer.items] + (own or [])
     return orjson.dumps(event)
