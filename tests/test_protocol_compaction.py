@@ -277,3 +277,37 @@ def test_compaction_routes_by_the_chain_s_root() -> None:
     driver.pump()
     (work,) = driver.generating.values()
     assert work.route_key == root
+
+
+def interrupted_then_continued(management: list[dict[str, Any]] | None) -> list[int]:
+    """A long turn, then one continuing it (with `management`) interrupted before any
+    output; the prompt of the turn continuing the interrupted one. (Not `Driver`: the
+    interrupt's events are Codex's, not in the specification it checks.)"""
+    cache = ConnectionCache(1 << 30, CacheBudget(1 << 30))
+    driver = ConnectionDriver(
+        Connection(chat_format=FORMAT, context_window=1 << 20, model="sim", cache=cache)
+    )
+    driver.create(long_input(1500))
+    parent = driver.finish(ids=ANSWER_IDS)[-1]["response"]
+    started = driver.create(
+        "And now?",
+        previous_response_id=parent["id"],
+        **({} if management is None else {"context_management": management}),
+    )
+    target = started[0]["response"]["id"]
+    frames = driver.send({"type": "response.interrupt", "response_id": target})
+    assert frames[-1]["type"] == "response.incomplete"
+    driver.generating.clear()
+    driver.create("Next.", previous_response_id=target)
+    (work,) = driver.generating.values()
+    return work.prompt.tokens()
+
+
+def test_an_interrupt_while_summarizing_leaves_the_turn_warm_without_the_instruction() -> None:
+    """Issue 21 minor: interrupted during a `context_management` summarization, the
+    socket kept the summarization's conversation warm (the server's instruction to
+    summarize included: 1,917 tokens against 1,870 rebuilt from the store). It keeps
+    the turn as rendered before summarizing, as a turn interrupted without compaction."""
+    summarizing = interrupted_then_continued([{"type": "compaction", "compact_threshold": 1000}])
+    assert "Summarize the conversation" not in FORMAT.tokenizer.decode(summarizing)
+    assert summarizing == interrupted_then_continued(None)

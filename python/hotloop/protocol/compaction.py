@@ -30,7 +30,15 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from hotloop._core import CoreError, CreateRequest, Limits, check_values, parse_request
+from hotloop._core import (
+    Conversation,
+    CoreError,
+    CreateRequest,
+    Limits,
+    Turn,
+    check_values,
+    parse_request,
+)
 from hotloop.events import Usage, new_id
 from hotloop.protocol.errors import ProtocolError
 
@@ -198,12 +206,15 @@ class Summary:
     delivers it, and whether a turn resumes on it (`context_management`) or it is the
     answer (`/responses/compact`)."""
 
-    __slots__ = ("item_id", "resume", "text")
+    __slots__ = ("before", "item_id", "resume", "text")
 
     def __init__(self, item_id: str, resume: bool) -> None:
         self.item_id = item_id
         self.resume = resume
         self.text = ""
+        self.before: tuple[Conversation, Turn] | None = None
+        """The turn as rendered before summarizing (its history and input): what an
+        interrupt leaves warm, as the store rebuilds it."""
 
     def feed(self, parsed: list[tuple[Any, ...]]) -> None:
         """Keep the text of the parser's finished messages (calls and reasoning are no

@@ -1240,6 +1240,8 @@ class Connection:
     ) -> None:
         """Hand the engine the summarization; `_summarized` takes it from there."""
         compaction = Summary(new_id("cmp_"), resume)
+        if resume:
+            compaction.before = active.conversation, active.turn
         active.compaction = compaction
         active.conversation, active.parser, active.turn = conversation, conversation.parser(), turn
         if resume:
@@ -1884,6 +1886,11 @@ class Connection:
                     "response.output_item.interrupted", output_index=index, item_id=item_id
                 )
             )
+        usage = self._usage(target)
+        if target.compaction is not None and target.compaction.before is not None:
+            # Interrupted while summarizing: the turn as rendered before (no instruction
+            # to summarize) is what stays warm, as the store rebuilds it.
+            target.conversation, target.turn = target.compaction.before
         # A waiting response's model turn is committed already: nothing is partial.
         checkpoint = (
             target.conversation.checkpoint() if waiting else self._completed_checkpoint(target)
@@ -1892,7 +1899,7 @@ class Connection:
             target,
             "response.incomplete",
             "incomplete",
-            self._usage(target),
+            usage,
             checkpoint,
             incomplete_reason="interrupted",
         )
