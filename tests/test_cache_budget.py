@@ -107,7 +107,11 @@ def test_accounting_is_exact_under_any_interleaving(
     sizes = [c.memory_bytes for c in checkpoints()]
     largest = max(sizes)
     budget = CacheBudget(cap_turns * largest)
-    caches = [ConnectionCache(per_cache_turns * largest, budget) for _ in range(3)]
+    # Two keys' caches and an unauthenticated one: the fair shares move entries around.
+    caches = [
+        ConnectionCache(per_cache_turns * largest, budget, owner)
+        for owner in ("key_a", "key_b", None)
+    ]
     for op, which, response_id, size in ops:
         target = caches[which]
         if op == "put":
@@ -125,6 +129,28 @@ def test_accounting_is_exact_under_any_interleaving(
     for target in caches:
         target.clear()
     assert budget.used_bytes == 0
+
+
+def test_one_keys_warm_ups_do_not_evict_another_keys_state() -> None:
+    """Issue 21 minor: the budget was one LRU across tenants, so one tenant's warm-ups
+    evicted another's `store: false` state (gone for good: nothing to rebuild it from).
+    The key holding the most bytes now gives back first."""
+    sizes = [c.memory_bytes for c in checkpoints()]
+    budget = CacheBudget(4 * max(sizes))
+    victim = ConnectionCache(1 << 30, budget, "key_victim")
+    victim.put("resp_victim", checkpoints()[3], None, "resp_victim")
+    flooder = ConnectionCache(1 << 30, budget, "key_flood")
+    for n in range(40):
+        flooder.put(f"resp_flood_{n}", checkpoints()[n % 4], None, f"resp_flood_{n}")
+        assert budget.used_bytes <= budget.max_bytes
+    assert "resp_victim" in victim
+    assert "resp_flood_39" in flooder
+    assert flooder.used_bytes >= victim.used_bytes
+    # Past its share, the victim gives back too: its least recently used entry first.
+    for n in range(8):
+        victim.put(f"resp_more_{n}", checkpoints()[3], None, f"resp_more_{n}")
+    assert "resp_victim" not in victim and "resp_more_7" in victim
+    assert budget.used_bytes == live_bytes([victim, flooder]) <= budget.max_bytes
 
 
 # ---------------------------------------------------------------- over a real server

@@ -14,7 +14,7 @@ from connection_driver import FORMAT, ConnectionDriver
 from hotloop._core import parse_request
 from hotloop.engines.base import EngineError
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
-from hotloop.protocol.compaction import SUMMARY_HEADER, Compactor
+from hotloop.protocol.compaction import PREFIX, SUMMARY_HEADER, Compactor
 from hotloop.protocol.errors import ProtocolError
 from open_responses import check_compaction, check_event, check_response
 from openai.types.responses import CompactedResponse
@@ -203,6 +203,34 @@ def test_a_frame_failing_the_boundary_check_is_left_to_the_core() -> None:
     assert error["error"]["param"].endswith("input[1].zz")
 
 
+def test_an_item_opens_for_the_api_key_it_was_sealed_for_only() -> None:
+    """Issue 21: key B opened key A's item (and read the summary back through
+    `input_items`); the owner's key id is bound into the tag now."""
+    compactor = Compactor.ephemeral()
+    sealed = compactor.bound("key_a").seal(SUMMARY)
+    assert compactor.bound("key_a").open(sealed, "p") == SUMMARY
+    for other in (compactor.bound("key_b"), compactor.bound(None), compactor):
+        with pytest.raises(ProtocolError) as refused:
+            other.open(sealed, "p")
+        assert refused.value.code == "invalid_encrypted_content"
+
+
+def test_any_change_to_encrypted_content_is_refused() -> None:
+    """Issue 21: base64 decoding skipped characters outside its alphabet, so `*`, `.`,
+    newlines and extra `=` went through; only the text sealed opens now."""
+    compactor = Compactor.ephemeral()
+    sealed = compactor.seal(SUMMARY)
+    at = len(PREFIX) + 8
+    changed = [sealed + "=", sealed + "\n", *(sealed[:at] + c + sealed[at:] for c in "*.\n= ")]
+    # The standard alphabet's spelling of the URL-safe characters decodes the same.
+    changed += [sealed.replace(a, b) for a, b in (("-", "+"), ("_", "/")) if a in sealed]
+    assert compactor.open(sealed, "p") == SUMMARY
+    for content in changed:
+        with pytest.raises(ProtocolError) as refused:
+            compactor.open(content, "p")
+        assert refused.value.code == "invalid_encrypted_content", repr(content)
+
+
 def test_keys_from_a_secret_or_a_data_dir_are_stable(tmp_path: Any) -> None:
     sealed = Compactor.from_secret("s3cret").seal("x")
     assert Compactor.from_secret("s3cret").open(sealed, "p") == "x"
@@ -249,3 +277,37 @@ def test_compaction_routes_by_the_chain_s_root() -> None:
     driver.pump()
     (work,) = driver.generating.values()
     assert work.route_key == root
+
+
+def interrupted_then_continued(management: list[dict[str, Any]] | None) -> list[int]:
+    """A long turn, then one continuing it (with `management`) interrupted before any
+    output; the prompt of the turn continuing the interrupted one. (Not `Driver`: the
+    interrupt's events are Codex's, not in the specification it checks.)"""
+    cache = ConnectionCache(1 << 30, CacheBudget(1 << 30))
+    driver = ConnectionDriver(
+        Connection(chat_format=FORMAT, context_window=1 << 20, model="sim", cache=cache)
+    )
+    driver.create(long_input(1500))
+    parent = driver.finish(ids=ANSWER_IDS)[-1]["response"]
+    started = driver.create(
+        "And now?",
+        previous_response_id=parent["id"],
+        **({} if management is None else {"context_management": management}),
+    )
+    target = started[0]["response"]["id"]
+    frames = driver.send({"type": "response.interrupt", "response_id": target})
+    assert frames[-1]["type"] == "response.incomplete"
+    driver.generating.clear()
+    driver.create("Next.", previous_response_id=target)
+    (work,) = driver.generating.values()
+    return work.prompt.tokens()
+
+
+def test_an_interrupt_while_summarizing_leaves_the_turn_warm_without_the_instruction() -> None:
+    """Issue 21 minor: interrupted during a `context_management` summarization, the
+    socket kept the summarization's conversation warm (the server's instruction to
+    summarize included: 1,917 tokens against 1,870 rebuilt from the store). It keeps
+    the turn as rendered before summarizing, as a turn interrupted without compaction."""
+    summarizing = interrupted_then_continued([{"type": "compaction", "compact_threshold": 1000}])
+    assert "Summarize the conversation" not in FORMAT.tokenizer.decode(summarizing)
+    assert summarizing == interrupted_then_continued(None)

@@ -218,3 +218,48 @@ def test_a_durable_response_starts_its_successor_once_committed() -> None:
     frames = client.commit()
     assert types(frames) == ["response.completed", "response.created", "response.in_progress"]
     assert frames[1]["response"]["previous_response_id"] == target
+
+
+DEEP = "[" * 1100 + "]" * 1100
+
+
+def test_frames_the_decoder_refuses_are_errors_not_a_dropped_socket() -> None:
+    """Issue 21 minor: the core skips an unknown field at any depth, the connection's
+    decoder stops at 1,024 levels; a steer, interrupt or inject frame with such a field
+    raised out of the connection (the socket dropped with 1006, a traceback per frame)."""
+    driver = ConnectionDriver(
+        sim_connection(ConnectionCache(1 << 30, CacheBudget(1 << 30)), Recorder(), inject=True)
+    )
+    target = driver.create("Hi")[0]["response"]["id"]
+    for kind in ("response.steer", "response.interrupt", "response.inject", "response.append"):
+        frame = f'{{"type":"{kind}","response_id":"{target}","zz":{DEEP}}}'
+        (error,) = driver.send(frame)
+        assert error["type"] == "error" and error["error"]["code"] == "invalid_json", error
+    assert driver.finish()[-1]["type"] == "response.completed"
+
+
+def test_a_continuation_taking_queued_steers_is_refused_cleanly_or_runs() -> None:
+    """Issue 21 minor: `"input": null`, or an unknown field nested too deep, on the
+    continuation that takes the steers queued for a response waiting for tool output
+    raised out of the connection. Null is no input, as the core parses it; too deep is
+    refused; the steers stay queued for the next continuation."""
+    client = Client()
+    target = client.create("List files", tools=TOOLS)[0]["response"]["id"]
+    steer(client, target, "Only .py files.")
+    call = client.finish(ids=CALL)[-3]["item"]
+    deep = (
+        '{"type":"response.create","model":"sim","input":[],"zz":'
+        + DEEP
+        + f',"previous_response_id":"{target}"}}'
+    )
+    (error,) = client.send(deep)
+    assert error["error"]["code"] == "invalid_json"
+    started = client.create(None, previous_response_id=target, tools=TOOLS)
+    assert types(started) == ["response.created", "response.in_progress"], started
+    assert history(client).endswith("Only .py files.<|end|><|start|>assistant")
+    client.finish()
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "a.py"}
+    assert client.turn([output], previous_response_id=target, tools=TOOLS)["type"] == (
+        "response.completed"
+    )
+    assert not client.conn.busy

@@ -12,15 +12,25 @@ from typing import Any
 import httpx
 import pytest
 from connection_driver import FORMAT, ConnectionDriver
+from hotloop._core import Limits
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
-from hotloop.protocol import CacheBudget, Connection, ConnectionCache, QueueMemory
+from hotloop.protocol import (
+    CacheBudget,
+    Connection,
+    ConnectionCache,
+    ConnectionLimits,
+    QueueMemory,
+)
 from servers import serving, sim_engine
+from test_protocol_connection import CALL, TOOLS
 
 FILLER = "x" * 4000
 
 
-def driver(memory: QueueMemory, principal: str | None) -> ConnectionDriver:
+def driver(
+    memory: QueueMemory, principal: str | None, limits: ConnectionLimits | None = None
+) -> ConnectionDriver:
     return ConnectionDriver(
         Connection(
             chat_format=FORMAT,
@@ -29,6 +39,7 @@ def driver(memory: QueueMemory, principal: str | None) -> ConnectionDriver:
             cache=ConnectionCache(1 << 30, CacheBudget(1 << 30)),
             principal=principal,
             queue_memory=memory,
+            limits=limits,
         )
     )
 
@@ -136,3 +147,30 @@ def test_a_waiting_request_keeps_its_frame_not_its_parse() -> None:
     alone.create(FILLER, instructions="Be brief.", metadata={"n": "2"}, store=False)
     reference = alone.finish()[-1]["response"]
     assert done[-1]["response"]["usage"] == reference["usage"]
+
+
+def test_a_refused_steered_continuation_releases_its_bytes() -> None:
+    """Issue 21 defect 6: the continuation that takes the steers queued for a response
+    waiting for tool output is parsed again with them; when the core refused that (here
+    over the item limit), the continuation's bytes stayed counted in the connection's,
+    the key's and the process's bounds until the socket closed. Only the steers, still
+    queued for the next continuation, stay counted now."""
+    memory = QueueMemory(max_bytes=1 << 30, max_bytes_per_key=1 << 30)
+    client = driver(memory, "sk-a", ConnectionLimits(request=Limits(max_items=2)))
+    target = client.create("List files", tools=TOOLS)[0]["response"]["id"]
+    call = client.finish(ids=CALL)[-1]["response"]["output"][-1]
+    steer = {"type": "response.steer", "previous_response_id": target, "input": "Only .py."}
+    assert client.send(steer)[0]["type"] == "response.steer.accepted"
+    steers = memory.used_bytes
+    assert steers > 0
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "a.py"}
+    for _ in range(3):
+        # Two items of its own, three with the steer: over the limit.
+        more = {"role": "user", "content": "and b"}
+        refused = client.create([output, more], previous_response_id=target, tools=TOOLS)
+        assert refused[0]["error"]["code"] == "array_above_max_length", refused
+        assert memory.used_bytes == memory.of("sk-a") == steers
+    started = client.create([output], previous_response_id=target, tools=TOOLS)
+    assert started[0]["type"] == "response.created"
+    client.finish()
+    assert memory.used_bytes == 0 and not client.conn.busy

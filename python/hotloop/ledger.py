@@ -149,9 +149,17 @@ class Ledger:
             # that it does not.
             log.error("cannot load %s from the store: %s", response_id, e.message)
             raise
-        checkpoint = self._rebuild(response_id, chain)
-        if checkpoint is None or chain is None:
+        if chain is None:
             return None
+        # Rendering a long chain takes long (0.17 s for a million tokens): it runs in a
+        # worker thread, as a large frame's render does (the core releases the GIL for
+        # large items), so every other connection is served meanwhile.
+        rebuilt = await asyncio.to_thread(self._rebuild, response_id, chain, owner)
+        if rebuilt is None:
+            return None
+        checkpoint, rerenders = rebuilt
+        self.metrics.store_rebuilds.inc()
+        self.metrics.store_rerenders.inc(rerenders)
         return checkpoint, chain.root
 
     async def warm(self, cache: ConnectionCache, parent: str | None, owner: str | None) -> None:
@@ -166,18 +174,26 @@ class Ledger:
             checkpoint, root = restored
             cache.put(parent, checkpoint, None, root)
 
-    def _rebuild(self, response_id: str, chain: Chain | None) -> Checkpoint | None:
-        if chain is None:
-            return None
+    def _rebuild(
+        self, response_id: str, chain: Chain, owner: str | None
+    ) -> tuple[Checkpoint, int] | None:
+        """The chain's checkpoint and how many of its outputs were rendered again from
+        text (None if it no longer renders); its compaction items open as `owner`'s.
+        Runs in a worker thread: it touches nothing shared, the caller counts the
+        metrics on the loop."""
         conversation = Conversation(
             self.engine.chat_format,
             context_window=self.engine.context_window,
             policy=self._policy,
         )
+        rerenders = 0
+
+        def rerendered() -> None:
+            nonlocal rerenders
+            rerenders += 1
+
         try:
-            chain.replay(
-                conversation, self.compactor, self.fingerprint, self.metrics.store_rerenders.inc
-            )
+            chain.replay(conversation, self.compactor.bound(owner), self.fingerprint, rerendered)
         except (CoreError, ProtocolError) as e:
             log.warning("stored chain of %s no longer renders: %s", response_id, e.message)
             return None
@@ -185,8 +201,7 @@ class Ledger:
             # A record stored before the store refused unreadable JSON.
             log.error("stored chain of %s cannot be read (%s)", response_id, type(e).__name__)
             return None
-        self.metrics.store_rebuilds.inc()
-        return conversation.checkpoint()
+        return conversation.checkpoint(), rerenders
 
     # ---------------------------------------------------------------- observers
 

@@ -2,9 +2,9 @@
 
 Owns the memory bound of cached conversation state: each connection's cache is bounded
 by bytes (`Checkpoint.memory_bytes`) with least-recently-used eviction, and all caches
-of the process share one global budget, so one agent cannot starve the others. An
-evicted id behaves exactly like an unknown one. It does not know about lanes or
-requests; the state machine decides what to store and what to evict.
+of the process share one global budget in fair shares per API key, so one agent cannot
+starve the others. An evicted id behaves exactly like an unknown one. It does not know
+about lanes or requests; the state machine decides what to store and what to evict.
 
 One response id can be held by several caches at once (the HTTP cache of a key and
 every socket that continued the stored response, each rebuilt from the store): the
@@ -33,9 +33,11 @@ class CachedResponse:
 
 
 class CacheBudget:
-    """The process-wide cap on cached state, shared by every connection's cache.
-    Evicts the globally least recently used entry when the total exceeds the cap, and
-    counts lookups and evictions of all connections (for metrics)."""
+    """The process-wide cap on cached state, shared by every connection's cache, in
+    fair shares per API key: when the total exceeds the cap, the key holding the most
+    bytes gives back its least recently used entry first, so one tenant's warm-ups
+    evict its own state, never a smaller tenant's. Counts lookups and evictions of all
+    connections (for metrics)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -44,29 +46,49 @@ class CacheBudget:
         self.misses = 0
         self.evictions = 0
         """Entries dropped for memory, by a connection's bound or the global one."""
-        self._lru: OrderedDict[tuple[ConnectionCache, str], int] = OrderedDict()
+        self._lru: dict[str | None, OrderedDict[tuple[ConnectionCache, str], int]] = {}
+        """Each key's entries (by its caches' `owner`), least recently used first."""
+        self._held: dict[str | None, int] = {}
+        """Each key's bytes."""
         self._holders: dict[str, set[ConnectionCache]] = {}
 
     def admit(self, cache: ConnectionCache, response_id: str, size: int) -> None:
         entry = (cache, response_id)
         self.release(cache, response_id)
-        self._lru[entry] = size
+        self._lru.setdefault(cache.owner, OrderedDict())[entry] = size
+        self._held[cache.owner] = self._held.get(cache.owner, 0) + size
         self._holders.setdefault(response_id, set()).add(cache)
         self.used_bytes += size
-        # The newest entry always stays: the response just sent must be continuable.
-        while self.used_bytes > self.max_bytes and len(self._lru) > 1:
-            owner, oldest = next(iter(self._lru))
-            owner.evict(oldest)
+        while self.used_bytes > self.max_bytes:
+            victim = self._heaviest_oldest(entry)
+            if victim is None:
+                break  # the newest entry always stays: the response just sent
+            victim[0].evict(victim[1])
             self.evictions += 1
 
+    def _heaviest_oldest(
+        self, keep: tuple[ConnectionCache, str]
+    ) -> tuple[ConnectionCache, str] | None:
+        """The least recently used entry of the key holding the most bytes, `keep`
+        aside (a key whose only entry it is gives the next key's)."""
+        for owner in sorted(self._held, key=self._held.__getitem__, reverse=True):
+            for entry in self._lru[owner]:
+                if entry != keep:
+                    return entry
+        return None
+
     def touch(self, cache: ConnectionCache, response_id: str) -> None:
-        self._lru.move_to_end((cache, response_id))
+        self._lru[cache.owner].move_to_end((cache, response_id))
 
     def release(self, cache: ConnectionCache, response_id: str) -> None:
-        size = self._lru.pop((cache, response_id), None)
-        if size is None:
+        lru = self._lru.get(cache.owner)
+        size = None if lru is None else lru.pop((cache, response_id), None)
+        if lru is None or size is None:
             return
         self.used_bytes -= size
+        self._held[cache.owner] -= size
+        if not lru:
+            del self._lru[cache.owner], self._held[cache.owner]
         holders = self._holders[response_id]
         holders.discard(cache)
         if not holders:

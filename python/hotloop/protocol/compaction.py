@@ -19,6 +19,7 @@ compact and the engine work are the `Connection`'s.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import os
 import time
@@ -29,7 +30,15 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from hotloop._core import CoreError, CreateRequest, Limits, check_values, parse_request
+from hotloop._core import (
+    Conversation,
+    CoreError,
+    CreateRequest,
+    Limits,
+    Turn,
+    check_values,
+    parse_request,
+)
 from hotloop.events import Usage, new_id
 from hotloop.protocol.errors import ProtocolError
 
@@ -59,7 +68,16 @@ class Compactor:
         if len(key) != 32:
             raise ValueError("a compaction key is 32 bytes")
         self._aead = AESGCM(key)
+        self._aad = _AAD
         self.summary_tokens = summary_tokens
+
+    def bound(self, owner: str | None) -> Compactor:
+        """This key as API key id `owner` uses it: an item it seals opens for `owner`
+        only (the id is bound into the tag), so no key reads another's summary. None
+        (auth off): one tenant, items as unbound."""
+        bound = copy.copy(self)
+        bound._aad = _AAD if owner is None else _AAD + b"\0" + owner.encode()
+        return bound
 
     @classmethod
     def from_secret(cls, secret: str, summary_tokens: int = SUMMARY_TOKENS) -> Compactor:
@@ -97,18 +115,23 @@ class Compactor:
 
     def seal(self, summary: str) -> str:
         nonce = os.urandom(_NONCE_BYTES)
-        sealed = self._aead.encrypt(nonce, summary.encode(), _AAD)
+        sealed = self._aead.encrypt(nonce, summary.encode(), self._aad)
         return PREFIX + base64.urlsafe_b64encode(nonce + sealed).decode()
 
     def open(self, encrypted_content: str, param: str) -> str:
         """The summary inside `encrypted_content`; a 400 naming `param` when it was not
-        sealed by this server's key or was changed."""
+        sealed by this server's key for this owner, or was changed at all."""
         try:
             if not encrypted_content.startswith(PREFIX):
                 raise ValueError("unknown format")
-            raw = base64.urlsafe_b64decode(encrypted_content[len(PREFIX) :].encode())
+            text = encrypted_content[len(PREFIX) :].encode()
+            raw = base64.b64decode(text, altchars=b"-_", validate=True)
+            # Decoding alone accepts other spellings of the same bytes ('+' for '-',
+            # padding bits): only the text `seal` wrote is the item.
+            if base64.urlsafe_b64encode(raw) != text:
+                raise ValueError("not the sealed text")
             nonce, sealed = raw[:_NONCE_BYTES], raw[_NONCE_BYTES:]
-            return self._aead.decrypt(nonce, sealed, _AAD).decode()
+            return self._aead.decrypt(nonce, sealed, self._aad).decode()
         except (ValueError, InvalidTag) as e:
             raise ProtocolError(
                 "invalid_encrypted_content",
@@ -183,12 +206,15 @@ class Summary:
     delivers it, and whether a turn resumes on it (`context_management`) or it is the
     answer (`/responses/compact`)."""
 
-    __slots__ = ("item_id", "resume", "text")
+    __slots__ = ("before", "item_id", "resume", "text")
 
     def __init__(self, item_id: str, resume: bool) -> None:
         self.item_id = item_id
         self.resume = resume
         self.text = ""
+        self.before: tuple[Conversation, Turn] | None = None
+        """The turn as rendered before summarizing (its history and input): what an
+        interrupt leaves warm, as the store rebuilds it."""
 
     def feed(self, parsed: list[tuple[Any, ...]]) -> None:
         """Keep the text of the parser's finished messages (calls and reasoning are no

@@ -92,6 +92,10 @@ MAX_NAMED_LANES = 32
 # leave the loop. An agent's tool output (a few KB) stays inline; a resumed history or
 # an MCP-sized tool list no longer stalls every other connection's frames and handshakes.
 OFFLOAD_BYTES = 32 * 1024
+INJECTS = frozenset(("response.inject", "response.append"))
+"""The long-running response's events (refused on a connection without it)."""
+PASSED_THROUGH = frozenset(("response.interrupt", "response.steer", *INJECTS))
+"""Events the connection decodes itself (`Connection._passed_through`)."""
 
 
 def offloads(frame: str | bytes) -> bool:
@@ -239,7 +243,6 @@ class Connection:
         if self.closed:
             return
         event = parsed.event
-        inject = self.settings.inject
         if isinstance(event, ProtocolError):
             self.refuse(event)
         elif isinstance(event, CreateRequest):
@@ -248,22 +251,33 @@ class Connection:
             self._cancel(event)
         elif isinstance(event, ProcessedEvent):
             pass  # Codex acknowledges each response; an error here breaks its next turn.
-        elif isinstance(event, UnknownEvent) and event.type == "response.interrupt":
-            interrupt(self, parsed.frame)
-        elif isinstance(event, UnknownEvent) and event.type == "response.steer":
-            self.steering.receive(parsed.frame, parsed.size)
-        elif isinstance(event, UnknownEvent) and event.type == "response.inject" and inject:
-            event_json = orjson.loads(parsed.frame)
-            append = parse_event(as_append(event_json), self.limits.request)
-            assert isinstance(append, AppendEvent), "an inject parses as an append"
-            self.long_running.receive(append, event_json, parsed.size)
-        elif isinstance(event, AppendEvent) and inject:
-            self.long_running.receive(event, orjson.loads(parsed.frame), parsed.size)
-        elif isinstance(event, UnknownEvent) and event.type != "response.inject":
+        elif event.type in PASSED_THROUGH and (self.settings.inject or event.type not in INJECTS):
+            self._passed_through(event, parsed)
+        elif isinstance(event, UnknownEvent) and event.type not in INJECTS:
             self.refuse(ProtocolError.unknown_event(event.type), self._echo(event.stream_id))
         else:
             # response.inject / response.append: the long-running response is off.
             self.refuse(ProtocolError.unknown_event(event.type, needs_long_running=True))
+
+    def _passed_through(self, event: UnknownEvent | AppendEvent, parsed: Parsed) -> None:
+        """An event the core passes through (steer, interrupt, inject) or parses only in
+        part (append), decoded here (`ProtocolError.undecodable` when the decoder cannot)
+        and handed to its unit."""
+        try:
+            decoded = orjson.loads(parsed.frame)
+        except orjson.JSONDecodeError as e:
+            self.refuse(ProtocolError.undecodable(e))
+            return
+        if event.type == "response.interrupt":
+            interrupt(self, decoded)
+        elif event.type == "response.steer":
+            self.steering.receive(decoded, parsed.size)
+        elif isinstance(event, AppendEvent):
+            self.long_running.receive(event, decoded, parsed.size)
+        else:
+            append = parse_event(as_append(decoded), self.limits.request)
+            assert isinstance(append, AppendEvent), "an inject parses as an append"
+            self.long_running.receive(append, decoded, parsed.size)
 
     def receive_request(self, request: CreateRequest, size: int, parse_ns: int = 0) -> None:
         """A request parsed by the caller (an HTTP `POST /v1/responses` body of `size`
@@ -368,14 +382,21 @@ class Connection:
         self.long_running.closing()
 
     def connection_lost(self) -> None:
-        """The client went away: stop all generation; the cache dies with the socket. A
-        response waiting for tool output ends as on a closing connection (its usage
-        booked, and committed when stored, so the client can continue it from a new
-        connection)."""
+        """The socket closed: `abandon`, and the cache dies with the socket."""
+        self.abandon()
+        self.cache.clear()
+
+    def abandon(self) -> None:
+        """The client went away (its socket closed, or it left an HTTP request): stop all
+        generation, and book what the engine did for the responses it stops. A response
+        waiting for tool output ends as on a closing connection (its usage booked, and
+        committed when stored, so the client can continue it from a new connection)."""
         self.closed = True
         self.long_running.closing()
         for response in self.generating.values():
             self.outbox.append(Cancel(response.key))
+            usage = response.usage()
+            response.book(response.events.response_json("cancelled", usage=usage), usage)
         self.generating.clear()
         self.long_running.waiting.clear()
         # Commits in progress finish on their own; their usage is booked now, as their
@@ -394,7 +415,6 @@ class Connection:
         self._ready.clear()
         self.dequeued(self._queued_bytes)
         self.steering.awaiting.clear()
-        self.cache.clear()
 
     # ---------------------------------------------------------------- outputs
 
@@ -480,9 +500,11 @@ class Connection:
         lane.active = None
         self._lane_freed(lane)
 
-    def report(self, finished: Finished) -> None:
+    def report(self, finished: Finished, *, booked_only: bool = False) -> None:
+        """`finished` to the observer (usage, metrics, the store), and to the baseline
+        peer unless it is `booked_only` (engine work that left no Response)."""
         baseline = self.settings.baseline
-        if baseline is not None:
+        if baseline is not None and not booked_only:
             baseline.commit(finished.response_id, finished.response_json)
         if self._observer is not None:
             self._observer.finished(finished)
@@ -584,6 +606,9 @@ class Connection:
         if frame is not None:
             steered = self.steering.continuation(request, frame, name)
             if isinstance(steered, ProtocolError):
+                # Refused with the steers (over the item limit, say): its bytes leave
+                # the bounds; the steers stay queued for the next continuation.
+                self.dequeued(size)
                 self.refuse(steered, name)
                 return
             if steered is not None:
@@ -636,11 +661,11 @@ class Connection:
                 self.outbox.append(Render(key, conversation, pending.parsed))
             elif frame is not None:
                 # Parsed again with the render, off the event loop, as it was the first time.
-                self.outbox.append(Render(key, conversation, lambda: self._parse_queued(frame)))
+                self.outbox.append(Render(key, conversation, lambda: self.reparse(frame)))
             pending.frame = None
             return
         if pending.parsed is None:
-            pending.parsed = self._parse_queued(pending.frame or b"")
+            pending.parsed = self.reparse(pending.frame or b"")
             pending.frame = None
             pending.parse_ns += self.clock() - start
         try:
@@ -650,12 +675,13 @@ class Connection:
             return
         rendering.rendered(turn)
 
-    def _parse_queued(self, frame: str | bytes) -> CreateRequest:
-        """A queued request's frame, parsed again when its turn comes (it reads no state
-        that changes, so it may run in a worker thread): the parse is deterministic, so
-        it gives what the first parse gave."""
+    def reparse(self, frame: str | bytes) -> CreateRequest:
+        """A `response.create` frame parsed again: a queued request's when its turn
+        comes (it reads no state that changes, so it may run in a worker thread; the
+        parse is deterministic, so it gives what the first parse gave), or one with
+        steering input added. Raises what `parse` refuses with."""
         event = parse_event(self._compactor.expand(frame), self.limits.request)
-        assert isinstance(event, CreateRequest), "the frame parsed as one before"
+        assert isinstance(event, CreateRequest), "a response.create frame"
         return event
 
     def _end_render(self, key: int) -> Rendering | None:

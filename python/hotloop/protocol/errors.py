@@ -73,6 +73,12 @@ class ProtocolError(Exception):
         )
 
     @classmethod
+    def undecodable(cls, error: Exception) -> ProtocolError:
+        """A frame the core parsed (it skips unknown fields at any depth) that the decoder
+        refuses (it stops at 1,024 levels): refused, never a dropped socket."""
+        return cls("invalid_json", f"The event cannot be decoded: {error}.")
+
+    @classmethod
     def binary_frame(cls) -> ProtocolError:
         return cls(
             "binary_frame_not_supported",

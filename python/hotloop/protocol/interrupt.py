@@ -7,7 +7,7 @@ them. A stateless transition of one running response; finding it is the connecti
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -21,10 +21,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("hotloop.protocol")
 
 
-def interrupt(connection: Connection, frame: str | bytes) -> None:
-    """`response.interrupt`: the running (or waiting) response it names ends
+def interrupt(connection: Connection, event: dict[str, Any]) -> None:
+    """`response.interrupt` (decoded): the running (or waiting) response it names ends
     `response.incomplete` (reason `interrupted`); an error when there is none."""
-    event = orjson.loads(frame)
     response_id = event.get("response_id")
     if not isinstance(response_id, str):
         connection.refuse(
@@ -51,12 +50,17 @@ def interrupt(connection: Connection, frame: str | bytes) -> None:
         connection.outbox.append(
             events.event("response.output_item.interrupted", output_index=index, item_id=item_id)
         )
+    usage = target.usage()
+    if target.compaction is not None and target.compaction.before is not None:
+        # Interrupted while summarizing: the turn as rendered before (no instruction
+        # to summarize) is what stays warm, as the store rebuilds it.
+        target.conversation, target.turn = target.compaction.before
     # A waiting response's model turn is committed already: nothing is partial.
     checkpoint = target.conversation.checkpoint() if waiting else completed_checkpoint(target)
     target.terminal(
         "response.incomplete",
         "incomplete",
-        target.usage(),
+        usage,
         checkpoint,
         incomplete_reason="interrupted",
     )

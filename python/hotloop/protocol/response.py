@@ -120,17 +120,7 @@ class Rendering:
             if settings.baseline is None
             else settings.baseline.render_request(events.response_id, request)
         )
-        response = Response.open(
-            connection,
-            lane,
-            request,
-            events,
-            conversation,
-            turn,
-            self.parent,
-            evicts_parent=self.evicts_parent,
-            root=self.root,
-        )
+        response = Response.open(self, events, turn)
         if not request.generate:
             response.overhead_ns = pending.parse_ns + connection.clock() - start
             response.warm_up()
@@ -214,34 +204,23 @@ class Response:
     """A stored long-running response's model turns that input followed, for the store."""
 
     @classmethod
-    def open(
-        cls,
-        connection: Connection,
-        lane: Lane,
-        request: CreateRequest,
-        events: ResponseEvents,
-        conversation: Conversation,
-        turn: Turn,
-        parent: str | None,
-        *,
-        evicts_parent: bool,
-        root: str | None,
-    ) -> Response:
-        """A response starting its first model turn, under a new key; `root`: its
-        chain's first response (None: this one starts the chain)."""
+    def open(cls, rendering: Rendering, events: ResponseEvents, turn: Turn) -> Response:
+        """The response of a rendered turn, starting its first model turn under a new
+        key."""
+        conversation = rendering.conversation
         return cls(
-            connection=connection,
-            key=connection.new_key(),
-            lane=lane,
-            request=request,
+            connection=rendering.connection,
+            key=rendering.connection.new_key(),
+            lane=rendering.lane,
+            request=rendering.pending.request,
             events=events,
             conversation=conversation,
             parser=conversation.parser(),
             turn=turn,
-            parent=parent,
-            evicts_parent=evicts_parent,
+            parent=rendering.parent,
+            evicts_parent=rendering.evicts_parent,
             overhead_ns=0,
-            root=root or events.response_id,
+            root=rendering.root or events.response_id,
         )
 
     @property
@@ -360,6 +339,7 @@ class Response:
         if self.compaction is not None and not self.compaction.resume:
             # /responses/compact has no response to fail: its request gets the error.
             self.connection.refuse(ProtocolError("server_error", message, status=500))
+            self.book(b"", self.usage(), "failed", self.compaction.item_id)
             self.connection.release(self.lane)
             return
         self.fail(message, self.usage())
@@ -414,6 +394,32 @@ class Response:
             self.connection.cache.evict(self.parent)
         error = {"code": "server_error", "message": message}
         self.terminal("response.failed", "failed", usage, None, error=error)
+
+    def book(
+        self,
+        response_json: bytes,
+        usage: Usage,
+        status: str = "cancelled",
+        response_id: str | None = None,
+    ) -> None:
+        """Engine work that ends without a terminal event (a client gone mid-turn, a
+        `/responses/compact` summary) is booked all the same, to the key that asked:
+        the prompt was prefilled and the tokens sampled. Nothing is cached or stored."""
+        self.connection.report(
+            Finished(
+                response_id or self.events.response_id,
+                self.request,
+                response_json,
+                None,
+                usage,
+                self.connection.settings.principal,
+                self.overhead_ns,
+                self.turn,
+                status=status,
+                created_at=self.events.created_at,
+            ),
+            booked_only=True,
+        )
 
     def turn_segment(self, then: list[dict[str, object]]) -> TurnSegment:
         """The current model turn as the store keeps it, followed by `then`."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from hotloop._core import CreateRequest, parse_event
+from hotloop._core import CoreError, CreateRequest, parse_event
 from hotloop.events import ResponseEvents, new_id
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.lanes import Pending
@@ -137,9 +137,11 @@ def with_steering(frame: str | bytes, steers: list[Steer]) -> bytes:
     input prepended to its own, in submission order."""
     event = orjson.loads(frame)
     body = event["response"] if isinstance(event.get("response"), dict) else event
-    own = body.get("input", [])
-    own = [{"type": "message", "role": "user", "content": own}] if isinstance(own, str) else own
-    body["input"] = [item for steer in steers for item in steer.items] + list(own)
+    own = body.get("input")
+    if isinstance(own, str):
+        own = [{"type": "message", "role": "user", "content": own}]
+    # `"input": null` is no input, as the core parses it.
+    body["input"] = [item for steer in steers for item in steer.items] + (own or [])
     return orjson.dumps(event)
 
 
@@ -174,12 +176,12 @@ class Steering:
         self.awaiting: dict[str | None, Awaiting] = {}
         """Each lane's latest response, when it stopped for client tool output."""
 
-    def receive(self, frame: str | bytes, size: int) -> None:
-        """`response.steer`: accepted for a running response (it stops at its next
-        item boundary, a successor follows) or one waiting for tool output (queued for
-        the client's continuation); refused with `response.steer.failed` otherwise."""
+    def receive(self, event: dict[str, Any], size: int) -> None:
+        """`response.steer` (decoded, `size` bytes): accepted for a running response (it
+        stops at its next item boundary, a successor follows) or one waiting for tool
+        output (queued for the client's continuation); refused with
+        `response.steer.failed` otherwise."""
         connection = self.connection
-        event = orjson.loads(frame)
         target, raw_input = event.get("previous_response_id"), event.get("input")
         try:
             steer = parse_steer(event, size)
@@ -238,10 +240,17 @@ class Steering:
             or request.previous_response_id != awaiting.events.response_id
         ):
             return None
-        steered_frame = with_steering(frame, awaiting.steers)
-        steered = parse_event(steered_frame, self.connection.limits.request)
-        assert isinstance(steered, CreateRequest), "a response.create with more input"
+        try:
+            steered_frame = with_steering(frame, awaiting.steers)
+            steered = self.connection.reparse(steered_frame)
+        except orjson.JSONDecodeError as e:
+            return ProtocolError.undecodable(e)
+        except CoreError as e:
+            return ProtocolError.from_core(e)
+        except ProtocolError as e:  # a compaction item that is not ours
+            return e
         if steered.error is not None:
+            # The core's limits count the steers too (over the item limit, say).
             return ProtocolError.from_core(steered.error)
         carried = Steered(awaiting.events, awaiting.steers, False)
         self.release(awaiting.steers)

@@ -20,7 +20,8 @@ from hotloop.protocol.compaction import (
     summarizing,
 )
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.response import Response
+from hotloop.protocol.lanes import Pending
+from hotloop.protocol.response import Rendering, Response
 
 if TYPE_CHECKING:
     from hotloop.protocol.connection import Connection
@@ -50,18 +51,10 @@ class Summarization:
             connection.refuse(summary)
             return
         conversation, turn, root = summary
-        events = ResponseEvents(request.response_fields_json)
-        response = Response.open(
-            connection,
-            lane,
-            request,
-            events,
-            conversation,
-            turn,
-            parent,
-            evicts_parent=False,
-            root=root,
+        rendered = Rendering(
+            connection, lane, Pending(request, 0, 0), conversation, parent, False, 0, root
         )
+        response = Response.open(rendered, ResponseEvents(request.response_fields_json), turn)
         lane.active = response
         connection.generating[response.key] = response
         self.summarize(response, conversation, turn, resume=False)
@@ -89,6 +82,8 @@ class Summarization:
     ) -> None:
         """Hand the engine the summarization; `summarized` takes it from there."""
         compaction = Summary(new_id("cmp_"), resume)
+        if resume:
+            compaction.before = response.conversation, response.turn
         response.compaction = compaction
         response.conversation, response.parser = conversation, conversation.parser()
         response.turn = turn
@@ -109,7 +104,9 @@ class Summarization:
         item = compaction.item(self.compactor)
         response.compaction = None
         if not compaction.resume:
-            connection.outbox.append(compacted_resource(item, spent))
+            resource = compacted_resource(item, spent)
+            connection.outbox.append(resource)
+            response.book(resource, spent, "completed", compaction.item_id)
             connection.release(response.lane)
             return
         events = response.events

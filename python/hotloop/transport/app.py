@@ -252,7 +252,7 @@ class App:
             session_key=session_key(scope),
             queue_memory=self.queue_memory,
             durable=self.ledger is not None and self.ledger.durable,
-            compactor=self.compactor,
+            compactor=self.compactor.bound(owner),
             sampling_defaults=self.engine.sampling_defaults,
             inject=config.inject or multi_agent(scope),
             inject_idle_timeout=config.inject_idle_timeout,

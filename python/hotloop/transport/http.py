@@ -33,7 +33,7 @@ import orjson
 
 from hotloop import logs
 from hotloop._core import CoreError, CreateRequest, Policy, parse_request
-from hotloop.auth import ApiKeys, AuthError
+from hotloop.auth import ApiKeys, AuthError, key_id
 from hotloop.engines.base import EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.ledger import Books, Ledger
@@ -44,6 +44,7 @@ from hotloop.protocol import (
     ConnectionLimits,
     Finished,
     Generate,
+    Observer,
     Persist,
     QueueMemory,
     Render,
@@ -224,7 +225,8 @@ class HttpApi:
             await self._stream(receive, send, connection, actions)
         else:
             await self._run(receive, connection, actions, _discard)
-            await _reply_final(send, exchange.result)
+            if not connection.closed:
+                await _reply_final(send, exchange.result)
 
     async def _request(
         self, scope: Scope, receive: Receive, principal: str | None
@@ -233,9 +235,10 @@ class HttpApi:
         parse time. The body counts in the process's queue memory until it is parsed (a
         body of up to 16 MiB need not live as long as the response)."""
         reserved = _Reservation(self.queue_memory, principal)
+        compactor = self._compactor(principal)
 
         def parse(body: bytes) -> CreateRequest:
-            return parse_request(self.compactor.expand(body), self.limits.request)
+            return parse_request(compactor.expand(body), self.limits.request)
 
         try:
             body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
@@ -255,7 +258,7 @@ class HttpApi:
         cache: ConnectionCache,
         principal: str | None,
         request_id: str,
-        observer: _Exchange | None = None,
+        observer: Observer | None = None,
     ) -> Connection:
         return Connection(
             chat_format=self.ledger.engine.chat_format,
@@ -270,9 +273,13 @@ class HttpApi:
             session_key=session_key(scope),
             durable=self.ledger.durable,
             request_id=request_id,
-            compactor=self.compactor,
+            compactor=self._compactor(principal),
             sampling_defaults=self.ledger.engine.sampling_defaults,
         )
+
+    def _compactor(self, principal: str | None) -> Compactor:
+        """The compaction key as `principal`'s: it opens that key's items only."""
+        return self.compactor.bound(None if principal is None else key_id(principal))
 
     # ---------------------------------------------------------------- compact, input_tokens
 
@@ -286,10 +293,11 @@ class HttpApi:
             raise ProtocolError(
                 "missing_required_parameter", "Missing required parameter: 'model'.", "model"
             )
-        owner = self.ledger.observer(principal, "http").owner
-        cache = self.ledger.http_cache(owner)
-        await self.ledger.warm(cache, request.previous_response_id, owner)
-        connection = self._connection(scope, cache, principal, request_id)
+        # The summary is engine work: booked to the key like a response.
+        books = self.ledger.observer(principal, "http")
+        cache = self.ledger.http_cache(books.owner)
+        await self.ledger.warm(cache, request.previous_response_id, books.owner)
+        connection = self._connection(scope, cache, principal, request_id, books)
         connection.receive_compact(request)
         replies: list[bytes] = []
 
@@ -342,7 +350,8 @@ class HttpApi:
         self, receive: Receive, connection: Connection, actions: list[Any], emit: Emit
     ) -> None:
         """Send the frames so far, then run the engine work; a client that disconnects
-        cancels generation (uvicorn's `send` to a closed connection is silent)."""
+        cancels generation (uvicorn's `send` to a closed connection is silent), and what
+        the engine did until then is booked (`Connection.abandon`)."""
         work = await self._send_actions(connection, actions, emit)
         if work is None:
             return
@@ -355,7 +364,9 @@ class HttpApi:
             if not generation.done():
                 generation.cancel()
             await asyncio.gather(generation, watcher, return_exceptions=True)
-        if generation.done() and not generation.cancelled():
+        if generation.cancelled():
+            connection.abandon()
+        else:
             generation.result()
 
     async def _generate(self, connection: Connection, work: Generate, emit: Emit) -> None:
