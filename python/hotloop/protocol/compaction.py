@@ -13,7 +13,7 @@ This module owns the key (`--compaction-key`, or one generated per data director
 kept there, so restarts and `--workers` processes open each other's items), sealing,
 opening and the rewrite of request bodies, and the requests of a compaction: the one
 that asks the engine for the summary and the one a compacted turn runs on. When to
-compact and the engine work are the `Connection`'s.
+compact and the engine work are `summarization.py`'s.
 """
 
 from __future__ import annotations
