@@ -124,6 +124,24 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def _hold_tool_lists(cursor: psycopg.Cursor[Any], tools: dict[str, bytes]) -> None:
+    """Make sure every list of `tools` (hash: JSON) is in `tool_lists` and stays there
+    until this transaction ends: each row is locked FOR KEY SHARE, which a deleter's
+    FOR UPDATE waits for (`delete`) and other writers do not. A list a deleter removed
+    between the insert (a no-op: the row was there) and the lock is inserted again."""
+    missing = dict(tools)
+    while missing:
+        cursor.executemany(
+            "INSERT INTO tool_lists (hash, tools) VALUES (%s, %s) ON CONFLICT (hash) DO NOTHING",
+            list(missing.items()),
+        )
+        cursor.execute(
+            "SELECT hash FROM tool_lists WHERE hash = ANY(%s) FOR KEY SHARE", (list(missing),)
+        )
+        for (held,) in cursor.fetchall():
+            del missing[held]
+
+
 class PostgresDatabase:
     """A pool of connections to one PostgreSQL database."""
 
@@ -212,11 +230,7 @@ class PostgresDatabase:
         with self._transaction("write") as cursor:
             tools = {r.tools.hash: r.tools.tools for r in rows if r.tools is not None}
             if tools:
-                cursor.executemany(
-                    "INSERT INTO tool_lists (hash, tools) VALUES (%s, %s)"
-                    " ON CONFLICT (hash) DO NOTHING",
-                    list(tools.items()),
-                )
+                _hold_tool_lists(cursor, tools)
             if rows:
                 cursor.executemany(
                     f"INSERT INTO responses ({RESPONSE_COLUMNS})"
@@ -273,6 +287,13 @@ class PostgresDatabase:
                 return False
             cursor.execute("DELETE FROM input_items WHERE response_id = %s", (response_id,))
             if row[0] is not None:
+                # First the lock: it waits for every writer holding the list (their
+                # responses commit or roll back meanwhile). Then, in a statement of its
+                # own (a fresh snapshot in READ COMMITTED, which sees those commits),
+                # the list goes only if nothing references it. One DELETE with the
+                # NOT EXISTS would wait on the lock but re-check it against its old
+                # snapshot, and delete a list a just-committed response points at.
+                cursor.execute("SELECT 1 FROM tool_lists WHERE hash = %s FOR UPDATE", (row[0],))
                 cursor.execute(
                     "DELETE FROM tool_lists WHERE hash = %(h)s AND NOT EXISTS"
                     " (SELECT 1 FROM responses WHERE tools_hash = %(h)s)",

@@ -1,0 +1,107 @@
+"""Attacks on the store, and unlucky operators' stores (issue 21): what one tenant's
+stored responses, deletes and storms can do to another tenant's, and what a hung
+database or cache does to everyone's. Real PostgreSQL and Redis servers
+(`pg_server.py`, `redis_server.py`); several `Store`s on one database are several
+hotloop nodes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import orjson
+import psycopg
+from hotloop.store import Store, open_store
+from pg_server import PostgresServer
+from shell_tool import TOOLS
+from test_store import response
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Wait until `condition()` holds, asking again every few milliseconds (the thing
+    waited for is in another process: no event to wait on); fail after 30 s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while not condition():
+        assert loop.time() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.005)
+
+
+async def delete_all(store: Store, ids: list[str], owner: str) -> None:
+    for rid in ids:
+        assert await store.delete(rid, owner)
+
+
+def lock_waits(url: str) -> int:
+    """How many sessions of the database at `url` wait on a lock now."""
+    with psycopg.connect(url, autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def test_a_delete_never_takes_a_tool_list_from_another_nodes_open_commit(
+    postgres_server: PostgresServer,
+) -> None:
+    """Tenant A on node 1 deletes its last response with the shared tool list while
+    tenant B's commit on node 2, holding the same list, is still open (held open here
+    by a third session that owns B's response id, as a slow commit would be). The list
+    must survive: B's response reads back as JSON and continues."""
+    url = postgres_server.fresh_database()
+    node_1, node_2 = await open_store(url), await open_store(url)
+    try:
+        await node_1.put(response("resp_a", owner="key_a", tools=TOOLS))
+        with psycopg.connect(url) as blocker:
+            # An uncommitted row with B's id: B's commit waits on it after it has
+            # written (or, fixed, locked) the tool list.
+            blocker.execute(
+                "INSERT INTO responses (id, created_at, response, input_items,"
+                " output_token_ids) VALUES ('resp_b', 0, '', '', '')"
+            )
+            b_put = asyncio.create_task(node_2.put(response("resp_b", owner="key_b", tools=TOOLS)))
+            await until(lambda: lock_waits(url) == 1, "B's commit waits")
+            a_delete = asyncio.create_task(node_1.delete("resp_a", "key_a"))
+            # A's delete either finishes (the list gone under B) or waits for B.
+            await until(lambda: a_delete.done() or lock_waits(url) == 2, "A's delete ran")
+            blocker.rollback()
+        await b_put
+        assert await a_delete
+        stored = await node_2.get("resp_b", "key_b")
+        assert stored is not None and orjson.loads(stored)["tools"] == TOOLS
+        chain = await node_1.load_chain("resp_b", "key_b")
+        assert chain is not None and orjson.loads(chain.head.response)["tools"] == TOOLS
+    finally:
+        await node_1.close()
+        await node_2.close()
+
+
+async def test_deletes_and_stores_of_two_tenants_on_two_nodes_leave_every_row_whole(
+    postgres_server: PostgresServer,
+) -> None:
+    """The reproduction as it happens: tenant A stores and deletes on node 1 while
+    tenant B stores on node 2, all with the same tools, for many rounds; every one of
+    B's responses reads back as JSON and continues."""
+    url = postgres_server.fresh_database()
+    node_1, node_2 = await open_store(url), await open_store(url)
+    try:
+        for round_ in range(40):
+            a_ids = [f"resp_a{round_}_{n}" for n in range(4)]
+            b_ids = [f"resp_b{round_}_{n}" for n in range(4)]
+            await asyncio.gather(
+                *(node_1.put(response(i, owner="key_a", tools=TOOLS)) for i in a_ids)
+            )
+            await asyncio.gather(
+                delete_all(node_1, a_ids, "key_a"),
+                *(node_2.put(response(i, owner="key_b", tools=TOOLS)) for i in b_ids),
+            )
+            for rid in b_ids:
+                stored = await node_2.get(rid, "key_b")
+                assert stored is not None and orjson.loads(stored)["tools"] == TOOLS, rid
+                assert await node_1.load_chain(rid, "key_b") is not None, rid
+            for rid in b_ids:
+                assert await node_2.delete(rid, "key_b")
+    finally:
+        await node_1.close()
+        await node_2.close()
