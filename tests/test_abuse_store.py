@@ -7,14 +7,23 @@ hotloop nodes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import os
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
-from hotloop.store import Store, open_store
+import pytest
+from hotloop.store import Store, StoreError, open_store
+from hotloop_process import TERMINAL, HotloopProcess, acknowledged, body, ws_turn
 from pg_server import PostgresServer
 from shell_tool import TOOLS
 from test_store import response
+from test_store_faults import FAST, health, turn_outcome, unreadable, wait_healthy
+from websockets.sync.client import ClientConnection, connect
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
@@ -105,3 +114,86 @@ async def test_deletes_and_stores_of_two_tenants_on_two_nodes_leave_every_row_wh
     finally:
         await node_1.close()
         await node_2.close()
+
+
+def server_processes(server: PostgresServer) -> list[int]:
+    """The postmaster and every backend of `server`: all of a hung host's server."""
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == postmaster:
+            children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+@contextmanager
+def stopped(server: PostgresServer) -> Iterator[None]:
+    """`server` hung (SIGSTOP: its kernel still accepts and acknowledges), then resumed."""
+    processes = server_processes(server)
+    try:
+        for pid in processes:
+            os.kill(pid, signal.SIGSTOP)
+        yield
+    finally:
+        for pid in processes:
+            os.kill(pid, signal.SIGCONT)
+
+
+async def test_a_hung_postgresql_fails_stored_responses_and_health_in_time(
+    postgres_server: PostgresServer,
+) -> None:
+    """A stopped server fails a commit with `store_unavailable` and marks the store
+    unhealthy (`/health` 503) after the busy timeout, not after the server resumes; a
+    read fails too. The bound on the wait below only keeps the test from hanging: it
+    is twenty times the busy timeout."""
+    url = postgres_server.fresh_database()
+    store = await open_store(url, busy_timeout=0.5)
+    try:
+        await store.put(response("resp_before", owner="key_b", tools=TOOLS))
+        with stopped(postgres_server):
+            with pytest.raises(StoreError) as failed:
+                await asyncio.wait_for(store.put(response("resp_hung", owner="key_b")), 10)
+            assert failed.value.code == "store_unavailable"
+            assert not store.healthy
+            with pytest.raises(StoreError):
+                await asyncio.wait_for(store.get("resp_before", "key_b"), 10)
+        # Resumed: the writer's probe commits, and everything works again.
+        await until(lambda: store.healthy, "the store is healthy again")
+        await store.put(response("resp_after", owner="key_b"))
+        assert await store.get("resp_before", "key_b") is not None
+    finally:
+        await store.close()
+
+
+def turn_within(socket: ClientConnection, text: str, guard: float) -> dict[str, Any]:
+    """`ws_turn` with a shorter guard (only bounds a broken run)."""
+    socket.send(orjson.dumps({"type": "response.create", **body(text)}).decode())
+    while True:
+        event: dict[str, Any] = orjson.loads(socket.recv(guard))
+        if event["type"] in TERMINAL:
+            return event
+
+
+def test_a_hung_postgresql_fails_turns_and_health_not_completes_them_later(
+    postgres_server: PostgresServer,
+) -> None:
+    """Issue 21 defect 4 end to end: with the database stopped, a `store: true` turn
+    ends `response.failed` (`store_unavailable`) and `/health` answers 503 while it is
+    still stopped; resumed, turns complete again and nothing acknowledged is lost."""
+    args = [*FAST, "--store", postgres_server.fresh_database(), "--store-busy-timeout", "1"]
+    acked: list[str] = []
+    with HotloopProcess(args) as server, connect(server.ws_url) as socket:
+        acked.append(acknowledged(ws_turn(socket, "before")) or "")
+        with stopped(postgres_server):
+            hung = [turn_within(socket, "while hung", 20) for _ in range(2)]
+            assert [turn_outcome(e) for e in hung] == ["store_unavailable"] * 2
+            assert health(server) == 503
+        wait_healthy(server)
+        after = ws_turn(socket, "after")
+        assert turn_outcome(after) == "completed"
+        acked.append(acknowledged(after) or "")
+        assert unreadable(server, acked) == []

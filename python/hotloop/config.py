@@ -158,7 +158,9 @@ class ServerConfig:
         0.002, "how long a commit waits for more responses to commit with it"
     )
     store_busy_timeout: float = _option(
-        5.0, "how long a commit retries a database locked by another process before failing"
+        5.0,
+        "how long a commit, read or delete waits for the database (locked by another "
+        "process, or not answering) before it fails",
     )
     compaction_key: str | None = _option(
         None,

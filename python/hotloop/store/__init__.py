@@ -298,7 +298,8 @@ async def open_store(
     """The store at `target`: a PostgreSQL URL (`postgresql://...`), or a data directory
     holding `responses.sqlite3` (created if missing). One writer commits in groups:
     after the first put it waits up to `commit_window` seconds for more. A commit that
-    finds the database locked retries for up to `busy_timeout` seconds. `cache`: a
+    finds the database locked retries for up to `busy_timeout` seconds, and a commit,
+    read or delete the database has not answered within it fails. `cache`: a
     `redis://` URL of a read cache in front (`cache.py`).
 
     Raises StoreError `store_damaged` / `store_unavailable` with a message naming the
@@ -316,7 +317,9 @@ async def open_store(
 
         path = Path(target)
         connect = lambda: SQLiteDatabase.in_directory(path, busy_timeout=busy_timeout)  # noqa: E731
-    store: Store = await BackgroundStore.open(connect, metrics=metrics, commit_window=commit_window)
+    store: Store = await BackgroundStore.open(
+        connect, metrics=metrics, commit_window=commit_window, deadline=busy_timeout
+    )
     if cache is not None:
         from hotloop.store.cache import CachedStore
 

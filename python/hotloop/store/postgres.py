@@ -13,6 +13,9 @@ The tables are those of the SQLite store (`sqlite.py` describes them); rows come
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -124,6 +127,40 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+@contextmanager
+def _severed_after(connection: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+    """Break `connection` if what runs inside takes longer than `seconds`: a stopped
+    server (SIGSTOP, a hung host's process) leaves its kernel acknowledging every byte,
+    so neither the server's timeouts nor TCP's fire, and a blocking call would wait for
+    as long as the server is stopped. Shutting the socket down wakes that call with an
+    error; the pool then discards the connection. A COMMIT already sent may still be
+    carried out when the server resumes: the response was failed, never acknowledged."""
+    guard = threading.Lock()
+    armed = True
+
+    def sever() -> None:
+        with guard:
+            if not armed:
+                return
+            try:
+                # A duplicate of the descriptor: shutting it down shuts the socket down,
+                # and closing it never frees the number the connection still holds.
+                with socket.socket(fileno=os.dup(connection.fileno())) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except (OSError, psycopg.Error):
+                pass  # already closed: the blocked call has its error
+
+    timer = threading.Timer(seconds, sever)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with guard:
+            armed = False
+        timer.cancel()
+
+
 def _hold_tool_lists(cursor: psycopg.Cursor[Any], tools: dict[str, bytes]) -> None:
     """Make sure every list of `tools` (hash: JSON) is in `tool_lists` and stays there
     until this transaction ends: each row is locked FOR KEY SHARE, which a deleter's
@@ -152,18 +189,29 @@ class PostgresDatabase:
         schema. Raises StoreError naming the server when it cannot."""
         self._where = redacted(url)
         self._timeout = busy_timeout
+        milliseconds = int(busy_timeout * 1000)
         self._pool = ConnectionPool(
             url,
             min_size=1,
             max_size=READERS + 1,
             timeout=busy_timeout,
             # A connection broken by a server restart is replaced, not handed out.
-            check=ConnectionPool.check_connection,
+            check=self._check,
             kwargs={
                 "autocommit": True,
                 "connect_timeout": max(1, round(busy_timeout)),
-                # A commit that waits on another session's lock fails in time.
-                "options": f"-c lock_timeout={int(busy_timeout * 1000)}",
+                # A commit that waits on another session's lock, or a statement the
+                # server is slow to run, fails in time.
+                "options": f"-c lock_timeout={milliseconds} -c statement_timeout={milliseconds}",
+                # A host or network that went away (nothing acknowledges what is sent,
+                # an idle pooled connection gets no keepalive answer) breaks the
+                # connection in time. A hung server on a live host acknowledges all of
+                # it: `_severed_after` covers that.
+                "tcp_user_timeout": milliseconds,
+                "keepalives": 1,
+                "keepalives_idle": max(1, round(busy_timeout)),
+                "keepalives_interval": 1,
+                "keepalives_count": 3,
             },
             open=False,
         )
@@ -181,10 +229,17 @@ class PostgresDatabase:
             self._pool.close()
             raise
 
+    def _check(self, connection: psycopg.Connection[Any]) -> None:
+        with _severed_after(connection, self._timeout):
+            ConnectionPool.check_connection(connection)
+
     @contextmanager
     def _connection(self, action: str) -> Iterator[psycopg.Connection[Any]]:
         try:
-            with self._pool.connection() as connection:
+            with (
+                self._pool.connection() as connection,
+                _severed_after(connection, self._timeout),
+            ):
                 yield connection
         except (psycopg.Error, PoolTimeout) as e:
             raise StoreError(

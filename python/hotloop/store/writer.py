@@ -91,6 +91,7 @@ class BackgroundStore:
         *,
         max_batch: int,
         commit_window: float,
+        deadline: float,
         metrics: Metrics | None,
     ) -> None:
         self._database = database
@@ -103,6 +104,7 @@ class BackgroundStore:
         self._queue: asyncio.Queue[_Put | None] = asyncio.Queue()
         self._max_batch = max_batch
         self._window = commit_window
+        self._deadline = deadline
         self._metrics = metrics
         self._closed = False
         self._healthy = True
@@ -117,10 +119,12 @@ class BackgroundStore:
         *,
         max_batch: int = 256,
         commit_window: float = 0.002,
+        deadline: float = 5.0,
         metrics: Metrics | None = None,
     ) -> BackgroundStore:
         """Open the database on a new store thread (SQLite connections stay on the
-        thread that made them) and start draining."""
+        thread that made them) and start draining. A commit, probe or delete that has
+        not answered within `deadline` seconds fails (`_written`)."""
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotloop-store")
         try:
             database = await asyncio.get_running_loop().run_in_executor(thread, connect)
@@ -132,6 +136,7 @@ class BackgroundStore:
             thread,
             max_batch=max_batch,
             commit_window=commit_window,
+            deadline=deadline,
             metrics=metrics,
         )
         if metrics is not None:
@@ -142,6 +147,22 @@ class BackgroundStore:
     async def _call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, functools.partial(fn, *args, **kwargs))
+
+    async def _written(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn` on the store thread, failed with StoreError `store_unavailable` when it
+        has not returned within the deadline: a database that hangs (a stopped server,
+        a hung disk) must fail the responses waiting on it and turn `/health` 503 in
+        time, not hold them for as long as it hangs. The call itself goes on on the
+        store thread until the database layer breaks it off, and the calls after it
+        wait behind it within their own deadlines; a commit it still completes stored
+        responses that were failed, never ones acknowledged and lost."""
+        try:
+            return await asyncio.wait_for(self._call(fn, *args), self._deadline)
+        except asyncio.TimeoutError:
+            raise StoreError(
+                "store_unavailable",
+                f"the database did not answer within {self._deadline:g} s (--store-busy-timeout)",
+            ) from None
 
     async def _read(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         loop = asyncio.get_running_loop()
@@ -199,7 +220,9 @@ class BackgroundStore:
 
     async def _commit(self, batch: list[_Put]) -> None:
         try:
-            outcome = await self._call(self._write, batch)
+            outcome = await self._written(self._write, batch)
+        except StoreError as e:
+            outcome = _Outcome(failure=e)
         except Exception as e:
             # A bug below must not end the drain task: fail this batch, keep going.
             log.exception("store writer failed on responses %s", _ids(batch))
@@ -273,7 +296,7 @@ class BackgroundStore:
                 if self._healthy or self._closed:
                     break
                 try:
-                    await self._call(self._database.probe)
+                    await self._written(self._database.probe)
                 except StoreError as e:
                     log.warning("store still unavailable: %s", e.message)
                 else:
@@ -288,7 +311,7 @@ class BackgroundStore:
         return await self._read(self._database.get, response_id, owner)
 
     async def delete(self, response_id: str, owner: str | None) -> bool:
-        return await self._call(self._database.delete, response_id, owner)
+        return await self._written(self._database.delete, response_id, owner)
 
     async def list_input_items(
         self,
