@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,11 +17,13 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from hotloop.store import Store, StoreError, open_store
+from hotloop.store import Store, StoredResponse, StoreError, open_store
+from hotloop.store.records import Quarantined, Row
+from hotloop.store.writer import BackgroundStore
 from hotloop_process import TERMINAL, HotloopProcess, acknowledged, body, ws_turn
 from pg_server import PostgresServer
 from shell_tool import TOOLS
-from test_store import response
+from test_store import GatedDatabase, response
 from test_store_faults import FAST, health, turn_outcome, unreadable, wait_healthy
 from websockets.sync.client import ClientConnection, connect
 
@@ -197,3 +199,57 @@ def test_a_hung_postgresql_fails_turns_and_health_not_completes_them_later(
         assert turn_outcome(after) == "completed"
         acked.append(acknowledged(after) or "")
         assert unreadable(server, acked) == []
+
+
+class RecordingDatabase(GatedDatabase):
+    """A `GatedDatabase` that keeps the ids of every batch, in commit order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committed: list[list[str]] = []
+
+    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
+        super().write(rows, rejected)
+        self.committed.append([r.id for r in rows])
+
+
+async def flooded(puts: list[StoredResponse], *, max_batch: int = 256) -> list[list[str]]:
+    """Commit `puts` queued all at once behind a commit under way (tenant A's first
+    response, held until everything is queued); the batches after it."""
+    db = RecordingDatabase()
+    db.gate.clear()
+    store = await BackgroundStore.open(lambda: db, commit_window=0, max_batch=max_batch)
+    try:
+        held = asyncio.create_task(store.put(response("resp_held", owner="key_a")))
+        await asyncio.get_running_loop().run_in_executor(None, db.entered.wait)
+        queued = [asyncio.create_task(store.put(p)) for p in puts]
+        await asyncio.sleep(0)  # every put is queued (none can commit: the gate is shut)
+        db.gate.set()
+        await asyncio.gather(held, *queued)
+    finally:
+        await store.close()
+    assert db.committed[0] == ["resp_held"]
+    return db.committed[1:]
+
+
+async def test_a_key_flooding_the_writer_with_large_responses_gets_its_turn_per_batch() -> None:
+    """Issue 21 defect 5: tenant A's large stored warm-ups queued ahead of tenant B's
+    turn. B's response commits in the first batch after the one under way, and that
+    batch holds at most `max_batch_bytes` (1 MiB) of A's, not all of A's queue."""
+    items = orjson.dumps([{"role": "user", "content": "x" * 200}] * 1000)  # ~230 KB
+    flood = [response(f"resp_a{n}", owner="key_a", input_json=items) for n in range(20)]
+    batches = await flooded([*flood, response("resp_b", owner="key_b")])
+    first = batches[0]
+    assert "resp_b" in first
+    assert len(first) - 1 <= (1024 * 1024) // len(items)
+    assert sorted(r for batch in batches for r in batch) == sorted(
+        ["resp_b", *(p.id for p in flood)]
+    )
+
+
+async def test_a_key_flooding_the_writer_with_many_responses_gets_its_turn_per_batch() -> None:
+    """The same with many small responses: B's is not behind a full batch of A's."""
+    flood = [response(f"resp_a{n}", owner="key_a") for n in range(300)]
+    batches = await flooded([*flood, response("resp_b", owner="key_b")], max_batch=64)
+    assert "resp_b" in batches[0]
+    assert max(len(batch) for batch in batches) <= 64

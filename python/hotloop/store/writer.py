@@ -1,11 +1,19 @@
 """The group-committing writer: a `Store` over a blocking database.
 
-Owns the one thread that touches the database and the queue in front of it. A put
-waits for its commit: the drain task takes the first queued response, waits up to the
-commit window for more, prepares each record (`records.prepare`), and commits the batch
-in one transaction, so many responses share one fsync. Each put then learns its own
-outcome: committed, refused (a record the store cannot read back is quarantined in the
-same transaction and only that response fails) or failed with the whole transaction.
+Owns the one thread that touches the database and the queues in front of it. A put
+waits for its commit: the drain task waits up to the commit window after the first
+queued response for more, takes a batch, prepares each record (`records.prepare`), and
+commits the batch in one transaction, so many responses share one fsync. Each put then
+learns its own outcome: committed, refused (a record the store cannot read back is
+quarantined in the same transaction and only that response fails) or failed with the
+whole transaction.
+
+Fair shares: the writer is one resource every tenant waits on, so each API key has a
+queue of its own and a batch takes one response from each key in turn, up to
+`max_batch` responses and `max_batch_bytes` bytes (a response larger than that commits
+alone). A key that floods the writer with large responses gets one turn per batch like
+any other: another key's response waits for at most the commit under way and its own
+bounded batch, never behind the flood.
 
 Failure isolation: nothing a record holds and no database error ends the drain task.
 Every failure is counted (`hotloop_store_errors_total{stage}`) and logged at ERROR with
@@ -19,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -71,6 +80,11 @@ class _Put:
     record: StoredResponse
     done: asyncio.Future[None] = field(repr=False)
 
+    @property
+    def size(self) -> int:
+        """What the record weighs in a batch: its JSON, as the database receives it."""
+        return len(self.record.response) + len(self.record.input_items)
+
 
 @dataclass
 class _Outcome:
@@ -90,6 +104,7 @@ class BackgroundStore:
         thread: ThreadPoolExecutor,
         *,
         max_batch: int,
+        max_batch_bytes: int,
         commit_window: float,
         deadline: float,
         metrics: Metrics | None,
@@ -101,8 +116,12 @@ class BackgroundStore:
             if database.readers
             else thread
         )
-        self._queue: asyncio.Queue[_Put | None] = asyncio.Queue()
+        # Per owner, in turn order: the next batch starts with the first key.
+        self._queues: dict[str | None, deque[_Put]] = {}
+        self._arrived = asyncio.Event()
         self._max_batch = max_batch
+        self._max_batch_bytes = max_batch_bytes
+        self._queued_bytes = 0
         self._window = commit_window
         self._deadline = deadline
         self._metrics = metrics
@@ -118,6 +137,7 @@ class BackgroundStore:
         connect: Callable[[], Database],
         *,
         max_batch: int = 256,
+        max_batch_bytes: int = 256 * 1024,
         commit_window: float = 0.002,
         deadline: float = 5.0,
         metrics: Metrics | None = None,
@@ -135,6 +155,7 @@ class BackgroundStore:
             database,
             thread,
             max_batch=max_batch,
+            max_batch_bytes=max_batch_bytes,
             commit_window=commit_window,
             deadline=deadline,
             metrics=metrics,
@@ -180,7 +201,9 @@ class BackgroundStore:
             raise StoreError("store_closed", "the store is shut down; nothing more is stored")
         put = _Put(response, asyncio.get_running_loop().create_future())
         self._queued += 1
-        self._queue.put_nowait(put)
+        self._queued_bytes += put.size
+        self._queues.setdefault(response.owner, deque()).append(put)
+        self._arrived.set()
         # A caller that goes away (a closed socket) does not take the record back: it
         # is committed or refused like every other.
         await asyncio.shield(put.done)
@@ -188,35 +211,48 @@ class BackgroundStore:
     # ---------------------------------------------------------------- the drain task
 
     async def _drain(self) -> None:
-        while True:
-            first = await self._queue.get()
-            if first is None:
-                return
-            batch, stop = await self._gather(first)
-            await self._commit(batch)
-            if stop:
-                return
-
-    async def _gather(self, first: _Put) -> tuple[list[_Put], bool]:
-        """`first` and what arrives within the commit window (or is already queued)."""
         loop = asyncio.get_running_loop()
-        batch = [first]
-        deadline = loop.time() + self._window
-        while len(batch) < self._max_batch:
-            if self._queue.empty():
+        while True:
+            if not self._queues:
+                if self._closed:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            # Let the responses finishing together join (closing: commit at once).
+            deadline = loop.time() + self._window
+            while not self._closed and not self._full():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
+                self._arrived.clear()
                 try:
-                    more = await asyncio.wait_for(self._queue.get(), remaining)
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
                 except asyncio.TimeoutError:
                     break
-            else:
-                more = self._queue.get_nowait()
-            if more is None:
-                return batch, True
-            batch.append(more)
-        return batch, False
+            await self._commit(self._take())
+
+    def _full(self) -> bool:
+        return self._queued >= self._max_batch or self._queued_bytes >= self._max_batch_bytes
+
+    def _take(self) -> list[_Put]:
+        """The next batch: one response from each key in turn (see the module
+        docstring). A key whose next response does not fit goes first next time."""
+        batch: list[_Put] = []
+        size = 0
+        while self._queues and len(batch) < self._max_batch:
+            owner, queue = next(iter(self._queues.items()))
+            put = queue[0]
+            if batch and size + put.size > self._max_batch_bytes:
+                break
+            queue.popleft()
+            batch.append(put)
+            size += put.size
+            del self._queues[owner]
+            if queue:
+                self._queues[owner] = queue
+        self._queued_bytes -= size
+        return batch
 
     async def _commit(self, batch: list[_Put]) -> None:
         try:
@@ -347,7 +383,7 @@ class BackgroundStore:
         if self._closed:
             return
         self._closed = True
-        self._queue.put_nowait(None)
+        self._arrived.set()
         await self._drainer
         if self._probing is not None:
             self._probing.cancel()
