@@ -14,13 +14,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import psycopg
 import pytest
 from hotloop.store import Store, StoredResponse, StoreError, open_store
 from hotloop.store.records import Quarantined, Row
 from hotloop.store.writer import BackgroundStore
-from hotloop_process import TERMINAL, HotloopProcess, acknowledged, body, ws_turn
+from hotloop_process import (
+    HANG_GUARD,
+    TERMINAL,
+    HotloopProcess,
+    acknowledged,
+    body,
+    ws_turn,
+)
 from pg_server import PostgresServer
 from shell_tool import TOOLS
 from test_store import GatedDatabase, response
@@ -253,3 +261,111 @@ async def test_a_key_flooding_the_writer_with_many_responses_gets_its_turn_per_b
     batches = await flooded([*flood, response("resp_b", owner="key_b")], max_batch=64)
     assert "resp_b" in batches[0]
     assert max(len(batch) for batch in batches) <= 64
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
+    if request.param == "sqlite":
+        return tmp_path
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return server.fresh_database()
+
+
+async def test_a_keys_storage_usage_survives_restarts_and_goes_down_on_delete(
+    store_target: str | Path,
+) -> None:
+    """Issue 21 defect 7, the store's side: what a key holds is counted as it commits,
+    read back from the database when the store opens again (the same figures), and
+    freed by DELETE; past either bound the key is refused, other keys are not."""
+    items = orjson.dumps([{"role": "user", "content": "x" * 1000}] * 10)
+    store = await open_store(store_target, quota_bytes=50_000, quota_rows=1_000)
+    try:
+        ids = []
+        while store.quota_refusal("key_a") is None:
+            ids.append(f"resp_a{len(ids)}")
+            await store.put(response(ids[-1], owner="key_a", tools=TOOLS, input_json=items))
+        await store.put(response("resp_b", owner="key_b", tools=TOOLS, input_json=items))
+        assert store.quota_refusal("key_b") is None
+        assert isinstance(store, BackgroundStore)
+        counted = store.quota.of("key_a"), store.quota.of("key_b")
+    finally:
+        await store.close()
+    assert len(ids) == 3  # about 21 KB and 11 rows each
+    reopened = await open_store(store_target, quota_bytes=50_000, quota_rows=1_000)
+    try:
+        assert isinstance(reopened, BackgroundStore)
+        assert (reopened.quota.of("key_a"), reopened.quota.of("key_b")) == counted
+        assert "limit 50000 bytes" in (reopened.quota_refusal("key_a") or "")
+        assert await reopened.delete(ids[0], "key_a")
+        assert reopened.quota_refusal("key_a") is None
+        assert reopened.quota.of("key_a").rows == 2 * 11
+    finally:
+        await reopened.close()
+    rows = await open_store(store_target, quota_bytes=1 << 40, quota_rows=22)
+    try:
+        assert "22 rows)" in (rows.quota_refusal("key_a") or "")  # 22 rows held
+    finally:
+        await rows.close()
+
+
+QUOTA = ["--api-keys", "sk-a,sk-b", "--store-quota-bytes", "200000"]
+
+
+def warm_up(socket: ClientConnection, items: int) -> dict[str, Any]:
+    """A stored warm-up (`generate: false`: no engine time) of `items` input items."""
+    frame = {
+        "type": "response.create",
+        "model": "sim",
+        "generate": False,
+        "store": True,
+        "input": [{"role": "user", "content": f"item {n} " + "x" * 100} for n in range(items)],
+    }
+    socket.send(orjson.dumps(frame).decode())
+    while True:
+        event: dict[str, Any] = orjson.loads(socket.recv(HANG_GUARD))
+        if event["type"] in TERMINAL:
+            return event
+
+
+def test_stored_warm_ups_past_the_quota_get_429_insufficient_quota(tmp_path: Path) -> None:
+    """Issue 21 defect 7 end to end: a key storing free warm-ups is refused once it
+    holds its quota, on WebSocket (an `error` event, status 429) and over HTTP (429),
+    with `insufficient_quota`; it can still run `store: false`; another key stores as
+    before; a restart keeps the count; deleting frees it."""
+    args = [*FAST, "--data-dir", str(tmp_path), *QUOTA]
+    a_key, b_key = {"authorization": "Bearer sk-a"}, {"authorization": "Bearer sk-b"}
+    with HotloopProcess(args) as server:
+        with connect(server.ws_url, additional_headers=a_key) as a:
+            stored = []
+            for _ in range(20):
+                event = warm_up(a, 500)
+                if event["type"] != "response.completed":
+                    break
+                stored.append(event["response"]["id"])
+            assert 1 <= len(stored) < 20
+            assert event["type"] == "error" and event["status"] == 429
+            assert event["error"]["code"] == "insufficient_quota"
+            assert turn_outcome(ws_turn(a, "not stored", store=False)) == "completed"
+        reply = httpx.post(
+            server.url + "/v1/responses", json=body("over HTTP"), headers=a_key, timeout=HANG_GUARD
+        )
+        assert reply.status_code == 429 and reply.json()["error"]["code"] == "insufficient_quota"
+        with connect(server.ws_url, additional_headers=b_key) as b:
+            assert turn_outcome(ws_turn(b, "B stores as before")) == "completed"
+    with HotloopProcess(args) as restarted:
+        refused = httpx.post(
+            restarted.url + "/v1/responses",
+            json=body("after a restart"),
+            headers=a_key,
+            timeout=HANG_GUARD,
+        )
+        assert refused.status_code == 429
+        for rid in stored:
+            deleted = httpx.delete(
+                f"{restarted.url}/v1/responses/{rid}", headers=a_key, timeout=HANG_GUARD
+            )
+            assert deleted.status_code == 200
+        again = httpx.post(
+            restarted.url + "/v1/responses", json=body("freed"), headers=a_key, timeout=HANG_GUARD
+        )
+        assert again.status_code == 200

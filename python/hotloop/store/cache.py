@@ -97,6 +97,9 @@ class CachedStore:
     def pending(self) -> int:
         return self._store.pending()
 
+    def quota_refusal(self, owner: str | None) -> str | None:
+        return self._store.quota_refusal(owner)
+
     async def put(self, response: StoredResponse) -> None:
         await self._store.put(response)
         copy = asyncio.get_running_loop().create_task(self._copy(response))

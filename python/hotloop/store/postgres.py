@@ -23,9 +23,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from hotloop.store import InputItemPage, Order, StoredResponse, StoreError
+from hotloop.store.quota import Usage
 from hotloop.store.records import (
+    FREED_QUERY,
     QUARANTINE_COLUMNS,
     RESPONSE_COLUMNS,
+    USAGE_QUERY,
     Quarantined,
     Row,
     joined,
@@ -328,18 +331,25 @@ class PostgresDatabase:
             return None
         return joined(bytes(row[0]), row[1], None if row[2] is None else bytes(row[2]))
 
-    def delete(self, response_id: str, owner: str | None) -> bool:
+    def usage(self) -> dict[str, Usage]:
+        with self._connection("read") as connection:
+            rows = connection.execute(USAGE_QUERY).fetchall()
+        return {owner: Usage(int(size), int(count)) for owner, size, count in rows}
+
+    def delete(self, response_id: str, owner: str | None) -> tuple[str | None, Usage] | None:
         if not _text(response_id):
-            return False
+            return None
         with self._transaction("delete") as cursor:
+            cursor.execute(FREED_QUERY.format(id="%(id)s"), {"id": response_id})
+            freed = cursor.fetchone()
             cursor.execute(
                 "DELETE FROM responses AS r"
                 f" WHERE r.id = %(id)s AND {_OWNED.format(table='r')} RETURNING r.tools_hash",
                 {"id": response_id, "owner": owner},
             )
             row = cursor.fetchone()
-            if row is None:
-                return False
+            if row is None or freed is None:
+                return None
             cursor.execute("DELETE FROM input_items WHERE response_id = %s", (response_id,))
             if row[0] is not None:
                 # First the lock: it waits for every writer holding the list (their
@@ -354,7 +364,7 @@ class PostgresDatabase:
                     " (SELECT 1 FROM responses WHERE tools_hash = %(h)s)",
                     {"h": row[0]},
                 )
-            return True
+            return freed[0], Usage(int(freed[1]), int(freed[2]))
 
     def list_input_items(
         self,

@@ -29,9 +29,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hotloop.store import InputItemPage, Order, StoredResponse, StoreError, may_read
+from hotloop.store.quota import Usage
 from hotloop.store.records import (
+    FREED_QUERY,
     QUARANTINE_COLUMNS,
     RESPONSE_COLUMNS,
+    USAGE_QUERY,
     Quarantined,
     Row,
     joined,
@@ -327,22 +330,25 @@ class SQLiteDatabase:
             return None
         return joined(bytes(row[1]), row[2], None if row[3] is None else bytes(row[3]))
 
-    def delete(self, response_id: str, owner: str | None) -> bool:
+    def usage(self) -> dict[str, Usage]:
+        with _failures("reading", self.path):
+            rows = self._db.execute(USAGE_QUERY).fetchall()
+        return {owner: Usage(int(size), int(count)) for owner, size, count in rows}
+
+    def delete(self, response_id: str, owner: str | None) -> tuple[str | None, Usage] | None:
         with self._transaction("deleting from") as db:
-            row = db.execute(
-                "SELECT owner, tools_hash FROM responses WHERE id = ?", (response_id,)
-            ).fetchone()
+            row = db.execute(FREED_QUERY.format(id="?"), (response_id,)).fetchone()
             if row is None or not may_read(row[0], owner):
-                return False
+                return None
             db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
             db.execute("DELETE FROM input_items WHERE response_id = ?", (response_id,))
-            if row[1] is not None:
+            if row[3] is not None:
                 db.execute(
                     "DELETE FROM tool_lists WHERE hash = ?1 AND NOT EXISTS"
                     " (SELECT 1 FROM responses WHERE tools_hash = ?1)",
-                    (row[1],),
+                    (row[3],),
                 )
-            return True
+            return row[0], Usage(int(row[1]), int(row[2]))
 
     def list_input_items(
         self,

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from hotloop.store import Chain, InputItemPage, Order, StoredResponse, StoreError, may_read
+from hotloop.store.quota import StorageQuota, Usage
 from hotloop.store.records import Quarantined, RecordError, Row, prepare, quarantined
 
 if TYPE_CHECKING:
@@ -62,8 +63,15 @@ class Database(Protocol):
         """One small durable write (the health check while unhealthy)."""
         ...
 
+    def usage(self) -> dict[str, Usage]:
+        """Every owner's stored bytes and rows (`quota.py`)."""
+        ...
+
     def get(self, response_id: str, owner: str | None) -> bytes | None: ...
-    def delete(self, response_id: str, owner: str | None) -> bool: ...
+    def delete(self, response_id: str, owner: str | None) -> tuple[str | None, Usage] | None:
+        """The deleted response's owner and what it held; None if there was none."""
+        ...
+
     def list_input_items(
         self, response_id: str, owner: str | None, *, order: Order, limit: int, after: str | None
     ) -> InputItemPage | None: ...
@@ -91,6 +99,7 @@ class _Outcome:
     """What the store thread did with one batch."""
 
     committed: list[_Put] = field(default_factory=list)
+    stored: list[tuple[str | None, Usage]] = field(default_factory=list)
     refused: list[tuple[_Put, RecordError]] = field(default_factory=list)
     failure: StoreError | None = None
 
@@ -107,9 +116,11 @@ class BackgroundStore:
         max_batch_bytes: int,
         commit_window: float,
         deadline: float,
+        quota: StorageQuota,
         metrics: Metrics | None,
     ) -> None:
         self._database = database
+        self.quota = quota
         self._thread = thread
         self._readers = (
             ThreadPoolExecutor(database.readers, thread_name_prefix="hotloop-store-read")
@@ -140,14 +151,20 @@ class BackgroundStore:
         max_batch_bytes: int = 256 * 1024,
         commit_window: float = 0.002,
         deadline: float = 5.0,
+        quota_bytes: int = 2**62,
+        quota_rows: int = 2**62,
         metrics: Metrics | None = None,
     ) -> BackgroundStore:
         """Open the database on a new store thread (SQLite connections stay on the
         thread that made them) and start draining. A commit, probe or delete that has
-        not answered within `deadline` seconds fails (`_written`)."""
+        not answered within `deadline` seconds fails (`_written`). Each API key may store
+        up to `quota_bytes` and `quota_rows` (`quota.py`), counted from the database
+        here."""
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotloop-store")
         try:
-            database = await asyncio.get_running_loop().run_in_executor(thread, connect)
+            database, usage = await asyncio.get_running_loop().run_in_executor(
+                thread, lambda: _with_usage(connect())
+            )
         except BaseException:
             thread.shutdown(wait=False)
             raise
@@ -158,6 +175,7 @@ class BackgroundStore:
             max_batch_bytes=max_batch_bytes,
             commit_window=commit_window,
             deadline=deadline,
+            quota=StorageQuota(quota_bytes, quota_rows, usage),
             metrics=metrics,
         )
         if metrics is not None:
@@ -283,6 +301,8 @@ class BackgroundStore:
             metrics.store_commits.inc()
             metrics.store_writes.inc(len(outcome.committed))
             metrics.store_errors.labels("record").inc(len(outcome.refused))
+        for owner, usage in outcome.stored:
+            self.quota.stored(owner, usage)
         for put in outcome.committed:
             _settle(put, None)
         for put, error in outcome.refused:
@@ -307,8 +327,10 @@ class BackgroundStore:
         rejected: list[Quarantined] = []
         for put in batch:
             try:
-                rows.append(prepare(put.record))
+                row = prepare(put.record)
+                rows.append(row)
                 outcome.committed.append(put)
+                outcome.stored.append((row.owner, row.usage))
             except RecordError as e:
                 rejected.append(quarantined(put.record, e))
                 outcome.refused.append((put, e))
@@ -347,7 +369,14 @@ class BackgroundStore:
         return await self._read(self._database.get, response_id, owner)
 
     async def delete(self, response_id: str, owner: str | None) -> bool:
-        return await self._written(self._database.delete, response_id, owner)
+        freed = await self._written(self._database.delete, response_id, owner)
+        if freed is None:
+            return False
+        self.quota.deleted(*freed)
+        return True
+
+    def quota_refusal(self, owner: str | None) -> str | None:
+        return self.quota.refusal(owner)
 
     async def list_input_items(
         self,
@@ -391,6 +420,14 @@ class BackgroundStore:
             self._readers.shutdown(wait=True)
         await self._call(self._database.close)
         self._thread.shutdown(wait=True)
+
+
+def _with_usage(database: Database) -> tuple[Database, dict[str, Usage]]:
+    try:
+        return database, database.usage()
+    except BaseException:
+        database.close()
+        raise
 
 
 def _settle(put: _Put, error: StoreError | None) -> None:
