@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import orjson
 import psycopg
 import pytest
 from hotloop.store import Store, StoredResponse, StoreError, open_store
+from hotloop.store.cache import CachedStore
 from hotloop.store.records import Quarantined, Row
 from hotloop.store.writer import BackgroundStore
 from hotloop_process import (
@@ -30,6 +32,7 @@ from hotloop_process import (
     ws_turn,
 )
 from pg_server import PostgresServer
+from redis_server import RedisServer
 from shell_tool import TOOLS
 from test_store import GatedDatabase, response
 from test_store_faults import FAST, health, turn_outcome, unreadable, wait_healthy
@@ -369,3 +372,66 @@ def test_stored_warm_ups_past_the_quota_get_429_insufficient_quota(tmp_path: Pat
             restarted.url + "/v1/responses", json=body("freed"), headers=a_key, timeout=HANG_GUARD
         )
         assert again.status_code == 200
+
+
+@contextmanager
+def hung(cache: RedisServer) -> Iterator[None]:
+    """`cache` stopped (SIGSTOP: connections stay open and nothing answers), then resumed."""
+    assert cache.process is not None
+    os.kill(cache.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(cache.process.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+async def cached(
+    postgres_server: PostgresServer, redis_server: RedisServer
+) -> AsyncIterator[CachedStore]:
+    """A cached store whose cache is tried again half a second after a failure."""
+    store = await open_store(postgres_server.fresh_database())
+    cached = CachedStore(store, redis_server.fresh_url(), cool_down=0.5)
+    yield cached
+    await cached.close()
+
+
+async def test_a_delete_while_the_cache_is_down_never_leaves_the_response_served(
+    cached: CachedStore, redis_server: RedisServer
+) -> None:
+    """Issue 21 (minor): a DELETE while Redis does not answer left the response served
+    and continuable from the cache for its TTL. Now it is refused (503
+    `store_unavailable`, nothing deleted); once the cache answers, the delete goes
+    through and neither a read nor a chain finds the response, from any node."""
+    for n, previous in ((1, None), (2, "resp_1")):
+        await cached.put(response(f"resp_{n}", previous=previous, owner="key_a"))
+        await cached.copied()
+    with hung(redis_server):
+        with pytest.raises(StoreError) as refused:
+            await asyncio.wait_for(cached.delete("resp_1", "key_a"), 10)
+        assert refused.value.code == "store_unavailable"
+    # Nothing was deleted: the response is whole, in the store and the cache alike.
+    assert await cached.get("resp_1", "key_a") is not None
+    await until(lambda: time.monotonic() >= cached.cool_down_ends, "the cache is tried again")
+    assert await cached.delete("resp_1", "key_a")
+    assert await cached.get("resp_1", "key_a") is None
+    assert await cached.load_chain("resp_2", "key_a") is None
+    # A read that fills the cache from the store cannot bring it back either.
+    assert await cached.load_chain("resp_1", "key_a") is None
+    assert await cached.get("resp_1", "key_a") is None
+
+
+async def test_a_hung_cache_is_skipped_after_one_slow_call(
+    cached: CachedStore, redis_server: RedisServer
+) -> None:
+    """Issue 21 (minor): every read waited for a hung Redis. Now one call waits its
+    socket timeout, then the cache is skipped (the circuit breaker): the reads after it
+    go to the store alone. The bound on each read only keeps the test from hanging."""
+    await cached.put(response("resp_r", owner="key_b"))
+    await cached.copied()
+    with hung(redis_server):
+        for _ in range(20):
+            stored = await asyncio.wait_for(cached.get("resp_r", "key_b"), 10)
+            assert stored is not None
+        assert cached.skipped == 19
+        assert await asyncio.wait_for(cached.load_chain("resp_r", "key_b"), 10) is not None
