@@ -21,8 +21,8 @@ import psycopg
 import pytest
 from hotloop.store import Store, StoredResponse, StoreError, open_store
 from hotloop.store.cache import CachedStore
-from hotloop.store.records import Quarantined, Row
-from hotloop.store.writer import BackgroundStore
+from hotloop.store.records import ItemRows, Rejected, Row
+from hotloop.store.writer import MAX_BATCH_BYTES, BackgroundStore
 from hotloop_process import (
     HANG_GUARD,
     TERMINAL,
@@ -218,10 +218,15 @@ class RecordingDatabase(GatedDatabase):
     def __init__(self) -> None:
         super().__init__()
         self.committed: list[list[str]] = []
+        self.item_bytes: list[int] = []
+        """Bytes of input item rows committed, per batch."""
 
-    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
-        super().write(rows, rejected)
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        super().write(rows, rejected, items)
         self.committed.append([r.id for r in rows])
+        listed = [item for _, _, _, item in items]
+        listed += [item for row in rows for _, _, item in row.items]
+        self.item_bytes.append(sum(map(len, listed)))
 
 
 async def flooded(puts: list[StoredResponse], *, max_batch: int = 256) -> list[list[str]]:
@@ -246,16 +251,46 @@ async def flooded(puts: list[StoredResponse], *, max_batch: int = 256) -> list[l
 async def test_a_key_flooding_the_writer_with_large_responses_gets_its_turn_per_batch() -> None:
     """Issue 21 defect 5: tenant A's large stored warm-ups queued ahead of tenant B's
     turn. B's response commits in the first batch after the one under way, and that
-    batch holds at most `max_batch_bytes` (1 MiB) of A's, not all of A's queue."""
-    items = orjson.dumps([{"role": "user", "content": "x" * 200}] * 1000)  # ~230 KB
+    batch holds at most `max_batch_bytes` (256 KiB) of A's, not all of A's queue."""
+    items = orjson.dumps([{"role": "user", "content": "x" * 200}] * 250)  # ~57 KB
     flood = [response(f"resp_a{n}", owner="key_a", input_json=items) for n in range(20)]
     batches = await flooded([*flood, response("resp_b", owner="key_b")])
     first = batches[0]
     assert "resp_b" in first
-    assert len(first) - 1 <= (1024 * 1024) // len(items)
+    assert len(first) - 1 <= (256 * 1024) // len(items)
     assert sorted(r for batch in batches for r in batch) == sorted(
         ["resp_b", *(p.id for p in flood)]
     )
+
+
+async def test_a_large_response_commits_in_chunks_between_other_keys_responses() -> None:
+    """Issue 21 defect 5: one response of 5,000 input items no longer holds the writer
+    for the whole of its commit: its item rows go in chunks (`CHUNK_BYTES`), a batch
+    at most `MAX_BATCH_BYTES`, and B's response, put while the first batch commits,
+    commits in the next one; A's response row commits last, after all of its items."""
+    db = RecordingDatabase()
+    db.gate.clear()
+    store = await BackgroundStore.open(lambda: db, commit_window=0)
+    items = orjson.dumps(
+        [{"role": "user", "content": f"item {n} " + "x" * 40} for n in range(5000)]
+    )
+    try:
+        large = asyncio.create_task(store.put(response("resp_a", owner="key_a", input_json=items)))
+        await asyncio.get_running_loop().run_in_executor(None, db.entered.wait)
+        small = asyncio.create_task(store.put(response("resp_b", owner="key_b")))
+        await asyncio.sleep(0)  # B's put is queued (small: prepared on the loop)
+        db.gate.set()
+        await asyncio.gather(large, small)
+    finally:
+        await store.close()
+    with_b = next(n for n, ids in enumerate(db.committed) if "resp_b" in ids)
+    assert with_b == 1
+    # The batch under way, then B's: each at most MAX_BATCH_BYTES of A's item rows.
+    assert db.item_bytes[0] <= MAX_BATCH_BYTES + 200
+    assert db.item_bytes[1] <= MAX_BATCH_BYTES + 200
+    assert sum(db.item_bytes) > 5 * MAX_BATCH_BYTES  # what used to be one commit
+    assert db.committed[-1] == ["resp_a"]
+    assert len(db.rows["resp_a"].items) < 5000  # the rest went ahead in chunks
 
 
 async def test_a_key_flooding_the_writer_with_many_responses_gets_its_turn_per_batch() -> None:
@@ -435,3 +470,35 @@ async def test_a_hung_cache_is_skipped_after_one_slow_call(
             assert stored is not None
         assert cached.skipped == 19
         assert await asyncio.wait_for(cached.load_chain("resp_r", "key_b"), 10) is not None
+
+
+async def test_a_response_committed_in_chunks_reads_back_whole(store_target: str | Path) -> None:
+    """A response whose item rows were committed in chunks ahead of it lists every
+    item in order, replays, and counts against its key as one committed whole would
+    (the same usage when counted again from the database)."""
+    items = [{"role": "user", "content": f"item {n} " + "x" * 40} for n in range(3000)]
+    store = await open_store(store_target)
+    try:
+        await store.put(response("resp_big", owner="key_a", input_json=orjson.dumps(items)))
+        listed, after = [], None
+        while True:
+            page = await store.list_input_items(
+                "resp_big", "key_a", order="asc", limit=1000, after=after
+            )
+            assert page is not None
+            listed += page.data
+            if not page.has_more:
+                break
+            after = page.data[-1]["id"]
+        assert [item["content"][0]["text"] for item in listed] == [i["content"] for i in items]
+        assert await store.load_chain("resp_big", "key_a") is not None
+        assert isinstance(store, BackgroundStore)
+        counted = store.quota.of("key_a")
+    finally:
+        await store.close()
+    reopened = await open_store(store_target)
+    try:
+        assert isinstance(reopened, BackgroundStore)
+        assert reopened.quota.of("key_a") == counted and counted.rows == 3001
+    finally:
+        await reopened.close()

@@ -32,7 +32,7 @@ from hotloop.store import (
 from hotloop.store.items import listed_items, page_of
 from hotloop.store.postgres import MIGRATIONS as POSTGRES_MIGRATIONS
 from hotloop.store.quota import Usage
-from hotloop.store.records import RESPONSE_COLUMNS, Quarantined, Row
+from hotloop.store.records import RESPONSE_COLUMNS, ItemRows, Rejected, Row
 from hotloop.store.sqlite import FILE_NAME, SQLiteDatabase
 from hotloop.store.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from hotloop.store.writer import BackgroundStore
@@ -460,7 +460,7 @@ class GatedDatabase:
         self.rows: dict[str, Row] = {}
         self.batches: list[int] = []
 
-    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
         self.entered.set()
         self.gate.wait()
         if self.fail is not None:

@@ -29,7 +29,8 @@ from hotloop.store.records import (
     QUARANTINE_COLUMNS,
     RESPONSE_COLUMNS,
     USAGE_QUERY,
-    Quarantined,
+    ItemRows,
+    Rejected,
     Row,
     joined,
     page,
@@ -283,8 +284,8 @@ class PostgresDatabase:
                 (int(time.time()),),
             )
 
-    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
-        """Commit `rows` and quarantine `rejected` in one transaction."""
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        """Commit `rows` and `items`, and quarantine `rejected`, in one transaction."""
         with self._transaction("write") as cursor:
             tools = {r.tools.hash: r.tools.tools for r in rows if r.tools is not None}
             if tools:
@@ -302,7 +303,7 @@ class PostgresDatabase:
                     " fingerprint = excluded.fingerprint, model_turns = excluded.model_turns",
                     [r.values() for r in rows],
                 )
-            items = [(r.id, *item) for r in rows for item in r.items]
+            items = [*items, *((r.id, *item) for r in rows for item in r.items)]
             if items:
                 cursor.executemany(
                     "INSERT INTO input_items (response_id, position, id, item)"

@@ -113,6 +113,10 @@ class Row:
         )
 
 
+ItemRows = Sequence[tuple[str, int, str, bytes]]
+"""Input item rows as inserted: (response id, position, item id, item JSON)."""
+
+
 @dataclass(frozen=True)
 class Quarantined:
     """A refused record, kept whole for an operator (the `quarantine` table)."""
@@ -135,6 +139,9 @@ class Quarantined:
             ids,
             turns_json(record.model_turns),
         )
+
+
+Rejected = Sequence[Quarantined]
 
 
 def prepare(record: StoredResponse) -> Row:
@@ -239,8 +246,10 @@ __all__ = [
     "QUARANTINE_COLUMNS",
     "RESPONSE_COLUMNS",
     "USAGE_QUERY",
+    "ItemRows",
     "Quarantined",
     "RecordError",
+    "Rejected",
     "Row",
     "ToolList",
     "joined",

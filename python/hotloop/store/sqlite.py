@@ -35,7 +35,8 @@ from hotloop.store.records import (
     QUARANTINE_COLUMNS,
     RESPONSE_COLUMNS,
     USAGE_QUERY,
-    Quarantined,
+    ItemRows,
+    Rejected,
     Row,
     joined,
     model_turns,
@@ -297,8 +298,9 @@ class SQLiteDatabase:
         with self._transaction("write to") as db:
             db.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)", (int(time.time()),))
 
-    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
-        """Commit `rows` and quarantine `rejected` in one fsync'd transaction."""
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        """Commit `rows` and `items`, and quarantine `rejected`, in one fsync'd
+        transaction."""
         with self._transaction("write to") as db:
             db.executemany(
                 "INSERT OR IGNORE INTO tool_lists (hash, tools) VALUES (?, ?)",
@@ -312,7 +314,7 @@ class SQLiteDatabase:
             db.executemany(
                 "INSERT OR REPLACE INTO input_items (response_id, position, id, item)"
                 " VALUES (?, ?, ?, ?)",
-                [(r.id, *item) for r in rows for item in r.items],
+                [*items, *((r.id, *item) for r in rows for item in r.items)],
             )
             db.executemany(
                 f"INSERT INTO quarantine ({QUARANTINE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

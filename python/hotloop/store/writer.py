@@ -1,19 +1,24 @@
 """The group-committing writer: a `Store` over a blocking database.
 
-Owns the one thread that touches the database and the queues in front of it. A put
-waits for its commit: the drain task waits up to the commit window after the first
-queued response for more, takes a batch, prepares each record (`records.prepare`), and
-commits the batch in one transaction, so many responses share one fsync. Each put then
+Owns the one thread that touches the database, the thread that prepares large records
+and the queues in front of them. A put waits for its commit: its record is prepared
+(`records.prepare`; on the event loop when small, on the preparing thread when large),
+queued, and the drain task waits up to the commit window after the first queued
+response for more, takes a batch and commits it in one transaction, so many responses
+share one fsync. Each put then
 learns its own outcome: committed, refused (a record the store cannot read back is
 quarantined in the same transaction and only that response fails) or failed with the
 whole transaction.
 
 Fair shares: the writer is one resource every tenant waits on, so each API key has a
-queue of its own and a batch takes one response from each key in turn, up to
-`max_batch` responses and `max_batch_bytes` bytes (a response larger than that commits
-alone). A key that floods the writer with large responses gets one turn per batch like
-any other: another key's response waits for at most the commit under way and its own
-bounded batch, never behind the flood.
+queue of its own and a batch takes one piece of work from each key in turn, up to
+`max_batch` pieces and `max_batch_bytes` bytes. A piece is a response's row (with its
+last input item rows), or a chunk of a large response's item rows (`CHUNK_BYTES`),
+committed in a transaction of its own ahead of the row: invisible until the row commits
+(every read starts from the row), so a large response still appears whole or not at
+all, while another key's response waits for at most one piece under way and its own
+bounded batch, never behind the whole of a large response. A large response that fails
+after some of its chunks committed leaves those item rows behind, unreferenced.
 
 Failure isolation: nothing a record holds and no database error ends the drain task.
 Every failure is counted (`hotloop_store_errors_total{stage}`) and logged at ERROR with
@@ -30,12 +35,20 @@ import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from hotloop.store import Chain, InputItemPage, Order, StoredResponse, StoreError, may_read
 from hotloop.store.quota import StorageQuota, Usage
-from hotloop.store.records import Quarantined, RecordError, Row, prepare, quarantined
+from hotloop.store.records import (
+    ItemRows,
+    Quarantined,
+    RecordError,
+    Rejected,
+    Row,
+    prepare,
+    quarantined,
+)
 
 if TYPE_CHECKING:
     from hotloop.metrics import Metrics
@@ -55,8 +68,9 @@ class Database(Protocol):
 
     readers: int
 
-    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
-        """Commit the rows and the quarantined records in one durable transaction."""
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        """Commit the rows, the quarantined records and more input item rows
+        (response id, position, id, item) in one durable transaction."""
         ...
 
     def probe(self) -> None:
@@ -83,15 +97,65 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
+CHUNK_BYTES = 8 * 1024
+"""Input item rows of a large response committed per transaction ahead of its row."""
+MAX_BATCH_BYTES = 32 * 1024
+"""What one batch commits at most (a single response row larger than that, alone):
+what another key's response may wait behind."""
+PREPARE_INLINE_BYTES = 64 * 1024
+"""Records up to this size are prepared on the event loop (well under a millisecond);
+larger ones on the preparing thread, so that the loop never parses a large one."""
+
+
 @dataclass
 class _Put:
     record: StoredResponse
     done: asyncio.Future[None] = field(repr=False)
+    usage: Usage = field(default_factory=Usage)
+    """What the whole response holds in the database, once prepared (its quota)."""
 
     @property
     def size(self) -> int:
-        """What the record weighs in a batch: its JSON, as the database receives it."""
+        """What the record weighs: its JSON, as the database receives it."""
         return len(self.record.response) + len(self.record.input_items)
+
+
+@dataclass
+class _Piece:
+    """One unit of the writer's work for `put`: its row (`final`, with its last item
+    rows), a chunk of its item rows committed ahead of the row (`items`), or its record
+    refused (`refused`, final)."""
+
+    put: _Put
+    size: int
+    row: Row | None = None
+    items: list[tuple[str, int, str, bytes]] = field(default_factory=list)
+    refused: RecordError | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.row is not None or self.refused is not None
+
+
+def _pieces(put: _Put) -> list[_Piece]:
+    """Prepare `put`'s record and cut it into pieces (see the module docstring)."""
+    try:
+        row = prepare(put.record)
+    except RecordError as e:
+        return [_Piece(put, put.size, refused=e)]
+    put.usage = row.usage
+    pieces: list[_Piece] = []
+    chunk: list[tuple[str, int, str, bytes]] = []
+    size = 0
+    for position, item_id, item in row.items:
+        chunk.append((row.id, position, item_id, item))
+        size += len(item)
+        if size >= CHUNK_BYTES:
+            pieces.append(_Piece(put, size, items=chunk))
+            chunk, size = [], 0
+    final = replace(row, items=[(position, item_id, item) for _, position, item_id, item in chunk])
+    pieces.append(_Piece(put, len(row.response) + len(row.input_items) + size, row=final))
+    return pieces
 
 
 @dataclass
@@ -99,7 +163,6 @@ class _Outcome:
     """What the store thread did with one batch."""
 
     committed: list[_Put] = field(default_factory=list)
-    stored: list[tuple[str | None, Usage]] = field(default_factory=list)
     refused: list[tuple[_Put, RecordError]] = field(default_factory=list)
     failure: StoreError | None = None
 
@@ -127,8 +190,12 @@ class BackgroundStore:
             if database.readers
             else thread
         )
+        self._preparer = ThreadPoolExecutor(1, thread_name_prefix="hotloop-store-prepare")
+        self._preparing = 0
+        self._preparings: set[asyncio.Task[None]] = set()
         # Per owner, in turn order: the next batch starts with the first key.
-        self._queues: dict[str | None, deque[_Put]] = {}
+        self._queues: dict[str | None, deque[_Piece]] = {}
+        self._queued_pieces = 0
         self._arrived = asyncio.Event()
         self._max_batch = max_batch
         self._max_batch_bytes = max_batch_bytes
@@ -148,7 +215,7 @@ class BackgroundStore:
         connect: Callable[[], Database],
         *,
         max_batch: int = 256,
-        max_batch_bytes: int = 256 * 1024,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
         commit_window: float = 0.002,
         deadline: float = 5.0,
         quota_bytes: int = 2**62,
@@ -217,14 +284,37 @@ class BackgroundStore:
     async def put(self, response: StoredResponse) -> None:
         if self._closed:
             raise StoreError("store_closed", "the store is shut down; nothing more is stored")
-        put = _Put(response, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        put = _Put(response, loop.create_future())
         self._queued += 1
-        self._queued_bytes += put.size
-        self._queues.setdefault(response.owner, deque()).append(put)
-        self._arrived.set()
-        # A caller that goes away (a closed socket) does not take the record back: it
-        # is committed or refused like every other.
+        if put.size <= PREPARE_INLINE_BYTES:
+            self._enqueue(_pieces(put))
+        else:
+            # A caller that goes away (a closed socket) does not take the record back:
+            # it is prepared, then committed or refused like every other.
+            self._preparing += 1
+            preparing = loop.create_task(self._prepare(put))
+            self._preparings.add(preparing)
+            preparing.add_done_callback(self._preparings.discard)
         await asyncio.shield(put.done)
+
+    async def _prepare(self, put: _Put) -> None:
+        try:
+            pieces = await asyncio.get_running_loop().run_in_executor(self._preparer, _pieces, put)
+        except Exception as e:
+            log.exception("store writer failed to prepare response %s", put.record.id)
+            self._settle(put, StoreError("store_unavailable", type(e).__name__))
+            self._arrived.set()
+            return
+        finally:
+            self._preparing -= 1
+        self._enqueue(pieces)
+
+    def _enqueue(self, pieces: list[_Piece]) -> None:
+        self._queues.setdefault(pieces[0].put.record.owner, deque()).extend(pieces)
+        self._queued_pieces += len(pieces)
+        self._queued_bytes += sum(piece.size for piece in pieces)
+        self._arrived.set()
 
     # ---------------------------------------------------------------- the drain task
 
@@ -232,7 +322,7 @@ class BackgroundStore:
         loop = asyncio.get_running_loop()
         while True:
             if not self._queues:
-                if self._closed:
+                if self._closed and not self._preparing:
                     return
                 self._arrived.clear()
                 await self._arrived.wait()
@@ -251,28 +341,34 @@ class BackgroundStore:
             await self._commit(self._take())
 
     def _full(self) -> bool:
-        return self._queued >= self._max_batch or self._queued_bytes >= self._max_batch_bytes
+        return self._queued_pieces >= self._max_batch or self._queued_bytes >= self._max_batch_bytes
 
-    def _take(self) -> list[_Put]:
-        """The next batch: one response from each key in turn (see the module
-        docstring). A key whose next response does not fit goes first next time."""
-        batch: list[_Put] = []
+    def _take(self) -> list[_Piece]:
+        """The next batch: one piece from each key in turn (see the module docstring).
+        A key whose next piece does not fit goes first next time; the pieces left of a
+        response that already failed are dropped."""
+        batch: list[_Piece] = []
         size = 0
         while self._queues and len(batch) < self._max_batch:
             owner, queue = next(iter(self._queues.items()))
-            put = queue[0]
-            if batch and size + put.size > self._max_batch_bytes:
+            piece = queue[0]
+            failed = piece.put.done.done()
+            if not failed and batch and size + piece.size > self._max_batch_bytes:
                 break
             queue.popleft()
-            batch.append(put)
-            size += put.size
+            self._queued_pieces -= 1
+            self._queued_bytes -= piece.size
+            if not failed:
+                batch.append(piece)
+                size += piece.size
             del self._queues[owner]
             if queue:
                 self._queues[owner] = queue
-        self._queued_bytes -= size
         return batch
 
-    async def _commit(self, batch: list[_Put]) -> None:
+    async def _commit(self, batch: list[_Piece]) -> None:
+        if not batch:
+            return
         try:
             outcome = await self._written(self._write, batch)
         except StoreError as e:
@@ -281,37 +377,36 @@ class BackgroundStore:
             # A bug below must not end the drain task: fail this batch, keep going.
             log.exception("store writer failed on responses %s", _ids(batch))
             outcome = _Outcome(failure=StoreError("store_unavailable", f"{type(e).__name__}"))
-        self._queued -= len(batch)
         metrics = self._metrics
         if outcome.failure is not None:
+            puts = list({id(piece.put): piece.put for piece in batch}.values())
             log.error(
                 "store commit failed; %d responses not stored and failed (%s): %s",
-                len(batch),
+                len(puts),
                 _ids(batch),
                 outcome.failure.message,
             )
             if metrics is not None:
-                metrics.store_errors.labels("commit").inc(len(batch))
+                metrics.store_errors.labels("commit").inc(len(puts))
             self._unhealthy()
-            for put in batch:
-                _settle(put, outcome.failure)
+            for put in puts:
+                self._settle(put, outcome.failure)
             return
         self._healthy = True
         if metrics is not None:
             metrics.store_commits.inc()
             metrics.store_writes.inc(len(outcome.committed))
             metrics.store_errors.labels("record").inc(len(outcome.refused))
-        for owner, usage in outcome.stored:
-            self.quota.stored(owner, usage)
         for put in outcome.committed:
-            _settle(put, None)
+            self.quota.stored(put.record.owner, put.usage)
+            self._settle(put, None)
         for put, error in outcome.refused:
             log.error(
                 "response %s cannot be stored (%s); quarantined, the response failed",
                 put.record.id,
                 error.reason,
             )
-            _settle(
+            self._settle(
                 put,
                 StoreError(
                     "store_unavailable",
@@ -320,25 +415,34 @@ class BackgroundStore:
                 ),
             )
 
-    def _write(self, batch: Sequence[_Put]) -> _Outcome:
-        """On the store thread: prepare each record on its own, commit the batch."""
+    def _write(self, batch: Sequence[_Piece]) -> _Outcome:
+        """On the store thread: commit the batch's pieces in one transaction."""
         outcome = _Outcome()
         rows: list[Row] = []
         rejected: list[Quarantined] = []
-        for put in batch:
-            try:
-                row = prepare(put.record)
-                rows.append(row)
-                outcome.committed.append(put)
-                outcome.stored.append((row.owner, row.usage))
-            except RecordError as e:
-                rejected.append(quarantined(put.record, e))
-                outcome.refused.append((put, e))
+        items: list[tuple[str, int, str, bytes]] = []
+        for piece in batch:
+            items.extend(piece.items)
+            if piece.row is not None:
+                rows.append(piece.row)
+                outcome.committed.append(piece.put)
+            elif piece.refused is not None:
+                rejected.append(quarantined(piece.put.record, piece.refused))
+                outcome.refused.append((piece.put, piece.refused))
         try:
-            self._database.write(rows, rejected)
+            self._database.write(rows, rejected, items)
         except StoreError as e:
             return _Outcome(failure=e)
         return outcome
+
+    def _settle(self, put: _Put, error: StoreError | None) -> None:
+        if put.done.done():
+            return
+        self._queued -= 1
+        if error is None:
+            put.done.set_result(None)
+        else:
+            put.done.set_exception(error)
 
     def _unhealthy(self) -> None:
         self._healthy = False
@@ -416,6 +520,7 @@ class BackgroundStore:
         await self._drainer
         if self._probing is not None:
             self._probing.cancel()
+        self._preparer.shutdown(wait=True)
         if self._readers is not self._thread:
             self._readers.shutdown(wait=True)
         await self._call(self._database.close)
@@ -430,17 +535,8 @@ def _with_usage(database: Database) -> tuple[Database, dict[str, Usage]]:
         raise
 
 
-def _settle(put: _Put, error: StoreError | None) -> None:
-    if put.done.done():
-        return
-    if error is None:
-        put.done.set_result(None)
-    else:
-        put.done.set_exception(error)
-
-
-def _ids(batch: Sequence[_Put]) -> str:
-    return ", ".join(put.record.id for put in batch)
+def _ids(batch: Sequence[_Piece]) -> str:
+    return ", ".join(dict.fromkeys(piece.put.record.id for piece in batch))
 
 
 __all__ = ["PROBE_INTERVAL", "BackgroundStore", "Database"]
