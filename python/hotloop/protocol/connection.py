@@ -427,6 +427,7 @@ class Connection:
         session_key: str | None = None,
         queue_memory: QueueMemory | None = None,
         durable: bool = False,
+        storage_refusal: Callable[[str | None], str | None] | None = None,
         request_id: str | None = None,
         compactor: Compactor | None = None,
         sampling_defaults: tuple[float, float] = API_SAMPLING,
@@ -438,7 +439,9 @@ class Connection:
         the process-wide bound on queued request bytes that this connection's queue
         counts in (unbounded beyond its own limit without one). `durable`: the server
         has a store; `store=true` responses are committed (`Persist`) before their
-        terminal event. `request_id`: the HTTP request's id (its `x-request-id`) for the
+        terminal event; `storage_refusal(principal)` says why a key may store no more
+        (`Ledger.storage_refusal`), and its `store=true` requests are then refused with
+        429 `insufficient_quota`. `request_id`: the HTTP request's id (its `x-request-id`) for the
         response it makes; without one (WebSocket mode) each response gets its own,
         carried on its `response.created` and terminal events. `compactor`: the server's
         compaction key (one of this connection's own otherwise). `sampling_defaults`: the
@@ -475,6 +478,7 @@ class Connection:
         self._unreadable: dict[str, str] = {}
         """Parent ids the store could not be read for (`store_unavailable`), and why."""
         self._durable = durable
+        self._storage_refusal = storage_refusal
         self._next_key = 0
         self._queued_bytes = 0
         self._actions: list[Action] = []
@@ -876,6 +880,10 @@ class Connection:
         if self._expiring:
             self._refuse(self._lifetime_error(), name)
             return
+        over_quota = self._over_quota(request)
+        if over_quota is not None:
+            self._refuse(over_quota, name)
+            return
         lane = self._lanes.get(name)
         if lane is None:
             if len(self._lanes) - 1 >= MAX_NAMED_LANES:
@@ -943,6 +951,16 @@ class Connection:
         if steered.error is not None:
             return ProtocolError.from_core(steered.error)
         return frame, steered
+
+    def _over_quota(self, request: CreateRequest) -> ProtocolError | None:
+        """The refusal of a `store=true` request (a warm-up too: it is stored like any
+        other) from a key at its storage quota."""
+        if not (request.store and self._durable and self._storage_refusal is not None):
+            return None
+        message = self._storage_refusal(self._principal)
+        if message is None:
+            return None
+        return ProtocolError("insufficient_quota", message, "store", status=429)
 
     def _hold(self, size: int) -> None:
         """Count `size` bytes of input waiting on this connection (queued requests,
