@@ -31,7 +31,8 @@ from hotloop.store import (
 )
 from hotloop.store.items import listed_items, page_of
 from hotloop.store.postgres import MIGRATIONS as POSTGRES_MIGRATIONS
-from hotloop.store.records import RESPONSE_COLUMNS, Quarantined, Row
+from hotloop.store.quota import Usage
+from hotloop.store.records import RESPONSE_COLUMNS, ItemRows, Rejected, Row
 from hotloop.store.sqlite import FILE_NAME, SQLiteDatabase
 from hotloop.store.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from hotloop.store.writer import BackgroundStore
@@ -459,7 +460,7 @@ class GatedDatabase:
         self.rows: dict[str, Row] = {}
         self.batches: list[int] = []
 
-    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
         self.entered.set()
         self.gate.wait()
         if self.fail is not None:
@@ -475,8 +476,12 @@ class GatedDatabase:
         row = self.rows.get(response_id)
         return row.response if row else None
 
-    def delete(self, response_id: str, owner: str | None) -> bool:
-        return self.rows.pop(response_id, None) is not None
+    def usage(self) -> dict[str, Usage]:
+        return {}
+
+    def delete(self, response_id: str, owner: str | None) -> tuple[str | None, Usage] | None:
+        row = self.rows.pop(response_id, None)
+        return None if row is None else (row.owner, row.usage)
 
     def list_input_items(
         self, response_id: str, owner: str | None, *, order: Order, limit: int, after: str | None

@@ -159,6 +159,8 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         commit_window=config.store_commit_window,
         busy_timeout=config.store_busy_timeout,
         cache=config.store_cache,
+        quota_bytes=config.store_quota_bytes,
+        quota_rows=config.store_quota_rows,
         compactor=compactor,
     )
     ledger.metrics.node = config.node

@@ -158,7 +158,19 @@ class ServerConfig:
         0.002, "how long a commit waits for more responses to commit with it"
     )
     store_busy_timeout: float = _option(
-        5.0, "how long a commit retries a database locked by another process before failing"
+        5.0,
+        "how long a commit, read or delete waits for the database (locked by another "
+        "process, or not answering) before it fails",
+    )
+    store_quota_bytes: int = _option(
+        1024 * MIB,
+        "bytes each API key may keep in the store (store=true responses and their input "
+        "items); past it, store=true requests get 429 insufficient_quota",
+    )
+    store_quota_rows: int = _option(
+        1_000_000,
+        "rows each API key may keep in the store (one per response and one per input "
+        "item); past it, store=true requests get 429 insufficient_quota",
     )
     compaction_key: str | None = _option(
         None,

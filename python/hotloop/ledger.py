@@ -66,13 +66,15 @@ class Ledger:
         commit_window: float = 0.002,
         busy_timeout: float = 5.0,
         cache: str | None = None,
+        quota_bytes: int = 2**62,
+        quota_rows: int = 2**62,
         compactor: Compactor | None = None,
     ) -> None:
         """`data_dir`: where the store lives, a directory (SQLite) or a PostgreSQL URL;
         None for no durable store (`store=true` is then a no-op). `commit_window`,
-        `busy_timeout` and `cache`: see `open_store`. `compactor`: the server's
-        compaction key, to rebuild chains that hold compaction items (one of the
-        ledger's own otherwise)."""
+        `busy_timeout`, `cache`, `quota_bytes` and `quota_rows`: see `open_store`.
+        `compactor`: the server's compaction key, to rebuild chains that hold compaction
+        items (one of the ledger's own otherwise)."""
         # Usage and metrics name a key by its tenant label, never by its store id.
         self.keys = keys or ApiKeys()
         self.usage = Usage()
@@ -89,6 +91,8 @@ class Ledger:
             "commit_window": commit_window,
             "busy_timeout": busy_timeout,
             "cache": cache,
+            "quota_bytes": quota_bytes,
+            "quota_rows": quota_rows,
         }
         self.fingerprint = format_fingerprint(engine.chat_format)
         self.format_name = engine.chat_format.name
@@ -116,6 +120,13 @@ class Ledger:
     def durable(self) -> bool:
         """`store=true` responses are committed before their terminal event."""
         return self.store is not None
+
+    def storage_refusal(self, principal: str | None) -> str | None:
+        """Why API key `principal` may store no more responses (its storage quota), or
+        None when it may (always with auth off, or without a store)."""
+        if self.store is None or principal is None:
+            return None
+        return self.store.quota_refusal(key_id(principal))
 
     async def close(self) -> None:
         """Book what is left and close the store (every acknowledged response was

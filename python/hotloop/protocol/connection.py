@@ -153,6 +153,7 @@ class Connection:
         session_key: str | None = None,
         queue_memory: QueueMemory | None = None,
         durable: bool = False,
+        storage_refusal: Callable[[str | None], str | None] | None = None,
         request_id: str | None = None,
         compactor: Compactor | None = None,
         sampling_defaults: tuple[float, float] = API_SAMPLING,
@@ -164,7 +165,9 @@ class Connection:
         the process-wide bound on queued request bytes that this connection's queue
         counts in (unbounded beyond its own limit without one). `durable`: the server
         has a store; `store=true` responses are committed (`Persist`) before their
-        terminal event. `request_id`: the HTTP request's id (its `x-request-id`) for the
+        terminal event; `storage_refusal(principal)` says why a key may store no more
+        (`Ledger.storage_refusal`), and its `store=true` requests are then refused with
+        429 `insufficient_quota`. `request_id`: the HTTP request's id (its `x-request-id`) for the
         response it makes; without one (WebSocket mode) each response gets its own,
         carried on its `response.created` and terminal events. `compactor`: the server's
         compaction key (one of this connection's own otherwise). `sampling_defaults`: the
@@ -185,6 +188,7 @@ class Connection:
             request_id=request_id,
             sampling_defaults=sampling_defaults,
             durable=durable,
+            storage_refusal=storage_refusal,
             inject=inject,
             stop_tokens=tuple(chat_format.stop_tokens),
         )
@@ -425,12 +429,8 @@ class Connection:
 
     @property
     def in_flight(self) -> int:
-        return (
-            len(self.generating)
-            + len(self._rendering)
-            + len(self.ending)
-            + len(self.long_running.waiting)
-        )
+        waiting = len(self.long_running.waiting)
+        return len(self.generating) + len(self._rendering) + len(self.ending) + waiting
 
     @property
     def busy(self) -> bool:
@@ -591,6 +591,10 @@ class Connection:
         if self._expiring:
             self.refuse(ProtocolError.lifetime_reached(), name)
             return
+        over_quota = self.settings.over_quota(request)
+        if over_quota is not None:
+            self.refuse(over_quota, name)
+            return
         lane = self._lanes.get(name)
         if lane is None:
             if len(self._lanes) - 1 >= MAX_NAMED_LANES:
@@ -692,19 +696,18 @@ class Connection:
         return rendering
 
     def _cancel(self, event: CancelEvent) -> None:
-        target: Response | None = None
+        """`response.cancel` of a response by id, or of a lane's current one. Nothing
+        running: the cancel crossed the terminal event on the wire."""
         if event.response_id is not None:
             target = self.running(event.response_id)
-        else:
-            lane = self._lanes.get(event.stream_id)
-            target = lane.active if lane is not None else None
-        if target is None:
-            lane = self._lanes.get(event.stream_id) if event.response_id is None else None
-            if lane is not None and lane.rendering is not None:
-                lane.rendering.cancelled = True
-            # Otherwise already finished: the cancel crossed the terminal event on the wire.
+            if target is not None:
+                target.cancel()
             return
-        target.cancel()
+        lane = self._lanes.get(event.stream_id)
+        if lane is not None and lane.active is not None:
+            lane.active.cancel()
+        elif lane is not None and lane.rendering is not None:
+            lane.rendering.cancelled = True  # `render_done` cancels it
 
     # ---------------------------------------------------------------- lifetime
 

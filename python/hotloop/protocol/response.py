@@ -14,6 +14,7 @@ does not know their rules, only where they join a response's life.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -64,8 +65,20 @@ class Settings:
     request_id: str | None
     sampling_defaults: tuple[float, float]
     durable: bool
+    storage_refusal: Callable[[str | None], str | None] | None
+    """Why a key may store no more (`Ledger.storage_refusal`), or None."""
     inject: bool
     stop_tokens: tuple[int, ...]
+
+    def over_quota(self, request: CreateRequest) -> ProtocolError | None:
+        """The refusal of a `store=true` request (a warm-up too: it is stored like any
+        other) from a key at its storage quota."""
+        if not (request.store and self.durable and self.storage_refusal is not None):
+            return None
+        message = self.storage_refusal(self.principal)
+        if message is None:
+            return None
+        return ProtocolError("insufficient_quota", message, "store", status=429)
 
     def conversation(self) -> Conversation:
         """A new conversation in the connection's format."""

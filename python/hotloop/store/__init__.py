@@ -272,6 +272,11 @@ class Store(Protocol):
         """The chain ending at `response_id`, or None if it or any ancestor is gone."""
         ...
 
+    def quota_refusal(self, owner: str | None) -> str | None:
+        """Why `owner` may store no more responses (its storage quota, `quota.py`), or
+        None when it may."""
+        ...
+
     @property
     def healthy(self) -> bool:
         """False after a failed commit, until a write succeeds again (`/health` 503)."""
@@ -294,11 +299,15 @@ async def open_store(
     commit_window: float = 0.002,
     busy_timeout: float = 5.0,
     cache: str | None = None,
+    quota_bytes: int = 2**62,
+    quota_rows: int = 2**62,
 ) -> Store:
     """The store at `target`: a PostgreSQL URL (`postgresql://...`), or a data directory
     holding `responses.sqlite3` (created if missing). One writer commits in groups:
     after the first put it waits up to `commit_window` seconds for more. A commit that
-    finds the database locked retries for up to `busy_timeout` seconds. `cache`: a
+    finds the database locked retries for up to `busy_timeout` seconds, and a commit,
+    read or delete the database has not answered within it fails. Each API key may
+    store up to `quota_bytes` and `quota_rows` (`quota.py`). `cache`: a
     `redis://` URL of a read cache in front (`cache.py`).
 
     Raises StoreError `store_damaged` / `store_unavailable` with a message naming the
@@ -316,7 +325,14 @@ async def open_store(
 
         path = Path(target)
         connect = lambda: SQLiteDatabase.in_directory(path, busy_timeout=busy_timeout)  # noqa: E731
-    store: Store = await BackgroundStore.open(connect, metrics=metrics, commit_window=commit_window)
+    store: Store = await BackgroundStore.open(
+        connect,
+        metrics=metrics,
+        commit_window=commit_window,
+        deadline=busy_timeout,
+        quota_bytes=quota_bytes,
+        quota_rows=quota_rows,
+    )
     if cache is not None:
         from hotloop.store.cache import CachedStore
 

@@ -3,17 +3,27 @@ store, never the system of record.
 
 `CachedStore` wraps a `Store`: puts commit to the store first, and only a committed
 response is copied to the cache (in the background: the copy never delays a terminal
-event, and a cache that is down only costs hits). Reads try the cache, then the store;
-a delete removes the response from the store, then from the cache. A cached record
-carries its owner (reads check it as the store does) and the ids of its ancestors, so a
-chain is read with one `MGET`; any gap falls back to the store's one-query chain, whose
-records are then cached. Entries expire after `ttl` seconds.
+event, and a cache that is down only costs hits). Reads try the cache, then the store.
+A cached record carries its owner (reads check it as the store does) and the ids of its
+ancestors, so a chain is read with one `MGET`; any gap falls back to the store's
+one-query chain, whose records are then cached. Entries expire after `ttl` seconds.
+
+A delete first replaces the entry with a tombstone, then deletes from the store; a
+response is never copied over an entry that exists (`SET NX`: a record never changes),
+so no read racing the delete can put it back. When the tombstone cannot be written (the
+cache is down), the delete is refused (`store_unavailable`, nothing deleted): deleting
+from the store alone would leave the response served and continuable from the cache.
+
+A hung or unreachable cache costs each call at most `SOCKET_TIMEOUT`; after a failure
+the cache is skipped for `COOL_DOWN` seconds (a circuit breaker: reads go straight to
+the store, copies are dropped, deletes are refused), then tried again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import astuple
 from typing import Any
 
@@ -26,6 +36,7 @@ from hotloop.store import (
     Order,
     Store,
     StoredResponse,
+    StoreError,
     may_read,
 )
 
@@ -35,13 +46,16 @@ try:
     from redis import asyncio as redis
     from redis.exceptions import RedisError
 except ImportError as e:  # pragma: no cover - depends on the installed extras
-    from hotloop.store import StoreError
-
     raise StoreError(
         "store_unavailable", "--store-cache needs the redis client: pip install 'hotloop[redis]'"
     ) from e
 
 PREFIX = "hotloop:response:"
+TOMBSTONE = b"deleted"
+SOCKET_TIMEOUT = 0.25
+"""Seconds a cache call may take (connecting, or waiting for an answer) before it fails."""
+COOL_DOWN = 5.0
+"""Seconds the cache is skipped after a failure."""
 
 
 def _encode(record: StoredResponse, ancestors: list[str] | None) -> bytes:
@@ -62,7 +76,10 @@ def _encode(record: StoredResponse, ancestors: list[str] | None) -> bytes:
     )
 
 
-def _decode(raw: bytes | str) -> tuple[StoredResponse, list[str] | None]:
+def _decode(raw: bytes | str) -> tuple[StoredResponse, list[str] | None] | None:
+    """A cached entry; None for a tombstone."""
+    if raw == TOMBSTONE:
+        return None
     entry: dict[str, Any] = orjson.loads(raw)
     record = StoredResponse(
         id=entry["id"],
@@ -82,13 +99,37 @@ def _decode(raw: bytes | str) -> tuple[StoredResponse, list[str] | None]:
 class CachedStore:
     """A `Store` with a Redis read cache in front (see the module docstring)."""
 
-    def __init__(self, store: Store, url: str, *, ttl: int = 3600) -> None:
+    def __init__(
+        self, store: Store, url: str, *, ttl: int = 3600, cool_down: float = COOL_DOWN
+    ) -> None:
         self._store = store
-        self._redis = redis.Redis.from_url(url)
+        self._redis = redis.Redis.from_url(
+            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
+        )
         self._ttl = ttl
         self._copies: set[asyncio.Task[None]] = set()
+        self._cool_down = cool_down
+        self._skip_until = 0.0
         self.hits = 0
         self.misses = 0
+        self.skipped = 0
+        """Calls that went to the store alone while the cache was skipped."""
+
+    @property
+    def cool_down_ends(self) -> float:
+        """When (`time.monotonic()`) the cache is tried again after a failure."""
+        return self._skip_until
+
+    def _available(self) -> bool:
+        if time.monotonic() < self._skip_until:
+            self.skipped += 1
+            return False
+        return True
+
+    def _failed(self, what: str, error: RedisError) -> None:
+        """A cache call failed: skip the cache for a cool-down."""
+        self._skip_until = time.monotonic() + self._cool_down
+        log.warning("%s; cache skipped for %g s: %s", what, self._cool_down, error)
 
     @property
     def healthy(self) -> bool:
@@ -97,6 +138,9 @@ class CachedStore:
     def pending(self) -> int:
         return self._store.pending()
 
+    def quota_refusal(self, owner: str | None) -> str | None:
+        return self._store.quota_refusal(owner)
+
     async def put(self, response: StoredResponse) -> None:
         await self._store.put(response)
         copy = asyncio.get_running_loop().create_task(self._copy(response))
@@ -104,26 +148,33 @@ class CachedStore:
         copy.add_done_callback(self._copies.discard)
 
     async def _copy(self, record: StoredResponse) -> None:
+        if not self._available():
+            return
         try:
             ancestors: list[str] | None = []
             if record.previous_response_id is not None:
                 parent = await self._redis.get(PREFIX + record.previous_response_id)
-                if parent is None:
+                entry = None if parent is None else _decode(parent)
+                if entry is None:
                     ancestors = None
                 else:
-                    parent_record, parent_ancestors = _decode(parent)
+                    parent_record, parent_ancestors = entry
                     ancestors = (
                         None if parent_ancestors is None else [*parent_ancestors, parent_record.id]
                     )
-            await self._redis.set(PREFIX + record.id, _encode(record, ancestors), ex=self._ttl)
+            await self._redis.set(
+                PREFIX + record.id, _encode(record, ancestors), ex=self._ttl, nx=True
+            )
         except RedisError as e:
-            log.warning("response %s not cached: %s", record.id, e)
+            self._failed(f"response {record.id} not cached", e)
 
     async def _cached(self, ids: list[str]) -> list[tuple[StoredResponse, list[str] | None] | None]:
+        if not self._available():
+            return [None] * len(ids)
         try:
             raws = await self._redis.mget([PREFIX + rid for rid in ids])
         except RedisError as e:
-            log.warning("cache unavailable: %s", e)
+            self._failed("cache unavailable", e)
             return [None] * len(ids)
         return [None if raw is None else _decode(raw) for raw in raws]
 
@@ -150,25 +201,34 @@ class CachedStore:
         return chain
 
     async def _fill(self, chain: Chain) -> None:
+        if not self._available():
+            return
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for n, record in enumerate(chain.responses):
                     ancestors = [r.id for r in chain.responses[:n]]
-                    pipe.set(PREFIX + record.id, _encode(record, ancestors), ex=self._ttl)
+                    pipe.set(PREFIX + record.id, _encode(record, ancestors), ex=self._ttl, nx=True)
                 await pipe.execute()
         except RedisError as e:
-            log.warning("chain not cached: %s", e)
+            self._failed("chain not cached", e)
 
     async def delete(self, response_id: str, owner: str | None) -> bool:
-        deleted = await self._store.delete(response_id, owner)
-        if deleted:
-            try:
-                await self._redis.delete(PREFIX + response_id)
-            except RedisError as e:
-                # The entry expires with its ttl; until then a cached chain through it
-                # could still be served, so say so loudly.
-                log.error("deleted response %s still cached: %s", response_id, e)
-        return deleted
+        (entry,) = await self._cached([response_id])
+        if entry is not None and not may_read(entry[0].owner, owner):
+            return False  # another key's: it tombstones nothing
+        refused = StoreError(
+            "store_unavailable",
+            "The response cache is unavailable, so the response cannot be deleted without "
+            "staying readable from it; nothing was deleted: retry shortly.",
+        )
+        if not self._available():
+            raise refused
+        try:
+            await self._redis.set(PREFIX + response_id, TOMBSTONE, ex=self._ttl)
+        except RedisError as e:
+            self._failed(f"response {response_id} not deleted", e)
+            raise refused from e
+        return await self._store.delete(response_id, owner)
 
     async def list_input_items(
         self,

@@ -13,6 +13,9 @@ The tables are those of the SQLite store (`sqlite.py` describes them); rows come
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,10 +23,14 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from hotloop.store import InputItemPage, Order, StoredResponse, StoreError
+from hotloop.store.quota import Usage
 from hotloop.store.records import (
+    FREED_QUERY,
     QUARANTINE_COLUMNS,
     RESPONSE_COLUMNS,
-    Quarantined,
+    USAGE_QUERY,
+    ItemRows,
+    Rejected,
     Row,
     joined,
     page,
@@ -124,6 +131,58 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+@contextmanager
+def _severed_after(connection: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+    """Break `connection` if what runs inside takes longer than `seconds`: a stopped
+    server (SIGSTOP, a hung host's process) leaves its kernel acknowledging every byte,
+    so neither the server's timeouts nor TCP's fire, and a blocking call would wait for
+    as long as the server is stopped. Shutting the socket down wakes that call with an
+    error; the pool then discards the connection. A COMMIT already sent may still be
+    carried out when the server resumes: the response was failed, never acknowledged."""
+    guard = threading.Lock()
+    armed = True
+
+    def sever() -> None:
+        with guard:
+            if not armed:
+                return
+            try:
+                # A duplicate of the descriptor: shutting it down shuts the socket down,
+                # and closing it never frees the number the connection still holds.
+                with socket.socket(fileno=os.dup(connection.fileno())) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except (OSError, psycopg.Error):
+                pass  # already closed: the blocked call has its error
+
+    timer = threading.Timer(seconds, sever)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with guard:
+            armed = False
+        timer.cancel()
+
+
+def _hold_tool_lists(cursor: psycopg.Cursor[Any], tools: dict[str, bytes]) -> None:
+    """Make sure every list of `tools` (hash: JSON) is in `tool_lists` and stays there
+    until this transaction ends: each row is locked FOR KEY SHARE, which a deleter's
+    FOR UPDATE waits for (`delete`) and other writers do not. A list a deleter removed
+    between the insert (a no-op: the row was there) and the lock is inserted again."""
+    missing = dict(tools)
+    while missing:
+        cursor.executemany(
+            "INSERT INTO tool_lists (hash, tools) VALUES (%s, %s) ON CONFLICT (hash) DO NOTHING",
+            list(missing.items()),
+        )
+        cursor.execute(
+            "SELECT hash FROM tool_lists WHERE hash = ANY(%s) FOR KEY SHARE", (list(missing),)
+        )
+        for (held,) in cursor.fetchall():
+            del missing[held]
+
+
 class PostgresDatabase:
     """A pool of connections to one PostgreSQL database."""
 
@@ -134,18 +193,29 @@ class PostgresDatabase:
         schema. Raises StoreError naming the server when it cannot."""
         self._where = redacted(url)
         self._timeout = busy_timeout
+        milliseconds = int(busy_timeout * 1000)
         self._pool = ConnectionPool(
             url,
             min_size=1,
             max_size=READERS + 1,
             timeout=busy_timeout,
             # A connection broken by a server restart is replaced, not handed out.
-            check=ConnectionPool.check_connection,
+            check=self._check,
             kwargs={
                 "autocommit": True,
                 "connect_timeout": max(1, round(busy_timeout)),
-                # A commit that waits on another session's lock fails in time.
-                "options": f"-c lock_timeout={int(busy_timeout * 1000)}",
+                # A commit that waits on another session's lock, or a statement the
+                # server is slow to run, fails in time.
+                "options": f"-c lock_timeout={milliseconds} -c statement_timeout={milliseconds}",
+                # A host or network that went away (nothing acknowledges what is sent,
+                # an idle pooled connection gets no keepalive answer) breaks the
+                # connection in time. A hung server on a live host acknowledges all of
+                # it: `_severed_after` covers that.
+                "tcp_user_timeout": milliseconds,
+                "keepalives": 1,
+                "keepalives_idle": max(1, round(busy_timeout)),
+                "keepalives_interval": 1,
+                "keepalives_count": 3,
             },
             open=False,
         )
@@ -163,10 +233,17 @@ class PostgresDatabase:
             self._pool.close()
             raise
 
+    def _check(self, connection: psycopg.Connection[Any]) -> None:
+        with _severed_after(connection, self._timeout):
+            ConnectionPool.check_connection(connection)
+
     @contextmanager
     def _connection(self, action: str) -> Iterator[psycopg.Connection[Any]]:
         try:
-            with self._pool.connection() as connection:
+            with (
+                self._pool.connection() as connection,
+                _severed_after(connection, self._timeout),
+            ):
                 yield connection
         except (psycopg.Error, PoolTimeout) as e:
             raise StoreError(
@@ -207,16 +284,12 @@ class PostgresDatabase:
                 (int(time.time()),),
             )
 
-    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
-        """Commit `rows` and quarantine `rejected` in one transaction."""
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        """Commit `rows` and `items`, and quarantine `rejected`, in one transaction."""
         with self._transaction("write") as cursor:
             tools = {r.tools.hash: r.tools.tools for r in rows if r.tools is not None}
             if tools:
-                cursor.executemany(
-                    "INSERT INTO tool_lists (hash, tools) VALUES (%s, %s)"
-                    " ON CONFLICT (hash) DO NOTHING",
-                    list(tools.items()),
-                )
+                _hold_tool_lists(cursor, tools)
             if rows:
                 cursor.executemany(
                     f"INSERT INTO responses ({RESPONSE_COLUMNS})"
@@ -230,7 +303,7 @@ class PostgresDatabase:
                     " fingerprint = excluded.fingerprint, model_turns = excluded.model_turns",
                     [r.values() for r in rows],
                 )
-            items = [(r.id, *item) for r in rows for item in r.items]
+            items = [*items, *((r.id, *item) for r in rows for item in r.items)]
             if items:
                 cursor.executemany(
                     "INSERT INTO input_items (response_id, position, id, item)"
@@ -259,26 +332,40 @@ class PostgresDatabase:
             return None
         return joined(bytes(row[0]), row[1], None if row[2] is None else bytes(row[2]))
 
-    def delete(self, response_id: str, owner: str | None) -> bool:
+    def usage(self) -> dict[str, Usage]:
+        with self._connection("read") as connection:
+            rows = connection.execute(USAGE_QUERY).fetchall()
+        return {owner: Usage(int(size), int(count)) for owner, size, count in rows}
+
+    def delete(self, response_id: str, owner: str | None) -> tuple[str | None, Usage] | None:
         if not _text(response_id):
-            return False
+            return None
         with self._transaction("delete") as cursor:
+            cursor.execute(FREED_QUERY.format(id="%(id)s"), {"id": response_id})
+            freed = cursor.fetchone()
             cursor.execute(
                 "DELETE FROM responses AS r"
                 f" WHERE r.id = %(id)s AND {_OWNED.format(table='r')} RETURNING r.tools_hash",
                 {"id": response_id, "owner": owner},
             )
             row = cursor.fetchone()
-            if row is None:
-                return False
+            if row is None or freed is None:
+                return None
             cursor.execute("DELETE FROM input_items WHERE response_id = %s", (response_id,))
             if row[0] is not None:
+                # First the lock: it waits for every writer holding the list (their
+                # responses commit or roll back meanwhile). Then, in a statement of its
+                # own (a fresh snapshot in READ COMMITTED, which sees those commits),
+                # the list goes only if nothing references it. One DELETE with the
+                # NOT EXISTS would wait on the lock but re-check it against its old
+                # snapshot, and delete a list a just-committed response points at.
+                cursor.execute("SELECT 1 FROM tool_lists WHERE hash = %s FOR UPDATE", (row[0],))
                 cursor.execute(
                     "DELETE FROM tool_lists WHERE hash = %(h)s AND NOT EXISTS"
                     " (SELECT 1 FROM responses WHERE tools_hash = %(h)s)",
                     {"h": row[0]},
                 )
-            return True
+            return freed[0], Usage(int(freed[1]), int(freed[2]))
 
     def list_input_items(
         self,

@@ -24,11 +24,31 @@ import orjson
 
 from hotloop.store import InputItemPage, ModelTurn, StoredResponse
 from hotloop.store.items import listed_items
+from hotloop.store.quota import Usage
 
 RESPONSE_COLUMNS = (
     "id, owner, previous_response_id, created_at, response, tools_hash, tools_at,"
     " input_items, output_token_ids, fingerprint, model_turns"
 )
+# Every key's usage (`quota.py`), as `Row.usage` counts it: per response its row and
+# one row per input item. Shared tool lists count for nobody.
+USAGE_QUERY = """
+SELECT owner, sum(bytes), sum(rows) FROM (
+    SELECT owner, length(response) + length(input_items) AS bytes, 1 AS rows
+    FROM responses WHERE owner IS NOT NULL
+    UNION ALL
+    SELECT r.owner, length(i.item), 1
+    FROM input_items AS i JOIN responses AS r ON r.id = i.response_id
+    WHERE r.owner IS NOT NULL
+) AS usage GROUP BY owner
+"""
+# What deleting one response frees (its id twice).
+FREED_QUERY = """
+SELECT r.owner, length(r.response) + length(r.input_items) + coalesce(sum(length(i.item)), 0),
+       1 + count(i.item), r.tools_hash
+FROM responses AS r LEFT JOIN input_items AS i ON i.response_id = r.id
+WHERE r.id = {id} GROUP BY r.id
+"""
 QUARANTINE_COLUMNS = (
     "response_id, owner, reason, quarantined_at, response, input_items, output_token_ids,"
     " model_turns"
@@ -70,6 +90,12 @@ class Row:
     items: list[tuple[int, str, bytes]]
     """(position, id, item JSON in wire form) per input item."""
 
+    @property
+    def usage(self) -> Usage:
+        """What the row and its item rows weigh against its owner's quota."""
+        items = sum(len(item) for _, _, item in self.items)
+        return Usage(len(self.response) + len(self.input_items) + items, 1 + len(self.items))
+
     def values(self) -> tuple[object, ...]:
         """The `responses` row, in `RESPONSE_COLUMNS` order."""
         return (
@@ -85,6 +111,10 @@ class Row:
             self.fingerprint,
             self.model_turns,
         )
+
+
+ItemRows = Sequence[tuple[str, int, str, bytes]]
+"""Input item rows as inserted: (response id, position, item id, item JSON)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +139,9 @@ class Quarantined:
             ids,
             turns_json(record.model_turns),
         )
+
+
+Rejected = Sequence[Quarantined]
 
 
 def prepare(record: StoredResponse) -> Row:
@@ -209,10 +242,14 @@ def page(items: list[bytes], limit: int) -> InputItemPage:
 
 
 __all__ = [
+    "FREED_QUERY",
     "QUARANTINE_COLUMNS",
     "RESPONSE_COLUMNS",
+    "USAGE_QUERY",
+    "ItemRows",
     "Quarantined",
     "RecordError",
+    "Rejected",
     "Row",
     "ToolList",
     "joined",

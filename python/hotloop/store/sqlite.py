@@ -29,10 +29,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hotloop.store import InputItemPage, Order, StoredResponse, StoreError, may_read
+from hotloop.store.quota import Usage
 from hotloop.store.records import (
+    FREED_QUERY,
     QUARANTINE_COLUMNS,
     RESPONSE_COLUMNS,
-    Quarantined,
+    USAGE_QUERY,
+    ItemRows,
+    Rejected,
     Row,
     joined,
     model_turns,
@@ -294,8 +298,9 @@ class SQLiteDatabase:
         with self._transaction("write to") as db:
             db.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)", (int(time.time()),))
 
-    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
-        """Commit `rows` and quarantine `rejected` in one fsync'd transaction."""
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        """Commit `rows` and `items`, and quarantine `rejected`, in one fsync'd
+        transaction."""
         with self._transaction("write to") as db:
             db.executemany(
                 "INSERT OR IGNORE INTO tool_lists (hash, tools) VALUES (?, ?)",
@@ -309,7 +314,7 @@ class SQLiteDatabase:
             db.executemany(
                 "INSERT OR REPLACE INTO input_items (response_id, position, id, item)"
                 " VALUES (?, ?, ?, ?)",
-                [(r.id, *item) for r in rows for item in r.items],
+                [*items, *((r.id, *item) for r in rows for item in r.items)],
             )
             db.executemany(
                 f"INSERT INTO quarantine ({QUARANTINE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -327,22 +332,25 @@ class SQLiteDatabase:
             return None
         return joined(bytes(row[1]), row[2], None if row[3] is None else bytes(row[3]))
 
-    def delete(self, response_id: str, owner: str | None) -> bool:
+    def usage(self) -> dict[str, Usage]:
+        with _failures("reading", self.path):
+            rows = self._db.execute(USAGE_QUERY).fetchall()
+        return {owner: Usage(int(size), int(count)) for owner, size, count in rows}
+
+    def delete(self, response_id: str, owner: str | None) -> tuple[str | None, Usage] | None:
         with self._transaction("deleting from") as db:
-            row = db.execute(
-                "SELECT owner, tools_hash FROM responses WHERE id = ?", (response_id,)
-            ).fetchone()
+            row = db.execute(FREED_QUERY.format(id="?"), (response_id,)).fetchone()
             if row is None or not may_read(row[0], owner):
-                return False
+                return None
             db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
             db.execute("DELETE FROM input_items WHERE response_id = ?", (response_id,))
-            if row[1] is not None:
+            if row[3] is not None:
                 db.execute(
                     "DELETE FROM tool_lists WHERE hash = ?1 AND NOT EXISTS"
                     " (SELECT 1 FROM responses WHERE tools_hash = ?1)",
-                    (row[1],),
+                    (row[3],),
                 )
-            return True
+            return row[0], Usage(int(row[1]), int(row[2]))
 
     def list_input_items(
         self,

@@ -1,11 +1,24 @@
 """The group-committing writer: a `Store` over a blocking database.
 
-Owns the one thread that touches the database and the queue in front of it. A put
-waits for its commit: the drain task takes the first queued response, waits up to the
-commit window for more, prepares each record (`records.prepare`), and commits the batch
-in one transaction, so many responses share one fsync. Each put then learns its own
-outcome: committed, refused (a record the store cannot read back is quarantined in the
-same transaction and only that response fails) or failed with the whole transaction.
+Owns the one thread that touches the database, the thread that prepares large records
+and the queues in front of them. A put waits for its commit: its record is prepared
+(`records.prepare`; on the event loop when small, on the preparing thread when large),
+queued, and the drain task waits up to the commit window after the first queued
+response for more, takes a batch and commits it in one transaction, so many responses
+share one fsync. Each put then
+learns its own outcome: committed, refused (a record the store cannot read back is
+quarantined in the same transaction and only that response fails) or failed with the
+whole transaction.
+
+Fair shares: the writer is one resource every tenant waits on, so each API key has a
+queue of its own and a batch takes one piece of work from each key in turn, up to
+`max_batch` pieces and `max_batch_bytes` bytes. A piece is a response's row (with its
+last input item rows), or a chunk of a large response's item rows (`CHUNK_BYTES`),
+committed in a transaction of its own ahead of the row: invisible until the row commits
+(every read starts from the row), so a large response still appears whole or not at
+all, while another key's response waits for at most one piece under way and its own
+bounded batch, never behind the whole of a large response. A large response that fails
+after some of its chunks committed leaves those item rows behind, unreferenced.
 
 Failure isolation: nothing a record holds and no database error ends the drain task.
 Every failure is counted (`hotloop_store_errors_total{stage}`) and logged at ERROR with
@@ -19,13 +32,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from hotloop.store import Chain, InputItemPage, Order, StoredResponse, StoreError, may_read
-from hotloop.store.records import Quarantined, RecordError, Row, prepare, quarantined
+from hotloop.store.quota import StorageQuota, Usage
+from hotloop.store.records import (
+    ItemRows,
+    Quarantined,
+    RecordError,
+    Rejected,
+    Row,
+    prepare,
+    quarantined,
+)
 
 if TYPE_CHECKING:
     from hotloop.metrics import Metrics
@@ -45,16 +68,24 @@ class Database(Protocol):
 
     readers: int
 
-    def write(self, rows: Sequence[Row], rejected: Sequence[Quarantined]) -> None:
-        """Commit the rows and the quarantined records in one durable transaction."""
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        """Commit the rows, the quarantined records and more input item rows
+        (response id, position, id, item) in one durable transaction."""
         ...
 
     def probe(self) -> None:
         """One small durable write (the health check while unhealthy)."""
         ...
 
+    def usage(self) -> dict[str, Usage]:
+        """Every owner's stored bytes and rows (`quota.py`)."""
+        ...
+
     def get(self, response_id: str, owner: str | None) -> bytes | None: ...
-    def delete(self, response_id: str, owner: str | None) -> bool: ...
+    def delete(self, response_id: str, owner: str | None) -> tuple[str | None, Usage] | None:
+        """The deleted response's owner and what it held; None if there was none."""
+        ...
+
     def list_input_items(
         self, response_id: str, owner: str | None, *, order: Order, limit: int, after: str | None
     ) -> InputItemPage | None: ...
@@ -66,10 +97,65 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
+CHUNK_BYTES = 8 * 1024
+"""Input item rows of a large response committed per transaction ahead of its row."""
+MAX_BATCH_BYTES = 32 * 1024
+"""What one batch commits at most (a single response row larger than that, alone):
+what another key's response may wait behind."""
+PREPARE_INLINE_BYTES = 64 * 1024
+"""Records up to this size are prepared on the event loop (well under a millisecond);
+larger ones on the preparing thread, so that the loop never parses a large one."""
+
+
 @dataclass
 class _Put:
     record: StoredResponse
     done: asyncio.Future[None] = field(repr=False)
+    usage: Usage = field(default_factory=Usage)
+    """What the whole response holds in the database, once prepared (its quota)."""
+
+    @property
+    def size(self) -> int:
+        """What the record weighs: its JSON, as the database receives it."""
+        return len(self.record.response) + len(self.record.input_items)
+
+
+@dataclass
+class _Piece:
+    """One unit of the writer's work for `put`: its row (`final`, with its last item
+    rows), a chunk of its item rows committed ahead of the row (`items`), or its record
+    refused (`refused`, final)."""
+
+    put: _Put
+    size: int
+    row: Row | None = None
+    items: list[tuple[str, int, str, bytes]] = field(default_factory=list)
+    refused: RecordError | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.row is not None or self.refused is not None
+
+
+def _pieces(put: _Put) -> list[_Piece]:
+    """Prepare `put`'s record and cut it into pieces (see the module docstring)."""
+    try:
+        row = prepare(put.record)
+    except RecordError as e:
+        return [_Piece(put, put.size, refused=e)]
+    put.usage = row.usage
+    pieces: list[_Piece] = []
+    chunk: list[tuple[str, int, str, bytes]] = []
+    size = 0
+    for position, item_id, item in row.items:
+        chunk.append((row.id, position, item_id, item))
+        size += len(item)
+        if size >= CHUNK_BYTES:
+            pieces.append(_Piece(put, size, items=chunk))
+            chunk, size = [], 0
+    final = replace(row, items=[(position, item_id, item) for _, position, item_id, item in chunk])
+    pieces.append(_Piece(put, len(row.response) + len(row.input_items) + size, row=final))
+    return pieces
 
 
 @dataclass
@@ -90,19 +176,32 @@ class BackgroundStore:
         thread: ThreadPoolExecutor,
         *,
         max_batch: int,
+        max_batch_bytes: int,
         commit_window: float,
+        deadline: float,
+        quota: StorageQuota,
         metrics: Metrics | None,
     ) -> None:
         self._database = database
+        self.quota = quota
         self._thread = thread
         self._readers = (
             ThreadPoolExecutor(database.readers, thread_name_prefix="hotloop-store-read")
             if database.readers
             else thread
         )
-        self._queue: asyncio.Queue[_Put | None] = asyncio.Queue()
+        self._preparer = ThreadPoolExecutor(1, thread_name_prefix="hotloop-store-prepare")
+        self._preparing = 0
+        self._preparings: set[asyncio.Task[None]] = set()
+        # Per owner, in turn order: the next batch starts with the first key.
+        self._queues: dict[str | None, deque[_Piece]] = {}
+        self._queued_pieces = 0
+        self._arrived = asyncio.Event()
         self._max_batch = max_batch
+        self._max_batch_bytes = max_batch_bytes
+        self._queued_bytes = 0
         self._window = commit_window
+        self._deadline = deadline
         self._metrics = metrics
         self._closed = False
         self._healthy = True
@@ -116,14 +215,23 @@ class BackgroundStore:
         connect: Callable[[], Database],
         *,
         max_batch: int = 256,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
         commit_window: float = 0.002,
+        deadline: float = 5.0,
+        quota_bytes: int = 2**62,
+        quota_rows: int = 2**62,
         metrics: Metrics | None = None,
     ) -> BackgroundStore:
         """Open the database on a new store thread (SQLite connections stay on the
-        thread that made them) and start draining."""
+        thread that made them) and start draining. A commit, probe or delete that has
+        not answered within `deadline` seconds fails (`_written`). Each API key may store
+        up to `quota_bytes` and `quota_rows` (`quota.py`), counted from the database
+        here."""
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hotloop-store")
         try:
-            database = await asyncio.get_running_loop().run_in_executor(thread, connect)
+            database, usage = await asyncio.get_running_loop().run_in_executor(
+                thread, lambda: _with_usage(connect())
+            )
         except BaseException:
             thread.shutdown(wait=False)
             raise
@@ -131,7 +239,10 @@ class BackgroundStore:
             database,
             thread,
             max_batch=max_batch,
+            max_batch_bytes=max_batch_bytes,
             commit_window=commit_window,
+            deadline=deadline,
+            quota=StorageQuota(quota_bytes, quota_rows, usage),
             metrics=metrics,
         )
         if metrics is not None:
@@ -142,6 +253,22 @@ class BackgroundStore:
     async def _call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, functools.partial(fn, *args, **kwargs))
+
+    async def _written(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn` on the store thread, failed with StoreError `store_unavailable` when it
+        has not returned within the deadline: a database that hangs (a stopped server,
+        a hung disk) must fail the responses waiting on it and turn `/health` 503 in
+        time, not hold them for as long as it hangs. The call itself goes on on the
+        store thread until the database layer breaks it off, and the calls after it
+        wait behind it within their own deadlines; a commit it still completes stored
+        responses that were failed, never ones acknowledged and lost."""
+        try:
+            return await asyncio.wait_for(self._call(fn, *args), self._deadline)
+        except asyncio.TimeoutError:
+            raise StoreError(
+                "store_unavailable",
+                f"the database did not answer within {self._deadline:g} s (--store-busy-timeout)",
+            ) from None
 
     async def _read(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         loop = asyncio.get_running_loop()
@@ -157,67 +284,113 @@ class BackgroundStore:
     async def put(self, response: StoredResponse) -> None:
         if self._closed:
             raise StoreError("store_closed", "the store is shut down; nothing more is stored")
-        put = _Put(response, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        put = _Put(response, loop.create_future())
         self._queued += 1
-        self._queue.put_nowait(put)
-        # A caller that goes away (a closed socket) does not take the record back: it
-        # is committed or refused like every other.
+        if put.size <= PREPARE_INLINE_BYTES:
+            self._enqueue(_pieces(put))
+        else:
+            # A caller that goes away (a closed socket) does not take the record back:
+            # it is prepared, then committed or refused like every other.
+            self._preparing += 1
+            preparing = loop.create_task(self._prepare(put))
+            self._preparings.add(preparing)
+            preparing.add_done_callback(self._preparings.discard)
         await asyncio.shield(put.done)
+
+    async def _prepare(self, put: _Put) -> None:
+        try:
+            pieces = await asyncio.get_running_loop().run_in_executor(self._preparer, _pieces, put)
+        except Exception as e:
+            log.exception("store writer failed to prepare response %s", put.record.id)
+            self._settle(put, StoreError("store_unavailable", type(e).__name__))
+            self._arrived.set()
+            return
+        finally:
+            self._preparing -= 1
+        self._enqueue(pieces)
+
+    def _enqueue(self, pieces: list[_Piece]) -> None:
+        self._queues.setdefault(pieces[0].put.record.owner, deque()).extend(pieces)
+        self._queued_pieces += len(pieces)
+        self._queued_bytes += sum(piece.size for piece in pieces)
+        self._arrived.set()
 
     # ---------------------------------------------------------------- the drain task
 
     async def _drain(self) -> None:
-        while True:
-            first = await self._queue.get()
-            if first is None:
-                return
-            batch, stop = await self._gather(first)
-            await self._commit(batch)
-            if stop:
-                return
-
-    async def _gather(self, first: _Put) -> tuple[list[_Put], bool]:
-        """`first` and what arrives within the commit window (or is already queued)."""
         loop = asyncio.get_running_loop()
-        batch = [first]
-        deadline = loop.time() + self._window
-        while len(batch) < self._max_batch:
-            if self._queue.empty():
+        while True:
+            if not self._queues:
+                if self._closed and not self._preparing:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            # Let the responses finishing together join (closing: commit at once).
+            deadline = loop.time() + self._window
+            while not self._closed and not self._full():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
+                self._arrived.clear()
                 try:
-                    more = await asyncio.wait_for(self._queue.get(), remaining)
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
                 except asyncio.TimeoutError:
                     break
-            else:
-                more = self._queue.get_nowait()
-            if more is None:
-                return batch, True
-            batch.append(more)
-        return batch, False
+            await self._commit(self._take())
 
-    async def _commit(self, batch: list[_Put]) -> None:
+    def _full(self) -> bool:
+        return self._queued_pieces >= self._max_batch or self._queued_bytes >= self._max_batch_bytes
+
+    def _take(self) -> list[_Piece]:
+        """The next batch: one piece from each key in turn (see the module docstring).
+        A key whose next piece does not fit goes first next time; the pieces left of a
+        response that already failed are dropped."""
+        batch: list[_Piece] = []
+        size = 0
+        while self._queues and len(batch) < self._max_batch:
+            owner, queue = next(iter(self._queues.items()))
+            piece = queue[0]
+            failed = piece.put.done.done()
+            if not failed and batch and size + piece.size > self._max_batch_bytes:
+                break
+            queue.popleft()
+            self._queued_pieces -= 1
+            self._queued_bytes -= piece.size
+            if not failed:
+                batch.append(piece)
+                size += piece.size
+            del self._queues[owner]
+            if queue:
+                self._queues[owner] = queue
+        return batch
+
+    async def _commit(self, batch: list[_Piece]) -> None:
+        if not batch:
+            return
         try:
-            outcome = await self._call(self._write, batch)
+            outcome = await self._written(self._write, batch)
+        except StoreError as e:
+            outcome = _Outcome(failure=e)
         except Exception as e:
             # A bug below must not end the drain task: fail this batch, keep going.
             log.exception("store writer failed on responses %s", _ids(batch))
             outcome = _Outcome(failure=StoreError("store_unavailable", f"{type(e).__name__}"))
-        self._queued -= len(batch)
         metrics = self._metrics
         if outcome.failure is not None:
+            puts = list({id(piece.put): piece.put for piece in batch}.values())
             log.error(
                 "store commit failed; %d responses not stored and failed (%s): %s",
-                len(batch),
+                len(puts),
                 _ids(batch),
                 outcome.failure.message,
             )
             if metrics is not None:
-                metrics.store_errors.labels("commit").inc(len(batch))
+                metrics.store_errors.labels("commit").inc(len(puts))
             self._unhealthy()
-            for put in batch:
-                _settle(put, outcome.failure)
+            for put in puts:
+                self._settle(put, outcome.failure)
             return
         self._healthy = True
         if metrics is not None:
@@ -225,14 +398,15 @@ class BackgroundStore:
             metrics.store_writes.inc(len(outcome.committed))
             metrics.store_errors.labels("record").inc(len(outcome.refused))
         for put in outcome.committed:
-            _settle(put, None)
+            self.quota.stored(put.record.owner, put.usage)
+            self._settle(put, None)
         for put, error in outcome.refused:
             log.error(
                 "response %s cannot be stored (%s); quarantined, the response failed",
                 put.record.id,
                 error.reason,
             )
-            _settle(
+            self._settle(
                 put,
                 StoreError(
                     "store_unavailable",
@@ -241,23 +415,34 @@ class BackgroundStore:
                 ),
             )
 
-    def _write(self, batch: Sequence[_Put]) -> _Outcome:
-        """On the store thread: prepare each record on its own, commit the batch."""
+    def _write(self, batch: Sequence[_Piece]) -> _Outcome:
+        """On the store thread: commit the batch's pieces in one transaction."""
         outcome = _Outcome()
         rows: list[Row] = []
         rejected: list[Quarantined] = []
-        for put in batch:
-            try:
-                rows.append(prepare(put.record))
-                outcome.committed.append(put)
-            except RecordError as e:
-                rejected.append(quarantined(put.record, e))
-                outcome.refused.append((put, e))
+        items: list[tuple[str, int, str, bytes]] = []
+        for piece in batch:
+            items.extend(piece.items)
+            if piece.row is not None:
+                rows.append(piece.row)
+                outcome.committed.append(piece.put)
+            elif piece.refused is not None:
+                rejected.append(quarantined(piece.put.record, piece.refused))
+                outcome.refused.append((piece.put, piece.refused))
         try:
-            self._database.write(rows, rejected)
+            self._database.write(rows, rejected, items)
         except StoreError as e:
             return _Outcome(failure=e)
         return outcome
+
+    def _settle(self, put: _Put, error: StoreError | None) -> None:
+        if put.done.done():
+            return
+        self._queued -= 1
+        if error is None:
+            put.done.set_result(None)
+        else:
+            put.done.set_exception(error)
 
     def _unhealthy(self) -> None:
         self._healthy = False
@@ -273,7 +458,7 @@ class BackgroundStore:
                 if self._healthy or self._closed:
                     break
                 try:
-                    await self._call(self._database.probe)
+                    await self._written(self._database.probe)
                 except StoreError as e:
                     log.warning("store still unavailable: %s", e.message)
                 else:
@@ -288,7 +473,14 @@ class BackgroundStore:
         return await self._read(self._database.get, response_id, owner)
 
     async def delete(self, response_id: str, owner: str | None) -> bool:
-        return await self._call(self._database.delete, response_id, owner)
+        freed = await self._written(self._database.delete, response_id, owner)
+        if freed is None:
+            return False
+        self.quota.deleted(*freed)
+        return True
+
+    def quota_refusal(self, owner: str | None) -> str | None:
+        return self.quota.refusal(owner)
 
     async def list_input_items(
         self,
@@ -324,27 +516,27 @@ class BackgroundStore:
         if self._closed:
             return
         self._closed = True
-        self._queue.put_nowait(None)
+        self._arrived.set()
         await self._drainer
         if self._probing is not None:
             self._probing.cancel()
+        self._preparer.shutdown(wait=True)
         if self._readers is not self._thread:
             self._readers.shutdown(wait=True)
         await self._call(self._database.close)
         self._thread.shutdown(wait=True)
 
 
-def _settle(put: _Put, error: StoreError | None) -> None:
-    if put.done.done():
-        return
-    if error is None:
-        put.done.set_result(None)
-    else:
-        put.done.set_exception(error)
+def _with_usage(database: Database) -> tuple[Database, dict[str, Usage]]:
+    try:
+        return database, database.usage()
+    except BaseException:
+        database.close()
+        raise
 
 
-def _ids(batch: Sequence[_Put]) -> str:
-    return ", ".join(put.record.id for put in batch)
+def _ids(batch: Sequence[_Piece]) -> str:
+    return ", ".join(dict.fromkeys(piece.put.record.id for piece in batch))
 
 
 __all__ = ["PROBE_INTERVAL", "BackgroundStore", "Database"]

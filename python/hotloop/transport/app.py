@@ -252,6 +252,7 @@ class App:
             session_key=session_key(scope),
             queue_memory=self.queue_memory,
             durable=self.ledger is not None and self.ledger.durable,
+            storage_refusal=None if self.ledger is None else self.ledger.storage_refusal,
             compactor=self.compactor.bound(owner),
             sampling_defaults=self.engine.sampling_defaults,
             inject=config.inject or multi_agent(scope),

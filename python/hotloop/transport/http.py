@@ -272,6 +272,7 @@ class HttpApi:
             baseline=self.baseline,
             session_key=session_key(scope),
             durable=self.ledger.durable,
+            storage_refusal=self.ledger.storage_refusal,
             request_id=request_id,
             compactor=self._compactor(principal),
             sampling_defaults=self.ledger.engine.sampling_defaults,

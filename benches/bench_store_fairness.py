@@ -1,0 +1,123 @@
+"""The store's writer shared between tenants (issue 21, defect 5): how long tenant B's
+`store: true` response waits for its commit (what the terminal event waits for),
+quiet and while tenant A floods the writer from four sockets with stored warm-ups
+(`generate: false`: no engine time) of 10,000 input items each. On SQLite and on
+PostgreSQL (a server of its own, when PostgreSQL 15 is installed), through the store's
+public interface in one process, as the server calls it: A's four "sockets" each put a
+response and put the next once it committed; B puts one turn after another. Prints one
+JSON line per store (B's median and p99 commit wait, quiet and attacked, their ratio,
+A's responses) and one of them all; the target is a ratio of at most 2.
+
+    .venv/bin/python benches/bench_store_fairness.py [SECONDS]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+from hotloop.bench.abuse import percentile
+from hotloop.cluster import Postgres
+from hotloop.store import Store, StoredResponse, open_store
+
+SOCKETS = 4
+ITEMS = 10_000
+
+
+def record(rid: str, owner: str, items: bytes) -> StoredResponse:
+    body = {"id": rid, "object": "response", "output": [], "tools": [], "status": "completed"}
+    return StoredResponse(
+        id=rid,
+        owner=owner,
+        previous_response_id=None,
+        created_at=int(time.time()),
+        response=orjson.dumps(body),
+        input_items=items,
+        output_token_ids=list(range(40)),
+        fingerprint="bench",
+    )
+
+
+async def victim(store: Store, running: asyncio.Event) -> list[float]:
+    """Tenant B: one small turn after another while `running` is set."""
+    turn = orjson.dumps([{"role": "user", "content": "the next step"}])
+    waits = []
+    n = 0
+    while running.is_set() or n < 3:
+        n += 1
+        started = time.perf_counter()
+        await store.put(record(f"resp_b{time.monotonic_ns()}_{n}", "key_b", turn))
+        waits.append(time.perf_counter() - started)
+    return waits
+
+
+async def attacker(store: Store, running: asyncio.Event) -> int:
+    """Tenant A's socket: stored warm-ups of ITEMS items, back to back."""
+    items = orjson.dumps([{"role": "user", "content": f"item {n}"} for n in range(ITEMS)])
+    stored = 0
+    while running.is_set():
+        await store.put(record(f"resp_a{time.monotonic_ns()}", "key_a", items))
+        stored += 1
+    return stored
+
+
+async def scenario(target: str | Path, seconds: float, attacked: bool) -> dict[str, object]:
+    store = await open_store(target)
+    running = asyncio.Event()
+    running.set()
+    try:
+        attackers = [
+            asyncio.create_task(attacker(store, running)) for _ in range(SOCKETS if attacked else 0)
+        ]
+        waits_task = asyncio.create_task(victim(store, running))
+        await asyncio.sleep(seconds)
+        running.clear()
+        waits = await waits_task
+        stored = sum(await asyncio.gather(*attackers))
+    finally:
+        await store.close()
+    return {
+        "turns": len(waits),
+        "p50_ms": round(percentile(waits, 0.5) * 1e3, 2),
+        "p99_ms": round(percentile(waits, 0.99) * 1e3, 2),
+        "attacker_responses": stored,
+    }
+
+
+@contextmanager
+def target(name: str) -> Iterator[str | Path | None]:
+    if name == "sqlite":
+        with tempfile.TemporaryDirectory() as data:
+            yield Path(data)
+    elif not Postgres.installed():
+        yield None
+    else:
+        with Postgres.temporary() as server:
+            yield server.fresh_database()
+
+
+def main() -> None:
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 8.0
+    rows = []
+    for name in ("sqlite", "postgresql"):
+        with target(name) as where:
+            if where is None:
+                continue
+            quiet = asyncio.run(scenario(where, seconds, attacked=False))
+            attacked = asyncio.run(scenario(where, seconds, attacked=True))
+        ratio = round(float(attacked["p50_ms"]) / float(quiet["p50_ms"]), 2)  # type: ignore[arg-type]
+        row = {"store": name, "quiet": quiet, "attacked": attacked, "ratio": ratio}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
