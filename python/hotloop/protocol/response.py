@@ -1,7 +1,8 @@
 """One response on a connection, from the start of its turn to its terminal event and
-commit: `Rendering` (its new items rendered off the event loop), `Response` (the engine
-samples it: parser events, the end of its output, its usage, its terminal Response) and
-`Ending` (its terminal event waits for the store's commit).
+commit: `Rendering` (its start: the new items rendered, inline or off the event loop,
+then `response.created`), `Response` (the engine samples it: parser events, the end of
+its output, its usage, its terminal Response) and `Ending` (its terminal event waits for
+the store's commit). `Settings` are what every turn of a connection is served with.
 
 A response holds its lane from its start to its terminal event. The connection hands
 it engine results and client events by key; what a response does to the connection
