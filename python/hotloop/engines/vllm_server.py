@@ -11,8 +11,9 @@ The settings (see docs/engines.md, "vLLM on CPU"): `--enforce-eager` (compiled b
 graphs on CPU serve wrong tokens without an error), `--block-size 32` (the CPU default
 of 128 leaves short prompts with no reusable full block), prefix caching, a 1 GiB KV
 cache, no network. `--enable-log-requests` at DEBUG logs each request's prompt ids
-(`prompt_ids()`), and `--enable-prompt-tokens-details` makes each completion's usage
-carry what vLLM served from its prefix cache.
+(`prompt_ids()`; `log_requests=False` for measurements), and
+`--enable-prompt-tokens-details` makes each completion's usage carry what vLLM served
+from its prefix cache.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class VllmServer:
         port: int | None = None,
         max_model_len: int = 4096,
         kv_cache_gib: int = 1,
+        log_requests: bool = True,
     ) -> None:
         self.python = str(python)
         self.model_dir = str(model_dir)
@@ -81,6 +83,7 @@ class VllmServer:
         self.port = port or free_port(host)
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
+        self.log_requests = log_requests
         self.log: deque[str] = deque(maxlen=LOG_LINES)
         self._prompts: list[list[int]] = []
         self._logged = threading.Condition()
@@ -92,7 +95,7 @@ class VllmServer:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [
+        cmd = [
             self.python,
             "-m",
             "vllm.entrypoints.openai.api_server",
@@ -113,12 +116,12 @@ class VllmServer:
             str(BLOCK_SIZE),
             "--enable-prefix-caching",
             "--enable-prompt-tokens-details",
-            "--enable-log-requests",
             # The tests ask `/tokenize` to render with another model's template too.
             "--trust-request-chat-template",
-            "--max-log-len",
-            str(self.max_model_len * 2),
         ]
+        if self.log_requests:
+            cmd += ["--enable-log-requests", "--max-log-len", str(self.max_model_len * 2)]
+        return cmd
 
     def hotloop_flags(self) -> list[str]:
         """`hotloop serve` flags of an upstream engine in front of this server."""
@@ -142,7 +145,8 @@ class VllmServer:
             **os.environ,
             **OFFLINE_ENV,
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
-            "VLLM_LOGGING_LEVEL": "DEBUG",
+            # The request logger writes prompt ids at DEBUG only.
+            "VLLM_LOGGING_LEVEL": "DEBUG" if self.log_requests else "INFO",
             "PYTHONUNBUFFERED": "1",
         }
 
