@@ -143,12 +143,6 @@ def wait_stopped(vllm: VllmServer) -> None:
         assert time.monotonic() < deadline, "vLLM kept generating for a stopped response"
 
 
-def wait_running(vllm: VllmServer) -> None:
-    deadline = time.monotonic() + HANG_GUARD
-    while metric(vllm.url, RUNNING) == 0:
-        assert time.monotonic() < deadline
-
-
 def test_greedy_canary(vllm: VllmServer, node: HotloopProcess) -> None:
     """A vLLM that serves wrong tokens without an error (bf16 without --enforce-eager
     does) fails here, not as mysterious mismatches elsewhere."""
