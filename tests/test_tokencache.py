@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 from hotloop import TokenCache
-from hotloop._core import ChatFormat, Conversation, CoreError
+from hotloop._core import ChatFormat, ChatTemplate, Conversation, CoreError, Tokenizer
 
 HARMONY = ChatFormat.harmony()
 
@@ -68,6 +68,25 @@ def test_unknown_ids_and_bad_items() -> None:
     cache.forget("a")
     cache.forget("a")
     assert "a" not in cache and cache.memory_bytes == 0
+
+
+# A template from a model file anywhere: a string doubled until it no longer fits.
+DOUBLING = (
+    "{% set s = namespace(v='x') %}{% for i in range(64) %}{% set s.v = s.v ~ s.v %}"
+    "{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}<|endoftext|>"
+)
+
+
+def test_a_runaway_template_fails_its_request_and_the_process_lives() -> None:
+    tokenizer = Tokenizer.openai("o200k_base")
+    evil = TokenCache(ChatFormat.template(ChatTemplate.from_source("evil", DOUBLING), tokenizer))
+    with pytest.raises(CoreError) as error:
+        evil.append("a", [user("hi")])
+    assert error.value.code == "template_error"
+    assert "exceeded its budget" in error.value.message
+    plain = ChatTemplate.from_source("plain", "{% for m in messages %}{{ m.content }}{% endfor %}")
+    cache = TokenCache(ChatFormat.template(plain, tokenizer))
+    assert cache.append("a", [user("hi")]).tokens() == tokenizer.encode("hi")
 
 
 def test_least_recently_used_conversations_are_evicted_by_bytes() -> None:

@@ -362,6 +362,9 @@ class ChatTemplate:
     def source(self) -> str: ...
     @property
     def tokens(self) -> list[tuple[str, str]]: ...
+    def unbounded(self) -> ChatTemplate:
+        """The same template rendered without its budget of steps and bytes: only for
+        measuring what the budget costs."""
     @property
     def tool_parser(self) -> str | None:
         """The tool-call parser the template's markers call for, if any."""

@@ -1143,6 +1143,14 @@ impl PyChatTemplate {
         self.inner.tokens().to_vec()
     }
 
+    /// The same template rendered without its budget of steps and bytes: only for
+    /// measuring what the budget costs (benches/bench_template_append.py).
+    fn unbounded(&self) -> Self {
+        PyChatTemplate {
+            inner: Arc::new(self.inner.unbounded()),
+        }
+    }
+
     /// The tool-call parser the template's markers call for (`hermes`, ...), if any.
     #[getter]
     fn tool_parser(&self) -> Option<&'static str> {
