@@ -76,6 +76,7 @@ class TokenCache:
         tool_parser: str = "auto",
         template_kwargs: Mapping[str, Any] | None = None,
         verbatim: bool = False,
+        special_tokens_in_content: str = "plain",
         max_bytes: int = 256 * 1024 * 1024,
         context_window: int = 1 << 40,
     ) -> TokenCache:
@@ -83,12 +84,15 @@ class TokenCache:
         tokenizer.json, tekken.json or .gguf path, or a model directory), `chat_template`
         `auto` (the template that comes with it: the GGUF's, or the chat_template.jinja /
         tokenizer_config.json beside the tokenizer.json) or a template path;
-        `template_kwargs` are passed to the template (`{"enable_thinking": False}`)."""
+        `template_kwargs` are passed to the template (`{"enable_thinking": False}`);
+        `special_tokens_in_content`: special-token text in the items is `plain` text,
+        `refuse`d (`CoreError` `special_token_in_content`) or `allow`ed as a real token."""
         choice = TemplateChoice(
             template=chat_template,
             tool_parser=tool_parser,
             kwargs_json=None if template_kwargs is None else orjson.dumps(template_kwargs).decode(),
             verbatim=verbatim,
+            special_tokens_in_content=special_tokens_in_content,
         )
         return cls(choice.format(tokenizer), max_bytes=max_bytes, context_window=context_window)
 

@@ -337,6 +337,17 @@ impl TemplatePrompt {
     /// kept from the previous prompt (`ids()[kept..]` are new).
     pub fn prompt(&mut self, add_generation_prompt: bool) -> Result<usize> {
         if self.stability.is_none() {
+            // New options (set_prefix): their tool definitions are the client's content.
+            if let Some(tools) = &self.options.tools {
+                let tools = tools
+                    .iter()
+                    .map(|t| self.specials.content(t).map(|t| t.into_owned()))
+                    .collect::<Result<Vec<Json>>>()?;
+                self.options = Arc::new(RenderOptions {
+                    tools: Some(tools),
+                    kwargs: self.options.kwargs.clone(),
+                });
+            }
             self.stability = Some(if self.policy.window {
                 probe(&self.template, &self.options)
             } else {
@@ -353,11 +364,11 @@ impl TemplatePrompt {
         // The old values of the window, before the changed messages are converted again.
         let start = window_start(changed, last_user(&self.messages.messages()[..self.rendered]));
         let old_window: Vec<Value> = self.values.get(start..self.rendered).unwrap_or_default().to_vec();
-        self.values.truncate(changed);
         let fresh: Vec<Value> = self.messages.messages()[changed..]
             .iter()
-            .map(|m| message_value(m))
-            .collect();
+            .map(|m| self.specials.content(m).map(|m| message_value(&m)))
+            .collect::<Result<_>>()?;
+        self.values.truncate(changed);
         self.has_reasoning |= self.messages.messages()[changed..]
             .iter()
             .any(|m| carries_reasoning(m));

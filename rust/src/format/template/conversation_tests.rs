@@ -7,6 +7,7 @@ use serde_json::Map;
 
 use super::*;
 use crate::format::template::cache::Policy as RenderPolicy;
+use crate::format::template::specials::ContentSpecials;
 use crate::format::transcript::marker_vocab;
 use crate::format::ParseEvent;
 use crate::validate::{parse_request, Limits};
@@ -28,7 +29,17 @@ fn format(verbatim: bool) -> Arc<TemplateFormat> {
         check_every: 1,
         ..RenderPolicy::default()
     };
-    Arc::new(TemplateFormat::new(template, marker_vocab(), Map::new(), None, policy).unwrap())
+    Arc::new(
+        TemplateFormat::new(
+            template,
+            marker_vocab(),
+            Map::new(),
+            None,
+            policy,
+            ContentSpecials::Allow,
+        )
+        .unwrap(),
+    )
 }
 
 fn request(body: &str) -> CreateRequest {
@@ -161,6 +172,7 @@ fn unknown_call_outputs_and_broken_renders_leave_the_conversation_unchanged() {
             Map::new(),
             None,
             RenderPolicy::default(),
+            ContentSpecials::Allow,
         )
         .unwrap(),
     );
@@ -245,7 +257,7 @@ fn completions_of_each_family_parse_back_to_their_items() {
         Family::Mistral,
         Family::DeepSeekV3,
     ] {
-        let specials = Specials::new(Arc::clone(&tokenizer));
+        let specials = Specials::new(Arc::clone(&tokenizer), ContentSpecials::Allow);
         let mut ids = specials.encode_all(&family.completion_text(&items));
         let stop = tokenizer.special("<|im_end|>").unwrap();
         ids.push(stop);

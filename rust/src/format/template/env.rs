@@ -179,7 +179,10 @@ fn shape(json: &serde_json::Value) -> (u64, u64) {
         serde_json::Value::Object(o) => o.values().collect(),
         _ => return (1, 1),
     };
-    children.into_iter().map(shape).fold((1, 1), |(n, d), (cn, cd)| (n + cn, d.max(cd + 1)))
+    children
+        .into_iter()
+        .map(shape)
+        .fold((1, 1), |(n, d), (cn, cd)| (n + cn, d.max(cd + 1)))
 }
 
 fn raise_exception(message: String) -> Result<Value, JinjaError> {

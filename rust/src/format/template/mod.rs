@@ -106,7 +106,8 @@ impl ChatTemplate {
             return &self.env;
         }
         let budget = FUEL_BASE.saturating_add(input_bytes.saturating_mul(FUEL_PER_INPUT_BYTE));
-        let tier = (budget.div_ceil(FUEL_BASE).next_power_of_two().trailing_zeros() as usize).min(FUEL_TIERS - 1);
+        let tier =
+            (budget.div_ceil(FUEL_BASE).next_power_of_two().trailing_zeros() as usize).min(FUEL_TIERS - 1);
         self.budgeted[tier].get_or_init(|| {
             let mut env = self.env.clone();
             env.set_fuel(Some(FUEL_BASE << tier));
@@ -308,7 +309,12 @@ fn value_bytes(value: &Value) -> u64 {
     NODE_BYTES
         + match value.kind() {
             ValueKind::String => value.as_str().map_or(0, |s| s.len() as u64),
-            ValueKind::Seq => value.try_iter().into_iter().flatten().map(|v| value_bytes(&v)).sum(),
+            ValueKind::Seq => value
+                .try_iter()
+                .into_iter()
+                .flatten()
+                .map(|v| value_bytes(&v))
+                .sum(),
             ValueKind::Map => value
                 .try_iter()
                 .into_iter()
@@ -325,7 +331,10 @@ fn json_bytes(value: &Json) -> u64 {
         + match value {
             Json::String(s) => s.len() as u64,
             Json::Array(a) => a.iter().map(json_bytes).sum(),
-            Json::Object(o) => o.iter().map(|(k, v)| NODE_BYTES + k.len() as u64 + json_bytes(v)).sum(),
+            Json::Object(o) => o
+                .iter()
+                .map(|(k, v)| NODE_BYTES + k.len() as u64 + json_bytes(v))
+                .sum(),
             _ => 0,
         }
 }
