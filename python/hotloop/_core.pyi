@@ -324,6 +324,9 @@ class Conversation:
         """Grow the last item's text (streamed or chunked content); returns tokens changed."""
     def prompt(self) -> Prompt:
         """Tokens so far, including the assistant header when a turn is open."""
+    def engine_prompt(self) -> Prompt:
+        """The prompt with the generation prompt (the assistant turn's header), as an
+        engine is given it to answer now; the conversation is unchanged."""
     def parser(self) -> OutputParser: ...
     def commit_output(self, parser: OutputParser) -> None:
         """Append the sampled ids of the open turn verbatim and record its output items

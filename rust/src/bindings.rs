@@ -1013,6 +1013,16 @@ impl PyConversation {
         }
     }
 
+    /// The prompt with the generation prompt (the assistant turn's header), as an
+    /// engine is given it to answer now; the conversation is unchanged.
+    fn engine_prompt(&self) -> PyResult<PyPrompt> {
+        let inner = match &self.inner {
+            AnyConversation::Items(c) => c.engine_prompt(),
+            AnyConversation::Template(c) => c.engine_prompt()?,
+        };
+        Ok(PyPrompt { inner })
+    }
+
     fn parser(&self) -> PyResult<PyOutputParser> {
         Ok(PyOutputParser {
             inner: Mutex::new(either!(AnyConversation, &self.inner, c => c.parser())?),

@@ -340,6 +340,20 @@ impl TemplateConversation {
         }
     }
 
+    /// The prompt an engine is given to answer now: the render with
+    /// `add_generation_prompt=True`, whether or not a turn is open. The conversation is
+    /// unchanged (the render is made on a shared copy).
+    pub fn engine_prompt(&self) -> Result<Prompt> {
+        if self.state.turn_open {
+            return Ok(self.prompt());
+        }
+        let mut prompt = self.state.prompt.clone();
+        prompt.prompt(true)?;
+        Ok(Prompt {
+            tokens: prompt.id_chunks().clone(),
+        })
+    }
+
     fn open_turn_id(&self) -> Result<TurnId> {
         TurnId::open(self.state.turn_open, self.id, self.turns)
     }
