@@ -30,7 +30,9 @@ use std::sync::OnceLock;
 use minijinja::value::Serde;
 use minijinja::value::ValueKind;
 use minijinja::{Environment, Value};
-use serde_json::Value as Json;
+use serde_json::{json, Value as Json};
+
+use messages::Arguments;
 
 use crate::error::{Code, Error, Result};
 use crate::tokenizer::{gguf, Tokenizer};
@@ -47,6 +49,8 @@ pub struct ChatTemplate {
     unbounded: bool,
     /// `bos_token`, `eos_token`, ... as `apply_chat_template` passes them.
     tokens: Vec<(String, String)>,
+    /// How this template is given a call's arguments, decided once when it is loaded.
+    arguments: Arguments,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -75,14 +79,43 @@ impl ChatTemplate {
                 format!("chat template {name} does not compile: {e:#}"),
             )
         })?;
-        Ok(ChatTemplate {
+        let mut template = ChatTemplate {
             name: name.to_owned(),
             source: source.to_owned(),
             env,
             budgeted: Default::default(),
             unbounded: false,
             tokens,
-        })
+            arguments: Arguments::Parsed,
+        };
+        template.arguments = template.argument_form();
+        Ok(template)
+    }
+
+    /// Parsed arguments (vLLM's form), unless the template fails on a call with parsed
+    /// arguments and renders it with their JSON text: DeepSeek V3's writes
+    /// `'\n' + tool['function']['arguments']`, which only text can be added to.
+    fn argument_form(&self) -> Arguments {
+        let renders = |form: Arguments| {
+            let call = json!({"id": "probecall", "type": "function",
+                              "function": {"name": "probe_tool", "arguments": form.value(r#"{"q": 1}"#)}});
+            let messages = [
+                json!({"role": "user", "content": "Question?"}),
+                json!({"role": "assistant", "content": "", "tool_calls": [call]}),
+                json!({"role": "tool", "content": "result", "tool_call_id": "probecall"}),
+            ];
+            self.render(&messages, true, &RenderOptions::default()).is_ok()
+        };
+        if !renders(Arguments::Parsed) && renders(Arguments::Text) {
+            Arguments::Text
+        } else {
+            Arguments::Parsed
+        }
+    }
+
+    /// How this template is given a call's arguments.
+    pub fn arguments(&self) -> Arguments {
+        self.arguments
     }
 
     /// The same template rendered without a budget: only for measuring what the
@@ -95,6 +128,7 @@ impl ChatTemplate {
             budgeted: Default::default(),
             unbounded: true,
             tokens: self.tokens.clone(),
+            arguments: self.arguments,
         }
     }
 

@@ -141,3 +141,34 @@ fn the_budget_grows_with_the_input() {
     let text = t.render(&messages, false, &RenderOptions::default()).unwrap();
     assert_eq!(text.matches("<|").count(), 50_000);
 }
+
+/// DeepSeek V3's template adds a call's arguments to a string: it is given their JSON
+/// text (the OpenAI form); templates that print them with `tojson` get them parsed (vLLM's
+/// form). Decided once, when the template is loaded.
+#[test]
+fn a_template_that_adds_arguments_to_text_is_given_them_as_text() {
+    use crate::item::Item;
+    use messages::ChatMessages;
+    let calls = |body: &str| {
+        format!(
+            "{{% for m in messages %}}{{% for c in m.tool_calls or [] %}}{body}{{% endfor %}}{{% endfor %}}"
+        )
+    };
+    let concat = ChatTemplate::new("ds", &calls("{{ '|' + c.function.arguments }}"), vec![]).unwrap();
+    assert_eq!(concat.arguments(), Arguments::Text);
+    let tojson = ChatTemplate::new("q", &calls("{{ c.function.arguments | tojson }}"), vec![]).unwrap();
+    assert_eq!(tojson.arguments(), Arguments::Parsed);
+    for (template, rendered) in [(&concat, r#"|{"a":1}"#), (&tojson, r#"{"a": 1}"#)] {
+        let mut m = ChatMessages::new(None, template.arguments());
+        m.push(&Item::FunctionCall {
+            call_id: "c".into(),
+            name: "f".into(),
+            arguments: r#"{"a":1}"#.into(),
+        });
+        let messages: Vec<Json> = m.messages().iter().map(|x| (**x).clone()).collect();
+        let text = template
+            .render(&messages, false, &RenderOptions::default())
+            .unwrap();
+        assert_eq!(text, rendered);
+    }
+}
