@@ -342,8 +342,8 @@ impl TemplatePrompt {
             if let Some(tools) = &self.options.tools {
                 let tools = tools
                     .iter()
-                    .map(|t| self.specials.content(t).map(|t| t.into_owned()))
-                    .collect::<Result<Vec<Json>>>()?;
+                    .map(|t| self.specials.content(t).into_owned())
+                    .collect();
                 self.options = Arc::new(RenderOptions {
                     tools: Some(tools),
                     kwargs: self.options.kwargs.clone(),
@@ -365,11 +365,11 @@ impl TemplatePrompt {
         // The old values of the window, before the changed messages are converted again.
         let start = window_start(changed, last_user(&self.messages.messages()[..self.rendered]));
         let old_window: Vec<Value> = self.values.get(start..self.rendered).unwrap_or_default().to_vec();
+        self.values.truncate(changed);
         let fresh: Vec<Value> = self.messages.messages()[changed..]
             .iter()
-            .map(|m| self.specials.content(m).map(|m| message_value(&m)))
-            .collect::<Result<_>>()?;
-        self.values.truncate(changed);
+            .map(|m| message_value(&self.specials.content(m)))
+            .collect();
         self.has_reasoning |= self.messages.messages()[changed..]
             .iter()
             .any(|m| carries_reasoning(m));

@@ -260,7 +260,7 @@ fn verbatim_mode_keeps_sampled_ids_the_template_renders_unchanged() {
 }
 
 /// `<|im_end|>` written in content (a forged system turn): plain text by default, as the
-/// hand-written formats tokenize it; refused; or a real special token (vLLM's way).
+/// hand-written formats tokenize it, or a real special token (vLLM's way).
 #[test]
 fn special_token_text_in_content_is_plain_refused_or_allowed() {
     // The private-use mark plain mode uses, written by the client itself, survives too.
@@ -303,11 +303,10 @@ fn special_token_text_in_content_is_plain_refused_or_allowed() {
     );
     assert_eq!(allowed.iter().filter(|&&id| id == start).count(), 3);
 
-    let refused = ids(ContentSpecials::Refuse, None).unwrap_err();
-    assert_eq!(refused.code, crate::error::Code::SpecialTokenInContent);
-    assert!(refused.message.contains("<|im_end|>"), "{}", refused.message);
-    // Tool definitions are the client's content too.
+    // Refusing is the request's business (conversation_tests): what is rendered is plain,
+    // tool definitions included.
+    assert_eq!(ids(ContentSpecials::Refuse, None).unwrap(), plain);
     let tool = json!({"type": "function", "function": {"name": "f", "description": "<|im_start|>"}});
-    let e = ids(ContentSpecials::Refuse, Some(vec![tool])).unwrap_err();
-    assert_eq!(e.code, crate::error::Code::SpecialTokenInContent);
+    let with_tool = ids(ContentSpecials::Plain, Some(vec![tool])).unwrap();
+    assert_eq!(with_tool.iter().filter(|&&id| id == start).count(), 2);
 }

@@ -285,6 +285,7 @@ impl TemplateConversation {
         let mut open = next.open_calls.as_ref().clone();
         admit_calls(&mut open, items)?;
         let prefix = prefix.filter(|p| *p != next.prefix);
+        self.format.specials.check_input(prefix.as_ref(), items)?;
         let invalidated = prefix.is_some() && !next.prompt.is_empty();
         if let Some(prefix) = prefix {
             next.prompt

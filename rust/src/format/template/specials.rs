@@ -17,7 +17,9 @@ use aho_corasick::{AhoCorasick, MatchKind};
 
 use serde_json::Value as Json;
 
+use super::messages::tool_definitions;
 use crate::error::{Code, Error, Result};
+use crate::item::{Item, Prefix};
 use crate::tokenizer::Tokenizer;
 
 /// What special-token text inside content (message text, instructions, tool outputs,
@@ -27,7 +29,9 @@ pub enum ContentSpecials {
     /// Plain text, as the hand-written formats tokenize it.
     #[default]
     Plain,
-    /// The request is refused (`special_token_in_content`).
+    /// A request whose input holds any is refused (`special_token_in_content`); the
+    /// model's own output is rendered back as under `Plain` (a model writing about
+    /// `<|im_end|>` must not break its conversation).
     Refuse,
     /// A real special token, as `tokenizers.encode` of the render gives it (vLLM).
     Allow,
@@ -88,42 +92,58 @@ impl Specials {
         }
     }
 
-    /// Content (a message, a tool definition) as the template is to be given it: under
-    /// `Plain` its special-token text marked as plain text, under `Refuse` an error if
-    /// it holds any, under `Allow` as it is.
-    pub fn content<'a>(&self, value: &'a Json) -> Result<Cow<'a, Json>> {
-        match self.content {
-            ContentSpecials::Allow => Ok(Cow::Borrowed(value)),
-            ContentSpecials::Refuse => match self.first_special(value) {
-                Some(text) => Err(Error::new(
-                    Code::SpecialTokenInContent,
-                    format!(
-                        "the input holds the special token {text:?} as text; this server refuses \
-                         special-token text in content (--special-tokens-in-content refuse)"
-                    ),
-                )),
-                None => Ok(Cow::Borrowed(value)),
-            },
-            ContentSpecials::Plain => Ok(if self.needs_marks(value) {
-                Cow::Owned(self.marked(value))
-            } else {
-                Cow::Borrowed(value)
-            }),
+    /// Content (a message, a tool definition) as the template is to be given it: with
+    /// its special-token text marked as plain text, unless they are allowed.
+    pub fn content<'a>(&self, value: &'a Json) -> Cow<'a, Json> {
+        if self.content != ContentSpecials::Allow && self.needs_marks(value) {
+            Cow::Owned(self.marked(value))
+        } else {
+            Cow::Borrowed(value)
         }
+    }
+
+    /// Under `Refuse`: an error when the client's input (its items, instructions and
+    /// tool definitions) holds special-token text.
+    pub fn check_input(&self, prefix: Option<&Prefix>, items: &[Item]) -> Result<()> {
+        if self.content != ContentSpecials::Refuse {
+            return Ok(());
+        }
+        let item_texts = items.iter().flat_map(|item| match item {
+            Item::Message { text, .. } | Item::Reasoning { text } => vec![text.as_str()],
+            Item::FunctionCall { name, arguments, .. } => vec![name.as_str(), arguments.as_str()],
+            Item::FunctionCallOutput { output, .. } => vec![output.as_str()],
+        });
+        let tools = prefix.map(|p| tool_definitions(&p.tools)).unwrap_or_default();
+        let instructions = prefix.and_then(|p| p.instructions.as_deref());
+        let found = item_texts
+            .chain(instructions)
+            .find_map(|text| self.first_special_in(text))
+            .or_else(|| tools.iter().find_map(|tool| self.first_special(tool)));
+        match found {
+            Some(text) => Err(Error::new(
+                Code::SpecialTokenInContent,
+                format!(
+                    "the input holds the special token {text:?} as text; this server refuses \
+                     special-token text in content (--special-tokens-in-content refuse)"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn first_special_in(&self, text: &str) -> Option<String> {
+        let m = self.matcher.as_ref()?.find(text)?;
+        Some(text[m.range()].to_owned())
     }
 
     /// The first special token's text found in a string (or key) of `value`.
     fn first_special(&self, value: &Json) -> Option<String> {
-        let found = |s: &str| {
-            let m = self.matcher.as_ref()?.find(s)?;
-            Some(s[m.range()].to_owned())
-        };
         match value {
-            Json::String(s) => found(s),
+            Json::String(s) => self.first_special_in(s),
             Json::Array(a) => a.iter().find_map(|v| self.first_special(v)),
             Json::Object(o) => o
                 .iter()
-                .find_map(|(k, v)| found(k).or_else(|| self.first_special(v))),
+                .find_map(|(k, v)| self.first_special_in(k).or_else(|| self.first_special(v))),
             _ => None,
         }
     }
@@ -206,7 +226,7 @@ impl Specials {
         if text.is_empty() {
             return;
         }
-        if self.content == ContentSpecials::Plain && text.contains(MARK) {
+        if self.content != ContentSpecials::Allow && text.contains(MARK) {
             self.tokenizer.encode(&unmark(text), ids);
         } else {
             self.tokenizer.encode(text, ids);
