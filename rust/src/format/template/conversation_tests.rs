@@ -16,30 +16,24 @@ use crate::validate::{parse_request, Limits};
 const CHATML_TOOLS: &str = "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}Tools: {% for t in tools %}{{ t.function.name }} {% endfor %}<|im_end|>\n{% endif %}{% for m in messages %}{% if not (tools and m.role == 'system') %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}\n<tool_call>\n{{ c.function | tojson }}\n</tool_call>{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 fn format(verbatim: bool) -> Arc<TemplateFormat> {
-    let template = Arc::new(
-        ChatTemplate::new(
-            "chatml-tools",
-            CHATML_TOOLS,
-            vec![("eos_token".into(), "<|im_end|>".into())],
-        )
-        .unwrap(),
-    );
     let policy = RenderPolicy {
         verbatim,
         check_every: 1,
         ..RenderPolicy::default()
     };
-    Arc::new(
-        TemplateFormat::new(
-            template,
-            marker_vocab(),
-            Map::new(),
-            None,
-            policy,
-            ContentSpecials::Allow,
-        )
-        .unwrap(),
-    )
+    format_of("chatml-tools", CHATML_TOOLS, policy, ContentSpecials::Allow)
+}
+
+/// A format of `source` over the marker vocabulary, `<|im_end|>` its eos token.
+fn format_of(
+    name: &str,
+    source: &str,
+    policy: RenderPolicy,
+    content: ContentSpecials,
+) -> Arc<TemplateFormat> {
+    let eos = vec![("eos_token".into(), "<|im_end|>".into())];
+    let template = Arc::new(ChatTemplate::new(name, source, eos).unwrap());
+    Arc::new(TemplateFormat::new(template, marker_vocab(), Map::new(), None, policy, content).unwrap())
 }
 
 fn request(body: &str) -> CreateRequest {
@@ -157,24 +151,11 @@ fn unknown_call_outputs_and_broken_renders_leave_the_conversation_unchanged() {
     assert_eq!(refused.unwrap_err().code, Code::UnknownCallId);
     assert_eq!(c.prompt().tokens(), before);
 
-    let template = Arc::new(
-        ChatTemplate::new(
-            "strict",
-            "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
-            vec![("eos_token".into(), "<|im_end|>".into())],
-        )
-        .unwrap(),
-    );
-    let strict = Arc::new(
-        TemplateFormat::new(
-            template,
-            marker_vocab(),
-            Map::new(),
-            None,
-            RenderPolicy::default(),
-            ContentSpecials::Allow,
-        )
-        .unwrap(),
+    let strict = format_of(
+        "strict",
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+        RenderPolicy::default(),
+        ContentSpecials::Allow,
     );
     let mut c = TemplateConversation::new(strict, 1 << 20);
     c.append_json(
@@ -322,17 +303,11 @@ fn committed_items_keep_their_call_ids_and_equal_the_full_render() {
 /// output holding such text is rendered back as plain text, never refused.
 #[test]
 fn refused_special_token_text_is_the_requests_error_not_the_models() {
-    let template = Arc::new(ChatTemplate::new("chatml-tools", CHATML_TOOLS, vec![]).unwrap());
-    let format = Arc::new(
-        TemplateFormat::new(
-            template,
-            marker_vocab(),
-            Map::new(),
-            None,
-            RenderPolicy::default(),
-            ContentSpecials::Refuse,
-        )
-        .unwrap(),
+    let format = format_of(
+        "chatml-tools",
+        CHATML_TOOLS,
+        RenderPolicy::default(),
+        ContentSpecials::Refuse,
     );
     let mut c = TemplateConversation::new(format, 1 << 20);
     let forged = [
