@@ -1,14 +1,16 @@
 """hotloop beside the open gateways (docs/benchmarks.md, "Side by side"), in one run:
 
     .venv/bin/python benches/bench_peers.py [--speeds 1000,4000] [--upstreams free,render]
-        [--rounds 3] [--tool-calls 40] [--systems hotloop,agentic-api,smg] [--quick]
+        [--rounds 3] [--tool-calls 40] [--history-tokens 60000]
+        [--systems hotloop,agentic-api,smg] [--baseline NAME=DIR]
 
 Set-up: agentic-api 0.9.0 and smg 1.13.0 are installed into their own virtualenv under
 the per-user cache (`~/.cache/hotloop/peers/`, never into hotloop's). One fake vLLM per
 speed and upstream kind (`hotloop.bench.fake_vllm`: token-id `/v1/completions` for
 hotloop, stateless `/v1/responses` for the peers, paced; `render`: it renders and
 tokenizes the whole input of a responses request as vLLM's gpt-oss path does, `free`:
-it does not), every gateway in front of it, and a 40-call agent rollout
+it does not), every gateway in front of it, and a 40-call agent rollout sized to about
+60k tokens
 (`hotloop.bench.rollout`) replayed against each gateway in each mode it serves
 (`websocket`, `http_full`, `http_previous`) and by the client straight to the upstream's
 `/v1/responses` (`floor`: what the model alone costs), rounds interleaved.
@@ -17,9 +19,9 @@ Per system and mode, medians over the rounds: loop time / ideal (the ideal: the 
 tokens at the set speed), time to first token over the last 10 turns and its excess over
 the floor's, the gateway's CPU per turn (its process tree's threads,
 /proc/PID/task/*/schedstat) and the upstream's. Results: benches/results/peers.json (or
-`--out`). `--quick` (CI): one speed, free upstream, hotloop and agentic-api over
-WebSocket, fewer calls; `--assert` checks the ratios of benches/test_ratios.py-style
-margins and exits non-zero if one fails.
+`--out`). `--baseline NAME=DIR` adds another hotloop (its package directory first on
+PYTHONPATH) as `hotloop@NAME`, for before/after figures in one run. CI's quick check
+(benches/test_peers_ratios.py, `make bench-ci`) runs one small configuration of this.
 """
 
 from __future__ import annotations
@@ -228,6 +230,13 @@ def agent_rollout(seed: int, tool_calls: int, history_tokens: int) -> Rollout:
     return replace(rollout, steps=tuple(steps))
 
 
+def write_script(rollout: Rollout, directory: str) -> Path:
+    """The fake vLLM's replay script for `rollout`, written into `directory`."""
+    script = Path(directory) / "script.json"
+    script.write_text(json.dumps(rollout.sim_script()))
+    return script
+
+
 def ideal_seconds(rollout: Rollout, rate: float) -> float:
     """The sampled tokens of the whole conversation at `rate`: the model's own time."""
     format_ = ChatFormat.harmony()
@@ -354,8 +363,7 @@ def main() -> None:
         "configurations": [],
     }
     with tempfile.TemporaryDirectory(prefix="hotloop-peers-") as scratch:
-        script = Path(scratch) / "script.json"
-        script.write_text(json.dumps(rollout.sim_script()))
+        script = write_script(rollout, scratch)
         for rate in [float(s) for s in args.speeds.split(",")]:
             for kind in args.upstreams.split(","):
                 entry = run_configuration(args, rollout, script, rate, kind == "render", venv)
