@@ -8,7 +8,7 @@ PORT ?= 8000
 ENGINE ?= llama
 
 .PHONY: all venv develop native reference-data haproxy services node-clients serve test \
-	test-rust test-python lint bench bench-ci wheel test-wheel docs fuzz clean
+	test-rust test-python lint bench bench-ci bench-peers wheel test-wheel docs fuzz clean
 
 all: develop
 
@@ -81,7 +81,13 @@ bench: develop native
 # CI's microbenchmarks: only ratios measured in one run, with wide margins (quick mode).
 # `native` for the SmolLM2 GGUF that the open-model peer check reads.
 bench-ci: develop native
-	$(BIN)/pytest benches/test_ratios.py benches/test_store_ratios.py -q -s --benchmark-disable
+	$(BIN)/pytest benches/test_ratios.py benches/test_store_ratios.py benches/test_peers_ratios.py \
+		-q -s --benchmark-disable
+
+# hotloop beside agentic-api and smg (installed into their own virtualenv under
+# ~/.cache/hotloop/peers on first use), in front of one fake vLLM: docs/benchmarks.md.
+bench-peers: develop
+	$(BIN)/python benches/bench_peers.py
 
 # The abi3 wheel (one per platform, any CPython >= 3.10) and the sdist, into dist/. The
 # wheel is built from this tree, not from the sdist (`maturin build --sdist` would

@@ -437,6 +437,15 @@ class TemplatePrompt:
 
 # ---------------------------------------------------------------- upstream streams
 
+class PromptBody:
+    """One connection's token-id request bodies: the ids are written by the core from
+    the prompt's chunks, and the previous body's shared prefix is kept, so a turn costs
+    its new ids, not a Python int per id of the history."""
+
+    def __init__(self) -> None: ...
+    def write(self, prompt: Prompt, head: bytes, tail: bytes) -> bytes:
+        """`head`, the prompt's ids as a JSON array, then `tail`, in one bytes object."""
+
 class ResponseReader:
     """One HTTP/1.1 response of an upstream replica, decoded from the raw bytes of each
     socket read (rust/src/upstream/http.rs): the head, the body (chunked,

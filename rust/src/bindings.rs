@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyString};
 
 use crate::error::{Code, Error};
 use crate::tokenizer::{self, detok, incremental, Tokenizer};
+use crate::upstream::body::PromptBody;
 use crate::upstream::http::{Progress, ResponseReader};
 use crate::upstream::{self, StreamError};
 use crate::validate::{self, ClientEvent};
@@ -1437,6 +1438,43 @@ impl PyResponseReader {
     }
 }
 
+/// A connection's token-id request bodies (`upstream::body::PromptBody`).
+#[pyclass(name = "PromptBody", module = "hotloop._core")]
+pub(crate) struct PyPromptBody {
+    inner: PromptBody,
+}
+
+#[pymethods]
+impl PyPromptBody {
+    #[new]
+    fn new() -> Self {
+        PyPromptBody {
+            inner: PromptBody::default(),
+        }
+    }
+
+    /// `head`, the prompt's ids as a JSON array, then `tail`: the whole body, written once.
+    fn write<'py>(
+        &mut self,
+        py: Python<'py>,
+        prompt: PyRef<'_, PyPrompt>,
+        head: &[u8],
+        tail: &[u8],
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let ids = self.inner.ids_json(&prompt.inner);
+        let parts: [&[u8]; 4] = [head, ids, b"]", tail];
+        let len = parts.iter().map(|part| part.len()).sum();
+        PyBytes::new_with(py, len, |out| {
+            let mut at = 0;
+            for part in parts {
+                out[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            }
+            Ok(())
+        })
+    }
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -1463,5 +1501,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyChatTemplate>()?;
     m.add_class::<PyTemplatePrompt>()?;
     m.add_class::<PyResponseReader>()?;
+    m.add_class::<PyPromptBody>()?;
     Ok(())
 }

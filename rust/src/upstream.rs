@@ -11,6 +11,7 @@
 //! `error` object in an event is the server's failure, events after the finishing one are
 //! read (so the connection can be reused) but add no ids.
 
+pub mod body;
 pub mod http;
 
 use serde::de::IgnoredAny;

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from hotloop._core import PromptBody
 from hotloop.chat_template import TemplateChoice, load_tokenizer
 from hotloop.engines.base import API_SAMPLING, TEXT_ONLY, EngineError, Sampling
 from hotloop.engines.http1 import Client, HeaderError, Link, LinkError, Origin
@@ -60,8 +61,20 @@ class Dialect(Protocol):
     path: str
     models_path: str | None
     """Where the server lists the model names it accepts, if requests must name one."""
+    prompt_field: str
+    """The body's field holding the prompt's ids (written by the core, `request_body`)."""
 
-    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]: ...
+    def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
+        """The request's other fields."""
+        ...
+
+
+def request_body(dialect: Dialect, writer: PromptBody, prompt: Prompt, rest: bytes) -> bytes:
+    """The JSON body: the prompt's ids under the dialect's field, written by the core
+    from the ids it holds (keeping the connection's previous body's prefix), then the
+    other fields (`rest`: a JSON object's bytes, never empty: every dialect streams)."""
+    head = b'{"' + dialect.prompt_field.encode() + b'":'
+    return writer.write(prompt, head, b"," + rest[1:])
 
 
 def _set_sampling(sampling: Sampling) -> dict[str, float]:
@@ -82,11 +95,11 @@ class VllmDialect:
     name = "vllm"
     path = "/v1/completions"
     models_path: str | None = "/v1/models"
+    prompt_field = "prompt"
 
-    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
+    def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         return {
             "model": model,
-            "prompt": ids,
             "max_tokens": sampling.max_output_tokens,
             "stream": True,
             "return_token_ids": True,
@@ -107,15 +120,16 @@ class SglangDialect:
     name = "sglang"
     path = "/generate"
     models_path: str | None = None
+    prompt_field = "input_ids"
 
-    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
+    def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         params: dict[str, Any] = {
             "max_new_tokens": sampling.max_output_tokens,
             "stop_token_ids": list(sampling.stop_tokens),
             "skip_special_tokens": False,
             **_set_sampling(sampling),
         }
-        return {"input_ids": ids, "sampling_params": params, "stream": True}
+        return {"sampling_params": params, "stream": True}
 
 
 class LlamaCppDialect:
@@ -129,10 +143,10 @@ class LlamaCppDialect:
     name = "llamacpp"
     path = "/completion"
     models_path: str | None = None
+    prompt_field = "prompt"
 
-    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
+    def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         return {
-            "prompt": ids,
             "n_predict": sampling.max_output_tokens,
             "stream": True,
             "return_tokens": True,
@@ -360,11 +374,13 @@ class UpstreamSession:
         self.replica: Replica | None = None
         self.last_timings: dict[str, Any] | None = None
         """The upstream's own timings of the last turn (llama.cpp server only)."""
+        self.body = PromptBody()
+        """The last request's body, whose prefix the next one keeps."""
 
     async def generate(
         self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
     ) -> AsyncIterator[list[int]]:
-        replica, link, first = await self._open(prompt.tokens(), sampling, route_key)
+        replica, link, first = await self._open(prompt, sampling, route_key)
         client = self.engine.client
         reader = link.reader
         assert reader is not None
@@ -400,7 +416,7 @@ class UpstreamSession:
             client.done(replica.origin, link)
 
     async def _open(
-        self, ids: list[int], sampling: Sampling, route_key: str | None
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None
     ) -> tuple[Replica, Link, list[int] | None]:
         """Send the request and wait for the first ids, retrying on other replicas
         (see the module docstring) while no token has been seen. Returns the replica,
@@ -424,7 +440,7 @@ class UpstreamSession:
             if replica is None:
                 raise last_error
             try:
-                link, first = await self._first(replica, ids, sampling, headers)
+                link, first = await self._first(replica, prompt, sampling, headers)
                 return replica, link, first
             except _RetryElsewhere as retry:
                 last_error = retry.error
@@ -440,7 +456,7 @@ class UpstreamSession:
         self.replica = self.engine.pin(exclude)
 
     async def _first(
-        self, replica: Replica, ids: list[int], sampling: Sampling, headers: dict[str, str]
+        self, replica: Replica, prompt: Prompt, sampling: Sampling, headers: dict[str, str]
     ) -> tuple[Link, list[int] | None]:
         """One attempt on one replica, up to its first ids; a failure that another
         replica may not have is `_RetryElsewhere`."""
@@ -450,7 +466,8 @@ class UpstreamSession:
         link: Link | None = None
         try:
             model = await self._served_model(replica)
-            body = orjson.dumps(dialect.body(model, ids, sampling))
+            rest = orjson.dumps(dialect.body(model, sampling))
+            body = request_body(dialect, self.body, prompt, rest)
             link = await client.send(
                 replica.origin, "POST", dialect.path, headers, body, stream=dialect.name
             )
