@@ -8,7 +8,7 @@ PORT ?= 8000
 ENGINE ?= llama
 
 .PHONY: all venv develop native reference-data haproxy services node-clients serve test \
-	test-rust test-python lint bench bench-ci wheel test-wheel docs fuzz clean
+	test-rust test-python lint bench bench-ci figures wheel test-wheel docs fuzz clean
 
 all: develop
 
@@ -86,6 +86,15 @@ bench: develop native
 # `native` for the SmolLM2 GGUF that the open-model peer check reads.
 bench-ci: develop native
 	$(BIN)/pytest benches/test_ratios.py benches/test_store_ratios.py -q -s --benchmark-disable
+
+# Every figure README.md and docs/ cite, rerun at the current commit into benches/results/
+# (with the commit, machine, date and load average) and the docs' tables rewritten from
+# them: `make figures FIGURES="agent ws_turn"` for some (benches/figures.py list). Tens of
+# minutes for all of them, both cores busy: run it on a quiet machine.
+FIGURES ?=
+figures: develop native reference-data services haproxy
+	$(BIN)/python benches/figures.py run $(FIGURES)
+	$(BIN)/python benches/figures.py tables
 
 # The abi3 wheel (one per platform, any CPython >= 3.10) and the sdist, into dist/. The
 # wheel is built from this tree, not from the sdist (`maturin build --sdist` would
