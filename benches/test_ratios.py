@@ -21,7 +21,7 @@ of 2x fails, not only one of 50x:
   whole conversation) vs hotloop's append (>= 2,500x; 5,814-9,015x);
 - the open-model peer: SmolLM2's chat template rendered by jinja2 and the whole
   conversation tokenized by Hugging Face `tokenizers`, vs hotloop's ChatML append
-  (>= 3,000x; 6,659x);
+  (>= 3,000x; 6,659-20,313x);
 - a wide tool schema: the cost per property of accepting it at 60k properties vs at 1k
   (<= 2.5x; 1.16-1.29x: it is linear).
 
