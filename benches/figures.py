@@ -309,38 +309,65 @@ def agent_table(results: dict[str, Any]) -> str:
                 f"{s['server_cpu_per_turn_ms_median']:.1f} ms | {s['ttft_p50_ms']:.0f} ms | "
                 f"{s['added_ttft_p50_ms']:.1f} ms |"
             )
-    rows.append("")
+    return "\n".join([*rows, "", measured(results, "agent.json")])
+
+
+def load_table(results: dict[str, Any]) -> str:
+    """docs/benchmarks.md's concurrency table, per worker count and number of agents."""
+    rows = [
+        "| workers | agents | turns/s | streamed tok/s | TTFT p50 | TTFT p99 | server CPU "
+        "| client CPU | RSS / connection |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for series in results["series"]:
+        for p in series["points"]:
+            rows.append(
+                f"| {p['workers']} | {p['agents']} | {p['turns_per_s']:.1f} | "
+                f"{p['tokens_per_s']:,.0f} | {p['ttft_p50_ms']:.0f} ms | "
+                f"{p['ttft_p99_ms']:.0f} ms | {p['server_cpu_cores']:.2f} cores | "
+                f"{p['client_cpu_cores']:.2f} | {p['rss_per_connection_kb']:.0f} KB |"
+            )
+    return "\n".join([*rows, "", measured(results, "load.json")])
+
+
+def measured(results: dict[str, Any], name: str) -> str:
+    """The line under a table: where and when its results file was measured."""
     where = results.get("provenance")
     if where is None:  # a run from before `make figures` recorded where it ran
         load = results["machine"]["load_average_at_start"][0]
-        rows.append(
+        return (
             f"Measured before the results recorded their commit and date, load average "
-            f"{load:.1f} at the start; `benches/results/agent.json`."
+            f"{load:.1f} at the start; `benches/results/{name}`."
         )
-    else:
-        rows.append(
-            f"Measured {where['date'][:10]} (commit {where['commit'][:7]}), load average "
-            f"{where['load_average'][0]:.1f} at the start; `benches/results/agent.json`."
-        )
-    return "\n".join(rows)
+    return (
+        f"Measured {where['date'][:10]} (commit {where['commit'][:7]}), load average "
+        f"{where['load_average'][0]:.1f} at the start; `benches/results/{name}`."
+    )
 
 
 TABLES: dict[str, tuple[str, str, Callable[[dict[str, Any]], str]]] = {
-    "agent": ("docs/benchmarks.md", "agent.json", agent_table),
+    "agent": (BENCHMARKS, "agent.json", agent_table),
+    "load": (BENCHMARKS, "load.json", load_table),
 }
+
+
+def table_block(name: str) -> tuple[Path, str, str]:
+    """Table `name`'s page, the block the page holds now and the block its results
+    file gives."""
+    page, results_file, table = TABLES[name]
+    doc = ROOT / page
+    start, end = f"<!-- figures:{name} -->\n", f"<!-- /figures:{name} -->"
+    held = doc.read_text().split(start, 1)[1].split(end, 1)[0]
+    return doc, held, table(json.loads((RESULTS / results_file).read_text())) + "\n"
 
 
 def write_tables() -> None:
     for path in sorted(RESULTS.rglob("agent*.json")):
         resummarise(path)
-    for name, (page, results_file, table) in TABLES.items():
-        results = json.loads((RESULTS / results_file).read_text())
-        doc = ROOT / page
-        text = doc.read_text()
-        start, end = f"<!-- figures:{name} -->\n", f"<!-- /figures:{name} -->"
-        head, rest = text.split(start, 1)
-        _, tail = rest.split(end, 1)
-        doc.write_text(head + start + table(results) + "\n" + end + tail)
+    for name in TABLES:
+        doc, held, written = table_block(name)
+        marker = f"<!-- figures:{name} -->\n"
+        doc.write_text(doc.read_text().replace(marker + held, marker + written, 1))
 
 
 def main(argv: list[str]) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benches"))
-from figures import FIGURES, HISTORICAL  # noqa: E402 - benches/ is not a package
+from figures import FIGURES, HISTORICAL, TABLES, table_block  # noqa: E402 - benches/ is not a package
 
 README = ROOT / "README.md"
 MEASURED = re.compile(r"\[([^\]]*)\]\((benches/results/[^)#]+\.json)#([^)]*)\)")
@@ -83,3 +83,11 @@ def test_every_benchmark_script_the_docs_cite_is_run_by_make_figures() -> None:
     run = {part for figure in FIGURES for command in figure.commands for part in command}
     scripts = cited(r"benches/bench_\w+\.py")
     assert sorted(c for c in scripts if c[1] not in run) == []
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_the_docs_tables_are_written_from_their_results(name: str) -> None:
+    """A table between `<!-- figures:NAME -->` markers is what its results file gives
+    (`make figures` or `python benches/figures.py tables` rewrites it)."""
+    _, held, written = table_block(name)
+    assert held == written
