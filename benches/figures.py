@@ -117,6 +117,7 @@ FIGURES = (
         "load_burst", _scripts("bench_load_burst.py"), (BENCHMARKS,), writes=("load_burst.json",)
     ),
     Figure("ws_turn", _scripts("bench_ws_turn.py"), (BENCHMARKS,)),
+    Figure("http_turn", _scripts("bench_http_turn.py"), (BENCHMARKS,)),
     Figure("ws_stream", _scripts("bench_ws_stream.py --rounds 7"), (BENCHMARKS,)),
     Figure(
         "upstream_stream",
