@@ -25,22 +25,11 @@ import statistics
 from typing import Any
 
 import httpx
+from bench_ws_turn import text
 from hotloop.bench.proc import ServerProcess
 
 OVERHEAD = 'hotloop_turn_overhead_seconds_sum{transport="http"}'
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi".split()
 FLAGS = ["--engine", "sim", "--sim-ttft", "0", "--sim-tokens-per-second", "100000"]
-
-
-def text(size: int, seed: int) -> str:
-    """About `size` bytes of varied words (numbers keep BPE from collapsing them)."""
-    words, total, k = [], 0, seed
-    while total < size:
-        word = f"{WORDS[k % len(WORDS)]}{k % 1013}"
-        words.append(word)
-        total += len(word) + 1
-        k += 7
-    return " ".join(words)
 
 
 def overhead_sum(client: httpx.Client) -> float:
