@@ -43,10 +43,12 @@ haproxy:
 	@test -x /usr/sbin/haproxy || command -v haproxy >/dev/null 2>&1 || \
 		(apt-get update -qq && apt-get install -y -qq haproxy)
 
-# The npm clients the tests drive (openai-node, the Vercel AI SDK), from their lockfiles.
+# The npm clients the tests drive (openai-node, the Vercel AI SDK, the Codex CLI), from
+# their lockfiles.
 node-clients:
 	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
 	cd tests/aisdk && npm ci --no-audit --no-fund --loglevel=error
+	cd tests/codex && npm ci --no-audit --no-fund --loglevel=error
 
 # Only the llama engine needs the native set-up (`make serve ENGINE=sim` starts at once).
 serve: develop $(if $(filter llama,$(ENGINE)),native)
