@@ -202,6 +202,10 @@ HISTORICAL = {
 }
 
 
+class FigureFailed(Exception):
+    """One of a figure's commands failed: its results file is left as it was."""
+
+
 def provenance() -> dict[str, Any]:
     """Where and when a figure was measured: the commit (and whether the tree had
     uncommitted changes), the machine, the UTC date and the load average."""
@@ -254,7 +258,7 @@ def run(figure: Figure) -> None:
         done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
         sys.stdout.write(done.stdout)
         if done.returncode != 0:
-            raise SystemExit(f"{figure.name}: {command[1]} failed with status {done.returncode}")
+            raise FigureFailed(f"{figure.name}: `{' '.join(command)}` exited {done.returncode}")
         runs.append(
             {"command": " ".join(command), "json": json_lines(done.stdout), "stdout": done.stdout}
         )
@@ -383,8 +387,14 @@ def main(argv: list[str]) -> None:
         unknown = [n for n in names if n not in BY_NAME]
         if unknown:
             raise SystemExit(f"unknown figures: {', '.join(unknown)} (see `list`)")
+        failed = []
         for name in names or list(BY_NAME):
-            run(BY_NAME[name])
+            try:
+                run(BY_NAME[name])
+            except FigureFailed as e:
+                failed.append(str(e))  # the others still run; their files are written
+        if failed:
+            raise SystemExit("not written (files unchanged):\n" + "\n".join(failed))
     elif command == "tables":
         write_tables()
     else:
