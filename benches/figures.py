@@ -6,6 +6,7 @@ those files.
     .venv/bin/python benches/figures.py list
     .venv/bin/python benches/figures.py run [NAME ...]     # all of them by default
     .venv/bin/python benches/figures.py tables
+    .venv/bin/python benches/figures.py changes [REV]   # what moved since REV (HEAD)
 
 `run` executes each figure's commands from the repository root. A command that writes
 its own results JSON (`hotloop bench agent|load`, `bench_load_burst.py`) gets the
@@ -375,6 +376,61 @@ def write_tables() -> None:
         doc.write_text(doc.read_text().replace(marker + held, marker + written, 1))
 
 
+# ---------------------------------------------------------------- what moved
+
+
+def leaves(document: Any, path: str = "") -> dict[str, float]:
+    """The numbers of a results document by JSON pointer, leaving out where it ran,
+    what a command printed as text, each turn's record and lists of samples (the
+    summaries hold those)."""
+    if isinstance(document, bool):
+        return {}
+    if isinstance(document, list) and all(isinstance(v, int | float) for v in document):
+        return {}  # one sample per turn or round: its median is among the figures
+    if isinstance(document, int | float):
+        return {path: float(document)}
+    items: Any = (
+        document.items()
+        if isinstance(document, dict)
+        else enumerate(document)
+        if isinstance(document, list)
+        else ()
+    )
+    found: dict[str, float] = {}
+    for key, value in items:
+        if key in ("provenance", "machine", "stdout", "turns"):
+            continue
+        found |= leaves(value, f"{path}/{key}")
+    return found
+
+
+def changes(revision: str) -> None:
+    """Every number of every results file that differs from `revision`'s, with the
+    ratio new / old: the closing note of a rerun."""
+    listed = subprocess.run(
+        ["git", "diff", "--name-only", revision, "--", "benches/results"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in (n for n in listed if n.endswith(".json")):
+        shown = subprocess.run(
+            ["git", "show", f"{revision}:{name}"], cwd=ROOT, capture_output=True, text=True
+        )
+        old = leaves(json.loads(shown.stdout)) if shown.returncode == 0 else {}
+        new = leaves(json.loads((ROOT / name).read_text())) if (ROOT / name).exists() else {}
+        print(f"\n{name}" + ("" if old else " (new)"))
+        if not old:
+            continue
+        for pointer in sorted(old.keys() | new.keys()):
+            before, after = old.get(pointer), new.get(pointer)
+            if before == after:
+                continue
+            ratio = f"{after / before:.2f}x" if before and after is not None else "new/gone"
+            print(f"  {pointer}: {before} -> {after} ({ratio})")
+
+
 def main(argv: list[str]) -> None:
     command, names = (argv[0] if argv else "list"), argv[1:]
     if command == "list":
@@ -397,6 +453,8 @@ def main(argv: list[str]) -> None:
             raise SystemExit("not written (files unchanged):\n" + "\n".join(failed))
     elif command == "tables":
         write_tables()
+    elif command == "changes":
+        changes(names[0] if names else "HEAD")
     else:
         raise SystemExit(__doc__)
 
