@@ -132,6 +132,15 @@ class ServerConfig:
     header_timeout: float = _option(
         10.0, "seconds a connection gets to send a request's headers; then it is closed"
     )
+    body_timeout: float = _option(
+        20.0,
+        "seconds a request body gets, plus one per --min-body-rate bytes received; a body "
+        "slower than that gets 408 and its connection is closed",
+        _non_negative,
+    )
+    min_body_rate: float = _option(
+        500.0, "bytes per second a request body must keep up after --body-timeout", _non_negative
+    )
     keep_alive_timeout: float = _option(
         5.0, "seconds an idle HTTP keep-alive connection stays open"
     )
@@ -141,7 +150,9 @@ class ServerConfig:
         "descriptor limit minus a reserve",
     )
     max_connections_per_key: int = _option(
-        256, "open WebSockets per API key before new upgrades get 429; 0: no limit"
+        256,
+        "open WebSockets and HTTP requests in progress per API key before new ones get 429; "
+        "0: no limit",
     )
     max_cached_bytes: int = _option(512 * MIB, "cached conversation state per connection")
     cache_memory_bytes: int = _option(
