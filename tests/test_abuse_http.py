@@ -6,6 +6,7 @@ serve` process, the others against the same protocol on an in-process server."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -149,3 +150,41 @@ def test_http_requests_in_progress_count_in_the_key_cap(tmp_path: Path) -> None:
         assert refused.json()["error"]["code"] == "too_many_connections"
         other = httpx.get(strict + "/v1/models", headers={"authorization": "Bearer sk-b"})
         assert other.status_code == 200
+
+
+async def test_one_keys_store_reads_take_a_bounded_share(tmp_path: Path) -> None:
+    """Issue 21: sixteen concurrent 15 MB `input_items` reads of one key queued ahead of
+    another key's read in the store's reader (2 ms became 878 ms). Now a key runs at
+    most `--max-reads-per-key` store reads at once; the others wait their turn."""
+    served = app(tmp_path, max_reads_per_key=2)
+    await served.start()  # type: ignore[attr-defined]
+    entered: list[str] = []
+    two_in = asyncio.Event()
+    release = asyncio.Event()
+
+    async def reading(response_id: str, owner: str | None, **page: object) -> None:
+        entered.append(response_id)
+        if response_id == "resp_a":
+            if entered.count("resp_a") == 2:
+                two_in.set()
+            await release.wait()
+
+    served.ledger.store.list_input_items = reading  # type: ignore[attr-defined]
+    transport = httpx.ASGITransport(app=served)  # type: ignore[arg-type]
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+
+            async def read(response_id: str, key: str) -> int:
+                path = f"/v1/responses/{response_id}/input_items"
+                reply = await client.get(path, headers={"authorization": f"Bearer {key}"})
+                return reply.status_code
+
+            attack = [asyncio.ensure_future(read("resp_a", "sk-a")) for _ in range(16)]
+            await two_in.wait()
+            assert await read("resp_b", "sk-b") == 404  # served while sk-a's reads wait
+            assert entered.count("resp_a") == 2
+            release.set()
+            assert await asyncio.gather(*attack) == [404] * 16
+            assert entered.count("resp_a") == 16
+    finally:
+        await served.close()  # type: ignore[attr-defined]
