@@ -9,9 +9,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import httpx
+import orjson
 import pytest
 from fake_upstreams import FakeUpstream, Script, serving
-from hotloop._core import ResponseReader
+from hotloop._core import ChatFormat, ResponseReader
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
 from hotloop.engines.base import EngineError, Sampling
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
 
@@ -126,3 +130,38 @@ async def test_keep_alive_comments_forever_meet_the_response_deadline(chat_forma
             await replica.disconnected.wait()
         finally:
             await engine.close()
+
+
+async def test_the_response_past_the_budget_ends_incomplete(chat_format: Any) -> None:
+    """The whole path: a replica that goes on past `max_tokens` gives the client a
+    `response.incomplete` (max_output_tokens) of exactly that many tokens."""
+    harmony = ChatFormat.harmony()
+    answer = harmony.completion_tokens(text="Hello")[:-1]  # no stop token
+    word = harmony.tokenizer.encode(" word")
+    event = b'data: {"choices":[{"index":0,"token_ids":%b,"finish_reason":null}]}\n\n'
+    flood = Script(
+        reply=[*answer, *word],  # the last one never goes: the flood comes instead
+        hold_after=len(answer),
+        endless=event % orjson.dumps(word),
+        endless_limit=len(event) * 100_000,
+    )
+    async with serving(FakeUpstream("vllm", flood)) as (replica,):
+        config = UpstreamConfig(
+            dialect="vllm", replicas=(replica.url,), model="m", context_window=1 << 16
+        )
+        app = build_app(
+            UpstreamEngine(config, harmony), ServerConfig(engine="upstream", data_dir="")
+        )
+        await app.start()
+        try:
+            transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+            async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+                body = {"model": "m", "input": "hi", "store": False, "max_output_tokens": 40}
+                reply = await client.post("/v1/responses", json=body)
+            response = reply.json()
+            assert response["status"] == "incomplete", response
+            assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+            assert response["usage"]["output_tokens"] == 40
+            await replica.disconnected.wait()
+        finally:
+            await app.close()
