@@ -455,7 +455,9 @@ class ResponseReader:
     whether anything else changed (the head was read, a finishing event or `[DONE]` was
     seen, the body ended, a failure), which the properties then tell."""
 
-    def __init__(self, dialect: str | None = None) -> None: ...
+    def __init__(self, dialect: str | None = None, max_line: int = 16 << 20) -> None:
+        """`max_line`: the longest event line; a longer one fails the stream
+        (`upstream_protocol`) instead of growing the buffer that waits for its newline."""
     def feed(self, data: bytes) -> tuple[list[int], bool]: ...
     def eof(self) -> tuple[list[int], bool]:
         """The server closed the connection: it ends a body framed by the close (a last
@@ -475,6 +477,9 @@ class ResponseReader:
     @property
     def reusable(self) -> bool:
         """Complete, and the connection may carry the next request."""
+    @property
+    def buffered(self) -> int:
+        """The bytes held for the stream's incomplete last line (at most `max_line`)."""
     @property
     def failure(self) -> tuple[str, str, bool] | None:
         """The first failure as `(code, message, retryable)` (`upstream_error` or

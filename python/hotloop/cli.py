@@ -117,6 +117,8 @@ def upstream_engine(config: ServerConfig) -> Engine:
             template=template_choice(config, config.chat_template, verbatim=False),
             routing=config.upstream_routing,
             router=config.upstream_router,
+            response_timeout=config.upstream_response_timeout,
+            max_line_bytes=config.upstream_max_line_bytes,
         )
     )
     return engine
@@ -181,6 +183,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         limits=connection_limits(config, engine),
         queue_memory=queue_memory,
         compactor=compactor,
+        reads_per_key=config.max_reads_per_key,
     )
     return App(
         ledger.engine,

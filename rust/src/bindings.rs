@@ -1371,10 +1371,11 @@ impl PyResponseReader {
 #[pymethods]
 impl PyResponseReader {
     /// `dialect`: the request asked for that dialect's event stream; None: a plain
-    /// request whose body is collected.
+    /// request whose body is collected. `max_line`: the longest event line (longer
+    /// fails the stream with `upstream_protocol`).
     #[new]
-    #[pyo3(signature = (dialect=None))]
-    fn new(dialect: Option<&str>) -> PyResult<Self> {
+    #[pyo3(signature = (dialect=None, max_line=upstream::DEFAULT_MAX_LINE))]
+    fn new(dialect: Option<&str>, max_line: usize) -> PyResult<Self> {
         let dialect = dialect
             .map(|name| {
                 upstream::Dialect::from_name(name)
@@ -1382,7 +1383,7 @@ impl PyResponseReader {
             })
             .transpose()?;
         Ok(PyResponseReader {
-            inner: ResponseReader::new(dialect),
+            inner: ResponseReader::new(dialect).with_max_line(max_line),
             failure: None,
         })
     }
@@ -1430,6 +1431,12 @@ impl PyResponseReader {
     #[getter]
     fn body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, self.inner.body())
+    }
+
+    /// The bytes held for the stream's incomplete last line.
+    #[getter]
+    fn buffered(&self) -> usize {
+        self.inner.events().map_or(0, |events| events.buffered())
     }
 
     #[getter]

@@ -221,6 +221,10 @@ class UpstreamConfig:
     api_key: str | None = None
     connect_timeout: float = 5.0
     read_timeout: float = 120.0
+    response_timeout: float = 1800.0
+    """The longest one response may take, whatever the replica sends meanwhile (0: none)."""
+    max_line_bytes: int = 16 * 1024 * 1024
+    """The longest server-sent event line; a longer one fails the response."""
     cooldown: float = 10.0
     max_connections: int = 256
     headers: dict[str, str] = field(default_factory=dict)
@@ -285,6 +289,8 @@ class UpstreamEngine:
             connect_timeout=self.config.connect_timeout,
             read_timeout=self.config.read_timeout,
             max_connections=self.config.max_connections,
+            response_timeout=self.config.response_timeout,
+            max_line=self.config.max_line_bytes,
         )
 
     def session(self) -> UpstreamSession:
@@ -384,20 +390,30 @@ class UpstreamSession:
         client = self.engine.client
         reader = link.reader
         assert reader is not None
+        budget = sampling.max_output_tokens
         try:
             if first is not None:
-                yield first
                 # Every batch after the first: `next` hands over the ids of every read
                 # since the last call, decoded in Rust as they arrived (one call per
                 # socket read), with no per-line or per-event Python. Reading on after
                 # the finishing event, to the end of the body, lets the keep-alive
                 # connection go back to the pool instead of closing.
+                batch: list[int] | None = first
                 while True:
-                    batch = await link.next()
                     if batch is not None:
+                        if len(batch) > budget:
+                            # A replica that ignores `max_tokens`: the response ends at
+                            # the budget (incomplete, max_output_tokens), and leaving the
+                            # body unread closes the connection, which cancels the
+                            # request there.
+                            if budget:
+                                yield batch[:budget]
+                            return
+                        budget -= len(batch)
                         yield batch
                     elif self._over(replica, reader, started=True):
                         break
+                    batch = await link.next()
             if not reader.done:
                 raise EngineError(
                     "upstream_error",
@@ -494,6 +510,10 @@ class UpstreamSession:
         failure = reader.failure
         if failure is not None:
             code, message, retryable = failure
+            if code == "upstream_protocol":
+                # A stream we cannot read (an endless line, a malformed event): the
+                # replica is skipped for its cooldown, by every conversation.
+                self.engine.mark_failed(replica)
             error = EngineError(code, message, before_first_token=not started)
             if retryable and not started:
                 raise _RetryElsewhere(error)
