@@ -8,7 +8,7 @@ PORT ?= 8000
 ENGINE ?= llama
 
 .PHONY: all venv develop native reference-data haproxy services node-clients serve test \
-	test-rust test-python lint bench bench-ci wheel test-wheel docs fuzz clean
+	test-rust test-python lint bench bench-ci bench-peers figures wheel test-wheel docs fuzz clean
 
 all: develop
 
@@ -43,10 +43,12 @@ haproxy:
 	@test -x /usr/sbin/haproxy || command -v haproxy >/dev/null 2>&1 || \
 		(apt-get update -qq && apt-get install -y -qq haproxy)
 
-# The npm clients the tests drive (openai-node, the Vercel AI SDK), from their lockfiles.
+# The npm clients the tests drive (openai-node, the Vercel AI SDK, the Codex CLI), from
+# their lockfiles.
 node-clients:
 	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
 	cd tests/aisdk && npm ci --no-audit --no-fund --loglevel=error
+	cd tests/codex && npm ci --no-audit --no-fund --loglevel=error
 
 # Only the llama engine needs the native set-up (`make serve ENGINE=sim` starts at once).
 serve: develop $(if $(filter llama,$(ENGINE)),native)
@@ -75,13 +77,32 @@ lint: develop
 	$(BIN)/ruff format --check python tests benches
 	$(BIN)/mypy python/
 
+# `--benchmark-only` skips what does not use pytest-benchmark's fixture: the group-commit
+# check (benches/test_store_ratios.py) times a gather of puts, so it runs on its own.
 bench: develop native
 	$(BIN)/pytest benches -q --benchmark-only
+	$(BIN)/pytest benches/test_store_ratios.py -q -s
 
-# CI's microbenchmarks: only ratios measured in one run, with wide margins (quick mode).
+# CI's microbenchmarks: only ratios measured in one run, each bound about half the value
+# measured on the dev machine (quick mode).
 # `native` for the SmolLM2 GGUF that the open-model peer check reads.
 bench-ci: develop native
-	$(BIN)/pytest benches/test_ratios.py benches/test_store_ratios.py -q -s --benchmark-disable
+	$(BIN)/pytest benches/test_ratios.py benches/test_store_ratios.py benches/test_peers_ratios.py \
+		-q -s --benchmark-disable
+
+# hotloop beside agentic-api and smg (installed into their own virtualenv under
+# ~/.cache/hotloop/peers on first use), in front of one fake vLLM: docs/benchmarks.md.
+bench-peers: develop
+	$(BIN)/python benches/bench_peers.py
+
+# Every figure README.md and docs/ cite, rerun at the current commit into benches/results/
+# (with the commit, machine, date and load average) and the docs' tables rewritten from
+# them: `make figures FIGURES="agent ws_turn"` for some (benches/figures.py list). Tens of
+# minutes for all of them, both cores busy: run it on a quiet machine.
+FIGURES ?=
+figures: develop native reference-data services haproxy
+	$(BIN)/python benches/figures.py run $(FIGURES)
+	$(BIN)/python benches/figures.py tables
 
 # The abi3 wheel (one per platform, any CPython >= 3.10) and the sdist, into dist/. The
 # wheel is built from this tree, not from the sdist (`maturin build --sdist` would

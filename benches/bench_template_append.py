@@ -7,7 +7,10 @@ a tool output, an answer), one run measures per template:
 - append: push the new turn's messages to a `hotloop._core.TemplatePrompt` and bring
   its prompt up to date (render the window or the whole list, diff, tokenize the rest);
 - peer: jinja2 with transformers' settings renders the whole conversation, Hugging Face
-  `tokenizers` encodes all of it.
+  `tokenizers` encodes all of it;
+- budget: what the render budget (minijinja's fuel: steps and bytes) costs, as the
+  ratio of one whole render with it to the same render without it
+  (`ChatTemplate.unbounded()`), alternated in the same run.
 
 Templates: Qwen3's (`Qwen-Qwen3-0.6B.jinja`) and Llama 3.1's from the llama-cpp-python
 sdist (`make native` extracts them), each over its own vocabulary on both sides (the
@@ -118,13 +121,32 @@ def measure(name: str, history_tokens: int, reps: int) -> dict[str, float]:
         peer.append(time.perf_counter() - start)
     assert ids == prompt.ids, f"{name}: hotloop's prompt differs from the peer's"
     a, p = statistics.median(append), statistics.median(peer)
+    bounded, unbounded = render_times(template, messages, reps)
     return {
         "tokens": len(prompt),
         "append_ms": a * 1e3,
         "peer_ms": p * 1e3,
         "ratio": p / a,
         "window": float(bool(prompt.stability and prompt.stability[0])),
+        "render_ms": bounded * 1e3,
+        "budget_ratio": bounded / unbounded,
     }
+
+
+def render_times(
+    template: _core.ChatTemplate, messages: list[dict[str, Any]], reps: int
+) -> tuple[float, float]:
+    """Median seconds of one whole render with the budget and without it, alternated."""
+    free = template.unbounded()
+    encoded, tools = json.dumps(messages), json.dumps(TOOLS)
+    kwargs = json.dumps({"enable_thinking": False})
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(reps):
+        for bounded, t in ((True, template), (False, free)):
+            start = time.perf_counter()
+            t.render(encoded, add_generation_prompt=True, tools_json=tools, kwargs_json=kwargs)
+            times[bounded].append(time.perf_counter() - start)
+    return statistics.median(times[True]), statistics.median(times[False])
 
 
 def main() -> None:
@@ -132,15 +154,19 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--templates", default=",".join(TEMPLATES))
     args = parser.parse_args()
-    print("| template | history (tokens) | append (median) | peer render+encode | ratio | window |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| template | history (tokens) | append (median) | peer render+encode | ratio | window "
+        "| whole render | budget cost |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.templates.split(","):
         for size in (int(s) for s in args.sizes.split(",")):
             reps = 3 if size >= 1_000_000 else 7
             r = measure(name, size, reps)
             print(
                 f"| {name} | {r['tokens']:,.0f} | {r['append_ms']:.3f} ms | {r['peer_ms']:.1f} ms "
-                f"| {r['ratio']:,.0f}x | {'yes' if r['window'] else 'no'} |",
+                f"| {r['ratio']:,.0f}x | {'yes' if r['window'] else 'no'} "
+                f"| {r['render_ms']:.1f} ms | {r['budget_ratio']:.2f}x |",
                 flush=True,
             )
 

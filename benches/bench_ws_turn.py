@@ -12,19 +12,21 @@ work is timed: parse, cache lookup, fork, validate, render and tokenize, prompt)
   again, no `previous_response_id`), on a fresh connection, as HTTP without state must.
 
 The history grows by large user messages and short model answers to each length.
-Reported: the median milliseconds per turn of each, and their ratio.
+Reported: the median milliseconds per turn of each, and their ratio; then the same as
+one JSON line (`make figures` keeps it in benches/results/ws_turn.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from typing import Any
 
 import orjson
 from hotloop._core import ChatFormat
-from hotloop.protocol import CacheBudget, Connection, ConnectionCache, Finished, Generate
+from hotloop.protocol import CacheBudget, Connection, ConnectionCache, Finished, Generate, Render
 
 FORMAT = ChatFormat.harmony()
 ANSWER_TEXT = "Noted; continuing with the task."
@@ -70,6 +72,12 @@ def turn(conn: Connection, event: dict[str, Any]) -> tuple[float, Generate]:
     start = time.perf_counter()
     conn.receive_text(frame)
     actions = conn.actions()
+    for work in [a for a in actions if isinstance(a, Render)]:
+        # A large frame's render, which the server runs in a worker thread: run here,
+        # inline, it is still the server's work before the engine call.
+        request, rendered = work.run()
+        conn.render_done(work.key, rendered, request)
+        actions = conn.actions()
     elapsed = (time.perf_counter() - start) * 1e3
     (work,) = [a for a in actions if isinstance(a, Generate)]
     conn.engine_output(work.key, ANSWER)
@@ -89,6 +97,7 @@ def main() -> None:
     previous: str | None = None
     tokens = 0
     print(f"{'history':>10} {'ws p50 ms':>10} {'full p50 ms':>12} {'full/ws':>8}")
+    rows: list[dict[str, float]] = []
     target = 1000
     seed = 0
     while target <= args.max_tokens:
@@ -120,7 +129,9 @@ def main() -> None:
                 full.append(ms)
         ws_p50, full_p50 = statistics.median(ws), statistics.median(full)
         print(f"{tokens:>10} {ws_p50:>10.3f} {full_p50:>12.3f} {full_p50 / ws_p50:>8.0f}x")
+        rows.append({"history_tokens": tokens, "ws_p50_ms": ws_p50, "full_p50_ms": full_p50})
         target *= 10
+    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

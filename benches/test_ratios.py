@@ -1,28 +1,34 @@
 """CI microbenchmarks: the per-turn work of the server, checked only as ratios measured in
-one run, with wide margins (never absolute times: CI machines differ and are shared).
+one run (never absolute times: CI machines differ and are shared).
 
 Each check times two things on the same data in the same process and asserts how many
-times faster one is than the other:
+times faster one is than the other. Each bound is about half the lowest value measured
+on the 2-core dev machine under load (docs/benchmarks.md has the runs), so a regression
+of 2x fails, not only one of 50x:
 
 - append vs full re-render: extending a 100k-token conversation by one tool output, vs
-  rendering and tokenizing the whole conversation again (>= 50x);
+  rendering and tokenizing the whole conversation again (>= 250x; 513-1,224x measured);
 - delta validation is O(delta): the same turn on a 100k-token history vs a short one
-  (<= 5x apart);
-- parsing a continuation frame vs a full-history frame (>= 20x);
-- tokenizing: hotloop's o200k encoder vs tiktoken on the same 100k-token text (no more
-  than 2x slower);
-- output parsing: hotloop's streaming parser vs openai-harmony's, token by token;
-- event serialisation: one text-delta event, vs the SDK's pydantic model (>= 2x);
+  (<= 2x; 0.56-0.94x);
+- parsing a continuation frame vs a full-history frame (>= 30x; 36-71x);
+- tokenizing: hotloop's o200k encoder vs tiktoken on the same 100k-token text (tiktoken's
+  time / hotloop's >= 0.75; 1.51-1.79);
+- output parsing: hotloop's streaming parser vs openai-harmony's, token by token (>= 6x;
+  12.7-15.7x);
+- event serialisation: one text-delta event, vs the SDK's pydantic model (>= 3.5x;
+  5.1-7.7x);
 - the peer: a stateless server's per-turn prompt work (openai-harmony re-rendering the
-  whole conversation) vs hotloop's append (>= 50x);
+  whole conversation) vs hotloop's append (>= 2,500x; 5,814-9,015x);
 - the open-model peer: SmolLM2's chat template rendered by jinja2 and the whole
-  conversation tokenized by Hugging Face `tokenizers`, vs hotloop's ChatML append (>= 20x);
+  conversation tokenized by Hugging Face `tokenizers`, vs hotloop's ChatML append
+  (>= 3,000x; 6,659-20,313x);
 - a wide tool schema: the cost per property of accepting it at 60k properties vs at 1k
-  (<= 3x; it is linear).
+  (<= 2.5x; 1.16-1.29x: it is linear).
 
-`make bench-ci` runs them in quick mode (`--benchmark-disable`, 3 repetitions); `make
-bench` runs them with pytest-benchmark's statistics. Repetitions take the minimum, the
-least noisy estimate of a CPU-bound operation's cost on a shared machine.
+`make bench-ci` runs them in quick mode (`--benchmark-disable`, 3 repetitions) and prints
+each measured ratio; `make bench` runs them with pytest-benchmark's statistics.
+Repetitions take the minimum, the least noisy estimate of a CPU-bound operation's cost on
+a shared machine.
 """
 
 from __future__ import annotations
@@ -104,7 +110,7 @@ def test_append_vs_full_rerender_at_100k_tokens(
     benchmark(append)
     ratio = fastest(full, repeat) / fastest(append, repeat)
     print(f"full re-render / append at {base.token_count} tokens: {ratio:.0f}x")
-    assert ratio >= 50
+    assert ratio >= 250
 
 
 def _request(rollout: Rollout, index: int) -> bytes:
@@ -137,7 +143,7 @@ def test_delta_validation_does_not_grow_with_history(
             benchmark(turn)
     (short, short_cost), (long, long_cost) = sorted(costs.items())
     print(f"extend at {long} vs {short} tokens: {long_cost / short_cost:.2f}x")
-    assert long_cost / short_cost <= 5
+    assert long_cost / short_cost <= 2
 
 
 def test_parse_continuation_vs_full_history_frame(
@@ -155,7 +161,7 @@ def test_parse_continuation_vs_full_history_frame(
     benchmark(parse_event, delta)
     ratio = fastest(lambda: parse_event(full), repeat) / fastest(lambda: parse_event(delta), repeat)
     print(f"parse full-history frame ({len(full)} B) / continuation ({len(delta)} B): {ratio:.0f}x")
-    assert ratio >= 20
+    assert ratio >= 30
 
 
 def test_tokenize_against_tiktoken(benchmark: Any, rollout: Rollout, repeat: int) -> None:
@@ -169,7 +175,7 @@ def test_tokenize_against_tiktoken(benchmark: Any, rollout: Rollout, repeat: int
         lambda: ours.encode(text), repeat
     )
     print(f"tiktoken / hotloop on {len(text)} bytes: {ratio:.2f}x")
-    assert ratio >= 0.5
+    assert ratio >= 0.75
 
 
 def test_output_parser_against_openai_harmony(
@@ -198,7 +204,7 @@ def test_output_parser_against_openai_harmony(
     benchmark(ours)
     ratio = fastest(reference, repeat) / fastest(ours, repeat)
     print(f"openai-harmony / hotloop streaming parse of {len(ids)} tokens: {ratio:.2f}x")
-    assert ratio >= 1
+    assert ratio >= 6
 
 
 def test_delta_event_serialisation_against_sdk_model(benchmark: Any, repeat: int) -> None:
@@ -229,7 +235,7 @@ def test_delta_event_serialisation_against_sdk_model(benchmark: Any, repeat: int
     benchmark(ours)
     ratio = fastest(sdk, repeat) / fastest(ours, repeat)
     print(f"pydantic SDK model / hotloop per delta event: {ratio:.1f}x")
-    assert ratio >= 2
+    assert ratio >= 3.5
 
 
 def test_peer_full_rerender_vs_append(
@@ -248,7 +254,7 @@ def test_peer_full_rerender_vs_append(
         lambda: base.fork().append_items(delta), repeat
     )
     print(f"peer (openai-harmony) turn / hotloop append at {base.token_count} tokens: {ratio:.0f}x")
-    assert ratio >= 50
+    assert ratio >= 2500
 
 
 def test_open_model_peer_full_rerender_vs_append(
@@ -284,7 +290,7 @@ def test_open_model_peer_full_rerender_vs_append(
         f"open-model peer (jinja2 + HF tokenizers) turn / hotloop append at "
         f"{base.token_count} tokens: {ratio:.0f}x"
     )
-    assert ratio >= 20
+    assert ratio >= 3000
 
 
 def test_tool_schema_cost_per_property_is_flat(
@@ -300,4 +306,4 @@ def test_tool_schema_cost_per_property_is_flat(
     benchmark.extra_info["us_per_property"] = {n: round(c * 1e6, 2) for n, c in costs.items()}
     ratio = costs[60_000] / costs[1_000]
     print(f"tool schema, per-property cost at 60k / at 1k properties: {ratio:.2f}x")
-    assert ratio <= 3
+    assert ratio <= 2.5

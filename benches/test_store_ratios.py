@@ -2,7 +2,8 @@
 together (a 2 KB user turn and 300 sampled ids each, `bench_store.stored`), committed through
 the store's writer (responses arriving together share one fsync'd transaction) vs one
 fsync'd transaction per response, measured in one run and checked only as a ratio
-(>= 3x; about 20-60x on the dev machine, where one fsync costs a few milliseconds).
+(>= 5x, about half the lowest measured on the dev machine: 9.7-29.6x, where one fsync
+costs a few milliseconds and varies with the disk's load).
 
 Each put returns only once its response is durable (commit before acknowledge), so
 this ratio is what keeps the terminal event's wait short under load.
@@ -53,4 +54,4 @@ def test_group_commit_beats_a_transaction_per_response(tmp_path: Path) -> None:
         f"\nstore: {TURNS} responses in {commits:.0f} group commits {together * 1e3:.1f} ms, "
         f"one commit each {alone * 1e3:.1f} ms, ratio {ratio:.1f}x"
     )
-    assert ratio >= 3
+    assert ratio >= 5

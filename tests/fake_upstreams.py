@@ -31,7 +31,14 @@ class Script:
     drop_after: int | None = None
     """End the stream after this many ids, without a finish event."""
     hold_after: int | None = None
-    """Send this many ids, then nothing more until the client goes away."""
+    """Send this many ids, then nothing more until the client goes away (or `endless`)."""
+    endless: bytes | None = None
+    """After `hold_after` ids, these bytes again and again (`endless_every` seconds
+    apart) until the client goes away or `endless_limit` bytes went, after
+    `endless_start` once: an endless line, keep-alive comments, ids past max_tokens."""
+    endless_start: bytes = b""
+    endless_every: float = 0.0
+    endless_limit: int = 1 << 40
     incremental: bool = False
     """SGLang's --incremental-streaming-output (deltas instead of cumulative ids)."""
 
@@ -45,6 +52,8 @@ class FakeUpstream:
     """The `x-session-id` header of each request in `requests`."""
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     model_lookups: int = 0
+    endless_sent: int = 0
+    """The bytes of `Script.endless` sent so far."""
     url: str = ""
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -85,6 +94,8 @@ class FakeUpstream:
         chunks = self._vllm(request) if self.kind == "vllm" else self._sglang(request)
         for i, chunk in enumerate(chunks):
             if i == self.script.hold_after:
+                if self.script.endless is not None:
+                    await self._endless(send, receive)
                 await self._until_disconnect(receive)
                 return
             if i == self.script.drop_after:
@@ -93,6 +104,18 @@ class FakeUpstream:
             event = b"data: " + orjson.dumps(chunk) + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    async def _endless(self, send: Send, receive: Receive) -> None:
+        script = self.script
+        assert script.endless is not None
+        gone = asyncio.ensure_future(self._until_disconnect(receive))
+        await send({"type": "http.response.body", "body": script.endless_start, "more_body": True})
+        while not gone.done() and self.endless_sent < script.endless_limit:
+            await send({"type": "http.response.body", "body": script.endless, "more_body": True})
+            self.endless_sent += len(script.endless)
+            # The replica's own pace (a keep-alive comment every so often), or a yield.
+            await asyncio.sleep(script.endless_every)
+        await gone
 
     async def _until_disconnect(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":

@@ -1,6 +1,7 @@
 """The npm clients the tests run (tests/node: openai-node; tests/aisdk: the Vercel AI
-SDK), each a package with its own lockfile. `make test` installs them with `npm ci`;
-run alone, a test installs a missing one the same way. node must be on PATH."""
+SDK; tests/codex: the Codex CLI), each a package with its own lockfile. `make test`
+installs them with `npm ci`; run alone, a test installs a missing one the same way. node
+must be on PATH."""
 
 from __future__ import annotations
 

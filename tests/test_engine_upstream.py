@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 import pytest
-from engine_conversation import IdsPrompt
 from fake_upstreams import FakeUpstream, Script, closed_port_url, serving
+from hotloop._core import Prompt
 from hotloop.engines import upstream
 from hotloop.engines.base import EngineError, Sampling
 from hotloop.engines.upstream import (
@@ -60,7 +60,7 @@ async def one_session(
 
 async def collect(session: UpstreamSession, ids: list[int] = PROMPT) -> list[int]:
     out: list[int] = []
-    async for batch in session.generate(IdsPrompt(ids), SAMPLING):  # type: ignore[arg-type]
+    async for batch in session.generate(Prompt.from_tokens(ids), SAMPLING):
         out.extend(batch)
     return out
 
@@ -86,6 +86,19 @@ async def test_vllm_request_and_stream(chat_format: Any, vllm: FakeUpstream) -> 
             "temperature": 0.5,
             "top_p": 0.9,
         }
+
+
+async def test_each_turn_sends_exactly_its_prompt_ids(chat_format: Any, vllm: FakeUpstream) -> None:
+    # The core writes the ids and keeps the previous body's prefix: a grown prompt, one
+    # changed inside that prefix and a shorter one must each arrive exactly as given.
+    first = [(i * 7919) % 201_088 for i in range(1000)]
+    grown = [*first, 200_012, 0, 17]
+    changed = [*grown[:300], 5, *grown[301:]]
+    turns = [first, grown, changed, changed[:200], []]
+    async with one_session(chat_format, "vllm", vllm.url) as session:
+        for ids in turns:
+            await collect(session, ids)
+    assert [request["prompt"] for request in vllm.requests] == turns
 
 
 async def test_vllm_model_name_is_asked_once_per_replica(chat_format: Any) -> None:
@@ -197,9 +210,10 @@ async def test_a_stream_cut_after_the_first_token_fails_without_retry(chat_forma
         async with one_session(chat_format, "sglang", cut.url, other.url) as session:
             received: list[int] = []
             with pytest.raises(EngineError) as info:
-                async for batch in session.generate(IdsPrompt(PROMPT), SAMPLING):  # type: ignore[arg-type]
+                async for batch in session.generate(Prompt.from_tokens(PROMPT), SAMPLING):
                     received.extend(batch)
             assert info.value.code == "upstream_error"
+            assert "the engine went away mid-response" in info.value.message
             assert not info.value.before_first_token
             assert received == REPLY[:2]
             assert other.requests == []
@@ -217,7 +231,7 @@ async def test_silence_is_a_timeout(chat_format: Any) -> None:
 async def test_closing_the_stream_disconnects_from_the_upstream(chat_format: Any) -> None:
     async with serving(FakeUpstream("vllm", Script(hold_after=2))) as (server,):
         async with one_session(chat_format, "vllm", server.url) as session:
-            stream = session.generate(IdsPrompt(PROMPT), SAMPLING)  # type: ignore[arg-type]
+            stream = session.generate(Prompt.from_tokens(PROMPT), SAMPLING)
             # The first batch holds what the first read held (one event or both).
             assert (await anext(stream))[:1] == REPLY[:1]
             await stream.aclose()

@@ -18,6 +18,7 @@ from hotloop.events import Usage
 from hotloop.ledger import Ledger
 from hotloop.protocol import Finished
 from hotloop.store import StoreError
+from loop_order import scheduled_callbacks_ran
 from servers import sim_engine
 
 POISONED = b'{"id":"resp_bad","status":"completed","created_at":1,"tools":[{"zz":1e999}]}'
@@ -53,12 +54,12 @@ async def test_a_poisoned_and_a_normal_turn_ending_together_are_both_booked() ->
     # Two frames in one TCP write: both responses end in the same loop iteration.
     books.record(finished("resp_bad", "sk-a", POISONED), "websocket")
     books.record(finished("resp_ok", "sk-b"), "websocket")
-    await asyncio.sleep(0)  # one loop turn: the deferred booking runs
+    await scheduled_callbacks_ran()  # the booking was deferred with call_soon
     assert books.usage.of("a").output_tokens == 5
     assert books.usage.of("b").output_tokens == 5
     # And booking goes on for later turns.
     books.record(finished("resp_later", "sk-b"), "http")
-    await asyncio.sleep(0)
+    await scheduled_callbacks_ran()
     assert books.usage.of("b").responses == 2
     assert books.metrics.store_errors.labels("booking").value == 0
 
@@ -70,7 +71,7 @@ async def test_a_response_that_cannot_be_booked_is_counted_and_the_others_are_bo
     broken = replace(finished("resp_broken", "sk-a"), usage=None)  # a bug upstream
     books.record(broken, "websocket")
     books.record(finished("resp_ok", "sk-b"), "websocket")
-    await asyncio.sleep(0)
+    await scheduled_callbacks_ran()
     assert books.metrics.store_errors.labels("booking").value == 1
     assert "resp_broken" in caplog.text
     assert books.usage.of("b").responses == 1

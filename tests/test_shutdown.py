@@ -11,6 +11,7 @@ from hotloop.auth import ApiKeys, AuthError, Credential, key_id, keyed_label
 from hotloop.engines.base import EngineError, Sampling, close_stream
 from hotloop.engines.sim import SimEngine, SimSpeed
 from hotloop.shutdown import Drain, ShuttingDown
+from loop_order import scheduled_callbacks_ran
 
 FORMAT = ChatFormat.harmony()
 
@@ -20,12 +21,12 @@ async def test_wait_returns_when_the_last_response_finishes() -> None:
     drain.admit()
     drain.admit()
     waiter = asyncio.create_task(drain.wait(deadline=3600))
-    await asyncio.sleep(0)
+    await scheduled_callbacks_ran()
     assert drain.draining and not waiter.done()
     with pytest.raises(ShuttingDown):
         drain.admit()
     drain.release()
-    await asyncio.sleep(0)
+    await scheduled_callbacks_ran()
     assert not waiter.done()
     drain.release()
     assert await waiter
@@ -36,7 +37,7 @@ async def test_every_connection_waits_on_the_same_drain() -> None:
     drain = Drain()
     drain.admit()
     waiters = [asyncio.create_task(drain.wait(deadline=3600)) for _ in range(3)]
-    await asyncio.sleep(0)
+    await scheduled_callbacks_ran()
     assert not any(w.done() for w in waiters)
     drain.release()
     assert await asyncio.gather(*waiters) == [True, True, True]
@@ -71,7 +72,7 @@ async def test_a_generation_is_in_flight_until_its_stream_is_closed() -> None:
     await close_stream(cut)
     assert drain.in_flight == 0
     waiter = asyncio.create_task(drain.wait(deadline=3600))
-    await asyncio.sleep(0)
+    await scheduled_callbacks_ran()
     with pytest.raises(EngineError) as refused:
         session.generate(prompt, Sampling(1 << 10))
     assert refused.value.code == "server_shutting_down"

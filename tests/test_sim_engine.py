@@ -119,6 +119,14 @@ async def test_max_output_tokens_truncates() -> None:
     assert out == sim.answer_ids[:7]
 
 
+async def test_echo_answers_with_the_prompt_it_was_given() -> None:
+    sim = engine(SimScript(echo=True))
+    prompt = request('{"instructions":"Be brief.","input":"What is 2+2?"}').prompt()
+    out = [i async for batch in sim.session().generate(prompt, SAMPLING) for i in batch]
+    assert out == FORMAT.completion_tokens(text=FORMAT.tokenizer.decode(prompt.tokens()))
+    assert "Be brief." in sim.decode(prompt) and "What is 2+2?" in sim.decode(prompt)
+
+
 def test_from_config_reads_the_sim_options() -> None:
     config = ServerConfig(
         engine="sim",

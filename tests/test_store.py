@@ -38,6 +38,7 @@ from hotloop.store.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from hotloop.store.writer import BackgroundStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loop_order import scheduled_callbacks_ran
 from openai.types.responses import ResponseItemList
 from pg_server import PostgresServer
 from shell_tool import TOOLS
@@ -504,7 +505,7 @@ async def test_responses_arriving_together_share_one_commit() -> None:
     # The writer is inside the first commit; everything put meanwhile waits for the next.
     await asyncio.get_running_loop().run_in_executor(None, db.entered.wait)
     rest = [asyncio.create_task(store.put(response(f"resp_{i}"))) for i in range(1, 50)]
-    await asyncio.sleep(0)
+    await scheduled_callbacks_ran()
     assert store.pending() == 50
     db.gate.set()
     await asyncio.gather(first, *rest)

@@ -133,7 +133,7 @@ def test_sdist_vocabularies_pass_their_vectors_or_are_refused(path: Path) -> Non
     texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
     outs = path.with_name(path.name + ".out").read_text(encoding="utf-8").split("\n")
     assert len(texts) > 40
-    for text, out in zip(texts, outs, strict=False):
+    for text, out in zip(texts, outs, strict=True):
         assert tok.encode(text) == [int(i) for i in out.split()], (name, text)
 
 

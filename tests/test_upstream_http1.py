@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 import pytest
-from engine_conversation import IdsPrompt
 from fake_upstreams import FakeUpstream, Script, serving
+from hotloop._core import Prompt
 from hotloop.engines.base import EngineError, Sampling
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
 
@@ -83,7 +83,7 @@ async def collect(engine: UpstreamEngine, route_key: str | None = None) -> list[
     session = engine.session()
     out: list[int] = []
     try:
-        async for batch in session.generate(IdsPrompt(PROMPT), SAMPLING, route_key):  # type: ignore[arg-type]
+        async for batch in session.generate(Prompt.from_tokens(PROMPT), SAMPLING, route_key):
             out.extend(batch)
     finally:
         await session.close()
@@ -143,7 +143,7 @@ async def test_a_body_cut_after_the_first_token_is_a_transport_failure() -> None
         received: list[int] = []
         session = engine.session()
         with pytest.raises(EngineError) as info:
-            async for batch in session.generate(IdsPrompt(PROMPT), SAMPLING):  # type: ignore[arg-type]
+            async for batch in session.generate(Prompt.from_tokens(PROMPT), SAMPLING):
                 received.extend(batch)
         assert info.value.code == "upstream_unavailable"
         assert not info.value.before_first_token
@@ -169,7 +169,7 @@ async def test_no_free_connection_within_the_connect_timeout_is_a_timeout() -> N
     async with serving(FakeUpstream("vllm", Script(hold_after=1))) as (server,):
         engine = await engine_for(server.url, max_connections=1, connect_timeout=0.2)
         holder = engine.session()
-        stream = holder.generate(IdsPrompt(PROMPT), SAMPLING)  # type: ignore[arg-type]
+        stream = holder.generate(Prompt.from_tokens(PROMPT), SAMPLING)
         assert (await anext(stream))[:1] == Script().reply[:1]
         with pytest.raises(EngineError) as info:
             await collect(engine)

@@ -3,14 +3,16 @@ into fewer delta events, with the same text and event sequence; off by default."
 
 from __future__ import annotations
 
-import asyncio
+import math
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Prompt
 from hotloop.bench.scripted import ScriptedClient
 from hotloop.config import ServerConfig
+from hotloop.engines import base
 from hotloop.engines.base import Sampling
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
 from hotloop.transport.asgi import Message
@@ -21,45 +23,55 @@ FORMAT = ChatFormat.harmony()
 ANSWER = FORMAT.completion_tokens(text="word " * 200)
 
 
+WINDOW = 0.05
+PER_WINDOW = 16
+"""Ids the engine samples while the coalescing waits out one window."""
+
+
 class Buffering:
-    """An engine session that samples one token per event-loop iteration into a buffer
-    and hands over everything buffered when pulled, as the upstream connection does."""
+    """An engine session that buffers what it samples and hands over everything buffered
+    when pulled, as the upstream connection does. Its sampling is driven by events, not
+    the clock: one id before the first pull (the first token), then `PER_WINDOW` ids each
+    time the coalescing waits out a window (`window_passed`). Without coalescing it
+    samples one id per pull."""
 
     def __init__(self) -> None:
         self.pulls = 0
+        self._sampled = 0
+        self._buffered: list[int] = []
+
+    def _sample(self, count: int) -> None:
+        ids = ANSWER[self._sampled : self._sampled + count]
+        self._sampled += len(ids)
+        self._buffered += ids
+
+    async def window_passed(self, seconds: float) -> None:
+        """Stands for the coalescing's `asyncio.sleep(window)`."""
+        assert seconds == WINDOW
+        self._sample(PER_WINDOW)
 
     async def generate(
         self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
     ) -> AsyncIterator[list[int]]:
-        buffered: list[int] = []
-        more = asyncio.Event()
-
-        async def sample() -> None:
-            for token in ANSWER:
-                buffered.append(token)
-                more.set()
-                await asyncio.sleep(0)
-
-        sampler = asyncio.create_task(sample())
-        try:
-            handed = 0
-            while handed < len(ANSWER):
-                if not buffered:
-                    more.clear()
-                    await more.wait()
-                batch, buffered[:] = list(buffered), []
-                handed += len(batch)
-                self.pulls += 1
-                yield batch
-        finally:
-            sampler.cancel()
+        self._sample(1)
+        while self._buffered:
+            batch, self._buffered = self._buffered, []
+            self.pulls += 1
+            yield batch
+            if not self._buffered:
+                self._sample(1)  # nobody waited: the engine had one more id ready
 
     async def close(self) -> None:
         """Nothing to release."""
 
 
-async def stream_once(coalesce: float) -> tuple[list[dict[str, object]], Buffering]:
+async def stream_once(
+    coalesce: float, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[dict[str, object]], Buffering]:
     session = Buffering()
+    # The coalescing's wait is the session's window: what it samples meanwhile is set
+    # by the test, not by how busy the machine is.
+    monkeypatch.setattr(base, "asyncio", SimpleNamespace(sleep=session.window_passed))
     connection = Connection(
         chat_format=FORMAT,
         context_window=1 << 20,
@@ -83,12 +95,15 @@ def deltas(events: list[dict[str, object]]) -> list[dict[str, object]]:
     return [e for e in events if e["type"] == "response.output_text.delta"]
 
 
-async def test_batches_within_the_window_become_one_delta_event() -> None:
-    plain, _ = await stream_once(0.0)
-    merged, session = await stream_once(0.05)
-    # The sampler produces the whole answer within a few windows: most of it is merged.
-    assert len(deltas(merged)) < len(ANSWER) // 4
-    assert session.pulls < len(ANSWER) // 4
+async def test_batches_within_the_window_become_one_delta_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plain, unmerged = await stream_once(0.0, monkeypatch)
+    merged, session = await stream_once(WINDOW, monkeypatch)
+    assert unmerged.pulls == len(ANSWER)
+    # The first id at once, then one pull per window holding what it sampled.
+    assert session.pulls == 1 + math.ceil((len(ANSWER) - 1) / PER_WINDOW)
+    assert len(deltas(merged)) <= session.pulls < len(deltas(plain))
     text = "".join(str(e["delta"]) for e in deltas(merged))
     assert text == "".join(str(e["delta"]) for e in deltas(plain))
     assert merged[-1]["type"] == plain[-1]["type"] == "response.completed"

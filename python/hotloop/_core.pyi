@@ -91,14 +91,17 @@ class ChatFormat:
         verbatim: bool = False,
         window: bool = True,
         check_every: int = 64,
+        special_tokens_in_content: str = "plain",
     ) -> ChatFormat:
         """The generic format: the model's own chat template over its vocabulary, the
         prompt equal to `tokenizers.encode(render(messages), add_special_tokens=False)`
         and built by difference (see `TemplatePrompt`). `kwargs_json`: template kwargs
         (`{"enable_thinking": false}`); `tool_parser`: a parser name, None or `auto`
         for the template's own; `verbatim`: keep the model's sampled ids where the
-        template renders them unchanged. Raises CoreError when the vocabulary has no
-        end-of-turn token."""
+        template renders them unchanged; `special_tokens_in_content`: special-token
+        text in the input is `plain` text, `refuse`d (CoreError
+        `special_token_in_content`) or `allow`ed as a real token. Raises CoreError when
+        the vocabulary has no end-of-turn token."""
     @property
     def name(self) -> str:
         """`harmony`, `chatml` or `template:<template name>`."""
@@ -321,6 +324,9 @@ class Conversation:
         """Grow the last item's text (streamed or chunked content); returns tokens changed."""
     def prompt(self) -> Prompt:
         """Tokens so far, including the assistant header when a turn is open."""
+    def engine_prompt(self) -> Prompt:
+        """The prompt with the generation prompt (the assistant turn's header), as an
+        engine is given it to answer now; the conversation is unchanged."""
     def parser(self) -> OutputParser: ...
     def commit_output(self, parser: OutputParser) -> None:
         """Append the sampled ids of the open turn verbatim and record its output items
@@ -362,6 +368,9 @@ class ChatTemplate:
     def source(self) -> str: ...
     @property
     def tokens(self) -> list[tuple[str, str]]: ...
+    def unbounded(self) -> ChatTemplate:
+        """The same template rendered without its budget of steps and bytes: only for
+        measuring what the budget costs."""
     @property
     def tool_parser(self) -> str | None:
         """The tool-call parser the template's markers call for, if any."""
@@ -392,6 +401,7 @@ class TemplatePrompt:
         check_every: int = 64,
         verbatim: bool = False,
         tool_parser: str | None = None,
+        special_tokens_in_content: str = "plain",
     ) -> None: ...
     def push_items(self, items_json: str) -> None:
         """Responses-API input items (a JSON array), as vLLM converts them to messages."""
@@ -427,6 +437,15 @@ class TemplatePrompt:
 
 # ---------------------------------------------------------------- upstream streams
 
+class PromptBody:
+    """One connection's token-id request bodies: the ids are written by the core from
+    the prompt's chunks, and the previous body's shared prefix is kept, so a turn costs
+    its new ids, not a Python int per id of the history."""
+
+    def __init__(self) -> None: ...
+    def write(self, prompt: Prompt, head: bytes, tail: bytes) -> bytes:
+        """`head`, the prompt's ids as a JSON array, then `tail`, in one bytes object."""
+
 class ResponseReader:
     """One HTTP/1.1 response of an upstream replica, decoded from the raw bytes of each
     socket read (rust/src/upstream/http.rs): the head, the body (chunked,
@@ -436,7 +455,9 @@ class ResponseReader:
     whether anything else changed (the head was read, a finishing event or `[DONE]` was
     seen, the body ended, a failure), which the properties then tell."""
 
-    def __init__(self, dialect: str | None = None) -> None: ...
+    def __init__(self, dialect: str | None = None, max_line: int = 16 << 20) -> None:
+        """`max_line`: the longest event line; a longer one fails the stream
+        (`upstream_protocol`) instead of growing the buffer that waits for its newline."""
     def feed(self, data: bytes) -> tuple[list[int], bool]: ...
     def eof(self) -> tuple[list[int], bool]:
         """The server closed the connection: it ends a body framed by the close (a last
@@ -456,6 +477,9 @@ class ResponseReader:
     @property
     def reusable(self) -> bool:
         """Complete, and the connection may carry the next request."""
+    @property
+    def buffered(self) -> int:
+        """The bytes held for the stream's incomplete last line (at most `max_line`)."""
     @property
     def failure(self) -> tuple[str, str, bool] | None:
         """The first failure as `(code, message, retryable)` (`upstream_error` or

@@ -108,6 +108,9 @@ class TemplateChoice:
     verbatim: bool = False
     """Keep the model's sampled ids where the template renders them unchanged (the
     engine's prefix cache then holds the whole prompt) instead of re-encoding them."""
+    special_tokens_in_content: str = "plain"
+    """What special-token text in content becomes: `plain` text, `refuse`d, or `allow`ed
+    as a real special token (see docs/chat-templates.md)."""
 
     def format(self, tokenizer_source: str) -> ChatFormat:
         """The generic chat format over the vocabulary at `tokenizer_source`."""
@@ -117,6 +120,7 @@ class TemplateChoice:
             kwargs_json=self.kwargs_json,
             tool_parser=None if self.tool_parser == "auto" else self.tool_parser,
             verbatim=self.verbatim,
+            special_tokens_in_content=self.special_tokens_in_content,
         )
 
 

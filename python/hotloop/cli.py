@@ -71,6 +71,7 @@ def template_choice(
         template=template,
         tool_parser=config.tool_parser,
         kwargs_json=config.chat_template_kwargs,
+        special_tokens_in_content=config.special_tokens_in_content,
         verbatim=verbatim
         if config.chat_template_verbatim is None
         else config.chat_template_verbatim,
@@ -116,6 +117,8 @@ def upstream_engine(config: ServerConfig) -> Engine:
             template=template_choice(config, config.chat_template, verbatim=False),
             routing=config.upstream_routing,
             router=config.upstream_router,
+            response_timeout=config.upstream_response_timeout,
+            max_line_bytes=config.upstream_max_line_bytes,
         )
     )
     return engine
@@ -180,6 +183,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         limits=connection_limits(config, engine),
         queue_memory=queue_memory,
         compactor=compactor,
+        reads_per_key=config.max_reads_per_key,
     )
     return App(
         ledger.engine,
@@ -226,7 +230,8 @@ def argument_parser() -> argparse.ArgumentParser:
         "setup",
         help="build and install what a real-model engine needs, once per user "
         "(llama: llama-cpp-python and the SmolLM2 GGUF; llama-server: the binary the "
-        "llama.cpp upstream tests run)",
+        "llama.cpp upstream tests run; vllm: vLLM's CPU build in its own virtualenv and "
+        "SmolLM2 converted for it, what the real-vLLM tests run)",
     )
     setup.add_argument("targets", nargs="+", choices=tuple(native_deps.TARGETS), metavar="TARGET")
     bench.register(commands)

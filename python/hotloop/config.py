@@ -132,6 +132,15 @@ class ServerConfig:
     header_timeout: float = _option(
         10.0, "seconds a connection gets to send a request's headers; then it is closed"
     )
+    body_timeout: float = _option(
+        20.0,
+        "seconds a request body gets, plus one per --min-body-rate bytes received; a body "
+        "slower than that gets 408 and its connection is closed",
+        _non_negative,
+    )
+    min_body_rate: float = _option(
+        500.0, "bytes per second a request body must keep up after --body-timeout", _non_negative
+    )
     keep_alive_timeout: float = _option(
         5.0, "seconds an idle HTTP keep-alive connection stays open"
     )
@@ -141,7 +150,15 @@ class ServerConfig:
         "descriptor limit minus a reserve",
     )
     max_connections_per_key: int = _option(
-        256, "open WebSockets per API key before new upgrades get 429; 0: no limit"
+        256,
+        "open WebSockets and HTTP requests in progress per API key before new ones get 429; "
+        "0: no limit",
+    )
+    max_reads_per_key: int = _option(
+        2,
+        "stored-response reads (GET a response, its input items) one API key runs at "
+        "once; more wait their turn, so one key's large reads cannot queue ahead of "
+        "every other key's",
     )
     max_cached_bytes: int = _option(512 * MIB, "cached conversation state per connection")
     cache_memory_bytes: int = _option(
@@ -228,6 +245,18 @@ class ServerConfig:
         None, "upstream: the replicas' model name (default: ask them)"
     )
     upstream_context_window: int = _option(131072, "upstream: the model's context window")
+    upstream_response_timeout: float = _option(
+        1800.0,
+        "upstream: the longest one response may take, whatever the replica sends meanwhile "
+        "(keep-alive comments, events without tokens); then it fails upstream_timeout "
+        "(0: no limit)",
+        _non_negative,
+    )
+    upstream_max_line_bytes: int = _option(
+        16 * MIB,
+        "upstream: the longest server-sent event line read from a replica; a longer one "
+        "fails the response (upstream_protocol) and marks the replica unhealthy",
+    )
     upstream_format: str = _option("harmony", "upstream: chat format, harmony or chatml")
     upstream_tokenizer: str | None = _option(
         None,
@@ -256,6 +285,15 @@ class ServerConfig:
         "engine's prefix cache holds the whole prompt (default: on for llama; off for "
         "upstream, whose prompt then equals vLLM's encode of the render)",
         _flag,
+    )
+    special_tokens_in_content: str = _option(
+        "plain",
+        "with a chat template: what special-token text written in content (messages, "
+        "tool outputs, tool definitions) becomes: plain (tokenized as plain text, as the "
+        "hand-written formats do), refuse (the request fails with "
+        "special_token_in_content) or allow (a real special token, as vLLM renders it: "
+        "content can then forge turns)",
+        _one_of("plain", "refuse", "allow"),
     )
     tool_parser: str = _option(
         "auto",

@@ -23,7 +23,7 @@ Instruments (all names prefixed `hotloop_`):
   format's fingerprint differs from the one they were stored with
 - stream_sampled_cpu_seconds_total / stream_sampled_tokens_total: the server's own CPU
   per streamed token, sampled (`StreamCpu`)
-- refusals_total{code}: header_timeout, server_overloaded, too_many_connections,
+- refusals_total{code}: header_timeout, body_timeout, server_overloaded, too_many_connections,
   queue_memory_exceeded; queued_request_bytes (gauge)
 - event_loop_busy_seconds: the loop thread's CPU between ticks (`LoopBusy`)
 - usage_tokens_total{key,kind} from `Usage`

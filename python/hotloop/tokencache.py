@@ -2,10 +2,15 @@
 
 Give it a conversation id and the conversation's new items (or more text for its last
 item); get back the prompt tokens, rendered through a chat format and tokenized, with
-only the new part rendered. The format is a hand-written one (`ChatFormat.harmony()`,
+only the new part rendered. The prompt is the conversation so far, without a generation
+prompt, for every format (a chat template's render with `add_generation_prompt=False`:
+a template that always writes the assistant header, as Llama 3's does, ends with it);
+`engine_prompt` adds the generation prompt: the ids an engine is given to answer.
+The format is a hand-written one (`ChatFormat.harmony()`,
 `ChatFormat.chatml(...)`) or any model's own chat template (`ChatFormat.template(...)`,
 or `TokenCache.for_model(tokenizer_path)`), whose prompt equals
-`tokenizers.encode(apply_chat_template(...), add_special_tokens=False)`. Conversations
+`tokenizers.encode(apply_chat_template(...), add_special_tokens=False)` (with
+`add_generation_prompt=True` for `engine_prompt`). Conversations
 are evicted least recently used once the cache holds more than `max_bytes`.
 
 This module owns the id -> conversation map and its byte bound. Rendering, tokenization
@@ -46,6 +51,9 @@ class TokenCache:
     >>> later = cache.append("conv-1", [{"role": "assistant", "content": "Hello!"}])
     >>> later.common_prefix_len(first) == len(first)
     True
+    >>> answer = cache.engine_prompt("conv-1")  # ... then <|start|>assistant
+    >>> answer.common_prefix_len(later) == len(later)
+    True
     """
 
     def __init__(
@@ -76,6 +84,7 @@ class TokenCache:
         tool_parser: str = "auto",
         template_kwargs: Mapping[str, Any] | None = None,
         verbatim: bool = False,
+        special_tokens_in_content: str = "plain",
         max_bytes: int = 256 * 1024 * 1024,
         context_window: int = 1 << 40,
     ) -> TokenCache:
@@ -83,12 +92,15 @@ class TokenCache:
         tokenizer.json, tekken.json or .gguf path, or a model directory), `chat_template`
         `auto` (the template that comes with it: the GGUF's, or the chat_template.jinja /
         tokenizer_config.json beside the tokenizer.json) or a template path;
-        `template_kwargs` are passed to the template (`{"enable_thinking": False}`)."""
+        `template_kwargs` are passed to the template (`{"enable_thinking": False}`);
+        `special_tokens_in_content`: special-token text in the items is `plain` text,
+        `refuse`d (`CoreError` `special_token_in_content`) or `allow`ed as a real token."""
         choice = TemplateChoice(
             template=chat_template,
             tool_parser=tool_parser,
             kwargs_json=None if template_kwargs is None else orjson.dumps(template_kwargs).decode(),
             verbatim=verbatim,
+            special_tokens_in_content=special_tokens_in_content,
         )
         return cls(choice.format(tokenizer), max_bytes=max_bytes, context_window=context_window)
 
@@ -101,7 +113,8 @@ class TokenCache:
         tools: JsonItems | None = None,
     ) -> Prompt:
         """Append Responses-API input items (a JSON array or a list of dicts) to the
-        conversation, creating it if unknown, and return its prompt. `instructions` and
+        conversation, creating it if unknown, and return its prompt (without the
+        generation prompt: see `engine_prompt`). `instructions` and
         `tools`, when given, replace the conversation's; when they differ from the cached
         ones the conversation re-renders (counted in `stats(...)["invalidations"]`).
         Raises `CoreError` for invalid items; the conversation is then unchanged."""
@@ -122,10 +135,22 @@ class TokenCache:
         return self._touched(conversation_id, conversation)
 
     def prompt(self, conversation_id: str) -> Prompt:
-        """The conversation's prompt tokens. Raises KeyError for an unknown conversation."""
+        """The conversation's prompt tokens, without the generation prompt. Raises
+        KeyError for an unknown conversation."""
         conversation = self._get(conversation_id)
         self._conversations.move_to_end(conversation_id)
         return conversation.prompt()
+
+    def engine_prompt(self, conversation_id: str) -> Prompt:
+        """The ids an engine is given to answer now: the prompt and the generation prompt
+        (the assistant turn's header), for every format: a chat template's render with
+        `add_generation_prompt=True`, harmony's `<|start|>assistant`, ChatML's
+        `<|im_start|>assistant\n`. The conversation is unchanged (the header is rendered
+        on a shared copy), so the next `append` continues from `prompt`. Raises KeyError
+        for an unknown conversation."""
+        conversation = self._get(conversation_id)
+        self._conversations.move_to_end(conversation_id)
+        return conversation.engine_prompt()
 
     def stats(self, conversation_id: str) -> dict[str, int]:
         """The conversation's work counters: for the hand-written formats, segments/tokens

@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyString};
 
 use crate::error::{Code, Error};
 use crate::tokenizer::{self, detok, incremental, Tokenizer};
+use crate::upstream::body::PromptBody;
 use crate::upstream::http::{Progress, ResponseReader};
 use crate::upstream::{self, StreamError};
 use crate::validate::{self, ClientEvent};
@@ -286,7 +287,9 @@ impl PyChatFormat {
     /// The generic format: a model's own chat template over its vocabulary.
     #[staticmethod]
     #[pyo3(signature = (template, tokenizer, *, kwargs_json = None, tool_parser = None,
-                        verbatim = false, window = true, check_every = 64))]
+                        verbatim = false, window = true, check_every = 64,
+                        special_tokens_in_content = "plain"))]
+    #[allow(clippy::too_many_arguments)]
     fn template(
         template: &PyChatTemplate,
         tokenizer: &PyTokenizer,
@@ -295,6 +298,7 @@ impl PyChatFormat {
         verbatim: bool,
         window: bool,
         check_every: u64,
+        special_tokens_in_content: &str,
     ) -> PyResult<PyChatFormat> {
         let kwargs = kwargs_json
             .map(|k| json_arg("template kwargs", k))
@@ -311,6 +315,7 @@ impl PyChatFormat {
             kwargs,
             tool_parser,
             policy,
+            ContentSpecials::by_name(special_tokens_in_content)?,
         )?;
         Ok(PyChatFormat {
             inner: FormatKind::Template(Arc::new(format)),
@@ -1009,6 +1014,16 @@ impl PyConversation {
         }
     }
 
+    /// The prompt with the generation prompt (the assistant turn's header), as an
+    /// engine is given it to answer now; the conversation is unchanged.
+    fn engine_prompt(&self) -> PyResult<PyPrompt> {
+        let inner = match &self.inner {
+            AnyConversation::Items(c) => c.engine_prompt(),
+            AnyConversation::Template(c) => c.engine_prompt()?,
+        };
+        Ok(PyPrompt { inner })
+    }
+
     fn parser(&self) -> PyResult<PyOutputParser> {
         Ok(PyOutputParser {
             inner: Mutex::new(either!(AnyConversation, &self.inner, c => c.parser())?),
@@ -1063,7 +1078,7 @@ impl PyConversation {
 use crate::format::template::cache::{Policy as TemplatePolicy, TemplatePrompt};
 use crate::format::template::conversation::{TemplateCheckpoint, TemplateConversation, TemplateFormat};
 use crate::format::template::messages::chat_tools;
-use crate::format::template::specials::Specials;
+use crate::format::template::specials::{ContentSpecials, Specials};
 use crate::format::template::{ChatTemplate, RenderOptions};
 use crate::format::toolcall::Family;
 
@@ -1143,6 +1158,14 @@ impl PyChatTemplate {
         self.inner.tokens().to_vec()
     }
 
+    /// The same template rendered without its budget of steps and bytes: only for
+    /// measuring what the budget costs (benches/bench_template_append.py).
+    fn unbounded(&self) -> Self {
+        PyChatTemplate {
+            inner: Arc::new(self.inner.unbounded()),
+        }
+    }
+
     /// The tool-call parser the template's markers call for (`hermes`, ...), if any.
     #[getter]
     fn tool_parser(&self) -> Option<&'static str> {
@@ -1180,7 +1203,8 @@ pub(crate) struct PyTemplatePrompt {
 impl PyTemplatePrompt {
     #[new]
     #[pyo3(signature = (template, tokenizer, *, instructions = None, tools_json = None, kwargs_json = None,
-                        window = true, check_every = 64, verbatim = false, tool_parser = None))]
+                        window = true, check_every = 64, verbatim = false, tool_parser = None,
+                        special_tokens_in_content = "plain"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         template: &PyChatTemplate,
@@ -1192,6 +1216,7 @@ impl PyTemplatePrompt {
         check_every: u64,
         verbatim: bool,
         tool_parser: Option<&str>,
+        special_tokens_in_content: &str,
     ) -> PyResult<Self> {
         let family = match tool_parser {
             None | Some("auto") => Family::detect(template.inner.source()),
@@ -1199,7 +1224,10 @@ impl PyTemplatePrompt {
         };
         let inner = TemplatePrompt::new(
             template.inner.clone(),
-            Arc::new(Specials::new(tokenizer.inner.clone())),
+            Arc::new(Specials::new(
+                tokenizer.inner.clone(),
+                ContentSpecials::by_name(special_tokens_in_content)?,
+            )),
             instructions,
             render_options(tools_json, kwargs_json)?,
             TemplatePolicy {
@@ -1343,10 +1371,11 @@ impl PyResponseReader {
 #[pymethods]
 impl PyResponseReader {
     /// `dialect`: the request asked for that dialect's event stream; None: a plain
-    /// request whose body is collected.
+    /// request whose body is collected. `max_line`: the longest event line (longer
+    /// fails the stream with `upstream_protocol`).
     #[new]
-    #[pyo3(signature = (dialect=None))]
-    fn new(dialect: Option<&str>) -> PyResult<Self> {
+    #[pyo3(signature = (dialect=None, max_line=upstream::DEFAULT_MAX_LINE))]
+    fn new(dialect: Option<&str>, max_line: usize) -> PyResult<Self> {
         let dialect = dialect
             .map(|name| {
                 upstream::Dialect::from_name(name)
@@ -1354,7 +1383,7 @@ impl PyResponseReader {
             })
             .transpose()?;
         Ok(PyResponseReader {
-            inner: ResponseReader::new(dialect),
+            inner: ResponseReader::new(dialect).with_max_line(max_line),
             failure: None,
         })
     }
@@ -1404,9 +1433,52 @@ impl PyResponseReader {
         PyBytes::new(py, self.inner.body())
     }
 
+    /// The bytes held for the stream's incomplete last line.
+    #[getter]
+    fn buffered(&self) -> usize {
+        self.inner.events().map_or(0, |events| events.buffered())
+    }
+
     #[getter]
     fn timings(&self) -> Option<&str> {
         self.inner.events().and_then(|events| events.timings())
+    }
+}
+
+/// A connection's token-id request bodies (`upstream::body::PromptBody`).
+#[pyclass(name = "PromptBody", module = "hotloop._core")]
+pub(crate) struct PyPromptBody {
+    inner: PromptBody,
+}
+
+#[pymethods]
+impl PyPromptBody {
+    #[new]
+    fn new() -> Self {
+        PyPromptBody {
+            inner: PromptBody::default(),
+        }
+    }
+
+    /// `head`, the prompt's ids as a JSON array, then `tail`: the whole body, written once.
+    fn write<'py>(
+        &mut self,
+        py: Python<'py>,
+        prompt: PyRef<'_, PyPrompt>,
+        head: &[u8],
+        tail: &[u8],
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let ids = self.inner.ids_json(&prompt.inner);
+        let parts: [&[u8]; 4] = [head, ids, b"]", tail];
+        let len = parts.iter().map(|part| part.len()).sum();
+        PyBytes::new_with(py, len, |out| {
+            let mut at = 0;
+            for part in parts {
+                out[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            }
+            Ok(())
+        })
     }
 }
 
@@ -1436,5 +1508,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyChatTemplate>()?;
     m.add_class::<PyTemplatePrompt>()?;
     m.add_class::<PyResponseReader>()?;
+    m.add_class::<PyPromptBody>()?;
     Ok(())
 }

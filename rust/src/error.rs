@@ -24,6 +24,7 @@ pub enum Code {
     InvalidVocabulary,
     InvalidTemplate,
     TemplateError,
+    SpecialTokenInContent,
 }
 
 impl Code {
@@ -46,6 +47,7 @@ impl Code {
             Code::InvalidVocabulary => "invalid_vocabulary",
             Code::InvalidTemplate => "invalid_template",
             Code::TemplateError => "template_error",
+            Code::SpecialTokenInContent => "special_token_in_content",
         }
     }
 }

@@ -11,6 +11,7 @@
 //! `error` object in an event is the server's failure, events after the finishing one are
 //! read (so the connection can be reused) but add no ids.
 
+pub mod body;
 pub mod http;
 
 use serde::de::IgnoredAny;
@@ -66,11 +67,18 @@ pub struct Decoded {
     pub error: Option<StreamError>,
 }
 
+/// The longest event line a decoder holds by default: more than any event of the
+/// dialects (llama.cpp server's last one repeats the prompt's text), far less than what
+/// a broken or hostile replica could send without a newline.
+pub const DEFAULT_MAX_LINE: usize = 16 << 20;
+
 /// Sans-I/O decoder state for one streamed response.
 #[derive(Debug)]
 pub struct SseDecoder {
     dialect: Dialect,
+    /// The incomplete last line of the reads so far, never more than `max_line` bytes.
     pending: Vec<u8>,
+    max_line: usize,
     done: bool,
     ended: bool,
     /// SGLang: ids already emitted, to turn cumulative `output_ids` into deltas.
@@ -145,11 +153,24 @@ impl SseDecoder {
         SseDecoder {
             dialect,
             pending: Vec::new(),
+            max_line: DEFAULT_MAX_LINE,
             done: false,
             ended: false,
             emitted: 0,
             timings: None,
         }
+    }
+
+    /// A line longer than `max_line` bytes fails the stream (a protocol error) instead
+    /// of growing the buffer that waits for its newline.
+    pub fn with_max_line(mut self, max_line: usize) -> Self {
+        self.max_line = max_line;
+        self
+    }
+
+    /// The bytes held for an incomplete line.
+    pub fn buffered(&self) -> usize {
+        self.pending.len()
     }
 
     /// The llama.cpp server's `timings` of the finishing event, as JSON text.
@@ -185,10 +206,13 @@ impl SseDecoder {
         let mut rest = data;
         if !self.pending.is_empty() {
             let Some(at) = memchr::memchr(b'\n', rest) else {
-                self.pending.extend_from_slice(rest);
+                self.hold(rest, out);
                 return;
             };
             let mut line = std::mem::take(&mut self.pending);
+            if !self.fits(line.len() + at, out) {
+                return;
+            }
             line.extend_from_slice(&rest[..at]);
             rest = &rest[at + 1..];
             if !self.line(&line, out) {
@@ -198,11 +222,32 @@ impl SseDecoder {
         while let Some(at) = memchr::memchr(b'\n', rest) {
             let line = &rest[..at];
             rest = &rest[at + 1..];
-            if !self.line(line, out) {
+            if !self.fits(line.len(), out) || !self.line(line, out) {
                 return;
             }
         }
-        self.pending.extend_from_slice(rest);
+        self.hold(rest, out);
+    }
+
+    /// Keep the start of a line until its newline comes, within `max_line`.
+    fn hold(&mut self, part: &[u8], out: &mut Decoded) {
+        if self.fits(self.pending.len() + part.len(), out) {
+            self.pending.extend_from_slice(part);
+        }
+    }
+
+    /// A line of `len` bytes is within `max_line`; else the stream fails, and what was
+    /// held for it is freed.
+    fn fits(&mut self, len: usize, out: &mut Decoded) -> bool {
+        if len <= self.max_line {
+            return true;
+        }
+        self.pending = Vec::new();
+        out.error = Some(StreamError::Protocol(format!(
+            "an event line longer than {} bytes",
+            self.max_line
+        )));
+        false
     }
 
     /// The end of the body: a last line without its newline still counts.
@@ -390,6 +435,36 @@ mod tests {
             "data: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"text\":\"\",\"token_ids\":{ids:?},\
              \"finish_reason\":{finish}}}]}}\n\n"
         )
+    }
+
+    #[test]
+    fn a_line_past_the_bound_fails_the_stream_and_frees_its_buffer() {
+        let mut decoder = SseDecoder::new(Dialect::Vllm).with_max_line(64);
+        let first = vllm_event(&[1], None);
+        let out = decoder.feed(first.as_bytes());
+        assert_eq!(out.ids, vec![1]);
+        let mut held = 0;
+        let mut failure = None;
+        for _ in 0..100 {
+            let out = decoder.feed(b"data: xxxxxxxxxxxxxxxx");
+            held = held.max(decoder.buffered());
+            if out.error.is_some() {
+                failure = out.error;
+                break;
+            }
+        }
+        assert!(held <= 64, "{held}");
+        assert_eq!(decoder.buffered(), 0);
+        assert_eq!(
+            failure,
+            Some(StreamError::Protocol("an event line longer than 64 bytes".into()))
+        );
+        // A whole line over the bound in one read fails the same way.
+        let long = format!("data: {}\n", "x".repeat(100));
+        let out = SseDecoder::new(Dialect::Vllm)
+            .with_max_line(64)
+            .feed(long.as_bytes());
+        assert!(matches!(out.error, Some(StreamError::Protocol(_))));
     }
 
     #[test]

@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # Linux's encoding of a process-wide CPU clock id: CPUCLOCK_SCHED (2) on ~pid << 3.
 _CPUCLOCK_SCHED = 2
@@ -89,8 +90,33 @@ def serve_command(port: int, *flags: str, command: Sequence[str] = HOTLOOP) -> l
     ]
 
 
+def stop_process(process: subprocess.Popen[Any]) -> None:
+    """Terminate `process` (one we started), killing it if it does not exit in 15 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class Loopback:
+    """A Responses server on a loopback `port`: where its clients connect."""
+
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/responses"
+
+
 @dataclass
-class ServerProcess:
+class ServerProcess(Loopback):
     """A `hotloop serve` process tree started for one benchmark configuration."""
 
     args: list[str]
@@ -172,14 +198,6 @@ class ServerProcess:
             raise RuntimeError(f"hotloop serve did not start ({' '.join(self.args)}):\n{tail}")
         self.pids = [self.process.pid, *children(self.process.pid)]
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/responses"
-
     def cpu_ns(self) -> int:
         """CPU time of the whole tree (supervisor and workers) so far."""
         total = 0
@@ -201,13 +219,7 @@ class ServerProcess:
         return sum(rss_bytes(pid) for pid in self.pids)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         if self.reader is not None:
             self.reader.join()  # the pipe is at its end: `log` is complete
         self.data_dir.cleanup()

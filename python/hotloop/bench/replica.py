@@ -151,8 +151,6 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    import uvicorn
-
     args = argument_parser().parse_args()
     engine = SimEngine(
         ChatFormat.harmony(),
@@ -169,12 +167,19 @@ def main() -> None:
             tool_arguments=args.tool_arguments,
         ),
     )
+    serve(SimReplica(engine), args.port)
+
+
+def serve(app: Any, port: int) -> None:
+    """Serve a fixture's ASGI app on loopback `port` until the process is stopped."""
+    import uvicorn
+
     asyncio.run(
         uvicorn.Server(
             uvicorn.Config(
-                SimReplica(engine),
+                app,
                 host="127.0.0.1",
-                port=args.port,
+                port=port,
                 lifespan="off",
                 loop="uvloop",
                 http="httptools",

@@ -42,6 +42,16 @@ def new_tokens(turns: list[TurnRecord]) -> list[int]:
     return found
 
 
+def added_ttft_ms(turns: list[TurnRecord], sim: SimParameters) -> list[float]:
+    """What the server added before each turn's first token, in ms: the measured time to
+    first token (over the real socket or HTTP) minus the engine's own (its time to first
+    token plus the prefill of the turn's new tokens)."""
+    return [
+        1e3 * (t.ttft - sim.ttft - new / sim.prefill_tokens_per_second)
+        for t, new in zip(turns, new_tokens(turns), strict=True)
+    ]
+
+
 def ideal_time(run: AgentRun, sim: SimParameters) -> float:
     inference = sum(
         sim.turn_time(new, turn.output_tokens)
@@ -76,6 +86,7 @@ def summarise(run: AgentRun, sim: SimParameters, ideal: float | None = None) -> 
         "overhead_s": run.wall - ideal,
         "ttft_p50_ms": 1e3 * statistics.median(ttfts),
         "ttft_p99_ms": 1e3 * percentile(ttfts, 99),
+        "added_ttft_p50_ms": statistics.median(added_ttft_ms(run.turns, sim)),
         "server_cpu_per_turn_ms_median": statistics.median(cpu_ms),
         "server_cpu_per_turn_ms_mean": statistics.fmean(cpu_ms),
         "server_cpu_s": run.server_cpu_ns / 1e9,
@@ -128,13 +139,7 @@ def plot_agent_runs(results: dict[str, Any], out: Path, name: str = "agent") -> 
         turns = fastest["runs"][mode]["turns"]
         context = [t["input_tokens"] / 1000 for t in turns]
         cpu.plot(context, [t["server_cpu_ns"] / 1e6 for t in turns], marker=".", label=mode)
-        records = [TurnRecord(**t) for t in turns]
-        # What the server adds before the first token: measured TTFT minus the engine's
-        # own (time to first token plus the prefill of the turn's new tokens).
-        added = [
-            1e3 * (t.ttft - sim.ttft - new / sim.prefill_tokens_per_second)
-            for t, new in zip(records, new_tokens(records), strict=True)
-        ]
+        added = added_ttft_ms([TurnRecord(**t) for t in turns], sim)
         ttft.plot(context, added, marker=".", label=mode)
     cpu.set_ylabel("server CPU per turn (ms)")
     cpu.set_yscale("log")

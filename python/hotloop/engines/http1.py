@@ -4,7 +4,7 @@ writer, and responses decoded in Rust from each socket read.
 Owns the connections (`Link`, an asyncio protocol: one `ResponseReader.feed` call per
 read in `data_received`, which parses the head, the chunked body and every complete
 server-sent event of the read and returns the new token ids), the pool of idle ones
-per origin and the limit on open ones (`Client`), the connect and read timeouts,
+per origin and the limit on open ones (`Client`), the connect, read and response timeouts,
 pausing a socket whose consumer falls behind (so the replica sees a slow reader and
 nothing is buffered without bound), and closing the connection of an abandoned
 exchange (how vLLM and SGLang learn a request was cancelled). It knows neither
@@ -86,9 +86,12 @@ def header_lines(headers: dict[str, str]) -> bytes:
 class Link(asyncio.Protocol):
     """One keep-alive connection to a replica, and the response being read on it."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, read_timeout: float, response_timeout: float
+    ) -> None:
         self._loop = loop
         self._read_timeout = read_timeout
+        self._response_timeout = response_timeout
         self.transport: asyncio.Transport | None = None
         self.reader: ResponseReader | None = None
         """The response being read; None while idle in the pool."""
@@ -98,8 +101,10 @@ class Link(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         self._last_read = 0.0
+        self._deadline = 0.0
         self._silence: asyncio.TimerHandle | None = None
-        self._timed_out = False
+        self._timed_out: str | None = None
+        """Why the exchange timed out: silence, or the response deadline."""
 
     # ------------------------------------------------------------ asyncio's side
 
@@ -146,19 +151,22 @@ class Link(asyncio.Protocol):
                 waiter.set_result(None)
 
     def _check_silence(self) -> None:
-        """The read timeout, checked by one timer per exchange re-armed from the time of
-        the last read (not a timer per read). A paused socket is waiting for us, not
-        for the replica: the timeout counts again from its resumption."""
+        """The read timeout and the response deadline, checked by one timer per
+        exchange re-armed from the time of the last read (not a timer per read). A
+        paused socket is waiting for us, not for the replica: the read timeout counts
+        again from its resumption. The deadline holds whatever arrives (keep-alive
+        comments, events without tokens, tokens past the end)."""
         if self.reader is None:
             return
         now = self._loop.time()
-        due = self._last_read + self._read_timeout
-        if self._paused or now < due:
-            self._silence = self._loop.call_at(
-                now + self._read_timeout if self._paused else due, self._check_silence
-            )
+        due = now + self._read_timeout if self._paused else self._last_read + self._read_timeout
+        if now >= self._deadline:
+            self._timed_out = f"no end of the response within {self._response_timeout:g}s"
+        elif now >= due:
+            self._timed_out = f"nothing for {self._read_timeout:g}s"
+        else:
+            self._silence = self._loop.call_at(min(due, self._deadline), self._check_silence)
             return
-        self._timed_out = True
         self._news = True
         self._wake()
 
@@ -170,10 +178,11 @@ class Link(asyncio.Protocol):
         self.reader = reader
         self._ids = []
         self._news = False
-        self._timed_out = False
+        self._timed_out = None
         self._last_read = self._loop.time()
+        self._deadline = self._last_read + (self._response_timeout or float("inf"))
         self._silence = self._loop.call_at(
-            self._last_read + self._read_timeout, self._check_silence
+            min(self._last_read + self._read_timeout, self._deadline), self._check_silence
         )
         self.transport.write(request)
 
@@ -206,8 +215,8 @@ class Link(asyncio.Protocol):
     def _raise_failure(self) -> None:
         reader = self.reader
         assert reader is not None
-        if self._timed_out:
-            raise LinkError(f"nothing for {self._read_timeout:g}s", timeout=True)
+        if self._timed_out is not None:
+            raise LinkError(self._timed_out, timeout=True)
         if self.closed and not reader.complete:
             answered = reader.status is not None
             where = "before the end of the response" if answered else "without answering"
@@ -240,7 +249,8 @@ class Link(asyncio.Protocol):
 class Client:
     """Connections to replicas: idle keep-alive ones per origin (reused newest first),
     at most `max_connections` in use at once (a request waits up to the connect timeout
-    for one), and the headers every request carries."""
+    for one), and the headers every request carries. `response_timeout` bounds a whole
+    exchange (0: only the read timeout does), `max_line` a streamed event line."""
 
     def __init__(
         self,
@@ -249,10 +259,14 @@ class Client:
         connect_timeout: float,
         read_timeout: float,
         max_connections: int,
+        response_timeout: float = 0.0,
+        max_line: int = 16 * 1024 * 1024,
     ) -> None:
         self._headers = header_lines(headers)
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
+        self._response_timeout = response_timeout
+        self._max_line = max_line
         self._max_idle = max_connections
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: dict[Origin, list[Link]] = {}
@@ -292,7 +306,7 @@ class Client:
             len(body),
             body,
         )
-        link.send(request, ResponseReader(stream))
+        link.send(request, ResponseReader(stream, self._max_line))
         return link
 
     async def fetch(self, origin: Origin, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
@@ -332,7 +346,10 @@ class Client:
         try:
             _, link = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: Link(loop, self._read_timeout), origin.host, origin.port, ssl=context
+                    lambda: Link(loop, self._read_timeout, self._response_timeout),
+                    origin.host,
+                    origin.port,
+                    ssl=context,
                 ),
                 self._connect_timeout,
             )

@@ -48,13 +48,17 @@ class SimScript:
     """What the simulated model says: `tool_calls` calls of `tool`, then `text`; or,
     when `turns` is given (`--sim-script`), those turns in order, the last one repeated.
     A prompt's position in `turns` is the number of their calls it holds, in order, so
-    agents replaying a recorded rollout get its calls back whatever the transport."""
+    agents replaying a recorded rollout get its calls back whatever the transport.
+    `echo`: it answers with the text of the prompt it was given instead, special tokens
+    spelled out, so a test can check what reached the model (a system prompt, the
+    history, an image's placeholder), not only that a response came back."""
 
     text: str = "Done."
     tool: str | None = None
     tool_calls: int = 0
     tool_arguments: str = "{}"
     turns: tuple[SimTurn, ...] = ()
+    echo: bool = False
 
     @classmethod
     def load(cls, path: str) -> SimScript:
@@ -174,6 +178,10 @@ class SimEngine:
             position, pos = position + 1, pos + len(pat)
         return position
 
+    def decode(self, prompt: Prompt) -> str:
+        """The prompt's text, special tokens spelled out (what `SimScript.echo` says)."""
+        return self._format.tokenizer.decode(prompt.tokens())
+
     @property
     def model(self) -> str:
         return self._model
@@ -261,7 +269,9 @@ class SimSession:
         to what it actually emitted."""
         cached, calls = self._observe(prompt)
         engine = self._engine
-        if engine.turns:
+        if engine.script.echo:
+            ids = engine.chat_format.completion_tokens(text=engine.decode(prompt))
+        elif engine.turns:
             ids = engine.turns[min(calls, len(engine.turns) - 1)][0]
         elif engine.call_ids and calls < engine.script.tool_calls:
             ids = engine.call_ids

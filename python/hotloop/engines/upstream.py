@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from hotloop._core import PromptBody
 from hotloop.chat_template import TemplateChoice, load_tokenizer
 from hotloop.engines.base import API_SAMPLING, TEXT_ONLY, EngineError, Sampling
 from hotloop.engines.http1 import Client, HeaderError, Link, LinkError, Origin
@@ -60,8 +61,20 @@ class Dialect(Protocol):
     path: str
     models_path: str | None
     """Where the server lists the model names it accepts, if requests must name one."""
+    prompt_field: str
+    """The body's field holding the prompt's ids (written by the core, `request_body`)."""
 
-    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]: ...
+    def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
+        """The request's other fields."""
+        ...
+
+
+def request_body(dialect: Dialect, writer: PromptBody, prompt: Prompt, rest: bytes) -> bytes:
+    """The JSON body: the prompt's ids under the dialect's field, written by the core
+    from the ids it holds (keeping the connection's previous body's prefix), then the
+    other fields (`rest`: a JSON object's bytes, never empty: every dialect streams)."""
+    head = b'{"' + dialect.prompt_field.encode() + b'":'
+    return writer.write(prompt, head, b"," + rest[1:])
 
 
 def _set_sampling(sampling: Sampling) -> dict[str, float]:
@@ -82,11 +95,11 @@ class VllmDialect:
     name = "vllm"
     path = "/v1/completions"
     models_path: str | None = "/v1/models"
+    prompt_field = "prompt"
 
-    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
+    def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         return {
             "model": model,
-            "prompt": ids,
             "max_tokens": sampling.max_output_tokens,
             "stream": True,
             "return_token_ids": True,
@@ -107,15 +120,16 @@ class SglangDialect:
     name = "sglang"
     path = "/generate"
     models_path: str | None = None
+    prompt_field = "input_ids"
 
-    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
+    def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         params: dict[str, Any] = {
             "max_new_tokens": sampling.max_output_tokens,
             "stop_token_ids": list(sampling.stop_tokens),
             "skip_special_tokens": False,
             **_set_sampling(sampling),
         }
-        return {"input_ids": ids, "sampling_params": params, "stream": True}
+        return {"sampling_params": params, "stream": True}
 
 
 class LlamaCppDialect:
@@ -129,10 +143,10 @@ class LlamaCppDialect:
     name = "llamacpp"
     path = "/completion"
     models_path: str | None = None
+    prompt_field = "prompt"
 
-    def body(self, model: str, ids: list[int], sampling: Sampling) -> dict[str, Any]:
+    def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         return {
-            "prompt": ids,
             "n_predict": sampling.max_output_tokens,
             "stream": True,
             "return_tokens": True,
@@ -207,6 +221,10 @@ class UpstreamConfig:
     api_key: str | None = None
     connect_timeout: float = 5.0
     read_timeout: float = 120.0
+    response_timeout: float = 1800.0
+    """The longest one response may take, whatever the replica sends meanwhile (0: none)."""
+    max_line_bytes: int = 16 * 1024 * 1024
+    """The longest server-sent event line; a longer one fails the response."""
     cooldown: float = 10.0
     max_connections: int = 256
     headers: dict[str, str] = field(default_factory=dict)
@@ -271,6 +289,8 @@ class UpstreamEngine:
             connect_timeout=self.config.connect_timeout,
             read_timeout=self.config.read_timeout,
             max_connections=self.config.max_connections,
+            response_timeout=self.config.response_timeout,
+            max_line=self.config.max_line_bytes,
         )
 
     def session(self) -> UpstreamSession:
@@ -360,32 +380,45 @@ class UpstreamSession:
         self.replica: Replica | None = None
         self.last_timings: dict[str, Any] | None = None
         """The upstream's own timings of the last turn (llama.cpp server only)."""
+        self.body = PromptBody()
+        """The last request's body, whose prefix the next one keeps."""
 
     async def generate(
         self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
     ) -> AsyncIterator[list[int]]:
-        replica, link, first = await self._open(prompt.tokens(), sampling, route_key)
+        replica, link, first = await self._open(prompt, sampling, route_key)
         client = self.engine.client
         reader = link.reader
         assert reader is not None
+        budget = sampling.max_output_tokens
         try:
             if first is not None:
-                yield first
                 # Every batch after the first: `next` hands over the ids of every read
                 # since the last call, decoded in Rust as they arrived (one call per
                 # socket read), with no per-line or per-event Python. Reading on after
                 # the finishing event, to the end of the body, lets the keep-alive
                 # connection go back to the pool instead of closing.
+                batch: list[int] | None = first
                 while True:
-                    batch = await link.next()
                     if batch is not None:
+                        if len(batch) > budget:
+                            # A replica that ignores `max_tokens`: the response ends at
+                            # the budget (incomplete, max_output_tokens), and leaving the
+                            # body unread closes the connection, which cancels the
+                            # request there.
+                            if budget:
+                                yield batch[:budget]
+                            return
+                        budget -= len(batch)
                         yield batch
                     elif self._over(replica, reader, started=True):
                         break
+                    batch = await link.next()
             if not reader.done:
                 raise EngineError(
                     "upstream_error",
-                    f"{replica.url} closed the stream before finishing",
+                    f"the engine went away mid-response ({replica.url} closed the stream "
+                    "before finishing)",
                     before_first_token=first is None,
                 )
             self.engine.mark_ok(replica)
@@ -399,7 +432,7 @@ class UpstreamSession:
             client.done(replica.origin, link)
 
     async def _open(
-        self, ids: list[int], sampling: Sampling, route_key: str | None
+        self, prompt: Prompt, sampling: Sampling, route_key: str | None
     ) -> tuple[Replica, Link, list[int] | None]:
         """Send the request and wait for the first ids, retrying on other replicas
         (see the module docstring) while no token has been seen. Returns the replica,
@@ -423,7 +456,7 @@ class UpstreamSession:
             if replica is None:
                 raise last_error
             try:
-                link, first = await self._first(replica, ids, sampling, headers)
+                link, first = await self._first(replica, prompt, sampling, headers)
                 return replica, link, first
             except _RetryElsewhere as retry:
                 last_error = retry.error
@@ -439,7 +472,7 @@ class UpstreamSession:
         self.replica = self.engine.pin(exclude)
 
     async def _first(
-        self, replica: Replica, ids: list[int], sampling: Sampling, headers: dict[str, str]
+        self, replica: Replica, prompt: Prompt, sampling: Sampling, headers: dict[str, str]
     ) -> tuple[Link, list[int] | None]:
         """One attempt on one replica, up to its first ids; a failure that another
         replica may not have is `_RetryElsewhere`."""
@@ -449,7 +482,8 @@ class UpstreamSession:
         link: Link | None = None
         try:
             model = await self._served_model(replica)
-            body = orjson.dumps(dialect.body(model, ids, sampling))
+            rest = orjson.dumps(dialect.body(model, sampling))
+            body = request_body(dialect, self.body, prompt, rest)
             link = await client.send(
                 replica.origin, "POST", dialect.path, headers, body, stream=dialect.name
             )
@@ -476,6 +510,10 @@ class UpstreamSession:
         failure = reader.failure
         if failure is not None:
             code, message, retryable = failure
+            if code == "upstream_protocol":
+                # A stream we cannot read (an endless line, a malformed event): the
+                # replica is skipped for its cooldown, by every conversation.
+                self.engine.mark_failed(replica)
             error = EngineError(code, message, before_first_token=not started)
             if retryable and not started:
                 raise _RetryElsewhere(error)
@@ -489,7 +527,11 @@ class UpstreamSession:
 
     def _link_failure(self, replica: Replica, e: LinkError, *, started: bool) -> Exception:
         code = "upstream_timeout" if e.timeout else "upstream_unavailable"
-        error = EngineError(code, f"{replica.url}: {e.message}", before_first_token=not started)
+        message = f"{replica.url}: {e.message}"
+        if started and not e.timeout:
+            # The client sees this as the response's failure: say what happened to it.
+            message = f"the engine went away mid-response ({message})"
+        error = EngineError(code, message, before_first_token=not started)
         return error if started else _RetryElsewhere(error, stale=e.stale)
 
     async def _served_model(self, replica: Replica) -> str:

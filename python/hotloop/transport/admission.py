@@ -10,12 +10,23 @@ descriptor of the process. `AdmittingHttpProtocol` (uvicorn's httptools protocol
 - a header deadline: from the connection's first byte (and from the first byte of each
   later request on a kept-alive connection) to the end of that request's headers; a
   connection past it gets 408 and is closed;
-- a connection cap over every open connection of the process (HTTP and WebSocket): the
-  connection over it gets 503 with a JSON error and `retry-after`, and is closed at
-  once, so it costs a file descriptor for one write.
+- a body deadline: from the end of a request's headers, its body gets `body_timeout`
+  seconds plus one second per `min_body_rate` bytes received (Apache's `mod_reqtimeout`
+  rule: a body of any size is fine at that rate, one byte a minute is not); past it, 408
+  and the connection is closed;
+- a lingering close after a response whose request body was not read (a 401, a 413 or
+  a 429 answered from the headers): the connection says nothing more (a half-close, so
+  the client still reads the response instead of a reset), drops what the client sends
+  and closes at the client's end of input or after `LINGER_SECONDS`. Before, one byte
+  at a time held such a connection open with no timer at all;
+- a connection cap over every open connection of the process (HTTP and WebSocket): a
+  connection over it first takes the place of the oldest lingering one (closed at
+  once), else gets 503 with a JSON error and `retry-after` and is closed at once, so
+  it costs a file descriptor for one write.
 
 It reads its settings from the `ServerConfig` of the app it serves and leaves the
-per-key WebSocket cap to the app (the key is known only once the headers are read).
+per-key cap (WebSockets and HTTP requests in progress) to the app (the key is known
+only once the headers are read).
 `raise_open_files_limit` lifts the process's descriptor limit to its hard limit at start,
 and `return_large_buffers` makes freed frame-sized buffers go back to the system.
 """
@@ -27,6 +38,7 @@ import ctypes
 import ctypes.util
 import logging
 import resource
+import weakref
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -44,6 +56,9 @@ FD_RESERVE = 64
 # The ceiling when the hard limit is unlimited (Linux refuses more than fs.nr_open).
 UNLIMITED_FILES = 1 << 20
 RETRY_AFTER_SECONDS = 1
+# How long a connection whose request body was left unread may still send before it
+# is closed: enough for a client to read the response it was given.
+LINGER_SECONDS = 2.0
 
 STATUS_LINES = {
     408: b"HTTP/1.1 408 Request Timeout\r\n",
@@ -113,8 +128,16 @@ def refusal(status: int, code: str, message: str, retry_after: int | None = None
     return b"".join(head) + b"\r\n" + body
 
 
+# The lingering connections of each server, oldest first: the first to give up their
+# places to new connections when the server is at its cap.
+_LINGERING: weakref.WeakKeyDictionary[Any, dict[AdmittingHttpProtocol, None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 class AdmittingHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header deadline and a connection cap."""
+    """uvicorn's httptools protocol with a header deadline, a body deadline, a lingering
+    close after an unread body and a connection cap."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -122,12 +145,19 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
         ledger = find_inner(self.app, "ledger", Ledger)
         self._metrics = None if ledger is None else ledger.metrics
         self._header_timeout = config.header_timeout
+        self._body_timeout = config.body_timeout
+        self._min_body_rate = config.min_body_rate
         self._max_connections = connection_cap(config)
         self._deadline: asyncio.TimerHandle | None = None
+        self._body_deadline: asyncio.TimerHandle | None = None
+        self._body_started = 0.0
+        self._body_bytes = 0
+        self._reading_body = False
+        self._lingering = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self._max_connections:
+        if len(self.connections) > self._max_connections and not self._take_lingering_place():
             self._refuse(
                 503,
                 "server_overloaded",
@@ -138,6 +168,11 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
             return
         self._arm()
 
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # the rest of a body nobody reads, or requests nobody will answer
+        super().data_received(data)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._arm()  # a kept-alive connection's next request
@@ -145,9 +180,40 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+        if self.parser.should_upgrade() and self._should_upgrade():
+            return  # a WebSocket: its own protocol takes the connection over
+        self._reading_body = True
+        self._body_started = self.loop.time()
+        self._body_bytes = 0
+        if self._body_timeout > 0:
+            self._body_deadline = self.loop.call_at(
+                self._body_started + self._body_timeout, self._check_body
+            )
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._reading_body = False
+        self._disarm_body()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        # The latest request answered before its body was read (an earlier pipelined
+        # one completing leaves `self.cycle`, the latest, unanswered).
+        unread = self._reading_body and self.cycle.response_complete
+        if unread and not self.transport.is_closing():
+            self._linger()
+            return
+        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_body()
+        lingering = _LINGERING.get(self.server_state)
+        if lingering is not None:
+            lingering.pop(self, None)
         super().connection_lost(exc)
 
     def _arm(self) -> None:
@@ -172,6 +238,53 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
             f"The request headers did not arrive within {self._header_timeout:g} seconds.",
         )
 
+    def _disarm_body(self) -> None:
+        if self._body_deadline is not None:
+            self._body_deadline.cancel()
+            self._body_deadline = None
+
+    def _check_body(self) -> None:
+        """One timer per body, re-armed to the deadline the bytes so far have earned
+        (not a timer per read)."""
+        earned = self._body_bytes / self._min_body_rate if self._min_body_rate > 0 else 0.0
+        due = self._body_started + self._body_timeout + earned
+        if self.loop.time() < due:
+            self._body_deadline = self.loop.call_at(due, self._check_body)
+            return
+        self._body_deadline = None
+        if self._lingering or self.cycle is None or self.cycle.response_started:
+            self.transport.close()
+            return
+        self._refuse(
+            408,
+            "body_timeout",
+            f"The request body did not arrive within {self._body_timeout:g} seconds "
+            f"at {self._min_body_rate:g} bytes per second.",
+        )
+
+    def _linger(self) -> None:
+        """Half-close, drop what comes, close at the client's end or after
+        `LINGER_SECONDS` (a close with unread bytes resets the connection, and the
+        client may lose the response it was sent)."""
+        self._lingering = True
+        self._disarm_body()
+        _LINGERING.setdefault(self.server_state, {})[self] = None
+        transport = self.transport
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.flow.resume_reading()
+        self.loop.call_later(LINGER_SECONDS, transport.close)
+
+    def _take_lingering_place(self) -> bool:
+        """Close the oldest lingering connection so this one can have its place."""
+        lingering = _LINGERING.get(self.server_state)
+        if not lingering:
+            return False
+        oldest = next(iter(lingering))
+        del lingering[oldest]
+        oldest.transport.close()
+        return True
+
     def _refuse(self, status: int, code: str, message: str, retry_after: int | None = None) -> None:
         if self._metrics is not None:
             self._metrics.refusals.labels(code).inc()
@@ -181,6 +294,7 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
 
 
 __all__ = [
+    "LINGER_SECONDS",
     "AdmittingHttpProtocol",
     "connection_cap",
     "raise_open_files_limit",

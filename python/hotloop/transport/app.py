@@ -11,7 +11,8 @@ mounted apps).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 from hotloop import logs
 from hotloop._core import Limits, Policy
@@ -99,8 +100,9 @@ class App:
             CacheBudget(self.config.cache_memory_bytes) if ledger is None else ledger.budget
         )
         self.connections = 0
-        self._sockets_of: dict[str | None, int] = {}
-        """Open WebSockets per API key id (the per-key connection cap)."""
+        self._connections_of: dict[str | None, int] = {}
+        """Open WebSockets and HTTP requests in progress per API key id (the per-key
+        connection cap)."""
         self._http = http
         self._observer = observer
         # Store, usage, metrics and the shutdown drain (`hotloop.shutdown.find_drain`
@@ -145,12 +147,52 @@ class App:
                 await self._websocket(scope, receive, send)
         elif kind == "http":
             with logs.bound(request_id=logs.request_id(header(scope, b"x-request-id"))):
-                if self._http is not None:
-                    await self._http(scope, receive, send)
-                else:
-                    await _not_found(with_request_id(send, logs.bound_request_id()))
+                await self._serve_http(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    async def _serve_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._http is None:
+            await _reply_error(with_request_id(send, logs.bound_request_id()), 404, "not_found")
+            return
+        try:
+            credential = self.keys.authenticate(header(scope, b"authorization"))
+        except AuthError:
+            credential = None  # the routes that need a key answer 401 themselves
+        owner = None if credential is None else credential.id
+        if self._over_key_cap(owner):
+            cap = self.config.max_connections_per_key
+            await _reply_error(
+                with_request_id(send, logs.bound_request_id()),
+                429,
+                "too_many_connections",
+                f"This API key already has {cap} open connections (WebSockets and HTTP "
+                "requests in progress); close one or retry later.",
+                RETRY_AFTER_SECONDS,
+            )
+            return
+        with self._held(owner):
+            await self._http(scope, receive, send)
+
+    def _over_key_cap(self, owner: str | None) -> bool:
+        """The key already holds `--max-connections-per-key` connections (counted)."""
+        cap = self.config.max_connections_per_key
+        if owner is None or not cap or self._connections_of.get(owner, 0) < cap:
+            return False
+        if self.ledger is not None:
+            self.ledger.metrics.refusals.labels("too_many_connections").inc()
+        return True
+
+    @contextmanager
+    def _held(self, owner: str | None) -> Iterator[None]:
+        """One of the key's places, for as long as the block runs."""
+        self._connections_of[owner] = self._connections_of.get(owner, 0) + 1
+        try:
+            yield
+        finally:
+            self._connections_of[owner] -= 1
+            if not self._connections_of[owner]:
+                del self._connections_of[owner]
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -216,10 +258,8 @@ class App:
             await self._deny(scope, upgrade, 401, e.code, e.message)
             return
         key, owner = (None, None) if credential is None else credential[:2]
-        cap = config.max_connections_per_key
-        if owner is not None and cap and self._sockets_of.get(owner, 0) >= cap:
-            if self.ledger is not None:
-                self.ledger.metrics.refusals.labels("too_many_connections").inc()
+        if self._over_key_cap(owner):
+            cap = config.max_connections_per_key
             await self._deny(
                 scope,
                 upgrade,
@@ -273,17 +313,14 @@ class App:
         scope[CONNECTION_DRAIN] = socket.drain
         scope[RECEIVE_UTF8] = True
         self.connections += 1
-        self._sockets_of[owner] = self._sockets_of.get(owner, 0) + 1
         if self.ledger is not None:
             self.ledger.metrics.connections_total.inc()
             self.ledger.metrics.connections.inc()
         try:
-            await socket.run(receive)
+            with self._held(owner):
+                await socket.run(receive)
         finally:
             self.connections -= 1
-            self._sockets_of[owner] -= 1
-            if not self._sockets_of[owner]:
-                del self._sockets_of[owner]
             if self.ledger is not None:
                 self.ledger.metrics.connections.dec()
 
@@ -309,8 +346,12 @@ def _warming(
     return warm
 
 
-async def _not_found(send: Send) -> None:
-    body = error_body("not_found", "Not found.", None, 404)
+async def _reply_error(
+    send: Send, status: int, code: str, message: str = "Not found.", retry_after: int | None = None
+) -> None:
+    body = error_body(code, message, None, status, retry_after)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 404, "headers": headers})
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

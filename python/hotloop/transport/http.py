@@ -22,6 +22,7 @@ decisions are the `Connection`'s; bookkeeping after a response is the `Ledger`'s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -92,6 +93,7 @@ class HttpApi:
         baseline: Baseline | None = None,
         queue_memory: QueueMemory | None = None,
         compactor: Compactor | None = None,
+        reads_per_key: int = 2,
     ) -> None:
         self.ledger = ledger
         self.model = model
@@ -102,6 +104,9 @@ class HttpApi:
         self.queue_memory = queue_memory or QueueMemory(1 << 62, 1 << 62)
         """Request bodies count in the process's queue memory while read and parsed."""
         self.compactor = compactor or Compactor.ephemeral()
+        self.reads = KeyedSlots(reads_per_key)
+        """Store reads in progress per key: one key's reads of 15 MB pages take a
+        bounded share of the store's reader threads, never all of them."""
         self.created = int(time.time())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -425,7 +430,10 @@ class HttpApi:
 
     async def _retrieve(self, send: Send, response_id: str, owner: str | None) -> None:
         store = self.ledger.store
-        found = None if store is None else await store.get(response_id, owner)
+        found = None
+        if store is not None:
+            async with self.reads.slot(owner):
+                found = await store.get(response_id, owner)
         if found is None:
             raise _not_found(response_id)
         await _reply(send, 200, found)
@@ -455,20 +463,44 @@ class HttpApi:
                 "invalid_value", f"limit must be an integer from 1 to {MAX_PAGE}.", "limit"
             )
         store = self.ledger.store
-        page = (
-            None
-            if store is None
-            else await store.list_input_items(
+        if store is None:
+            raise _not_found(response_id)
+        async with self.reads.slot(owner):
+            page = await store.list_input_items(
                 response_id,
                 owner,
                 order="asc" if order == "asc" else "desc",
                 limit=int(limit_text),
                 after=_query(query, "after"),
             )
-        )
-        if page is None:
-            raise _not_found(response_id)
-        await _reply(send, 200, page.to_json())
+            if page is None:
+                raise _not_found(response_id)
+            # Under the key's slot too: a page of 15 MB is as long to write as to read.
+            body = page.to_json()
+        await _reply(send, 200, body)
+
+
+class KeyedSlots:
+    """At most `per_key` holders at once per key (None, no auth, is one key); the
+    others wait in order. A key's semaphore lives while someone holds or awaits it."""
+
+    def __init__(self, per_key: int) -> None:
+        self._per_key = max(1, per_key)
+        self._slots: dict[str | None, tuple[asyncio.Semaphore, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def slot(self, key: str | None) -> AsyncIterator[None]:
+        semaphore, users = self._slots.get(key) or (asyncio.Semaphore(self._per_key), 0)
+        self._slots[key] = (semaphore, users + 1)
+        try:
+            async with semaphore:
+                yield
+        finally:
+            semaphore, users = self._slots[key]
+            if users == 1:
+                del self._slots[key]
+            else:
+                self._slots[key] = (semaphore, users - 1)
 
 
 class _Exchange:

@@ -746,6 +746,19 @@ impl Conversation {
         }
     }
 
+    /// The prompt an engine is given to answer now: the conversation and the assistant
+    /// turn's header (the generation prompt), whether or not a turn is open. The
+    /// conversation is unchanged (the header is rendered on a shared copy).
+    pub fn engine_prompt(&self) -> Prompt {
+        if self.chain.turn_open() {
+            return self.prompt();
+        }
+        let mut next = self.chain.clone();
+        let history = next.history_len();
+        next.rewrite(self.format.as_ref(), history, vec![Step::Header]);
+        Prompt { tokens: next.tokens }
+    }
+
     fn open_turn_id(&self) -> Result<TurnId> {
         TurnId::open(self.chain.turn_open(), self.id, self.turns)
     }

@@ -75,6 +75,7 @@ pub struct Progress {
 #[derive(Debug)]
 pub struct ResponseReader {
     stream: Option<Dialect>,
+    max_line: usize,
     head: Vec<u8>,
     status: Option<u16>,
     keep_alive: bool,
@@ -91,6 +92,7 @@ impl ResponseReader {
     pub fn new(stream: Option<Dialect>) -> Self {
         ResponseReader {
             stream,
+            max_line: super::DEFAULT_MAX_LINE,
             head: Vec::new(),
             status: None,
             keep_alive: false,
@@ -100,6 +102,12 @@ impl ResponseReader {
             complete: false,
             failed: false,
         }
+    }
+
+    /// The longest event line of the stream (`SseDecoder::with_max_line`).
+    pub fn with_max_line(mut self, max_line: usize) -> Self {
+        self.max_line = max_line;
+        self
     }
 
     /// The status code, once the head is read.
@@ -251,7 +259,7 @@ impl ResponseReader {
         self.keep_alive = keep_alive;
         self.status = Some(status);
         if let Some(dialect) = self.stream.filter(|_| (200..300).contains(&status)) {
-            self.sink = Sink::Stream(SseDecoder::new(dialect));
+            self.sink = Sink::Stream(SseDecoder::new(dialect).with_max_line(self.max_line));
         }
         Ok(true)
     }

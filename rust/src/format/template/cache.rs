@@ -24,7 +24,7 @@ use std::sync::Arc;
 use minijinja::Value;
 use serde_json::{json, Value as Json};
 
-use super::messages::ChatMessages;
+use super::messages::{Arguments, ChatMessages};
 use super::specials::Specials;
 use super::{message_value, ChatTemplate, RenderOptions};
 use crate::conversation::chunks::{Chunks, Element};
@@ -163,13 +163,14 @@ impl TemplatePrompt {
     ) -> TemplatePrompt {
         let mut bounds = Chunks::default();
         bounds.push((0, 0));
+        let messages = ChatMessages::new(instructions, template.arguments());
         TemplatePrompt {
             template,
             specials,
             options: Arc::new(options),
             policy,
             stability: None,
-            messages: ChatMessages::new(instructions),
+            messages,
             values: Vec::new(),
             text: Chunks::default(),
             ids: Chunks::default(),
@@ -337,6 +338,17 @@ impl TemplatePrompt {
     /// kept from the previous prompt (`ids()[kept..]` are new).
     pub fn prompt(&mut self, add_generation_prompt: bool) -> Result<usize> {
         if self.stability.is_none() {
+            // New options (set_prefix): their tool definitions are the client's content.
+            if let Some(tools) = &self.options.tools {
+                let tools = tools
+                    .iter()
+                    .map(|t| self.specials.content(t).into_owned())
+                    .collect();
+                self.options = Arc::new(RenderOptions {
+                    tools: Some(tools),
+                    kwargs: self.options.kwargs.clone(),
+                });
+            }
             self.stability = Some(if self.policy.window {
                 probe(&self.template, &self.options)
             } else {
@@ -356,7 +368,7 @@ impl TemplatePrompt {
         self.values.truncate(changed);
         let fresh: Vec<Value> = self.messages.messages()[changed..]
             .iter()
-            .map(|m| message_value(m))
+            .map(|m| message_value(&self.specials.content(m)))
             .collect();
         self.has_reasoning |= self.messages.messages()[changed..]
             .iter()
@@ -590,8 +602,9 @@ fn common_prefix(a: &str, b: &str) -> usize {
 
 /// A conversation that exercises what templates treat specially: a system message,
 /// several user turns, reasoning, text, tool calls and their results.
-fn probe_messages() -> Vec<Json> {
-    let call = |id: &str| json!([{"id": id, "type": "function", "function": {"name": "probe_tool", "arguments": {"q": 1}}}]);
+fn probe_messages(arguments: Arguments) -> Vec<Json> {
+    let arguments = arguments.value(r#"{"q": 1}"#);
+    let call = |id: &str| json!([{"id": id, "type": "function", "function": {"name": "probe_tool", "arguments": arguments}}]);
     vec![
         json!({"role": "system", "content": "You are a probe."}),
         json!({"role": "user", "content": "First question?"}),
@@ -610,7 +623,10 @@ fn probe_messages() -> Vec<Json> {
 /// The text `add_generation_prompt=true` appends to the probe's first messages, when it
 /// only appends.
 fn generation_prompt(template: &ChatTemplate, options: &RenderOptions) -> Option<String> {
-    let values: Vec<Value> = probe_messages()[..ANCHOR].iter().map(message_value).collect();
+    let values: Vec<Value> = probe_messages(template.arguments())[..ANCHOR]
+        .iter()
+        .map(message_value)
+        .collect();
     let without = template.render_values(&values, false, options).ok()?;
     let with = template.render_values(&values, true, options).ok()?;
     with.strip_prefix(without.as_str()).map(str::to_owned)
@@ -632,7 +648,7 @@ fn carries_reasoning(message: &Json) -> bool {
 /// that passes only once reasoning is taken out of the probe is window-rendered while
 /// the conversation has none.
 pub fn probe(template: &ChatTemplate, options: &RenderOptions) -> Stability {
-    let messages = probe_messages();
+    let messages = probe_messages(template.arguments());
     let full = probe_with(template, options, &messages);
     if full.append_stable {
         return full;

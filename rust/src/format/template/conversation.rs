@@ -18,7 +18,7 @@ use serde_json::{Map, Value as Json};
 
 use super::cache::{Policy as RenderPolicy, TemplatePrompt, TemplateStats};
 use super::messages::tool_definitions;
-use super::specials::Specials;
+use super::specials::{ContentSpecials, Specials};
 use super::{ChatTemplate, RenderOptions};
 use crate::conversation::{
     admit_calls, check_request, next_conversation_id, parse_append, parse_stored_output, OpenCall, Prompt,
@@ -45,13 +45,15 @@ pub struct TemplateFormat {
 }
 
 impl TemplateFormat {
-    /// `tool_parser`: None or `auto` picks the family from the template's markers.
+    /// `tool_parser`: None or `auto` picks the family from the template's markers;
+    /// `content`: what special-token text in content becomes.
     pub fn new(
         template: Arc<ChatTemplate>,
         tokenizer: Arc<dyn Tokenizer>,
         kwargs: Map<String, Json>,
         tool_parser: Option<&str>,
         policy: RenderPolicy,
+        content: ContentSpecials,
     ) -> Result<TemplateFormat> {
         let family = match tool_parser {
             None | Some("auto") => Family::detect(template.source()),
@@ -69,7 +71,7 @@ impl TemplateFormat {
         }
         Ok(TemplateFormat {
             template,
-            specials: Arc::new(Specials::new(tokenizer)),
+            specials: Arc::new(Specials::new(tokenizer, content)),
             kwargs,
             family,
             policy,
@@ -283,6 +285,7 @@ impl TemplateConversation {
         let mut open = next.open_calls.as_ref().clone();
         admit_calls(&mut open, items)?;
         let prefix = prefix.filter(|p| *p != next.prefix);
+        self.format.specials.check_input(prefix.as_ref(), items)?;
         let invalidated = prefix.is_some() && !next.prompt.is_empty();
         if let Some(prefix) = prefix {
             next.prompt
@@ -336,6 +339,20 @@ impl TemplateConversation {
         Prompt {
             tokens: self.state.prompt.id_chunks().clone(),
         }
+    }
+
+    /// The prompt an engine is given to answer now: the render with
+    /// `add_generation_prompt=True`, whether or not a turn is open. The conversation is
+    /// unchanged (the render is made on a shared copy).
+    pub fn engine_prompt(&self) -> Result<Prompt> {
+        if self.state.turn_open {
+            return Ok(self.prompt());
+        }
+        let mut prompt = self.state.prompt.clone();
+        prompt.prompt(true)?;
+        Ok(Prompt {
+            tokens: prompt.id_chunks().clone(),
+        })
     }
 
     fn open_turn_id(&self) -> Result<TurnId> {

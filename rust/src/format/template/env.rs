@@ -113,7 +113,7 @@ fn string_repr(s: &str, out: &mut String) {
 }
 
 /// `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
-fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<String, JinjaError> {
+fn tojson(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<String, JinjaError> {
     let arg = |i: usize, name: &str| -> Result<Option<Value>, JinjaError> {
         match kwargs.get::<Option<Value>>(name)? {
             Some(v) => Ok(Some(v)),
@@ -126,7 +126,10 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<String, Jin
     }
     if let Some(v) = arg(1, "indent")? {
         if let Some(n) = v.as_i64() {
-            dumps.indent = Some(" ".repeat(n.max(0) as usize));
+            let n = n.max(0) as u64;
+            // Paid for before it is made: `indent=10**12` must fail, not abort.
+            state.consume_fuel(n / FUEL_BYTES)?;
+            dumps.indent = Some(" ".repeat(n as usize));
         } else if let Some(s) = v.as_str() {
             dumps.indent = Some(s.to_owned());
         }
@@ -158,7 +161,28 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<String, Jin
     }
     let json = serde_json::to_value(&value)
         .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("not JSON serializable: {e}")))?;
+    if let Some(indent) = &dumps.indent {
+        // Every line repeats the indent once per level: pay for that before writing it.
+        let (nodes, depth) = shape(&json);
+        state.consume_fuel((indent.len() as u64).saturating_mul(nodes).saturating_mul(depth) / FUEL_BYTES)?;
+    }
     Ok(dumps.dumps(&json))
+}
+
+/// Bytes minijinja's fuel charges one unit for.
+const FUEL_BYTES: u64 = 64;
+
+/// The number of values in `json` and its nesting depth.
+fn shape(json: &serde_json::Value) -> (u64, u64) {
+    let children: Vec<&serde_json::Value> = match json {
+        serde_json::Value::Array(a) => a.iter().collect(),
+        serde_json::Value::Object(o) => o.values().collect(),
+        _ => return (1, 1),
+    };
+    children
+        .into_iter()
+        .map(shape)
+        .fold((1, 1), |(n, d), (cn, cd)| (n + cn, d.max(cd + 1)))
 }
 
 fn raise_exception(message: String) -> Result<Value, JinjaError> {

@@ -6,7 +6,8 @@
 //! - an assistant message, a reasoning item and function calls that follow one another
 //!   merge into one `assistant` message: `content` (empty when there is only reasoning
 //!   or calls), `tool_calls` (`{"id", "type": "function", "function": {"name",
-//!   "arguments"}}` with the arguments parsed from JSON, as vLLM does for templates),
+//!   "arguments"}}` with the arguments parsed from JSON as vLLM does for templates, or as
+//!   their JSON text for a template that uses them as text: [`Arguments`]),
 //!   and the reasoning as both `reasoning` and `reasoning_content`;
 //! - a function call output becomes a `tool` message with its `tool_call_id`.
 //!
@@ -23,10 +24,35 @@ use serde_json::{json, Map, Value as Json};
 
 use crate::item::{Item, Role, Tool};
 
+/// How a template is given a function call's arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Arguments {
+    /// Parsed from JSON, as vLLM gives them (templates write `arguments | tojson`).
+    #[default]
+    Parsed,
+    /// The JSON text the call carries, as OpenAI-form messages hold it (DeepSeek V3's
+    /// template concatenates it to a string).
+    Text,
+}
+
+impl Arguments {
+    /// The `arguments` value of a call whose arguments are the JSON text `arguments`
+    /// (text that is not JSON stays text).
+    pub fn value(self, arguments: &str) -> Json {
+        match self {
+            Arguments::Parsed => {
+                serde_json::from_str(arguments).unwrap_or_else(|_| Json::String(arguments.to_owned()))
+            }
+            Arguments::Text => Json::String(arguments.to_owned()),
+        }
+    }
+}
+
 /// The chat messages of a conversation, built item by item.
 #[derive(Debug, Clone, Default)]
 pub struct ChatMessages {
     messages: Vec<Arc<Json>>,
+    arguments: Arguments,
     /// Index of the first message changed since [`ChatMessages::take_changed`].
     changed_from: usize,
     /// The first message is the `system` message made from `instructions`.
@@ -34,8 +60,11 @@ pub struct ChatMessages {
 }
 
 impl ChatMessages {
-    pub fn new(instructions: Option<&str>) -> ChatMessages {
-        let mut m = ChatMessages::default();
+    pub fn new(instructions: Option<&str>, arguments: Arguments) -> ChatMessages {
+        let mut m = ChatMessages {
+            arguments,
+            ..ChatMessages::default()
+        };
         m.set_instructions(instructions);
         m
     }
@@ -121,9 +150,7 @@ impl ChatMessages {
                 name,
                 arguments,
             } => {
-                // Templates write `arguments | tojson`; vLLM hands them the parsed object.
-                let arguments = serde_json::from_str::<Json>(arguments)
-                    .unwrap_or_else(|_| Json::String(arguments.clone()));
+                let arguments = self.arguments.value(arguments);
                 let call = json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}});
                 if let Some(open) = self.open_assistant(|_| true) {
                     match open.get_mut("tool_calls") {
@@ -231,7 +258,7 @@ mod tests {
 
     #[test]
     fn reasoning_text_and_calls_merge_into_one_assistant_message() {
-        let mut m = ChatMessages::new(Some("Be brief."));
+        let mut m = ChatMessages::new(Some("Be brief."), Arguments::Parsed);
         m.push(&Item::Message {
             role: Role::User,
             text: "hi".into(),

@@ -25,10 +25,14 @@ pub mod pyjson;
 pub mod specials;
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use minijinja::value::Serde;
+use minijinja::value::ValueKind;
 use minijinja::{Environment, Value};
-use serde_json::Value as Json;
+use serde_json::{json, Value as Json};
+
+use messages::Arguments;
 
 use crate::error::{Code, Error, Result};
 use crate::tokenizer::{gguf, Tokenizer};
@@ -37,9 +41,16 @@ use crate::tokenizer::{gguf, Tokenizer};
 pub struct ChatTemplate {
     name: String,
     source: String,
+    /// The compiled template, without a budget (cloned into `budgeted`).
     env: Environment<'static>,
+    /// `env` with a budget of `FUEL_BASE << k` fuel at index k, made on first use.
+    budgeted: [OnceLock<Environment<'static>>; FUEL_TIERS],
+    /// Renders run without a budget (benchmarks measure what the budget costs).
+    unbounded: bool,
     /// `bos_token`, `eos_token`, ... as `apply_chat_template` passes them.
     tokens: Vec<(String, String)>,
+    /// How this template is given a call's arguments, decided once when it is loaded.
+    arguments: Arguments,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -68,11 +79,73 @@ impl ChatTemplate {
                 format!("chat template {name} does not compile: {e:#}"),
             )
         })?;
-        Ok(ChatTemplate {
+        let mut template = ChatTemplate {
             name: name.to_owned(),
             source: source.to_owned(),
             env,
+            budgeted: Default::default(),
+            unbounded: false,
             tokens,
+            arguments: Arguments::Parsed,
+        };
+        template.arguments = template.argument_form();
+        Ok(template)
+    }
+
+    /// Parsed arguments (vLLM's form), unless the template fails on a call with parsed
+    /// arguments and renders it with their JSON text: DeepSeek V3's writes
+    /// `'\n' + tool['function']['arguments']`, which only text can be added to.
+    fn argument_form(&self) -> Arguments {
+        let renders = |form: Arguments| {
+            let call = json!({"id": "probecall", "type": "function",
+                              "function": {"name": "probe_tool", "arguments": form.value(r#"{"q": 1}"#)}});
+            let messages = [
+                json!({"role": "user", "content": "Question?"}),
+                json!({"role": "assistant", "content": "", "tool_calls": [call]}),
+                json!({"role": "tool", "content": "result", "tool_call_id": "probecall"}),
+            ];
+            self.render(&messages, true, &RenderOptions::default()).is_ok()
+        };
+        if !renders(Arguments::Parsed) && renders(Arguments::Text) {
+            Arguments::Text
+        } else {
+            Arguments::Parsed
+        }
+    }
+
+    /// How this template is given a call's arguments.
+    pub fn arguments(&self) -> Arguments {
+        self.arguments
+    }
+
+    /// The same template rendered without a budget: only for measuring what the
+    /// budget costs (a template from anywhere must never be served this way).
+    pub fn unbounded(&self) -> ChatTemplate {
+        ChatTemplate {
+            name: self.name.clone(),
+            source: self.source.clone(),
+            env: self.env.clone(),
+            budgeted: Default::default(),
+            unbounded: true,
+            tokens: self.tokens.clone(),
+            arguments: self.arguments,
+        }
+    }
+
+    /// The environment whose fuel covers a render of `input_bytes` of messages and
+    /// tools: [`FUEL_BASE`] plus [`FUEL_PER_INPUT_BYTE`] per byte, rounded up to a
+    /// power of two so a few environments serve every size.
+    fn environment(&self, input_bytes: u64) -> &Environment<'static> {
+        if self.unbounded {
+            return &self.env;
+        }
+        let budget = FUEL_BASE.saturating_add(input_bytes.saturating_mul(FUEL_PER_INPUT_BYTE));
+        let tier =
+            (budget.div_ceil(FUEL_BASE).next_power_of_two().trailing_zeros() as usize).min(FUEL_TIERS - 1);
+        self.budgeted[tier].get_or_init(|| {
+            let mut env = self.env.clone();
+            env.set_fuel(Some(FUEL_BASE << tier));
+            env
         })
     }
 
@@ -203,8 +276,10 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         options: &RenderOptions,
     ) -> Result<String> {
+        let input_bytes = messages.iter().map(value_bytes).sum::<u64>()
+            + options.tools.iter().flatten().map(json_bytes).sum::<u64>();
         let template = self
-            .env
+            .environment(input_bytes)
             .get_template(env::TEMPLATE)
             .expect("the environment holds the template");
         let mut context: Vec<(String, Value)> = self
@@ -242,6 +317,60 @@ impl ChatTemplate {
         let values: Vec<Value> = messages.iter().map(message_value).collect();
         self.render_values(&values, add_generation_prompt, options)
     }
+}
+
+/// The fuel every render may use whatever its input: about a million instructions or
+/// 64 MB of strings and lists made (minijinja charges one fuel per instruction and per
+/// 64 bytes it creates or processes, and refuses an allocation it cannot pay for), so a
+/// template from anywhere cannot loop for hours or double a string until the process
+/// aborts. Real templates use a few thousand for a short conversation.
+const FUEL_BASE: u64 = 1 << 20;
+
+/// Fuel per byte of input (message and tool text, and [`NODE_BYTES`] per value): a
+/// long conversation may render long, at most a fixed multiple of what it holds.
+const FUEL_PER_INPUT_BYTE: u64 = 4;
+
+/// What one value (a message, a key, a number) counts as, in input bytes: templates
+/// spend instructions per value, not per byte of text.
+const NODE_BYTES: u64 = 64;
+
+/// Budgets of `FUEL_BASE << k` for k below this; the last is a ceiling (2^20 << 23 fuel
+/// is half a terabyte of data: more than any input needs, far less than unbounded).
+const FUEL_TIERS: usize = 24;
+
+/// The input size of a template value, in bytes as the fuel budget counts them.
+fn value_bytes(value: &Value) -> u64 {
+    NODE_BYTES
+        + match value.kind() {
+            ValueKind::String => value.as_str().map_or(0, |s| s.len() as u64),
+            ValueKind::Seq => value
+                .try_iter()
+                .into_iter()
+                .flatten()
+                .map(|v| value_bytes(&v))
+                .sum(),
+            ValueKind::Map => value
+                .try_iter()
+                .into_iter()
+                .flatten()
+                .map(|k| value_bytes(&k) + value.get_item(&k).map_or(0, |v| value_bytes(&v)))
+                .sum(),
+            _ => 0,
+        }
+}
+
+/// The input size of a JSON value (tool definitions), counted as [`value_bytes`] does.
+fn json_bytes(value: &Json) -> u64 {
+    NODE_BYTES
+        + match value {
+            Json::String(s) => s.len() as u64,
+            Json::Array(a) => a.iter().map(json_bytes).sum(),
+            Json::Object(o) => o
+                .iter()
+                .map(|(k, v)| NODE_BYTES + k.len() as u64 + json_bytes(v))
+                .sum(),
+            _ => 0,
+        }
 }
 
 /// End-of-turn tokens of the families (ChatML, Llama 3, Gemma, Phi, DeepSeek, Mistral, harmony).
@@ -288,6 +417,10 @@ pub fn message_value(message: &Json) -> Value {
 /// description with the template line.
 fn render_error(name: &str, e: &minijinja::Error) -> String {
     match (e.kind(), e.detail()) {
+        (minijinja::ErrorKind::OutOfFuel, _) => format!(
+            "chat template {name} exceeded its budget (the steps and bytes a render of \
+             this conversation may use): the template loops or builds text without bound"
+        ),
         (minijinja::ErrorKind::InvalidOperation, Some(detail)) => {
             format!("chat template {name}: {detail}")
         }

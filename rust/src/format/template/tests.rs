@@ -98,3 +98,77 @@ fn kwargs_and_tools_reach_the_template() {
     options.tools = Some(vec![json!({"type": "function", "function": {"name": "ls"}})]);
     assert_eq!(t.render(&[], false, &options).unwrap(), "FalselsFalse");
 }
+
+/// A template from a model file anywhere: renders that loop without end, double a string
+/// or print without bound fail with `template_error`; the process lives on.
+#[test]
+fn a_render_is_bounded_in_steps_and_bytes() {
+    let messages = [json!({"role": "user", "content": "hi"})];
+    for (what, source) in [
+        (
+            "nested loops",
+            "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+        ),
+        (
+            "a string doubled",
+            "{% set s = namespace(v='x') %}{% for i in range(64) %}{% set s.v = s.v ~ s.v %}{% endfor %}{{ s.v }}",
+        ),
+        (
+            "output without bound",
+            "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+        ),
+        (
+            "a huge tojson indent",
+            "{{ messages | tojson(indent=1000000000000) }}",
+        ),
+    ] {
+        let t = ChatTemplate::new("evil", source, vec![]).unwrap();
+        let e = t.render(&messages, true, &RenderOptions::default()).unwrap_err();
+        assert_eq!(e.code, Code::TemplateError, "{what}: {}", e.message);
+        assert!(e.message.contains("exceeded its budget"), "{what}: {}", e.message);
+    }
+}
+
+/// The budget grows with the conversation: a long one renders whole.
+#[test]
+fn the_budget_grows_with_the_input() {
+    const ROLES: [&str; 3] = ["user", "assistant", "tool"];
+    let source = "{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}{% if m.role == 'tool' %}{{ m | tojson }}{% endif %}\n{% endfor %}";
+    let messages: Vec<Json> = (0..50_000)
+        .map(|i| json!({"role": ROLES[i % 3], "content": "x".repeat(i % 200)}))
+        .collect();
+    let t = ChatTemplate::new("long", source, vec![]).unwrap();
+    let text = t.render(&messages, false, &RenderOptions::default()).unwrap();
+    assert_eq!(text.matches("<|").count(), 50_000);
+}
+
+/// DeepSeek V3's template adds a call's arguments to a string: it is given their JSON
+/// text (the OpenAI form); templates that print them with `tojson` get them parsed (vLLM's
+/// form). Decided once, when the template is loaded.
+#[test]
+fn a_template_that_adds_arguments_to_text_is_given_them_as_text() {
+    use crate::item::Item;
+    use messages::ChatMessages;
+    let calls = |body: &str| {
+        format!(
+            "{{% for m in messages %}}{{% for c in m.tool_calls or [] %}}{body}{{% endfor %}}{{% endfor %}}"
+        )
+    };
+    let concat = ChatTemplate::new("ds", &calls("{{ '|' + c.function.arguments }}"), vec![]).unwrap();
+    assert_eq!(concat.arguments(), Arguments::Text);
+    let tojson = ChatTemplate::new("q", &calls("{{ c.function.arguments | tojson }}"), vec![]).unwrap();
+    assert_eq!(tojson.arguments(), Arguments::Parsed);
+    for (template, rendered) in [(&concat, r#"|{"a":1}"#), (&tojson, r#"{"a": 1}"#)] {
+        let mut m = ChatMessages::new(None, template.arguments());
+        m.push(&Item::FunctionCall {
+            call_id: "c".into(),
+            name: "f".into(),
+            arguments: r#"{"a":1}"#.into(),
+        });
+        let messages: Vec<Json> = m.messages().iter().map(|x| (**x).clone()).collect();
+        let text = template
+            .render(&messages, false, &RenderOptions::default())
+            .unwrap();
+        assert_eq!(text, rendered);
+    }
+}

@@ -1,0 +1,31 @@
+"""CI's quick side-by-side check (`make bench-ci`): hotloop and agentic-api over WebSocket
+in front of one free fake vLLM at 4,000 tokens/s, a short agent conversation, two
+interleaved rounds (benches/bench_peers.py's `--quick`). Only ratios measured in the same
+run are asserted, with margins of about half the measured figures
+(docs/benchmarks.md, "Side by side"):
+
+- hotloop's whole-process CPU per turn is at most 2x agentic-api's (measured: 0.93x);
+- hotloop's loop time over ideal is at most 1.5x agentic-api's (measured: 1.05x).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench_peers import agent_rollout, peer_venv, run_configuration, write_script
+
+
+def test_hotloop_beside_agentic_api(tmp_path: object) -> None:
+    args = argparse.Namespace(
+        systems="hotloop,agentic-api", modes="websocket", rounds=2, baselines={}
+    )
+    rollout = agent_rollout(seed=0, tool_calls=12, history_tokens=15_000)
+    script = write_script(rollout, str(tmp_path))
+    result = run_configuration(args, rollout, script, 4000.0, False, peer_venv())
+    hotloop = result["systems"]["hotloop websocket"]
+    agentic = result["systems"]["agentic-api websocket"]
+    print(result["systems"])
+    cpu = hotloop["gateway_cpu_ms_per_turn"] / agentic["gateway_cpu_ms_per_turn"]
+    assert cpu <= 2.0, f"hotloop's CPU per turn is {cpu:.2f}x agentic-api's"
+    loop = hotloop["loop_over_ideal"] / agentic["loop_over_ideal"]
+    assert loop <= 1.5, f"hotloop's loop time over ideal is {loop:.2f}x agentic-api's"

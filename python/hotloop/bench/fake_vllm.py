@@ -1,0 +1,352 @@
+"""A fake vLLM for the side-by-side gateway benchmark (`hotloop bench peers`).
+
+    python -m hotloop.bench.fake_vllm --port 9001 --script rollout.json --rate 1000 [--render]
+
+One process serves the three endpoints the gateways send to, each answering a replayed
+agent rollout turn for turn (the turn is the number of the rollout's calls the request
+already holds), paced at `--rate` tokens/s with the sim engine's clock (one event per
+token, several per wake above the loop's 1 ms timer):
+
+- `POST /v1/completions` with a token-id `prompt` (hotloop's upstream engine): the
+  turn's harmony ids, one `token_ids` event each; vLLM tokenizes nothing here, and the
+  turn is found by counting `<|call|>` ids (the cache keeps the model's ids verbatim).
+- `POST /v1/responses`, stateless (agentic-api, smg): the whole history in `input`,
+  answered with a reasoning item and a function call, streamed as Responses events;
+- `POST /v1/chat/completions`: the same turn as chat chunks (`reasoning_content`, one
+  tool call).
+
+With `--render`, a responses or chat request's whole input is rendered and tokenized
+before the first token as vLLM's gpt-oss path does (openai-harmony,
+`hotloop.bench.peer.harmony_renderer`); without it the upstream is free. A token-id
+prompt is never rendered: vLLM takes it as it is.
+
+It is a benchmark fixture served on loopback; it never runs a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from hotloop._core import ChatFormat
+from hotloop.bench.replica import Receive, Send, request_body, serve
+from hotloop.engines.sim import TIMER_RESOLUTION, SimScript, SimTurn
+
+Event = tuple[int, bytes]
+"""An SSE event, and the sampled tokens it stands for (paced; 0: sent with the next)."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One replayed model turn, cut into the pieces the model samples."""
+
+    reasoning: list[str]
+    call: tuple[str, str] | None
+    arguments: list[str]
+    text: list[str]
+    headers: tuple[int, int]
+    """The format's tokens around the reasoning and around the call or text (channel
+    headers, ends, the stop token): sampled too, so paced like the pieces."""
+
+
+def pieces(format_: ChatFormat, text: str | None) -> list[str]:
+    """`text` as the model samples it: one string per token."""
+    if not text:
+        return []
+    tokenizer = format_.tokenizer
+    return [tokenizer.decode([token]) for token in tokenizer.encode(text)]
+
+
+class FakeVllm:
+    """The ASGI app (see the module docstring)."""
+
+    def __init__(self, script: SimScript, rate: float, *, render: bool) -> None:
+        format_ = ChatFormat.harmony()
+        # No prefill time: what the upstream spends is its CPU, measured from outside.
+        self.rate = rate
+        # A call ends with `<|call|>`, which hotloop's cache keeps in the history.
+        self.call_id = format_.completion_tokens(calls=[("f", "{}")])[-1]
+        self.sampled = [
+            format_.completion_tokens(reasoning=t.reasoning, text=t.text, calls=t.calls)
+            for t in script.turns
+        ]
+        self.turns = [
+            Turn(
+                reasoning=pieces(format_, turn.reasoning),
+                call=turn.calls[0] if turn.calls else None,
+                arguments=pieces(format_, turn.calls[0][1]) if turn.calls else [],
+                text=pieces(format_, turn.text),
+                headers=_headers(format_, turn),
+            )
+            for turn in script.turns
+        ]
+        self.ids = itertools.count(1)
+        self.render: Callable[..., list[int]] | None = None
+        if render:
+            from hotloop.bench.peer import harmony_renderer
+
+            self.render = harmony_renderer()
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/v1/responses" and scope["method"] == "POST":
+            request = orjson.loads(await request_body(receive))
+            items = request["input"]
+            if isinstance(items, str):
+                items = [{"type": "message", "role": "user", "content": items}]
+            calls = sum(1 for item in items if item.get("type") == "function_call_output")
+            self._render(request.get("instructions"), request.get("tools") or [], items)
+            await self._stream(send, self._responses_events(request, calls))
+        elif path == "/v1/chat/completions" and scope["method"] == "POST":
+            request = orjson.loads(await request_body(receive))
+            messages = request["messages"]
+            calls = sum(1 for message in messages if message.get("role") == "tool")
+            self._render(None, _chat_tools(request), _chat_items(messages))
+            await self._stream(send, self._chat_events(request, calls))
+        elif path == "/v1/completions" and scope["method"] == "POST":
+            request = orjson.loads(await request_body(receive))
+            calls = request["prompt"].count(self.call_id)
+            await self._stream(send, self._completion_events(calls))
+        elif path == "/health":  # the gateways wait for it before they listen
+            await _json(send, 200, {"status": "ok"})
+        elif path == "/v1/models":
+            await _json(send, 200, {"object": "list", "data": [{"id": "sim"}]})
+        else:
+            await _json(send, 404, {"error": {"message": f"no route {path}"}})
+
+    def _render(self, instructions: str | None, tools: list[Any], items: list[Any]) -> None:
+        """vLLM's per-request prompt work: render and tokenize the whole conversation."""
+        if self.render is not None:
+            self.render(instructions, tools, items, None)
+
+    def _turn(self, calls: int) -> Turn:
+        return self.turns[min(calls, len(self.turns) - 1)]
+
+    async def _stream(self, send: Send, events: Iterator[Event]) -> None:
+        """SSE, paced as the sim engine paces ids: sampled token i is due `i / rate`
+        after the first; an event without tokens goes with the next write."""
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        pending: list[bytes] = []
+        sampled = 0
+        for tokens, event in events:
+            sampled += tokens
+            due = start + (sampled - 1) / self.rate
+            if tokens and loop.time() < due:
+                # The clock simulates decoding; tokens due at the same wake go together.
+                body = b"".join(pending)
+                pending.clear()
+                if body:
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                await asyncio.sleep(max(due - loop.time(), TIMER_RESOLUTION))
+            pending.append(event)
+        await send({"type": "http.response.body", "body": b"".join(pending)})
+
+    def _completion_events(self, calls: int) -> Iterator[Event]:
+        """vLLM's token-id completion stream: one event per sampled id."""
+        for token in self.sampled[min(calls, len(self.sampled) - 1)]:
+            choice = {"index": 0, "token_ids": [token], "finish_reason": None}
+            yield 1, _data({"object": "text_completion", "choices": [choice]})
+        done = {"index": 0, "token_ids": [], "finish_reason": "stop"}
+        yield 0, _data({"object": "text_completion", "choices": [done]})
+        yield 0, b"data: [DONE]\n\n"
+
+    def _responses_events(self, request: dict[str, Any], calls: int) -> Iterator[Event]:
+        """vLLM's Responses stream for one turn: reasoning, then a call or a message."""
+        turn = self._turn(calls)
+        n = next(self.ids)
+        response: dict[str, Any] = {
+            "id": f"resp_fake{n}",
+            "object": "response",
+            "created_at": 0,
+            "model": request.get("model", "sim"),
+            "status": "in_progress",
+            "output": [],
+            "usage": None,
+        }
+        sequence = itertools.count()
+        output: list[dict[str, Any]] = []
+
+        def event(kind: str, tokens: int = 0, **fields: Any) -> Event:
+            data = orjson.dumps({"type": kind, "sequence_number": next(sequence), **fields})
+            return tokens, b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+        def item_events(
+            item: dict[str, Any], headers: int, delta: str, said: list[str], **where: Any
+        ) -> Iterator[Event]:
+            """One output item: added (its header tokens), a delta per token, done."""
+            index = len(output)
+            yield event("response.output_item.added", headers, output_index=index, item=item)
+            for piece in said:
+                yield event(delta, 1, item_id=item["id"], output_index=index, delta=piece, **where)
+            output.append(self._done(item, "".join(said)))
+            yield event("response.output_item.done", output_index=index, item=output[-1])
+
+        yield event("response.created", response=response)
+        if turn.reasoning:
+            reasoning = {"id": f"rs_fake{n}", "type": "reasoning", "summary": [], "content": []}
+            delta = "response.reasoning_text.delta"
+            yield from item_events(
+                reasoning, turn.headers[0], delta, turn.reasoning, content_index=0
+            )
+        if turn.call is not None:
+            call = {
+                "id": f"fc_fake{n}",
+                "type": "function_call",
+                "call_id": f"call_fake{n}",
+                "name": turn.call[0],
+                "arguments": "",
+                "status": "in_progress",
+            }
+            delta = "response.function_call_arguments.delta"
+            yield from item_events(call, turn.headers[1], delta, turn.arguments)
+        else:
+            message = {
+                "id": f"msg_fake{n}",
+                "type": "message",
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
+            delta = "response.output_text.delta"
+            yield from item_events(message, turn.headers[1], delta, turn.text, content_index=0)
+        generated = len(turn.reasoning) + len(turn.arguments) + len(turn.text)
+        usage = {
+            "input_tokens": 0,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": generated,
+            "output_tokens_details": {"reasoning_tokens": len(turn.reasoning)},
+            "total_tokens": generated,
+        }
+        done = {**response, "status": "completed", "output": output, "usage": usage}
+        yield event("response.completed", response=done)
+
+    @staticmethod
+    def _done(item: dict[str, Any], said: str) -> dict[str, Any]:
+        """An output item complete with what was said in it."""
+        if item["type"] == "reasoning":
+            return {**item, "content": [{"type": "reasoning_text", "text": said}]}
+        if item["type"] == "function_call":
+            return {**item, "arguments": said, "status": "completed"}
+        content = [{"type": "output_text", "text": said, "annotations": []}]
+        return {**item, "status": "completed", "content": content}
+
+    def _chat_events(self, request: dict[str, Any], calls: int) -> Iterator[Event]:
+        """vLLM's chat stream for one turn: `reasoning_content`, then one tool call."""
+        turn = self._turn(calls)
+        n = next(self.ids)
+        head = {"id": f"chatcmpl-fake{n}", "object": "chat.completion.chunk", "created": 0}
+        head["model"] = request.get("model", "sim")
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, tokens: int = 1) -> Event:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            return tokens, _data({**head, "choices": [choice]})
+
+        yield chunk({"role": "assistant", "content": ""}, tokens=turn.headers[0])
+        for piece in turn.reasoning:
+            yield chunk({"reasoning_content": piece})
+        if turn.call is not None:
+            call = {"index": 0, "id": f"call_fake{n}", "type": "function"}
+            named = {**call, "function": {"name": turn.call[0]}}
+            yield chunk({"tool_calls": [named]}, tokens=turn.headers[1])
+            for piece in turn.arguments:
+                yield chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+        for piece in turn.text:
+            yield chunk({"content": piece})
+        if turn.call is None:
+            yield chunk({}, "stop", tokens=turn.headers[1])
+        else:
+            yield chunk({}, "tool_calls", tokens=0)
+        yield 0, b"data: [DONE]\n\n"
+
+
+def _data(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def _json(send: Send, status: int, payload: Any) -> None:
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": orjson.dumps(payload)})
+
+
+def _headers(format_: ChatFormat, turn: SimTurn) -> tuple[int, int]:
+    """The sampled tokens of a turn that are not its text: see `Turn.headers`."""
+    reasoning = format_.completion_tokens(reasoning=turn.reasoning) if turn.reasoning else []
+    answer = format_.completion_tokens(text=turn.text, calls=turn.calls[:1])
+    said = pieces(format_, turn.calls[0][1] if turn.calls else turn.text)
+    return (
+        len(reasoning) - len(pieces(format_, turn.reasoning)),
+        len(answer) - len(said),
+    )
+
+
+def _chat_tools(request: dict[str, Any]) -> list[dict[str, Any]]:
+    return [t.get("function", t) | {"type": "function"} for t in request.get("tools") or []]
+
+
+def _chat_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages as the Responses items the harmony renderer maps."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            output = message.get("content") or ""
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": output,
+                }
+            )
+            continue
+        if message.get("reasoning_content"):
+            items.append({"type": "reasoning", "content": [{"text": message["reasoning_content"]}]})
+        if message.get("content"):
+            items.append({"type": "message", "role": role, "content": message["content"]})
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": function["name"],
+                    "arguments": function["arguments"],
+                }
+            )
+    return items
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hotloop.bench.fake_vllm", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--script", required=True, help="the sim replay script (JSON)")
+    parser.add_argument("--rate", type=float, default=1000.0, help="tokens per second")
+    parser.add_argument("--render", action="store_true", help="render the input as vLLM does")
+    return parser
+
+
+def main() -> None:
+    args = argument_parser().parse_args()
+    serve(FakeVllm(SimScript.load(args.script), args.rate, render=args.render), args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Attacks through HTTP request bodies (issue 21, defect 1), and the legitimate client
+still served: a body that never arrives holds no connection for long, whether or not
+its request was answered first; a key's HTTP requests in progress count in its
+connection cap like its WebSockets. The first attack runs against a real `hotloop
+serve` process, the others against the same protocol on an in-process server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop_process import HotloopProcess
+from servers import HANG_GUARD, serving, sim_engine
+
+KEYS = ("sk-a", "sk-b")
+ATTACKERS = 20
+SLOW_BODY = (
+    b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 1000000\r\n"
+)
+
+
+def raw(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=HANG_GUARD)
+
+
+def read_response(sock: socket.socket) -> tuple[int, bytes]:
+    """One response's status and body (its `content-length`), leaving the connection
+    as the server left it."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(65536)
+        assert chunk, body
+        body += chunk
+    return int(lines[0].split()[1]), body
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def slow_body(sock: socket.socket, key: str | None, *extra: bytes) -> None:
+    """Complete headers announcing a megabyte, then one byte of it."""
+    auth = b"" if key is None else b"Authorization: Bearer " + key.encode() + b"\r\n"
+    sock.sendall(SLOW_BODY + auth + b"".join(extra) + b"\r\n{")
+
+
+def test_unauthenticated_slow_bodies_never_shut_out_the_legitimate_client(
+    tmp_path: Path,
+) -> None:
+    """Before: each 401 left its connection open with no timer (one byte at a time kept
+    it), every place of the process was held and `GET /health` got 503."""
+    args = [
+        "--engine=sim",
+        "--sim-ttft=0",
+        "--api-keys=" + ",".join(KEYS),
+        f"--max-connections={ATTACKERS}",
+        "--data-dir=" + str(tmp_path),
+    ]
+    with HotloopProcess(args) as server, ExitStack() as held:
+        attackers = [held.enter_context(raw(server.url)) for _ in range(ATTACKERS)]
+        for sock in attackers:
+            slow_body(sock, None)
+        for sock in attackers:
+            status, body = read_response(sock)
+            assert status == 401, body
+        # Every place is held by a connection whose body nobody reads: each gives it up.
+        with httpx.Client(base_url=server.url, timeout=HANG_GUARD) as client:
+            assert client.get("/health").status_code == 200
+            answer = client.post(
+                "/v1/responses",
+                json={"model": "sim", "input": "hi", "store": False},
+                headers={"authorization": "Bearer sk-b"},
+            )
+            assert answer.status_code == 200, answer.text
+        # Each attacker was told the connection is over (a half-close after the 401).
+        for sock in attackers:
+            assert read_to_end(sock) == b""
+
+
+def app(tmp_path: Path, **config: object) -> object:
+    return build_app(
+        sim_engine(), ServerConfig(engine="sim", api_keys=KEYS, data_dir=str(tmp_path), **config)
+    )
+
+
+@pytest.fixture
+def strict(tmp_path: Path) -> Iterator[str]:
+    with serving(app(tmp_path, body_timeout=0.2, min_body_rate=1000.0)) as url:
+        yield url
+
+
+def test_an_authenticated_body_slower_than_the_rate_gets_408(strict: str) -> None:
+    """Before: with a valid key, the server waited for the rest of the body forever."""
+    with raw(strict) as sock:
+        slow_body(sock, "sk-a")
+        status, body = read_response(sock)
+        assert status == 408
+        assert orjson.loads(body)["error"]["code"] == "body_timeout"
+        assert read_to_end(sock) == b""
+    metrics = httpx.get(strict + "/metrics").text
+    assert 'hotloop_refusals_total{code="body_timeout"} 1' in metrics
+
+
+def test_a_body_at_the_rate_is_read_whole(strict: str) -> None:
+    """The deadline grows with what arrives: a body sent in pieces, each well within
+    the time the bytes before it earned, is served."""
+    payload = orjson.dumps({"model": "sim", "input": "x" * 4000, "store": False})
+    with raw(strict) as sock:
+        sock.sendall(
+            b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-a\r\n"
+            b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n"
+        )
+        for start in range(0, len(payload), 1000):
+            sock.sendall(payload[start : start + 1000])
+        status, body = read_response(sock)
+    assert status == 200, body
+
+
+def test_http_requests_in_progress_count_in_the_key_cap(tmp_path: Path) -> None:
+    """Before: only WebSockets counted, so one key could hold every place with bodies."""
+    with serving(app(tmp_path, max_connections_per_key=2)) as strict, ExitStack() as held:
+        for _ in range(2):
+            sock = held.enter_context(raw(strict))
+            # `Expect: 100-continue`: the server says "go on" once the app reads the body.
+            slow_body(sock, "sk-a", b"Expect: 100-continue\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 100")
+        refused = httpx.get(strict + "/v1/models", headers={"authorization": "Bearer sk-a"})
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "too_many_connections"
+        other = httpx.get(strict + "/v1/models", headers={"authorization": "Bearer sk-b"})
+        assert other.status_code == 200
+
+
+async def test_one_keys_store_reads_take_a_bounded_share(tmp_path: Path) -> None:
+    """Issue 21: sixteen concurrent 15 MB `input_items` reads of one key queued ahead of
+    another key's read in the store's reader (2 ms became 878 ms). Now a key runs at
+    most `--max-reads-per-key` store reads at once; the others wait their turn."""
+    served = app(tmp_path, max_reads_per_key=2)
+    await served.start()  # type: ignore[attr-defined]
+    entered: list[str] = []
+    two_in = asyncio.Event()
+    release = asyncio.Event()
+
+    async def reading(response_id: str, owner: str | None, **page: object) -> None:
+        entered.append(response_id)
+        if response_id == "resp_a":
+            if entered.count("resp_a") == 2:
+                two_in.set()
+            await release.wait()
+
+    served.ledger.store.list_input_items = reading  # type: ignore[attr-defined]
+    transport = httpx.ASGITransport(app=served)  # type: ignore[arg-type]
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+
+            async def read(response_id: str, key: str) -> int:
+                path = f"/v1/responses/{response_id}/input_items"
+                reply = await client.get(path, headers={"authorization": f"Bearer {key}"})
+                return reply.status_code
+
+            attack = [asyncio.ensure_future(read("resp_a", "sk-a")) for _ in range(16)]
+            await two_in.wait()
+            assert await read("resp_b", "sk-b") == 404  # served while sk-a's reads wait
+            assert entered.count("resp_a") == 2
+            release.set()
+            assert await asyncio.gather(*attack) == [404] * 16
+            assert entered.count("resp_a") == 16
+    finally:
+        await served.close()  # type: ignore[attr-defined]
