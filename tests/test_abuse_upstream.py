@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 from fake_upstreams import FakeUpstream, Script, serving
-from hotloop._core import ChatFormat, ResponseReader
+from hotloop._core import ChatFormat, Prompt, ResponseReader
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.base import EngineError, Sampling
@@ -23,16 +23,6 @@ PROMPT = [1, 2, 3, 4, 5]
 SAMPLING = Sampling(max_output_tokens=16, temperature=None, top_p=None, stop_tokens=(7,))
 MIB = 1024 * 1024
 TOKEN = b'data: {"choices":[{"index":0,"text":"","token_ids":[100],"finish_reason":null}]}\n\n'
-
-
-class IdsPrompt:
-    """The part of `hotloop._core.Prompt` the upstream engine reads."""
-
-    def __init__(self, ids: list[int]) -> None:
-        self.ids = ids
-
-    def tokens(self) -> list[int]:
-        return list(self.ids)
 
 
 @pytest.fixture
@@ -45,7 +35,7 @@ async def generate(engine: UpstreamEngine) -> tuple[list[int], EngineError | Non
     session = engine.session()
     received: list[int] = []
     try:
-        async for batch in session.generate(IdsPrompt(PROMPT), SAMPLING):  # type: ignore[arg-type]
+        async for batch in session.generate(Prompt.from_tokens(PROMPT), SAMPLING):
             received.extend(batch)
     except EngineError as e:
         return received, e
