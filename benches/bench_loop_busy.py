@@ -8,7 +8,7 @@ other connection) that long; the abuse suite fails on windows above 0.1 s.
     .venv/bin/python benches/bench_loop_busy.py [ATTACK [REPEATS [SECONDS]]]
 
 (default: tool_list, 8 times 4 s: 160 tool lists of 13.5 MB; figures:
-docs/hardening-server.md).
+docs/hardening.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Encode throughput of hotloop's tokenizers against their references, and growth on
 pathological inputs. Figures are ratios measured in one run (docs/benchmarks.md, "Tokenizers";
-docs/tokenizers.md for the open-model families: against Hugging Face `tokenizers` on one
+docs/tokenizers-and-formats.md for the open-model families: against Hugging Face `tokenizers` on one
 thread, and against tiktoken running the same vocabulary for the regex-BPE families).
 
 Timing is CPU time of this process (`time.process_time`), so other load on the machine

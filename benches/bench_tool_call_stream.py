@@ -12,7 +12,7 @@ the turn's parser one token at a time, as the engine hands them over:
 
 Prints the median microseconds per token of each over ROUNDS rounds and their ratio
 (streamed / read whole), and the delta events each gave.
-Run: `.venv/bin/python benches/bench_tool_call_stream.py` (figures: docs/chat-templates.md).
+Run: `.venv/bin/python benches/bench_tool_call_stream.py` (figures: docs/tokenizers-and-formats.md).
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ FIGURES = (
     Figure(
         "microbenchmarks",
         _benchmarks("bench_append.py", "bench_format.py", "bench_validate.py", "bench_tokenize.py"),
-        (BENCHMARKS, "docs/tokenizers.md"),
+        (BENCHMARKS, "docs/tokenizers-and-formats.md"),
     ),
     Figure(
         "ratios",
@@ -153,7 +153,7 @@ FIGURES = (
         ),
         (BENCHMARKS,),
     ),
-    Figure("abuse", _scripts("bench_abuse.py 6"), ("docs/hardening-server.md",)),
+    Figure("abuse", _scripts("bench_abuse.py 6"), ("docs/hardening.md",)),
     Figure(
         "hardening",
         _scripts(
@@ -162,7 +162,7 @@ FIGURES = (
             "bench_loop_busy.py",
             "bench_queue_memory.py",
         ),
-        ("docs/hardening-server.md",),
+        ("docs/hardening.md",),
     ),
     Figure(
         "tool_schema",
@@ -176,18 +176,57 @@ FIGURES = (
             "bench_store.py commit",
             "bench_store.py dedup",
         ),
-        ("docs/operations-storage.md", BENCHMARKS),
+        ("docs/operations.md", BENCHMARKS),
     ),
     Figure(
         "failover",
         _scripts("bench_failover.py --runs 2 --samples 3"),
-        ("docs/operations-scaleout.md",),
+        ("docs/operations.md",),
     ),
     Figure("steer", _scripts("bench_steer.py"), ("docs/steering.md",)),
     Figure(
+        "hardening_21",
+        _scripts(
+            "bench_body_attack.py 5 200",
+            "bench_upstream_flood.py",
+            "bench_input_items_reads.py 5",
+            "bench_engine_booking.py",
+            "bench_steer_refusal_leak.py",
+            "bench_rebuild_attack.py 6",
+            "bench_store_fairness.py 6",
+        ),
+        (BENCHMARKS, "docs/security.md", "docs/operations.md"),
+    ),
+    Figure(
+        "peers",
+        _scripts("bench_peers.py --speeds 1000,4000 --upstreams free,render --rounds 3")
+        + tuple(
+            (
+                PYTHON,
+                "benches/bench_peers.py",
+                *shlex.split("--speeds 4000 --upstreams free --systems hotloop --modes websocket"),
+                *("--rounds", "3", "--history-tokens", str(tokens)),
+                *("--out", f"benches/results/peers_history_{tokens}.json"),
+            )
+            for tokens in (10000, 60000, 250000)
+        ),
+        (BENCHMARKS,),
+        writes=(
+            "peers.json",
+            "peers_history_10000.json",
+            "peers_history_60000.json",
+            "peers_history_250000.json",
+        ),
+    ),
+    Figure(
+        "vllm",
+        _scripts("bench_vllm.py --turns 20 --tokens 24"),
+        (BENCHMARKS, "docs/development.md"),
+    ),
+    Figure(
         "templates",
         _scripts("bench_template_append.py", "bench_tool_call_stream.py"),
-        ("docs/chat-templates.md",),
+        ("docs/tokenizers-and-formats.md",),
     ),
     Figure(
         "ws_deflate",

@@ -6,7 +6,7 @@
 #   deploy/run-local.sh --nodes 3 --replicas 2
 #
 # It prints HAProxy's URL (point clients there), each node's URL and the path of
-# HAProxy's runtime API socket. See docs/operations-scaleout.md.
+# HAProxy's runtime API socket. See docs/operations.md.
 set -e
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || make develop

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.abuse
 
 SECONDS = 4.0
 MIB = 1024 * 1024
-# Measured peak on the 2-core dev machine: see docs/hardening-server.md.
+# Measured peak on the 2-core dev machine: see docs/hardening.md.
 RSS_BOUND = 1024 * MIB
 
 

@@ -29,7 +29,7 @@ from tests.references import FAMILIES, HF_FAMILIES
 DEEPSEEK_EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
 DEEPSEEK_USER = "<\uff5cUser\uff5c>"
 
-# Vocabularies of the sdist that hotloop refuses, and why (docs/tokenizers.md).
+# Vocabularies of the sdist that hotloop refuses, and why (docs/tokenizers-and-formats.md).
 REFUSED = {
     "bert-bge": "WordPiece (tokenizer model bert), not BPE",
     "gemma-4": "tokenizer model gemma4, not BPE from merges or scores",
@@ -57,7 +57,7 @@ def _assert_same(label: str, tok: Tokenizer, ours: list[int], theirs: list[int])
 
 # The reference encoders are slow (Hugging Face's Gemma takes minutes on the whole
 # corpus): each test takes a fixed stride of the corpus, every family sees all kinds of
-# text, and `python -m tests.golden.exactness` (docs/tokenizers.md) runs everything.
+# text, and `python -m tests.golden.exactness` (docs/tokenizers-and-formats.md) runs everything.
 STRIDE = 4
 
 

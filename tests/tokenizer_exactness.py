@@ -1,4 +1,4 @@
-"""Exactness counts for docs/tokenizers.md: every open-model family against its own
+"""Exactness counts for docs/tokenizers-and-formats.md: every open-model family against its own
 reference on the whole corpus (the tests take a stride of it, to keep CI short).
 
 `.venv/bin/python -m tests.tokenizer_exactness` prints, per family and reference, how

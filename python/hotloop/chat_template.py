@@ -110,7 +110,7 @@ class TemplateChoice:
     engine's prefix cache then holds the whole prompt) instead of re-encoding them."""
     special_tokens_in_content: str = "plain"
     """What special-token text in content becomes: `plain` text, `refuse`d, or `allow`ed
-    as a real special token (see docs/chat-templates.md)."""
+    as a real special token (see docs/tokenizers-and-formats.md)."""
 
     def format(self, tokenizer_source: str) -> ChatFormat:
         """The generic chat format over the vocabulary at `tokenizer_source`."""

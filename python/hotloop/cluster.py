@@ -280,7 +280,7 @@ def haproxy_config(
     servers = "\n".join(f"    server {name} {address} check" for name, address in nodes)
     tunnel = _ms(connection_lifetime + 60)
     return f"""\
-# hotloop behind HAProxy: the reference configuration (docs/operations-scaleout.md).
+# hotloop behind HAProxy: the reference configuration (docs/operations.md).
 # Written by `python -m hotloop.cluster --haproxy-config`; deploy/haproxy.cfg is a copy.
 global
     # The runtime API: drain a node with
