@@ -1,6 +1,6 @@
 """Token-id conversations for the engine tests: ChatML turns for SmolLM2, built with the
-model's own vocabulary, and a minimal prompt object with the `Prompt.tokens()` method
-the engines use (the engines never see text; the tests need some ids to send)."""
+model's own vocabulary (the engines never see text; the tests need some ids to send, as
+`hotloop._core.Prompt.from_tokens`)."""
 
 from __future__ import annotations
 
@@ -14,19 +14,6 @@ from hotloop.native_deps import smollm2_gguf_path
 
 IM_END = 2  # SmolLM2's <|im_end|>, the ChatML stop token
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-
-class IdsPrompt:
-    """The part of `hotloop._core.Prompt` an engine reads."""
-
-    def __init__(self, ids: list[int]) -> None:
-        self.ids = list(ids)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def tokens(self) -> list[int]:
-        return list(self.ids)
 
 
 @cache

@@ -10,7 +10,8 @@ own `raise_exception`); any other failure on either side is a difference, never 
 `KNOWN_DIFFERENCES` lists the templates that do not render exactly, with why; the test
 fails if one of them starts to match (remove it) or another one stops.
 
-Run `python tests/test_chat_templates.py` for the per-template table (docs/tokenizers-and-formats.md).
+Run `python tests/test_chat_templates.py` for the per-template table
+(docs/tokenizers-and-formats.md).
 """
 
 from __future__ import annotations

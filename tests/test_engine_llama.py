@@ -7,7 +7,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from engine_conversation import IM_END, IdsPrompt, first_turn, next_turn, small_llama
+from engine_conversation import IM_END, first_turn, next_turn, small_llama
+from hotloop._core import Prompt
 from hotloop.engines.base import EngineError, Sampling
 from hotloop.engines.llama import LlamaEngine, LlamaSession
 
@@ -25,7 +26,7 @@ async def engine() -> AsyncIterator[LlamaEngine]:
 
 async def collect(session: LlamaSession, ids: list[int], sampling: Sampling) -> list[int]:
     out: list[int] = []
-    async for batch in session.generate(IdsPrompt(ids), sampling):  # type: ignore[arg-type]
+    async for batch in session.generate(Prompt.from_tokens(ids), sampling):
         out.extend(batch)
     return out
 
@@ -69,7 +70,7 @@ async def test_turn_two_evaluates_only_the_new_tokens(engine: LlamaEngine) -> No
 
 async def test_closing_the_stream_stops_within_one_token(engine: LlamaEngine) -> None:
     session = engine.session()
-    stream = session.generate(IdsPrompt(first_turn("Count to one thousand.")), ENDLESS)  # type: ignore[arg-type]
+    stream = session.generate(Prompt.from_tokens(first_turn("Count to one thousand.")), ENDLESS)
     first = await anext(stream)
     assert first
     await stream.aclose()
@@ -86,7 +87,9 @@ async def test_cancelling_the_consumer_task_stops_generation(engine: LlamaEngine
     started = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in session.generate(IdsPrompt(first_turn("Tell a long story.")), ENDLESS):  # type: ignore[arg-type]
+        async for _ in session.generate(
+            Prompt.from_tokens(first_turn("Tell a long story.")), ENDLESS
+        ):
             started.set()
 
     task = asyncio.create_task(consume())
@@ -108,7 +111,7 @@ async def test_two_sessions_interleave_and_keep_their_own_kv(engine: LlamaEngine
 
     async def run(name: str, session: LlamaSession, ids: list[int]) -> list[int]:
         out: list[int] = []
-        async for batch in session.generate(IdsPrompt(ids), sampling):  # type: ignore[arg-type]
+        async for batch in session.generate(Prompt.from_tokens(ids), sampling):
             order.append(name)
             out.extend(batch)
         return out
@@ -145,7 +148,7 @@ async def test_concurrent_lanes_of_one_session_share_their_common_prefix(
     shared = len(base) + len(reply) - 1  # what the session's sequence holds
     long = Sampling(max_output_tokens=30, temperature=0.0)
 
-    stream_a = session.generate(IdsPrompt(lane_a), long)  # type: ignore[arg-type]
+    stream_a = session.generate(Prompt.from_tokens(lane_a), long)
     assert await anext(stream_a)  # lane a is generating on the session's sequence
     stats_a = session.last_turn
     out_b = await collect(session, lane_b, long)  # lane b forks while a runs

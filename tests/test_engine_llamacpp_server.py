@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from engine_conversation import IM_END, IdsPrompt, first_turn, next_turn
+from engine_conversation import IM_END, first_turn, next_turn
+from hotloop._core import Prompt
 from hotloop.engines.base import Sampling
 from hotloop.engines.llama_server import LlamaServer
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine, UpstreamSession
@@ -36,7 +37,7 @@ async def engine(llama_server: Path) -> AsyncIterator[UpstreamEngine]:
     config = UpstreamConfig(
         dialect="llamacpp", replicas=(server.url,), model="smollm2", context_window=4096
     )
-    engine = UpstreamEngine(config, chat_format=object())  # type: ignore[arg-type]
+    engine = UpstreamEngine(config, chat_format=object())
     await engine.start()
     try:
         yield engine
@@ -49,7 +50,7 @@ async def engine(llama_server: Path) -> AsyncIterator[UpstreamEngine]:
 
 async def collect(session: UpstreamSession, ids: list[int]) -> list[int]:
     out: list[int] = []
-    async for batch in session.generate(IdsPrompt(ids), SAMPLING):  # type: ignore[arg-type]
+    async for batch in session.generate(Prompt.from_tokens(ids), SAMPLING):
         out.extend(batch)
     return out
 
