@@ -1,9 +1,12 @@
 """Group commit keeps durable storage cheap per response: 200 agent turns finishing
 together (a 2 KB user turn and 300 sampled ids each, `bench_store.stored`), committed through
 the store's writer (responses arriving together share one fsync'd transaction) vs one
-fsync'd transaction per response, measured in one run and checked only as a ratio
-(>= 5x, about half the lowest measured on the dev machine: 9.7-29.6x, where one fsync
-costs a few milliseconds and varies with the disk's load).
+fsync'd transaction per response, measured in one run. The writer bounds a transaction
+to 32 KiB so that one key cannot hold the writer (issue 21, defect 5): the 200 responses
+take about 29 commits, not one, and what the test holds is that grouping (at most a
+quarter as many commits as responses) and that it is never slower than a commit each.
+The ratio follows the cost of an fsync: 9.7-29.6x on the loaded dev machine, 1.5-2.3x
+on the idle one, where an fsync is cheap.
 
 Each put returns only once its response is durable (commit before acknowledge), so
 this ratio is what keeps the terminal event's wait short under load.
@@ -54,4 +57,5 @@ def test_group_commit_beats_a_transaction_per_response(tmp_path: Path) -> None:
         f"\nstore: {TURNS} responses in {commits:.0f} group commits {together * 1e3:.1f} ms, "
         f"one commit each {alone * 1e3:.1f} ms, ratio {ratio:.1f}x"
     )
-    assert ratio >= 5
+    assert commits <= TURNS / 4
+    assert ratio > 1
