@@ -7,7 +7,8 @@ on the 2-core dev machine under load (docs/benchmarks.md has the runs), so a reg
 of 2x fails, not only one of 50x:
 
 - append vs full re-render: extending a 100k-token conversation by one tool output, vs
-  rendering and tokenizing the whole conversation again (>= 100x; 234-1,224x measured, the lowest on the idle machine);
+  rendering and tokenizing the whole conversation again (>= 100x; 234-1,224x measured,
+  the lowest on the idle machine);
 - delta validation is O(delta): the same turn on a 100k-token history vs a short one
   (<= 2x; 0.56-0.94x);
 - parsing a continuation frame vs a full-history frame (>= 30x; 36-71x);
