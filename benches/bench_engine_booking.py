@@ -82,6 +82,23 @@ def compact(base: str) -> None:
     assert reply.status_code == 200, reply.text
 
 
+def booked(base: str, expected: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Per path, what `GET /v1/usage` booked for its key, once every key has booked the
+    responses it sent (the last disconnects reach the server after the client has gone:
+    asked again until then), or, for code that books nothing, what it has after GUARD."""
+    deadline = time.monotonic() + GUARD
+    while True:
+        usage = {
+            path: httpx.get(base + "/v1/usage", headers=auth(KEYS[path]), timeout=GUARD).json()
+            for path in KEYS
+        }
+        done = all(usage[path]["responses"] >= n for path, n in expected.items())
+        if done or time.monotonic() > deadline:
+            fields = ("responses", "input_tokens", "output_tokens")
+            return {path: {k: usage[path][k] for k in fields} for path in KEYS}
+        time.sleep(0.05)
+
+
 def main() -> None:
     requests = int(sys.argv[1]) if len(sys.argv) > 1 else 10
     with ServerProcess.start(FLAGS) as server:
@@ -98,11 +115,8 @@ def main() -> None:
             plain(base)
             compact(base)
             compact(base)
-        time.sleep(1.0)  # the last disconnects reach the server and are booked
         row: dict[str, object] = {"prompt_tokens": prompt, "requests": requests}
-        for path, key in KEYS.items():
-            usage = httpx.get(base + "/v1/usage", headers=auth(key), timeout=GUARD).json()
-            row[path] = {k: usage[k] for k in ("responses", "input_tokens", "output_tokens")}
+        row.update(booked(base, {path: requests for path in KEYS} | {"compact": 2 * requests}))
         row["turns"] = [
             line
             for line in httpx.get(base + "/metrics", timeout=GUARD).text.splitlines()

@@ -31,6 +31,7 @@ from hotloop_process import (
     body,
     ws_turn,
 )
+from loop_order import scheduled_callbacks_ran
 from pg_server import PostgresServer
 from redis_server import RedisServer
 from shell_tool import TOOLS
@@ -239,7 +240,7 @@ async def flooded(puts: list[StoredResponse], *, max_batch: int = 256) -> list[l
         held = asyncio.create_task(store.put(response("resp_held", owner="key_a")))
         await asyncio.get_running_loop().run_in_executor(None, db.entered.wait)
         queued = [asyncio.create_task(store.put(p)) for p in puts]
-        await asyncio.sleep(0)  # every put is queued (none can commit: the gate is shut)
+        await scheduled_callbacks_ran()  # every put is queued (none can commit: the gate is shut)
         db.gate.set()
         await asyncio.gather(held, *queued)
     finally:
@@ -278,7 +279,7 @@ async def test_a_large_response_commits_in_chunks_between_other_keys_responses()
         large = asyncio.create_task(store.put(response("resp_a", owner="key_a", input_json=items)))
         await asyncio.get_running_loop().run_in_executor(None, db.entered.wait)
         small = asyncio.create_task(store.put(response("resp_b", owner="key_b")))
-        await asyncio.sleep(0)  # B's put is queued (small: prepared on the loop)
+        await scheduled_callbacks_ran()  # B's put is queued (small: prepared on the loop)
         db.gate.set()
         await asyncio.gather(large, small)
     finally:
