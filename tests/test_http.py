@@ -348,11 +348,10 @@ def test_bad_requests_get_clear_errors(url: str) -> None:
         httpx.post(post, content=b'{"model": "sim", "input": ', headers=auth), 400, "invalid_json"
     )
     assert error["type"] == "invalid_request_error"
-    error_of(
-        httpx.post(post, json={"model": "sim", "input": "x", "background": True}, headers=auth),
-        400,
-        "invalid_value",
-    )
+    # Background responses are served (test_background.py), stored ones only.
+    refused = {"model": "sim", "input": "x", "background": True, "store": False}
+    error = error_of(httpx.post(post, json=refused, headers=auth), 400, "invalid_value")
+    assert error["param"] == "store"
     error = error_of(
         httpx.post(
             post,

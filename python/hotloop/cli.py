@@ -40,6 +40,7 @@ from hotloop.transport.admission import (
     return_large_buffers,
 )
 from hotloop.transport.app import connection_limits
+from hotloop.transport.background import BackgroundLimits, BackgroundWork
 from hotloop.transport.frames import FrameSendingProtocol
 from hotloop.transport.http import HttpApi
 
@@ -184,6 +185,15 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         queue_memory=queue_memory,
         compactor=compactor,
         reads_per_key=config.max_reads_per_key,
+        background=BackgroundWork(
+            BackgroundLimits(
+                config.max_background_per_key,
+                config.max_background,
+                config.background_event_bytes,
+                config.background_lease,
+            ),
+            config.node,
+        ),
     )
     return App(
         ledger.engine,

@@ -160,6 +160,22 @@ class ServerConfig:
         "once; more wait their turn, so one key's large reads cannot queue ahead of "
         "every other key's",
     )
+    max_background_per_key: int = _option(
+        16, "background responses (background: true) one API key has queued or running"
+    )
+    max_background: int = _option(
+        256, "background responses queued or running in this process, all keys together"
+    )
+    background_event_bytes: int = _option(
+        8 * MIB,
+        "events a streamed background response keeps for resuming; one that streams more "
+        "is stopped and fails",
+    )
+    background_lease: float = _option(
+        30.0,
+        "a background response left queued or running by a process silent this long (it "
+        "died) is marked failed, by this process or any other sharing the store",
+    )
     max_cached_bytes: int = _option(512 * MIB, "cached conversation state per connection")
     cache_memory_bytes: int = _option(
         4096 * MIB, "cached conversation state across all connections"

@@ -142,6 +142,7 @@ class ResponseEvents:
         "_ids",
         "_seq",
         "_tail",
+        "background",
         "created_at",
         "index_offset",
         "output",
@@ -158,8 +159,10 @@ class ResponseEvents:
         response_id: str | None = None,
         created_at: int | None = None,
         request_id: str | None = None,
+        background: bool = False,
     ) -> None:
         self.response_id = response_id or new_id("resp_")
+        self.background = background
         # A WebSocket response's request id (HTTP has its `x-request-id` header): on
         # `response.created` and the terminal event, for clients to quote in reports.
         self.request_id = request_id
@@ -233,7 +236,7 @@ class ResponseEvents:
                 "incomplete_details": (
                     None if incomplete_reason is None else {"reason": incomplete_reason}
                 ),
-                "background": False,
+                "background": self.background,
             }
         )
         return memoryview(head)[:-1], self._fields

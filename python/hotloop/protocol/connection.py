@@ -159,6 +159,7 @@ class Connection:
         sampling_defaults: tuple[float, float] = API_SAMPLING,
         inject: bool = False,
         inject_idle_timeout: float = 300.0,
+        background: bool = False,
     ) -> None:
         """`session_key`: the client's session header (`session_id`, `x-session-id`),
         which routes every turn of the connection as one conversation. `queue_memory`:
@@ -174,8 +175,11 @@ class Connection:
         engine's `temperature` and `top_p` for requests that set none, which their
         Responses echo. `inject`: the long-running response (protocol.md section 8): a
         response that calls a client tool waits, open, for `response.inject`, and ends
-        `response.incomplete` after `inject_idle_timeout` seconds without it."""
+        `response.incomplete` after `inject_idle_timeout` seconds without it.
+        `background`: `background: true` requests are served (an HTTP background
+        response's own connection); refused otherwise, as over WebSocket."""
         self.cache = cache
+        self._background = background
         self.limits = limits or ConnectionLimits()
         self.settings = Settings(
             chat_format=chat_format,
@@ -585,7 +589,7 @@ class Connection:
             return
         if request.skipped_tools:
             self._note_skipped(request.skipped_tools)
-        if request.background:
+        if request.background and not self._background:
             self.refuse(ProtocolError.background(), name)
             return
         if self._expiring:

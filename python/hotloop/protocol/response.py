@@ -122,11 +122,14 @@ class Rendering:
             )
         if settings.sampling_defaults != API_SAMPLING:
             fields = engine_sampling(request, fields, settings.sampling_defaults)
+        background = request.background
         if settings.request_id is None:
-            events = ResponseEvents(fields, stream_id=lane.name, request_id=new_id("req_"))
+            events = ResponseEvents(
+                fields, stream_id=lane.name, request_id=new_id("req_"), background=background
+            )
             request_id = events.request_id
         else:
-            events = ResponseEvents(fields, stream_id=lane.name)
+            events = ResponseEvents(fields, stream_id=lane.name, background=background)
             request_id = settings.request_id
         requests_log.info("response %s request %s", events.response_id, request_id)
         peer_prompt = (
@@ -141,7 +144,12 @@ class Rendering:
             return
         lane.active = response
         connection.generating[response.key] = response
-        connection.outbox.append(events.lifecycle("response.created", "in_progress"))
+        if background:
+            # As OpenAI streams a background response: created and queued, then it runs.
+            connection.outbox.append(events.lifecycle("response.created", "queued"))
+            connection.outbox.append(events.lifecycle("response.queued", "queued"))
+        else:
+            connection.outbox.append(events.lifecycle("response.created", "in_progress"))
         connection.outbox.append(events.lifecycle("response.in_progress", "in_progress"))
         threshold = request.compact_threshold
         if threshold is not None and turn.prompt_tokens > threshold and peer_prompt is None:

@@ -20,7 +20,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import orjson
 
@@ -30,8 +30,10 @@ if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Conversation
     from hotloop.metrics import Metrics
     from hotloop.protocol.compaction import Compactor
+    from hotloop.store.background import Work
 
 Order = Literal["asc", "desc"]
+T = TypeVar("T")
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -270,6 +272,11 @@ class Store(Protocol):
 
     async def load_chain(self, response_id: str, owner: str | None) -> Chain | None:
         """The chain ending at `response_id`, or None if it or any ancestor is gone."""
+        ...
+
+    async def transact(self, work: Work[T]) -> T:
+        """Run `work` in one durable transaction on the database (the background
+        responses' tables, `background.py`); raises StoreError as a commit does."""
         ...
 
     def quota_refusal(self, owner: str | None) -> str | None:

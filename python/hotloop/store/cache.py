@@ -25,7 +25,7 @@ import asyncio
 import logging
 import time
 from dataclasses import astuple
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -39,6 +39,11 @@ from hotloop.store import (
     StoreError,
     may_read,
 )
+
+if TYPE_CHECKING:
+    from hotloop.store.background import Work
+
+T = TypeVar("T")
 
 log = logging.getLogger("hotloop.store.cache")
 
@@ -140,6 +145,10 @@ class CachedStore:
 
     def quota_refusal(self, owner: str | None) -> str | None:
         return self._store.quota_refusal(owner)
+
+    async def transact(self, work: Work[T]) -> T:
+        # Background rows change while their response runs: never cached.
+        return await self._store.transact(work)
 
     async def put(self, response: StoredResponse) -> None:
         await self._store.put(response)

@@ -19,10 +19,11 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from hotloop.store import InputItemPage, Order, StoredResponse, StoreError
+from hotloop.store.background import Sql, Work, named
 from hotloop.store.quota import Usage
 from hotloop.store.records import (
     FREED_QUERY,
@@ -45,6 +46,8 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
         "store_unavailable",
         "a postgresql:// store needs psycopg 3: pip install 'hotloop[postgres]'",
     ) from e
+
+T = TypeVar("T")
 
 READERS = 4
 """Reader threads (and pooled connections beside the writer's)."""
@@ -89,6 +92,26 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "ALTER TABLE responses ADD COLUMN model_turns bytea",
         "ALTER TABLE quarantine ADD COLUMN model_turns bytea",
+    ),
+    (
+        """CREATE TABLE background (
+            id text PRIMARY KEY,
+            owner text,
+            process text NOT NULL,
+            status text NOT NULL,
+            streamed integer NOT NULL,
+            response bytea NOT NULL,
+            updated_at bigint NOT NULL
+        )""",
+        "CREATE INDEX background_live ON background (process) "
+        "WHERE status IN ('queued', 'in_progress')",
+        """CREATE TABLE background_events (
+            response_id text NOT NULL,
+            seq integer NOT NULL,
+            event bytea NOT NULL,
+            PRIMARY KEY (response_id, seq)
+        )""",
+        "CREATE TABLE background_processes (process text PRIMARY KEY, seen_at bigint NOT NULL)",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -352,6 +375,8 @@ class PostgresDatabase:
             if row is None or freed is None:
                 return None
             cursor.execute("DELETE FROM input_items WHERE response_id = %s", (response_id,))
+            cursor.execute("DELETE FROM background WHERE id = %s", (response_id,))
+            cursor.execute("DELETE FROM background_events WHERE response_id = %s", (response_id,))
             if row[0] is not None:
                 # First the lock: it waits for every writer holding the list (their
                 # responses commit or roll back meanwhile). Then, in a statement of its
@@ -413,6 +438,10 @@ class PostgresDatabase:
         with self._connection("read") as connection:
             rows = connection.execute(_CHAIN, {"id": response_id, "owner": owner}).fetchall()
         return [chain_record(tuple(row)) for row in rows]
+
+    def transact(self, work: Work[T]) -> T:
+        with self._transaction("background write") as cursor:
+            return work(Sql(cursor, named))
 
     def close(self) -> None:
         self._pool.close()

@@ -27,8 +27,10 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from hotloop.store import InputItemPage, Order, StoredResponse, StoreError, may_read
+from hotloop.store.background import Sql, Work
 from hotloop.store.quota import Usage
 from hotloop.store.records import (
     FREED_QUERY,
@@ -45,6 +47,7 @@ from hotloop.store.records import (
 )
 
 FILE_NAME = "responses.sqlite3"
+T = TypeVar("T")
 
 # Version N is reached by running MIGRATIONS[N - 1]; PRAGMA user_version holds N.
 # Version 1 is the schema of the first release (which set no user_version): its
@@ -90,6 +93,29 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "ALTER TABLE responses ADD COLUMN model_turns BLOB",
         "ALTER TABLE quarantine ADD COLUMN model_turns BLOB",
+    ),
+    (
+        """CREATE TABLE background (
+            id TEXT PRIMARY KEY,
+            owner TEXT,
+            process TEXT NOT NULL,
+            status TEXT NOT NULL,
+            streamed INTEGER NOT NULL,
+            response BLOB NOT NULL,
+            updated_at INTEGER NOT NULL
+        )""",
+        "CREATE INDEX background_live ON background (process) "
+        "WHERE status IN ('queued', 'in_progress')",
+        """CREATE TABLE background_events (
+            response_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            event BLOB NOT NULL,
+            PRIMARY KEY (response_id, seq)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE background_processes (
+            process TEXT PRIMARY KEY,
+            seen_at INTEGER NOT NULL
+        ) WITHOUT ROWID""",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -344,6 +370,8 @@ class SQLiteDatabase:
                 return None
             db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
             db.execute("DELETE FROM input_items WHERE response_id = ?", (response_id,))
+            db.execute("DELETE FROM background WHERE id = ?", (response_id,))
+            db.execute("DELETE FROM background_events WHERE response_id = ?", (response_id,))
             if row[3] is not None:
                 db.execute(
                     "DELETE FROM tool_lists WHERE hash = ?1 AND NOT EXISTS"
@@ -388,6 +416,10 @@ class SQLiteDatabase:
         with _failures("reading", self.path):
             rows = self._db.execute(_CHAIN, {"id": response_id, "owner": owner})
             return [chain_record(row) for row in rows]
+
+    def transact(self, work: Work[T]) -> T:
+        with self._transaction("writing to") as db:
+            return work(Sql(db))
 
     def close(self) -> None:
         self._db.close()

@@ -52,6 +52,7 @@ from hotloop.store.records import (
 
 if TYPE_CHECKING:
     from hotloop.metrics import Metrics
+    from hotloop.store.background import Work
 
 log = logging.getLogger("hotloop.store")
 
@@ -92,6 +93,10 @@ class Database(Protocol):
     def chain(self, response_id: str, owner: str | None) -> list[StoredResponse]:
         """`owner`'s responses from `response_id` back towards the root, newest first,
         in one query (None: with auth off, anyone's)."""
+        ...
+
+    def transact(self, work: Work[T]) -> T:
+        """`work` in one durable transaction (`background.py`)."""
         ...
 
     def close(self) -> None: ...
@@ -481,6 +486,9 @@ class BackgroundStore:
 
     def quota_refusal(self, owner: str | None) -> str | None:
         return self.quota.refusal(owner)
+
+    async def transact(self, work: Work[T]) -> T:
+        return await self._written(self._database.transact, work)
 
     async def list_input_items(
         self,

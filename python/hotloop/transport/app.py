@@ -43,7 +43,7 @@ from hotloop.transport.asgi import (
     Scope,
     Send,
 )
-from hotloop.transport.http import header, session_key, with_request_id
+from hotloop.transport.http import HttpApi, header, session_key, with_request_id
 from hotloop.transport.websocket import Socket, deny
 
 log = logging.getLogger("hotloop")
@@ -130,8 +130,12 @@ class App:
         await self.engine.start()
         if self.ledger is not None:
             await self.ledger.start()
+            if isinstance(self._http, HttpApi):
+                await self._http.background.start(self.ledger.store)
 
     async def close(self) -> None:
+        if isinstance(self._http, HttpApi):
+            await self._http.background.close()
         if self.ledger is not None:
             await self.ledger.close()
         await self.engine.close()

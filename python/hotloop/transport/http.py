@@ -57,7 +57,9 @@ from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.response import STORE_UNAVAILABLE
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
+from hotloop.store.background import BackgroundRecord
 from hotloop.transport.asgi import Message, Receive, Scope, Send
+from hotloop.transport.background import BackgroundWork, Job
 from hotloop.transport.websocket import persist, render_off_loop
 
 log = logging.getLogger("hotloop.http")
@@ -73,6 +75,7 @@ SSE_HEADERS = [
 ]
 MAX_PAGE = 100
 PAGE_LIMIT = re.compile(r"[0-9]{1,4}")
+STARTING_AFTER = re.compile(r"[0-9]{1,12}")
 
 
 class _ClientGone(Exception):
@@ -94,6 +97,7 @@ class HttpApi:
         queue_memory: QueueMemory | None = None,
         compactor: Compactor | None = None,
         reads_per_key: int = 2,
+        background: BackgroundWork | None = None,
     ) -> None:
         self.ledger = ledger
         self.model = model
@@ -108,6 +112,8 @@ class HttpApi:
         """Store reads in progress per key: one key's reads of 15 MB pages take a
         bounded share of the store's reader threads, never all of them."""
         self.created = int(time.time())
+        self.background = background or BackgroundWork()
+        """Background responses (`background: true`) running in this process."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = logs.bound_request_id()
@@ -156,9 +162,12 @@ class HttpApi:
             case ["responses", response_id]:
                 _allow(method, "GET", "DELETE")
                 if method == "GET":
-                    await self._retrieve(send, response_id, owner)
+                    await self._retrieve(scope, receive, send, response_id, owner)
                 else:
                     await self._delete(send, response_id, owner)
+            case ["responses", response_id, "cancel"]:
+                _allow(method, "POST")
+                await self._cancel(send, response_id, owner)
             case ["responses", response_id, "input_items"]:
                 _allow(method, "GET")
                 await self._input_items(scope, send, response_id, owner)
@@ -210,18 +219,18 @@ class HttpApi:
             # Only a kept-alive connection can still send one: the listener is closed.
             raise ShuttingDown
         size, request, parse_ns = await self._request(scope, receive, principal)
+        if request.background and request.error is None:
+            await self._create_background(
+                scope, receive, send, principal, request_id, request, size, parse_ns
+            )
+            return
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
         exchange = _Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange)
         connection.receive_request(request, size, parse_ns)
-        actions = connection.actions()
-        work = next((a for a in actions if isinstance(a, Render)), None)
-        if work is not None:
-            # A large request: rendered off the event loop, the turn goes on after it.
-            await render_off_loop(connection, work)
-            actions = [a for a in actions if a is not work] + connection.actions()
+        actions = await _rendered(connection)
         refusal = next((a for a in actions if isinstance(a, bytes) and _is_error(a)), None)
         if refusal is not None:
             await _reply_refusal(send, refusal)
@@ -232,6 +241,158 @@ class HttpApi:
             await self._run(receive, connection, actions, _discard)
             if not connection.closed:
                 await _reply_final(send, exchange.result)
+
+    async def _create_background(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        principal: str | None,
+        request_id: str,
+        request: CreateRequest,
+        size: int,
+        parse_ns: int,
+    ) -> None:
+        """`background: true`: the response runs as a job of its own (`background.py`);
+        this request answers with it queued, or follows its events when streamed. Its
+        client going away stops only the following."""
+        if not request.store:
+            raise ProtocolError(
+                "invalid_value", "A background response must be stored: set store=true.", "store"
+            )
+        if self.ledger.store is None:
+            raise ProtocolError(
+                "invalid_value",
+                "Background responses need a durable store, and this server runs without "
+                "one (--data-dir).",
+                "background",
+            )
+        books = self.ledger.observer(principal, "http")
+        refusal = self.background.admit(books.owner)
+        if refusal is not None:
+            self.ledger.metrics.refusals.labels(refusal.code).inc()
+            raise refusal
+        cache = self.ledger.http_cache(books.owner)
+        await self.ledger.warm(cache, request.previous_response_id, books.owner)
+        exchange = _Exchange(books, cache)
+        connection = self._connection(scope, cache, principal, request_id, exchange, True)
+        job = Job(books.owner, request.stream, self.background.limits.event_bytes)
+        job.connection = connection
+        connection.receive_request(request, size, parse_ns)
+        self.background.run(job, self._run_background(connection, job))
+        error = await job.created
+        if error is not None:
+            await _reply_refusal(send, error)
+        elif request.stream:
+            await self._follow(receive, send, job, -1)
+        else:
+            await _reply(send, 200, job.queued)
+
+    async def _run_background(self, connection: Connection, job: Job) -> None:
+        """A background response's whole turn, in the job's task: no client watches it.
+        A cancel (`Job.cancel`) ends the response and cancels its generation; its
+        cancelled ending is then sent and committed from here."""
+        work = await self._send_actions(connection, await _rendered(connection), job.emit)
+        if work is not None and not job.cancelled:
+            generation = asyncio.ensure_future(self._generate(connection, work, job.emit))
+            job.generation = generation
+            await asyncio.wait((generation,))
+            if not generation.cancelled():
+                generation.result()
+        await self._send_actions(connection, connection.actions(), job.emit)
+
+    async def _follow(self, receive: Receive, send: Send, job: Job, after: int) -> None:
+        """SSE: `job`'s events after sequence number `after`, then the live ones until
+        it ends or the client goes away (which stops only this stream)."""
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            sent = after + 1
+            while not gone.done():
+                while sent < len(job.events):
+                    frame = sse_frame(job.events[sent])
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+                    sent += 1
+                if job.final or job.ended.is_set():
+                    break
+                changed = asyncio.ensure_future(job.changed())
+                await asyncio.wait((changed, gone), return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+        finally:
+            gone.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _resume(
+        self, receive: Receive, send: Send, response_id: str, owner: str | None, after: int
+    ) -> None:
+        """`GET /v1/responses/{id}?stream=true&starting_after=N`: a streamed background
+        response's events after N, from this process while it runs here, else from the
+        store once it ended."""
+        job = self.background.live(response_id, owner)
+        if job is not None:
+            if not job.streamed:
+                raise _not_streamed(response_id)
+            if after >= len(job.events):
+                raise _past_last(after, len(job.events))
+            await self._follow(receive, send, job, after)
+            return
+        record = await self._background_record(response_id, owner)
+        if not record.streamed:
+            raise _not_streamed(response_id)
+        if record.live:
+            raise _elsewhere(response_id)
+        records = self.background.records
+        assert records is not None
+        async with self.reads.slot(owner):
+            count, events = await records.events(response_id, after)
+        if count == 0:
+            raise ProtocolError(
+                "events_not_kept",
+                f"Response '{response_id}' failed with the process that ran it; its "
+                "events were lost with it.",
+                "response_id",
+            )
+        if after >= count:
+            raise _past_last(after, count)
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        for event in events:
+            body = sse_frame(event)
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _background_record(self, response_id: str, owner: str | None) -> BackgroundRecord:
+        """The store's record of a background response; 404 when there is no such
+        response, 400 when it is not a background one."""
+        records = self.background.records
+        record = None if records is None else await records.get(response_id, owner)
+        if record is not None:
+            return record
+        store = self.ledger.store
+        if store is None or await store.get(response_id, owner) is None:
+            raise _not_found(response_id)
+        raise ProtocolError(
+            "response_not_background",
+            f"Response '{response_id}' was not created with background=true: only "
+            "background responses can be cancelled or streamed again.",
+            "response_id",
+        )
+
+    async def _cancel(self, send: Send, response_id: str, owner: str | None) -> None:
+        """`POST /v1/responses/{id}/cancel`: a background response ends `cancelled`; one
+        that already ended answers as it ended (a cancel is idempotent, as OpenAI's)."""
+        job = self.background.live(response_id, owner)
+        if job is not None:
+            job.cancel()
+            while not (job.final or job.ended.is_set()):
+                await job.changed()
+            await _reply(send, 200, job.snapshot)
+            return
+        record = await self._background_record(response_id, owner)
+        if record.live:
+            raise _elsewhere(response_id)
+        store = self.ledger.store
+        found = None if store is None else await store.get(response_id, owner)
+        await _reply(send, 200, record.response if found is None else found)
 
     async def _request(
         self, scope: Scope, receive: Receive, principal: str | None
@@ -264,6 +425,7 @@ class HttpApi:
         principal: str | None,
         request_id: str,
         observer: Observer | None = None,
+        background: bool = False,
     ) -> Connection:
         return Connection(
             chat_format=self.ledger.engine.chat_format,
@@ -281,6 +443,7 @@ class HttpApi:
             request_id=request_id,
             compactor=self._compactor(principal),
             sampling_defaults=self.ledger.engine.sampling_defaults,
+            background=background,
         )
 
     def _compactor(self, principal: str | None) -> Compactor:
@@ -428,12 +591,28 @@ class HttpApi:
 
     # ---------------------------------------------------------------- stored responses
 
-    async def _retrieve(self, send: Send, response_id: str, owner: str | None) -> None:
+    async def _retrieve(
+        self, scope: Scope, receive: Receive, send: Send, response_id: str, owner: str | None
+    ) -> None:
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if _query(query, "stream") == "true":
+            await self._resume(receive, send, response_id, owner, _starting_after(query))
+            return
+        job = self.background.live(response_id, owner)
+        if job is not None:
+            # A background response running here: its live status.
+            await _reply(send, 200, job.snapshot)
+            return
         store = self.ledger.store
         found = None
         if store is not None:
             async with self.reads.slot(owner):
                 found = await store.get(response_id, owner)
+        records = self.background.records
+        if found is None and records is not None:
+            # A background response running elsewhere, or one whose process died.
+            record = await records.get(response_id, owner)
+            found = None if record is None else record.response
         if found is None:
             raise _not_found(response_id)
         await _reply(send, 200, found)
@@ -620,6 +799,59 @@ def _not_found(response_id: str) -> ProtocolError:
     return ProtocolError(
         "response_not_found", f"No response found with id '{response_id}'.", status=404
     )
+
+
+def _not_streamed(response_id: str) -> ProtocolError:
+    return ProtocolError(
+        "response_not_streamed",
+        f"Response '{response_id}' was not created with stream=true and background=true: "
+        "it has no events to stream again.",
+        "stream",
+    )
+
+
+def _past_last(after: int, count: int) -> ProtocolError:
+    return ProtocolError(
+        "invalid_value",
+        f"starting_after={after} is past the last event of this response (sequence number "
+        f"{count - 1}).",
+        "starting_after",
+    )
+
+
+def _elsewhere(response_id: str) -> ProtocolError:
+    return ProtocolError(
+        "response_running_elsewhere",
+        f"Response '{response_id}' runs on another hotloop process; ask it again through "
+        "the same route (its session), or once it ended.",
+        "response_id",
+        status=409,
+    )
+
+
+def _starting_after(query: dict[str, list[str]]) -> int:
+    text = _query(query, "starting_after")
+    if text is None:
+        return -1
+    # ASCII digits, and few of them (see PAGE_LIMIT).
+    if not STARTING_AFTER.fullmatch(text):
+        raise ProtocolError(
+            "invalid_value",
+            "starting_after must be a sequence number (an integer from 0).",
+            "starting_after",
+        )
+    return int(text)
+
+
+async def _rendered(connection: Connection) -> list[Any]:
+    """The connection's actions, a large request rendered off the event loop first (the
+    turn goes on after it)."""
+    actions = connection.actions()
+    work = next((a for a in actions if isinstance(a, Render)), None)
+    if work is not None:
+        await render_off_loop(connection, work)
+        actions = [a for a in actions if a is not work] + connection.actions()
+    return actions
 
 
 def _allow(method: str, *allowed: str) -> None:

@@ -1,0 +1,315 @@
+"""Background responses over HTTP (`background: true`): the work that runs without its
+client, the events it keeps, its bounds and the liveness of the process running it.
+
+A `Job` is one background response: its `Connection` runs in a task of its own (the
+HTTP request that made it only follows it, so a client that goes away cancels
+nothing). It watches the frames its response emits: the lifecycle events give its live
+status and Response object, and a streamed one keeps every event in memory (up to
+`--background-event-bytes`; past that the response fails) for `GET
+/v1/responses/{id}?stream=true&starting_after=N` to replay and follow. When it ends,
+its row and events go to the store (`store/background.py`) and the job is forgotten:
+the store answers from then on.
+
+`BackgroundWork` is the process's registry: the bounds (per key and per process, 429
+`background_limit` past either), the jobs by response id, and a task that says this
+process is alive while it runs background work and, every lease, marks `failed` the
+background responses of processes that stopped saying so (`--background-lease`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from hotloop.events import new_id
+from hotloop.protocol import Connection
+from hotloop.protocol.errors import ProtocolError
+from hotloop.store import Store, StoreError, may_read
+from hotloop.store.background import TERMINAL, BackgroundRecord, BackgroundRecords
+
+log = logging.getLogger("hotloop.background")
+
+LIFECYCLE = frozenset(
+    (
+        b"response.created",
+        b"response.queued",
+        b"response.in_progress",
+        b"response.completed",
+        b"response.failed",
+        b"response.incomplete",
+    )
+)
+ENDINGS = frozenset((b"response.completed", b"response.failed", b"response.incomplete"))
+RETRY_AFTER = 1
+
+
+@dataclass(frozen=True)
+class BackgroundLimits:
+    """`--max-background-per-key`, `--max-background`, `--background-event-bytes`,
+    `--background-lease`."""
+
+    per_key: int = 16
+    total: int = 256
+    event_bytes: int = 8 << 20
+    lease: float = 30.0
+
+
+def event_type(frame: bytes) -> bytes:
+    """The `type` of an event serialised with it first (`events.py`), else empty."""
+    if frame.startswith(b'{"type":"'):
+        end = frame.find(b'"', 9)
+        if end > 9:
+            return frame[9:end]
+    return b""
+
+
+class Job:
+    """One background response (see the module docstring)."""
+
+    def __init__(self, owner: str | None, streamed: bool, event_bytes: int) -> None:
+        self.owner = owner
+        self.streamed = streamed
+        self._event_bytes = event_bytes
+        self.response_id: str | None = None
+        self.status = "queued"
+        self.snapshot = b""
+        """The latest Response object its lifecycle events carried."""
+        self.queued = b""
+        """Its Response object as created: what `POST /v1/responses` answers."""
+        self.events: list[bytes] = []
+        """Every event so far when streamed (index = sequence number)."""
+        self._kept = 0
+        self.connection: Connection | None = None
+        self.generation: asyncio.Future[None] | None = None
+        self.cancelled = False
+        self.created: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        """None once the response exists; an error frame if it was refused."""
+        self.ended = asyncio.Event()
+        self._changed = asyncio.Event()
+
+    @property
+    def final(self) -> bool:
+        return self.status in TERMINAL
+
+    async def emit(self, frame: bytes) -> None:
+        """Every frame the response's connection sends, in order."""
+        if self.response_id is None and frame.startswith(b'{"type":"error"'):
+            if not self.created.done():
+                self.created.set_result(frame)
+            return
+        kind = event_type(frame)
+        if self.streamed:
+            self.events.append(frame)
+            self._kept += len(frame)
+        if kind in LIFECYCLE:
+            response = orjson.loads(frame)["response"]
+            self.status = response["status"]
+            self.snapshot = orjson.dumps(response)
+            if self.response_id is None:
+                self.response_id = response["id"]
+                self.queued = self.snapshot
+                self.created.set_result(None)
+        if self._kept > self._event_bytes and not self.final:
+            self._overflow()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _overflow(self) -> None:
+        """Streamed past `--background-event-bytes`: the response stops and fails (its
+        kept events end with its `response.failed`), its usage booked as it ends."""
+        running = None
+        if self.connection is not None and self.response_id is not None:
+            running = self.connection.running(self.response_id)
+        if running is None:
+            return
+        self._kept = -(1 << 62)  # the events that end it are kept whatever they weigh
+        running.stop()
+        running.fail(
+            f"The response streamed more than {self._event_bytes} bytes of events, the most a "
+            "background response keeps for resuming (--background-event-bytes); it was "
+            "stopped.",
+            running.usage(),
+        )
+
+    def cancel(self) -> None:
+        """`POST /v1/responses/{id}/cancel`: the response ends `cancelled` (its terminal
+        event and commit follow from the job's task), the engine's generation stops."""
+        if self.final or self.cancelled:
+            return
+        self.cancelled = True
+        running = None
+        if self.connection is not None and self.response_id is not None:
+            running = self.connection.running(self.response_id)
+        if running is not None:
+            running.cancel()
+            if self.generation is not None:
+                self.generation.cancel()
+
+    async def changed(self) -> None:
+        """Return at the next frame (or at once if the job ended)."""
+        if not self.ended.is_set():
+            await self._changed.wait()
+
+    def record(self, process: str) -> BackgroundRecord:
+        assert self.response_id is not None
+        return BackgroundRecord(
+            self.response_id, self.owner, process, self.status, self.streamed, self.snapshot
+        )
+
+
+class BackgroundWork:
+    """The process's background responses (see the module docstring)."""
+
+    def __init__(self, limits: BackgroundLimits | None = None, node: str = "") -> None:
+        self.limits = limits or BackgroundLimits()
+        # Unique per process and start: a restarted process never passes for the old one.
+        self.process = f"{node or 'hotloop'}/{os.getpid()}/{new_id('')[:12]}"
+        self.records: BackgroundRecords | None = None
+        self.jobs: dict[str, Job] = {}
+        self._running: set[Job] = set()
+        self._of_key: dict[str | None, int] = {}
+        self._tasks: dict[asyncio.Task[None], Job] = {}
+        self._wake = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+
+    def admit(self, owner: str | None) -> ProtocolError | None:
+        """Why `owner` may not start another background response now, or None."""
+        limits = self.limits
+        if self._of_key.get(owner, 0) >= limits.per_key:
+            message = (
+                f"This API key already has {limits.per_key} background responses queued or "
+                "running (--max-background-per-key); wait for one to end or cancel one."
+            )
+        elif len(self._running) >= limits.total:
+            message = (
+                f"This server already runs {limits.total} background responses "
+                "(--max-background); retry later."
+            )
+        else:
+            return None
+        return ProtocolError(
+            "background_limit", message, "background", status=429, retry_after=RETRY_AFTER
+        )
+
+    def run(self, job: Job, run: Coroutine[Any, Any, None]) -> None:
+        """Run `run` (the job's response) as a task the client does not hold."""
+        self._running.add(job)
+        self._of_key[job.owner] = self._of_key.get(job.owner, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._run(job, run))
+        self._tasks[task] = job
+        task.add_done_callback(self._tasks.pop)
+        self._ensure_watcher()
+
+    async def _run(self, job: Job, run: Coroutine[Any, Any, None]) -> None:
+        records = self.records
+        try:
+            started = asyncio.ensure_future(self._started(job))
+            try:
+                await run
+            finally:
+                await started
+            if job.response_id is not None and records is not None:
+                self.jobs[job.response_id] = job
+                await records.save(job.record(self.process), job.events)
+        except StoreError as e:
+            log.error("background response %s not recorded: %s", job.response_id, e.message)
+        except Exception:
+            log.exception("background response %s failed", job.response_id)
+        finally:
+            if not job.created.done():
+                job.created.set_result(None)
+            self._running.discard(job)
+            left = self._of_key[job.owner] - 1
+            if left:
+                self._of_key[job.owner] = left
+            else:
+                del self._of_key[job.owner]
+            if job.response_id is not None:
+                self.jobs.pop(job.response_id, None)
+            job.ended.set()
+            job._changed.set()
+
+    async def _started(self, job: Job) -> None:
+        """Record the job once its response exists, so that its status is readable
+        elsewhere and its process's death is noticed."""
+        if await job.created is not None or job.response_id is None:
+            return
+        self.jobs[job.response_id] = job
+        if self.records is not None and not job.final:
+            try:
+                await self.records.save(job.record(self.process))
+            except StoreError as e:
+                log.error("background response %s not recorded: %s", job.response_id, e.message)
+
+    def live(self, response_id: str, owner: str | None) -> Job | None:
+        """The job of `response_id` running here, if `owner` may see it."""
+        job = self.jobs.get(response_id)
+        if job is None or not may_read(job.owner, owner):
+            return None
+        return job
+
+    # ---------------------------------------------------------------- liveness
+
+    def _ensure_watcher(self) -> None:
+        if self.records is not None and self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def start(self, store: Store | None) -> None:
+        """At start, with the store open: fail what dead processes left live, then keep
+        watching."""
+        if store is None:
+            return
+        self.records = BackgroundRecords(store, self.process)
+        await self._sweep()
+        self._ensure_watcher()
+
+    async def _watch(self) -> None:
+        """Every third of a lease: say this process is alive while it runs background
+        work; every lease: fail the orphans of processes that stopped saying so."""
+        beat = self.limits.lease / 3
+        beats = 0
+        while True:
+            await asyncio.sleep(beat)  # a period, not synchronisation
+            beats += 1
+            if self._running and self.records is not None:
+                try:
+                    await self.records.beat()
+                except StoreError as e:
+                    log.warning("background liveness not recorded: %s", e.message)
+            if beats % 3 == 0:
+                await self._sweep()
+
+    async def _sweep(self) -> None:
+        if self.records is None:
+            return
+        try:
+            failed = await self.records.sweep(self.limits.lease)
+        except StoreError as e:
+            log.warning("background responses of stopped processes not checked: %s", e.message)
+            return
+        for response_id in failed:
+            log.warning(
+                "background response %s failed: the process running it stopped", response_id
+            )
+
+    async def close(self) -> None:
+        """At shutdown (after the drain): stop watching. A job that ended finishes
+        recording itself (bounded by the store's deadline); one still running is left
+        live in the store, for the lease to fail it."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+            self._watcher = None
+        for task, job in list(self._tasks.items()):
+            if not job.final:
+                task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+__all__ = ["BackgroundLimits", "BackgroundWork", "Job", "event_type"]

@@ -1,0 +1,351 @@
+"""Background responses over HTTP (`background: true`), spoken by the real openai SDK
+against a real server (uvicorn, sim engine) on SQLite and PostgreSQL: created queued,
+polled to completion, cancelled (the engine stopped, the usage booked), streamed,
+disconnected and resumed with `starting_after` (live, and from the store after a
+restart); the hostile cases (another key's response, a resume past the last event,
+background without store, the 429 bounds, the event bound) and a real server process
+killed with a response running. Every payload is validated with the SDK's models.
+
+Waiting for a status is polling with a bound on attempts (`until`), never a timed
+assertion."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop.engines.sim import SimScript, SimSpeed
+from hotloop.store.sqlite import SCHEMA_VERSION, SQLiteDatabase
+from hotloop.transport import App
+from hotloop_process import HotloopProcess
+from openai import OpenAI
+from openai.types.responses import Response
+from pg_server import PostgresServer
+from sdk_events import validate
+from servers import serving, sim_engine
+
+KEY, OTHER_KEY, THIRD_KEY = "sk-bg", "sk-bg-other", "sk-bg-third"
+TEXT = "The background answer."
+LONG = " ".join(f"word{i}" for i in range(400))
+# Slow enough that a response is still running when the test acts on it (tens of
+# seconds for LONG); nothing waits for it to end at this speed.
+SLOW = SimSpeed(tokens_per_second=20.0, ttft=0.0, prefill_tokens_per_second=1e9)
+STEADY = SimSpeed(tokens_per_second=400.0, ttft=0.0, prefill_tokens_per_second=1e9)
+ATTEMPTS = 600
+POLL = 0.05  # between polling attempts: a pace, never part of what is checked
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """The store settings of a fresh database of each backend."""
+    if request.param == "sqlite":
+        return {"data_dir": str(tmp_path)}
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return {"store": server.fresh_database()}
+
+
+def background_app(
+    store: dict[str, str], text: str = TEXT, speed: SimSpeed = STEADY, **config: Any
+) -> App:
+    settings = ServerConfig(engine="sim", api_keys=(KEY, OTHER_KEY, THIRD_KEY), **store, **config)
+    return build_app(sim_engine(SimScript(text=text), speed), settings)
+
+
+@contextmanager
+def served(app: App) -> Iterator[str]:
+    with serving(app) as url:
+        yield url
+
+
+def client(url: str, key: str = KEY) -> OpenAI:
+    return OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+
+
+def strict(raw: bytes) -> Response:
+    return Response.model_validate_json(raw, strict=True)
+
+
+def until(check: Callable[[], Any]) -> Any:
+    """Poll `check` until it returns something truthy, at most ATTEMPTS times."""
+    for _ in range(ATTEMPTS):
+        value = check()
+        if value:
+            return value
+        time.sleep(POLL)
+    raise AssertionError("the status never came")
+
+
+def retrieve(sdk: OpenAI, response_id: str) -> Response:
+    raw = sdk.responses.with_raw_response.retrieve(response_id)
+    return strict(raw.http_response.content)
+
+
+def create(sdk: OpenAI, **body: Any) -> Response:
+    raw = sdk.responses.with_raw_response.create(model="sim", background=True, **body)
+    return strict(raw.http_response.content)
+
+
+def ended(sdk: OpenAI, response_id: str) -> Response:
+    return until(
+        lambda: (r := retrieve(sdk, response_id)).status not in ("queued", "in_progress") and r
+    )
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
+# ---------------------------------------------------------------- create, poll, cancel
+
+
+def test_a_background_response_is_created_queued_and_polled_to_completion(
+    store: dict[str, str],
+) -> None:
+    with served(background_app(store)) as url:
+        sdk = client(url)
+        created = create(sdk, input="hi")
+        assert created.status == "queued" and created.background is True
+        assert created.output == []
+        done = ended(sdk, created.id)
+        assert done.status == "completed" and done.background is True
+        assert done.output_text == TEXT
+        assert done.usage is not None and done.usage.output_tokens > 0
+        # It continues like any stored response.
+        follow = sdk.responses.create(model="sim", input="more", previous_response_id=done.id)
+        assert follow.status == "completed"
+        # Another key sees none of it.
+        with pytest.raises(openai.NotFoundError):
+            client(url, OTHER_KEY).responses.retrieve(created.id)
+
+
+def test_cancel_stops_the_engine_and_books_what_it_did(store: dict[str, str]) -> None:
+    app = background_app(store, text=LONG, speed=SLOW)
+    assert app.ledger is not None
+    drain = app.ledger.drain
+    with served(app) as url:
+        sdk = client(url)
+        created = create(sdk, input="talk")
+        running = until(lambda: (r := retrieve(sdk, created.id)).status == "in_progress" and r)
+        assert running.background is True
+        with pytest.raises(openai.NotFoundError):
+            client(url, OTHER_KEY).responses.cancel(created.id)
+        raw = sdk.responses.with_raw_response.cancel(created.id)
+        cancelled = strict(raw.http_response.content)
+        assert cancelled.status == "cancelled"
+        # The engine stopped: nothing generates any more.
+        until(lambda: drain.in_flight == 0)
+        assert retrieve(sdk, created.id).status == "cancelled"
+        # Cancelling again answers as it ended (idempotent, as OpenAI's).
+        again = sdk.responses.with_raw_response.cancel(created.id)
+        assert strict(again.http_response.content).status == "cancelled"
+        # The engine's work until the cancel is booked to the key.
+        headers = {"authorization": f"Bearer {KEY}"}
+        usage = until(
+            lambda: (u := httpx.get(url + "/v1/usage", headers=headers).json())["responses"] and u
+        )
+        assert usage["responses"] == 1
+        assert usage["input_tokens"] > 0
+
+
+def test_only_background_responses_can_be_cancelled(store: dict[str, str]) -> None:
+    with served(background_app(store)) as url:
+        sdk = client(url)
+        plain = sdk.responses.create(model="sim", input="hi")
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.responses.cancel(plain.id)
+        assert refused.value.code == "response_not_background"
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.cancel("resp_missing")
+        # A finished one answers as it ended.
+        created = create(sdk, input="hi")
+        ended(sdk, created.id)
+        finished = sdk.responses.with_raw_response.cancel(created.id)
+        assert strict(finished.http_response.content).status == "completed"
+
+
+# ---------------------------------------------------------------- streaming and resuming
+
+
+def test_a_streamed_background_response_survives_its_client_and_resumes(
+    store: dict[str, str],
+) -> None:
+    with served(background_app(store, text=LONG)) as url:
+        sdk = client(url)
+        first: list[dict[str, Any]] = []
+        with sdk.responses.create(
+            model="sim", input="talk", background=True, stream=True
+        ) as stream:
+            for event in stream:
+                first.append(validate(event.model_dump_json()))
+                if event.type == "response.output_text.delta":
+                    break
+        # The client left mid-stream; the response went on.
+        assert [e["type"] for e in first[:3]] == [
+            "response.created",
+            "response.queued",
+            "response.in_progress",
+        ]
+        assert first[0]["response"]["status"] == "queued"
+        assert first[0]["response"]["background"] is True
+        response_id = first[0]["response"]["id"]
+        cursor = first[-1]["sequence_number"]
+        rest = [
+            validate(event.model_dump_json())
+            for event in sdk.responses.retrieve(response_id, stream=True, starting_after=cursor)
+        ]
+        numbers = [e["sequence_number"] for e in first + rest]
+        assert numbers == list(range(len(numbers)))
+        assert rest[-1]["type"] == "response.completed"
+        assert text_of(first + rest) == LONG
+        assert ended(sdk, response_id).output_text == LONG
+        # Past the last event: a clear error, not an empty stream.
+        with pytest.raises(openai.BadRequestError) as past:
+            list(sdk.responses.retrieve(response_id, stream=True, starting_after=len(numbers)))
+        assert past.value.param == "starting_after"
+    # After a restart the events come from the store, the same ones.
+    with served(background_app(store, text=LONG)) as url:
+        sdk = client(url)
+        stored = [
+            validate(event.model_dump_json())
+            for event in sdk.responses.retrieve(response_id, stream=True, starting_after=cursor)
+        ]
+        assert stored == rest
+        everything = list(sdk.responses.retrieve(response_id, stream=True))
+        assert len(everything) == len(numbers)
+        with pytest.raises(openai.BadRequestError) as past:
+            list(sdk.responses.retrieve(response_id, stream=True, starting_after=len(numbers)))
+        assert past.value.param == "starting_after"
+        with pytest.raises(openai.NotFoundError):
+            list(
+                client(url, OTHER_KEY).responses.retrieve(
+                    response_id, stream=True, starting_after=0
+                )
+            )
+
+
+def test_a_resume_of_a_response_that_was_not_streamed_is_refused(store: dict[str, str]) -> None:
+    with served(background_app(store)) as url:
+        sdk = client(url)
+        created = create(sdk, input="hi")
+        ended(sdk, created.id)
+        with pytest.raises(openai.BadRequestError) as refused:
+            list(sdk.responses.retrieve(created.id, stream=True, starting_after=0))
+        assert refused.value.code == "response_not_streamed"
+        plain = sdk.responses.create(model="sim", input="hi")
+        with pytest.raises(openai.BadRequestError) as refused:
+            list(sdk.responses.retrieve(plain.id, stream=True))
+        assert refused.value.code == "response_not_background"
+
+
+# ---------------------------------------------------------------- refusals and bounds
+
+
+def test_background_needs_store(tmp_path: Path) -> None:
+    with served(background_app({"data_dir": str(tmp_path)})) as url:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client(url).responses.create(model="sim", input="hi", background=True, store=False)
+        assert refused.value.code == "invalid_value"
+        assert refused.value.param == "store"
+
+
+def test_background_work_is_bounded_per_key_and_per_process(tmp_path: Path) -> None:
+    app = background_app(
+        {"data_dir": str(tmp_path)},
+        text=LONG,
+        speed=SLOW,
+        max_background_per_key=1,
+        max_background=2,
+    )
+    with served(app) as url:
+        first = create(client(url), input="one")
+        with pytest.raises(openai.RateLimitError) as per_key:
+            create(client(url), input="two")
+        assert per_key.value.code == "background_limit"
+        assert "--max-background-per-key" in per_key.value.message
+        assert per_key.value.response.headers["retry-after"] == "1"
+        second = create(client(url, OTHER_KEY), input="one")
+        with pytest.raises(openai.RateLimitError) as total:
+            create(client(url, THIRD_KEY), input="one")
+        assert "--max-background" in total.value.message
+        # A cancelled one frees its place.
+        client(url).responses.cancel(first.id)
+        client(url, OTHER_KEY).responses.cancel(second.id)
+        third = create(client(url, THIRD_KEY), input="one")
+        assert third.status == "queued"
+        client(url, THIRD_KEY).responses.cancel(third.id)
+
+
+def test_a_stream_past_the_event_bound_fails_with_its_events_kept(tmp_path: Path) -> None:
+    bound = 4096
+    app = background_app({"data_dir": str(tmp_path)}, text=LONG, background_event_bytes=bound)
+    with served(app) as url:
+        sdk = client(url)
+        events = [
+            validate(event.model_dump_json())
+            for event in sdk.responses.create(
+                model="sim", input="talk", background=True, stream=True
+            )
+        ]
+        assert events[-1]["type"] == "response.failed"
+        assert "--background-event-bytes" in events[-1]["response"]["error"]["message"]
+        failed = ended(sdk, events[0]["response"]["id"])
+        assert failed.status == "failed"
+        kept = list(sdk.responses.retrieve(failed.id, stream=True))
+        assert len(kept) == len(events)
+        deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+        assert 0 < len(deltas) < len(LONG.split())
+
+
+# ---------------------------------------------------------------- a process that dies
+
+
+def test_a_killed_process_leaves_no_response_in_progress(tmp_path: Path) -> None:
+    args = [
+        "--engine",
+        "sim",
+        "--data-dir",
+        str(tmp_path),
+        "--api-keys",
+        KEY,
+        "--sim-text",
+        LONG,
+        "--sim-tokens-per-second",
+        "20",
+        "--background-lease",
+        "1",
+    ]
+    with HotloopProcess(args) as server:
+        sdk = client(server.url)
+        created = create(sdk, input="talk", stream=False)
+        until(lambda: retrieve(sdk, created.id).status == "in_progress")
+        server.kill()
+    with sqlite(tmp_path) as rows:
+        assert rows == [(created.id, "in_progress")]
+    with HotloopProcess(args) as server:
+        sdk = client(server.url)
+        failed = until(lambda: (r := retrieve(sdk, created.id)).status == "failed" and r)
+        assert failed.error is not None
+        assert "stopped before it finished" in failed.error.message
+        with pytest.raises(openai.BadRequestError) as lost:
+            list(sdk.responses.retrieve(created.id, stream=True))
+        assert lost.value.code == "response_not_streamed"
+
+
+@contextmanager
+def sqlite(directory: Path) -> Iterator[list[tuple[Any, ...]]]:
+    database = SQLiteDatabase.in_directory(directory)
+    try:
+        assert database.transact(lambda sql: sql.rows("PRAGMA user_version", {})) == [
+            (SCHEMA_VERSION,)
+        ]
+        yield database.transact(lambda sql: sql.rows("SELECT id, status FROM background", {}))
+    finally:
+        database.close()
