@@ -307,12 +307,12 @@ def test_a_stream_past_the_event_bound_fails_with_its_events_kept(tmp_path: Path
 # ---------------------------------------------------------------- a process that dies
 
 
-def test_a_killed_process_leaves_no_response_in_progress(tmp_path: Path) -> None:
-    args = [
+def serve_args(directory: Path, lease: float) -> list[str]:
+    return [
         "--engine",
         "sim",
         "--data-dir",
-        str(tmp_path),
+        str(directory),
         "--api-keys",
         KEY,
         "--sim-text",
@@ -320,23 +320,61 @@ def test_a_killed_process_leaves_no_response_in_progress(tmp_path: Path) -> None
         "--sim-tokens-per-second",
         "20",
         "--background-lease",
-        "1",
+        str(lease),
+        "--drain-timeout",
+        "0.2",
     ]
+
+
+def streamed_start(url: str) -> str:
+    """Start a streamed background response and leave after its first event."""
+    body = {"model": "sim", "input": "talk", "background": True, "stream": True}
+    headers = {"authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", url + "/v1/responses", json=body, headers=headers) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: "):
+                response_id: str = validate(line[6:])["response"]["id"]
+                return response_id
+    raise AssertionError("no event")
+
+
+def test_a_killed_process_leaves_no_response_in_progress(tmp_path: Path) -> None:
+    args = serve_args(tmp_path, lease=1)
     with HotloopProcess(args) as server:
         sdk = client(server.url)
-        created = create(sdk, input="talk", stream=False)
+        created = create(sdk, input="talk")
+        streamed = streamed_start(server.url)
         until(lambda: retrieve(sdk, created.id).status == "in_progress")
         server.kill()
     with sqlite(tmp_path) as rows:
-        assert rows == [(created.id, "in_progress")]
+        assert sorted(rows) == sorted([(created.id, "in_progress"), (streamed, "in_progress")])
+    # Restarted: past the dead process's lease, both are failed.
     with HotloopProcess(args) as server:
         sdk = client(server.url)
         failed = until(lambda: (r := retrieve(sdk, created.id)).status == "failed" and r)
         assert failed.error is not None
         assert "stopped before it finished" in failed.error.message
+        assert retrieve(sdk, streamed).status == "failed"
         with pytest.raises(openai.BadRequestError) as lost:
-            list(sdk.responses.retrieve(created.id, stream=True))
-        assert lost.value.code == "response_not_streamed"
+            list(sdk.responses.retrieve(streamed, stream=True, starting_after=0))
+        assert lost.value.code == "events_not_kept"
+
+
+def test_a_process_shut_down_fails_its_running_responses_at_once(tmp_path: Path) -> None:
+    # A lease far longer than the test: only the shutdown itself can fail them.
+    args = serve_args(tmp_path, lease=3600)
+    with HotloopProcess(args) as server:
+        sdk = client(server.url)
+        created = create(sdk, input="talk")
+        until(lambda: retrieve(sdk, created.id).status == "in_progress")
+    with sqlite(tmp_path) as rows:
+        assert rows == [(created.id, "failed")]
+    with HotloopProcess(args) as server:
+        failed = retrieve(client(server.url), created.id)
+        assert failed.status == "failed"
+        assert failed.error is not None and "stopped" in failed.error.message
+        # Its engine work until the shutdown was booked before it stopped (the usage of
+        # a process lives as long as it does: nothing to read back here).
 
 
 @contextmanager

@@ -167,7 +167,7 @@ class ServerConfig:
         256, "background responses queued or running in this process, all keys together"
     )
     background_event_bytes: int = _option(
-        8 * MIB,
+        4 * MIB,
         "events a streamed background response keeps for resuming; one that streams more "
         "is stopped and fails",
     )

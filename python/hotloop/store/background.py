@@ -213,4 +213,13 @@ class BackgroundRecords:
         return await self._store.transact(sweep)
 
 
-__all__ = ["LIVE", "TERMINAL", "BackgroundRecord", "BackgroundRecords", "Sql", "Work", "named"]
+__all__ = [
+    "LIVE",
+    "TERMINAL",
+    "BackgroundRecord",
+    "BackgroundRecords",
+    "Sql",
+    "Work",
+    "named",
+    "orphaned",
+]

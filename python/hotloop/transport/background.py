@@ -22,7 +22,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -31,7 +31,7 @@ from hotloop.events import new_id
 from hotloop.protocol import Connection
 from hotloop.protocol.errors import ProtocolError
 from hotloop.store import Store, StoreError, may_read
-from hotloop.store.background import TERMINAL, BackgroundRecord, BackgroundRecords
+from hotloop.store.background import TERMINAL, BackgroundRecord, BackgroundRecords, orphaned
 
 log = logging.getLogger("hotloop.background")
 
@@ -56,7 +56,7 @@ class BackgroundLimits:
 
     per_key: int = 16
     total: int = 256
-    event_bytes: int = 8 << 20
+    event_bytes: int = 4 << 20
     lease: float = 30.0
 
 
@@ -85,6 +85,7 @@ class Job:
         self.events: list[bytes] = []
         """Every event so far when streamed (index = sequence number)."""
         self._kept = 0
+        self._overflowed = False
         self.connection: Connection | None = None
         self.generation: asyncio.Future[None] | None = None
         self.cancelled = False
@@ -115,7 +116,7 @@ class Job:
                 self.response_id = response["id"]
                 self.queued = self.snapshot
                 self.created.set_result(None)
-        if self._kept > self._event_bytes and not self.final:
+        if self._kept > self._event_bytes and not (self.final or self._overflowed):
             self._overflow()
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
@@ -128,7 +129,8 @@ class Job:
             running = self.connection.running(self.response_id)
         if running is None:
             return
-        self._kept = -(1 << 62)  # the events that end it are kept whatever they weigh
+        # The events that end it are kept whatever they weigh.
+        self._overflowed = True
         running.stop()
         running.fail(
             f"The response streamed more than {self._event_bytes} bytes of events, the most a "
@@ -213,6 +215,8 @@ class BackgroundWork:
             try:
                 await run
             finally:
+                if not job.created.done():
+                    job.created.set_result(None)  # refused, or failed before it started
                 await started
             if job.response_id is not None and records is not None:
                 self.jobs[job.response_id] = job
@@ -300,16 +304,37 @@ class BackgroundWork:
 
     async def close(self) -> None:
         """At shutdown (after the drain): stop watching. A job that ended finishes
-        recording itself (bounded by the store's deadline); one still running is left
-        live in the store, for the lease to fail it."""
+        recording itself (bounded by the store's deadline); one still running is
+        stopped, its engine work booked, and recorded `failed` (if that write fails too,
+        the lease fails it later)."""
         if self._watcher is not None:
             self._watcher.cancel()
             await asyncio.gather(self._watcher, return_exceptions=True)
             self._watcher = None
+        abandoned = [job for job in self._tasks.values() if not job.final]
         for task, job in list(self._tasks.items()):
-            if not job.final:
-                task.cancel()
+            if job.final:
+                continue
+            if job.connection is not None:
+                job.connection.abandon()  # books what the engine did for it
+            if job.generation is not None:
+                job.generation.cancel()
+            task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.records is None:
+            return
+        for job in abandoned:
+            if job.response_id is None:
+                continue
+            record = replace(
+                job.record(self.process),
+                status="failed",
+                response=orphaned(job.snapshot, self.process),
+            )
+            try:
+                await self.records.save(record)
+            except StoreError as e:
+                log.error("background response %s left live: %s", job.response_id, e.message)
 
 
 __all__ = ["BackgroundLimits", "BackgroundWork", "Job", "event_type"]
