@@ -279,6 +279,11 @@ class Store(Protocol):
         responses' tables, `background.py`); raises StoreError as a commit does."""
         ...
 
+    async def query(self, work: Work[T]) -> T:
+        """Run `work`, which only reads, as the store's reads run (never on the
+        writer's time)."""
+        ...
+
     def quota_refusal(self, owner: str | None) -> str | None:
         """Why `owner` may store no more responses (its storage quota, `quota.py`), or
         None when it may."""

@@ -170,7 +170,7 @@ class BackgroundRecords:
 
         if "\x00" in response_id:
             return None  # no stored id holds one, and PostgreSQL refuses it in a query
-        record = await self._store.transact(get)
+        record = await self._store.query(get)
         if record is None or not may_read(record.owner, owner):
             return None
         return record
@@ -190,7 +190,7 @@ class BackgroundRecords:
             )
             return int(count), [bytes(row[0]) for row in rows]
 
-        return await self._store.transact(events)
+        return await self._store.query(events)
 
     async def sweep(self, lease: float) -> list[str]:
         """Mark `failed` every live row whose process has not said it is alive for

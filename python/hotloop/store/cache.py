@@ -150,6 +150,9 @@ class CachedStore:
         # Background rows change while their response runs: never cached.
         return await self._store.transact(work)
 
+    async def query(self, work: Work[T]) -> T:
+        return await self._store.query(work)
+
     async def put(self, response: StoredResponse) -> None:
         await self._store.put(response)
         copy = asyncio.get_running_loop().create_task(self._copy(response))

@@ -443,6 +443,10 @@ class PostgresDatabase:
         with self._transaction("background write") as cursor:
             return work(Sql(cursor, named))
 
+    def query(self, work: Work[T]) -> T:
+        with self._connection("read") as connection:
+            return work(Sql(connection.cursor(), named))
+
     def close(self) -> None:
         self._pool.close()
 

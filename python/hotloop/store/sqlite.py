@@ -421,6 +421,10 @@ class SQLiteDatabase:
         with self._transaction("writing to") as db:
             return work(Sql(db))
 
+    def query(self, work: Work[T]) -> T:
+        with _failures("reading", self.path):
+            return work(Sql(self._db))
+
     def close(self) -> None:
         self._db.close()
 

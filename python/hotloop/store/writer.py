@@ -99,6 +99,10 @@ class Database(Protocol):
         """`work` in one durable transaction (`background.py`)."""
         ...
 
+    def query(self, work: Work[T]) -> T:
+        """`work`, which only reads, outside any write transaction."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -489,6 +493,9 @@ class BackgroundStore:
 
     async def transact(self, work: Work[T]) -> T:
         return await self._written(self._database.transact, work)
+
+    async def query(self, work: Work[T]) -> T:
+        return await self._read(self._database.query, work)
 
     async def list_input_items(
         self,

@@ -364,12 +364,15 @@ class HttpApi:
         """The store's record of a background response; 404 when there is no such
         response, 400 when it is not a background one."""
         records = self.background.records
-        record = None if records is None else await records.get(response_id, owner)
-        if record is not None:
-            return record
         store = self.ledger.store
-        if store is None or await store.get(response_id, owner) is None:
+        if records is None or store is None:
             raise _not_found(response_id)
+        async with self.reads.slot(owner):
+            record = await records.get(response_id, owner)
+            if record is not None:
+                return record
+            if await store.get(response_id, owner) is None:
+                raise _not_found(response_id)
         raise ProtocolError(
             "response_not_background",
             f"Response '{response_id}' was not created with background=true: only "
@@ -605,14 +608,14 @@ class HttpApi:
             return
         store = self.ledger.store
         found = None
+        records = self.background.records
         if store is not None:
             async with self.reads.slot(owner):
                 found = await store.get(response_id, owner)
-        records = self.background.records
-        if found is None and records is not None:
-            # A background response running elsewhere, or one whose process died.
-            record = await records.get(response_id, owner)
-            found = None if record is None else record.response
+                if found is None and records is not None:
+                    # A background response running elsewhere, or whose process died.
+                    record = await records.get(response_id, owner)
+                    found = None if record is None else record.response
         if found is None:
             raise _not_found(response_id)
         await _reply(send, 200, found)
