@@ -283,6 +283,26 @@ def test_background_work_is_bounded_per_key_and_per_process(tmp_path: Path) -> N
         client(url, THIRD_KEY).responses.cancel(third.id)
 
 
+def test_the_background_settings_parse_and_a_lease_must_be_positive() -> None:
+    env = {
+        "HOTLOOP_MAX_BACKGROUND_PER_KEY": "3",
+        "HOTLOOP_MAX_BACKGROUND": "9",
+        "HOTLOOP_BACKGROUND_EVENT_BYTES": "1000",
+        "HOTLOOP_BACKGROUND_LEASE": "2.5",
+    }
+    config = ServerConfig.from_env(env)
+    assert (
+        config.max_background_per_key,
+        config.max_background,
+        config.background_event_bytes,
+        config.background_lease,
+    ) == (3, 9, 1000, 2.5)
+    # A lease of 0 would be a process beating and sweeping without pause.
+    for lease in ("0", "-1", "nan"):
+        with pytest.raises(ValueError, match="BACKGROUND_LEASE"):
+            ServerConfig.from_env({"HOTLOOP_BACKGROUND_LEASE": lease})
+
+
 def test_a_stream_past_the_event_bound_fails_with_its_events_kept(tmp_path: Path) -> None:
     bound = 4096
     app = background_app({"data_dir": str(tmp_path)}, text=LONG, background_event_bytes=bound)

@@ -49,6 +49,13 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # also NaN
+        raise ValueError(f"expected a number > 0, got {text!r}")
+    return value
+
+
 NODE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
@@ -175,6 +182,7 @@ class ServerConfig:
         30.0,
         "a background response left queued or running by a process silent this long (it "
         "died) is marked failed, by this process or any other sharing the store",
+        _positive,
     )
     max_cached_bytes: int = _option(512 * MIB, "cached conversation state per connection")
     cache_memory_bytes: int = _option(
