@@ -327,12 +327,12 @@ def test_a_stream_past_the_event_bound_fails_with_its_events_kept(tmp_path: Path
 # ---------------------------------------------------------------- a process that dies
 
 
-def serve_args(directory: Path, lease: float) -> list[str]:
+def serve_args(store: list[str], lease: float) -> list[str]:
+    """`hotloop serve` over `store` (`--data-dir` or `--store` and its value)."""
     return [
         "--engine",
         "sim",
-        "--data-dir",
-        str(directory),
+        *store,
         "--api-keys",
         KEY,
         "--sim-text",
@@ -359,7 +359,7 @@ def streamed_start(url: str) -> str:
 
 
 def test_a_killed_process_leaves_no_response_in_progress(tmp_path: Path) -> None:
-    args = serve_args(tmp_path, lease=1)
+    args = serve_args(["--data-dir", str(tmp_path)], lease=1)
     with HotloopProcess(args) as server:
         sdk = client(server.url)
         created = create(sdk, input="talk")
@@ -380,9 +380,28 @@ def test_a_killed_process_leaves_no_response_in_progress(tmp_path: Path) -> None
         assert lost.value.code == "events_not_kept"
 
 
+def test_another_node_on_the_store_reads_the_status_and_fails_a_dead_nodes_responses(
+    postgres_server: PostgresServer,
+) -> None:
+    args = serve_args(["--store", postgres_server.fresh_database()], lease=1)
+    with HotloopProcess(args) as running, HotloopProcess(args) as other:
+        created = create(client(running.url), input="talk")
+        until(lambda: retrieve(client(running.url), created.id).status == "in_progress")
+        # The other node reads its status from the store, and says where it runs.
+        assert retrieve(client(other.url), created.id).status == "in_progress"
+        with pytest.raises(openai.ConflictError) as elsewhere:
+            client(other.url).responses.cancel(created.id)
+        assert elsewhere.value.code == "response_running_elsewhere"
+        running.kill()
+        failed = until(
+            lambda: (r := retrieve(client(other.url), created.id)).status == "failed" and r
+        )
+        assert failed.error is not None and "stopped" in failed.error.message
+
+
 def test_a_process_shut_down_fails_its_running_responses_at_once(tmp_path: Path) -> None:
     # A lease far longer than the test: only the shutdown itself can fail them.
-    args = serve_args(tmp_path, lease=3600)
+    args = serve_args(["--data-dir", str(tmp_path)], lease=3600)
     with HotloopProcess(args) as server:
         sdk = client(server.url)
         created = create(sdk, input="talk")
