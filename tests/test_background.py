@@ -11,6 +11,7 @@ assertion."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -281,6 +282,26 @@ def test_background_work_is_bounded_per_key_and_per_process(tmp_path: Path) -> N
         third = create(client(url, THIRD_KEY), input="one")
         assert third.status == "queued"
         client(url, THIRD_KEY).responses.cancel(third.id)
+
+
+def test_requests_arriving_together_cannot_all_pass_the_bound(tmp_path: Path) -> None:
+    store = {"data_dir": str(tmp_path)}
+    with served(background_app(store)) as url:
+        parent = client(url).responses.create(model="sim", input="hi")
+    # A fresh process: each request reads the parent from the store before it runs.
+    app = background_app(store, text=LONG, speed=SLOW, max_background_per_key=1)
+    with served(app) as url:
+        body = {"model": "sim", "input": "go", "background": True}
+        body["previous_response_id"] = parent.id
+        headers = {"authorization": f"Bearer {KEY}"}
+
+        async def together() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=url, headers=headers) as http:
+                posts = [http.post("/v1/responses", json=body) for _ in range(6)]
+                return await asyncio.gather(*posts)
+
+        statuses = sorted(reply.status_code for reply in asyncio.run(together()))
+        assert statuses == [200, 429, 429, 429, 429, 429]
 
 
 def test_the_background_settings_parse_and_a_lease_must_be_positive() -> None:

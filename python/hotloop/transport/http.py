@@ -268,12 +268,14 @@ class HttpApi:
                 "background",
             )
         books = self.ledger.observer(principal, "http")
+        cache = self.ledger.http_cache(books.owner)
+        await self.ledger.warm(cache, request.previous_response_id, books.owner)
+        # Admitted with no await before it runs: requests arriving together cannot all
+        # pass the bound.
         refusal = self.background.admit(books.owner)
         if refusal is not None:
             self.ledger.metrics.refusals.labels(refusal.code).inc()
             raise refusal
-        cache = self.ledger.http_cache(books.owner)
-        await self.ledger.warm(cache, request.previous_response_id, books.owner)
         exchange = _Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange, True)
         job = Job(books.owner, request.stream, self.background.limits.event_bytes)
