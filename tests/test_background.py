@@ -355,7 +355,7 @@ def serve_args(store: list[str], lease: float) -> list[str]:
         "sim",
         *store,
         "--api-keys",
-        KEY,
+        f"{KEY},{OTHER_KEY}",
         "--sim-text",
         LONG,
         "--sim-tokens-per-second",
@@ -401,18 +401,22 @@ def test_a_killed_process_leaves_no_response_in_progress(tmp_path: Path) -> None
         assert lost.value.code == "events_not_kept"
 
 
-def test_another_node_on_the_store_reads_the_status_and_fails_a_dead_nodes_responses(
+def test_another_node_on_the_store_reads_cancels_and_fails_a_dead_nodes_responses(
     postgres_server: PostgresServer,
 ) -> None:
     args = serve_args(["--store", postgres_server.fresh_database()], lease=1)
     with HotloopProcess(args) as running, HotloopProcess(args) as other:
         created = create(client(running.url), input="talk")
+        doomed = create(client(running.url), input="talk")
         until(lambda: retrieve(client(running.url), created.id).status == "in_progress")
-        # The other node reads its status from the store, and says where it runs.
+        # The other node reads the status from the store.
         assert retrieve(client(other.url), created.id).status == "in_progress"
-        with pytest.raises(openai.ConflictError) as elsewhere:
-            client(other.url).responses.cancel(created.id)
-        assert elsewhere.value.code == "response_running_elsewhere"
+        # It cancels through the store: the node running it stops it.
+        with pytest.raises(openai.NotFoundError):
+            client(other.url, OTHER_KEY).responses.cancel(doomed.id)
+        raw = client(other.url).responses.with_raw_response.cancel(doomed.id)
+        assert strict(raw.http_response.content).status == "cancelled"
+        assert retrieve(client(running.url), doomed.id).status == "cancelled"
         running.kill()
         failed = until(
             lambda: (r := retrieve(client(other.url), created.id)).status == "failed" and r

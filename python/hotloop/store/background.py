@@ -8,8 +8,10 @@ no casts, so PostgreSQL takes it once `named` rewrote them):
 
 - `background`: one row per background response: its owner, the process running it,
   its status and its latest Response object (`queued`/`in_progress` while it runs, the
-  terminal one after). The finished response itself is in `responses` like any stored
-  one; this row is what `GET` reads while no terminal response is there.
+  terminal one after), and whether another process was asked to cancel it (the
+  process running it reads its cancel requests every second). The finished response
+  itself is in `responses` like any stored one; this row is what `GET` reads while no
+  terminal response is there.
 - `background_events`: the events of a streamed one, by sequence number, written when
   it ends (a resume while it runs reads them from the running process's memory).
 - `background_processes`: when each process running background work last said it was
@@ -191,6 +193,27 @@ class BackgroundRecords:
             return int(count), [bytes(row[0]) for row in rows]
 
         return await self._store.query(events)
+
+    async def request_cancel(self, response_id: str) -> None:
+        """Ask the process running `response_id` to cancel it (`cancels`)."""
+        await self._store.transact(
+            lambda sql: sql.rows(
+                "UPDATE background SET cancel_requested = 1"
+                " WHERE id = :id AND status IN ('queued', 'in_progress')",
+                {"id": response_id},
+            )
+        )
+
+    async def cancels(self) -> list[str]:
+        """This process's live responses another process was asked to cancel."""
+        rows = await self._store.query(
+            lambda sql: sql.rows(
+                "SELECT id FROM background WHERE process = :process AND cancel_requested = 1"
+                " AND status IN ('queued', 'in_progress')",
+                {"process": self.process},
+            )
+        )
+        return [row[0] for row in rows]
 
     async def sweep(self, lease: float) -> list[str]:
         """Mark `failed` every live row whose process has not said it is alive for

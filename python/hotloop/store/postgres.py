@@ -101,7 +101,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             status text NOT NULL,
             streamed integer NOT NULL,
             response bytea NOT NULL,
-            updated_at bigint NOT NULL
+            updated_at bigint NOT NULL,
+            cancel_requested integer NOT NULL DEFAULT 0
         )""",
         "CREATE INDEX background_live ON background (process) "
         "WHERE status IN ('queued', 'in_progress')",

@@ -102,7 +102,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             status TEXT NOT NULL,
             streamed INTEGER NOT NULL,
             response BLOB NOT NULL,
-            updated_at INTEGER NOT NULL
+            updated_at INTEGER NOT NULL,
+            cancel_requested INTEGER NOT NULL DEFAULT 0
         )""",
         "CREATE INDEX background_live ON background (process) "
         "WHERE status IN ('queued', 'in_progress')",

@@ -47,6 +47,8 @@ LIFECYCLE = frozenset(
 )
 ENDINGS = frozenset((b"response.completed", b"response.failed", b"response.incomplete"))
 RETRY_AFTER = 1
+CANCEL_POLL = 1.0
+"""Seconds between a process's reads of the cancels other processes asked of it."""
 
 
 @dataclass(frozen=True)
@@ -274,20 +276,32 @@ class BackgroundWork:
         self._ensure_watcher()
 
     async def _watch(self) -> None:
-        """Every third of a lease: say this process is alive while it runs background
-        work; every lease: fail the orphans of processes that stopped saying so."""
-        beat = self.limits.lease / 3
-        beats = 0
+        """While this process runs background work: every second, cancel what another
+        process was asked to cancel; every third of a lease, say this process is alive.
+        Every lease: fail the orphans of processes that stopped saying so."""
+        loop = asyncio.get_running_loop()
+        lease = self.limits.lease
+        beaten = swept = loop.time()
         while True:
-            await asyncio.sleep(beat)  # a period, not synchronisation
-            beats += 1
+            await asyncio.sleep(min(CANCEL_POLL, lease / 3))  # a period, not synchronisation
+            now = loop.time()
             if self._running and self.records is not None:
                 try:
-                    await self.records.beat()
+                    await self._cancel_requested(self.records)
+                    if now - beaten >= lease / 3:
+                        beaten = now
+                        await self.records.beat()
                 except StoreError as e:
                     log.warning("background liveness not recorded: %s", e.message)
-            if beats % 3 == 0:
+            if now - swept >= lease:
+                swept = now
                 await self._sweep()
+
+    async def _cancel_requested(self, records: BackgroundRecords) -> None:
+        for response_id in await records.cancels():
+            job = self.jobs.get(response_id)
+            if job is not None:
+                job.cancel()
 
     async def _sweep(self) -> None:
         if self.records is None:
@@ -337,4 +351,4 @@ class BackgroundWork:
                 log.error("background response %s left live: %s", job.response_id, e.message)
 
 
-__all__ = ["BackgroundLimits", "BackgroundWork", "Job", "event_type"]
+__all__ = ["CANCEL_POLL", "BackgroundLimits", "BackgroundWork", "Job", "event_type"]

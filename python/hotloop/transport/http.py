@@ -59,7 +59,7 @@ from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
 from hotloop.store.background import BackgroundRecord
 from hotloop.transport.asgi import Message, Receive, Scope, Send
-from hotloop.transport.background import BackgroundWork, Job
+from hotloop.transport.background import CANCEL_POLL, BackgroundWork, Job
 from hotloop.transport.websocket import persist, render_off_loop
 
 log = logging.getLogger("hotloop.http")
@@ -76,6 +76,8 @@ SSE_HEADERS = [
 MAX_PAGE = 100
 PAGE_LIMIT = re.compile(r"[0-9]{1,4}")
 STARTING_AFTER = re.compile(r"[0-9]{1,12}")
+CANCEL_WAIT = 0.1
+"""Seconds between reads of a response another process was asked to cancel."""
 
 
 class _ClientGone(Exception):
@@ -394,10 +396,27 @@ class HttpApi:
             return
         record = await self._background_record(response_id, owner)
         if record.live:
-            raise _elsewhere(response_id)
+            record = await self._cancel_elsewhere(record)
         store = self.ledger.store
         found = None if store is None else await store.get(response_id, owner)
         await _reply(send, 200, record.response if found is None else found)
+
+    async def _cancel_elsewhere(self, record: BackgroundRecord) -> BackgroundRecord:
+        """Ask the process running `record` to cancel it, and wait until it ended: the
+        process reads its cancels every `CANCEL_POLL` s; one that died meanwhile has
+        its response failed within a lease. Past that, 409."""
+        records = self.background.records
+        assert records is not None
+        await records.request_cancel(record.id)
+        waits = int((CANCEL_POLL + self.background.limits.lease) / CANCEL_WAIT) + 2
+        for _ in range(waits):
+            await asyncio.sleep(CANCEL_WAIT)  # polling the store, not synchronisation
+            found = await records.get(record.id, record.owner)
+            if found is None:
+                raise _not_found(record.id)  # deleted meanwhile
+            if not found.live:
+                return found
+        raise _elsewhere(record.id)
 
     async def _request(
         self, scope: Scope, receive: Receive, principal: str | None
@@ -827,8 +846,8 @@ def _past_last(after: int, count: int) -> ProtocolError:
 def _elsewhere(response_id: str) -> ProtocolError:
     return ProtocolError(
         "response_running_elsewhere",
-        f"Response '{response_id}' runs on another hotloop process; ask it again through "
-        "the same route (its session), or once it ended.",
+        f"Response '{response_id}' runs on another hotloop process, which did not answer; "
+        "ask again through the same route (its session), or once it ended.",
         "response_id",
         status=409,
     )
