@@ -12,6 +12,7 @@ assertion."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -386,6 +387,8 @@ def test_a_killed_process_leaves_no_response_in_progress(tmp_path: Path) -> None
         created = create(sdk, input="talk")
         streamed = streamed_start(server.url)
         until(lambda: retrieve(sdk, created.id).status == "in_progress")
+        # Some of the streamed one's events are written (every second) before the kill.
+        until(lambda: kept_events(tmp_path, streamed))
         server.kill()
     with sqlite(tmp_path) as rows:
         assert sorted(rows) == sorted([(created.id, "in_progress"), (streamed, "in_progress")])
@@ -396,9 +399,29 @@ def test_a_killed_process_leaves_no_response_in_progress(tmp_path: Path) -> None
         assert failed.error is not None
         assert "stopped before it finished" in failed.error.message
         assert retrieve(sdk, streamed).status == "failed"
-        with pytest.raises(openai.BadRequestError) as lost:
-            list(sdk.responses.retrieve(streamed, stream=True, starting_after=0))
-        assert lost.value.code == "events_not_kept"
+        # Its kept events resume, and end as its stream would have: with the failure.
+        events = [
+            validate(event.model_dump_json())
+            for event in sdk.responses.retrieve(streamed, stream=True)
+        ]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "response.failed"
+        assert "stopped before it finished" in events[-1]["response"]["error"]["message"]
+
+
+def kept_events(directory: Path, response_id: str) -> int:
+    """How many events of `response_id` the SQLite store in `directory` holds."""
+    database = SQLiteDatabase.in_directory(directory)
+    try:
+        ((count,),) = database.query(
+            lambda sql: sql.rows(
+                "SELECT count(*) FROM background_events WHERE response_id = :id",
+                {"id": response_id},
+            )
+        )
+    finally:
+        database.close()
+    return int(count)
 
 
 def test_another_node_on_the_store_reads_cancels_and_fails_a_dead_nodes_responses(
@@ -408,7 +431,17 @@ def test_another_node_on_the_store_reads_cancels_and_fails_a_dead_nodes_response
     with HotloopProcess(args) as running, HotloopProcess(args) as other:
         created = create(client(running.url), input="talk")
         doomed = create(client(running.url), input="talk")
+        streamed = streamed_start(running.url)
         until(lambda: retrieve(client(running.url), created.id).status == "in_progress")
+        # The other node follows the streamed one from the store while it runs.
+        followed: list[dict[str, Any]] = []
+
+        def follow() -> None:
+            stream = client(other.url).responses.retrieve(streamed, stream=True)
+            followed.extend(validate(event.model_dump_json()) for event in stream)
+
+        follower = threading.Thread(target=follow)
+        follower.start()
         # The other node reads the status from the store.
         assert retrieve(client(other.url), created.id).status == "in_progress"
         # It cancels through the store: the node running it stops it.
@@ -417,11 +450,15 @@ def test_another_node_on_the_store_reads_cancels_and_fails_a_dead_nodes_response
         raw = client(other.url).responses.with_raw_response.cancel(doomed.id)
         assert strict(raw.http_response.content).status == "cancelled"
         assert retrieve(client(running.url), doomed.id).status == "cancelled"
+        until(lambda: len(followed) > 3)
         running.kill()
         failed = until(
             lambda: (r := retrieve(client(other.url), created.id)).status == "failed" and r
         )
         assert failed.error is not None and "stopped" in failed.error.message
+        follower.join()
+        assert [e["sequence_number"] for e in followed] == list(range(len(followed)))
+        assert followed[-1]["type"] == "response.failed"
 
 
 def test_a_process_shut_down_fails_its_running_responses_at_once(tmp_path: Path) -> None:

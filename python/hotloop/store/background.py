@@ -12,8 +12,9 @@ no casts, so PostgreSQL takes it once `named` rewrote them):
   process running it reads its cancel requests every second). The finished response
   itself is in `responses` like any stored one; this row is what `GET` reads while no
   terminal response is there.
-- `background_events`: the events of a streamed one, by sequence number, written when
-  it ends (a resume while it runs reads them from the running process's memory).
+- `background_events`: the events of a streamed one, by sequence number, written by
+  the process running it every second and when it ends (a resume on that process
+  reads them from its memory; on another, from here).
 - `background_processes`: when each process running background work last said it was
   alive. A row still live whose process has not said so within the lease belongs to a
   dead process: `sweep` marks it `failed` (it is not resumed: its engine state died
@@ -98,7 +99,7 @@ _BEAT = """INSERT INTO background_processes (process, seen_at) VALUES (:process,
 ON CONFLICT (process) DO UPDATE SET seen_at = excluded.seen_at"""
 _EVENT = """INSERT INTO background_events (response_id, seq, event) VALUES (:id, :seq, :event)
 ON CONFLICT (response_id, seq) DO NOTHING"""
-_ORPHANS = """SELECT b.id, b.process, b.response FROM background AS b
+_ORPHANS = """SELECT b.id, b.process, b.response, b.streamed FROM background AS b
 LEFT JOIN background_processes AS p ON p.process = b.process
 WHERE b.status IN ('queued', 'in_progress') AND (p.seen_at IS NULL OR p.seen_at < :before)"""
 
@@ -119,6 +120,11 @@ def orphaned(response: bytes, process: str) -> bytes:
     return orjson.dumps(body)
 
 
+def failed_event(response: bytes, seq: int) -> bytes:
+    """The `response.failed` event carrying `response`, numbered `seq`."""
+    return b'{"type":"response.failed","response":%b,"sequence_number":%d}' % (response, seq)
+
+
 class BackgroundRecords:
     """The background tables of `store` (see the module docstring)."""
 
@@ -126,9 +132,11 @@ class BackgroundRecords:
         self._store = store
         self.process = process
 
-    async def save(self, record: BackgroundRecord, events: Sequence[bytes] = ()) -> None:
-        """Write the record's row (and, when it ended streamed, its events), and say
-        this process is alive, in one transaction."""
+    async def save(
+        self, record: BackgroundRecord, events: Sequence[bytes] = (), first: int = 0
+    ) -> None:
+        """Write the record's row and its events from sequence number `first` on, and
+        say this process is alive, in one transaction."""
 
         def save(sql: Sql) -> None:
             now = _now()
@@ -146,11 +154,24 @@ class BackgroundRecords:
             )
             sql.many(
                 _EVENT,
-                [{"id": record.id, "seq": seq, "event": e} for seq, e in enumerate(events)],
+                [
+                    {"id": record.id, "seq": seq, "event": e}
+                    for seq, e in enumerate(events, start=first)
+                ],
             )
             sql.rows(_BEAT, {"process": record.process, "now": now})
 
         await self._store.transact(save)
+
+    async def append(self, events: Sequence[tuple[str, int, Sequence[bytes]]]) -> None:
+        """Write the events of running responses, `(id, first sequence number,
+        events)` each, in one transaction."""
+        rows = [
+            {"id": response_id, "seq": seq, "event": event}
+            for response_id, first, batch in events
+            for seq, event in enumerate(batch, start=first)
+        ]
+        await self._store.transact(lambda sql: sql.many(_EVENT, rows))
 
     async def beat(self) -> None:
         """This process is alive (its live rows are not orphans)."""
@@ -223,12 +244,22 @@ class BackgroundRecords:
             now = _now()
             before = now - int(lease * 1000)
             failed = []
-            for response_id, process, response in sql.rows(_ORPHANS, {"before": before}):
+            for response_id, process, response, streamed in sql.rows(_ORPHANS, {"before": before}):
+                failure = orphaned(bytes(response), process)
                 sql.rows(
                     "UPDATE background SET status = 'failed', response = :response,"
                     " updated_at = :now WHERE id = :id AND status IN ('queued', 'in_progress')",
-                    {"id": response_id, "response": orphaned(bytes(response), process), "now": now},
+                    {"id": response_id, "response": failure, "now": now},
                 )
+                if streamed:
+                    # Its kept events end as its stream would have: with the failure.
+                    ((last,),) = sql.rows(
+                        "SELECT max(seq) FROM background_events WHERE response_id = :id",
+                        {"id": response_id},
+                    )
+                    if last is not None:
+                        event = failed_event(failure, int(last) + 1)
+                        sql.many(_EVENT, [{"id": response_id, "seq": last + 1, "event": event}])
                 failed.append(response_id)
             sql.rows("DELETE FROM background_processes WHERE seen_at < :before", {"before": before})
             return failed
@@ -243,6 +274,7 @@ __all__ = [
     "BackgroundRecords",
     "Sql",
     "Work",
+    "failed_event",
     "named",
     "orphaned",
 ]

@@ -31,7 +31,13 @@ from hotloop.events import new_id
 from hotloop.protocol import Connection
 from hotloop.protocol.errors import ProtocolError
 from hotloop.store import Store, StoreError, may_read
-from hotloop.store.background import TERMINAL, BackgroundRecord, BackgroundRecords, orphaned
+from hotloop.store.background import (
+    TERMINAL,
+    BackgroundRecord,
+    BackgroundRecords,
+    failed_event,
+    orphaned,
+)
 
 log = logging.getLogger("hotloop.background")
 
@@ -86,6 +92,8 @@ class Job:
         """Its Response object as created: what `POST /v1/responses` answers."""
         self.events: list[bytes] = []
         """Every event so far when streamed (index = sequence number)."""
+        self.flushed = 0
+        """How many of `events` are in the store."""
         self._kept = 0
         self._overflowed = False
         self.connection: Connection | None = None
@@ -222,7 +230,7 @@ class BackgroundWork:
                 await started
             if job.response_id is not None and records is not None:
                 self.jobs[job.response_id] = job
-                await records.save(job.record(self.process), job.events)
+                await records.save(job.record(self.process), job.events[job.flushed :], job.flushed)
         except StoreError as e:
             log.error("background response %s not recorded: %s", job.response_id, e.message)
         except Exception:
@@ -276,8 +284,9 @@ class BackgroundWork:
         self._ensure_watcher()
 
     async def _watch(self) -> None:
-        """While this process runs background work: every second, cancel what another
-        process was asked to cancel; every third of a lease, say this process is alive.
+        """While this process runs background work: every second, write the new events
+        of its streamed responses and cancel what another process was asked to cancel;
+        every third of a lease, say this process is alive.
         Every lease: fail the orphans of processes that stopped saying so."""
         loop = asyncio.get_running_loop()
         lease = self.limits.lease
@@ -287,6 +296,7 @@ class BackgroundWork:
             now = loop.time()
             if self._running and self.records is not None:
                 try:
+                    await self._flush(self.records)
                     await self._cancel_requested(self.records)
                     if now - beaten >= lease / 3:
                         beaten = now
@@ -296,6 +306,22 @@ class BackgroundWork:
             if now - swept >= lease:
                 swept = now
                 await self._sweep()
+
+    async def _flush(self, records: BackgroundRecords) -> None:
+        """The new events of the streamed responses running here, to the store (where
+        another process's resume reads them, and where they outlive this one)."""
+        batches = [
+            (job, response_id, len(job.events))
+            for response_id, job in self.jobs.items()
+            if not job.final and len(job.events) > job.flushed
+        ]
+        if not batches:
+            return
+        await records.append(
+            [(rid, job.flushed, job.events[job.flushed : end]) for job, rid, end in batches]
+        )
+        for job, _, end in batches:
+            job.flushed = max(job.flushed, end)
 
     async def _cancel_requested(self, records: BackgroundRecords) -> None:
         for response_id in await records.cancels():
@@ -340,13 +366,13 @@ class BackgroundWork:
         for job in abandoned:
             if job.response_id is None:
                 continue
-            record = replace(
-                job.record(self.process),
-                status="failed",
-                response=orphaned(job.snapshot, self.process),
-            )
+            failure = orphaned(job.snapshot, self.process)
+            record = replace(job.record(self.process), status="failed", response=failure)
+            events = job.events[job.flushed :]
+            if job.events:
+                events.append(failed_event(failure, len(job.events)))
             try:
-                await self.records.save(record)
+                await self.records.save(record, events, job.flushed)
             except StoreError as e:
                 log.error("background response %s left live: %s", job.response_id, e.message)
 

@@ -343,25 +343,48 @@ class HttpApi:
         record = await self._background_record(response_id, owner)
         if not record.streamed:
             raise _not_streamed(response_id)
-        if record.live:
-            raise _elsewhere(response_id)
+        await self._follow_stored(receive, send, record, after)
+
+    async def _follow_stored(
+        self, receive: Receive, send: Send, record: BackgroundRecord, after: int
+    ) -> None:
+        """SSE from the store: the kept events after `after`, then, while the response
+        runs on another process, those it writes there (every `CANCEL_POLL` s), until it
+        ended or the client goes away."""
         records = self.background.records
         assert records is not None
-        async with self.reads.slot(owner):
-            count, events = await records.events(response_id, after)
-        if count == 0:
+        async with self.reads.slot(record.owner):
+            count, events = await records.events(record.id, after)
+        if not record.live and count == 0:
             raise ProtocolError(
                 "events_not_kept",
-                f"Response '{response_id}' failed with the process that ran it; its "
-                "events were lost with it.",
+                f"Response '{record.id}' failed with the process that ran it before any "
+                "of its events were written.",
                 "response_id",
             )
-        if after >= count:
+        if not record.live and after >= count:
             raise _past_last(after, count)
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        for event in events:
-            body = sse_frame(event)
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            found: BackgroundRecord | None = record
+            while found is not None:
+                for event in events:
+                    body = sse_frame(event)
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                after += len(events)
+                if not found.live:
+                    break
+                # Polling the other process's writes, not synchronisation.
+                await asyncio.wait((gone,), timeout=CANCEL_POLL)
+                if gone.done():
+                    break
+                # The status first: once it ended, its last events are there too.
+                async with self.reads.slot(record.owner):
+                    found = await records.get(record.id, record.owner)
+                    _, events = await records.events(record.id, after)
+        finally:
+            gone.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _background_record(self, response_id: str, owner: str | None) -> BackgroundRecord:
