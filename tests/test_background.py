@@ -27,6 +27,7 @@ from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
 from hotloop.store.sqlite import SCHEMA_VERSION, SQLiteDatabase
 from hotloop.transport import App
+from hotloop.transport.http import HttpApi
 from hotloop_process import HotloopProcess
 from openai import OpenAI
 from openai.types.responses import Response
@@ -303,6 +304,26 @@ def test_requests_arriving_together_cannot_all_pass_the_bound(tmp_path: Path) ->
 
         statuses = sorted(reply.status_code for reply in asyncio.run(together()))
         assert statuses == [200, 429, 429, 429, 429, 429]
+
+
+def test_a_run_that_breaks_without_its_terminal_event_is_recorded_failed(
+    tmp_path: Path,
+) -> None:
+    app = background_app({"data_dir": str(tmp_path)})
+    http = app._http
+    assert isinstance(http, HttpApi)
+
+    async def broken(*_: object) -> None:
+        raise RuntimeError("a bug in the turn")
+
+    http._generate = broken  # type: ignore[method-assign]
+    with served(app) as url:
+        sdk = client(url)
+        created = create(sdk, input="hi")
+        failed = until(lambda: (r := retrieve(sdk, created.id)).status == "failed" and r)
+        assert failed.error is not None and "stopped before it finished" in failed.error.message
+        # Its place is free again.
+        assert create(sdk, input="again").status == "queued"
 
 
 def test_the_background_settings_parse_and_a_lease_must_be_positive() -> None:

@@ -224,20 +224,24 @@ class BackgroundWork:
             started = asyncio.ensure_future(self._started(job))
             try:
                 await run
+            except Exception:
+                log.exception("background response %s failed", job.response_id)
             finally:
                 if not job.created.done():
                     job.created.set_result(None)  # refused, or failed before it started
                 await started
             if job.response_id is not None and records is not None:
                 self.jobs[job.response_id] = job
-                await records.save(job.record(self.process), job.events[job.flushed :], job.flushed)
+                record = job.record(self.process)
+                if not job.final:
+                    # It stopped without its terminal event (a bug above): it must not
+                    # stay live for as long as this process lives.
+                    failure = orphaned(job.snapshot, self.process)
+                    record = replace(record, status="failed", response=failure)
+                await records.save(record, job.events[job.flushed :], job.flushed)
         except StoreError as e:
             log.error("background response %s not recorded: %s", job.response_id, e.message)
-        except Exception:
-            log.exception("background response %s failed", job.response_id)
         finally:
-            if not job.created.done():
-                job.created.set_result(None)
             self._running.discard(job)
             left = self._of_key[job.owner] - 1
             if left:
