@@ -127,6 +127,12 @@ def test_a_background_response_is_created_queued_and_polled_to_completion(
         # Another key sees none of it.
         with pytest.raises(openai.NotFoundError):
             client(url, OTHER_KEY).responses.retrieve(created.id)
+        # Deleted, nothing of it is left: neither the response nor its background row.
+        sdk.responses.delete(done.id)
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.retrieve(created.id)
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.cancel(created.id)
 
 
 def test_cancel_stops_the_engine_and_books_what_it_did(store: dict[str, str]) -> None:
