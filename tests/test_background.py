@@ -284,6 +284,8 @@ def test_background_work_is_bounded_per_key_and_per_process(tmp_path: Path) -> N
         with pytest.raises(openai.RateLimitError) as total:
             create(client(url, THIRD_KEY), input="one")
         assert "--max-background" in total.value.message
+        metrics = httpx.get(url + "/metrics").text
+        assert 'hotloop_refusals_total{code="background_limit"} 2\n' in metrics
         # A cancelled one frees its place.
         client(url).responses.cancel(first.id)
         client(url, OTHER_KEY).responses.cancel(second.id)

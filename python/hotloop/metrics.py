@@ -24,7 +24,7 @@ Instruments (all names prefixed `hotloop_`):
 - stream_sampled_cpu_seconds_total / stream_sampled_tokens_total: the server's own CPU
   per streamed token, sampled (`StreamCpu`)
 - refusals_total{code}: header_timeout, body_timeout, server_overloaded, too_many_connections,
-  queue_memory_exceeded; queued_request_bytes (gauge)
+  queue_memory_exceeded, background_limit; queued_request_bytes (gauge)
 - event_loop_busy_seconds: the loop thread's CPU between ticks (`LoopBusy`)
 - usage_tokens_total{key,kind} from `Usage`
 - node_info{node}: always 1, names the node (`hotloop serve --node-id`)
