@@ -496,13 +496,22 @@ def test_a_process_shut_down_fails_its_running_responses_at_once(tmp_path: Path)
     with HotloopProcess(args) as server:
         sdk = client(server.url)
         created = create(sdk, input="talk")
+        streamed = streamed_start(server.url)
         until(lambda: retrieve(sdk, created.id).status == "in_progress")
     with sqlite(tmp_path) as rows:
-        assert rows == [(created.id, "failed")]
+        assert sorted(rows) == sorted([(created.id, "failed"), (streamed, "failed")])
     with HotloopProcess(args) as server:
-        failed = retrieve(client(server.url), created.id)
+        sdk = client(server.url)
+        failed = retrieve(sdk, created.id)
         assert failed.status == "failed"
         assert failed.error is not None and "stopped" in failed.error.message
+        # The streamed one's events were written whole, ended by its failure.
+        events = [
+            validate(event.model_dump_json())
+            for event in sdk.responses.retrieve(streamed, stream=True)
+        ]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "response.failed"
         # Its engine work until the shutdown was booked before it stopped (the usage of
         # a process lives as long as it does: nothing to read back here).
 
