@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from hotloop import logs
-from hotloop._core import Checkpoint, Conversation, CoreError, Policy
+from hotloop._core import Checkpoint, Conversation, CoreError, CreateRequest, Policy
 from hotloop.auth import ApiKeys, key_id
 from hotloop.engines.base import Engine
 from hotloop.metrics import Metrics
@@ -46,9 +46,16 @@ from hotloop.store import (
     format_fingerprint,
     open_store,
 )
+from hotloop.store import conversations as conversation_tables
+from hotloop.store.items import listed_items
 from hotloop.usage import Usage
 
 log = logging.getLogger("hotloop.ledger")
+
+APPENDED = ("completed", "incomplete")
+"""The statuses whose items a response appends to its conversation: a failed or
+cancelled response appends nothing, so that the next turn starts from what was
+there before it."""
 
 
 class Ledger:
@@ -185,6 +192,69 @@ class Ledger:
             checkpoint, root = restored
             cache.put(parent, checkpoint, None, root)
 
+    async def warm_conversation(
+        self, cache: ConnectionCache, request: CreateRequest, owner: str | None
+    ) -> None:
+        """Put the state of `request`'s conversation in `cache` under the conversation's
+        id, ready for the request to extend: the newest checkpoint the cache holds of a
+        response on it whose items are still as they were (the conversation's items up
+        to that response's last one: `History.turn_ends`), forked, and the items after
+        it rendered; without one, every item rendered from the store. A conversation
+        changed through its items API is so re-rendered from the end of the last
+        response before the first changed item, never from scratch while a checkpoint
+        before it is cached. Nothing is put for an unknown (or another key's)
+        conversation: the request is refused as one. Raises StoreError when the store
+        cannot be read."""
+        conversation_id = request.conversation
+        if conversation_id is None or request.error is not None:
+            return
+        cache.evict(conversation_id)  # its state of an earlier turn may be stale
+        if self.store is None:
+            return
+        history = await self.store.conversations(
+            conversation_tables.history(conversation_id, owner)
+        )
+        if history is None:
+            return
+        start, checkpoint = 0, None
+        for place, response_id in history.turn_ends():
+            cached = cache.get(response_id) if response_id in cache else None
+            if cached is not None:
+                start, checkpoint = place, cached.checkpoint
+                break
+        rest = history.items[start:]
+        fields = orjson.loads(request.response_fields_json)
+        compactor = self.compactor.bound(owner)
+
+        def render() -> Checkpoint | None:
+            conversation = (
+                Conversation(
+                    self.engine.chat_format,
+                    context_window=self.engine.context_window,
+                    policy=self._policy,
+                )
+                if checkpoint is None
+                else checkpoint.fork()
+            )
+            if rest:
+                items = b"[" + b",".join(item.item for item in rest) + b"]"
+                try:
+                    conversation.append_items(
+                        compactor.expand_items(items).decode(),
+                        instructions=fields.get("instructions"),
+                        tools_json=orjson.dumps(fields.get("tools") or []).decode(),
+                    )
+                except (CoreError, ProtocolError) as e:
+                    log.warning("conversation %s no longer renders: %s", conversation_id, e.message)
+                    return None
+            return conversation.checkpoint()
+
+        # Rendering many items takes long: in a worker thread, as a chain's rebuild.
+        rendered = await asyncio.to_thread(render) if rest else render()
+        self.metrics.conversation_items_rendered.inc(len(rest))
+        if rendered is not None:
+            cache.put(conversation_id, rendered, None, conversation_id)
+
     def _rebuild(
         self, response_id: str, chain: Chain, owner: str | None
     ) -> tuple[Checkpoint, int] | None:
@@ -292,6 +362,33 @@ class Ledger:
     async def _commit(self, finished: Finished) -> None:
         if self.store is None:
             raise StoreError("store_unavailable", "This server has no durable store.")
+        request = finished.request
+        if request.store:
+            await self._put(finished)
+        if request.conversation is not None and finished.status in APPENDED:
+            await self._append(finished, request.conversation)
+
+    async def _append(self, finished: Finished, conversation_id: str) -> None:
+        """The response's input items, then its output items, onto its conversation."""
+        assert self.store is not None
+        owner = key_id(finished.principal) if finished.principal is not None else None
+        response_id = finished.response_id
+        inputs = listed_items(response_id, finished.request.input_json.encode())
+        outputs = orjson.loads(finished.response_json).get("output") or []
+        items = [(str(item["id"]), orjson.dumps(item)) for item in [*inputs, *outputs]]
+        if not items:
+            return
+        added = conversation_tables.add(conversation_id, owner, items, response_id)
+        if await self.store.conversations(added):
+            self.store.counted(owner, conversation_tables.added_usage(items))
+        else:
+            # Deleted while the response ran: nothing to append to.
+            log.info(
+                "conversation %s is gone: response %s not appended", conversation_id, response_id
+            )
+
+    async def _put(self, finished: Finished) -> None:
+        assert self.store is not None
         request = finished.request
         input_items = request.input_json.encode()
         if finished.segments:

@@ -19,6 +19,14 @@ from dataclasses import dataclass
 
 from hotloop._core import Checkpoint
 
+CONVERSATION_PREFIX = "conv_"
+
+
+def is_conversation(key: str) -> bool:
+    """A cache key names a conversation's state (`Ledger.warm_conversation`), not a
+    response's."""
+    return key.startswith(CONVERSATION_PREFIX)
+
 
 @dataclass(frozen=True)
 class CachedResponse:

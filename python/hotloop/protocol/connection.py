@@ -64,7 +64,7 @@ from hotloop.protocol.actions import (
     Observer,
     Render,
 )
-from hotloop.protocol.cache import ConnectionCache
+from hotloop.protocol.cache import ConnectionCache, is_conversation
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.injection import LongRunning, as_append
@@ -122,6 +122,14 @@ class Parsed:
         event = self.event
         if isinstance(event, CreateRequest) and event.error is None:
             return event.previous_response_id
+        return None
+
+    @property
+    def conversation(self) -> str | None:
+        """The conversation a valid `response.create` continues, as the core parsed it."""
+        event = self.event
+        if isinstance(event, CreateRequest) and event.error is None:
+            return event.conversation
         return None
 
 
@@ -536,19 +544,29 @@ class Connection:
         )
 
     def chain(
-        self, parent: str | None, lane: Lane
+        self, parent: str | None, lane: Lane, conversation: bool = False
     ) -> tuple[Conversation, bool, str | None] | ProtocolError:
         """The conversation a request continues (a fork of `parent`'s checkpoint, or a
         new one), whether a failure evicts the parent, and the root of the parent's
-        chain (its routing key; None for a new conversation); or why it cannot."""
+        chain (its routing key; None for a new conversation); or why it cannot.
+        `conversation`: `parent` is a conversation's id (its state as
+        `Ledger.warm_conversation` put it in the cache)."""
         if parent is None:
             return self.settings.conversation(), False, None
         # The transport already tried the store (`Ledger.warm`): a miss here is final,
-        # unless the store could not be read.
-        cached = self.cache.get(parent)
+        # unless the store could not be read. A response id never names a
+        # conversation's state, nor the other way round.
+        cached = None if conversation != is_conversation(parent) else self.cache.get(parent)
         checkpoint = cached.checkpoint if cached is not None else None
         unreadable = self._unreadable.pop(parent, None)
         if cached is None or checkpoint is None:
+            if unreadable is None and conversation:
+                return ProtocolError(
+                    "not_found",
+                    f"Conversation with id '{parent}' not found.",
+                    "conversation",
+                    status=404,
+                )
             if unreadable is None:
                 return ProtocolError.not_found(parent)
             return ProtocolError.store_unavailable(unreadable)
@@ -562,7 +580,11 @@ class Connection:
         Raises ProtocolError for a refused request or a missed `previous_response_id`."""
         if request.error is not None:
             raise ProtocolError.from_core(request.error)
-        chain = self.chain(request.previous_response_id, self._lanes[None])
+        chain = self.chain(
+            request.previous_response_id or request.conversation,
+            self._lanes[None],
+            request.conversation is not None,
+        )
         if isinstance(chain, ProtocolError):
             raise chain
         return chain[0]
@@ -587,6 +609,9 @@ class Connection:
             self._note_skipped(request.skipped_tools)
         if request.background:
             self.refuse(ProtocolError.background(), name)
+            return
+        if request.conversation is not None and request.previous_response_id is not None:
+            self.refuse(ProtocolError.conversation_and_previous_response(), name)
             return
         if self._expiring:
             self.refuse(ProtocolError.lifetime_reached(), name)
@@ -651,7 +676,7 @@ class Connection:
         """Run the turn up to the engine call; errors end the request here."""
         start = self.clock()
         parent = pending.parent
-        chain = self.chain(parent, lane)
+        chain = self.chain(parent, lane, pending.conversation)
         if isinstance(chain, ProtocolError):
             self.refuse_turn(pending, chain, lane.name)
             return

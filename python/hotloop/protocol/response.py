@@ -122,6 +122,10 @@ class Rendering:
             )
         if settings.sampling_defaults != API_SAMPLING:
             fields = engine_sampling(request, fields, settings.sampling_defaults)
+        if request.conversation is not None:
+            echo = orjson.dumps({"id": request.conversation}).decode()
+            fields = f'{fields[:-1]},"conversation":{echo}}}'
+
         if settings.request_id is None:
             events = ResponseEvents(fields, stream_id=lane.name, request_id=new_id("req_"))
             request_id = events.request_id
@@ -245,7 +249,11 @@ class Response:
     @property
     def stored(self) -> bool:
         """The response is committed to the store before its terminal event."""
-        return self.connection.settings.durable and self.request.store
+        request = self.request
+        # A conversation's turn appends its items in the same commit.
+        return self.connection.settings.durable and (
+            request.store or request.conversation is not None
+        )
 
     # ---------------------------------------------------------------- sampling
 

@@ -20,7 +20,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import orjson
 
@@ -30,8 +30,11 @@ if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Conversation
     from hotloop.metrics import Metrics
     from hotloop.protocol.compaction import Compactor
+    from hotloop.store.conversations import Sql
+    from hotloop.store.quota import Usage
 
 Order = Literal["asc", "desc"]
+T = TypeVar("T")
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -270,6 +273,15 @@ class Store(Protocol):
 
     async def load_chain(self, response_id: str, owner: str | None) -> Chain | None:
         """The chain ending at `response_id`, or None if it or any ancestor is gone."""
+        ...
+
+    async def conversations(self, operation: Callable[[Sql], T]) -> T:
+        """Run a conversation operation (`conversations.py`) in a durable transaction
+        of its own on the writer's thread; raises StoreError `store_unavailable`."""
+        ...
+
+    def counted(self, owner: str | None, change: Usage) -> None:
+        """What `owner` stores changed by `change` (conversations: the quota)."""
         ...
 
     def quota_refusal(self, owner: str | None) -> str | None:

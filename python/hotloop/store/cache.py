@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import astuple
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -39,8 +40,12 @@ from hotloop.store import (
     StoreError,
     may_read,
 )
+from hotloop.store.conversations import Sql
+from hotloop.store.quota import Usage
 
 log = logging.getLogger("hotloop.store.cache")
+
+T = TypeVar("T")
 
 try:
     from redis import asyncio as redis
@@ -140,6 +145,12 @@ class CachedStore:
 
     def quota_refusal(self, owner: str | None) -> str | None:
         return self._store.quota_refusal(owner)
+
+    async def conversations(self, operation: Callable[[Sql], T]) -> T:
+        return await self._store.conversations(operation)
+
+    def counted(self, owner: str | None, change: Usage) -> None:
+        self._store.counted(owner, change)
 
     async def put(self, response: StoredResponse) -> None:
         await self._store.put(response)

@@ -17,12 +17,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from hotloop.store import InputItemPage, Order, StoredResponse, StoreError
+from hotloop.store.conversations import POSTGRES_TABLES, Pyformat, Sql
 from hotloop.store.quota import Usage
 from hotloop.store.records import (
     FREED_QUERY,
@@ -90,8 +91,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE responses ADD COLUMN model_turns bytea",
         "ALTER TABLE quarantine ADD COLUMN model_turns bytea",
     ),
+    POSTGRES_TABLES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+T = TypeVar("T")
 # pg_advisory_xact_lock key: "hotloop" in ASCII.
 _MIGRATION_LOCK = 0x686F746C6F6F70
 
@@ -317,6 +321,11 @@ class PostgresDatabase:
                     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                     [q.values() for q in rejected],
                 )
+
+    def transact(self, operation: Callable[[Sql], T]) -> T:
+        """`operation` in one committed transaction (the conversation tables')."""
+        with self._transaction("write") as cursor:
+            return operation(Pyformat(cursor))
 
     def get(self, response_id: str, owner: str | None) -> bytes | None:
         if not _text(response_id):

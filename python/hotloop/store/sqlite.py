@@ -24,11 +24,13 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from hotloop.store import InputItemPage, Order, StoredResponse, StoreError, may_read
+from hotloop.store.conversations import SQLITE_TABLES, Sql
 from hotloop.store.quota import Usage
 from hotloop.store.records import (
     FREED_QUERY,
@@ -91,8 +93,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE responses ADD COLUMN model_turns BLOB",
         "ALTER TABLE quarantine ADD COLUMN model_turns BLOB",
     ),
+    SQLITE_TABLES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+T = TypeVar("T")
 
 _SELECT = (
     "r.id, r.owner, r.previous_response_id, r.created_at, r.response, r.tools_at, t.tools,"
@@ -320,6 +325,11 @@ class SQLiteDatabase:
                 f"INSERT INTO quarantine ({QUARANTINE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [q.values() for q in rejected],
             )
+
+    def transact(self, operation: Callable[[Sql], T]) -> T:
+        """`operation` in one fsync'd transaction (the conversation tables')."""
+        with self._transaction("writing to") as db:
+            return operation(db)
 
     def get(self, response_id: str, owner: str | None) -> bytes | None:
         with _failures("reading", self.path):

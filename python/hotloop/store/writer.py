@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from hotloop.store import Chain, InputItemPage, Order, StoredResponse, StoreError, may_read
+from hotloop.store.conversations import Sql
 from hotloop.store.quota import StorageQuota, Usage
 from hotloop.store.records import (
     ItemRows,
@@ -89,6 +90,10 @@ class Database(Protocol):
     def list_input_items(
         self, response_id: str, owner: str | None, *, order: Order, limit: int, after: str | None
     ) -> InputItemPage | None: ...
+    def transact(self, operation: Callable[[Sql], T]) -> T:
+        """`operation` in one durable transaction (`conversations.py`)."""
+        ...
+
     def chain(self, response_id: str, owner: str | None) -> list[StoredResponse]:
         """`owner`'s responses from `response_id` back towards the root, newest first,
         in one query (None: with auth off, anyone's)."""
@@ -499,6 +504,17 @@ class BackgroundStore:
             limit=limit,
             after=after,
         )
+
+    async def conversations(self, operation: Callable[[Sql], T]) -> T:
+        """A conversation operation (`conversations.py`), in a transaction of its own
+        on the writer's thread, within the deadline."""
+        return await self._written(self._database.transact, operation)
+
+    def counted(self, owner: str | None, change: Usage) -> None:
+        if change.bytes >= 0 and change.rows >= 0:
+            self.quota.stored(owner, change)
+        else:
+            self.quota.deleted(owner, Usage() - change)
 
     async def load_chain(self, response_id: str, owner: str | None) -> Chain | None:
         newest_first = await self._read(self._database.chain, response_id, owner)

@@ -1,0 +1,403 @@
+"""Conversations: durable, ordered lists of items owned by an API key (`/v1/conversations`).
+
+This module owns the two tables of a conversation (`conversations`, `conversation_items`)
+and every statement on them, for SQLite and PostgreSQL alike: a statement is written
+once with `:name` parameters and runs on either database (`Pyformat` turns it into
+psycopg's style). The operations run on the store's writer thread inside one
+transaction each (`Database.transact`, through `BackgroundStore.conversations`), so a
+conversation's items and the responses that append to it share one writer and one
+commit order.
+
+Items are ordered by `position`, given from the conversation's `next_position` and
+never reused. Each item also keeps `ordinal`, its place among the live items when it
+was added: while no earlier item has been deleted since, its place now equals it. That
+is how the rendered-token cache knows which prefix of a conversation it still holds
+(`History.valid_until`): the items a response appended end at an item marked
+`ends_turn`, and the checkpoint cached under that response's id renders exactly the
+conversation up to that item while the item's ordinal still holds.
+
+What a key stores here counts towards its storage quota (`quota.py`): a conversation's
+metadata and each item's JSON, one row each.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from hotloop.store.quota import Usage
+
+MAX_ITEMS_PER_REQUEST = 20
+"""Items one `POST /v1/conversations` or `.../items` may add (OpenAI's bound)."""
+
+# The tables, as each database spells them (a migration of each store appends them).
+SQLITE_TABLES = (
+    """CREATE TABLE conversations (
+        id TEXT PRIMARY KEY,
+        owner TEXT,
+        created_at INTEGER NOT NULL,
+        metadata BLOB NOT NULL,
+        next_position INTEGER NOT NULL DEFAULT 0,
+        item_count INTEGER NOT NULL DEFAULT 0
+    )""",
+    """CREATE TABLE conversation_items (
+        conversation_id TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        id TEXT NOT NULL,
+        item BLOB NOT NULL,
+        response_id TEXT,
+        ends_turn INTEGER NOT NULL DEFAULT 0,
+        ordinal INTEGER NOT NULL,
+        PRIMARY KEY (conversation_id, position)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX conversation_items_by_id ON conversation_items (conversation_id, id)",
+)
+POSTGRES_TABLES = (
+    """CREATE TABLE conversations (
+        id text PRIMARY KEY,
+        owner text,
+        created_at bigint NOT NULL,
+        metadata bytea NOT NULL,
+        next_position bigint NOT NULL DEFAULT 0,
+        item_count bigint NOT NULL DEFAULT 0
+    )""",
+    """CREATE TABLE conversation_items (
+        conversation_id text NOT NULL,
+        position bigint NOT NULL,
+        id text NOT NULL,
+        item bytea NOT NULL,
+        response_id text,
+        ends_turn integer NOT NULL DEFAULT 0,
+        ordinal bigint NOT NULL,
+        PRIMARY KEY (conversation_id, position)
+    )""",
+    "CREATE INDEX conversation_items_by_id ON conversation_items (conversation_id, id)",
+)
+
+# What each key's conversations hold (`records.USAGE_QUERY` adds it to the responses').
+USAGE_PARTS = """
+    UNION ALL
+    SELECT owner, length(metadata), 1 FROM conversations WHERE owner IS NOT NULL
+    UNION ALL
+    SELECT c.owner, length(i.item), 1
+    FROM conversation_items AS i JOIN conversations AS c ON c.id = i.conversation_id
+    WHERE c.owner IS NOT NULL
+"""
+
+_OWNED = "id = :id AND (CAST(:owner AS TEXT) IS NULL OR owner = :owner)"
+_ITEM_COLUMNS = "position, id, item, response_id, ends_turn, ordinal"
+
+
+class Cursor(Protocol):
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Sql(Protocol):
+    """A transaction's statements with `:name` parameters (sqlite3's connection as is)."""
+
+    def execute(self, sql: str, parameters: dict[str, Any] = ..., /) -> Cursor: ...
+
+
+class Pyformat:
+    """A psycopg cursor behind `Sql`: `:name` becomes `%(name)s`."""
+
+    _NAMED = re.compile(r"(?<!:):(\w+)")
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    def execute(self, sql: str, parameters: dict[str, Any] | None = None) -> Cursor:
+        self._cursor.execute(self._NAMED.sub(r"%(\1)s", sql), parameters or {})
+        cursor: Cursor = self._cursor
+        return cursor
+
+
+@dataclass(frozen=True)
+class ConversationRecord:
+    id: str
+    owner: str | None
+    created_at: int
+    metadata: bytes
+
+    def to_json(self) -> bytes:
+        """The SDK's `Conversation`."""
+        return orjson.dumps(
+            {
+                "id": self.id,
+                "object": "conversation",
+                "created_at": self.created_at,
+                "metadata": orjson.loads(self.metadata),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    position: int
+    id: str
+    item: bytes
+    response_id: str | None
+    ends_turn: bool
+    ordinal: int
+
+
+@dataclass(frozen=True)
+class History:
+    """A conversation's live items in order, as a turn on it reads them."""
+
+    items: list[StoredItem]
+
+    def valid_until(self) -> int:
+        """How many leading items are as they were when each was added (no item before
+        them deleted since): the prefix a cached checkpoint may still hold."""
+        for place, item in enumerate(self.items, 1):
+            if item.ordinal != place:
+                return place - 1
+        return len(self.items)
+
+    def turn_ends(self) -> list[tuple[int, str]]:
+        """(items up to and including it, response id) of every item that ended a
+        response's appended items within the valid prefix, newest first."""
+        valid = self.valid_until()
+        return [
+            (place, item.response_id)
+            for place, item in enumerate(self.items[:valid], 1)
+            if item.ends_turn and item.response_id is not None
+        ][::-1]
+
+
+NewItem = tuple[str, bytes]
+"""An item to add: its id and its JSON (wire form)."""
+
+
+def _conversation(sql: Sql, conversation_id: str, owner: str | None) -> ConversationRecord | None:
+    row = sql.execute(
+        f"SELECT id, owner, created_at, metadata FROM conversations WHERE {_OWNED}",
+        {"id": conversation_id, "owner": owner},
+    ).fetchone()
+    if row is None:
+        return None
+    return ConversationRecord(row[0], row[1], int(row[2]), bytes(row[3]))
+
+
+def _append(
+    sql: Sql,
+    conversation_id: str,
+    items: Sequence[NewItem],
+    response_id: str | None,
+) -> None:
+    row = sql.execute(
+        "SELECT next_position, item_count FROM conversations WHERE id = :id",
+        {"id": conversation_id},
+    ).fetchone()
+    position, count = int(row[0]), int(row[1])
+    for index, (item_id, item) in enumerate(items):
+        sql.execute(
+            f"INSERT INTO conversation_items (conversation_id, {_ITEM_COLUMNS}) VALUES"
+            " (:conversation_id, :position, :id, :item, :response_id, :ends_turn, :ordinal)",
+            {
+                "conversation_id": conversation_id,
+                "position": position + index,
+                "id": item_id,
+                "item": item,
+                "response_id": response_id,
+                "ends_turn": int(response_id is not None and index == len(items) - 1),
+                "ordinal": count + index + 1,
+            },
+        )
+    sql.execute(
+        "UPDATE conversations SET next_position = :next, item_count = :count WHERE id = :id",
+        {"id": conversation_id, "next": position + len(items), "count": count + len(items)},
+    )
+
+
+def added_usage(items: Sequence[NewItem]) -> Usage:
+    return Usage(sum(len(item) for _, item in items), len(items))
+
+
+def create(record: ConversationRecord, items: Sequence[NewItem]) -> Callable[[Sql], None]:
+    def run(sql: Sql) -> None:
+        sql.execute(
+            "INSERT INTO conversations (id, owner, created_at, metadata)"
+            " VALUES (:id, :owner, :created_at, :metadata)",
+            {
+                "id": record.id,
+                "owner": record.owner,
+                "created_at": record.created_at,
+                "metadata": record.metadata,
+            },
+        )
+        _append(sql, record.id, items, None)
+
+    return run
+
+
+def get(conversation_id: str, owner: str | None) -> Callable[[Sql], ConversationRecord | None]:
+    return lambda sql: _conversation(sql, conversation_id, owner)
+
+
+def update(
+    conversation_id: str, owner: str | None, metadata: bytes
+) -> Callable[[Sql], tuple[ConversationRecord, int] | None]:
+    """The updated record and how many bytes its metadata grew by."""
+
+    def run(sql: Sql) -> tuple[ConversationRecord, int] | None:
+        found = _conversation(sql, conversation_id, owner)
+        if found is None:
+            return None
+        sql.execute(
+            "UPDATE conversations SET metadata = :metadata WHERE id = :id",
+            {"id": conversation_id, "metadata": metadata},
+        )
+        updated = ConversationRecord(found.id, found.owner, found.created_at, metadata)
+        return updated, len(metadata) - len(found.metadata)
+
+    return run
+
+
+def delete(conversation_id: str, owner: str | None) -> Callable[[Sql], Usage | None]:
+    """What the conversation and its items held, or None if it is not `owner`'s."""
+
+    def run(sql: Sql) -> Usage | None:
+        found = _conversation(sql, conversation_id, owner)
+        if found is None:
+            return None
+        row = sql.execute(
+            "SELECT coalesce(sum(length(item)), 0), count(*) FROM conversation_items"
+            " WHERE conversation_id = :id",
+            {"id": conversation_id},
+        ).fetchone()
+        sql.execute(
+            "DELETE FROM conversation_items WHERE conversation_id = :id", {"id": conversation_id}
+        )
+        sql.execute("DELETE FROM conversations WHERE id = :id", {"id": conversation_id})
+        return Usage(len(found.metadata) + int(row[0]), 1 + int(row[1]))
+
+    return run
+
+
+def add(
+    conversation_id: str, owner: str | None, items: Sequence[NewItem], response_id: str | None
+) -> Callable[[Sql], bool]:
+    """Append `items` (a response's when `response_id` is given); False when the
+    conversation is not `owner`'s (or was deleted meanwhile)."""
+
+    def run(sql: Sql) -> bool:
+        if _conversation(sql, conversation_id, owner) is None:
+            return False
+        _append(sql, conversation_id, items, response_id)
+        return True
+
+    return run
+
+
+def page(
+    conversation_id: str,
+    owner: str | None,
+    *,
+    ascending: bool,
+    limit: int,
+    after: str | None,
+) -> Callable[[Sql], tuple[list[bytes], bool] | None]:
+    """A page of items (JSON) and whether more follow; None if not `owner`'s."""
+
+    def run(sql: Sql) -> tuple[list[bytes], bool] | None:
+        if _conversation(sql, conversation_id, owner) is None:
+            return None
+        bound = -1 if ascending else 2**62
+        if after is not None:
+            found = sql.execute(
+                "SELECT position FROM conversation_items WHERE conversation_id = :id AND"
+                " id = :item",
+                {"id": conversation_id, "item": after},
+            ).fetchone()
+            if found is None:
+                return [], False
+            bound = int(found[0])
+        comparison, order = (">", "ASC") if ascending else ("<", "DESC")
+        rows = sql.execute(
+            "SELECT item FROM conversation_items WHERE conversation_id = :id AND"
+            f" position {comparison} :bound ORDER BY position {order} LIMIT :limit",
+            {"id": conversation_id, "bound": bound, "limit": limit + 1},
+        ).fetchall()
+        items = [bytes(row[0]) for row in rows]
+        return items[:limit], len(items) > limit
+
+    return run
+
+
+def item(conversation_id: str, owner: str | None, item_id: str) -> Callable[[Sql], bytes | None]:
+    def run(sql: Sql) -> bytes | None:
+        if _conversation(sql, conversation_id, owner) is None:
+            return None
+        row = sql.execute(
+            "SELECT item FROM conversation_items WHERE conversation_id = :id AND id = :item",
+            {"id": conversation_id, "item": item_id},
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    return run
+
+
+def delete_item(
+    conversation_id: str, owner: str | None, item_id: str
+) -> Callable[[Sql], tuple[ConversationRecord, Usage] | None]:
+    """The conversation and what the deleted item held; None if either is missing."""
+
+    def run(sql: Sql) -> tuple[ConversationRecord, Usage] | None:
+        found = _conversation(sql, conversation_id, owner)
+        if found is None:
+            return None
+        row = sql.execute(
+            "SELECT position, length(item) FROM conversation_items"
+            " WHERE conversation_id = :id AND id = :item",
+            {"id": conversation_id, "item": item_id},
+        ).fetchone()
+        if row is None:
+            return None
+        sql.execute(
+            "DELETE FROM conversation_items WHERE conversation_id = :id AND position = :position",
+            {"id": conversation_id, "position": int(row[0])},
+        )
+        sql.execute(
+            "UPDATE conversations SET item_count = item_count - 1 WHERE id = :id",
+            {"id": conversation_id},
+        )
+        return found, Usage(int(row[1]), 1)
+
+    return run
+
+
+def history(conversation_id: str, owner: str | None) -> Callable[[Sql], History | None]:
+    def run(sql: Sql) -> History | None:
+        if _conversation(sql, conversation_id, owner) is None:
+            return None
+        rows = sql.execute(
+            f"SELECT {_ITEM_COLUMNS} FROM conversation_items WHERE conversation_id = :id"
+            " ORDER BY position",
+            {"id": conversation_id},
+        ).fetchall()
+        return History(
+            [StoredItem(int(r[0]), r[1], bytes(r[2]), r[3], bool(r[4]), int(r[5])) for r in rows]
+        )
+
+    return run
+
+
+__all__ = [
+    "MAX_ITEMS_PER_REQUEST",
+    "POSTGRES_TABLES",
+    "SQLITE_TABLES",
+    "USAGE_PARTS",
+    "ConversationRecord",
+    "History",
+    "NewItem",
+    "Pyformat",
+    "Sql",
+    "StoredItem",
+]

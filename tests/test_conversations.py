@@ -1,0 +1,276 @@
+"""`/v1/conversations` and `conversation=` on responses, with the real openai SDK, on
+SQLite and on PostgreSQL (a real server from `pg_server.py`): every object validated
+with the SDK's models, strictly; turns over HTTP (JSON and SSE) and WebSocket append
+their items; the rendered-token cache serves the next turn and re-renders only from
+the first changed item (`hotloop_conversation_items_rendered_total`); and the hostile
+cases: another key's conversation, unknown ids, 21 items, malformed items, and
+`conversation` with `previous_response_id`."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop.engines.sim import SimScript
+from hotloop.store.sqlite import FILE_NAME, MIGRATIONS, SCHEMA_VERSION
+from openai import BadRequestError, NotFoundError, OpenAI
+from openai.types.conversations import (
+    Conversation,
+    ConversationDeletedResource,
+    ConversationItem,
+    ConversationItemList,
+)
+from openai.types.responses import Response
+from pg_server import PostgresServer
+from pydantic import TypeAdapter
+from servers import Validating, serving, sim_engine
+
+KEY, OTHER = "sk-conv-one", "sk-conv-two"
+SCRIPT = SimScript(text="Noted.")
+ITEM = TypeAdapter(ConversationItem)
+
+
+def strict(model: Any, data: Any) -> Any:
+    return model.model_validate(data.model_dump(mode="json"), strict=True)
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+def base_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    if request.param == "sqlite":
+        store: dict[str, str] = {"data_dir": str(tmp_path_factory.mktemp("conversations"))}
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        store = {"store": server.fresh_database()}
+    with served(api_keys=(KEY, OTHER), **store) as url:
+        yield url + "/v1"
+
+
+@contextmanager
+def served(**config: Any) -> Iterator[str]:
+    """The whole server (HTTP routes, WebSocket mode, the store) over the sim engine;
+    every WebSocket frame it sent valid for the SDK."""
+    checked = Validating(build_app(sim_engine(SCRIPT), ServerConfig(engine="sim", **config)))
+    with serving(checked) as url:
+        yield url
+    assert checked.invalid == []
+
+
+@pytest.fixture
+def client(base_url: str) -> OpenAI:
+    return OpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+
+
+def rendered_items(base_url: str) -> int:
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
+    found = re.search(r"^hotloop_conversation_items_rendered_total (\S+)$", text, re.M)
+    assert found is not None
+    return int(float(found.group(1)))
+
+
+def all_items(client: OpenAI, conversation_id: str) -> list[Any]:
+    page = client.conversations.items.list(conversation_id, order="asc", limit=100)
+    strict(ConversationItemList, page)
+    return list(page.data)
+
+
+def test_conversation_lifecycle(client: OpenAI) -> None:
+    created = client.conversations.create(
+        items=[user("hello"), {"role": "assistant", "content": "hi"}],
+        metadata={"topic": "tests"},
+    )
+    strict(Conversation, created)
+    assert created.id.startswith("conv_") and created.metadata == {"topic": "tests"}
+    assert strict(Conversation, client.conversations.retrieve(created.id)) == created
+    updated = client.conversations.update(created.id, metadata={"topic": "more"})
+    assert updated.metadata == {"topic": "more"} and updated.id == created.id
+
+    items = all_items(client, created.id)
+    assert [i.role for i in items] == ["user", "assistant"]  # type: ignore[union-attr]
+    assert items[0].id.startswith("msg_")
+    added = client.conversations.items.create(
+        created.id, items=[user("one"), user("two")], include=["message.output_text.logprobs"]
+    )
+    strict(ConversationItemList, added)
+    assert [i.content[0].text for i in added.data] == ["one", "two"]  # type: ignore[union-attr]
+    one = client.conversations.items.retrieve(added.data[0].id, conversation_id=created.id)
+    ITEM.validate_python(one.model_dump(mode="json"), strict=True)
+    assert one.id == added.data[0].id
+
+    # Pages: newest first by default, `after` an item id, `has_more`.
+    first = client.conversations.items.list(created.id, limit=3)
+    assert [i.id for i in first.data] == [i.id for i in [*items, *added.data]][::-1][:3]
+    assert first.has_more
+    rest = client.conversations.items.list(created.id, limit=3, after=first.data[-1].id)
+    assert [i.id for i in rest.data] == [items[0].id] and not rest.has_more
+
+    after_delete = client.conversations.items.delete(added.data[0].id, conversation_id=created.id)
+    strict(Conversation, after_delete)
+    assert [i.id for i in all_items(client, created.id)] == [
+        items[0].id,
+        items[1].id,
+        added.data[1].id,
+    ]
+    with pytest.raises(NotFoundError):
+        client.conversations.items.retrieve(added.data[0].id, conversation_id=created.id)
+
+    deleted = client.conversations.delete(created.id)
+    strict(ConversationDeletedResource, deleted)
+    assert deleted.deleted and deleted.id == created.id
+    with pytest.raises(NotFoundError):
+        client.conversations.retrieve(created.id)
+    with pytest.raises(NotFoundError):
+        client.conversations.items.list(created.id)
+
+
+def test_responses_append_to_the_conversation(client: OpenAI, base_url: str) -> None:
+    conversation = client.conversations.create(items=[user("remember 7")])
+    first = client.responses.create(model="sim", input="what number?", conversation=conversation.id)
+    strict(Response, first)
+    assert first.conversation is not None and first.conversation.id == conversation.id
+    items = all_items(client, conversation.id)
+    assert [i.type for i in items] == ["message", "message", "message"]
+    assert items[-1].id == first.output[0].id and items[-1].role == "assistant"  # type: ignore[union-attr]
+    assert first.usage is not None
+
+    # The next turn continues the cached state: nothing rendered from the store, and
+    # the whole first turn (its prompt and its output) is served from the cache.
+    before = rendered_items(base_url)
+    second = client.responses.create(
+        model="sim", input=[user("and again?")], conversation={"id": conversation.id}
+    )
+    assert rendered_items(base_url) == before
+    assert second.usage is not None
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert cached >= first.usage.input_tokens + first.usage.output_tokens - 1
+
+    # Streaming (SSE): the same, and the terminal event's Response names it.
+    with client.responses.stream(
+        model="sim", input="streamed", conversation=conversation.id
+    ) as stream:
+        final = stream.get_final_response()
+    assert final.conversation is not None and final.conversation.id == conversation.id
+    assert rendered_items(base_url) == before
+    texts = [i.content[0].text for i in all_items(client, conversation.id)]  # type: ignore[union-attr]
+    assert texts == [
+        "remember 7",
+        "what number?",
+        "Noted.",
+        "and again?",
+        "Noted.",
+        "streamed",
+        "Noted.",
+    ]
+
+
+def test_changed_conversation_re_renders_from_the_first_changed_item(
+    client: OpenAI, base_url: str
+) -> None:
+    conversation = client.conversations.create(items=[user("a"), user("b")])
+    client.responses.create(model="sim", input="c", conversation=conversation.id)
+    client.responses.create(model="sim", input="d", conversation=conversation.id)
+    # Items added after the last turn: only they are rendered.
+    client.conversations.items.create(conversation.id, items=[user("e"), user("f")])
+    before = rendered_items(base_url)
+    client.responses.create(model="sim", input="g", conversation=conversation.id)
+    assert rendered_items(base_url) == before + 2
+    # An item of the second turn deleted: re-rendered from the end of the first turn
+    # (its checkpoint is still valid), not from scratch.
+    items = all_items(client, conversation.id)
+    assert [i.content[0].text for i in items][:6] == ["a", "b", "c", "Noted.", "d", "Noted."]  # type: ignore[union-attr]
+    client.conversations.items.delete(items[4].id, conversation_id=conversation.id)
+    before = rendered_items(base_url)
+    client.responses.create(model="sim", input="h", conversation=conversation.id)
+    # Left after the first turn's 4 items: its answer to d, e, f, g and its answer.
+    assert rendered_items(base_url) == before + len(items) - 1 - 4
+
+
+def test_websocket_turn_on_a_conversation(client: OpenAI) -> None:
+    conversation = client.conversations.create()
+    with client.responses.connect() as connection:
+        for text in ("first", "second"):
+            connection.response.create(model="sim", input=text, conversation=conversation.id)
+            for event in connection:
+                if event.type in ("response.completed", "response.failed", "error"):
+                    break
+            assert event.type == "response.completed", event
+            assert event.response.conversation is not None
+            assert event.response.conversation.id == conversation.id
+        connection.response.create(model="sim", input="x", conversation="conv_unknown")
+        for event in connection:
+            if event.type in ("response.completed", "error"):
+                break
+        assert event.type == "error" and event.error.code == "not_found"
+    texts = [i.content[0].text for i in all_items(client, conversation.id)]  # type: ignore[union-attr]
+    assert texts == ["first", "Noted.", "second", "Noted."]
+
+
+def test_hostile_requests(client: OpenAI, base_url: str) -> None:
+    conversation = client.conversations.create(items=[user("mine")])
+    item_id = all_items(client, conversation.id)[0].id
+    other = OpenAI(base_url=base_url, api_key=OTHER, max_retries=0)
+    # Another key's conversation is unknown to it, on every route.
+    for call in (
+        lambda: other.conversations.retrieve(conversation.id),
+        lambda: other.conversations.update(conversation.id, metadata={"a": "b"}),
+        lambda: other.conversations.delete(conversation.id),
+        lambda: other.conversations.items.list(conversation.id),
+        lambda: other.conversations.items.create(conversation.id, items=[user("x")]),
+        lambda: other.conversations.items.retrieve(item_id, conversation_id=conversation.id),
+        lambda: other.conversations.items.delete(item_id, conversation_id=conversation.id),
+        lambda: other.responses.create(model="sim", input="x", conversation=conversation.id),
+    ):
+        with pytest.raises(NotFoundError) as refused:
+            call()
+        assert refused.value.body["code"] == "not_found"  # type: ignore[index]
+    assert len(all_items(client, conversation.id)) == 1
+    with pytest.raises(NotFoundError):
+        client.conversations.retrieve("conv_unknown")
+    with pytest.raises(NotFoundError):
+        client.conversations.items.retrieve("msg_unknown", conversation_id=conversation.id)
+    with pytest.raises(BadRequestError) as too_many:
+        client.conversations.create(items=[user(str(i)) for i in range(21)])
+    assert too_many.value.body["code"] == "array_above_max_length"  # type: ignore[index]
+    with pytest.raises(BadRequestError) as too_many:
+        client.conversations.items.create(conversation.id, items=[user("x")] * 21)
+    assert too_many.value.body["param"] == "items"  # type: ignore[index]
+    with pytest.raises(BadRequestError) as malformed:
+        client.conversations.items.create(
+            conversation.id, items=[user("fine"), {"type": "message", "role": "user", "content": 5}]
+        )
+    assert malformed.value.body["param"].startswith("items[1]")  # type: ignore[index]
+    with pytest.raises(BadRequestError) as both:
+        client.responses.create(
+            model="sim", input="x", conversation=conversation.id, previous_response_id="resp_x"
+        )
+    assert both.value.body["code"] == "mutually_exclusive_parameters"  # type: ignore[index]
+    assert len(all_items(client, conversation.id)) == 1
+
+
+def test_an_existing_store_gains_the_conversation_tables(tmp_path: Path) -> None:
+    # A database at the schema before conversations, with a stored response in it.
+    with sqlite3.connect(tmp_path / FILE_NAME) as db:
+        for statements in MIGRATIONS[: SCHEMA_VERSION - 1]:
+            for statement in statements:
+                db.execute(statement)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
+    with served(api_keys=(KEY,), data_dir=str(tmp_path)) as url:
+        client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        conversation = client.conversations.create(items=[user("hi")])
+        client.responses.create(model="sim", input="more", conversation=conversation.id)
+        assert len(all_items(client, conversation.id)) == 3
+    with sqlite3.connect(tmp_path / FILE_NAME) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
