@@ -180,22 +180,31 @@ def test_changed_conversation_re_renders_from_the_first_changed_item(
     client: OpenAI, base_url: str
 ) -> None:
     conversation = client.conversations.create(items=[user("a"), user("b")])
-    client.responses.create(model="sim", input="c", conversation=conversation.id)
-    client.responses.create(model="sim", input="d", conversation=conversation.id)
-    # Items added after the last turn: only they are rendered.
+    first = client.responses.create(model="sim", input="c", conversation=conversation.id)
+    second = client.responses.create(model="sim", input="d", conversation=conversation.id)
+    # Items added after the last turn: only they are rendered, and the usage counts
+    # them as rendered this turn, not as cached.
     client.conversations.items.create(conversation.id, items=[user("e"), user("f")])
     before = rendered_items(base_url)
-    client.responses.create(model="sim", input="g", conversation=conversation.id)
+    third = client.responses.create(model="sim", input="g", conversation=conversation.id)
     assert rendered_items(base_url) == before + 2
+    assert first.usage is not None and second.usage is not None and third.usage is not None
+    assert third.usage.input_tokens_details.cached_tokens == (
+        second.usage.input_tokens + second.usage.output_tokens
+    )
     # An item of the second turn deleted: re-rendered from the end of the first turn
     # (its checkpoint is still valid), not from scratch.
     items = all_items(client, conversation.id)
     assert [i.content[0].text for i in items][:6] == ["a", "b", "c", "Noted.", "d", "Noted."]  # type: ignore[union-attr]
     client.conversations.items.delete(items[4].id, conversation_id=conversation.id)
     before = rendered_items(base_url)
-    client.responses.create(model="sim", input="h", conversation=conversation.id)
+    fourth = client.responses.create(model="sim", input="h", conversation=conversation.id)
     # Left after the first turn's 4 items: its answer to d, e, f, g and its answer.
     assert rendered_items(base_url) == before + len(items) - 1 - 4
+    assert fourth.usage is not None
+    assert fourth.usage.input_tokens_details.cached_tokens == (
+        first.usage.input_tokens + first.usage.output_tokens
+    )
 
 
 def test_websocket_turn_on_a_conversation(client: OpenAI) -> None:

@@ -226,7 +226,7 @@ class Ledger:
         fields = orjson.loads(request.response_fields_json)
         compactor = self.compactor.bound(owner)
 
-        def render() -> Checkpoint | None:
+        def render() -> tuple[Checkpoint, int] | None:
             conversation = (
                 Conversation(
                     self.engine.chat_format,
@@ -236,6 +236,7 @@ class Ledger:
                 if checkpoint is None
                 else checkpoint.fork()
             )
+            held = conversation.token_count
             if rest:
                 items = b"[" + b",".join(item.item for item in rest) + b"]"
                 try:
@@ -247,13 +248,13 @@ class Ledger:
                 except (CoreError, ProtocolError) as e:
                     log.warning("conversation %s no longer renders: %s", conversation_id, e.message)
                     return None
-            return conversation.checkpoint()
+            return conversation.checkpoint(), conversation.token_count - held
 
         # Rendering many items takes long: in a worker thread, as a chain's rebuild.
         rendered = await asyncio.to_thread(render) if rest else render()
         self.metrics.conversation_items_rendered.inc(len(rest))
         if rendered is not None:
-            cache.put(conversation_id, rendered, None, conversation_id)
+            cache.put(conversation_id, rendered[0], None, conversation_id, rendered[1])
 
     def _rebuild(
         self, response_id: str, chain: Chain, owner: str | None

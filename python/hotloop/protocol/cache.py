@@ -38,6 +38,9 @@ class CachedResponse:
     lane: str | None
     memory_bytes: int
     root: str
+    fresh_tokens: int = 0
+    """Tokens of the state rendered when it was put rather than served from an earlier
+    one (a conversation's items rendered to start its turn): not cached for that turn."""
 
 
 class CacheBudget:
@@ -139,10 +142,17 @@ class ConnectionCache:
             self._budget.touch(self, response_id)
         return entry
 
-    def put(self, response_id: str, checkpoint: Checkpoint, lane: str | None, root: str) -> None:
+    def put(
+        self,
+        response_id: str,
+        checkpoint: Checkpoint,
+        lane: str | None,
+        root: str,
+        fresh_tokens: int = 0,
+    ) -> None:
         size = checkpoint.memory_bytes
         self.evict(response_id)  # a re-put replaces: its old size must not stay counted
-        self._entries[response_id] = CachedResponse(checkpoint, lane, size, root)
+        self._entries[response_id] = CachedResponse(checkpoint, lane, size, root, fresh_tokens)
         self.used_bytes += size
         # The newest entry always stays: the response just sent must be continuable.
         while self.used_bytes > self.max_bytes and len(self._entries) > 1:
@@ -150,6 +160,11 @@ class ConnectionCache:
             self.evictions += 1
             self._budget.evictions += 1
         self._budget.admit(self, response_id, size)
+
+    def fresh_tokens(self, response_id: str) -> int:
+        """The entry's `fresh_tokens` (0 when there is none), not counted as a lookup."""
+        entry = self._entries.get(response_id)
+        return 0 if entry is None else entry.fresh_tokens
 
     def evict(self, response_id: str) -> None:
         entry = self._entries.pop(response_id, None)

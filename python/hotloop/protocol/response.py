@@ -102,6 +102,8 @@ class Rendering:
     root: str | None
     """The chain's first response id; None for a new chain (it is the new response)."""
     cancelled: bool = False
+    fresh_tokens: int = 0
+    """The parent's tokens rendered for this turn (`CachedResponse.fresh_tokens`)."""
 
     def refused(self, error: CoreError) -> None:
         """The core refused the new items: the request is refused."""
@@ -220,6 +222,9 @@ class Response:
     """Where the current model turn's items start in `events.output`."""
     segments: list[TurnSegment] = field(default_factory=list)
     """A stored long-running response's model turns that input followed, for the store."""
+    fresh_tokens: int = 0
+    """The parent's tokens rendered for this turn, not served from the cache: a
+    conversation's items rendered from the store to start it."""
 
     @classmethod
     def open(cls, rendering: Rendering, events: ResponseEvents, turn: Turn) -> Response:
@@ -239,6 +244,7 @@ class Response:
             evicts_parent=rendering.evicts_parent,
             overhead_ns=0,
             root=rendering.root or events.response_id,
+            fresh_tokens=rendering.fresh_tokens,
         )
 
     @property
@@ -402,6 +408,8 @@ class Response:
         spent = self.spent
         fresh = self.resumed is None and (self.parent is None or spent is not None)
         cached = 0 if fresh else turn.cached_tokens
+        if self.resumed is None:
+            cached = max(0, cached - self.fresh_tokens)
         usage = Usage(
             input_tokens=turn.prompt_tokens,
             cached_tokens=cached,
