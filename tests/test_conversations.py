@@ -21,7 +21,7 @@ from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript
 from hotloop.store.sqlite import FILE_NAME, MIGRATIONS, SCHEMA_VERSION
-from openai import BadRequestError, NotFoundError, OpenAI
+from openai import BadRequestError, NotFoundError, OpenAI, RateLimitError
 from openai.types.conversations import (
     Conversation,
     ConversationDeletedResource,
@@ -283,3 +283,38 @@ def test_an_existing_store_gains_the_conversation_tables(tmp_path: Path) -> None
         assert len(all_items(client, conversation.id)) == 3
     with sqlite3.connect(tmp_path / FILE_NAME) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    # Restarted, with nothing cached: the next turn renders the items from the store.
+    with served(api_keys=(KEY,), data_dir=str(tmp_path)) as url:
+        client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        again = client.responses.create(model="sim", input="last", conversation=conversation.id)
+        assert again.usage is not None and again.usage.input_tokens_details.cached_tokens == 0
+        assert rendered_items(url + "/v1") == 3
+        texts = [i.content[0].text for i in all_items(client, conversation.id)]  # type: ignore[union-attr]
+        assert texts == ["hi", "more", "Noted.", "last", "Noted."]
+
+
+def test_conversations_count_in_the_storage_quota(tmp_path: Path) -> None:
+    # Rows: the conversation, then one per item; at the bound, nothing more is added.
+    with served(api_keys=(KEY, OTHER), data_dir=str(tmp_path), store_quota_rows=3) as url:
+        client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        conversation = client.conversations.create(items=[user("a")])
+        client.conversations.items.create(conversation.id, items=[user("b")])
+        with pytest.raises(RateLimitError) as refused:
+            client.conversations.items.create(conversation.id, items=[user("c")])
+        assert refused.value.body["code"] == "insufficient_quota"  # type: ignore[index]
+        with pytest.raises(RateLimitError):
+            client.conversations.create()
+        with pytest.raises(RateLimitError):
+            client.responses.create(
+                model="sim", input="x", conversation=conversation.id, store=False
+            )
+        # Another key is not bound by this one's usage.
+        OpenAI(base_url=url + "/v1", api_key=OTHER, max_retries=0).conversations.create()
+        # Deleting gives the rows back.
+        client.conversations.delete(conversation.id)
+        client.conversations.create(items=[user("again")])
+    # Counted from the database on the next start.
+    with served(api_keys=(KEY,), data_dir=str(tmp_path), store_quota_rows=2) as url:
+        client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(RateLimitError):
+            client.conversations.create()

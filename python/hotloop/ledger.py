@@ -198,7 +198,7 @@ class Ledger:
         """Put the state of `request`'s conversation in `cache` under the conversation's
         id, ready for the request to extend: the newest checkpoint the cache holds of a
         response on it whose items are still as they were (the conversation's items up
-        to that response's last one: `History.turn_ends`), forked, and the items after
+        to that response's last one: `conversations.turn_ends`), forked, and the items after
         it rendered; without one, every item rendered from the store. A conversation
         changed through its items API is so re-rendered from the end of the last
         response before the first changed item, never from scratch while a checkpoint
@@ -211,18 +211,20 @@ class Ledger:
         cache.evict(conversation_id)  # its state of an earlier turn may be stale
         if self.store is None:
             return
-        history = await self.store.conversations(
-            conversation_tables.history(conversation_id, owner)
-        )
+        # The reader asks whether the cache holds a response's state: a dict lookup,
+        # safe from the store's thread; an entry evicted meanwhile is read again.
+        read = conversation_tables.history(conversation_id, owner, cache.__contains__)
+        history = await self.store.conversations(read)
+        cached = None
+        if history is not None and history.response_id is not None:
+            cached = cache.get(history.response_id)
+            if cached is None:
+                read = conversation_tables.history(conversation_id, owner, lambda _: False)
+                history = await self.store.conversations(read)
         if history is None:
             return
-        start, checkpoint = 0, None
-        for place, response_id in history.turn_ends():
-            cached = cache.get(response_id) if response_id in cache else None
-            if cached is not None:
-                start, checkpoint = place, cached.checkpoint
-                break
-        rest = history.items[start:]
+        checkpoint = None if cached is None else cached.checkpoint
+        rest = history.rest
         fields = orjson.loads(request.response_fields_json)
         compactor = self.compactor.bound(owner)
 
@@ -238,7 +240,7 @@ class Ledger:
             )
             held = conversation.token_count
             if rest:
-                items = b"[" + b",".join(item.item for item in rest) + b"]"
+                items = b"[" + b",".join(rest) + b"]"
                 try:
                     conversation.append_items(
                         compactor.expand_items(items).decode(),

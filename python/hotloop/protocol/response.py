@@ -73,8 +73,10 @@ class Settings:
 
     def over_quota(self, request: CreateRequest) -> ProtocolError | None:
         """The refusal of a `store=true` request (a warm-up too: it is stored like any
-        other) from a key at its storage quota."""
-        if not (request.store and self.durable and self.storage_refusal is not None):
+        other), or of a turn on a conversation (it appends to it), from a key at its
+        storage quota."""
+        stores = request.store or request.conversation is not None
+        if not (stores and self.durable and self.storage_refusal is not None):
             return None
         message = self.storage_refusal(self.principal)
         if message is None:

@@ -12,7 +12,7 @@ Items are ordered by `position`, given from the conversation's `next_position` a
 never reused. Each item also keeps `ordinal`, its place among the live items when it
 was added: while no earlier item has been deleted since, its place now equals it. That
 is how the rendered-token cache knows which prefix of a conversation it still holds
-(`History.valid_until`): the items a response appended end at an item marked
+(`turn_ends`): the items a response appended end at an item marked
 `ends_turn`, and the checkpoint cached under that response's id renders exactly the
 conversation up to that item while the item's ordinal still holds.
 
@@ -89,7 +89,6 @@ USAGE_PARTS = """
 """
 
 _OWNED = "id = :id AND (CAST(:owner AS TEXT) IS NULL OR owner = :owner)"
-_ITEM_COLUMNS = "position, id, item, response_id, ends_turn, ordinal"
 
 
 class Cursor(Protocol):
@@ -137,38 +136,37 @@ class ConversationRecord:
 
 
 @dataclass(frozen=True)
-class StoredItem:
+class ItemPlace:
+    """Where one live item stands, without its JSON: what a turn reads of every item."""
+
     position: int
-    id: str
-    item: bytes
     response_id: str | None
     ends_turn: bool
     ordinal: int
 
 
+def turn_ends(places: Sequence[ItemPlace]) -> list[tuple[int, int, str]]:
+    """(items up to and including it, its position, response id) of every item that
+    ended a response's appended items and that is still where it was added (no item
+    before it deleted since: `ordinal`), newest first."""
+    ends: list[tuple[int, int, str]] = []
+    for count, place in enumerate(places, 1):
+        if place.ordinal != count:
+            break
+        if place.ends_turn and place.response_id is not None:
+            ends.append((count, place.position, place.response_id))
+    return ends[::-1]
+
+
 @dataclass(frozen=True)
 class History:
-    """A conversation's live items in order, as a turn on it reads them."""
+    """What a turn on a conversation reads of it: the response whose cached state it
+    starts from (None: from nothing), how many items that state holds, and the JSON of
+    the items after them, in order."""
 
-    items: list[StoredItem]
-
-    def valid_until(self) -> int:
-        """How many leading items are as they were when each was added (no item before
-        them deleted since): the prefix a cached checkpoint may still hold."""
-        for place, item in enumerate(self.items, 1):
-            if item.ordinal != place:
-                return place - 1
-        return len(self.items)
-
-    def turn_ends(self) -> list[tuple[int, str]]:
-        """(items up to and including it, response id) of every item that ended a
-        response's appended items within the valid prefix, newest first."""
-        valid = self.valid_until()
-        return [
-            (place, item.response_id)
-            for place, item in enumerate(self.items[:valid], 1)
-            if item.ends_turn and item.response_id is not None
-        ][::-1]
+    response_id: str | None
+    held: int
+    rest: list[bytes]
 
 
 NewItem = tuple[str, bytes]
@@ -198,7 +196,8 @@ def _append(
     position, count = int(row[0]), int(row[1])
     for index, (item_id, item) in enumerate(items):
         sql.execute(
-            f"INSERT INTO conversation_items (conversation_id, {_ITEM_COLUMNS}) VALUES"
+            "INSERT INTO conversation_items"
+            " (conversation_id, position, id, item, response_id, ends_turn, ordinal) VALUES"
             " (:conversation_id, :position, :id, :item, :response_id, :ends_turn, :ordinal)",
             {
                 "conversation_id": conversation_id,
@@ -373,18 +372,31 @@ def delete_item(
     return run
 
 
-def history(conversation_id: str, owner: str | None) -> Callable[[Sql], History | None]:
+def history(
+    conversation_id: str, owner: str | None, cached: Callable[[str], bool]
+) -> Callable[[Sql], History | None]:
+    """The conversation as a turn starts from it: the newest response on it whose
+    state `cached` says the cache holds (only where the conversation is unchanged up
+    to that response's last item), and the items after it; None if not `owner`'s.
+    Every item's place is read, the JSON of the items after that state only."""
+
     def run(sql: Sql) -> History | None:
         if _conversation(sql, conversation_id, owner) is None:
             return None
         rows = sql.execute(
-            f"SELECT {_ITEM_COLUMNS} FROM conversation_items WHERE conversation_id = :id"
-            " ORDER BY position",
+            "SELECT position, response_id, ends_turn, ordinal FROM conversation_items"
+            " WHERE conversation_id = :id ORDER BY position",
             {"id": conversation_id},
         ).fetchall()
-        return History(
-            [StoredItem(int(r[0]), r[1], bytes(r[2]), r[3], bool(r[4]), int(r[5])) for r in rows]
-        )
+        places = [ItemPlace(int(r[0]), r[1], bool(r[2]), int(r[3])) for r in rows]
+        start = next((end for end in turn_ends(places) if cached(end[2])), None)
+        held, after, response_id = (0, -1, None) if start is None else start
+        items = sql.execute(
+            "SELECT item FROM conversation_items WHERE conversation_id = :id AND"
+            " position > :after ORDER BY position",
+            {"id": conversation_id, "after": after},
+        ).fetchall()
+        return History(response_id, held, [bytes(row[0]) for row in items])
 
     return run
 
@@ -396,8 +408,9 @@ __all__ = [
     "USAGE_PARTS",
     "ConversationRecord",
     "History",
+    "ItemPlace",
     "NewItem",
     "Pyformat",
     "Sql",
-    "StoredItem",
+    "turn_ends",
 ]
