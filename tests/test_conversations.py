@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
-from hotloop.engines.sim import SimScript
+from hotloop.engines.sim import SimScript, SimSpeed
 from hotloop.store.sqlite import FILE_NAME, MIGRATIONS, SCHEMA_VERSION
 from openai import BadRequestError, NotFoundError, OpenAI, RateLimitError
 from openai.types.conversations import (
@@ -31,7 +32,7 @@ from openai.types.conversations import (
 from openai.types.responses import Response
 from pg_server import PostgresServer
 from pydantic import TypeAdapter
-from servers import Validating, serving, sim_engine
+from servers import FAST, Validating, serving, sim_engine
 
 KEY, OTHER = "sk-conv-one", "sk-conv-two"
 SCRIPT = SimScript(text="Noted.")
@@ -60,10 +61,11 @@ def base_url(
 
 
 @contextmanager
-def served(**config: Any) -> Iterator[str]:
+def served(script: SimScript = SCRIPT, speed: SimSpeed = FAST, **config: Any) -> Iterator[str]:
     """The whole server (HTTP routes, WebSocket mode, the store) over the sim engine;
     every WebSocket frame it sent valid for the SDK."""
-    checked = Validating(build_app(sim_engine(SCRIPT), ServerConfig(engine="sim", **config)))
+    engine = sim_engine(script, speed)
+    checked = Validating(build_app(engine, ServerConfig(engine="sim", **config)))
     with serving(checked) as url:
         yield url
     assert checked.invalid == []
@@ -318,3 +320,29 @@ def test_conversations_count_in_the_storage_quota(tmp_path: Path) -> None:
         client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
         with pytest.raises(RateLimitError):
             client.conversations.create()
+
+
+def test_the_history_reaches_the_model_and_a_cancelled_turn_appends_nothing(
+    tmp_path: Path,
+) -> None:
+    # The sim answers with the prompt it was given; slowly enough to be cancelled.
+    slow = SimSpeed(tokens_per_second=200.0, ttft=0.0, prefill_tokens_per_second=1e9)
+    with served(SimScript(echo=True), slow, api_keys=(KEY,), data_dir=str(tmp_path)) as url:
+        client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        conversation = client.conversations.create(items=[user("remember 7")])
+        echoed = client.responses.create(model="sim", input="which?", conversation=conversation.id)
+        assert "remember 7" in echoed.output_text and "which?" in echoed.output_text
+        client.conversations.items.create(conversation.id, items=[user("word " * 1000)])
+        before = [i.id for i in all_items(client, conversation.id)]
+        with client.responses.connect() as connection:
+            connection.response.create(model="sim", input="long", conversation=conversation.id)
+            for event in connection:
+                if event.type == "response.output_text.delta":
+                    break
+            connection.send_raw(orjson.dumps({"type": "response.cancel"}).decode())
+            for event in connection:
+                if event.type in ("response.completed", "response.incomplete", "error"):
+                    break
+            assert event.type == "response.incomplete", event
+            assert event.response.status == "cancelled"
+        assert [i.id for i in all_items(client, conversation.id)] == before
