@@ -346,3 +346,16 @@ def test_the_history_reaches_the_model_and_a_cancelled_turn_appends_nothing(
             assert event.type == "response.incomplete", event
             assert event.response.status == "cancelled"
         assert [i.id for i in all_items(client, conversation.id)] == before
+
+
+def test_input_tokens_count_the_conversation(client: OpenAI) -> None:
+    conversation = client.conversations.create(items=[user("some history " * 20)])
+    counted = client.responses.input_tokens.count(
+        model="sim", input="next", conversation={"id": conversation.id}
+    )
+    alone = client.responses.input_tokens.count(model="sim", input="next")
+    assert counted.input_tokens > alone.input_tokens
+    turn = client.responses.create(model="sim", input="next", conversation=conversation.id)
+    assert turn.usage is not None and turn.usage.input_tokens == counted.input_tokens
+    with pytest.raises(NotFoundError):
+        client.responses.input_tokens.count(model="sim", input="x", conversation="conv_unknown")

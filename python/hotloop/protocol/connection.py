@@ -574,17 +574,22 @@ class Connection:
         # fork from another lane must leave the parent to its own lane.
         return checkpoint.fork(), cached.lane == lane.name, cached.root
 
+    def continued(
+        self, request: CreateRequest, lane: Lane
+    ) -> tuple[Conversation, bool, str | None] | ProtocolError:
+        """`chain` of what `request` continues: its `previous_response_id` or its
+        `conversation`."""
+        conversation = request.conversation
+        parent = request.previous_response_id or conversation
+        return self.chain(parent, lane, conversation is not None)
+
     def conversation_for(self, request: CreateRequest) -> Conversation:
         """The conversation `request` would extend (`POST /v1/responses/input_tokens`
         counts its prompt there: on a cached chain, only the new items are rendered).
         Raises ProtocolError for a refused request or a missed `previous_response_id`."""
         if request.error is not None:
             raise ProtocolError.from_core(request.error)
-        chain = self.chain(
-            request.previous_response_id or request.conversation,
-            self._lanes[None],
-            request.conversation is not None,
-        )
+        chain = self.continued(request, self._lanes[None])
         if isinstance(chain, ProtocolError):
             raise chain
         return chain[0]

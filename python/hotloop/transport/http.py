@@ -326,6 +326,7 @@ class HttpApi:
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
+        await self.ledger.warm_conversation(cache, request, books.owner)
         connection = self._connection(scope, cache, principal, request_id, books)
         connection.receive_compact(request)
         replies: list[bytes] = []
@@ -351,6 +352,7 @@ class HttpApi:
         owner = self.ledger.observer(principal, "http").owner
         cache = self.ledger.http_cache(owner)
         await self.ledger.warm(cache, request.previous_response_id, owner)
+        await self.ledger.warm_conversation(cache, request, owner)
         conversation = self._connection(scope, cache, principal, request_id).conversation_for(
             request
         )
