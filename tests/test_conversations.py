@@ -21,6 +21,8 @@ import pytest
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
+from hotloop.store.postgres import MIGRATIONS as POSTGRES_MIGRATIONS
+from hotloop.store.postgres import SCHEMA_VERSION as POSTGRES_VERSION
 from hotloop.store.sqlite import FILE_NAME, MIGRATIONS, SCHEMA_VERSION
 from openai import BadRequestError, NotFoundError, OpenAI, RateLimitError
 from openai.types.conversations import (
@@ -271,22 +273,44 @@ def test_hostile_requests(client: OpenAI, base_url: str) -> None:
     assert len(all_items(client, conversation.id)) == 1
 
 
-def test_an_existing_store_gains_the_conversation_tables(tmp_path: Path) -> None:
-    # A database at the schema before conversations, with a stored response in it.
-    with sqlite3.connect(tmp_path / FILE_NAME) as db:
-        for statements in MIGRATIONS[: SCHEMA_VERSION - 1]:
-            for statement in statements:
-                db.execute(statement)
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
-    with served(api_keys=(KEY,), data_dir=str(tmp_path)) as url:
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_an_existing_store_gains_the_conversation_tables(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # A database at the schema before conversations.
+    store: dict[str, str]
+    if kind == "sqlite":
+        store = {"data_dir": str(tmp_path)}
+        with sqlite3.connect(tmp_path / FILE_NAME) as db:
+            for statements in MIGRATIONS[: SCHEMA_VERSION - 1]:
+                for statement in statements:
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
+    else:
+        import psycopg
+
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        store = {"store": server.fresh_database()}
+        with psycopg.connect(store["store"]) as connection:
+            for statements in POSTGRES_MIGRATIONS[: POSTGRES_VERSION - 1]:
+                for statement in statements:
+                    connection.execute(statement)
+            connection.execute("CREATE TABLE hotloop_schema (version integer NOT NULL)")
+            connection.execute("INSERT INTO hotloop_schema VALUES (%s)", (POSTGRES_VERSION - 1,))
+    with served(api_keys=(KEY,), **store) as url:
         client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
         conversation = client.conversations.create(items=[user("hi")])
         client.responses.create(model="sim", input="more", conversation=conversation.id)
         assert len(all_items(client, conversation.id)) == 3
-    with sqlite3.connect(tmp_path / FILE_NAME) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    if kind == "sqlite":
+        with sqlite3.connect(tmp_path / FILE_NAME) as db:
+            assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    else:
+        with psycopg.connect(store["store"]) as connection:
+            version = connection.execute("SELECT version FROM hotloop_schema").fetchone()
+            assert version == (POSTGRES_VERSION,)
     # Restarted, with nothing cached: the next turn renders the items from the store.
-    with served(api_keys=(KEY,), data_dir=str(tmp_path)) as url:
+    with served(api_keys=(KEY,), **store) as url:
         client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
         again = client.responses.create(model="sim", input="last", conversation=conversation.id)
         assert again.usage is not None and again.usage.input_tokens_details.cached_tokens == 0
