@@ -21,6 +21,9 @@ import pytest
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
+from hotloop.store import conversations as tables
+from hotloop.store import open_store
+from hotloop.store.conversations import ConversationRecord
 from hotloop.store.postgres import MIGRATIONS as POSTGRES_MIGRATIONS
 from hotloop.store.postgres import SCHEMA_VERSION as POSTGRES_VERSION
 from hotloop.store.sqlite import FILE_NAME, MIGRATIONS, SCHEMA_VERSION
@@ -383,3 +386,51 @@ def test_input_tokens_count_the_conversation(client: OpenAI) -> None:
     assert turn.usage is not None and turn.usage.input_tokens == counted.input_tokens
     with pytest.raises(NotFoundError):
         client.responses.input_tokens.count(model="sim", input="x", conversation="conv_unknown")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_a_turn_whose_conversation_changed_while_it_ran_is_not_a_cached_start(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    target: str | Path = tmp_path
+    if kind == "postgresql":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        target = server.fresh_database()
+    store = await open_store(target)
+    try:
+        record = ConversationRecord("conv_t", "owner", 1, b"{}")
+        await store.conversations(tables.create(record, [("msg_a", b"{}")]))
+        held = {"resp_1", "resp_2", "resp_3"}
+
+        async def read() -> tables.History:
+            found = await store.conversations(tables.history("conv_t", "owner", held.__contains__))
+            assert found is not None
+            return found
+
+        # A turn appended to the conversation it read: later turns start from it.
+        first = await read()
+        await store.conversations(
+            tables.add("conv_t", "owner", [("msg_b", b"{}")], "resp_1", first.version)
+        )
+        assert (await read()).response_id == "resp_1"
+        # Items added while a turn ran, then its own: its state lacks them.
+        second = await read()
+        await store.conversations(tables.add("conv_t", "owner", [("msg_x", b"{}")]))
+        await store.conversations(
+            tables.add("conv_t", "owner", [("msg_c", b"{}")], "resp_2", second.version)
+        )
+        after = await read()
+        assert (after.response_id, after.held, len(after.rest)) == ("resp_1", 2, 2)
+        # An item deleted while a turn ran: the same.
+        third = await read()
+        await store.conversations(tables.delete_item("conv_t", "owner", "msg_x"))
+        await store.conversations(
+            tables.add("conv_t", "owner", [("msg_d", b"{}")], "resp_3", third.version)
+        )
+        assert (await read()).response_id == "resp_1"
+        # Unknown to another owner.
+        assert (
+            await store.conversations(tables.history("conv_t", "other", held.__contains__)) is None
+        )
+    finally:
+        await store.close()

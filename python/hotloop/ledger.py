@@ -35,6 +35,7 @@ from hotloop.protocol import (
     ProtocolError,
     TurnSegment,
 )
+from hotloop.protocol.cache import ConversationStart
 from hotloop.protocol.compaction import Compactor
 from hotloop.shutdown import Drain
 from hotloop.store import (
@@ -256,7 +257,8 @@ class Ledger:
         rendered = await asyncio.to_thread(render) if rest else render()
         self.metrics.conversation_items_rendered.inc(len(rest))
         if rendered is not None:
-            cache.put(conversation_id, rendered[0], None, conversation_id, rendered[1])
+            start = ConversationStart(history.version, rendered[1])
+            cache.put(conversation_id, rendered[0], None, conversation_id, start)
 
     def _rebuild(
         self, response_id: str, chain: Chain, owner: str | None
@@ -381,7 +383,9 @@ class Ledger:
         items = [(str(item["id"]), orjson.dumps(item)) for item in [*inputs, *outputs]]
         if not items:
             return
-        added = conversation_tables.add(conversation_id, owner, items, response_id)
+        started = finished.conversation_start
+        read = None if started is None else started.version
+        added = conversation_tables.add(conversation_id, owner, items, response_id, read)
         if await self.store.conversations(added):
             self.store.counted(owner, conversation_tables.added_usage(items))
         else:

@@ -29,6 +29,19 @@ def is_conversation(key: str) -> bool:
 
 
 @dataclass(frozen=True)
+class ConversationStart:
+    """What a turn on a conversation starts from (`Ledger.warm_conversation`)."""
+
+    version: tuple[int, int]
+    """The conversation as it was read (its next item position and its item count; any
+    change moves one of them): the turn's items end a turn a later one may start from
+    only if nothing changed the conversation before they are appended."""
+    fresh_tokens: int
+    """Tokens rendered to start the turn (the items after the cached state it forked):
+    not served from the cache."""
+
+
+@dataclass(frozen=True)
 class CachedResponse:
     """A finished response's state: where to continue from, which lane made it (a
     failed continuation on the same lane evicts it; a failed fork does not), and the
@@ -38,9 +51,8 @@ class CachedResponse:
     lane: str | None
     memory_bytes: int
     root: str
-    fresh_tokens: int = 0
-    """Tokens of the state rendered when it was put rather than served from an earlier
-    one (a conversation's items rendered to start its turn): not cached for that turn."""
+    start: ConversationStart | None = None
+    """A conversation's state, put for the turn that starts from it."""
 
 
 class CacheBudget:
@@ -148,11 +160,11 @@ class ConnectionCache:
         checkpoint: Checkpoint,
         lane: str | None,
         root: str,
-        fresh_tokens: int = 0,
+        start: ConversationStart | None = None,
     ) -> None:
         size = checkpoint.memory_bytes
         self.evict(response_id)  # a re-put replaces: its old size must not stay counted
-        self._entries[response_id] = CachedResponse(checkpoint, lane, size, root, fresh_tokens)
+        self._entries[response_id] = CachedResponse(checkpoint, lane, size, root, start)
         self.used_bytes += size
         # The newest entry always stays: the response just sent must be continuable.
         while self.used_bytes > self.max_bytes and len(self._entries) > 1:
@@ -161,10 +173,10 @@ class ConnectionCache:
             self._budget.evictions += 1
         self._budget.admit(self, response_id, size)
 
-    def fresh_tokens(self, response_id: str) -> int:
-        """The entry's `fresh_tokens` (0 when there is none), not counted as a lookup."""
+    def start(self, response_id: str) -> ConversationStart | None:
+        """The entry's `start` (None when there is none), not counted as a lookup."""
         entry = self._entries.get(response_id)
-        return 0 if entry is None else entry.fresh_tokens
+        return None if entry is None else entry.start
 
     def evict(self, response_id: str) -> None:
         entry = self._entries.pop(response_id, None)

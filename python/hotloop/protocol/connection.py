@@ -688,7 +688,7 @@ class Connection:
         conversation, evicts_parent, root = chain
         rendering = Rendering(self, lane, pending, conversation, parent, evicts_parent, start, root)
         if parent is not None:
-            rendering.fresh_tokens = self.cache.fresh_tokens(parent)
+            rendering.conversation_start = self.cache.start(parent)
         if pending.size >= OFFLOAD_BYTES:
             key = self.new_key()
             lane.rendering = self._rendering[key] = rendering

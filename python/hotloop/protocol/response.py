@@ -38,6 +38,7 @@ from hotloop.protocol.actions import Baseline, Cancel, Finished, Generate, Persi
 from hotloop.protocol.errors import ProtocolError
 
 if TYPE_CHECKING:
+    from hotloop.protocol.cache import ConversationStart
     from hotloop.protocol.compaction import Summary
     from hotloop.protocol.connection import Connection
     from hotloop.protocol.injection import Injection
@@ -104,8 +105,8 @@ class Rendering:
     root: str | None
     """The chain's first response id; None for a new chain (it is the new response)."""
     cancelled: bool = False
-    fresh_tokens: int = 0
-    """The parent's tokens rendered for this turn (`CachedResponse.fresh_tokens`)."""
+    conversation_start: ConversationStart | None = None
+    """The conversation state it starts from (`CachedResponse.start`)."""
 
     def refused(self, error: CoreError) -> None:
         """The core refused the new items: the request is refused."""
@@ -224,9 +225,9 @@ class Response:
     """Where the current model turn's items start in `events.output`."""
     segments: list[TurnSegment] = field(default_factory=list)
     """A stored long-running response's model turns that input followed, for the store."""
-    fresh_tokens: int = 0
-    """The parent's tokens rendered for this turn, not served from the cache: a
-    conversation's items rendered from the store to start it."""
+    conversation_start: ConversationStart | None = None
+    """The conversation state it started from: its tokens rendered for this turn are
+    not served from the cache, and its items are appended to what it read."""
 
     @classmethod
     def open(cls, rendering: Rendering, events: ResponseEvents, turn: Turn) -> Response:
@@ -246,7 +247,7 @@ class Response:
             evicts_parent=rendering.evicts_parent,
             overhead_ns=0,
             root=rendering.root or events.response_id,
-            fresh_tokens=rendering.fresh_tokens,
+            conversation_start=rendering.conversation_start,
         )
 
     @property
@@ -410,8 +411,9 @@ class Response:
         spent = self.spent
         fresh = self.resumed is None and (self.parent is None or spent is not None)
         cached = 0 if fresh else turn.cached_tokens
-        if self.resumed is None:
-            cached = max(0, cached - self.fresh_tokens)
+        started = self.conversation_start
+        if self.resumed is None and started is not None:
+            cached = max(0, cached - started.fresh_tokens)
         usage = Usage(
             input_tokens=turn.prompt_tokens,
             cached_tokens=cached,
@@ -504,6 +506,7 @@ class Response:
                 created_at=events.created_at,
                 failure=None if error is None else error["code"],
                 segments=tuple(self.segments),
+                conversation_start=self.conversation_start,
             ),
         )
         if stored:

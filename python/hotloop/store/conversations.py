@@ -167,6 +167,8 @@ class History:
     response_id: str | None
     held: int
     rest: list[bytes]
+    version: tuple[int, int]
+    """The conversation's next item position and item count (`ConversationStart`)."""
 
 
 NewItem = tuple[str, bytes]
@@ -183,17 +185,26 @@ def _conversation(sql: Sql, conversation_id: str, owner: str | None) -> Conversa
     return ConversationRecord(row[0], row[1], int(row[2]), bytes(row[3]))
 
 
+def _version(sql: Sql, conversation_id: str) -> tuple[int, int]:
+    row = sql.execute(
+        "SELECT next_position, item_count FROM conversations WHERE id = :id",
+        {"id": conversation_id},
+    ).fetchone()
+    return int(row[0]), int(row[1])
+
+
 def _append(
     sql: Sql,
     conversation_id: str,
     items: Sequence[NewItem],
     response_id: str | None,
+    read: tuple[int, int] | None = None,
 ) -> None:
-    row = sql.execute(
-        "SELECT next_position, item_count FROM conversations WHERE id = :id",
-        {"id": conversation_id},
-    ).fetchone()
-    position, count = int(row[0]), int(row[1])
+    """`items` after the conversation's last; a response's (`response_id`) end a turn
+    a later one may start from only if the conversation is still as the response
+    read it (`read`, its version): otherwise its cached state holds other items."""
+    position, count = _version(sql, conversation_id)
+    ends_turn = response_id is not None and read == (position, count)
     for index, (item_id, item) in enumerate(items):
         sql.execute(
             "INSERT INTO conversation_items"
@@ -205,7 +216,7 @@ def _append(
                 "id": item_id,
                 "item": item,
                 "response_id": response_id,
-                "ends_turn": int(response_id is not None and index == len(items) - 1),
+                "ends_turn": int(ends_turn and index == len(items) - 1),
                 "ordinal": count + index + 1,
             },
         )
@@ -281,15 +292,20 @@ def delete(conversation_id: str, owner: str | None) -> Callable[[Sql], Usage | N
 
 
 def add(
-    conversation_id: str, owner: str | None, items: Sequence[NewItem], response_id: str | None
+    conversation_id: str,
+    owner: str | None,
+    items: Sequence[NewItem],
+    response_id: str | None = None,
+    read: tuple[int, int] | None = None,
 ) -> Callable[[Sql], bool]:
-    """Append `items` (a response's when `response_id` is given); False when the
-    conversation is not `owner`'s (or was deleted meanwhile)."""
+    """Append `items` (a response's when `response_id` is given, which read the
+    conversation at version `read`); False when the conversation is not `owner`'s (or
+    was deleted meanwhile)."""
 
     def run(sql: Sql) -> bool:
         if _conversation(sql, conversation_id, owner) is None:
             return False
-        _append(sql, conversation_id, items, response_id)
+        _append(sql, conversation_id, items, response_id, read)
         return True
 
     return run
@@ -383,6 +399,7 @@ def history(
     def run(sql: Sql) -> History | None:
         if _conversation(sql, conversation_id, owner) is None:
             return None
+        version = _version(sql, conversation_id)
         rows = sql.execute(
             "SELECT position, response_id, ends_turn, ordinal FROM conversation_items"
             " WHERE conversation_id = :id ORDER BY position",
@@ -396,7 +413,7 @@ def history(
             " position > :after ORDER BY position",
             {"id": conversation_id, "after": after},
         ).fetchall()
-        return History(response_id, held, [bytes(row[0]) for row in items])
+        return History(response_id, held, [bytes(row[0]) for row in items], version)
 
     return run
 

@@ -248,7 +248,7 @@ class ConversationsApi:
     ) -> None:
         items = new_items(body.get("items"), self._limits)
         self._within_quota(store, owner)
-        if not await store.conversations(tables.add(conversation_id, owner, items, None)):
+        if not await store.conversations(tables.add(conversation_id, owner, items)):
             raise not_found(conversation_id)
         store.counted(owner, tables.added_usage(items))
         self._evict(conversation_id, owner)
