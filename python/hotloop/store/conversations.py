@@ -14,7 +14,10 @@ was added: while no earlier item has been deleted since, its place now equals it
 is how the rendered-token cache knows which prefix of a conversation it still holds
 (`turn_ends`): the items a response appended end at an item marked
 `ends_turn`, and the checkpoint cached under that response's id renders exactly the
-conversation up to that item while the item's ordinal still holds.
+conversation up to that item while the item's ordinal still holds. A response marks
+its last item so only when the conversation is still as the response read it (the
+version: `next_position` and `item_count`, which every change moves); otherwise its
+state holds other items than the conversation.
 
 What a key stores here counts towards its storage quota (`quota.py`): a conversation's
 metadata and each item's JSON, one row each.
