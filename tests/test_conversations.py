@@ -255,6 +255,17 @@ def test_hostile_requests(client: OpenAI, base_url: str) -> None:
     assert len(all_items(client, conversation.id)) == 1
     with pytest.raises(NotFoundError):
         client.conversations.retrieve("conv_unknown")
+    # Ids no store can hold name nothing (PostgreSQL's text cannot hold NUL).
+    with pytest.raises(NotFoundError):
+        client.conversations.retrieve("conv_\x00")
+    with pytest.raises(NotFoundError):
+        client.conversations.items.retrieve("msg_\x00", conversation_id=conversation.id)
+    with pytest.raises(NotFoundError):
+        client.responses.create(model="sim", input="x", conversation="conv_\x00")
+    assert client.conversations.items.list(conversation.id, after="msg_\x00").data == []
+    with pytest.raises(BadRequestError) as nul:
+        client.conversations.items.create(conversation.id, items=[{**user("x"), "id": "m\x00"}])
+    assert nul.value.body["param"] == "items[0].id"  # type: ignore[index]
     with pytest.raises(NotFoundError):
         client.conversations.items.retrieve("msg_unknown", conversation_id=conversation.id)
     with pytest.raises(BadRequestError) as too_many:

@@ -178,7 +178,15 @@ NewItem = tuple[str, bytes]
 """An item to add: its id and its JSON (wire form)."""
 
 
+def _text(value: str) -> bool:
+    """Whether a text column can hold `value` (PostgreSQL's cannot hold NUL): an id
+    that cannot be stored names nothing."""
+    return "\x00" not in value
+
+
 def _conversation(sql: Sql, conversation_id: str, owner: str | None) -> ConversationRecord | None:
+    if not _text(conversation_id):
+        return None
     row = sql.execute(
         f"SELECT id, owner, created_at, metadata FROM conversations WHERE {_OWNED}",
         {"id": conversation_id, "owner": owner},
@@ -328,6 +336,8 @@ def page(
         if _conversation(sql, conversation_id, owner) is None:
             return None
         bound = -1 if ascending else 2**62
+        if after is not None and not _text(after):
+            return [], False
         if after is not None:
             found = sql.execute(
                 "SELECT position FROM conversation_items WHERE conversation_id = :id AND"
@@ -351,7 +361,7 @@ def page(
 
 def item(conversation_id: str, owner: str | None, item_id: str) -> Callable[[Sql], bytes | None]:
     def run(sql: Sql) -> bytes | None:
-        if _conversation(sql, conversation_id, owner) is None:
+        if not _text(item_id) or _conversation(sql, conversation_id, owner) is None:
             return None
         row = sql.execute(
             "SELECT item FROM conversation_items WHERE conversation_id = :id AND id = :item",
@@ -369,7 +379,7 @@ def delete_item(
 
     def run(sql: Sql) -> tuple[ConversationRecord, Usage] | None:
         found = _conversation(sql, conversation_id, owner)
-        if found is None:
+        if found is None or not _text(item_id):
             return None
         row = sql.execute(
             "SELECT position, length(item) FROM conversation_items"

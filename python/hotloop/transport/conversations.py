@@ -69,7 +69,14 @@ def new_items(items: object, limits: Limits | None, param: str = "items") -> lis
             param + where.removeprefix("input"),
         )
     listed = listed_items(new_id("resp_"), orjson.dumps(items)) if items else []
-    return [(str(item["id"]), orjson.dumps(item)) for item in listed]
+    added = [(str(item["id"]), orjson.dumps(item)) for item in listed]
+    for index, (item_id, _) in enumerate(added):
+        if "\x00" in item_id:
+            # No store can name it (a PostgreSQL text column cannot hold NUL).
+            raise ProtocolError(
+                "invalid_value", "An item id cannot hold a NUL character.", f"{param}[{index}].id"
+            )
+    return added
 
 
 def _metadata(body: dict[str, Any]) -> bytes:
