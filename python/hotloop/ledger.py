@@ -215,13 +215,13 @@ class Ledger:
         # The reader asks whether the cache holds a response's state: a dict lookup,
         # safe from the store's thread; an entry evicted meanwhile is read again.
         read = conversation_tables.history(conversation_id, owner, cache.__contains__)
-        history = await self.store.conversations(read)
+        history = await self.store.conversations(read, read=True)
         cached = None
         if history is not None and history.response_id is not None:
             cached = cache.get(history.response_id)
             if cached is None:
                 read = conversation_tables.history(conversation_id, owner, lambda _: False)
-                history = await self.store.conversations(read)
+                history = await self.store.conversations(read, read=True)
         if history is None:
             return
         checkpoint = None if cached is None else cached.checkpoint

@@ -275,9 +275,10 @@ class Store(Protocol):
         """The chain ending at `response_id`, or None if it or any ancestor is gone."""
         ...
 
-    async def conversations(self, operation: Callable[[Sql], T]) -> T:
+    async def conversations(self, operation: Callable[[Sql], T], *, read: bool = False) -> T:
         """Run a conversation operation (`conversations.py`) in a durable transaction
-        of its own on the writer's thread; raises StoreError `store_unavailable`."""
+        of its own on the writer's thread (a `read`: on the store's readers); raises
+        StoreError `store_unavailable`."""
         ...
 
     def counted(self, owner: str | None, change: Usage) -> None:

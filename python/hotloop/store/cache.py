@@ -146,8 +146,8 @@ class CachedStore:
     def quota_refusal(self, owner: str | None) -> str | None:
         return self._store.quota_refusal(owner)
 
-    async def conversations(self, operation: Callable[[Sql], T]) -> T:
-        return await self._store.conversations(operation)
+    async def conversations(self, operation: Callable[[Sql], T], *, read: bool = False) -> T:
+        return await self._store.conversations(operation, read=read)
 
     def counted(self, owner: str | None, change: Usage) -> None:
         self._store.counted(owner, change)

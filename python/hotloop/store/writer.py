@@ -505,9 +505,12 @@ class BackgroundStore:
             after=after,
         )
 
-    async def conversations(self, operation: Callable[[Sql], T]) -> T:
-        """A conversation operation (`conversations.py`), in a transaction of its own
-        on the writer's thread, within the deadline."""
+    async def conversations(self, operation: Callable[[Sql], T], *, read: bool = False) -> T:
+        """A conversation operation (`conversations.py`), in a transaction of its own:
+        a write on the writer's thread, within the deadline; a `read` on the readers
+        (a turn's read of its conversation does not wait behind group commits)."""
+        if read:
+            return await self._read(self._database.transact, operation)
         return await self._written(self._database.transact, operation)
 
     def counted(self, owner: str | None, change: Usage) -> None:

@@ -177,7 +177,7 @@ class ConversationsApi:
             case [conversation_id]:
                 allow(method, "GET", "POST", "DELETE")
                 if method == "GET":
-                    found = await store.conversations(tables.get(conversation_id, owner))
+                    found = await store.conversations(tables.get(conversation_id, owner), read=True)
                     if found is None:
                         raise not_found(conversation_id)
                     await reply(200, found.to_json())
@@ -205,7 +205,8 @@ class ConversationsApi:
                     page = await store.conversations(
                         tables.page(
                             conversation_id, owner, ascending=ascending, limit=limit, after=after
-                        )
+                        ),
+                        read=True,
                     )
                     if page is None:
                         raise not_found(conversation_id)
@@ -216,7 +217,7 @@ class ConversationsApi:
                 allow(method, "GET", "DELETE")
                 if method == "GET":
                     found_item = await store.conversations(
-                        tables.item(conversation_id, owner, item_id)
+                        tables.item(conversation_id, owner, item_id), read=True
                     )
                     if found_item is None:
                         raise item_not_found(item_id)
