@@ -209,21 +209,19 @@ class Ledger:
         conversation_id = request.conversation
         if conversation_id is None or request.error is not None:
             return
-        cache.evict(conversation_id)  # its state of an earlier turn may be stale
         if self.store is None:
             return
-        # The reader asks whether the cache holds a response's state: a dict lookup,
-        # safe from the store's thread; an entry evicted meanwhile is read again.
-        read = conversation_tables.history(conversation_id, owner, cache.__contains__)
-        history = await self.store.conversations(read, read=True)
-        cached = None
-        if history is not None and history.response_id is not None:
-            cached = cache.get(history.response_id)
-            if cached is None:
-                read = conversation_tables.history(conversation_id, owner, lambda _: False)
-                history = await self.store.conversations(read, read=True)
+        # The state an earlier request put stays until this one's replaces it: a request
+        # already queued on the connection may start meanwhile and needs one.
+        try:
+            history = await self._conversation_history(cache, conversation_id, owner)
+        except StoreError:
+            cache.evict(conversation_id)  # it may be stale: never start from it
+            raise
         if history is None:
+            cache.evict(conversation_id)
             return
+        cached = None if history.response_id is None else cache.get(history.response_id)
         checkpoint = None if cached is None else cached.checkpoint
         rest = history.rest
         fields = orjson.loads(request.response_fields_json)
@@ -259,6 +257,21 @@ class Ledger:
         if rendered is not None:
             start = ConversationStart(history.version, rendered[1])
             cache.put(conversation_id, rendered[0], None, conversation_id, start)
+
+    async def _conversation_history(
+        self, cache: ConnectionCache, conversation_id: str, owner: str | None
+    ) -> conversation_tables.History | None:
+        """The conversation read for a turn starting from the newest state `cache`
+        holds (`conversations.history`)."""
+        assert self.store is not None
+        # The reader asks whether the cache holds a response's state: a dict lookup,
+        # safe from the store's thread; an entry evicted meanwhile is read again.
+        read = conversation_tables.history(conversation_id, owner, cache.__contains__)
+        history = await self.store.conversations(read, read=True)
+        if history is None or history.response_id is None or history.response_id in cache:
+            return history
+        read = conversation_tables.history(conversation_id, owner, lambda _: False)
+        return await self.store.conversations(read, read=True)
 
     def _rebuild(
         self, response_id: str, chain: Chain, owner: str | None
