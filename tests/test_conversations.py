@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from hotloop._core import parse_request
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
@@ -445,3 +446,24 @@ async def test_a_turn_whose_conversation_changed_while_it_ran_is_not_a_cached_st
         )
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(
+    ("conversation", "parsed", "error"),
+    [
+        ('"conv_1"', "conv_1", None),
+        ('{"id": "conv_2"}', "conv_2", None),
+        ("null", None, None),
+        ("5", None, ("invalid_type", "conversation")),
+        ("{}", None, ("missing_required_parameter", "conversation.id")),
+        ('{"id": 5}', None, ("invalid_type", "conversation.id")),
+    ],
+)
+def test_the_core_parses_conversation(
+    conversation: str, parsed: str | None, error: tuple[str, str] | None
+) -> None:
+    body = f'{{"model": "sim", "input": "hi", "conversation": {conversation}}}'
+    request = parse_request(body)
+    assert request.conversation == parsed
+    refused = request.error
+    assert (None if refused is None else (refused.code, refused.param)) == error
