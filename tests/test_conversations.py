@@ -467,3 +467,24 @@ def test_the_core_parses_conversation(
     assert request.conversation == parsed
     refused = request.error
     assert (None if refused is None else (refused.code, refused.param)) == error
+
+
+def test_a_conversation_that_no_longer_renders_is_refused_with_the_cores_code(
+    client: OpenAI,
+) -> None:
+    call = {"type": "function_call", "call_id": "call_1", "name": "ls", "arguments": "{}"}
+    answer = {"type": "function_call_output", "call_id": "call_1", "output": "a b"}
+    conversation = client.conversations.create(items=[user("list"), call, answer])
+    client.responses.create(model="sim", input="ok?", conversation=conversation.id)
+    # The call deleted, its output stays: the history no longer renders.
+    call_id = next(i.id for i in all_items(client, conversation.id) if i.type == "function_call")
+    client.conversations.items.delete(call_id, conversation_id=conversation.id)
+    with pytest.raises(BadRequestError) as refused:
+        client.responses.create(model="sim", input="next", conversation=conversation.id)
+    assert refused.value.body["code"] == "unknown_call_id"  # type: ignore[index]
+    with client.responses.connect() as connection:
+        connection.response.create(model="sim", input="next", conversation=conversation.id)
+        for event in connection:
+            if event.type in ("response.completed", "error"):
+                break
+        assert event.type == "error" and event.error.code == "unknown_call_id"

@@ -205,7 +205,8 @@ class Ledger:
         response before the first changed item, never from scratch while a checkpoint
         before it is cached. Nothing is put for an unknown (or another key's)
         conversation: the request is refused as one. Raises StoreError when the store
-        cannot be read."""
+        cannot be read, ProtocolError (the core's refusal) when the items no longer
+        render (an item deleted that a later one answers)."""
         conversation_id = request.conversation
         if conversation_id is None or request.error is not None:
             return
@@ -227,7 +228,7 @@ class Ledger:
         fields = orjson.loads(request.response_fields_json)
         compactor = self.compactor.bound(owner)
 
-        def render() -> tuple[Checkpoint, int] | None:
+        def render() -> tuple[Checkpoint, int] | ProtocolError:
             conversation = (
                 Conversation(
                     self.engine.chat_format,
@@ -246,17 +247,20 @@ class Ledger:
                         instructions=fields.get("instructions"),
                         tools_json=orjson.dumps(fields.get("tools") or []).decode(),
                     )
-                except (CoreError, ProtocolError) as e:
-                    log.warning("conversation %s no longer renders: %s", conversation_id, e.message)
-                    return None
+                except CoreError as e:
+                    return ProtocolError.from_core(e)
+                except ProtocolError as e:
+                    return e
             return conversation.checkpoint(), conversation.token_count - held
 
         # Rendering many items takes long: in a worker thread, as a chain's rebuild.
         rendered = await asyncio.to_thread(render) if rest else render()
         self.metrics.conversation_items_rendered.inc(len(rest))
-        if rendered is not None:
-            start = ConversationStart(history.version, rendered[1])
-            cache.put(conversation_id, rendered[0], None, conversation_id, start)
+        if isinstance(rendered, ProtocolError):
+            cache.evict(conversation_id)
+            raise rendered
+        start = ConversationStart(history.version, rendered[1])
+        cache.put(conversation_id, rendered[0], None, conversation_id, start)
 
     async def _conversation_history(
         self, cache: ConnectionCache, conversation_id: str, owner: str | None

@@ -216,8 +216,9 @@ class Connection:
         self.summarization = Summarization(self, self._compactor)
         self._lanes: dict[str | None, Lane] = {None: Lane(None)}
         self._ready: deque[Lane] = deque()
-        self._unreadable: dict[str, str] = {}
-        """Parent ids the store could not be read for (`store_unavailable`), and why."""
+        self._unreadable: dict[str, ProtocolError] = {}
+        """Parent ids the transport could not rebuild (`store_unavailable`,
+        `cannot_continue`), and the refusal of the request that continues one."""
         self._next_key = 0
         self._queued_bytes = 0
         self._expiring = False
@@ -378,7 +379,12 @@ class Connection:
         """The transport could not read `response_id` from the store for the next
         request that continues it: if the cache misses it, that request is refused with
         `store_unavailable` (503, retry later), not `previous_response_not_found`."""
-        self._unreadable[response_id] = message
+        self._unreadable[response_id] = ProtocolError.store_unavailable(message)
+
+    def cannot_continue(self, parent: str, error: ProtocolError) -> None:
+        """The transport could not rebuild `parent` (a conversation whose items no
+        longer render): the next request that continues it is refused with `error`."""
+        self._unreadable[parent] = error
 
     def lifetime_reached(self) -> None:
         """The connection's lifetime is over: finish what is in flight, refuse the
@@ -569,7 +575,7 @@ class Connection:
                 )
             if unreadable is None:
                 return ProtocolError.not_found(parent)
-            return ProtocolError.store_unavailable(unreadable)
+            return unreadable
         # A continuation on the lane that made the parent consumes it on failure; a
         # fork from another lane must leave the parent to its own lane.
         return checkpoint.fork(), cached.lane == lane.name, cached.root

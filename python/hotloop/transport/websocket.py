@@ -32,6 +32,7 @@ from hotloop.protocol import (
     Generate,
     Parsed,
     Persist,
+    ProtocolError,
     Render,
     Wait,
     offloads,
@@ -251,6 +252,8 @@ class Socket:
                 # Another node may have committed it: the connection refuses the request
                 # as `store_unavailable` (retryable), not as an unknown id.
                 connection.store_unavailable(parent, e.message)
+            except ProtocolError as e:
+                connection.cannot_continue(parent, e)
         return parsed
 
     def _decode_and_parse(self, payload: bytes) -> Parsed | None:
