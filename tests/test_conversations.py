@@ -213,6 +213,20 @@ def test_changed_conversation_re_renders_from_the_first_changed_item(
     assert fourth.usage.input_tokens_details.cached_tokens == (
         first.usage.input_tokens + first.usage.output_tokens
     )
+    # Items added through the items API keep a state each once a turn rendered them:
+    # one of them deleted, the next turn starts from the item before it and renders
+    # only the items after that (the turn's input and answer), not from the last turn.
+    added = client.conversations.items.create(
+        conversation.id, items=[user("p"), user("q"), user("r")]
+    )
+    # The deletion above stays behind: the turns made since are warm.
+    before = rendered_items(base_url)
+    client.responses.create(model="sim", input="i", conversation=conversation.id)
+    assert rendered_items(base_url) == before + 3
+    client.conversations.items.delete(added.data[2].id, conversation_id=conversation.id)
+    before = rendered_items(base_url)
+    client.responses.create(model="sim", input="j", conversation=conversation.id)
+    assert rendered_items(base_url) == before + 2
 
 
 def test_websocket_turn_on_a_conversation(client: OpenAI) -> None:
@@ -424,7 +438,7 @@ async def test_a_turn_whose_conversation_changed_while_it_ran_is_not_a_cached_st
         await store.conversations(
             tables.add("conv_t", "owner", [("msg_b", b"{}")], "resp_1", first.version)
         )
-        assert (await read()).response_id == "resp_1"
+        assert (await read()).key == "resp_1"
         # Items added while a turn ran, then its own: its state lacks them.
         second = await read()
         await store.conversations(tables.add("conv_t", "owner", [("msg_x", b"{}")]))
@@ -432,14 +446,14 @@ async def test_a_turn_whose_conversation_changed_while_it_ran_is_not_a_cached_st
             tables.add("conv_t", "owner", [("msg_c", b"{}")], "resp_2", second.version)
         )
         after = await read()
-        assert (after.response_id, after.held, len(after.rest)) == ("resp_1", 2, 2)
+        assert (after.key, after.held, len(after.rest)) == ("resp_1", 2, 2)
         # An item deleted while a turn ran: the same.
         third = await read()
         await store.conversations(tables.delete_item("conv_t", "owner", "msg_x"))
         await store.conversations(
             tables.add("conv_t", "owner", [("msg_d", b"{}")], "resp_3", third.version)
         )
-        assert (await read()).response_id == "resp_1"
+        assert (await read()).key == "resp_1"
         # Unknown to another owner.
         assert (
             await store.conversations(tables.history("conv_t", "other", held.__contains__)) is None

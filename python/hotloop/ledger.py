@@ -197,13 +197,15 @@ class Ledger:
         self, cache: ConnectionCache, request: CreateRequest, owner: str | None
     ) -> None:
         """Put the state of `request`'s conversation in `cache` under the conversation's
-        id, ready for the request to extend: the newest checkpoint the cache holds of a
-        response on it whose items are still as they were (the conversation's items up
-        to that response's last one: `conversations.turn_ends`), forked, and the items after
-        it rendered; without one, every item rendered from the store. A conversation
-        changed through its items API is so re-rendered from the end of the last
-        response before the first changed item, never from scratch while a checkpoint
-        before it is cached. Nothing is put for an unknown (or another key's)
+        id, ready for the request to extend: the newest state the cache holds of it
+        whose items are still as they were (up to a response's last item, or up to an
+        item added through the items API: `conversations.state_ends`), forked, and the
+        items after it rendered; without one, every item rendered from the store. Each
+        item added through the items API it renders leaves a state of its own
+        (`conversations.item_state`). A conversation changed through its items API is
+        so re-rendered from the first changed item when the items before it were added
+        through the API, from the end of the response holding it otherwise; never from
+        scratch while a state before it is cached. Nothing is put for an unknown (or another key's)
         conversation: the request is refused as one. Raises StoreError when the store
         cannot be read, ProtocolError (the core's refusal) when the items no longer
         render (an item deleted that a later one answers)."""
@@ -222,13 +224,13 @@ class Ledger:
         if history is None:
             cache.evict(conversation_id)
             return
-        cached = None if history.response_id is None else cache.get(history.response_id)
+        cached = None if history.key is None else cache.get(history.key)
         checkpoint = None if cached is None else cached.checkpoint
         rest = history.rest
         fields = orjson.loads(request.response_fields_json)
         compactor = self.compactor.bound(owner)
 
-        def render() -> tuple[Checkpoint, int] | ProtocolError:
+        def render() -> tuple[Checkpoint, int, list[tuple[int, Checkpoint]]] | ProtocolError:
             conversation = (
                 Conversation(
                     self.engine.chat_format,
@@ -239,19 +241,22 @@ class Ledger:
                 else checkpoint.fork()
             )
             held = conversation.token_count
-            if rest:
-                items = b"[" + b",".join(rest) + b"]"
+            tools = orjson.dumps(fields.get("tools") or []).decode()
+            states: list[tuple[int, Checkpoint]] = []
+            for position, added, item in rest:
                 try:
                     conversation.append_items(
-                        compactor.expand_items(items).decode(),
+                        compactor.expand_items(b"[" + item + b"]").decode(),
                         instructions=fields.get("instructions"),
-                        tools_json=orjson.dumps(fields.get("tools") or []).decode(),
+                        tools_json=tools,
                     )
                 except CoreError as e:
                     return ProtocolError.from_core(e)
                 except ProtocolError as e:
                     return e
-            return conversation.checkpoint(), conversation.token_count - held
+                if added:
+                    states.append((position, conversation.checkpoint()))
+            return conversation.checkpoint(), conversation.token_count - held, states
 
         # Rendering many items takes long: in a worker thread, as a chain's rebuild.
         rendered = await asyncio.to_thread(render) if rest else render()
@@ -259,8 +264,12 @@ class Ledger:
         if isinstance(rendered, ProtocolError):
             cache.evict(conversation_id)
             raise rendered
-        start = ConversationStart(history.version, rendered[1])
-        cache.put(conversation_id, rendered[0], None, conversation_id, start)
+        state, fresh_tokens, states = rendered
+        for position, item_state in states:
+            key = conversation_tables.item_state(conversation_id, position)
+            cache.put(key, item_state, None, conversation_id)
+        start = ConversationStart(history.version, fresh_tokens)
+        cache.put(conversation_id, state, None, conversation_id, start)
 
     async def _conversation_history(
         self, cache: ConnectionCache, conversation_id: str, owner: str | None
@@ -272,7 +281,7 @@ class Ledger:
         # safe from the store's thread; an entry evicted meanwhile is read again.
         read = conversation_tables.history(conversation_id, owner, cache.__contains__)
         history = await self.store.conversations(read, read=True)
-        if history is None or history.response_id is None or history.response_id in cache:
+        if history is None or history.key is None or history.key in cache:
             return history
         read = conversation_tables.history(conversation_id, owner, lambda _: False)
         return await self.store.conversations(read, read=True)

@@ -12,9 +12,10 @@ Items are ordered by `position`, given from the conversation's `next_position` a
 never reused. Each item also keeps `ordinal`, its place among the live items when it
 was added: while no earlier item has been deleted since, its place now equals it. That
 is how the rendered-token cache knows which prefix of a conversation it still holds
-(`turn_ends`): the items a response appended end at an item marked
+(`state_ends`): the items a response appended end at an item marked
 `ends_turn`, and the checkpoint cached under that response's id renders exactly the
-conversation up to that item while the item's ordinal still holds. A response marks
+conversation up to that item while the item's ordinal still holds (a deletion before
+it moves its place; items added after the deletion are counted with it). A response marks
 its last item so only when the conversation is still as the response read it (the
 version: `next_position` and `item_count`, which every change moves); otherwise its
 state holds other items than the conversation.
@@ -148,28 +149,39 @@ class ItemPlace:
     ordinal: int
 
 
-def turn_ends(places: Sequence[ItemPlace]) -> list[tuple[int, int, str]]:
-    """(items up to and including it, its position, response id) of every item that
-    ended a response's appended items and that is still where it was added (no item
-    before it deleted since: `ordinal`), newest first."""
+def item_state(conversation_id: str, position: int) -> str:
+    """The cache key of a conversation's state up to an item added through the items
+    API (`Ledger.warm_conversation` puts one for each such item it renders)."""
+    return f"{conversation_id}@{position}"
+
+
+def state_ends(conversation_id: str, places: Sequence[ItemPlace]) -> list[tuple[int, int, str]]:
+    """(items up to and including it, its position, the cache key of the state up to
+    it) of every item a cached state may end at, newest first: the last item a
+    response appended (the state under the response's id) and every item added through
+    the items API (`item_state`), while still where it was added (no item before it
+    deleted since: `ordinal`). An item deleted invalidates the states after it made
+    before, not those made since (their items were counted after the deletion)."""
     ends: list[tuple[int, int, str]] = []
     for count, place in enumerate(places, 1):
         if place.ordinal != count:
-            break
-        if place.ends_turn and place.response_id is not None:
+            continue
+        if place.response_id is None:
+            ends.append((count, place.position, item_state(conversation_id, place.position)))
+        elif place.ends_turn:
             ends.append((count, place.position, place.response_id))
     return ends[::-1]
 
 
 @dataclass(frozen=True)
 class History:
-    """What a turn on a conversation reads of it: the response whose cached state it
-    starts from (None: from nothing), how many items that state holds, and the JSON of
-    the items after them, in order."""
+    """What a turn on a conversation reads of it: the cache key of the state it starts
+    from (None: from nothing), how many items that state holds, and the items after
+    them, in order: (position, added through the items API, JSON)."""
 
-    response_id: str | None
+    key: str | None
     held: int
-    rest: list[bytes]
+    rest: list[tuple[int, bool, bytes]]
     version: tuple[int, int]
     """The conversation's next item position and item count (`ConversationStart`)."""
 
@@ -404,10 +416,10 @@ def delete_item(
 def history(
     conversation_id: str, owner: str | None, cached: Callable[[str], bool]
 ) -> Callable[[Sql], History | None]:
-    """The conversation as a turn starts from it: the newest response on it whose
-    state `cached` says the cache holds (only where the conversation is unchanged up
-    to that response's last item), and the items after it; None if not `owner`'s.
-    Every item's place is read, the JSON of the items after that state only."""
+    """The conversation as a turn starts from it: the newest state on it (`state_ends`)
+    `cached` says the cache holds (only where the conversation is unchanged up to its
+    last item), and the items after it; None if not `owner`'s. Every item's place is
+    read, the JSON of the items after that state only."""
 
     def run(sql: Sql) -> History | None:
         if _conversation(sql, conversation_id, owner) is None:
@@ -419,14 +431,16 @@ def history(
             {"id": conversation_id},
         ).fetchall()
         places = [ItemPlace(int(r[0]), r[1], bool(r[2]), int(r[3])) for r in rows]
-        start = next((end for end in turn_ends(places) if cached(end[2])), None)
-        held, after, response_id = (0, -1, None) if start is None else start
-        items = sql.execute(
-            "SELECT item FROM conversation_items WHERE conversation_id = :id AND"
-            " position > :after ORDER BY position",
+        ends = state_ends(conversation_id, places)
+        start = next((end for end in ends if cached(end[2])), None)
+        held, after, key = (0, -1, None) if start is None else start
+        rows = sql.execute(
+            "SELECT position, response_id, item FROM conversation_items"
+            " WHERE conversation_id = :id AND position > :after ORDER BY position",
             {"id": conversation_id, "after": after},
         ).fetchall()
-        return History(response_id, held, [bytes(row[0]) for row in items], version)
+        rest = [(int(r[0]), r[1] is None, bytes(r[2])) for r in rows]
+        return History(key, held, rest, version)
 
     return run
 
@@ -442,5 +456,6 @@ __all__ = [
     "NewItem",
     "Pyformat",
     "Sql",
-    "turn_ends",
+    "item_state",
+    "state_ends",
 ]
