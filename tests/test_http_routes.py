@@ -113,7 +113,9 @@ def check(status: int, headers: dict[bytes, bytes], body: bytes) -> None:
 
 METHODS = st.sampled_from(["GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"])
 SEGMENTS = st.one_of(
-    st.sampled_from(["", "v1", "responses", "models", "usage", "input_items", "sim", "health"]),
+    st.sampled_from(
+        ["", "v1", "responses", "models", "usage", "input_items", "sim", "health", "conversations"]
+    ),
     st.text(max_size=12),
     st.sampled_from(["%00", "..", "resp_" + "0" * 48, "²", "\U0001d7d8", "\ud7ff"]),
 )
@@ -129,6 +131,10 @@ PATHS = st.one_of(
             "/v1/usage",
             "/health",
             "/metrics",
+            "/v1/conversations",
+            "/v1/conversations/{id}",
+            "/v1/conversations/{id}/items",
+            "/v1/conversations/{id}/items/{id}",
         ]
     ),
     st.lists(SEGMENTS, max_size=5).map(lambda parts: "/" + "/".join(parts)),
@@ -165,6 +171,10 @@ BODIES = st.one_of(
             b'{"model":"sim","input":"hi","max_output_tokens":-1}',
             b'{"model":"sim","input":"hi","temperature":"hot"}',
             b'{"input":1e999}',
+            b'{"items":[{"role":"user","content":"x"}],"metadata":{"a":"b"}}',
+            b'{"items":[{"role":"user","content":7}]}',
+            b'{"items":5,"metadata":[1]}',
+            b'{"model":"sim","input":"hi","conversation":{"id":"conv_x"}}',
         ]
     ),
     st.dictionaries(
@@ -195,6 +205,14 @@ ROUTES = [
     ("GET", "/v1/usage"),
     ("GET", "/health"),
     ("GET", "/metrics"),
+    ("POST", "/v1/conversations"),
+    ("GET", "/v1/conversations/{conv}"),
+    ("POST", "/v1/conversations/{conv}"),
+    ("DELETE", "/v1/conversations/{conv}"),
+    ("GET", "/v1/conversations/{conv}/items"),
+    ("POST", "/v1/conversations/{conv}/items"),
+    ("GET", "/v1/conversations/{conv}/items/{item}"),
+    ("DELETE", "/v1/conversations/{conv}/items/{item}"),
 ]
 VALID_AUTH = [(b"authorization", f"Bearer {KEY}".encode())]
 
@@ -205,8 +223,12 @@ def test_every_route_answers_json(served: Served, method: str, route: str) -> No
     parameters reach the route's own code), sometimes with anything at all."""
     created = served.call("POST", "/v1/responses", body=b'{"model":"sim","input":"x"}')
     stored_id = orjson.loads(created[2])["id"]
-
-    well_formed = st.just((method, route.replace("{id}", stored_id), VALID_AUTH))
+    body = b'{"items":[{"role":"user","content":"x"}]}'
+    conversation = orjson.loads(served.call("POST", "/v1/conversations", body=body)[2])["id"]
+    items = served.call("GET", f"/v1/conversations/{conversation}/items")
+    item = orjson.loads(items[2])["data"][0]["id"]
+    path = route.replace("{id}", stored_id).replace("{conv}", conversation)
+    well_formed = st.just((method, path.replace("{item}", item), VALID_AUTH))
     anything = st.tuples(
         METHODS,
         st.tuples(PATHS, st.text(max_size=12)).map(lambda p: p[0].replace("{id}", p[1])),

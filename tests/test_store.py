@@ -339,26 +339,30 @@ def previous_schema(backend: Backend) -> None:
     )
     columns = RESPONSE_COLUMNS.removesuffix(", model_turns")
     if isinstance(backend.target, Path):
+        before = _step_adding_model_turns(SQLITE_MIGRATIONS)
         with sqlite3.connect(backend.target / FILE_NAME) as db:
-            for step in SQLITE_MIGRATIONS[:-1]:
+            for step in SQLITE_MIGRATIONS[:before]:
                 for statement in step:
                     db.execute(statement)
-            db.execute(f"PRAGMA user_version = {len(SQLITE_MIGRATIONS) - 1}")
+            db.execute(f"PRAGMA user_version = {before}")
             db.execute(f"INSERT INTO responses ({columns}) VALUES ({', '.join('?' * 10)})", row)
         return
     import psycopg
 
+    before = _step_adding_model_turns(POSTGRES_MIGRATIONS)
     with psycopg.connect(backend.target) as connection:
-        for step in POSTGRES_MIGRATIONS[:-1]:
+        for step in POSTGRES_MIGRATIONS[:before]:
             for statement in step:
                 connection.execute(statement)
         connection.execute("CREATE TABLE hotloop_schema (version integer NOT NULL)")
-        connection.execute(
-            "INSERT INTO hotloop_schema VALUES (%s)", (len(POSTGRES_MIGRATIONS) - 1,)
-        )
+        connection.execute("INSERT INTO hotloop_schema VALUES (%s)", (before,))
         connection.execute(
             f"INSERT INTO responses ({columns}) VALUES ({', '.join(['%s'] * 10)})", row
         )
+
+
+def _step_adding_model_turns(migrations: tuple[tuple[str, ...], ...]) -> int:
+    return next(n for n, step in enumerate(migrations) if "model_turns" in step[0])
 
 
 async def test_the_schema_before_model_turns_is_migrated(backend: Backend) -> None:

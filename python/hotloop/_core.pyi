@@ -159,6 +159,8 @@ class CreateRequest:
     error: CoreError | None
     model: str | None
     previous_response_id: str | None
+    conversation: str | None
+    """The conversation's id (`conversation` as a string or `{"id": ...}`)."""
     stream_id: str | None
     store: bool
     generate: bool

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from hotloop import logs
-from hotloop._core import Checkpoint, Conversation, CoreError, Policy
+from hotloop._core import Checkpoint, Conversation, CoreError, CreateRequest, Policy
 from hotloop.auth import ApiKeys, key_id
 from hotloop.engines.base import Engine
 from hotloop.metrics import Metrics
@@ -35,6 +35,7 @@ from hotloop.protocol import (
     ProtocolError,
     TurnSegment,
 )
+from hotloop.protocol.cache import ConversationStart
 from hotloop.protocol.compaction import Compactor
 from hotloop.shutdown import Drain
 from hotloop.store import (
@@ -46,9 +47,16 @@ from hotloop.store import (
     format_fingerprint,
     open_store,
 )
+from hotloop.store import conversations as conversation_tables
+from hotloop.store.items import listed_items
 from hotloop.usage import Usage
 
 log = logging.getLogger("hotloop.ledger")
+
+APPENDED = ("completed", "incomplete")
+"""The statuses whose items a response appends to its conversation: a failed or
+cancelled response appends nothing, so that the next turn starts from what was
+there before it."""
 
 
 class Ledger:
@@ -185,6 +193,99 @@ class Ledger:
             checkpoint, root = restored
             cache.put(parent, checkpoint, None, root)
 
+    async def warm_conversation(
+        self, cache: ConnectionCache, request: CreateRequest, owner: str | None
+    ) -> None:
+        """Put the state of `request`'s conversation in `cache` under the conversation's
+        id, ready for the request to extend: the newest state the cache holds of it
+        whose items are still as they were (up to a response's last item, or up to an
+        item added through the items API: `conversations.state_ends`), forked, and the
+        items after it rendered; without one, every item rendered from the store. Each
+        item added through the items API it renders leaves a state of its own
+        (`conversations.item_state`). A conversation changed through its items API is
+        so re-rendered from the first changed item when the items before it were added
+        through the API, from the end of the response holding it otherwise; never from
+        scratch while a state before it is cached. Nothing is put for an unknown (or another key's)
+        conversation: the request is refused as one. Raises StoreError when the store
+        cannot be read, ProtocolError (the core's refusal) when the items no longer
+        render (an item deleted that a later one answers)."""
+        conversation_id = request.conversation
+        if conversation_id is None or request.error is not None:
+            return
+        if self.store is None:
+            return
+        # The state an earlier request put stays until this one's replaces it: a request
+        # already queued on the connection may start meanwhile and needs one.
+        try:
+            history = await self._conversation_history(cache, conversation_id, owner)
+        except StoreError:
+            cache.evict(conversation_id)  # it may be stale: never start from it
+            raise
+        if history is None:
+            cache.evict(conversation_id)
+            return
+        cached = None if history.key is None else cache.get(history.key)
+        checkpoint = None if cached is None else cached.checkpoint
+        rest = history.rest
+        fields = orjson.loads(request.response_fields_json)
+        compactor = self.compactor.bound(owner)
+
+        def render() -> tuple[Checkpoint, int, list[tuple[int, Checkpoint]]] | ProtocolError:
+            conversation = (
+                Conversation(
+                    self.engine.chat_format,
+                    context_window=self.engine.context_window,
+                    policy=self._policy,
+                )
+                if checkpoint is None
+                else checkpoint.fork()
+            )
+            held = conversation.token_count
+            tools = orjson.dumps(fields.get("tools") or []).decode()
+            states: list[tuple[int, Checkpoint]] = []
+            for position, added, item in rest:
+                try:
+                    conversation.append_items(
+                        compactor.expand_items(b"[" + item + b"]").decode(),
+                        instructions=fields.get("instructions"),
+                        tools_json=tools,
+                    )
+                except CoreError as e:
+                    return ProtocolError.from_core(e)
+                except ProtocolError as e:
+                    return e
+                if added:
+                    states.append((position, conversation.checkpoint()))
+            return conversation.checkpoint(), conversation.token_count - held, states
+
+        # Rendering many items takes long: in a worker thread, as a chain's rebuild.
+        rendered = await asyncio.to_thread(render) if rest else render()
+        self.metrics.conversation_items_rendered.inc(len(rest))
+        if isinstance(rendered, ProtocolError):
+            cache.evict(conversation_id)
+            raise rendered
+        state, fresh_tokens, states = rendered
+        for position, item_state in states:
+            key = conversation_tables.item_state(conversation_id, position)
+            cache.put(key, item_state, None, conversation_id)
+        start = ConversationStart(history.version, fresh_tokens)
+        cache.put(conversation_id, state, None, conversation_id, start)
+
+    async def _conversation_history(
+        self, cache: ConnectionCache, conversation_id: str, owner: str | None
+    ) -> conversation_tables.History | None:
+        """The conversation read for a turn starting from the newest state `cache`
+        holds (`conversations.history`)."""
+        assert self.store is not None
+        # The reader asks whether the cache holds a response's state: a dict lookup,
+        # safe from the store's thread; an entry evicted meanwhile is read again.
+        read = conversation_tables.history(conversation_id, owner, cache.__contains__)
+        history = await self.store.query(read)
+        if history is None or history.key is None or history.key in cache:
+            return history
+        read = conversation_tables.history(conversation_id, owner, lambda _: False)
+        return await self.store.query(read)
+
     def _rebuild(
         self, response_id: str, chain: Chain, owner: str | None
     ) -> tuple[Checkpoint, int] | None:
@@ -292,6 +393,35 @@ class Ledger:
     async def _commit(self, finished: Finished) -> None:
         if self.store is None:
             raise StoreError("store_unavailable", "This server has no durable store.")
+        request = finished.request
+        if request.store:
+            await self._put(finished)
+        if request.conversation is not None and finished.status in APPENDED:
+            await self._append(finished, request.conversation)
+
+    async def _append(self, finished: Finished, conversation_id: str) -> None:
+        """The response's input items, then its output items, onto its conversation."""
+        assert self.store is not None
+        owner = key_id(finished.principal) if finished.principal is not None else None
+        response_id = finished.response_id
+        inputs = listed_items(response_id, finished.request.input_json.encode())
+        outputs = orjson.loads(finished.response_json).get("output") or []
+        items = [(str(item["id"]), orjson.dumps(item)) for item in [*inputs, *outputs]]
+        if not items:
+            return
+        started = finished.conversation_start
+        read = None if started is None else started.version
+        added = conversation_tables.add(conversation_id, owner, items, response_id, read)
+        if await self.store.transact(added):
+            self.store.counted(owner, conversation_tables.added_usage(items))
+        else:
+            # Deleted while the response ran: nothing to append to.
+            log.info(
+                "conversation %s is gone: response %s not appended", conversation_id, response_id
+            )
+
+    async def _put(self, finished: Finished) -> None:
+        assert self.store is not None
         request = finished.request
         input_items = request.input_json.encode()
         if finished.segments:

@@ -11,6 +11,8 @@ Instruments (all names prefixed `hotloop_`):
 - cache_hits_total / cache_misses_total / cache_evictions_total: every cache (the
   sockets' and the HTTP ones), read from the shared budget when scraped
 - store_rebuilds_total: misses answered by rebuilding a stored chain
+- conversation_items_rendered_total: conversation items rendered from the store to
+  start a turn on a conversation (those after the newest still-valid cached turn)
 - prompt_tokens_total{source}: `cache` (served from the rendered-token cache) vs
   `rendered` (parsed, rendered and tokenized this turn)
 - turn_overhead_seconds{transport}: server time from receiving a request to the first
@@ -280,6 +282,7 @@ class Metrics:
         # read when scraped.
         self.cache_counts: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
         self.store_rebuilds = Counter()
+        self.conversation_items_rendered = Counter()
         self.stream_cpu = StreamCpu()
         self.node: str | None = None
         """The node these metrics come from (`hotloop serve --node-id`)."""
@@ -379,6 +382,12 @@ class Metrics:
             "counter",
             "Cache misses answered by rebuilding a stored chain.",
             self.store_rebuilds.value,
+        )
+        lines += _scalar(
+            "hotloop_conversation_items_rendered_total",
+            "counter",
+            "Conversation items rendered from the store to start a turn on a conversation.",
+            self.conversation_items_rendered.value,
         )
         lines += _scalar(
             "hotloop_stream_sampled_cpu_seconds_total",

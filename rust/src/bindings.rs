@@ -494,6 +494,10 @@ impl PyCreateRequest {
         self.inner.previous_response_id.as_deref()
     }
     #[getter]
+    fn conversation(&self) -> Option<&str> {
+        self.inner.conversation.as_deref()
+    }
+    #[getter]
     fn stream_id(&self) -> Option<&str> {
         self.inner.stream_id.as_deref()
     }

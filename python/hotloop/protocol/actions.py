@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from hotloop._core import Checkpoint, Conversation, CreateRequest, Prompt, Turn
 from hotloop.engines.base import Sampling
 from hotloop.events import Usage
+from hotloop.protocol.cache import ConversationStart
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ class Finished:
     """A stored long-running response that took input while it ran: every model turn
     with the input committed after it (empty otherwise: the request's input, then the
     whole output, whose ids the store takes from `checkpoint` after `turn`)."""
+    conversation_start: ConversationStart | None = None
+    """A turn on a conversation: the state of it the turn read."""
 
 
 @dataclass(frozen=True)

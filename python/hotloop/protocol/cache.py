@@ -19,6 +19,27 @@ from dataclasses import dataclass
 
 from hotloop._core import Checkpoint
 
+CONVERSATION_PREFIX = "conv_"
+
+
+def is_conversation(key: str) -> bool:
+    """A cache key names a conversation's state (`Ledger.warm_conversation`), not a
+    response's."""
+    return key.startswith(CONVERSATION_PREFIX)
+
+
+@dataclass(frozen=True)
+class ConversationStart:
+    """What a turn on a conversation starts from (`Ledger.warm_conversation`)."""
+
+    version: tuple[int, int]
+    """The conversation as it was read (its next item position and its item count; any
+    change moves one of them): the turn's items end a turn a later one may start from
+    only if nothing changed the conversation before they are appended."""
+    fresh_tokens: int
+    """Tokens rendered to start the turn (the items after the cached state it forked):
+    not served from the cache."""
+
 
 @dataclass(frozen=True)
 class CachedResponse:
@@ -30,6 +51,8 @@ class CachedResponse:
     lane: str | None
     memory_bytes: int
     root: str
+    start: ConversationStart | None = None
+    """A conversation's state, put for the turn that starts from it."""
 
 
 class CacheBudget:
@@ -131,10 +154,17 @@ class ConnectionCache:
             self._budget.touch(self, response_id)
         return entry
 
-    def put(self, response_id: str, checkpoint: Checkpoint, lane: str | None, root: str) -> None:
+    def put(
+        self,
+        response_id: str,
+        checkpoint: Checkpoint,
+        lane: str | None,
+        root: str,
+        start: ConversationStart | None = None,
+    ) -> None:
         size = checkpoint.memory_bytes
         self.evict(response_id)  # a re-put replaces: its old size must not stay counted
-        self._entries[response_id] = CachedResponse(checkpoint, lane, size, root)
+        self._entries[response_id] = CachedResponse(checkpoint, lane, size, root, start)
         self.used_bytes += size
         # The newest entry always stays: the response just sent must be continuable.
         while self.used_bytes > self.max_bytes and len(self._entries) > 1:
@@ -142,6 +172,11 @@ class ConnectionCache:
             self.evictions += 1
             self._budget.evictions += 1
         self._budget.admit(self, response_id, size)
+
+    def start(self, response_id: str) -> ConversationStart | None:
+        """The entry's `start` (None when there is none), not counted as a lookup."""
+        entry = self._entries.get(response_id)
+        return None if entry is None else entry.start
 
     def evict(self, response_id: str) -> None:
         entry = self._entries.pop(response_id, None)

@@ -64,7 +64,7 @@ from hotloop.protocol.actions import (
     Observer,
     Render,
 )
-from hotloop.protocol.cache import ConnectionCache
+from hotloop.protocol.cache import ConnectionCache, is_conversation
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.injection import LongRunning, as_append
@@ -122,6 +122,14 @@ class Parsed:
         event = self.event
         if isinstance(event, CreateRequest) and event.error is None:
             return event.previous_response_id
+        return None
+
+    @property
+    def conversation(self) -> str | None:
+        """The conversation a valid `response.create` continues, as the core parsed it."""
+        event = self.event
+        if isinstance(event, CreateRequest) and event.error is None:
+            return event.conversation
         return None
 
 
@@ -212,8 +220,9 @@ class Connection:
         self.summarization = Summarization(self, self._compactor)
         self._lanes: dict[str | None, Lane] = {None: Lane(None)}
         self._ready: deque[Lane] = deque()
-        self._unreadable: dict[str, str] = {}
-        """Parent ids the store could not be read for (`store_unavailable`), and why."""
+        self._unreadable: dict[str, ProtocolError] = {}
+        """Parent ids the transport could not rebuild (`store_unavailable`,
+        `cannot_continue`), and the refusal of the request that continues one."""
         self._next_key = 0
         self._queued_bytes = 0
         self._expiring = False
@@ -374,7 +383,12 @@ class Connection:
         """The transport could not read `response_id` from the store for the next
         request that continues it: if the cache misses it, that request is refused with
         `store_unavailable` (503, retry later), not `previous_response_not_found`."""
-        self._unreadable[response_id] = message
+        self._unreadable[response_id] = ProtocolError.store_unavailable(message)
+
+    def cannot_continue(self, parent: str, error: ProtocolError) -> None:
+        """The transport could not rebuild `parent` (a conversation whose items no
+        longer render): the next request that continues it is refused with `error`."""
+        self._unreadable[parent] = error
 
     def lifetime_reached(self) -> None:
         """The connection's lifetime is over: finish what is in flight, refuse the
@@ -540,25 +554,44 @@ class Connection:
         )
 
     def chain(
-        self, parent: str | None, lane: Lane
+        self, parent: str | None, lane: Lane, conversation: bool = False
     ) -> tuple[Conversation, bool, str | None] | ProtocolError:
         """The conversation a request continues (a fork of `parent`'s checkpoint, or a
         new one), whether a failure evicts the parent, and the root of the parent's
-        chain (its routing key; None for a new conversation); or why it cannot."""
+        chain (its routing key; None for a new conversation); or why it cannot.
+        `conversation`: `parent` is a conversation's id (its state as
+        `Ledger.warm_conversation` put it in the cache)."""
         if parent is None:
             return self.settings.conversation(), False, None
         # The transport already tried the store (`Ledger.warm`): a miss here is final,
-        # unless the store could not be read.
-        cached = self.cache.get(parent)
+        # unless the store could not be read. A response id never names a
+        # conversation's state, nor the other way round.
+        cached = None if conversation != is_conversation(parent) else self.cache.get(parent)
         checkpoint = cached.checkpoint if cached is not None else None
         unreadable = self._unreadable.pop(parent, None)
         if cached is None or checkpoint is None:
+            if unreadable is None and conversation:
+                return ProtocolError(
+                    "not_found",
+                    f"Conversation with id '{parent}' not found.",
+                    "conversation",
+                    status=404,
+                )
             if unreadable is None:
                 return ProtocolError.not_found(parent)
-            return ProtocolError.store_unavailable(unreadable)
+            return unreadable
         # A continuation on the lane that made the parent consumes it on failure; a
         # fork from another lane must leave the parent to its own lane.
         return checkpoint.fork(), cached.lane == lane.name, cached.root
+
+    def continued(
+        self, request: CreateRequest, lane: Lane
+    ) -> tuple[Conversation, bool, str | None] | ProtocolError:
+        """`chain` of what `request` continues: its `previous_response_id` or its
+        `conversation`."""
+        conversation = request.conversation
+        parent = request.previous_response_id or conversation
+        return self.chain(parent, lane, conversation is not None)
 
     def conversation_for(self, request: CreateRequest) -> Conversation:
         """The conversation `request` would extend (`POST /v1/responses/input_tokens`
@@ -566,7 +599,7 @@ class Connection:
         Raises ProtocolError for a refused request or a missed `previous_response_id`."""
         if request.error is not None:
             raise ProtocolError.from_core(request.error)
-        chain = self.chain(request.previous_response_id, self._lanes[None])
+        chain = self.continued(request, self._lanes[None])
         if isinstance(chain, ProtocolError):
             raise chain
         return chain[0]
@@ -591,6 +624,9 @@ class Connection:
             self._note_skipped(request.skipped_tools)
         if request.background and not self._background:
             self.refuse(ProtocolError.background(), name)
+            return
+        if request.conversation is not None and request.previous_response_id is not None:
+            self.refuse(ProtocolError.conversation_and_previous_response(), name)
             return
         if self._expiring:
             self.refuse(ProtocolError.lifetime_reached(), name)
@@ -655,12 +691,14 @@ class Connection:
         """Run the turn up to the engine call; errors end the request here."""
         start = self.clock()
         parent = pending.parent
-        chain = self.chain(parent, lane)
+        chain = self.chain(parent, lane, pending.conversation)
         if isinstance(chain, ProtocolError):
             self.refuse_turn(pending, chain, lane.name)
             return
         conversation, evicts_parent, root = chain
         rendering = Rendering(self, lane, pending, conversation, parent, evicts_parent, start, root)
+        if parent is not None:
+            rendering.conversation_start = self.cache.start(parent)
         if pending.size >= OFFLOAD_BYTES:
             key = self.new_key()
             lane.rendering = self._rendering[key] = rendering

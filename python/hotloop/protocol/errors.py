@@ -54,6 +54,15 @@ class ProtocolError(Exception):
         )
 
     @classmethod
+    def conversation_and_previous_response(cls) -> ProtocolError:
+        return cls(
+            "mutually_exclusive_parameters",
+            "Mutually exclusive parameters: Ensure you are only providing one of: "
+            "'previous_response_id' or 'conversation'.",
+            "conversation",
+        )
+
+    @classmethod
     def store_unavailable(cls, message: str) -> ProtocolError:
         """The store could not be read: the request may succeed when it is retried."""
         return cls(

@@ -35,10 +35,15 @@ class Pending:
     """The steering input this turn carries (an automatic successor, or a continuation
     with queued steers prepended): returned in `response.steer.failed` if it fails."""
     parent: str | None = field(init=False)
-    """The request's `previous_response_id`, kept while only the frame is."""
+    """The request's `previous_response_id` or `conversation`, kept while only the
+    frame is."""
+    conversation: bool = field(init=False)
+    """`parent` names a conversation."""
 
     def __post_init__(self) -> None:
-        self.parent = None if self.parsed is None else self.parsed.previous_response_id
+        parsed = self.parsed
+        self.conversation = parsed is not None and parsed.conversation is not None
+        self.parent = None if parsed is None else parsed.previous_response_id or parsed.conversation
 
     @property
     def request(self) -> CreateRequest:

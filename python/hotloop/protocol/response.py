@@ -38,6 +38,7 @@ from hotloop.protocol.actions import Baseline, Cancel, Finished, Generate, Persi
 from hotloop.protocol.errors import ProtocolError
 
 if TYPE_CHECKING:
+    from hotloop.protocol.cache import ConversationStart
     from hotloop.protocol.compaction import Summary
     from hotloop.protocol.connection import Connection
     from hotloop.protocol.injection import Injection
@@ -73,8 +74,10 @@ class Settings:
 
     def over_quota(self, request: CreateRequest) -> ProtocolError | None:
         """The refusal of a `store=true` request (a warm-up too: it is stored like any
-        other) from a key at its storage quota."""
-        if not (request.store and self.durable and self.storage_refusal is not None):
+        other), or of a turn on a conversation (it appends to it), from a key at its
+        storage quota."""
+        stores = request.store or request.conversation is not None
+        if not (stores and self.durable and self.storage_refusal is not None):
             return None
         message = self.storage_refusal(self.principal)
         if message is None:
@@ -102,6 +105,8 @@ class Rendering:
     root: str | None
     """The chain's first response id; None for a new chain (it is the new response)."""
     cancelled: bool = False
+    conversation_start: ConversationStart | None = None
+    """The conversation state it starts from (`CachedResponse.start`)."""
 
     def refused(self, error: CoreError) -> None:
         """The core refused the new items: the request is refused."""
@@ -122,6 +127,10 @@ class Rendering:
             )
         if settings.sampling_defaults != API_SAMPLING:
             fields = engine_sampling(request, fields, settings.sampling_defaults)
+        if request.conversation is not None:
+            echo = orjson.dumps({"id": request.conversation}).decode()
+            fields = f'{fields[:-1]},"conversation":{echo}}}'
+
         background = request.background
         if settings.request_id is None:
             events = ResponseEvents(
@@ -224,6 +233,9 @@ class Response:
     """Where the current model turn's items start in `events.output`."""
     segments: list[TurnSegment] = field(default_factory=list)
     """A stored long-running response's model turns that input followed, for the store."""
+    conversation_start: ConversationStart | None = None
+    """The conversation state it started from: its tokens rendered for this turn are
+    not served from the cache, and its items are appended to what it read."""
 
     @classmethod
     def open(cls, rendering: Rendering, events: ResponseEvents, turn: Turn) -> Response:
@@ -243,6 +255,7 @@ class Response:
             evicts_parent=rendering.evicts_parent,
             overhead_ns=0,
             root=rendering.root or events.response_id,
+            conversation_start=rendering.conversation_start,
         )
 
     @property
@@ -253,7 +266,11 @@ class Response:
     @property
     def stored(self) -> bool:
         """The response is committed to the store before its terminal event."""
-        return self.connection.settings.durable and self.request.store
+        request = self.request
+        # A conversation's turn appends its items in the same commit.
+        return self.connection.settings.durable and (
+            request.store or request.conversation is not None
+        )
 
     # ---------------------------------------------------------------- sampling
 
@@ -402,6 +419,9 @@ class Response:
         spent = self.spent
         fresh = self.resumed is None and (self.parent is None or spent is not None)
         cached = 0 if fresh else turn.cached_tokens
+        started = self.conversation_start
+        if self.resumed is None and started is not None:
+            cached = max(0, cached - started.fresh_tokens)
         usage = Usage(
             input_tokens=turn.prompt_tokens,
             cached_tokens=cached,
@@ -494,6 +514,7 @@ class Response:
                 created_at=events.created_at,
                 failure=None if error is None else error["code"],
                 segments=tuple(self.segments),
+                conversation_start=self.conversation_start,
             ),
         )
         if stored:

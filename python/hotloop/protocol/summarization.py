@@ -45,7 +45,7 @@ class Summarization:
         if request.error is not None:
             connection.refuse(ProtocolError.from_core(request.error))
             return
-        parent = request.previous_response_id
+        parent = request.previous_response_id or request.conversation
         summary = self.summary_turn(request, lane)
         if isinstance(summary, ProtocolError):
             connection.refuse(summary)
@@ -66,7 +66,7 @@ class Summarization:
         input, then the instruction to summarize) rendered for the engine, and the
         chain's root; or why not."""
         connection = self.connection
-        chain = connection.chain(request.previous_response_id, lane)
+        chain = connection.continued(request, lane)
         if isinstance(chain, ProtocolError):
             return chain
         conversation, _, root = chain

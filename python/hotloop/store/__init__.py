@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Conversation
     from hotloop.metrics import Metrics
     from hotloop.protocol.compaction import Compactor
-    from hotloop.store.background import Work
+    from hotloop.store.quota import Usage
+    from hotloop.store.sql import Work
 
 Order = Literal["asc", "desc"]
 T = TypeVar("T")
@@ -282,6 +283,10 @@ class Store(Protocol):
     async def query(self, work: Work[T]) -> T:
         """Run `work`, which only reads, as the store's reads run (never on the
         writer's time)."""
+        ...
+
+    def counted(self, owner: str | None, change: Usage) -> None:
+        """What `owner` stores changed by `change` (conversations: the quota)."""
         ...
 
     def quota_refusal(self, owner: str | None) -> str | None:

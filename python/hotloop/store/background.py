@@ -23,56 +23,20 @@ no casts, so PostgreSQL takes it once `named` rewrote them):
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 import orjson
 
 from hotloop.store import Store, may_read
+from hotloop.store.sql import Sql
 
 T = TypeVar("T")
 
 LIVE = ("queued", "in_progress")
 TERMINAL = frozenset(("completed", "failed", "incomplete", "cancelled"))
-
-_PARAM = re.compile(r":([a-z_]+)")
-
-
-def named(query: str) -> str:
-    """`query` with its `:name` parameters as psycopg's `%(name)s`."""
-    return _PARAM.sub(r"%(\1)s", query)
-
-
-class Cursor(Protocol):
-    """What sqlite3 connections and psycopg cursors both offer."""
-
-    def execute(self, query: Any, params: Any = ...) -> Any: ...
-    def executemany(self, query: Any, params_seq: Any) -> Any: ...
-
-
-class Sql:
-    """One transaction's statements, in `:name` style whatever the backend."""
-
-    def __init__(self, cursor: Cursor, rewrite: Callable[[str], str] = str) -> None:
-        self._cursor = cursor
-        self._rewrite = rewrite
-
-    def rows(self, query: str, params: Mapping[str, object]) -> list[tuple[Any, ...]]:
-        cursor = self._cursor.execute(self._rewrite(query), params)
-        # sqlite3's execute returns its cursor; psycopg's returns the cursor too.
-        if cursor.description is None:
-            return []
-        return list(cursor.fetchall())
-
-    def many(self, query: str, params: Sequence[Mapping[str, object]]) -> None:
-        if params:
-            self._cursor.executemany(self._rewrite(query), params)
-
-
-Work = Callable[[Sql], T]
 
 
 @dataclass(frozen=True)
@@ -272,9 +236,6 @@ __all__ = [
     "TERMINAL",
     "BackgroundRecord",
     "BackgroundRecords",
-    "Sql",
-    "Work",
     "failed_event",
-    "named",
     "orphaned",
 ]

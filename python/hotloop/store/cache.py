@@ -39,13 +39,14 @@ from hotloop.store import (
     StoreError,
     may_read,
 )
+from hotloop.store.quota import Usage
 
 if TYPE_CHECKING:
-    from hotloop.store.background import Work
-
-T = TypeVar("T")
+    from hotloop.store.sql import Work
 
 log = logging.getLogger("hotloop.store.cache")
+
+T = TypeVar("T")
 
 try:
     from redis import asyncio as redis
@@ -152,6 +153,9 @@ class CachedStore:
 
     async def query(self, work: Work[T]) -> T:
         return await self._store.query(work)
+
+    def counted(self, owner: str | None, change: Usage) -> None:
+        self._store.counted(owner, change)
 
     async def put(self, response: StoredResponse) -> None:
         await self._store.put(response)

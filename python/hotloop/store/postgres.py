@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from hotloop.store import InputItemPage, Order, StoredResponse, StoreError
-from hotloop.store.background import Sql, Work, named
+from hotloop.store.conversations import POSTGRES_TABLES
 from hotloop.store.quota import Usage
 from hotloop.store.records import (
     FREED_QUERY,
@@ -36,6 +36,7 @@ from hotloop.store.records import (
     joined,
     page,
 )
+from hotloop.store.sql import Sql, Work, named
 from hotloop.store.sqlite import chain_record
 
 try:
@@ -93,6 +94,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE responses ADD COLUMN model_turns bytea",
         "ALTER TABLE quarantine ADD COLUMN model_turns bytea",
     ),
+    POSTGRES_TABLES,
     (
         """CREATE TABLE background (
             id text PRIMARY KEY,
@@ -116,6 +118,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
 # pg_advisory_xact_lock key: "hotloop" in ASCII.
 _MIGRATION_LOCK = 0x686F746C6F6F70
 
@@ -441,7 +444,7 @@ class PostgresDatabase:
         return [chain_record(tuple(row)) for row in rows]
 
     def transact(self, work: Work[T]) -> T:
-        with self._transaction("background write") as cursor:
+        with self._transaction("write") as cursor:
             return work(Sql(cursor, named))
 
     def query(self, work: Work[T]) -> T:

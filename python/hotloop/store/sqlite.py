@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from hotloop.store import InputItemPage, Order, StoredResponse, StoreError, may_read
-from hotloop.store.background import Sql, Work
+from hotloop.store.conversations import SQLITE_TABLES
 from hotloop.store.quota import Usage
 from hotloop.store.records import (
     FREED_QUERY,
@@ -45,6 +45,7 @@ from hotloop.store.records import (
     page,
     token_ids,
 )
+from hotloop.store.sql import Sql, Work
 
 FILE_NAME = "responses.sqlite3"
 T = TypeVar("T")
@@ -94,6 +95,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE responses ADD COLUMN model_turns BLOB",
         "ALTER TABLE quarantine ADD COLUMN model_turns BLOB",
     ),
+    SQLITE_TABLES,
     (
         """CREATE TABLE background (
             id TEXT PRIMARY KEY,
@@ -120,6 +122,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
 
 _SELECT = (
     "r.id, r.owner, r.previous_response_id, r.created_at, r.response, r.tools_at, t.tools,"

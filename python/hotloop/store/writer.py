@@ -52,7 +52,7 @@ from hotloop.store.records import (
 
 if TYPE_CHECKING:
     from hotloop.metrics import Metrics
-    from hotloop.store.background import Work
+    from hotloop.store.sql import Work
 
 log = logging.getLogger("hotloop.store")
 
@@ -96,7 +96,8 @@ class Database(Protocol):
         ...
 
     def transact(self, work: Work[T]) -> T:
-        """`work` in one durable transaction (`background.py`)."""
+        """`work` in one durable transaction (`sql.py`: the conversation and background
+        tables)."""
         ...
 
     def query(self, work: Work[T]) -> T:
@@ -514,6 +515,12 @@ class BackgroundStore:
             limit=limit,
             after=after,
         )
+
+    def counted(self, owner: str | None, change: Usage) -> None:
+        if change.bytes >= 0 and change.rows >= 0:
+            self.quota.stored(owner, change)
+        else:
+            self.quota.deleted(owner, Usage() - change)
 
     async def load_chain(self, response_id: str, owner: str | None) -> Chain | None:
         newest_first = await self._read(self._database.chain, response_id, owner)

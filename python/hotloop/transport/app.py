@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 from hotloop import logs
-from hotloop._core import Limits, Policy
+from hotloop._core import CreateRequest, Limits, Policy
 from hotloop.auth import ApiKeys, AuthError
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
@@ -28,6 +28,7 @@ from hotloop.protocol import (
     ConnectionCache,
     ConnectionLimits,
     Observer,
+    Parsed,
     QueueMemory,
 )
 from hotloop.protocol.compaction import Compactor
@@ -338,14 +339,17 @@ def multi_agent(scope: Scope) -> bool:
 
 def _warming(
     ledger: Ledger, cache: ConnectionCache, owner: str | None
-) -> Callable[[str], Awaitable[None]]:
+) -> Callable[[Parsed], Awaitable[None]]:
     """Rebuilds a request's `previous_response_id` (the top-level field, as the core
     parsed it) from the store when the connection cache misses it (`Ledger.warm`, as
-    HTTP does before its request): the read is awaited in the store's thread instead
+    HTTP does before its request), or its `conversation`'s state
+    (`Ledger.warm_conversation`): the read is awaited in the store's thread instead
     of blocking the event loop, before the `Connection` sees the request."""
 
-    async def warm(parent: str) -> None:
-        await ledger.warm(cache, parent, owner)
+    async def warm(parsed: Parsed) -> None:
+        await ledger.warm(cache, parsed.previous_response_id, owner)
+        if isinstance(parsed.event, CreateRequest):
+            await ledger.warm_conversation(cache, parsed.event, owner)
 
     return warm
 

@@ -60,6 +60,7 @@ from hotloop.store import StoreError
 from hotloop.store.background import BackgroundRecord
 from hotloop.transport.asgi import Message, Receive, Scope, Send
 from hotloop.transport.background import CANCEL_POLL, BackgroundWork, Job
+from hotloop.transport.conversations import ConversationsApi
 from hotloop.transport.websocket import persist, render_off_loop
 
 log = logging.getLogger("hotloop.http")
@@ -146,12 +147,33 @@ class HttpApi:
             _allow(method, "GET")
             await _reply(send, 200, self.ledger.metrics.render().encode(), METRICS_TYPE)
             return
-        if not parts or parts[0] not in ("responses", "models", "usage"):
+        if not parts or parts[0] not in ("responses", "models", "usage", "conversations"):
             raise ProtocolError("not_found", f"No route for {method} {scope['path']}.", status=404)
         credential = self.keys.authenticate(header(scope, b"authorization"))
         # The protocol layer names callers by key (it hashes them into ids itself).
         principal, owner, label = credential if credential is not None else (None, None, None)
         match parts:
+            case ["conversations", *rest]:
+                conversations = ConversationsApi(
+                    self.ledger.store, self.limits.request, self.ledger.budget.evict_everywhere
+                )
+
+                async def read_body() -> bytes:
+                    reserved = _Reservation(self.queue_memory, principal)
+                    try:
+                        return await _read_body(
+                            scope, receive, self.limits.max_frame_bytes, reserved
+                        )
+                    finally:
+                        reserved.release()
+
+                async def reply_json(status: int, payload: bytes) -> None:
+                    await _reply(send, status, payload)
+
+                query_string = scope.get("query_string", b"")
+                await conversations.route(
+                    method, rest, query_string, read_body, reply_json, owner, _allow
+                )
             case ["responses"]:
                 _allow(method, "POST")
                 await self._create(scope, receive, send, principal, request_id)
@@ -229,6 +251,7 @@ class HttpApi:
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
+        await self.ledger.warm_conversation(cache, request, books.owner)
         exchange = _Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange)
         connection.receive_request(request, size, parse_ns)
@@ -513,6 +536,7 @@ class HttpApi:
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
+        await self.ledger.warm_conversation(cache, request, books.owner)
         connection = self._connection(scope, cache, principal, request_id, books)
         connection.receive_compact(request)
         replies: list[bytes] = []
@@ -538,6 +562,7 @@ class HttpApi:
         owner = self.ledger.observer(principal, "http").owner
         cache = self.ledger.http_cache(owner)
         await self.ledger.warm(cache, request.previous_response_id, owner)
+        await self.ledger.warm_conversation(cache, request, owner)
         conversation = self._connection(scope, cache, principal, request_id).conversation_for(
             request
         )

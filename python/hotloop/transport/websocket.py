@@ -32,6 +32,7 @@ from hotloop.protocol import (
     Generate,
     Parsed,
     Persist,
+    ProtocolError,
     Render,
     Wait,
     offloads,
@@ -110,16 +111,17 @@ class Socket:
         send_frames: bool = False,
         stream_cpu: StreamCpu | None = None,
         commit: Commit | None = None,
-        warm: Callable[[str], Awaitable[None]] | None = None,
+        warm: Callable[[Parsed], Awaitable[None]] | None = None,
         coalesce: float = 0.0,
     ) -> None:
         """`send_frames`: the server offers `hotloop.websocket.send_frames` (see
         `hotloop.transport.frames`); the frames ready together then go out in one send.
         `stream_cpu`: where sampled streaming batches add their CPU time (the process's
         metrics; a socket of its own otherwise). `commit`: how `Persist` work is done
-        (required when the connection is durable). `warm`: awaited with a request's
-        `previous_response_id` before the request reaches the connection, to rebuild
-        it from the store when the cache misses it (`Ledger.warm`). `coalesce`: seconds
+        (required when the connection is durable). `warm`: awaited with a request that names a
+        `previous_response_id` or a `conversation` before the request reaches the
+        connection, to rebuild it from the store when the cache misses it (`Ledger.warm`,
+        `Ledger.warm_conversation`). `coalesce`: seconds
         over which a response's engine batches are merged into one (see `coalesced`;
         0: every batch as it comes)."""
         self.connection = connection
@@ -242,14 +244,16 @@ class Socket:
             parsed = await asyncio.to_thread(connection.parse, text)
         else:
             parsed = connection.parse(text)
-        parent = parsed.previous_response_id
+        parent = parsed.previous_response_id or parsed.conversation
         if parent is not None and self._warm is not None:
             try:
-                await self._warm(parent)
+                await self._warm(parsed)
             except StoreError as e:
                 # Another node may have committed it: the connection refuses the request
                 # as `store_unavailable` (retryable), not as an unknown id.
                 connection.store_unavailable(parent, e.message)
+            except ProtocolError as e:
+                connection.cannot_continue(parent, e)
         return parsed
 
     def _decode_and_parse(self, payload: bytes) -> Parsed | None:

@@ -38,6 +38,8 @@ pub(super) struct Body<'a> {
     #[serde(borrow)]
     previous_response_id: Option<&'a RawValue>,
     #[serde(borrow)]
+    conversation: Option<&'a RawValue>,
+    #[serde(borrow)]
     store: Option<&'a RawValue>,
     #[serde(borrow)]
     generate: Option<&'a RawValue>,
@@ -108,6 +110,8 @@ pub struct CreateRequest {
     pub error: Option<Error>,
     pub model: Option<String>,
     pub previous_response_id: Option<String>,
+    /// The conversation's id (`conversation` as a string or `{"id": ...}`).
+    pub conversation: Option<String>,
     /// As sent; the server checks its syntax (`invalid_stream_id`).
     pub stream_id: Option<String>,
     /// Default true.
@@ -154,6 +158,7 @@ impl Default for CreateRequest {
             error: None,
             model: None,
             previous_response_id: None,
+            conversation: None,
             stream_id: None,
             store: true,
             generate: true,
@@ -210,6 +215,7 @@ impl CreateRequest {
             &Path::root("previous_response_id"),
             max,
         )?;
+        self.conversation = conversation_id(body.conversation, max)?;
         self.store = field::opt_bool(body.store, &Path::root("store"), true)?;
         self.generate = field::opt_bool(body.generate, &Path::root("generate"), true)?;
         self.background = field::opt_bool(body.background, &Path::root("background"), false)?;
@@ -474,6 +480,26 @@ pub(super) fn parse_object<'a, T: Deserialize<'a>>(text: &'a str, what: &str) ->
             )),
         },
     }
+}
+
+/// `conversation`: an id, or an object `{"id": ...}`.
+fn conversation_id(raw: Option<&RawValue>, max: usize) -> Result<Option<String>> {
+    #[derive(Deserialize)]
+    struct Reference<'a> {
+        #[serde(borrow)]
+        id: Option<&'a RawValue>,
+    }
+    let path = Path::root("conversation");
+    let Some(raw) = raw else { return Ok(None) };
+    if field::is_object(raw) {
+        let reference: Reference = field::object(raw, &path)?;
+        let id = field::required(reference.id, &path.key("id"))?;
+        return field::bounded_string(id, &path.key("id"), max).map(Some);
+    }
+    if raw.get().trim() == "null" {
+        return Ok(None);
+    }
+    field::bounded_string(raw, &path, max).map(Some)
 }
 
 fn check_metadata(raw: Option<&RawValue>) -> Result<()> {
