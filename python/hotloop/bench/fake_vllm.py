@@ -10,6 +10,9 @@ token, several per wake above the loop's 1 ms timer):
 - `POST /v1/completions` with a token-id `prompt` (hotloop's upstream engine): the
   turn's harmony ids, one `token_ids` event each; vLLM tokenizes nothing here, and the
   turn is found by counting `<|call|>` ids (the cache keeps the model's ids verbatim).
+  With `stream_options.include_usage` a usage chunk follows the finishing one, with
+  the prompt ids its prefix cache held (`PrefixCache`), as vLLM run with
+  `--enable-prompt-tokens-details` reports them.
 - `POST /v1/responses`, stateless (agentic-api, smg): the whole history in `input`,
   answered with a reasoning item and a function call, streamed as Responses events;
 - `POST /v1/chat/completions`: the same turn as chat chunks (`reasoning_content`, one
@@ -63,6 +66,41 @@ def pieces(format_: ChatFormat, text: str | None) -> list[str]:
     return [tokenizer.decode([token]) for token in tokenizer.encode(text)]
 
 
+class PrefixCache:
+    """vLLM's automatic prefix caching, as far as its usage shows it: full blocks of
+    ids, each known by the hash of its ids and of every block before it. A prompt's hit
+    is its leading run of known blocks, short of its last id (vLLM always computes
+    that one); a request makes its prompt's blocks known, and its output's but for the
+    last sampled id, which is never fed back. Past `capacity` blocks it forgets them
+    all: a bench fixture's bound, not vLLM's eviction order."""
+
+    def __init__(self, block_size: int = 32, capacity: int = 1 << 20) -> None:
+        self.block_size = block_size
+        self.capacity = capacity
+        self.known: set[int] = set()
+
+    def hit(self, prompt: list[int]) -> int:
+        """The prompt ids served from the cache."""
+        blocks = 0
+        for block in self._blocks(prompt[:-1]):
+            if block not in self.known:
+                break
+            blocks += 1
+        return blocks * self.block_size
+
+    def add(self, ids: list[int]) -> None:
+        if len(self.known) > self.capacity:
+            self.known.clear()
+        self.known.update(self._blocks(ids))
+
+    def _blocks(self, ids: list[int]) -> Iterator[int]:
+        size = self.block_size
+        chain = 0
+        for start in range(0, len(ids) - size + 1, size):
+            chain = hash((chain, *ids[start : start + size]))
+            yield chain
+
+
 class FakeVllm:
     """The ASGI app (see the module docstring)."""
 
@@ -87,6 +125,7 @@ class FakeVllm:
             for turn in script.turns
         ]
         self.ids = itertools.count(1)
+        self.cache = PrefixCache()
         self.render: Callable[..., list[int]] | None = None
         if render:
             from hotloop.bench.peer import harmony_renderer
@@ -113,8 +152,9 @@ class FakeVllm:
             await self._stream(send, self._chat_events(request, calls))
         elif path == "/v1/completions" and scope["method"] == "POST":
             request = orjson.loads(await request_body(receive))
-            calls = request["prompt"].count(self.call_id)
-            await self._stream(send, self._completion_events(calls))
+            prompt = request["prompt"]
+            usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            await self._stream(send, self._completion_events(prompt, usage))
         elif path == "/health":  # the gateways wait for it before they listen
             await _json(send, 200, {"status": "ok"})
         elif path == "/v1/models":
@@ -157,13 +197,25 @@ class FakeVllm:
             pending.append(event)
         await send({"type": "http.response.body", "body": b"".join(pending)})
 
-    def _completion_events(self, calls: int) -> Iterator[Event]:
-        """vLLM's token-id completion stream: one event per sampled id."""
-        for token in self.sampled[min(calls, len(self.sampled) - 1)]:
+    def _completion_events(self, prompt: list[int], usage: bool) -> Iterator[Event]:
+        """vLLM's token-id completion stream: one event per sampled id, then the usage
+        chunk if asked."""
+        sampled = self.sampled[min(prompt.count(self.call_id), len(self.sampled) - 1)]
+        cached = self.cache.hit(prompt)
+        self.cache.add(prompt + sampled[:-1])
+        for token in sampled:
             choice = {"index": 0, "token_ids": [token], "finish_reason": None}
             yield 1, _data({"object": "text_completion", "choices": [choice]})
         done = {"index": 0, "token_ids": [], "finish_reason": "stop"}
         yield 0, _data({"object": "text_completion", "choices": [done]})
+        if usage:
+            counts = {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(sampled),
+                "total_tokens": len(prompt) + len(sampled),
+                "prompt_tokens_details": {"cached_tokens": cached},
+            }
+            yield 0, _data({"object": "text_completion", "choices": [], "usage": counts})
         yield 0, b"data: [DONE]\n\n"
 
     def _responses_events(self, request: dict[str, Any], calls: int) -> Iterator[Event]:

@@ -216,6 +216,9 @@ class Response:
     """Where the current model turn's items start in `events.output`."""
     segments: list[TurnSegment] = field(default_factory=list)
     """A stored long-running response's model turns that input followed, for the store."""
+    engine_cached: int | None = None
+    """The prompt ids the engine said it served from its own KV cache in the current
+    engine pass (earlier passes are in `spent`); None: it did not say."""
 
     @classmethod
     def open(cls, rendering: Rendering, events: ResponseEvents, turn: Turn) -> Response:
@@ -297,10 +300,12 @@ class Response:
                 return False
         return True
 
-    def done(self) -> None:
+    def done(self, engine_cached: int | None = None) -> None:
         """The engine finished (stop token or max_output_tokens): the output is
         committed and the response ends, or waits for tool output."""
         connection = self.connection
+        # Set, not added: an earlier pass's figure is in `spent` already.
+        self.engine_cached = engine_cached
         if self.compaction is not None:
             connection.summarization.summarized(self, self.compaction)
             return
@@ -400,6 +405,7 @@ class Response:
             cache_write_tokens=turn.prompt_tokens - cached,
             output_tokens=self.parser.output_tokens,
             reasoning_tokens=self.parser.reasoning_tokens,
+            engine_cached_tokens=self.engine_cached,
         )
         return usage if spent is None else usage + spent
 
