@@ -431,6 +431,9 @@ class UpstreamSession:
                     before_first_token=first is None,
                 )
             self.engine.mark_ok(replica)
+            # A stream whose finishing event came without ids (llama.cpp server's last
+            # event) ends here, not through `_read_trailer`.
+            ENGINE_CACHED.set(reader.cached_tokens)
             if reader.timings is not None:
                 self.last_timings = orjson.loads(reader.timings)
         except LinkError as e:
