@@ -18,6 +18,7 @@ from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+from hotloop.events import Usage
 from hotloop.native_deps import smollm2_gguf_path
 from servers import Validating
 from servers import serving as serving_hotloop
@@ -73,3 +74,13 @@ def test_an_engine_that_says_nothing_reports_nothing(chatml: ChatFormat) -> None
         usages = turns(url)
     for usage in usages:
         assert "engine_cached_tokens" not in usage["input_tokens_details"]
+
+
+def test_engine_passes_add_up_where_known() -> None:
+    """A response's passes (a summary and the turn, a long-running response's model
+    turns) add their figures; a pass that said nothing adds nothing, and none saying
+    anything leaves the field out."""
+    said, silent = Usage(engine_cached_tokens=64), Usage()
+    assert (said + Usage(engine_cached_tokens=32)).engine_cached_tokens == 96
+    assert (said + silent).engine_cached_tokens == (silent + said).engine_cached_tokens == 64
+    assert "engine_cached_tokens" not in (silent + silent).as_dict()["input_tokens_details"]
