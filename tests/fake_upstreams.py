@@ -41,6 +41,10 @@ class Script:
     endless_limit: int = 1 << 40
     incremental: bool = False
     """SGLang's --incremental-streaming-output (deltas instead of cumulative ids)."""
+    cached_tokens: int | None = None
+    """vLLM: the prompt ids its usage chunk (sent when the request asks for usage) says
+    were cached; None: a usage chunk without details, as vLLM started without
+    `--enable-prompt-tokens-details` sends."""
 
 
 @dataclass
@@ -150,6 +154,19 @@ class FakeUpstream:
                 "choices": [choice],
             }
             chunks.append(chunk)
+        if (request.get("stream_options") or {}).get("include_usage"):
+            details = None
+            if self.script.cached_tokens is not None:
+                details = {"cached_tokens": self.script.cached_tokens}
+            usage = {
+                "prompt_tokens": len(request["prompt"]),
+                "completion_tokens": len(reply),
+                "total_tokens": len(request["prompt"]) + len(reply),
+                "prompt_tokens_details": details,
+            }
+            chunks.append(
+                {"id": "cmpl-1", "object": "text_completion", "choices": [], "usage": usage}
+            )
         return chunks
 
     def _sglang(self, request: dict[str, Any]) -> list[dict[str, Any]]:

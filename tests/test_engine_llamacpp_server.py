@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from engine_conversation import IM_END, first_turn, next_turn
 from hotloop._core import Prompt
-from hotloop.engines.base import Sampling
+from hotloop.engines.base import ENGINE_CACHED, Sampling
 from hotloop.engines.llama_server import LlamaServer
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine, UpstreamSession
 from hotloop.native_deps import ensure_llama_server, smollm2_gguf_path
@@ -75,6 +75,8 @@ async def test_turns_after_the_first_evaluate_only_new_prompt_tokens(
         assert timings is not None
         assert timings["prompt_n"] == new_tokens
         assert timings["cache_n"] == len(following) - new_tokens
+        # The figure a response's usage reports as the engine's (`engine_cached_tokens`).
+        assert ENGINE_CACHED.get() == timings["cache_n"]
         prompt = following
     await session.close()
 

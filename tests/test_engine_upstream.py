@@ -15,7 +15,7 @@ import pytest
 from fake_upstreams import FakeUpstream, Script, closed_port_url, serving
 from hotloop._core import Prompt
 from hotloop.engines import upstream
-from hotloop.engines.base import EngineError, Sampling
+from hotloop.engines.base import ENGINE_CACHED, EngineError, Sampling
 from hotloop.engines.upstream import (
     UpstreamConfig,
     UpstreamEngine,
@@ -83,9 +83,30 @@ async def test_vllm_request_and_stream(chat_format: Any, vllm: FakeUpstream) -> 
             "return_token_ids": True,
             "skip_special_tokens": False,
             "stop_token_ids": [7],
+            "stream_options": {"include_usage": True},
             "temperature": 0.5,
             "top_p": 0.9,
         }
+
+
+async def test_the_engines_cached_figure_is_known_with_the_last_ids(chat_format: Any) -> None:
+    """vLLM's usage chunk follows the finishing event: it is read before the last ids
+    go out, so a consumer that stops at the stop token (as the protocol layer does)
+    still has the figure; without the details it stays unknown."""
+    for cached, expected in ((64, 64), (None, None)):
+        async with (
+            serving(FakeUpstream("vllm", Script(cached_tokens=cached))) as (server,),
+            one_session(chat_format, "vllm", server.url) as session,
+        ):
+            stream = session.generate(Prompt.from_tokens(PROMPT), SAMPLING)
+            out: list[int] = []
+            async for batch in stream:
+                out += batch
+                if SAMPLING.stop_tokens[0] in batch:
+                    break
+            await stream.aclose()
+            assert out == REPLY
+            assert ENGINE_CACHED.get() == expected
 
 
 async def test_each_turn_sends_exactly_its_prompt_ids(chat_format: Any, vllm: FakeUpstream) -> None:

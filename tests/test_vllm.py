@@ -250,6 +250,13 @@ def expected_hit(previous: dict[str, Any]) -> int:
     return held // BLOCK_SIZE * BLOCK_SIZE
 
 
+def assert_full_hit(previous: dict[str, Any], response: dict[str, Any], hits: int) -> None:
+    """The continuation `response` of `previous` got the whole hit (`hits`: vLLM's
+    `/metrics` delta), and its usage carries vLLM's own per-request figure, the same."""
+    assert hits == expected_hit(previous)
+    assert response["usage"]["input_tokens_details"]["engine_cached_tokens"] == hits
+
+
 def hits_of(vllm: VllmServer, turn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], int]:
     before = metric(vllm.url, HITS)
     response = turn()
@@ -273,7 +280,7 @@ def test_every_continuation_hits_what_vllm_holds(vllm: VllmServer, tmp_path: Pat
                         socket, input=q, previous_response_id=p["id"], instructions=instructions
                     ),
                 )
-                assert hits == expected_hit(previous)
+                assert_full_hit(previous, response, hits)
                 previous = response
         response, hits = hits_of(
             vllm,
@@ -284,12 +291,12 @@ def test_every_continuation_hits_what_vllm_holds(vllm: VllmServer, tmp_path: Pat
                 instructions=instructions,
             ),
         )
-        assert hits == expected_hit(previous)
+        assert_full_hit(previous, response, hits)
         previous = response
         a.stop()
         a = hotloop(vllm, tmp_path, *AUTO)
         with connect(a.ws_url) as socket:
-            _, hits = hits_of(
+            response, hits = hits_of(
                 vllm,
                 lambda: ws_turn(
                     socket,
@@ -298,7 +305,7 @@ def test_every_continuation_hits_what_vllm_holds(vllm: VllmServer, tmp_path: Pat
                     instructions=instructions,
                 ),
             )
-        assert hits == expected_hit(previous)
+        assert_full_hit(previous, response, hits)
     finally:
         a.stop()
         b.stop()

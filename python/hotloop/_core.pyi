@@ -494,3 +494,7 @@ class ResponseReader:
     @property
     def timings(self) -> str | None:
         """llama.cpp server: the finishing event's `timings`, as JSON text."""
+    @property
+    def cached_tokens(self) -> int | None:
+        """The prompt ids the engine said it served from its own KV cache: vLLM's usage
+        chunk, SGLang's `meta_info`, llama.cpp server's `timings.cache_n`."""

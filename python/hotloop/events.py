@@ -30,13 +30,15 @@ def new_id(prefix: str) -> str:
 class Usage:
     """Token counts of one response. `cached_tokens` are prompt tokens served from the
     rendered-token cache; `cache_write_tokens` are the prompt tokens rendered and added
-    to it by this turn."""
+    to it by this turn; `engine_cached_tokens` the prompt tokens the engine said it
+    served from its own KV cache (None: it did not say)."""
 
     input_tokens: int = 0
     cached_tokens: int = 0
     cache_write_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
+    engine_cached_tokens: int | None = None
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -45,19 +47,31 @@ class Usage:
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            engine_cached_tokens=_add_known(self.engine_cached_tokens, other.engine_cached_tokens),
         )
 
     def as_dict(self) -> dict[str, Any]:
+        details: dict[str, int] = {
+            "cached_tokens": self.cached_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+        }
+        if self.engine_cached_tokens is not None:
+            # Only where the engine said it: absent is "unknown", never 0.
+            details["engine_cached_tokens"] = self.engine_cached_tokens
         return {
             "input_tokens": self.input_tokens,
-            "input_tokens_details": {
-                "cached_tokens": self.cached_tokens,
-                "cache_write_tokens": self.cache_write_tokens,
-            },
+            "input_tokens_details": details,
             "output_tokens": self.output_tokens,
             "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": self.input_tokens + self.output_tokens,
         }
+
+
+def _add_known(a: int | None, b: int | None) -> int | None:
+    """The sum of the figures that are known; None when neither is."""
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 ERROR_TYPES = {

@@ -1447,6 +1447,12 @@ impl PyResponseReader {
     fn timings(&self) -> Option<&str> {
         self.inner.events().and_then(|events| events.timings())
     }
+
+    /// The prompt ids the engine said it served from its own KV cache.
+    #[getter]
+    fn cached_tokens(&self) -> Option<u64> {
+        self.inner.events().and_then(|events| events.cached_tokens())
+    }
 }
 
 /// A connection's token-id request bodies (`upstream::body::PromptBody`).

@@ -5,7 +5,7 @@
 //! response (head, chunked or length-delimited body) and hands the body to an
 //! [`SseDecoder`], which keeps the incomplete tail, splits the complete lines, parses
 //! every `data:` event into a typed, borrowing struct of the dialect (only the fields we
-//! read: ids, finish, usage, error, timings; the rest is skipped, never built) and
+//! read: ids, finish, usage, error, timings, the engine's cached prompt ids; the rest is skipped, never built) and
 //! extracts the ids and finish signal, so one read costs one call however many events it
 //! holds. Semantics match the dialects' documented shapes: `[DONE]` ends the stream, an
 //! `error` object in an event is the server's failure, events after the finishing one are
@@ -85,6 +85,10 @@ pub struct SseDecoder {
     emitted: usize,
     /// llama.cpp server: the finishing event's `timings`, as JSON.
     timings: Option<String>,
+    /// The prompt ids the engine says it served from its own KV cache: vLLM's usage
+    /// chunk (`prompt_tokens_details.cached_tokens`), SGLang's `meta_info.cached_tokens`,
+    /// llama.cpp server's `timings.cache_n`.
+    cached_tokens: Option<u64>,
 }
 
 /// vLLM's completion chunk: what we read of it.
@@ -94,8 +98,22 @@ struct VllmEvent<'a> {
     error: Option<&'a RawValue>,
     #[serde(default)]
     choices: Option<Vec<VllmChoice>>,
-    #[serde(borrow, default)]
-    usage: Option<&'a RawValue>,
+    #[serde(default)]
+    usage: Option<VllmUsage>,
+}
+
+/// vLLM's `usage` (the last chunk, with `stream_options.include_usage`); the details
+/// only with `--enable-prompt-tokens-details`.
+#[derive(Deserialize)]
+struct VllmUsage {
+    #[serde(default)]
+    prompt_tokens_details: Option<VllmPromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct VllmPromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -121,6 +139,8 @@ struct SglangEvent<'a> {
 struct SglangMeta<'a> {
     #[serde(default)]
     completion_tokens: Option<u64>,
+    #[serde(default)]
+    cached_tokens: Option<u64>,
     /// An object (`{"type": "stop" | "length" | "abort", ...}`) once finished; read
     /// further only then, once per stream.
     #[serde(borrow, default)]
@@ -148,6 +168,13 @@ struct LlamaCppEvent<'a> {
     timings: Option<&'a RawValue>,
 }
 
+/// What we read of llama.cpp server's `timings`.
+#[derive(Deserialize)]
+struct LlamaCppTimings {
+    #[serde(default)]
+    cache_n: Option<u64>,
+}
+
 impl SseDecoder {
     pub fn new(dialect: Dialect) -> Self {
         SseDecoder {
@@ -158,6 +185,7 @@ impl SseDecoder {
             ended: false,
             emitted: 0,
             timings: None,
+            cached_tokens: None,
         }
     }
 
@@ -176,6 +204,11 @@ impl SseDecoder {
     /// The llama.cpp server's `timings` of the finishing event, as JSON text.
     pub fn timings(&self) -> Option<&str> {
         self.timings.as_deref()
+    }
+
+    /// The prompt ids the engine said it had cached (see the field), once it said so.
+    pub fn cached_tokens(&self) -> Option<u64> {
+        self.cached_tokens
     }
 
     /// A finishing event has been seen.
@@ -295,12 +328,21 @@ impl SseDecoder {
     fn vllm(&mut self, data: &[u8], out: &mut Decoded) -> Result<(), StreamError> {
         let event: VllmEvent = parse(data)?;
         upstream_error(event.error)?;
+        // The usage chunk comes after the finishing one: read before that check.
+        let usage = event.usage.is_some();
+        if let Some(cached) = event
+            .usage
+            .and_then(|usage| usage.prompt_tokens_details)
+            .and_then(|details| details.cached_tokens)
+        {
+            self.cached_tokens = Some(cached);
+        }
         if self.done {
             return Ok(());
         }
         let Some(choice) = event.choices.into_iter().flatten().next() else {
             // vLLM sends a usage-only chunk last when asked; nothing to emit.
-            if event.usage.is_some() {
+            if usage {
                 return Ok(());
             }
             return Err(StreamError::Protocol("vLLM chunk without choices".into()));
@@ -338,6 +380,7 @@ impl SseDecoder {
                 }
             }
             self.done = true;
+            self.cached_tokens = meta.cached_tokens;
         }
         Ok(())
     }
@@ -353,6 +396,9 @@ impl SseDecoder {
         if self.done {
             if let Some(timings) = event.timings.filter(|t| t.get().starts_with('{')) {
                 self.timings = Some(timings.get().to_owned());
+                self.cached_tokens = serde_json::from_str::<LlamaCppTimings>(timings.get())
+                    .ok()
+                    .and_then(|t| t.cache_n);
             }
         }
         Ok(())
@@ -595,6 +641,31 @@ mod tests {
             incremental.feed(abort.as_bytes()).error,
             Some(StreamError::Aborted("SGLang aborted: gone".into()))
         );
+    }
+
+    #[test]
+    fn each_dialect_reports_the_engines_cached_prompt_ids() {
+        let mut vllm = SseDecoder::new(Dialect::Vllm);
+        let read = vllm_event(&[1], Some("stop"))
+            + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":70,\
+               \"prompt_tokens_details\":{\"cached_tokens\":64}}}\n\ndata: [DONE]\n\n";
+        assert_eq!(vllm.cached_tokens(), None);
+        let out = vllm.feed(read.as_bytes());
+        assert_eq!((out.ids, out.ended), (vec![1], true));
+        assert_eq!(vllm.cached_tokens(), Some(64));
+        // vLLM without `--enable-prompt-tokens-details`: usage without the details.
+        let mut plain = SseDecoder::new(Dialect::Vllm);
+        plain.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens_details\":null}}\n\n");
+        assert_eq!(plain.cached_tokens(), None);
+        let mut sglang = SseDecoder::new(Dialect::Sglang);
+        sglang.feed(
+            b"data: {\"output_ids\":[4],\"meta_info\":{\"completion_tokens\":1,\
+              \"cached_tokens\":32,\"finish_reason\":{\"type\":\"stop\"}}}\n",
+        );
+        assert_eq!(sglang.cached_tokens(), Some(32));
+        let mut llamacpp = SseDecoder::new(Dialect::LlamaCpp);
+        llamacpp.feed(b"data: {\"tokens\":[],\"stop\":true,\"timings\":{\"cache_n\":12}}\n\n");
+        assert_eq!(llamacpp.cached_tokens(), Some(12));
     }
 
     #[test]

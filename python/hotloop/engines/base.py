@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -53,6 +54,16 @@ class EngineSession(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+ENGINE_CACHED: ContextVar[int | None] = ContextVar("engine_cached", default=None)
+"""The prompt ids the engine said it served from its own KV cache for the generation
+the current task consumes (None: it did not say; vLLM, SGLang and llama.cpp server do).
+An engine sets it (None when its stream starts, the figure before its last batch), the
+transport reads it when the stream has ended, for the response's usage
+(`usage.input_tokens_details.engine_cached_tokens`). A context variable, not a session
+attribute: one session serves a connection's concurrent responses, each consumed by
+its own task, and an async generator runs in the context of the task iterating it."""
 
 
 async def close_stream(stream: AsyncIterator[list[int]]) -> None:

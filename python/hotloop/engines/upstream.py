@@ -47,7 +47,7 @@ import orjson
 
 from hotloop._core import PromptBody
 from hotloop.chat_template import TemplateChoice, load_tokenizer
-from hotloop.engines.base import API_SAMPLING, TEXT_ONLY, EngineError, Sampling
+from hotloop.engines.base import API_SAMPLING, ENGINE_CACHED, TEXT_ONLY, EngineError, Sampling
 from hotloop.engines.http1 import Client, HeaderError, Link, LinkError, Origin
 
 if TYPE_CHECKING:
@@ -89,7 +89,9 @@ class VllmDialect:
 
     `return_token_ids` makes each streamed choice carry `token_ids` (the delta since the
     previous chunk); `skip_special_tokens: false` keeps special ids in the output, since
-    our parser needs them.
+    our parser needs them; `include_usage` asks for the usage chunk after the finishing
+    one, which carries the prompt ids vLLM served from its prefix cache when it runs
+    with `--enable-prompt-tokens-details`.
     """
 
     name = "vllm"
@@ -105,6 +107,7 @@ class VllmDialect:
             "return_token_ids": True,
             "skip_special_tokens": False,
             "stop_token_ids": list(sampling.stop_tokens),
+            "stream_options": {"include_usage": True},
             **_set_sampling(sampling),
         }
 
@@ -386,6 +389,7 @@ class UpstreamSession:
     async def generate(
         self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
     ) -> AsyncIterator[list[int]]:
+        ENGINE_CACHED.set(None)
         replica, link, first = await self._open(prompt, sampling, route_key)
         client = self.engine.client
         reader = link.reader
@@ -401,6 +405,9 @@ class UpstreamSession:
                 batch: list[int] | None = first
                 while True:
                     if batch is not None:
+                        last = reader.done
+                        if last:
+                            await self._read_trailer(replica, link, reader)
                         if len(batch) > budget:
                             # A replica that ignores `max_tokens`: the response ends at
                             # the budget (incomplete, max_output_tokens), and leaving the
@@ -411,6 +418,8 @@ class UpstreamSession:
                             return
                         budget -= len(batch)
                         yield batch
+                        if last:
+                            break
                     elif self._over(replica, reader, started=True):
                         break
                     batch = await link.next()
@@ -422,6 +431,9 @@ class UpstreamSession:
                     before_first_token=first is None,
                 )
             self.engine.mark_ok(replica)
+            # A stream whose finishing event came without ids (llama.cpp server's last
+            # event) ends here, not through `_read_trailer`.
+            ENGINE_CACHED.set(reader.cached_tokens)
             if reader.timings is not None:
                 self.last_timings = orjson.loads(reader.timings)
         except LinkError as e:
@@ -430,6 +442,18 @@ class UpstreamSession:
             # Abandoned mid-body (cancelled, closed by the consumer, failed), the
             # connection is closed: that is how the upstream learns to stop generating.
             client.done(replica.origin, link)
+
+    async def _read_trailer(self, replica: Replica, link: Link, reader: ResponseReader) -> None:
+        """After the finishing event, before its ids go out: the events that follow it
+        (vLLM's usage chunk, `[DONE]`), read to the body's end, so the engine's figures
+        are known when the consumer ends the response on those ids. The server sends
+        them at once; a connection lost now loses only the figures, not the response."""
+        try:
+            while not self._over(replica, reader, started=True):
+                await link.next()
+        except LinkError:
+            return
+        ENGINE_CACHED.set(reader.cached_tokens)
 
     async def _open(
         self, prompt: Prompt, sampling: Sampling, route_key: str | None

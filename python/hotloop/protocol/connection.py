@@ -321,11 +321,12 @@ class Connection:
             return False
         return response.feed(ids)
 
-    def engine_done(self, key: int) -> None:
-        """The engine finished response `key` (stop token or max_output_tokens)."""
+    def engine_done(self, key: int, engine_cached: int | None = None) -> None:
+        """The engine finished response `key` (stop token or max_output_tokens);
+        `engine_cached`: the prompt ids it said it had in its own cache (`ENGINE_CACHED`)."""
         response = self.generating.pop(key, None)
         if response is not None:
-            response.done()
+            response.done(engine_cached)
 
     def engine_failed(self, key: int, error: EngineError) -> None:
         response = self.generating.pop(key, None)

@@ -236,6 +236,9 @@ class Response:
     conversation_start: ConversationStart | None = None
     """The conversation state it started from: its tokens rendered for this turn are
     not served from the cache, and its items are appended to what it read."""
+    engine_cached: int | None = None
+    """The prompt ids the engine said it served from its own KV cache in the current
+    engine pass (earlier passes are in `spent`); None: it did not say."""
 
     @classmethod
     def open(cls, rendering: Rendering, events: ResponseEvents, turn: Turn) -> Response:
@@ -322,10 +325,12 @@ class Response:
                 return False
         return True
 
-    def done(self) -> None:
+    def done(self, engine_cached: int | None = None) -> None:
         """The engine finished (stop token or max_output_tokens): the output is
         committed and the response ends, or waits for tool output."""
         connection = self.connection
+        # Set, not added: an earlier pass's figure is in `spent` already.
+        self.engine_cached = engine_cached
         if self.compaction is not None:
             connection.summarization.summarized(self, self.compaction)
             return
@@ -428,6 +433,7 @@ class Response:
             cache_write_tokens=turn.prompt_tokens - cached,
             output_tokens=self.parser.output_tokens,
             reasoning_tokens=self.parser.reasoning_tokens,
+            engine_cached_tokens=self.engine_cached,
         )
         return usage if spent is None else usage + spent
 

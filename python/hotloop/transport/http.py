@@ -35,7 +35,7 @@ import orjson
 from hotloop import logs
 from hotloop._core import CoreError, CreateRequest, Policy, parse_request
 from hotloop.auth import ApiKeys, AuthError, key_id
-from hotloop.engines.base import EngineError, EngineSession, close_stream
+from hotloop.engines.base import ENGINE_CACHED, EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.ledger import Books, Ledger
 from hotloop.protocol import (
@@ -632,7 +632,7 @@ class HttpApi:
                 await self._send_actions(connection, connection.actions(), emit)
                 if not more:
                     break
-            connection.engine_done(work.key)
+            connection.engine_done(work.key, ENGINE_CACHED.get())
         except EngineError as e:
             connection.engine_failed(work.key, e)
         except Exception as e:

@@ -21,7 +21,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from hotloop._core import CoreError
-from hotloop.engines.base import EngineError, EngineSession, close_stream, coalesced
+from hotloop.engines.base import (
+    ENGINE_CACHED,
+    EngineError,
+    EngineSession,
+    close_stream,
+    coalesced,
+)
 from hotloop.events import error_body
 from hotloop.metrics import StreamCpu
 from hotloop.protocol import (
@@ -342,7 +348,7 @@ class Socket:
                 # Backpressure: the engine waits while the client is behind.
                 if not self._has_room.is_set():
                     await self._has_room.wait()
-            connection.engine_done(key)
+            connection.engine_done(key, ENGINE_CACHED.get())
         except EngineError as e:
             connection.engine_failed(key, e)
         except Exception as e:

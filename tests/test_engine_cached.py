@@ -1,0 +1,86 @@
+"""`usage.input_tokens_details.engine_cached_tokens`: the prompt ids the engine said it
+served from its own KV cache, beside hotloop's own `cached_tokens`, over WebSocket and
+HTTP, against the in-test vLLM (its usage chunk, with and without the details), and
+absent where the engine says nothing (the sim engine)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from fake_upstreams import FakeUpstream, Script, serving
+from hotloop._core import ChatFormat
+from hotloop.chat_template import load_tokenizer
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from hotloop.engines.sim import SimEngine
+from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+from hotloop.events import Usage
+from hotloop.native_deps import smollm2_gguf_path
+from servers import Validating
+from servers import serving as serving_hotloop
+from websockets.sync.client import connect
+
+HANG_GUARD = 60.0  # seconds; only bounds a broken run
+REQUEST = {"model": "smollm2", "input": "Hi", "store": False}
+
+
+@pytest.fixture(scope="module")
+def chatml() -> ChatFormat:
+    return ChatFormat.chatml(load_tokenizer(str(smollm2_gguf_path())))
+
+
+def turns(url: str) -> list[dict[str, Any]]:
+    """The usage of one response over WebSocket and one over HTTP."""
+    with connect(url.replace("http", "ws", 1) + "/v1/responses") as socket:
+        socket.send(orjson.dumps({"type": "response.create", **REQUEST}).decode())
+        while (event := orjson.loads(socket.recv(HANG_GUARD)))["type"] != "response.completed":
+            assert event["type"] not in ("response.failed", "error"), event
+    over_http = httpx.post(url + "/v1/responses", json=REQUEST, timeout=HANG_GUARD).json()
+    return [event["response"]["usage"], over_http["usage"]]
+
+
+@pytest.mark.parametrize(("cached", "details"), [(64, {"engine_cached_tokens": 64}), (None, {})])
+async def test_the_engines_figure_rides_beside_hotloops_own(
+    chatml: ChatFormat, cached: int | None, details: dict[str, int]
+) -> None:
+    format_ = chatml
+    reply = [*format_.tokenizer.encode("Hello."), *format_.stop_tokens[:1]]
+    upstream = FakeUpstream("vllm", Script(reply=reply, cached_tokens=cached))
+    async with serving(upstream):
+        config = UpstreamConfig(
+            dialect="vllm", replicas=(upstream.url,), model="smollm2", context_window=4096
+        )
+        engine = UpstreamEngine(config, format_)
+        app = Validating(build_app(engine, ServerConfig(engine="upstream", data_dir="")))
+        with serving_hotloop(app) as url:
+            usages = await asyncio.to_thread(turns, url)
+    assert app.invalid == []
+    for usage in usages:
+        assert usage["input_tokens_details"] == {
+            "cached_tokens": 0,
+            "cache_write_tokens": usage["input_tokens"],
+            **details,
+        }
+
+
+def test_an_engine_that_says_nothing_reports_nothing(chatml: ChatFormat) -> None:
+    engine = SimEngine(chatml, model="smollm2")
+    app = build_app(engine, ServerConfig(engine="sim", data_dir=""))
+    with serving_hotloop(app) as url:
+        usages = turns(url)
+    for usage in usages:
+        assert "engine_cached_tokens" not in usage["input_tokens_details"]
+
+
+def test_engine_passes_add_up_where_known() -> None:
+    """A response's passes (a summary and the turn, a long-running response's model
+    turns) add their figures; a pass that said nothing adds nothing, and none saying
+    anything leaves the field out."""
+    said, silent = Usage(engine_cached_tokens=64), Usage()
+    assert (said + Usage(engine_cached_tokens=32)).engine_cached_tokens == 96
+    assert (said + silent).engine_cached_tokens == (silent + said).engine_cached_tokens == 64
+    assert "engine_cached_tokens" not in (silent + silent).as_dict()["input_tokens_details"]
