@@ -14,6 +14,8 @@ Routes (each also without the `/v1` prefix, and below any mount point):
 - `GET /health` (503 while draining or while the store cannot commit, so load balancers
   stop routing here), `GET /metrics`
 
+Every POST body may be compressed (`Content-Encoding: gzip` or `zstd`, `encoding.py`).
+
 This module owns HTTP concerns only: routing, bodies and their size limit, Bearer auth,
 query parameters, SSE framing, client disconnects and error envelopes. Protocol
 decisions are the `Connection`'s; bookkeeping after a response is the `Ledger`'s.
@@ -58,6 +60,7 @@ from hotloop.protocol.response import STORE_UNAVAILABLE
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
 from hotloop.transport.asgi import Message, Receive, Scope, Send
+from hotloop.transport.encoding import decoded
 from hotloop.transport.websocket import persist, render_off_loop
 
 log = logging.getLogger("hotloop.http")
@@ -246,7 +249,13 @@ class HttpApi:
             return parse_request(compactor.expand(body), self.limits.request)
 
         try:
-            body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
+            limit = self.limits.max_frame_bytes
+            body = await _read_body(scope, receive, limit, reserved)
+            encoding = header(scope, b"content-encoding")
+            if encoding is not None:
+                # Decompressing up to 16 MiB takes milliseconds: not on the event loop.
+                body = await asyncio.to_thread(decoded, encoding, body, limit)
+                reserved.add(len(body))
             start = time.perf_counter_ns()
             try:
                 # A large body (input, tools or instructions): parsed in a worker thread.
