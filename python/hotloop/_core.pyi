@@ -171,6 +171,16 @@ class CreateRequest:
     reasoning_effort: str | None
     compact_threshold: int | None
     """`context_management`'s `compact_threshold`: compact when the prompt passes it."""
+    prompt_cache_key: str | None
+    """The conversation's name for routing, beside the session headers."""
+    prompt_cache_retention: str | None
+    """`in_memory` or `24h` (`in-memory` read as `in_memory`), None when not sent."""
+    prompt_cache_ttl: str | None
+    """`prompt_cache_options.ttl` (`30m` or `12h`), None when no options were sent."""
+    comparison_response_id: str | None
+    """`prompt_cache_options.comparison_response_id`: asks for `prompt_cache_diagnostics`."""
+    prewarm: bool
+    """`prompt_cache_options.prewarm`: fill the engine's cache, sample nothing."""
     input_item_count: int
     input_bytes: int
     frame_bytes: int
@@ -186,7 +196,8 @@ class CreateRequest:
         """A JSON object with the request fields a Response echoes, nulls and defaults
         filled in: frequency_penalty, instructions, max_output_tokens, max_tool_calls,
         metadata, model, parallel_tool_calls, presence_penalty, previous_response_id,
-        prompt_cache_key, reasoning, safety_identifier, service_tier, store, temperature,
+        prompt_cache_key (and prompt_cache_retention, prompt_cache_options when sent),
+        reasoning, safety_identifier, service_tier, store, temperature,
         text, tool_choice, tools (function tools with description, parameters and strict),
         top_logprobs, top_p, truncation."""
 

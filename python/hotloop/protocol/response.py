@@ -250,7 +250,8 @@ class Response:
     # ---------------------------------------------------------------- sampling
 
     def generate(self, prompt: Prompt, limit: int | None = None) -> None:
-        """Hand the engine `prompt`, routed by the session or the chain's root so every
+        """Hand the engine `prompt`, routed by the session header, `prompt_cache_key` or
+        the chain's root so every
         turn of a conversation (its summarization too) lands where its cache is."""
         connection = self.connection
         request = self.request
@@ -262,7 +263,9 @@ class Response:
             top_p=request.top_p,
             stop_tokens=connection.settings.stop_tokens,
         )
-        route_key = connection.settings.session_key or self.root
+        # The client's names for the conversation first (as HAProxy hashes them:
+        # deploy/haproxy.cfg), then the chain's first response.
+        route_key = connection.settings.session_key or request.prompt_cache_key or self.root
         connection.outbox.append(Generate(self.key, prompt, sampling, route_key))
 
     def feed(self, ids: list[int]) -> bool:

@@ -1,0 +1,112 @@
+"""Prompt-cache controls, with the real openai SDK over HTTP and a WebSocket against a
+real server: `prompt_cache_key`, `prompt_cache_retention` and `prompt_cache_options`
+accepted, validated with the SDK's values and echoed as the SDK's Response reads them.
+Routing by `prompt_cache_key` through HAProxy and to the upstream replicas is
+tests/test_scaleout.py::test_a_prompt_cache_key_goes_to_one_node_and_one_replica."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from hotloop.cli import build_app
+from hotloop.config import ServerConfig
+from openai import OpenAI
+from openai.types.responses import Response
+from servers import Validating, serving, sim_engine
+from websockets.sync.client import connect
+
+TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
+CONTROLS: dict[str, Any] = {
+    "prompt_cache_key": "agent-7",
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"mode": "explicit", "ttl": "12h"},
+}
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    config = ServerConfig(engine="sim", data_dir=str(tmp_path_factory.mktemp("store")))
+    checked = Validating(build_app(sim_engine(), config))
+    with serving(checked) as base:
+        yield base
+    assert checked.invalid == []
+
+
+@pytest.fixture
+def client(url: str) -> OpenAI:
+    return OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def ws_turn(url: str, **fields: Any) -> dict[str, Any]:
+    with connect(url.replace("http://", "ws://") + "/v1/responses") as ws:
+        ws.send(orjson.dumps({"type": "response.create", "model": "sim", **fields}).decode())
+        while True:
+            event: dict[str, Any] = orjson.loads(ws.recv())
+            if event["type"] in TERMINAL or event["type"] == "error":
+                return event
+
+
+def test_the_controls_are_echoed_over_http_as_the_sdk_reads_them(client: OpenAI) -> None:
+    raw = client.responses.with_raw_response.create(model="sim", input="hi", **CONTROLS)
+    response = Response.model_validate_json(raw.http_response.content, strict=True)
+    assert response.prompt_cache_key == "agent-7"
+    assert response.prompt_cache_retention == "24h"
+    assert response.prompt_cache_options is not None
+    assert (response.prompt_cache_options.mode, response.prompt_cache_options.ttl) == (
+        "explicit",
+        "12h",
+    )
+    # Stored as served.
+    stored = client.responses.retrieve(response.id)
+    assert stored.prompt_cache_key == "agent-7" and stored.prompt_cache_retention == "24h"
+
+
+def test_the_controls_are_echoed_over_a_websocket(url: str) -> None:
+    event = ws_turn(url, input="hi", **CONTROLS)
+    assert event["type"] == "response.completed"
+    response = event["response"]
+    assert {k: response[k] for k in CONTROLS} == {
+        **CONTROLS,
+        "prompt_cache_options": {"mode": "explicit", "ttl": "12h", "comparison_response_id": None},
+    }
+
+
+def test_defaults_echo_the_key_only(client: OpenAI) -> None:
+    raw = client.responses.with_raw_response.create(
+        model="sim", input="hi", prompt_cache_retention="in_memory", prompt_cache_options={}
+    )
+    body = raw.http_response.json()
+    assert body["prompt_cache_key"] is None
+    assert body["prompt_cache_retention"] == "in_memory"
+    assert body["prompt_cache_options"] == {
+        "mode": "implicit",
+        "ttl": "30m",
+        "comparison_response_id": None,
+    }
+    plain = client.responses.with_raw_response.create(model="sim", input="hi").http_response
+    assert "prompt_cache_options" not in plain.json()
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"prompt_cache_key": 7}, "prompt_cache_key"),
+        ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
+        ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl"),
+        ({"prompt_cache_options": {"mode": "auto"}}, "prompt_cache_options.mode"),
+        ({"prompt_cache_options": {"prewarm": "yes"}}, "prompt_cache_options.prewarm"),
+        ({"prompt_cache_options": []}, "prompt_cache_options"),
+    ],
+)
+def test_invalid_controls_are_refused_at_their_param(
+    url: str, fields: dict[str, Any], param: str
+) -> None:
+    reply = httpx.post(f"{url}/v1/responses", json={"model": "sim", "input": "hi", **fields})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == param
+    event = ws_turn(url, input="hi", **fields)
+    assert event["type"] == "error" and event["error"]["param"] == param
