@@ -12,11 +12,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hotloop.cli import build_app
-from hotloop.config import ServerConfig
 from openai import OpenAI
 from openai.types.responses import Response
-from servers import Validating, serving, sim_engine
+from servers import stored_server
 from websockets.sync.client import connect
 
 TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
@@ -29,11 +27,8 @@ CONTROLS: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = ServerConfig(engine="sim", data_dir=str(tmp_path_factory.mktemp("store")))
-    checked = Validating(build_app(sim_engine(), config))
-    with serving(checked) as base:
+    with stored_server(str(tmp_path_factory.mktemp("store"))) as base:
         yield base
-    assert checked.invalid == []
 
 
 @pytest.fixture

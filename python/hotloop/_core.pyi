@@ -179,6 +179,8 @@ class CreateRequest:
     """`prompt_cache_options.ttl` (`30m` or `12h`), None when no options were sent."""
     comparison_response_id: str | None
     """`prompt_cache_options.comparison_response_id`: asks for `prompt_cache_diagnostics`."""
+    compaction_trigger: bool
+    """The input ended with `{"type": "compaction_trigger"}`: compact the conversation."""
     prewarm: bool
     """`prompt_cache_options.prewarm`: fill the engine's cache, sample nothing."""
     input_item_count: int

@@ -551,6 +551,10 @@ impl PyCreateRequest {
         options.comparison_response_id.as_deref()
     }
     #[getter]
+    fn compaction_trigger(&self) -> bool {
+        self.inner.input.compaction_trigger
+    }
+    #[getter]
     fn prewarm(&self) -> bool {
         self.inner
             .prompt_cache

@@ -144,9 +144,12 @@ class Rendering:
         connection.outbox.append(events.lifecycle("response.created", "in_progress"))
         connection.outbox.append(events.lifecycle("response.in_progress", "in_progress"))
         threshold = request.compact_threshold
-        if threshold is not None and turn.prompt_tokens > threshold and peer_prompt is None:
+        over = threshold is not None and turn.prompt_tokens > threshold
+        if (over or request.compaction_trigger) and peer_prompt is None:
             # The prompt passed the client's threshold: the engine summarizes first, and
-            # the turn then runs on the summary (`Summarization.summarized`).
+            # the turn then runs on the summary (`Summarization.summarized`). Or the
+            # client asked for compaction (a `compaction_trigger` item): the summary is
+            # the response.
             summarization = connection.summarization
             summary = summarization.summary_turn(request, lane)
             if isinstance(summary, ProtocolError):
@@ -157,7 +160,8 @@ class Rendering:
                 response.fail(message, Usage())
                 return
             response.overhead_ns = pending.parse_ns + connection.clock() - start
-            summarization.summarize(response, summary[0], summary[1], resume=True)
+            resume = not request.compaction_trigger
+            summarization.summarize(response, summary[0], summary[1], resume=resume)
             return
         prompt = conversation.prompt() if peer_prompt is None else peer_prompt
         response.overhead_ns = pending.parse_ns + connection.clock() - start
