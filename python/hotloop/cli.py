@@ -184,6 +184,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         queue_memory=queue_memory,
         compactor=compactor,
         reads_per_key=config.max_reads_per_key,
+        default_model=config.default_model,
     )
     return App(
         ledger.engine,

@@ -159,6 +159,7 @@ class Connection:
         sampling_defaults: tuple[float, float] = API_SAMPLING,
         inject: bool = False,
         inject_idle_timeout: float = 300.0,
+        model_required: bool = False,
     ) -> None:
         """`session_key`: the client's session header (`session_id`, `x-session-id`),
         which routes every turn of the connection as one conversation. `queue_memory`:
@@ -174,7 +175,9 @@ class Connection:
         engine's `temperature` and `top_p` for requests that set none, which their
         Responses echo. `inject`: the long-running response (protocol.md section 8): a
         response that calls a client tool waits, open, for `response.inject`, and ends
-        `response.incomplete` after `inject_idle_timeout` seconds without it."""
+        `response.incomplete` after `inject_idle_timeout` seconds without it.
+        `model_required`: a request without `model` is refused (the server has no
+        `--default-model`); otherwise it is served as, and echoes, `model`."""
         self.cache = cache
         self.limits = limits or ConnectionLimits()
         self.settings = Settings(
@@ -191,6 +194,7 @@ class Connection:
             storage_refusal=storage_refusal,
             inject=inject,
             stop_tokens=tuple(chat_format.stop_tokens),
+            model_required=model_required,
         )
         self.clock = clock
         self._queue_memory = queue_memory
@@ -582,6 +586,9 @@ class Connection:
             return
         if request.error is not None:
             self.refuse(ProtocolError.from_core(request.error), name)
+            return
+        if request.model is None and self.settings.model_required:
+            self.refuse(ProtocolError.missing_model(), name)
             return
         if request.skipped_tools:
             self._note_skipped(request.skipped_tools)

@@ -70,6 +70,8 @@ class Settings:
     """Why a key may store no more (`Ledger.storage_refusal`), or None."""
     inject: bool
     stop_tokens: tuple[int, ...]
+    model_required: bool = False
+    """A request without `model` is refused (no `--default-model`)."""
 
     def over_quota(self, request: CreateRequest) -> ProtocolError | None:
         """The refusal of a `store=true` request (a warm-up too: it is stored like any

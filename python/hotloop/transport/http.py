@@ -97,9 +97,12 @@ class HttpApi:
         queue_memory: QueueMemory | None = None,
         compactor: Compactor | None = None,
         reads_per_key: int = 2,
+        default_model: str | None = None,
     ) -> None:
         self.ledger = ledger
         self.model = model
+        self.default_model = default_model
+        """What a request without `model` is served as; None: it is refused (400)."""
         self.keys = keys
         self.limits = limits or ConnectionLimits()
         self.policy = policy
@@ -277,7 +280,8 @@ class HttpApi:
         return Connection(
             chat_format=self.ledger.engine.chat_format,
             context_window=self.ledger.engine.context_window,
-            model=self.model,
+            model=self.default_model or self.model,
+            model_required=self.default_model is None,
             cache=cache,
             limits=self.limits,
             policy=self.policy,
@@ -304,10 +308,8 @@ class HttpApi:
         """`POST /v1/responses/compact`: the engine summarizes the conversation into a
         sealed `compaction` item (`Connection.receive_compact`)."""
         _, request, _ = await self._request(scope, receive, principal)
-        if request.model is None:
-            raise ProtocolError(
-                "missing_required_parameter", "Missing required parameter: 'model'.", "model"
-            )
+        if request.model is None and self.default_model is None:
+            raise ProtocolError.missing_model()
         # The summary is engine work: booked to the key like a response.
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
