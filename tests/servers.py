@@ -114,7 +114,7 @@ def hotloop_server(
 
 
 @contextmanager
-def stored_server(data_dir: str, **config: Any) -> Iterator[str]:
+def stored_server(data_dir: str, script: SimScript | None = None, **config: Any) -> Iterator[str]:
     """`hotloop serve` as built by the CLI (`build_app`: the store in `data_dir`) over
     the sim engine, served for real; on exit, asserts every frame it sent was valid."""
     settings = ServerConfig(engine="sim", data_dir=data_dir, **config)

@@ -17,6 +17,8 @@ from openai.types.responses import Response
 from servers import stored_server
 from websockets.sync.client import connect
 
+KEY = "sk-cache"
+AUTH = {"authorization": f"Bearer {KEY}"}
 TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
 CONTROLS: dict[str, Any] = {
     "prompt_cache_key": "agent-7",
@@ -27,17 +29,18 @@ CONTROLS: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with stored_server(str(tmp_path_factory.mktemp("store"))) as base:
+    data_dir = str(tmp_path_factory.mktemp("store"))
+    with stored_server(data_dir, api_keys=(KEY, "sk-other")) as base:
         yield base
 
 
 @pytest.fixture
 def client(url: str) -> OpenAI:
-    return OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    return OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
 
 
 def ws_turn(url: str, **fields: Any) -> dict[str, Any]:
-    with connect(url.replace("http://", "ws://") + "/v1/responses") as ws:
+    with connect(url.replace("http://", "ws://") + "/v1/responses", additional_headers=AUTH) as ws:
         ws.send(orjson.dumps({"type": "response.create", "model": "sim", **fields}).decode())
         while True:
             event: dict[str, Any] = orjson.loads(ws.recv())
@@ -100,8 +103,103 @@ def test_defaults_echo_the_key_only(client: OpenAI) -> None:
 def test_invalid_controls_are_refused_at_their_param(
     url: str, fields: dict[str, Any], param: str
 ) -> None:
-    reply = httpx.post(f"{url}/v1/responses", json={"model": "sim", "input": "hi", **fields})
+    body = {"model": "sim", "input": "hi", **fields}
+    reply = httpx.post(f"{url}/v1/responses", json=body, headers=AUTH)
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == param
     event = ws_turn(url, input="hi", **fields)
     assert event["type"] == "error" and event["error"]["param"] == param
+
+
+# ---------------------------------------------------------------- prompt_cache_diagnostics
+
+TOOL = {"type": "function", "name": "read", "parameters": {"type": "object", "properties": {}}}
+
+
+def compared(client: OpenAI, compare_to: str, **body: Any) -> dict[str, Any]:
+    """A response made with `comparison_response_id`, its diagnostics (SDK-validated)."""
+    raw = client.responses.with_raw_response.create(
+        model="sim", prompt_cache_options={"comparison_response_id": compare_to}, **body
+    )
+    response = Response.model_validate_json(raw.http_response.content, strict=True)
+    assert response.prompt_cache_diagnostics is not None
+    diagnostics: dict[str, Any] = raw.http_response.json()["prompt_cache_diagnostics"]
+    return diagnostics
+
+
+def messages(*texts: str) -> list[dict[str, Any]]:
+    return [{"type": "message", "role": "user", "content": text} for text in texts]
+
+
+def test_a_continuation_of_the_compared_response_is_a_cache_hit(client: OpenAI) -> None:
+    first = client.responses.create(model="sim", input="Fix the test.", instructions="Be brief.")
+    diagnostics = compared(
+        client,
+        first.id,
+        input="And the docs.",
+        previous_response_id=first.id,
+        instructions="Be brief.",
+    )
+    assert diagnostics["type"] == "cache_hit", diagnostics
+
+
+@pytest.mark.parametrize(
+    ("changed", "part", "reason"),
+    [
+        ({"instructions": "Be thorough."}, "instructions", "input_changed"),
+        ({"tools": [TOOL]}, "tools", "tools_changed"),
+        ({"input": messages("Fix the build.", "Then the docs.")}, "input[0]", "input_changed"),
+        ({"input": messages("Fix the test.", "Then the tests.")}, "input[1]", "input_changed"),
+    ],
+)
+def test_a_miss_names_where_the_prompts_first_differ(
+    client: OpenAI, changed: dict[str, Any], part: str, reason: str
+) -> None:
+    base = {"instructions": "Be brief.", "input": messages("Fix the test.", "Then the docs.")}
+    first = client.responses.create(model="sim", **base)  # type: ignore[arg-type]
+    diagnostics = compared(client, first.id, **{**base, **changed})
+    assert diagnostics["type"] == "cache_miss"
+    assert (diagnostics["part"], diagnostics["reason"]) == (part, reason)
+    reusable = diagnostics["comparison_reusable_tokens"]
+    assert diagnostics["first_difference"] == reusable
+    assert diagnostics["cache_missed_tokens"] > 0
+    # Later parts reuse more of the compared prompt than earlier ones.
+    if part == "input[1]":
+        assert (
+            reusable
+            > compared(client, first.id, **{**base, "instructions": "X"})[
+                "comparison_reusable_tokens"
+            ]
+        )
+
+
+def test_an_unknown_or_another_key_s_response_is_not_found(url: str, client: OpenAI) -> None:
+    assert compared(client, "resp_unknown", input="hi") == {"type": "comparison_response_not_found"}
+    other = OpenAI(base_url=url + "/v1", api_key="sk-other", max_retries=0)
+    theirs = other.responses.create(model="sim", input="secret")
+    assert compared(client, theirs.id, input="secret") == {"type": "comparison_response_not_found"}
+
+
+def test_diagnostics_over_a_websocket(url: str) -> None:
+    with connect(url.replace("http://", "ws://") + "/v1/responses", additional_headers=AUTH) as ws:
+
+        def turn(**fields: Any) -> dict[str, Any]:
+            ws.send(orjson.dumps({"type": "response.create", "model": "sim", **fields}).decode())
+            while True:
+                event: dict[str, Any] = orjson.loads(ws.recv())
+                if event["type"] in TERMINAL or event["type"] == "error":
+                    assert event["type"] == "response.completed", event
+                    response: dict[str, Any] = event["response"]
+                    return response
+
+        first = turn(input="Fix the test.", store=False)
+        options = {"comparison_response_id": first["id"]}
+        hit = turn(
+            input="More.",
+            previous_response_id=first["id"],
+            store=False,
+            prompt_cache_options=options,
+        )
+        assert hit["prompt_cache_diagnostics"]["type"] == "cache_hit"
+        miss = turn(input="Fix the docs.", store=False, prompt_cache_options=options)
+        assert miss["prompt_cache_diagnostics"]["part"] == "input[0]"

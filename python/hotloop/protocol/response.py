@@ -35,6 +35,7 @@ from hotloop._core import (
 from hotloop.engines.base import API_SAMPLING, EngineError, Sampling
 from hotloop.events import ResponseEvents, Usage, new_id
 from hotloop.protocol.actions import Baseline, Cancel, Finished, Generate, Persist, TurnSegment
+from hotloop.protocol.diagnostics import diagnose
 from hotloop.protocol.errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -124,6 +125,22 @@ class Rendering:
             )
         if settings.sampling_defaults != API_SAMPLING:
             fields = engine_sampling(request, fields, settings.sampling_defaults)
+        compared_id = request.comparison_response_id
+        if compared_id is not None:
+            cached = connection.cache.get(compared_id)
+            diagnostics = diagnose(
+                settings.conversation(),
+                request,
+                conversation.prompt(),
+                turn,
+                None if cached is None else cached.checkpoint,
+            )
+            fields = (
+                fields[:-1]
+                + ',"prompt_cache_diagnostics":'
+                + orjson.dumps(diagnostics).decode()
+                + "}"
+            )
         if settings.request_id is None:
             events = ResponseEvents(fields, stream_id=lane.name, request_id=new_id("req_"))
             request_id = events.request_id

@@ -219,6 +219,9 @@ class HttpApi:
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
+        if request.comparison_response_id is not None:
+            # `prompt_cache_diagnostics` compares with its tokens: the caller's only.
+            await self.ledger.warm(cache, request.comparison_response_id, books.owner)
         exchange = _Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange)
         connection.receive_request(request, size, parse_ns)
