@@ -173,16 +173,10 @@ class CreateRequest:
     """`context_management`'s `compact_threshold`: compact when the prompt passes it."""
     prompt_cache_key: str | None
     """The conversation's name for routing, beside the session headers."""
-    prompt_cache_retention: str | None
-    """`in_memory` or `24h` (`in-memory` read as `in_memory`), None when not sent."""
-    prompt_cache_ttl: str | None
-    """`prompt_cache_options.ttl` (`30m` or `12h`), None when no options were sent."""
     comparison_response_id: str | None
     """`prompt_cache_options.comparison_response_id`: asks for `prompt_cache_diagnostics`."""
     compaction_trigger: bool
     """The input ended with `{"type": "compaction_trigger"}`: compact the conversation."""
-    prewarm: bool
-    """`prompt_cache_options.prewarm`: fill the engine's cache, sample nothing."""
     input_item_count: int
     input_bytes: int
     frame_bytes: int

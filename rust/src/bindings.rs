@@ -538,14 +538,6 @@ impl PyCreateRequest {
         self.inner.prompt_cache.key.as_deref()
     }
     #[getter]
-    fn prompt_cache_retention(&self) -> Option<&str> {
-        self.inner.prompt_cache.retention
-    }
-    #[getter]
-    fn prompt_cache_ttl(&self) -> Option<&str> {
-        self.inner.prompt_cache.options.as_ref().map(|o| o.ttl)
-    }
-    #[getter]
     fn comparison_response_id(&self) -> Option<&str> {
         let options = self.inner.prompt_cache.options.as_ref()?;
         options.comparison_response_id.as_deref()
@@ -553,14 +545,6 @@ impl PyCreateRequest {
     #[getter]
     fn compaction_trigger(&self) -> bool {
         self.inner.input.compaction_trigger
-    }
-    #[getter]
-    fn prewarm(&self) -> bool {
-        self.inner
-            .prompt_cache
-            .options
-            .as_ref()
-            .is_some_and(|o| o.prewarm)
     }
     #[getter]
     fn reasoning_effort(&self) -> Option<&str> {
