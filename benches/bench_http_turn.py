@@ -48,11 +48,11 @@ def conversation(client: httpx.Client, turns: int, size: int, previous: bool) ->
         message = {"type": "message", "role": "user", "content": text(size, n * 31)}
         body: dict[str, Any] = {"model": "sim", "max_output_tokens": 16}
         if previous:
-            body |= {"input": [message], "store": True}
+            body |= {"model": "sim", "input": [message], "store": True}
             if last_id is not None:
                 body["previous_response_id"] = last_id
         else:
-            body |= {"input": [*history, message], "store": False}
+            body |= {"model": "sim", "input": [*history, message], "store": False}
         before = overhead_sum(client)
         reply = client.post("/v1/responses", json=body)
         reply.raise_for_status()

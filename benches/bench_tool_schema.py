@@ -38,7 +38,7 @@ def wide_tool_frame(properties: int, variant: int = 0) -> bytes:
         "description": f"A tool with many parameters ({variant}).",
         "parameters": {"type": "object", "properties": props, "required": list(props)},
     }
-    return orjson.dumps({"type": "response.create", "input": "hi", "tools": [tool]})
+    return orjson.dumps({"type": "response.create", "model": "sim", "input": "hi", "tools": [tool]})
 
 
 def accept(frame: bytes, harmony: ChatFormat) -> None:

@@ -38,7 +38,7 @@ def huge_tool_frame(tools: int = 250, properties: int = 600) -> str:
             "parameters": {"type": "object", "properties": props, "required": list(props)},
         }
 
-    body = {"type": "response.create", "store": False, "input": "hi"}
+    body = {"type": "response.create", "model": "sim", "store": False, "input": "hi"}
     return orjson.dumps({**body, "tools": [tool(t) for t in range(tools)]}).decode()
 
 
@@ -53,7 +53,9 @@ def turn(ws: ClientConnection, frame: str) -> tuple[float, str]:
 
 
 def victim_turns(url: str, turns: int) -> list[float]:
-    frame = orjson.dumps({"type": "response.create", "store": False, "input": "hi"}).decode()
+    frame = orjson.dumps(
+        {"type": "response.create", "model": "sim", "store": False, "input": "hi"}
+    ).decode()
     with connect(url) as ws:
         turn(ws, frame)  # the first turn renders the format's prefix
         return [turn(ws, frame)[0] for _ in range(turns)]

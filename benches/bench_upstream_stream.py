@@ -268,7 +268,7 @@ class Run:
     async def _client(self, turns: int, out: list[Turn]) -> None:
         async with connect(self.server.ws_url, max_size=None) as ws:
             for _ in range(turns):
-                event = {"type": "response.create", "input": "go", "store": False}
+                event = {"type": "response.create", "model": "sim", "input": "go", "store": False}
                 sent = time.monotonic()
                 await ws.send(orjson.dumps(event).decode())
                 turn = Turn("", sent, [], 0)

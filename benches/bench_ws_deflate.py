@@ -64,12 +64,14 @@ def traffic(steps: int) -> tuple[list[bytes], list[bytes], list[int]]:
         body: dict[str, object] = {"type": "response.create", "model": "sim", "store": False}
         if previous is None:
             body |= {
+                "model": "sim",
                 "instructions": rollout.instructions,
                 "tools": rollout.tools,
                 "input": rollout.task,
             }
         else:
             body |= {
+                "model": "sim",
                 "tools": rollout.tools,
                 "previous_response_id": previous,
                 "input": [rollout.tool_result(index - 1, call_id)],

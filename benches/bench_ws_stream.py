@@ -111,7 +111,9 @@ async def in_process(ids: list[int], batch: int, pause: float = 0.0) -> tuple[fl
         model="sim",
         cache=ConnectionCache(1 << 30, CacheBudget(1 << 30)),
     )
-    client = ScriptedClient(orjson.dumps({"type": "response.create", "input": "go"}).decode())
+    client = ScriptedClient(
+        orjson.dumps({"type": "response.create", "model": "sim", "input": "go"}).decode()
+    )
     frames = 0
 
     async def send(message: Message) -> None:
@@ -209,7 +211,12 @@ class Served:
         self.previous: str = first["response"]["id"]
 
     def _turn(self, previous: str | None) -> tuple[dict[str, Any], int]:
-        event: dict[str, Any] = {"type": "response.create", "input": "go", "store": False}
+        event: dict[str, Any] = {
+            "type": "response.create",
+            "model": "sim",
+            "input": "go",
+            "store": False,
+        }
         if previous:
             event["previous_response_id"] = previous
         self.ws.send(orjson.dumps(event).decode())

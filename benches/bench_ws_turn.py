@@ -105,7 +105,12 @@ def main() -> None:
             chunk = text(min(400_000, max(2_000, (target - tokens) * 4)), seed)
             seed += 1
             message = {"type": "message", "role": "user", "content": chunk}
-            event: dict[str, Any] = {"type": "response.create", "input": [message], "store": False}
+            event: dict[str, Any] = {
+                "type": "response.create",
+                "model": "sim",
+                "input": [message],
+                "store": False,
+            }
             if previous is not None:
                 event["previous_response_id"] = previous
             _, work = turn(conn, event)
@@ -117,7 +122,7 @@ def main() -> None:
         full: list[float] = []
         for i in range(args.samples):
             message = {"type": "message", "role": "user", "content": text(2048, 10_000 + i)}
-            base = {"type": "response.create", "store": False}
+            base = {"type": "response.create", "model": "sim", "store": False}
             ms, _ = turn(conn, {**base, "input": [message], "previous_response_id": previous})
             ws.append(ms)
             assert observer.last is not None

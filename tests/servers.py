@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 from hotloop._core import ChatFormat
+from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
 from hotloop.transport import App
@@ -108,6 +109,17 @@ def hotloop_server(
         "ws_per_message_deflate": app.config.websocket_deflate,
     }
     with serving(checked, **options) as url:
+        yield url
+    assert checked.invalid == []
+
+
+@contextmanager
+def stored_server(data_dir: str, script: SimScript | None = None, **config: Any) -> Iterator[str]:
+    """`hotloop serve` as built by the CLI (`build_app`: the store in `data_dir`) over
+    the sim engine, served for real; on exit, asserts every frame it sent was valid."""
+    settings = ServerConfig(engine="sim", data_dir=data_dir, **config)
+    checked = Validating(build_app(sim_engine(), settings))
+    with serving(checked) as url:
         yield url
     assert checked.invalid == []
 

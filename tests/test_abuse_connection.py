@@ -99,14 +99,14 @@ def test_a_compaction_item_opens_for_its_own_key_only(tmp_path: Path) -> None:
             headers = {"authorization": f"Bearer {key}"}
             return httpx.post(base + path, json={"model": "sim", **body}, headers=headers)
 
-        compacted = post(VICTIM, "/v1/responses/compact", {"input": conversation})
+        compacted = post(VICTIM, "/v1/responses/compact", {"model": "sim", "input": conversation})
         (item,) = compacted.json()["output"]
-        stolen = post(ATTACKER, "/v1/responses", {"input": [item], "store": True})
+        stolen = post(ATTACKER, "/v1/responses", {"model": "sim", "input": [item], "store": True})
         assert stolen.status_code == 400
         assert stolen.json()["error"]["code"] == "invalid_encrypted_content"
         refused = turn(base, ATTACKER, input=[item])
         assert refused["error"]["code"] == "invalid_encrypted_content"
-        assert post(VICTIM, "/v1/responses", {"input": [item]}).status_code == 200
+        assert post(VICTIM, "/v1/responses", {"model": "sim", "input": [item]}).status_code == 200
         assert turn(base, VICTIM, input=[item])["type"] == "response.completed"
 
 

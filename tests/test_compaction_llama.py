@@ -50,7 +50,11 @@ def socket(base: str) -> ClientConnection:
 
 
 def turn(ws: ClientConnection, **fields: Any) -> list[dict[str, Any]]:
-    ws.send(orjson.dumps({"type": "response.create", "max_output_tokens": 8, **fields}).decode())
+    ws.send(
+        orjson.dumps(
+            {"type": "response.create", "model": "smollm2", "max_output_tokens": 8, **fields}
+        ).decode()
+    )
     events = []
     while True:
         events.append(validate(ws.recv()))

@@ -499,7 +499,9 @@ def test_a_limit_that_refuses_work_says_when_to_retry(tmp_path: Path) -> None:
     engine = SimEngine(ChatFormat.harmony(), model="sim", speed=FAST)
     config = ServerConfig(engine="sim", data_dir=str(tmp_path), max_queued_bytes=256)
     with serving(build_app(engine, config)) as url:
-        reply = httpx.post(url + "/v1/responses", json={"input": "x" * 300}, timeout=30)
+        reply = httpx.post(
+            url + "/v1/responses", json={"model": "sim", "input": "x" * 300}, timeout=30
+        )
         with socket(url + "/v1") as ws:
             refused = turn(ws, input="y" * 300)[-1]
     assert reply.status_code == 429 and reply.headers["retry-after"] == "1"

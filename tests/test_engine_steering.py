@@ -64,7 +64,12 @@ def send(conn: Connection, event: dict[str, Any]) -> None:
 
 def create(conn: Connection, input: Any, max_output_tokens: int, **fields: Any) -> None:
     """A greedy request: the model answers the same every run."""
-    body = {"input": input, "temperature": 0, "max_output_tokens": max_output_tokens}
+    body = {
+        "model": "sim",
+        "input": input,
+        "temperature": 0,
+        "max_output_tokens": max_output_tokens,
+    }
     send(conn, {"type": "response.create", **body, **fields})
 
 
@@ -160,7 +165,9 @@ async def test_the_upstream_is_sent_the_parked_prompt_extended() -> None:
         await engine.start()
         session: EngineSession = engine.session()
         conn = connection(harmony, 1 << 16)
-        send(conn, {"type": "response.create", "input": "List files", "tools": TOOLS})
+        send(
+            conn, {"type": "response.create", "model": "sim", "input": "List files", "tools": TOOLS}
+        )
         frames = await run_on(conn, session)
         call_id = frames[-1]["item"]["call_id"]
         vllm.script = Script(reply=harmony.completion_tokens(text="One file."))

@@ -261,13 +261,21 @@ def test_a_long_render_does_not_block_other_connections(monkeypatch: pytest.Monk
     with hotloop_server(speed=speed) as base:
         url = base.replace("http://", "ws://") + "/v1/responses"
         with connect(url) as big, connect(url) as small:
-            big.send(orjson.dumps({"type": "response.create", "input": HISTORY}).decode())
+            big.send(
+                orjson.dumps({"type": "response.create", "model": "sim", "input": HISTORY}).decode()
+            )
             assert started.wait(timeout=60)
-            small.send(orjson.dumps({"type": "response.create", "input": "quick"}).decode())
+            small.send(
+                orjson.dumps({"type": "response.create", "model": "sim", "input": "quick"}).decode()
+            )
             assert recv_until(small, "response.completed")[-1]["type"] == "response.completed"
             # A new handshake and a whole turn on it, still during the render.
             with connect(url) as late:
-                late.send(orjson.dumps({"type": "response.create", "input": "hi"}).decode())
+                late.send(
+                    orjson.dumps(
+                        {"type": "response.create", "model": "sim", "input": "hi"}
+                    ).decode()
+                )
                 assert recv_until(late, "response.completed")[-1]["type"] == "response.completed"
             assert not gate.is_set()
             gate.set()
@@ -355,7 +363,10 @@ def test_large_frames_are_parsed_off_the_event_loop_thread(
     engine = SimEngine(FORMAT, model="sim", speed=FAST)
     with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
         with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
-            for fields in ({"input": "hi"}, {"input": "hi", "tools": BIG_TOOLS}):
+            for fields in (
+                {"model": "sim", "input": "hi"},
+                {"model": "sim", "input": "hi", "tools": BIG_TOOLS},
+            ):
                 ws.send(orjson.dumps({"type": "response.create", **fields}).decode())
                 assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
         body = {"model": "sim", "input": "hi", "tools": BIG_TOOLS}
@@ -385,7 +396,10 @@ def test_a_large_text_message_is_decoded_off_the_event_loop_thread(
     with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
         url = base.replace("http://", "ws://") + "/v1/responses"
         with connect(url) as ws:
-            for fields in ({"input": "hi"}, {"input": "hi", "tools": BIG_TOOLS}):
+            for fields in (
+                {"model": "sim", "input": "hi"},
+                {"model": "sim", "input": "hi", "tools": BIG_TOOLS},
+            ):
                 ws.send(orjson.dumps({"type": "response.create", **fields}).decode())
                 assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
         with connect(url) as ws:
@@ -417,9 +431,11 @@ def test_a_queued_large_frame_is_parsed_again_off_the_event_loop_thread(
     engine = SimEngine(FORMAT, model="sim", speed=SimSpeed(tokens_per_second=50.0, ttft=0.0))
     with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
         with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
-            ws.send(orjson.dumps({"type": "response.create", "input": "hi"}).decode())
+            ws.send(
+                orjson.dumps({"type": "response.create", "model": "sim", "input": "hi"}).decode()
+            )
             recv_until(ws, "response.created")
-            big = {"type": "response.create", "input": "hi", "tools": BIG_TOOLS}
+            big = {"type": "response.create", "model": "sim", "input": "hi", "tools": BIG_TOOLS}
             ws.send(orjson.dumps(big).decode())
             for _ in range(2):
                 assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"

@@ -171,6 +171,20 @@ def test_the_balancer_hashes_every_session_header_to_one_node(cluster: Cluster) 
     assert spread == set(cluster.nodes)
 
 
+def test_a_prompt_cache_key_goes_to_one_node_and_one_replica(cluster: Cluster) -> None:
+    # No session header: HAProxy hashes the body's prompt_cache_key (round robin would
+    # alternate the two nodes), and every node routes it to the replica it hashes to.
+    keys = [f"cache-key-{i}" for i in range(6)]
+    for key in keys:
+        replies = [post(cluster.url, prompt_cache_key=key) for _ in range(3)]
+        assert all(reply.status_code == 200 for reply in replies), replies[0].text
+        assert len({reply.headers["x-hotloop-node"] for reply in replies}) == 1
+        assert {reply.json()["prompt_cache_key"] for reply in replies} == {key}
+    seen = replica_sessions(cluster)
+    for key in keys:
+        assert [url for url, sessions in seen.items() if key in sessions] == [owner(cluster, key)]
+
+
 def test_a_stored_response_reads_back_on_any_node(cluster: Cluster) -> None:
     created = post(cluster.node_url("node2"), input="stored").json()
     cluster.nodes["node2"].stop()

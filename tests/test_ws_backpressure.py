@@ -59,7 +59,9 @@ async def test_slow_reader_pauses_generation_and_memory_stays_bounded() -> None:
     )
     reading = asyncio.Event()  # the client starts reading when this is set
     sent: list[str] = []
-    client = ScriptedClient(orjson.dumps({"type": "response.create", "input": "go"}).decode())
+    client = ScriptedClient(
+        orjson.dumps({"type": "response.create", "model": "sim", "input": "go"}).decode()
+    )
 
     async def send(message: Message) -> None:
         await reading.wait()
@@ -124,7 +126,7 @@ def test_disconnect_mid_stream_cancels_generation() -> None:
     app = App(engine, ServerConfig(engine="sim"))  # type: ignore[arg-type]
     with serving(app) as base:
         ws = connect(base.replace("http://", "ws://") + "/v1/responses")
-        ws.send(orjson.dumps({"type": "response.create", "input": "long"}).decode())
+        ws.send(orjson.dumps({"type": "response.create", "model": "sim", "input": "long"}).decode())
         while validate(ws.recv())["type"] != "response.output_text.delta":
             pass
         ws.close()
@@ -202,7 +204,9 @@ async def test_slow_reader_pauses_the_upstream_read() -> None:
     )
     reading = asyncio.Event()
     completed: list[dict[str, Any]] = []
-    client = ScriptedClient(orjson.dumps({"type": "response.create", "input": "go"}).decode())
+    client = ScriptedClient(
+        orjson.dumps({"type": "response.create", "model": "sim", "input": "go"}).decode()
+    )
 
     async def send(message: Message) -> None:
         await reading.wait()

@@ -78,7 +78,9 @@ async def stream_once(
         model="m",
         cache=ConnectionCache(1 << 30, CacheBudget(1 << 30)),
     )
-    client = ScriptedClient(orjson.dumps({"type": "response.create", "input": "go"}).decode())
+    client = ScriptedClient(
+        orjson.dumps({"type": "response.create", "model": "sim", "input": "go"}).decode()
+    )
     sent: list[dict[str, object]] = []
 
     async def send(message: Message) -> None:

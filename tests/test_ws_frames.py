@@ -51,7 +51,12 @@ def test_a_turn_with_frames_of_every_size_reaches_the_client(deflate: bool) -> N
         url = base.replace("http://", "ws://") + "/v1/responses"
         with connect(url, max_size=None, compression="deflate" if deflate else None) as ws:
             for _ in range(2):
-                event = {"type": "response.create", "input": "go", "instructions": instructions}
+                event = {
+                    "type": "response.create",
+                    "model": "sim",
+                    "input": "go",
+                    "instructions": instructions,
+                }
                 ws.send(orjson.dumps(event).decode())
                 frames = []
                 while (frame := validate(ws.recv()))["type"] != "response.completed":
@@ -90,7 +95,9 @@ async def one_turn(session: InBatches, stream_cpu: StreamCpu | None = None) -> l
         cache=ConnectionCache(1 << 30, CacheBudget(1 << 30)),
     )
     sends: list[list[bytes]] = []
-    client = ScriptedClient(orjson.dumps({"type": "response.create", "input": "go"}).decode())
+    client = ScriptedClient(
+        orjson.dumps({"type": "response.create", "model": "sim", "input": "go"}).decode()
+    )
 
     async def send(message: Message) -> None:
         assert message["type"] == SEND_FRAMES

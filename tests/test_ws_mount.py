@@ -34,6 +34,8 @@ def test_mounted_under_a_starlette_app() -> None:
     # Served the way a host application runs it: plain uvicorn, no hotloop extension.
     with serving(host, ws="websockets-sansio") as base:
         with connect(base.replace("http://", "ws://") + "/llm/v1/responses") as ws:
-            ws.send(orjson.dumps({"type": "response.create", "input": "hi"}).decode())
+            ws.send(
+                orjson.dumps({"type": "response.create", "model": "sim", "input": "hi"}).decode()
+            )
             while (event := validate(ws.recv()))["type"] != "response.completed":
                 assert event["type"] != "error", event

@@ -54,7 +54,7 @@ async def test_cancel_while_the_generation_sends_loses_no_frame() -> None:
             finished.set()
 
     frames = [
-        orjson.dumps({"type": "response.create", "input": "go"}).decode(),
+        orjson.dumps({"type": "response.create", "model": "sim", "input": "go"}).decode(),
         orjson.dumps({"type": "response.cancel"}).decode(),
     ]
 

@@ -47,7 +47,15 @@ def test_turn_and_continuation(url: str) -> None:
         first = until_terminal(ws)
         assert first[-1]["type"] == "response.completed"
         response_id = first[-1]["response"]["id"]
-        send(ws, {"type": "response.create", "input": "again", "previous_response_id": response_id})
+        send(
+            ws,
+            {
+                "type": "response.create",
+                "model": "sim",
+                "input": "again",
+                "previous_response_id": response_id,
+            },
+        )
         second = until_terminal(ws)[-1]["response"]
         assert second["usage"]["input_tokens_details"]["cached_tokens"] > 0
         assert second["model"] == "sim"
@@ -87,37 +95,61 @@ def test_bad_input_keeps_the_socket_and_other_sockets_usable(url: str) -> None:
         assert validate(ws.recv())["error"]["code"] == "binary_frame_not_supported"
         send(ws, {"type": "nope"})
         assert validate(ws.recv())["error"]["code"] == "unknown_event_type"
-        send(ws, {"type": "response.create", "input": "x", "previous_response_id": "resp_x"})
+        send(
+            ws,
+            {
+                "type": "response.create",
+                "model": "sim",
+                "input": "x",
+                "previous_response_id": "resp_x",
+            },
+        )
         assert validate(ws.recv())["error"]["code"] == "previous_response_not_found"
-        send(ws, {"type": "response.create", "input": "x", "background": True})
+        send(ws, {"type": "response.create", "model": "sim", "input": "x", "background": True})
         assert validate(ws.recv())["status"] == 400
-        send(ws, {"type": "response.create", "input": "x", "stream_id": "bad id"})
+        send(ws, {"type": "response.create", "model": "sim", "input": "x", "stream_id": "bad id"})
         assert validate(ws.recv())["error"]["code"] == "invalid_stream_id"
-        send(ws, {"type": "response.create", "input": "x"})
+        send(ws, {"type": "response.create", "model": "sim", "input": "x"})
         parent = until_terminal(ws)[-1]["response"]["id"]
         stray = [{"type": "function_call_output", "call_id": "call_nope", "output": "x"}]
-        send(ws, {"type": "response.create", "input": stray, "previous_response_id": parent})
+        send(
+            ws,
+            {
+                "type": "response.create",
+                "model": "sim",
+                "input": stray,
+                "previous_response_id": parent,
+            },
+        )
         refused = validate(ws.recv())
         assert refused["status"] == 400 and refused["error"]["param"].startswith("input")
-        send(other, {"type": "response.create", "input": "x"})
+        send(other, {"type": "response.create", "model": "sim", "input": "x"})
         assert until_terminal(other)[-1]["type"] == "response.completed"
-        send(ws, {"type": "response.create", "input": "x"})
+        send(ws, {"type": "response.create", "model": "sim", "input": "x"})
         assert until_terminal(ws)[-1]["type"] == "response.completed"
 
 
 def test_oversize_frame_is_an_error_not_a_close() -> None:
     with hotloop_server(max_frame_bytes=2048) as base:
         with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
-            send(ws, {"type": "response.create", "input": "x" * 3000})
+            send(ws, {"type": "response.create", "model": "sim", "input": "x" * 3000})
             assert validate(ws.recv())["error"]["code"] == "frame_too_large"
-            send(ws, {"type": "response.create", "input": "small"})
+            send(ws, {"type": "response.create", "model": "sim", "input": "small"})
             assert until_terminal(ws)[-1]["type"] == "response.completed"
 
 
 def test_lanes_interleave_and_queue_fifo(url: str) -> None:
     with open_socket(url) as ws:
         for lane in ("a", "b", "a"):
-            send(ws, {"type": "response.create", "input": f"to {lane}", "stream_id": lane})
+            send(
+                ws,
+                {
+                    "type": "response.create",
+                    "model": "sim",
+                    "input": f"to {lane}",
+                    "stream_id": lane,
+                },
+            )
         done: dict[str, int] = {}
         while sum(done.values()) < 3:
             frame = validate(ws.recv())
@@ -135,7 +167,7 @@ def test_cancel_mid_stream_and_ping_while_streaming() -> None:
     script = SimScript(text="word " * 400)
     with hotloop_server(script, SLOW) as base:
         with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
-            send(ws, {"type": "response.create", "input": "long", "stream_id": "s"})
+            send(ws, {"type": "response.create", "model": "sim", "input": "long", "stream_id": "s"})
             while validate(ws.recv())["type"] != "response.output_text.delta":
                 pass
             assert ws.ping().wait(timeout=30)  # answered while a response streams
@@ -143,7 +175,15 @@ def test_cancel_mid_stream_and_ping_while_streaming() -> None:
             frames = until_terminal(ws)
             assert frames[-1]["type"] == "response.incomplete"
             assert frames[-1]["response"]["status"] == "cancelled"
-            send(ws, {"type": "response.create", "input": "next", "max_output_tokens": 5})
+            send(
+                ws,
+                {
+                    "type": "response.create",
+                    "model": "sim",
+                    "input": "next",
+                    "max_output_tokens": 5,
+                },
+            )
             last = until_terminal(ws)[-1]
             assert last["type"] == "response.incomplete"
             assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}

@@ -173,6 +173,12 @@ class CreateRequest:
     reasoning_effort: str | None
     compact_threshold: int | None
     """`context_management`'s `compact_threshold`: compact when the prompt passes it."""
+    prompt_cache_key: str | None
+    """The conversation's name for routing, beside the session headers."""
+    comparison_response_id: str | None
+    """`prompt_cache_options.comparison_response_id`: asks for `prompt_cache_diagnostics`."""
+    compaction_trigger: bool
+    """The input ended with `{"type": "compaction_trigger"}`: compact the conversation."""
     input_item_count: int
     input_bytes: int
     frame_bytes: int
@@ -188,7 +194,8 @@ class CreateRequest:
         """A JSON object with the request fields a Response echoes, nulls and defaults
         filled in: frequency_penalty, instructions, max_output_tokens, max_tool_calls,
         metadata, model, parallel_tool_calls, presence_penalty, previous_response_id,
-        prompt_cache_key, reasoning, safety_identifier, service_tier, store, temperature,
+        prompt_cache_key (and prompt_cache_retention, prompt_cache_options when sent),
+        reasoning, safety_identifier, service_tier, store, temperature,
         text, tool_choice, tools (function tools with description, parameters and strict),
         top_logprobs, top_p, truncation."""
 

@@ -194,6 +194,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
             ),
             config.node,
         ),
+        default_model=config.default_model,
     )
     return App(
         ledger.engine,

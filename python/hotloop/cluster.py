@@ -314,6 +314,13 @@ frontend responses
     acl dashed req.hdr(session-id) -m found
     http-request set-header x-session-id %[req.hdr(session_id)] if underscored !named
     http-request set-header x-session-id %[req.hdr(session-id)] if dashed !named !underscored
+    # Or the body's prompt_cache_key (JSON, in the first tune.bufsize bytes: 16 KiB by
+    # default; a compressed or larger body needs a session header to be routed).
+    # `named` is evaluated here, after the rules above: no session header at all.
+    option http-buffer-request
+    http-request set-var(txn.cache_key) req.body,json_query('$.prompt_cache_key') if !named
+    acl keyed var(txn.cache_key) -m found
+    http-request set-header x-session-id %[var(txn.cache_key)] if keyed !named
     default_backend {BACKEND}
 
 backend {BACKEND}

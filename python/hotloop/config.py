@@ -90,6 +90,11 @@ class ServerConfig:
     port: int = _option(8000, "TCP port")
     engine: str = _option("llama", "inference engine: sim, llama or upstream")
     model: str | None = _option(None, "model name clients send (default: the engine's)")
+    default_model: str | None = _option(
+        None,
+        "model a request without `model` is served as (and echoes); without it such a "
+        "request is refused with 400 missing_required_parameter, as the API requires",
+    )
     api_keys: tuple[str, ...] = _option(
         (),
         "comma-separated Bearer keys, each `secret` or `name:secret` (the name labels the "

@@ -538,6 +538,19 @@ impl PyCreateRequest {
         self.inner.compact_threshold
     }
     #[getter]
+    fn prompt_cache_key(&self) -> Option<&str> {
+        self.inner.prompt_cache.key.as_deref()
+    }
+    #[getter]
+    fn comparison_response_id(&self) -> Option<&str> {
+        let options = self.inner.prompt_cache.options.as_ref()?;
+        options.comparison_response_id.as_deref()
+    }
+    #[getter]
+    fn compaction_trigger(&self) -> bool {
+        self.inner.input.compaction_trigger
+    }
+    #[getter]
     fn reasoning_effort(&self) -> Option<&str> {
         self.inner.prefix.reasoning_effort.as_deref()
     }

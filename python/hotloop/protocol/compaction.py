@@ -238,7 +238,9 @@ def summarizing(
     """`request` with the instruction to summarize appended to its input, and no room
     for more than a summary: what the engine is given to write one (parsed with the
     connection's `limits`, as the request was)."""
-    items = [*orjson.loads(request.input_json), _user(SUMMARIZE)]
+    # The input as sent, but a `compaction_trigger` (the request's, not an item).
+    sent = orjson.loads(request.input_json)
+    items = [*(i for i in sent if i.get("type") != "compaction_trigger"), _user(SUMMARIZE)]
     return _derived(request, items, summary_tokens, limits)
 
 

@@ -168,6 +168,7 @@ class Connection:
         inject: bool = False,
         inject_idle_timeout: float = 300.0,
         background: bool = False,
+        model_required: bool = False,
     ) -> None:
         """`session_key`: the client's session header (`session_id`, `x-session-id`),
         which routes every turn of the connection as one conversation. `queue_memory`:
@@ -185,7 +186,9 @@ class Connection:
         response that calls a client tool waits, open, for `response.inject`, and ends
         `response.incomplete` after `inject_idle_timeout` seconds without it.
         `background`: `background: true` requests are served (an HTTP background
-        response's own connection); refused otherwise, as over WebSocket."""
+        response's own connection); refused otherwise, as over WebSocket.
+        `model_required`: a request without `model` is refused (the server has no
+        `--default-model`); otherwise it is served as, and echoes, `model`."""
         self.cache = cache
         self._background = background
         self.limits = limits or ConnectionLimits()
@@ -203,6 +206,7 @@ class Connection:
             storage_refusal=storage_refusal,
             inject=inject,
             stop_tokens=tuple(chat_format.stop_tokens),
+            model_required=model_required,
         )
         self.clock = clock
         self._queue_memory = queue_memory
@@ -620,6 +624,9 @@ class Connection:
             return
         if request.error is not None:
             self.refuse(ProtocolError.from_core(request.error), name)
+            return
+        if request.model is None and self.settings.model_required:
+            self.refuse(ProtocolError.missing_model(), name)
             return
         if request.skipped_tools:
             self._note_skipped(request.skipped_tools)

@@ -128,6 +128,11 @@ class ProtocolError(Exception):
         )
 
     @classmethod
+    def missing_model(cls) -> ProtocolError:
+        """A request without `model` on a server with no `--default-model`."""
+        return cls("missing_required_parameter", "Missing required parameter: 'model'.", "model")
+
+    @classmethod
     def background(cls) -> ProtocolError:
         return cls(
             "invalid_value",

@@ -35,6 +35,7 @@ from hotloop._core import (
 from hotloop.engines.base import API_SAMPLING, EngineError, Sampling
 from hotloop.events import ResponseEvents, Usage, new_id
 from hotloop.protocol.actions import Baseline, Cancel, Finished, Generate, Persist, TurnSegment
+from hotloop.protocol.diagnostics import diagnose
 from hotloop.protocol.errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class Settings:
     """Why a key may store no more (`Ledger.storage_refusal`), or None."""
     inject: bool
     stop_tokens: tuple[int, ...]
+    model_required: bool = False
+    """A request without `model` is refused (no `--default-model`)."""
 
     def over_quota(self, request: CreateRequest) -> ProtocolError | None:
         """The refusal of a `store=true` request (a warm-up too: it is stored like any
@@ -131,6 +134,22 @@ class Rendering:
             echo = orjson.dumps({"id": request.conversation}).decode()
             fields = f'{fields[:-1]},"conversation":{echo}}}'
 
+        compared_id = request.comparison_response_id
+        if compared_id is not None:
+            cached = connection.cache.get(compared_id)
+            diagnostics = diagnose(
+                settings.conversation(),
+                request,
+                conversation.prompt(),
+                turn,
+                None if cached is None else cached.checkpoint,
+            )
+            fields = (
+                fields[:-1]
+                + ',"prompt_cache_diagnostics":'
+                + orjson.dumps(diagnostics).decode()
+                + "}"
+            )
         background = request.background
         if settings.request_id is None:
             events = ResponseEvents(
@@ -161,9 +180,12 @@ class Rendering:
             connection.outbox.append(events.lifecycle("response.created", "in_progress"))
         connection.outbox.append(events.lifecycle("response.in_progress", "in_progress"))
         threshold = request.compact_threshold
-        if threshold is not None and turn.prompt_tokens > threshold and peer_prompt is None:
+        over = threshold is not None and turn.prompt_tokens > threshold
+        if (over or request.compaction_trigger) and peer_prompt is None:
             # The prompt passed the client's threshold: the engine summarizes first, and
-            # the turn then runs on the summary (`Summarization.summarized`).
+            # the turn then runs on the summary (`Summarization.summarized`). Or the
+            # client asked for compaction (a `compaction_trigger` item): the summary is
+            # the response.
             summarization = connection.summarization
             summary = summarization.summary_turn(request, lane)
             if isinstance(summary, ProtocolError):
@@ -174,7 +196,8 @@ class Rendering:
                 response.fail(message, Usage())
                 return
             response.overhead_ns = pending.parse_ns + connection.clock() - start
-            summarization.summarize(response, summary[0], summary[1], resume=True)
+            resume = not request.compaction_trigger
+            summarization.summarize(response, summary[0], summary[1], resume=resume)
             return
         prompt = conversation.prompt() if peer_prompt is None else peer_prompt
         response.overhead_ns = pending.parse_ns + connection.clock() - start
@@ -278,7 +301,8 @@ class Response:
     # ---------------------------------------------------------------- sampling
 
     def generate(self, prompt: Prompt, limit: int | None = None) -> None:
-        """Hand the engine `prompt`, routed by the session or the chain's root so every
+        """Hand the engine `prompt`, routed by the session header, `prompt_cache_key` or
+        the chain's root so every
         turn of a conversation (its summarization too) lands where its cache is."""
         connection = self.connection
         request = self.request
@@ -290,7 +314,9 @@ class Response:
             top_p=request.top_p,
             stop_tokens=connection.settings.stop_tokens,
         )
-        route_key = connection.settings.session_key or self.root
+        # The client's names for the conversation first (as HAProxy hashes them:
+        # deploy/haproxy.cfg), then the chain's first response.
+        route_key = connection.settings.session_key or request.prompt_cache_key or self.root
         connection.outbox.append(Generate(self.key, prompt, sampling, route_key))
 
     def feed(self, ids: list[int]) -> bool:

@@ -1,5 +1,7 @@
 """Compaction as engine work (protocol.md section 8): `POST /v1/responses/compact`, whose
-answer is the summary the engine writes, and `context_management`, whose turn summarizes
+answer is the summary the engine writes, a response whose input ends with a
+`compaction_trigger` item (Codex's remote compaction: the response's one output item is
+the summary), and `context_management`, whose turn summarizes
 first when its prompt passed the client's threshold and then runs on a new conversation
 holding the summary in place of the history. `Summarization` owns those transitions of a
 response; sealing and opening summaries, and the requests they derive, are
@@ -103,6 +105,12 @@ class Summarization:
         spent = response.usage()
         item = compaction.item(self.compactor)
         response.compaction = None
+        if response.request.compaction_trigger:
+            # Remote compaction (Codex): a response whose one output is the item.
+            connection.outbox.append(response.events.item_added(0, item))
+            connection.outbox.append(response.events.item_done(0, item))
+            response.terminal("response.completed", "completed", spent, None)
+            return
         if not compaction.resume:
             resource = compacted_resource(item, spent)
             connection.outbox.append(resource)

@@ -287,7 +287,8 @@ class App:
         connection = Connection(
             chat_format=self.engine.chat_format,
             context_window=self.engine.context_window,
-            model=self.model,
+            model=config.default_model or self.model,
+            model_required=config.default_model is None,
             cache=cache,
             limits=self._limits,
             policy=self._policy,

@@ -14,6 +14,8 @@ Routes (each also without the `/v1` prefix, and below any mount point):
 - `GET /health` (503 while draining or while the store cannot commit, so load balancers
   stop routing here), `GET /metrics`
 
+Every POST body may be compressed (`Content-Encoding: gzip` or `zstd`, `encoding.py`).
+
 This module owns HTTP concerns only: routing, bodies and their size limit, Bearer auth,
 query parameters, SSE framing, client disconnects and error envelopes. Protocol
 decisions are the `Connection`'s; bookkeeping after a response is the `Ledger`'s.
@@ -61,6 +63,7 @@ from hotloop.store.background import BackgroundRecord
 from hotloop.transport.asgi import Message, Receive, Scope, Send
 from hotloop.transport.background import CANCEL_POLL, BackgroundWork, Job
 from hotloop.transport.conversations import ConversationsApi
+from hotloop.transport.encoding import decoded
 from hotloop.transport.websocket import persist, render_off_loop
 
 log = logging.getLogger("hotloop.http")
@@ -101,9 +104,12 @@ class HttpApi:
         compactor: Compactor | None = None,
         reads_per_key: int = 2,
         background: BackgroundWork | None = None,
+        default_model: str | None = None,
     ) -> None:
         self.ledger = ledger
         self.model = model
+        self.default_model = default_model
+        """What a request without `model` is served as; None: it is refused (400)."""
         self.keys = keys
         self.limits = limits or ConnectionLimits()
         self.policy = policy
@@ -252,6 +258,9 @@ class HttpApi:
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
         await self.ledger.warm_conversation(cache, request, books.owner)
+        if request.comparison_response_id is not None:
+            # `prompt_cache_diagnostics` compares with its tokens: the caller's only.
+            await self.ledger.warm(cache, request.comparison_response_id, books.owner)
         exchange = _Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange)
         connection.receive_request(request, size, parse_ns)
@@ -477,7 +486,13 @@ class HttpApi:
             return parse_request(compactor.expand(body), self.limits.request)
 
         try:
-            body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
+            limit = self.limits.max_frame_bytes
+            body = await _read_body(scope, receive, limit, reserved)
+            encoding = header(scope, b"content-encoding")
+            if encoding is not None:
+                # Decompressing up to 16 MiB takes milliseconds: not on the event loop.
+                body = await asyncio.to_thread(decoded, encoding, body, limit)
+                reserved.add(len(body))
             start = time.perf_counter_ns()
             try:
                 # A large body (input, tools or instructions): parsed in a worker thread.
@@ -500,7 +515,8 @@ class HttpApi:
         return Connection(
             chat_format=self.ledger.engine.chat_format,
             context_window=self.ledger.engine.context_window,
-            model=self.model,
+            model=self.default_model or self.model,
+            model_required=self.default_model is None,
             cache=cache,
             limits=self.limits,
             policy=self.policy,
@@ -528,10 +544,8 @@ class HttpApi:
         """`POST /v1/responses/compact`: the engine summarizes the conversation into a
         sealed `compaction` item (`Connection.receive_compact`)."""
         _, request, _ = await self._request(scope, receive, principal)
-        if request.model is None:
-            raise ProtocolError(
-                "missing_required_parameter", "Missing required parameter: 'model'.", "model"
-            )
+        if request.model is None and self.default_model is None:
+            raise ProtocolError.missing_model()
         # The summary is engine work: booked to the key like a response.
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)

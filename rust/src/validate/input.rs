@@ -26,6 +26,9 @@ pub struct Input {
     pub sources: Vec<TextSource>,
     /// The input was a plain string (its one message is located at `input`).
     pub from_string: bool,
+    /// The input ended with `{"type": "compaction_trigger"}` (Codex's remote compaction):
+    /// the response is the conversation compacted into one `compaction` item.
+    pub compaction_trigger: bool,
 }
 
 /// Where an item's text came from: the field and, when it was a list of parts, where
@@ -96,7 +99,8 @@ struct RawPart<'a> {
 /// Type and role names are checked against their few valid values, not sized.
 const NO_LIMIT: usize = usize::MAX;
 
-const ITEM_TYPES: &str = "'message', 'function_call', 'function_call_output', 'reasoning'";
+const ITEM_TYPES: &str =
+    "'message', 'function_call', 'function_call_output', 'reasoning', 'compaction_trigger' (last)";
 
 /// Parse the raw `input` field (absent = no items).
 pub fn parse_input(raw: Option<&RawValue>, limits: &Limits) -> Result<Input> {
@@ -114,6 +118,7 @@ pub fn parse_input(raw: Option<&RawValue>, limits: &Limits) -> Result<Input> {
                 }],
                 sources: vec![TextSource::plain("content")],
                 from_string: true,
+                compaction_trigger: false,
             });
         }
         Shape::Array(elements) => elements,
@@ -132,16 +137,28 @@ pub fn parse_input(raw: Option<&RawValue>, limits: &Limits) -> Result<Input> {
             limits.max_items,
         ));
     }
+    let count = elements.len();
     let mut input = Input {
-        items: Vec::with_capacity(elements.len()),
-        sources: Vec::with_capacity(elements.len()),
+        items: Vec::with_capacity(count),
+        sources: Vec::with_capacity(count),
         from_string: false,
+        compaction_trigger: false,
     };
     for (i, element) in elements.into_iter().enumerate() {
         let item_path = path.index(i);
-        let (item, source) = parse_item(element.object(&item_path)?, &item_path, limits)?;
-        input.items.push(item);
-        input.sources.push(source);
+        match parse_item(element.object(&item_path)?, &item_path, limits)? {
+            Some((item, source)) => {
+                input.items.push(item);
+                input.sources.push(source);
+            }
+            None if i + 1 == count => input.compaction_trigger = true,
+            None => {
+                return Err(invalid_value(
+                    &item_path,
+                    format!("'{item_path}': a compaction_trigger item must be the last input item."),
+                ))
+            }
+        }
     }
     Ok(input)
 }
@@ -173,7 +190,8 @@ fn required_name(shape: Option<Shape<IgnoredAny>>, path: &Path, max: usize) -> R
     Ok(name)
 }
 
-fn parse_item(mut item: RawItem, path: &Path, limits: &Limits) -> Result<(Item, TextSource)> {
+/// An input item, or None for a `compaction_trigger` (no item: a request to compact).
+fn parse_item(mut item: RawItem, path: &Path, limits: &Limits) -> Result<Option<(Item, TextSource)>> {
     let type_path = path.key("type");
     let kind = match item.kind.take() {
         Some(k) => k.text(&type_path, NO_LIMIT)?,
@@ -181,7 +199,8 @@ fn parse_item(mut item: RawItem, path: &Path, limits: &Limits) -> Result<(Item, 
         None => return Err(field::missing(&type_path)),
     };
     let max = limits.max_text_bytes;
-    match kind.as_ref() {
+    let parsed = match kind.as_ref() {
+        "compaction_trigger" => return Ok(None),
         "message" => parse_message(item, path, max, limits.images),
         "function_call" => {
             let call_id = required_name(item.call_id, &path.key("call_id"), max)?;
@@ -209,7 +228,8 @@ fn parse_item(mut item: RawItem, path: &Path, limits: &Limits) -> Result<(Item, 
             format!("Input item type '{other}' is not supported here; supported types are {ITEM_TYPES}."),
         )
         .at(type_path.to_string())),
-    }
+    };
+    parsed.map(Some)
 }
 
 fn parse_message(item: RawItem, path: &Path, max: usize, images: bool) -> Result<(Item, TextSource)> {

@@ -10,6 +10,7 @@ use super::field::{self, invalid_value};
 use super::input::{input_json, parse_input, Input};
 use super::path::Path;
 use super::policy::Policy;
+use super::prompt_cache::PromptCache;
 use super::tools::{parse_tool_choice, parse_tools, SkippedTool, ToolChoice};
 use super::values::check_values;
 use super::Limits;
@@ -83,6 +84,10 @@ pub(super) struct Body<'a> {
     #[serde(borrow)]
     prompt_cache_key: Option<&'a RawValue>,
     #[serde(borrow)]
+    prompt_cache_retention: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt_cache_options: Option<&'a RawValue>,
+    #[serde(borrow)]
     context_management: Option<&'a RawValue>,
 }
 
@@ -136,6 +141,8 @@ pub struct CreateRequest {
     /// `context_management: [{"type": "compaction", "compact_threshold": N}]`: compact
     /// the conversation when a turn's prompt passes N tokens.
     pub compact_threshold: Option<u64>,
+    /// `prompt_cache_key`, `prompt_cache_retention` and `prompt_cache_options`.
+    pub prompt_cache: PromptCache,
     /// The input as a JSON array of items (a string input becomes one user message).
     pub input_json: String,
     /// Bytes of the raw `input` field.
@@ -173,6 +180,7 @@ impl Default for CreateRequest {
             temperature: None,
             top_p: None,
             compact_threshold: None,
+            prompt_cache: PromptCache::default(),
             input_json: "[]".to_string(),
             input_bytes: 0,
             frame_bytes: 0,
@@ -237,6 +245,12 @@ impl CreateRequest {
         check_metadata(body.metadata)?;
         self.compact_threshold = compact_threshold(body.context_management)?;
         let echoed = echoed_settings(body, max)?;
+        self.prompt_cache = PromptCache::parse(
+            body.prompt_cache_key,
+            body.prompt_cache_retention,
+            body.prompt_cache_options,
+            max,
+        )?;
         let text = text_config(body.text)?;
         let truncation = truncation(body.truncation)?;
         self.prefix.instructions = field::opt_string(body.instructions, &Path::root("instructions"), max)?;
@@ -271,7 +285,7 @@ impl CreateRequest {
         let settings = &echo.settings;
         // Open Responses requires every sampling setting with a number: a request that
         // sets none was served with the API's documented defaults.
-        let fields: [(&str, String); 21] = [
+        let fields: [(&str, String); 20] = [
             ("frequency_penalty", number(settings.frequency_penalty)),
             ("instructions", json(&self.prefix.instructions)),
             ("max_output_tokens", raw_or(body.max_output_tokens, "null")),
@@ -281,7 +295,6 @@ impl CreateRequest {
             ("parallel_tool_calls", self.parallel_tool_calls.to_string()),
             ("presence_penalty", number(settings.presence_penalty)),
             ("previous_response_id", json(&self.previous_response_id)),
-            ("prompt_cache_key", json(&settings.prompt_cache_key)),
             ("reasoning", echo.reasoning.clone()),
             ("safety_identifier", json(&settings.safety_identifier)),
             ("service_tier", format!("\"{}\"", settings.service_tier)),
@@ -294,6 +307,11 @@ impl CreateRequest {
             ("top_p", number(self.top_p.unwrap_or(1.0))),
             ("truncation", format!("\"{}\"", echo.truncation)),
         ];
+        // `prompt_cache_key` in its alphabetical place, the other prompt-cache fields
+        // (echoed when sent) with it.
+        let (before, after) = fields.split_at(9);
+        let prompt_cache = self.prompt_cache.echo();
+        let fields: Vec<&(&str, String)> = before.iter().chain(&prompt_cache).chain(after).collect();
         let mut out = String::with_capacity(256 + fields.iter().map(|(_, v)| v.len()).sum::<usize>());
         out.push('{');
         for (i, (key, value)) in fields.iter().enumerate() {
@@ -335,7 +353,6 @@ struct EchoedSettings {
     top_logprobs: u64,
     service_tier: &'static str,
     safety_identifier: Option<String>,
-    prompt_cache_key: Option<String>,
 }
 
 const SERVICE_TIERS: [&str; 5] = ["auto", "default", "flex", "scale", "priority"];
@@ -385,7 +402,6 @@ fn echoed_settings(body: &Body, max: usize) -> Result<EchoedSettings> {
         top_logprobs,
         service_tier,
         safety_identifier: field::opt_string(body.safety_identifier, &Path::root("safety_identifier"), max)?,
-        prompt_cache_key: field::opt_string(body.prompt_cache_key, &Path::root("prompt_cache_key"), max)?,
     })
 }
 
