@@ -2,7 +2,7 @@
 
     .venv/bin/python benches/bench_peers.py [--speeds 1000,4000] [--upstreams free,render]
         [--rounds 3] [--tool-calls 40] [--history-tokens 60000]
-        [--systems hotloop,agentic-api,smg] [--baseline NAME=DIR]
+        [--systems hotloop,agentic-api,smg] [--baseline NAME=DIR] [--variant NAME=FLAGS]
 
 Set-up: agentic-api 0.9.0 and smg 1.13.0 are installed into their own virtualenv under
 the per-user cache (`~/.cache/hotloop/peers/`, never into hotloop's). One fake vLLM per
@@ -18,10 +18,13 @@ it does not), every gateway in front of it, and a 40-call agent rollout sized to
 Per system and mode, medians over the rounds: loop time / ideal (the ideal: the sampled
 tokens at the set speed), time to first token over the last 10 turns and its excess over
 the floor's, the gateway's CPU per turn (its process tree's threads,
-/proc/PID/task/*/schedstat) and the upstream's. Results: benches/results/peers.json (or
-`--out`). `--baseline NAME=DIR` adds another hotloop (its package directory first on
-PYTHONPATH) as `hotloop@NAME`, for before/after figures in one run. CI's quick check
-(benches/test_peers_ratios.py, `make bench-ci`) runs one small configuration of this.
+/proc/PID/task/*/schedstat) and the upstream's, and the median time from a turn's last
+token to its terminal event (`tail`: the store's commit over `http_previous`). Results:
+benches/results/peers.json (or `--out`). `--baseline NAME=DIR` adds another hotloop
+(its package directory first on PYTHONPATH) as `hotloop@NAME`, for before/after figures
+in one run; `--variant NAME=FLAGS` the same hotloop with more serve flags, as
+`hotloop+NAME`. CI's quick check (benches/test_peers_ratios.py, `make bench-ci`) runs
+one small configuration of this.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import json
 import os
 import platform
 import random
+import re
+import shlex
 import socket
 import statistics
 import subprocess
@@ -67,6 +72,7 @@ COLUMNS = (
     "ttft_over_floor_ms",
     "gateway_cpu_ms_per_turn",
     "upstream_cpu_ms_per_turn",
+    "tail_ms",
 )
 
 
@@ -173,6 +179,11 @@ def upstream_command(port: int, script: Path, rate: float, render: bool) -> list
     return command + (["--render"] if render else [])
 
 
+def kind_of(system: str) -> str:
+    """`hotloop` for its baselines (`hotloop@NAME`) and variants (`hotloop+NAME`)."""
+    return re.split(r"[@+]", system)[0]
+
+
 def gateway_command(system: str, port: int, upstream: str, venv: Path | None) -> list[str]:
     if system == "hotloop":
         flags = ["--engine", "upstream", "--upstream-dialect", "vllm"]
@@ -272,6 +283,7 @@ def measure(rollout: Rollout, mode: str, server: Process, upstream: Process) -> 
         "wall_s": run.wall,
         "turns": turns,
         "ttft_ms": statistics.median(t.ttft for t in last) * 1e3,
+        "tail_ms": statistics.median(t.tail for t in run.turns) * 1e3,
         "gateway_cpu_ms_per_turn": run.server_cpu_ns / turns / 1e6,
         "upstream_cpu_ms_per_turn": (upstream.cpu_ns() - upstream_start) / turns / 1e6,
         "input_tokens_last": run.turns[-1].input_tokens,
@@ -300,12 +312,13 @@ def run_configuration(
             env = None
             if system in args.baselines:
                 env = {"PYTHONPATH": args.baselines[system]}
-            command = gateway_command(system.split("@")[0], port, upstream_url, venv)
+            command = gateway_command(kind_of(system), port, upstream_url, venv)
+            command += args.variants.get(system, [])
             servers[system] = stack.enter_context(started(system, command, port, env))
         samples: dict[str, list[dict[str, float]]] = {}
         for _ in range(args.rounds):
             for system in systems:
-                for mode in MODES[system.split("@")[0]]:
+                for mode in MODES[kind_of(system)]:
                     if args.modes and mode not in args.modes.split(",") and system != "floor":
                         continue
                     key = f"{system} {mode}"
@@ -345,7 +358,20 @@ def main() -> None:
         help="also run the hotloop whose package is in DIR (put first on PYTHONPATH), "
         "as system hotloop@NAME",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="also run this hotloop with these serve flags, as system hotloop+NAME "
+        '(e.g. durable="--store-durability process-crash")',
+    )
     args = parser.parse_args()
+    args.variants = {}
+    for spec in args.variant:
+        name, _, flags = spec.partition("=")
+        args.variants[f"hotloop+{name}"] = shlex.split(flags)
+        args.systems += f",hotloop+{name}"
     args.baselines = {}
     for spec in args.baseline:
         name, _, path = spec.partition("=")
@@ -374,7 +400,7 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(results, indent=1))
     for entry in results["configurations"]:
         print(f"\n{entry['tokens_per_second']:g} tok/s, upstream {entry['upstream']}")
-        header = ("loop/ideal", "ttft ms", "+floor", "gw cpu/turn", "up cpu/turn")
+        header = ("loop/ideal", "ttft ms", "+floor", "gw cpu/turn", "up cpu/turn", "tail ms")
         print(f"{'system mode':<28}" + "".join(f"{name:>13}" for name in header))
         for key, m in entry["systems"].items():
             values = [m[name] for name in COLUMNS]

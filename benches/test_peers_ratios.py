@@ -17,7 +17,11 @@ from bench_peers import agent_rollout, peer_venv, run_configuration, write_scrip
 
 def test_hotloop_beside_agentic_api(tmp_path: object) -> None:
     args = argparse.Namespace(
-        systems="hotloop,agentic-api", modes="websocket", rounds=2, baselines={}
+        systems="hotloop,agentic-api",
+        modes="websocket",
+        rounds=2,
+        baselines={},
+        variants={},
     )
     rollout = agent_rollout(seed=0, tool_calls=12, history_tokens=15_000)
     script = write_script(rollout, str(tmp_path))

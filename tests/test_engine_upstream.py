@@ -13,9 +13,10 @@ from typing import Any
 import orjson
 import pytest
 from fake_upstreams import FakeUpstream, Script, closed_port_url, serving
-from hotloop._core import Prompt
+from hotloop._core import Prompt, PromptBody
 from hotloop.engines import upstream
 from hotloop.engines.base import ENGINE_CACHED, EngineError, Sampling
+from hotloop.engines.bodies import KeptBodies
 from hotloop.engines.upstream import (
     UpstreamConfig,
     UpstreamEngine,
@@ -120,6 +121,41 @@ async def test_each_turn_sends_exactly_its_prompt_ids(chat_format: Any, vllm: Fa
         for ids in turns:
             await collect(session, ids)
     assert [request["prompt"] for request in vllm.requests] == turns
+
+
+async def test_a_conversations_next_session_keeps_its_last_bodys_prefix(
+    chat_format: Any, vllm: FakeUpstream
+) -> None:
+    # An HTTP request's session lasts one request: the next request of the conversation
+    # takes the body its session left (so the core writes only the new ids), and
+    # another conversation's session does not.
+    engine = await started(chat_format, "vllm", vllm.url)
+    first = [(i * 7919) % 201_088 for i in range(1000)]
+    grown = [*first, 200_012, 0, 17]
+    try:
+        sessions = []
+        for ids, key in ((first, "conv_a"), (grown, "conv_a"), (grown, "conv_b")):
+            session = engine.session()
+            async for _ in session.generate(Prompt.from_tokens(ids), SAMPLING, key):
+                pass
+            sessions.append(session.body)
+            await session.close()
+    finally:
+        await engine.close()
+    assert sessions[1] is sessions[0]
+    assert sessions[2] is not sessions[0]
+    assert [request["prompt"] for request in vllm.requests] == [first, grown, grown]
+
+
+def test_kept_bodies_are_bounded_dropping_the_least_recently_left() -> None:
+    kept = KeptBodies(limit=2)
+    bodies = [PromptBody() for _ in range(3)]
+    for key, body in zip(("a", "b", "c"), bodies, strict=True):
+        kept.keep(key, body)
+    assert len(kept) == 2
+    assert kept.take("a") is None
+    assert kept.take("c") is bodies[2]
+    assert len(kept) == 1
 
 
 async def test_vllm_model_name_is_asked_once_per_replica(chat_format: Any) -> None:

@@ -21,6 +21,7 @@ import orjson
 import pytest
 from hotloop.metrics import Metrics
 from hotloop.store import (
+    DURABILITIES,
     InputItemPage,
     ModelTurn,
     Order,
@@ -131,6 +132,31 @@ async def test_a_put_returns_committed(backend: Backend, store: Store) -> None:
     finally:
         await other.close()
     assert await store.get("resp_missing", None) is None
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+async def test_a_put_is_committed_before_it_returns_at_either_durability(
+    backend: Backend, durability: str
+) -> None:
+    """`process-crash` only skips the fsync: the commit is still made (visible to
+    another connection) before the put returns, so hotloop dying loses nothing."""
+    store = await backend.open(durability=durability)
+    try:
+        await store.put(response("resp_a"))
+        assert backend.query("SELECT id FROM responses") == [("resp_a",)]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(("durability", "synchronous"), [("power-loss", 2), ("process-crash", 1)])
+def test_sqlite_fsyncs_each_commit_only_for_power_loss(
+    tmp_path: Path, durability: str, synchronous: int
+) -> None:
+    database = SQLiteDatabase.in_directory(tmp_path, durability=durability)
+    try:
+        assert database._db.execute("PRAGMA synchronous").fetchone() == (synchronous,)
+    finally:
+        database.close()
 
 
 async def test_close_and_reopen_reads_everything(backend: Backend) -> None:
@@ -517,6 +543,23 @@ async def test_responses_arriving_together_share_one_commit() -> None:
     assert db.batches == [1, 49]
     assert metrics.store_commits.value == 2
     assert metrics.store_writes.value == 50
+
+
+async def test_an_idle_writer_commits_a_response_at_once() -> None:
+    """By default nothing waits for company: a response put to an idle writer is taken
+    for its commit as soon as the drain runs, and one put after it commits next (a
+    commit window made every response of a lone agent wait it out before `completed`)."""
+    db = GatedDatabase()
+    db.gate.clear()
+    store = await BackgroundStore.open(lambda: db)
+    first = asyncio.create_task(store.put(response("resp_0")))
+    await scheduled_callbacks_ran()  # the put queues its response and wakes the drain
+    await scheduled_callbacks_ran()  # the drain takes its batch
+    second = asyncio.create_task(store.put(response("resp_1")))
+    db.gate.set()
+    await asyncio.gather(first, second)
+    await store.close()
+    assert db.batches == [1, 1]
 
 
 @pytest.mark.parametrize(

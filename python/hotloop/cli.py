@@ -162,6 +162,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         data_dir=config.store or config.data_dir or None,
         commit_window=config.store_commit_window,
         busy_timeout=config.store_busy_timeout,
+        durability=config.store_durability,
         cache=config.store_cache,
         quota_bytes=config.store_quota_bytes,
         quota_rows=config.store_quota_rows,

@@ -201,7 +201,16 @@ class ServerConfig:
         None, "redis://... read cache in front of a PostgreSQL store (never the system of record)"
     )
     store_commit_window: float = _option(
-        0.002, "how long a commit waits for more responses to commit with it"
+        0.0,
+        "how long a commit waits for more responses to commit with it (responses put "
+        "during a commit always share the next one)",
+    )
+    store_durability: str = _option(
+        "power-loss",
+        "what an acknowledged store=true response survives: power-loss (each commit "
+        "fsync'd) or process-crash (committed to the OS or PostgreSQL server, not fsync'd "
+        "first: faster, a power loss may lose the last commits)",
+        _one_of("power-loss", "process-crash"),
     )
     store_busy_timeout: float = _option(
         5.0,

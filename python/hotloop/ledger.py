@@ -39,6 +39,7 @@ from hotloop.protocol.cache import ConversationStart
 from hotloop.protocol.compaction import Compactor
 from hotloop.shutdown import Drain
 from hotloop.store import (
+    COMMIT_WINDOW,
     Chain,
     ModelTurn,
     Store,
@@ -71,8 +72,9 @@ class Ledger:
         data_dir: str | Path | None = None,
         policy: Policy | None = None,
         keys: ApiKeys | None = None,
-        commit_window: float = 0.002,
+        commit_window: float = COMMIT_WINDOW,
         busy_timeout: float = 5.0,
+        durability: str = "power-loss",
         cache: str | None = None,
         quota_bytes: int = 2**62,
         quota_rows: int = 2**62,
@@ -80,7 +82,7 @@ class Ledger:
     ) -> None:
         """`data_dir`: where the store lives, a directory (SQLite) or a PostgreSQL URL;
         None for no durable store (`store=true` is then a no-op). `commit_window`,
-        `busy_timeout`, `cache`, `quota_bytes` and `quota_rows`: see `open_store`.
+        `busy_timeout`, `durability`, `cache`, `quota_bytes` and `quota_rows`: see `open_store`.
         `compactor`: the server's compaction key, to rebuild chains that hold compaction
         items (one of the ledger's own otherwise)."""
         # Usage and metrics name a key by its tenant label, never by its store id.
@@ -98,6 +100,7 @@ class Ledger:
         self._store_options: dict[str, Any] = {
             "commit_window": commit_window,
             "busy_timeout": busy_timeout,
+            "durability": durability,
             "cache": cache,
             "quota_bytes": quota_bytes,
             "quota_rows": quota_rows,

@@ -2,7 +2,7 @@
 the 50 ms crossing."""
 
 import pytest
-from hotloop.bench.agent import AgentRun, TurnRecord
+from hotloop.bench.agent import AgentRun, Reply, TurnRecord, _observe
 from hotloop.bench.load import LoadPoint, crossing
 from hotloop.bench.report import SimParameters, ideal_time, new_tokens, percentile, summarise
 
@@ -70,3 +70,15 @@ def test_crossing_interpolates_between_loads() -> None:
     assert crossing(points) == pytest.approx(50 + 0.2 * 50)
     assert crossing([_point(10, 60.0)]) == 10.0
     assert crossing([_point(10, 20.0)]) is None
+
+
+def test_a_reply_times_its_first_and_last_token_not_its_terminal_event() -> None:
+    reply = Reply()
+    for kind in ("response.created", "response.output_text.delta", "response.output_text.delta"):
+        assert not _observe(reply, {"type": kind})
+    last = reply.last_token_at
+    assert reply.first_token_at is not None and last is not None
+    assert reply.first_token_at <= last
+    assert _observe(reply, {"type": "response.completed", "response": {"id": "resp_a"}})
+    assert reply.last_token_at == last
+    assert reply.done_at >= last

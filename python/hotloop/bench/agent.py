@@ -50,6 +50,7 @@ class Reply:
     """What the client saw of one response."""
 
     first_token_at: float | None = None
+    last_token_at: float | None = None
     done_at: float = 0.0
     events: int = 0
     response: dict[str, Any] = field(default_factory=dict)
@@ -66,8 +67,10 @@ def _observe(reply: Reply, event: dict[str, Any]) -> bool:
     """Fold one server event into `reply`; True once the response is over."""
     reply.events += 1
     kind = event.get("type", "")
-    if reply.first_token_at is None and kind.endswith(".delta"):
-        reply.first_token_at = time.perf_counter()
+    if kind.endswith(".delta"):
+        reply.last_token_at = time.perf_counter()
+        if reply.first_token_at is None:
+            reply.first_token_at = reply.last_token_at
     if kind in TERMINAL:
         reply.done_at = time.perf_counter()
         reply.terminal = kind
@@ -186,6 +189,9 @@ class TurnRecord:
     events: int
     replayed: bool
     """The server's call was the rollout's call for this step (the sim replayed it)."""
+    tail: float = 0.0
+    """From the last token to the terminal event (the commit before it, if any); runs
+    recorded before it was measured read 0."""
 
 
 @dataclass
@@ -293,6 +299,7 @@ class Agent:
                 index=index,
                 ttft=(reply.first_token_at or reply.done_at) - sent,
                 latency=reply.done_at - sent,
+                tail=reply.done_at - (reply.last_token_at or reply.done_at),
                 server_cpu_ns=0,
                 input_tokens=input_tokens,
                 cached_tokens=cached_tokens,

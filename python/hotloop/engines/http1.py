@@ -172,8 +172,10 @@ class Link(asyncio.Protocol):
 
     # ------------------------------------------------------------ the exchange's side
 
-    def send(self, request: bytes, reader: ResponseReader) -> None:
-        """Write a request whose response `reader` reads."""
+    def send(self, head: bytes, body: bytes, reader: ResponseReader) -> None:
+        """Write a request (its `head` and `body`) whose response `reader` reads. Two
+        buffers, one write: a token-id body grows with the conversation, and joining it
+        to the head would copy all of it once more every turn."""
         assert self.transport is not None and self.reader is None
         self.reader = reader
         self._ids = []
@@ -184,7 +186,7 @@ class Link(asyncio.Protocol):
         self._silence = self._loop.call_at(
             min(self._last_read + self._read_timeout, self._deadline), self._check_silence
         )
-        self.transport.write(request)
+        self.transport.writelines((head, body))
 
     async def next(self) -> list[int] | None:
         """The ids decoded since the last call, waiting for some; None when there are
@@ -297,16 +299,15 @@ class Client:
         except BaseException:
             self._slots.release()
             raise
-        request = b"%s %s HTTP/1.1\r\nHost: %s\r\n%b%bContent-Length: %d\r\n\r\n%b" % (
+        request = b"%s %s HTTP/1.1\r\nHost: %s\r\n%b%bContent-Length: %d\r\n\r\n" % (
             method.encode(),
             (origin.prefix + path).encode(),
             origin.authority.encode(),
             self._headers,
             head,
             len(body),
-            body,
         )
-        link.send(request, ResponseReader(stream, self._max_line))
+        link.send(request, body, ResponseReader(stream, self._max_line))
         return link
 
     async def fetch(self, origin: Origin, path: str, headers: dict[str, str]) -> tuple[int, bytes]:

@@ -48,6 +48,7 @@ import orjson
 from hotloop._core import PromptBody
 from hotloop.chat_template import TemplateChoice, load_tokenizer
 from hotloop.engines.base import API_SAMPLING, ENGINE_CACHED, TEXT_ONLY, EngineError, Sampling
+from hotloop.engines.bodies import KeptBodies
 from hotloop.engines.http1 import Client, HeaderError, Link, LinkError, Origin
 
 if TYPE_CHECKING:
@@ -255,6 +256,7 @@ class UpstreamEngine:
         self.replicas = [Replica(url.rstrip("/")) for url in urls]
         self._chat_format = chat_format
         self._client: Client | None = None
+        self.kept_bodies = KeptBodies()
 
     @property
     def model(self) -> str:
@@ -383,13 +385,22 @@ class UpstreamSession:
         self.replica: Replica | None = None
         self.last_timings: dict[str, Any] | None = None
         """The upstream's own timings of the last turn (llama.cpp server only)."""
-        self.body = PromptBody()
-        """The last request's body, whose prefix the next one keeps."""
+        self.body: PromptBody | None = None
+        """The last request's body, whose prefix the next one keeps: this session's
+        own, or the one its conversation's last session left (`bodies.py`)."""
+        self._body_key: str | None = None
+        """The conversation `body` was last written for."""
 
     async def generate(
         self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
     ) -> AsyncIterator[list[int]]:
         ENGINE_CACHED.set(None)
+        if self.body is None:
+            if route_key is not None:
+                self.body = self.engine.kept_bodies.take(route_key)
+            if self.body is None:
+                self.body = PromptBody()
+        self._body_key = route_key
         replica, link, first = await self._open(prompt, sampling, route_key)
         client = self.engine.client
         reader = link.reader
@@ -507,6 +518,7 @@ class UpstreamSession:
         try:
             model = await self._served_model(replica)
             rest = orjson.dumps(dialect.body(model, sampling))
+            assert self.body is not None, "generate chose the body"
             body = request_body(dialect, self.body, prompt, rest)
             link = await client.send(
                 replica.origin, "POST", dialect.path, headers, body, stream=dialect.name
@@ -590,6 +602,9 @@ class UpstreamSession:
         if self.replica is not None:
             self.engine.unpin(self.replica)
             self.replica = None
+        if self.body is not None and self._body_key is not None:
+            self.engine.kept_bodies.keep(self._body_key, self.body)
+            self.body = None
 
 
 def _error_message(content: bytes) -> str:

@@ -37,6 +37,16 @@ Order = Literal["asc", "desc"]
 T = TypeVar("T")
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+# Seconds a commit waits after its first response for more to share it. Zero by default:
+# responses put while a commit is under way already share the next one, and a wait here
+# is added to the last token -> `response.completed` time of every lone agent's turn.
+COMMIT_WINDOW = 0.0
+DURABILITIES = ("power-loss", "process-crash")
+"""What an acknowledged response survives: `power-loss` (every commit fsync'd: SQLite
+`synchronous=FULL`, PostgreSQL `synchronous_commit=on`) or `process-crash` (committed
+to the operating system, or to the PostgreSQL server, before it is acknowledged, not
+fsync'd first: a crash of hotloop loses nothing, a power loss or kernel crash may lose
+the last commits)."""
 
 
 class StoreError(Exception):
@@ -313,15 +323,17 @@ async def open_store(
     target: str | Path,
     *,
     metrics: Metrics | None = None,
-    commit_window: float = 0.002,
+    commit_window: float = COMMIT_WINDOW,
     busy_timeout: float = 5.0,
+    durability: str = "power-loss",
     cache: str | None = None,
     quota_bytes: int = 2**62,
     quota_rows: int = 2**62,
 ) -> Store:
     """The store at `target`: a PostgreSQL URL (`postgresql://...`), or a data directory
     holding `responses.sqlite3` (created if missing). One writer commits in groups:
-    after the first put it waits up to `commit_window` seconds for more. A commit that
+    after the first put it waits up to `commit_window` seconds for more, and a commit
+    is as durable as `durability` says (`DURABILITIES`). A commit that
     finds the database locked retries for up to `busy_timeout` seconds, and a commit,
     read or delete the database has not answered within it fails. Each API key may
     store up to `quota_bytes` and `quota_rows` (`quota.py`). `cache`: a
@@ -336,12 +348,16 @@ async def open_store(
         from hotloop.store.postgres import PostgresDatabase
 
         url = target
-        connect = lambda: PostgresDatabase(url, busy_timeout=busy_timeout)  # noqa: E731
+        connect = lambda: PostgresDatabase(  # noqa: E731
+            url, busy_timeout=busy_timeout, durability=durability
+        )
     else:
         from hotloop.store.sqlite import SQLiteDatabase
 
         path = Path(target)
-        connect = lambda: SQLiteDatabase.in_directory(path, busy_timeout=busy_timeout)  # noqa: E731
+        connect = lambda: SQLiteDatabase.in_directory(  # noqa: E731
+            path, busy_timeout=busy_timeout, durability=durability
+        )
     store: Store = await BackgroundStore.open(
         connect,
         metrics=metrics,

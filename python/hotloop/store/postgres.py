@@ -51,6 +51,9 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 T = TypeVar("T")
 
 READERS = 4
+# Session options for each of `hotloop.store.DURABILITIES`: `power-loss` keeps the
+# server's own setting (on, or what its operator chose for replicas).
+SYNCHRONOUS_COMMIT = {"power-loss": "", "process-crash": " -c synchronous_commit=off"}
 """Reader threads (and pooled connections beside the writer's)."""
 
 # Version N is reached by running MIGRATIONS[N - 1].
@@ -215,9 +218,14 @@ class PostgresDatabase:
 
     readers = READERS
 
-    def __init__(self, url: str, *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self, url: str, *, busy_timeout: float = 5.0, durability: str = "power-loss"
+    ) -> None:
         """Connect (waiting up to `busy_timeout` seconds), then create or migrate the
-        schema. Raises StoreError naming the server when it cannot."""
+        schema. Raises StoreError naming the server when it cannot. `durability`
+        `process-crash`: the server acknowledges a commit before its WAL is flushed
+        (`synchronous_commit=off`), so hotloop dying loses nothing, the database server
+        crashing may lose the last commits."""
         self._where = redacted(url)
         self._timeout = busy_timeout
         milliseconds = int(busy_timeout * 1000)
@@ -233,7 +241,8 @@ class PostgresDatabase:
                 "connect_timeout": max(1, round(busy_timeout)),
                 # A commit that waits on another session's lock, or a statement the
                 # server is slow to run, fails in time.
-                "options": f"-c lock_timeout={milliseconds} -c statement_timeout={milliseconds}",
+                "options": f"-c lock_timeout={milliseconds} -c statement_timeout={milliseconds}"
+                + SYNCHRONOUS_COMMIT[durability],
                 # A host or network that went away (nothing acknowledges what is sent,
                 # an idle pooled connection gets no keepalive answer) breaks the
                 # connection in time. A hung server on a live host acknowledges all of

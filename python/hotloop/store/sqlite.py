@@ -4,7 +4,10 @@ Blocking code, called only from the store's one background thread (`writer.py`):
 event loop never touches it. One file in the data directory, WAL journal (a reader
 never waits for the writer) with `synchronous=FULL`: every commit is fsync'd before the
 writer reports it, so a response acknowledged after its commit survives the process
-dying and the machine losing power. A batch of responses is one transaction.
+dying and the machine losing power. With durability `process-crash`, `synchronous=NORMAL`:
+a commit is in the WAL in the operating system's cache when reported (the process
+dying loses nothing; a power loss may lose the last commits, never the file's
+consistency), without an fsync per commit. A batch of responses is one transaction.
 
 Opening checks the file before serving from it (`in_directory`): a file truncated to
 0 bytes, a corrupt page, a file or directory the server cannot read or write, or a
@@ -49,6 +52,8 @@ from hotloop.store.sql import Sql, Work
 
 FILE_NAME = "responses.sqlite3"
 T = TypeVar("T")
+# `PRAGMA synchronous` for each of `hotloop.store.DURABILITIES`.
+SYNCHRONOUS = {"power-loss": "FULL", "process-crash": "NORMAL"}
 
 # Version N is reached by running MIGRATIONS[N - 1]; PRAGMA user_version holds N.
 # Version 1 is the schema of the first release (which set no user_version): its
@@ -201,10 +206,12 @@ class SQLiteDatabase:
     readers = 0
     """Reads run on the store thread too (the connection belongs to it)."""
 
-    def __init__(self, path: Path, *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self, path: Path, *, busy_timeout: float = 5.0, durability: str = "power-loss"
+    ) -> None:
         """Open an existing or new database at `path` (`in_directory` adds the checks
         for a damaged file). A write waits up to `busy_timeout` seconds for another
-        process's lock before it fails."""
+        process's lock before it fails; `durability`: see the module's docstring."""
         self.path = path
         try:
             self._db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
@@ -212,7 +219,7 @@ class SQLiteDatabase:
             raise _unusable(path, e) from e
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
             self._migrate()
         except sqlite3.Error as e:
             self._db.close()
@@ -224,7 +231,9 @@ class SQLiteDatabase:
             raise
 
     @classmethod
-    def in_directory(cls, directory: Path, *, busy_timeout: float = 5.0) -> SQLiteDatabase:
+    def in_directory(
+        cls, directory: Path, *, busy_timeout: float = 5.0, durability: str = "power-loss"
+    ) -> SQLiteDatabase:
         """`responses.sqlite3` in `directory`, created (with the directory) if missing,
         after checking that an existing file is whole and that the server can write."""
         path = directory / FILE_NAME
@@ -247,7 +256,7 @@ class SQLiteDatabase:
             ) from e
         if not exists:
             cls._create(path, busy_timeout)
-        database = cls(path, busy_timeout=busy_timeout)
+        database = cls(path, busy_timeout=busy_timeout, durability=durability)
         try:
             database._check()
             database.probe()

@@ -3,9 +3,10 @@
 Owns the one thread that touches the database, the thread that prepares large records
 and the queues in front of them. A put waits for its commit: its record is prepared
 (`records.prepare`; on the event loop when small, on the preparing thread when large),
-queued, and the drain task waits up to the commit window after the first queued
-response for more, takes a batch and commits it in one transaction, so many responses
-share one fsync. Each put then
+queued, and the drain task takes a batch and commits it in one transaction: the
+responses put while a commit is under way share the next one (and its fsync), and a
+commit window, when set, also waits that long after the first queued response for
+more. Each put then
 learns its own outcome: committed, refused (a record the store cannot read back is
 quarantined in the same transaction and only that response fails) or failed with the
 whole transaction.
@@ -38,7 +39,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from hotloop.store import Chain, InputItemPage, Order, StoredResponse, StoreError, may_read
+from hotloop.store import (
+    COMMIT_WINDOW,
+    Chain,
+    InputItemPage,
+    Order,
+    StoredResponse,
+    StoreError,
+    may_read,
+)
 from hotloop.store.quota import StorageQuota, Usage
 from hotloop.store.records import (
     ItemRows,
@@ -226,7 +235,7 @@ class BackgroundStore:
         *,
         max_batch: int = 256,
         max_batch_bytes: int = MAX_BATCH_BYTES,
-        commit_window: float = 0.002,
+        commit_window: float = COMMIT_WINDOW,
         deadline: float = 5.0,
         quota_bytes: int = 2**62,
         quota_rows: int = 2**62,
