@@ -30,6 +30,7 @@ from hotloop.chat_template import TemplateChoice
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
+from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import QueueMemory
 from hotloop.protocol.compaction import Compactor
 from hotloop.transport import App
@@ -175,6 +176,8 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         ledger.metrics.refusals.labels("queue_memory_exceeded").inc,
     )
     ledger.metrics.queued_bytes = lambda: queue_memory.used_bytes
+    # One per process: its bounds hold across both transports.
+    mcp = McpClient(McpSettings.of(config))
     http = HttpApi(
         ledger,
         baseline=baseline,
@@ -184,6 +187,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         queue_memory=queue_memory,
         compactor=compactor,
         reads_per_key=config.max_reads_per_key,
+        mcp=mcp,
     )
     return App(
         ledger.engine,
@@ -194,6 +198,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         keys=keys,
         queue_memory=queue_memory,
         compactor=compactor,
+        mcp=mcp,
     )
 
 

@@ -144,6 +144,8 @@ class ResponseEvents:
         "_tail",
         "created_at",
         "index_offset",
+        "mcp_calls",
+        "mcp_labels",
         "output",
         "request_id",
         "response_id",
@@ -168,6 +170,11 @@ class ResponseEvents:
         self.output: list[dict[str, Any]] = []
         self.index_offset = 0
         """Output items emitted before the parser's (a compaction item)."""
+        self.mcp_labels: dict[str, str] = {}
+        """Function names the server runs as MCP tools, and their server's label: their
+        calls are `mcp_call` items (`hotloop.protocol.mcp`)."""
+        self.mcp_calls: list[tuple[int, dict[str, Any], str]] = []
+        """MCP calls whose arguments are done, not yet run: output index, item, call id."""
         self._seq = 0
         # Per output index: the item id and the pre-serialised head of its delta events.
         self._ids: dict[int, str] = {}
@@ -347,6 +354,22 @@ class ResponseEvents:
             content = [{"type": "reasoning_text", "text": text}]
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": content}
             emit(self.item_done(index, {**item, "status": "completed"}))
+        elif kind == "call_start" and ev[2] in self.mcp_labels:
+            item_id = new_id("mcp_")
+            self._ids[key] = item_id
+            head = self.delta_head("response.mcp_call_arguments.delta", item_id, index, None)
+            self._heads[key] = head
+            item = self._mcp_call(item_id, ev[2])
+            emit(self.item_added(index, {**item, "arguments": "", "status": "in_progress"}))
+            emit(self.event("response.mcp_call.in_progress", item_id=item_id, output_index=index))
+        elif kind == "call_done" and ev[2] in self.mcp_labels:
+            item_id, arguments = self._ids[key], ev[4]
+            ids = {"item_id": item_id, "output_index": index}
+            emit(self.event("response.mcp_call_arguments.done", **ids, arguments=arguments))
+            # Done once it ran (`mcp_call_done`); in `output` now, at its index.
+            item = {**self._mcp_call(item_id, ev[2]), "arguments": arguments, "status": "calling"}
+            self.output.append(item)
+            self.mcp_calls.append((index, item, ev[3]))
         elif kind == "call_start":
             item_id = new_id("fc_")
             self._ids[key] = item_id
@@ -369,6 +392,46 @@ class ResponseEvents:
             emit(self.item_done(index, {**item, "arguments": arguments, "status": "completed"}))
         else:
             raise ValueError(f"unknown output parser event {kind!r}")
+
+    # ---------------------------------------------------------------- MCP items
+
+    def _mcp_call(self, item_id: str, name: str) -> dict[str, Any]:
+        label = self.mcp_labels[name]
+        return {"id": item_id, "type": "mcp_call", "server_label": label, "name": name}
+
+    def mcp_call_done(
+        self, index: int, item: dict[str, Any], output: str | None, error: dict[str, Any] | None
+    ) -> list[bytes]:
+        """An MCP call ran: its item (already in `output`) gets its output or error."""
+        item.update(output=output, error=error, status="failed" if error else "completed")
+        kind = "response.mcp_call.failed" if error else "response.mcp_call.completed"
+        return [
+            self.event(kind, item_id=item["id"], output_index=index),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def mcp_list_tools(
+        self, label: str, tools: list[dict[str, Any]], error: str | None
+    ) -> list[bytes]:
+        """An `mcp_list_tools` item before the model's items (`index_offset`)."""
+        index = self.index_offset
+        self.index_offset += 1
+        item: dict[str, Any] = {
+            "id": new_id("mcpl_"),
+            "type": "mcp_list_tools",
+            "server_label": label,
+            "tools": [],
+        }
+        ids = {"item_id": item["id"], "output_index": index}
+        frames = [
+            self.item_added(index, item),
+            self.event("response.mcp_list_tools.in_progress", **ids),
+        ]
+        item = {**item, "tools": tools, "error": error}
+        kind = "response.mcp_list_tools.failed" if error else "response.mcp_list_tools.completed"
+        frames.append(self.event(kind, **ids))
+        frames.append(self.item_done(index, item))
+        return frames
 
 
 def _text_part(text: str) -> dict[str, Any]:

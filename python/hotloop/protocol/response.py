@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from hotloop.protocol.connection import Connection
     from hotloop.protocol.injection import Injection
     from hotloop.protocol.lanes import Lane, Pending
+    from hotloop.protocol.mcp import McpTurn
     from hotloop.protocol.steering import Steer
 
 # One line per response: its id and the request id the client saw, to match reports.
@@ -143,6 +144,8 @@ class Rendering:
         connection.generating[response.key] = response
         connection.outbox.append(events.lifecycle("response.created", "in_progress"))
         connection.outbox.append(events.lifecycle("response.in_progress", "in_progress"))
+        if response.mcp is not None:
+            connection.mcp.start(response)
         threshold = request.compact_threshold
         if threshold is not None and turn.prompt_tokens > threshold and peer_prompt is None:
             # The prompt passed the client's threshold: the engine summarizes first, and
@@ -216,6 +219,8 @@ class Response:
     """Where the current model turn's items start in `events.output`."""
     segments: list[TurnSegment] = field(default_factory=list)
     """A stored long-running response's model turns that input followed, for the store."""
+    mcp: McpTurn | None = None
+    """The request's MCP servers: the calls of their tools run inside the response."""
 
     @classmethod
     def open(cls, rendering: Rendering, events: ResponseEvents, turn: Turn) -> Response:
@@ -235,6 +240,7 @@ class Response:
             evicts_parent=rendering.evicts_parent,
             overhead_ns=0,
             root=rendering.root or events.response_id,
+            mcp=rendering.pending.mcp,
         )
 
     @property
@@ -323,6 +329,9 @@ class Response:
             for item in self.events.output[self.first_item :]
             if item["type"] == "function_call"
         ]
+        if self.events.mcp_calls and outcome == "stopped":
+            connection.mcp.call(self, client_calls=bool(calls))
+            return
         if connection.settings.inject and outcome == "stopped" and calls:
             connection.long_running.wait(self, calls)
             return

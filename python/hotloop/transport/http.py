@@ -38,6 +38,7 @@ from hotloop.auth import ApiKeys, AuthError, key_id
 from hotloop.engines.base import EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.ledger import Books, Ledger
+from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import (
     Baseline,
     Connection,
@@ -45,6 +46,7 @@ from hotloop.protocol import (
     ConnectionLimits,
     Finished,
     Generate,
+    McpCall,
     Observer,
     Persist,
     QueueMemory,
@@ -54,10 +56,12 @@ from hotloop.protocol import (
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.connection import OFFLOAD_BYTES
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.mcp import asks, rewritten
 from hotloop.protocol.response import STORE_UNAVAILABLE
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
 from hotloop.transport.asgi import Message, Receive, Scope, Send
+from hotloop.transport.mcp import run_calls
 from hotloop.transport.websocket import persist, render_off_loop
 
 log = logging.getLogger("hotloop.http")
@@ -94,6 +98,7 @@ class HttpApi:
         queue_memory: QueueMemory | None = None,
         compactor: Compactor | None = None,
         reads_per_key: int = 2,
+        mcp: McpClient | None = None,
     ) -> None:
         self.ledger = ledger
         self.model = model
@@ -108,6 +113,8 @@ class HttpApi:
         """Store reads in progress per key: one key's reads of 15 MB pages take a
         bounded share of the store's reader threads, never all of them."""
         self.created = int(time.time())
+        self.mcp = mcp or McpClient(McpSettings())
+        """Lists and calls the `mcp` tools of requests (none allowed without one)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = logs.bound_request_id()
@@ -209,13 +216,18 @@ class HttpApi:
         if self.ledger.drain.draining:
             # Only a kept-alive connection can still send one: the listener is closed.
             raise ShuttingDown
-        size, request, parse_ns = await self._request(scope, receive, principal)
+        size, request, parse_ns, body = await self._request(scope, receive, principal)
+        mcp = None
+        if asks(request):
+            body, mcp = await rewritten(self.mcp, body)
+            request = self._parse(body, principal)
+        del body  # the request holds what the response needs
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm(cache, request.previous_response_id, books.owner)
         exchange = _Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange)
-        connection.receive_request(request, size, parse_ns)
+        connection.receive_request(request, size, parse_ns, mcp)
         actions = connection.actions()
         work = next((a for a in actions if isinstance(a, Render)), None)
         if work is not None:
@@ -235,27 +247,31 @@ class HttpApi:
 
     async def _request(
         self, scope: Scope, receive: Receive, principal: str | None
-    ) -> tuple[int, CreateRequest, int]:
-        """The body's size, the body parsed (compaction items expanded first), and the
-        parse time. The body counts in the process's queue memory until it is parsed (a
-        body of up to 16 MiB need not live as long as the response)."""
+    ) -> tuple[int, CreateRequest, int, bytes]:
+        """The body's size, the body parsed (compaction items expanded first), the
+        parse time and the body. The body counts in the process's queue memory until it
+        is parsed (a body of up to 16 MiB need not live as long as the response: callers
+        drop it)."""
         reserved = _Reservation(self.queue_memory, principal)
-        compactor = self._compactor(principal)
 
         def parse(body: bytes) -> CreateRequest:
-            return parse_request(compactor.expand(body), self.limits.request)
+            return self._parse(body, principal)
 
         try:
             body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
             start = time.perf_counter_ns()
-            try:
-                # A large body (input, tools or instructions): parsed in a worker thread.
-                request = await asyncio.to_thread(parse, body) if offloads(body) else parse(body)
-            except CoreError as e:
-                raise ProtocolError.from_core(e) from e
+            # A large body (input, tools or instructions): parsed in a worker thread.
+            request = await asyncio.to_thread(parse, body) if offloads(body) else parse(body)
         finally:
             reserved.release()
-        return len(body), request, time.perf_counter_ns() - start
+        return len(body), request, time.perf_counter_ns() - start, body
+
+    def _parse(self, body: bytes, principal: str | None) -> CreateRequest:
+        """Parse a body, its compaction items expanded first. Raises ProtocolError."""
+        try:
+            return parse_request(self._compactor(principal).expand(body), self.limits.request)
+        except CoreError as e:
+            raise ProtocolError.from_core(e) from e
 
     def _connection(
         self,
@@ -294,7 +310,7 @@ class HttpApi:
     ) -> None:
         """`POST /v1/responses/compact`: the engine summarizes the conversation into a
         sealed `compaction` item (`Connection.receive_compact`)."""
-        _, request, _ = await self._request(scope, receive, principal)
+        _, request, _, _ = await self._request(scope, receive, principal)
         if request.model is None:
             raise ProtocolError(
                 "missing_required_parameter", "Missing required parameter: 'model'.", "model"
@@ -324,7 +340,7 @@ class HttpApi:
         """`POST /v1/responses/input_tokens`: the prompt tokens of the request, in the
         model's format and tokenizer, rendered as a turn would be (from the cached
         chain when `previous_response_id` hits: only the new items)."""
-        _, request, _ = await self._request(scope, receive, principal)
+        _, request, _, _ = await self._request(scope, receive, principal)
         owner = self.ledger.observer(principal, "http").owner
         cache = self.ledger.http_cache(owner)
         await self.ledger.warm(cache, request.previous_response_id, owner)
@@ -423,6 +439,8 @@ class HttpApi:
                     work = action
                 elif isinstance(action, Persist):
                     await persist(connection, action, self.ledger.persist(action.finished))
+                elif isinstance(action, McpCall):
+                    await run_calls(self.mcp, connection, action)
             actions = connection.actions()
         return work
 

@@ -1,0 +1,173 @@
+"""Remote MCP tools run by the server inside one response (protocol.md "MCP tools"):
+the tests' MCP server (tests/mcp_server.py, the `mcp` package's server over streamable
+HTTP on loopback), the sim engine scripted to call its tools, the openai SDK over
+WebSocket, every frame validated strictly with the SDK's models (the server fixture
+and `validate` here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from hotloop.engines.sim import SimScript, SimTurn
+from mcp_server import mcp_server
+from openai import OpenAI
+from sdk_events import validate
+from servers import hotloop_server
+
+TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
+SECRET = "sk-mcp-secret-never-shown"
+
+
+@pytest.fixture(scope="module")
+def mcp_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    sandbox = tmp_path_factory.mktemp("sandbox")
+    (sandbox / "notes.txt").write_text("the answer is 42")
+    with mcp_server(sandbox) as url:
+        yield url
+
+
+def mcp_tool(url: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "type": "mcp",
+        "server_label": "tests",
+        "server_url": url,
+        "headers": {"X-Api-Key": SECRET},
+        "require_approval": "never",
+        **fields,
+    }
+
+
+def script(*calls: tuple[str, str]) -> SimScript:
+    """The model calls each tool in turn, then answers."""
+    return SimScript(turns=(*(SimTurn(calls=(call,)) for call in calls), SimTurn(text="All done.")))
+
+
+def run(base: str, tools: list[dict[str, Any]], **request: Any) -> list[dict[str, Any]]:
+    """One response over the SDK's WebSocket connection: its frames, each validated."""
+    client = OpenAI(base_url=base + "/v1", api_key="sk-test")
+    frames: list[dict[str, Any]] = []
+    with client.responses.connect() as conn:
+        conn.response.create(model="sim", input="go", tools=tools, store=False, **request)
+        while True:
+            raw = conn.recv_bytes()
+            frames.append(event := validate(raw))
+            conn.parse_event(raw)  # the SDK's own types
+            if event["type"] in TERMINAL or event["type"] == "error":
+                return frames
+
+
+def kinds(frames: list[dict[str, Any]]) -> list[str]:
+    return [frame["type"] for frame in frames]
+
+
+def test_calls_run_inside_one_response_and_the_model_goes_on(mcp_url: str) -> None:
+    calls = (("add", '{"a": 2, "b": 40}'), ("read_file", '{"path": "notes.txt"}'))
+    with hotloop_server(script(*calls), api_keys=("sk-test",), mcp_allow=(mcp_url,)) as base:
+        frames = run(base, [mcp_tool(mcp_url)])
+    final = frames[-1]["response"]
+    assert final["status"] == "completed", final
+    output = final["output"]
+    assert [item["type"] for item in output] == [
+        "mcp_list_tools",
+        "mcp_call",
+        "mcp_call",
+        "message",
+    ]
+    listing = output[0]
+    assert {"add", "read_file", "sleep", "fail", "megabyte"} <= {
+        t["name"] for t in listing["tools"]
+    }
+    assert [(item["name"], item["output"], item["status"]) for item in output[1:3]] == [
+        ("add", "42.0", "completed"),
+        ("read_file", "the answer is 42", "completed"),
+    ]
+    assert output[1]["server_label"] == "tests" and output[1]["error"] is None
+    # The SDK's order: listed, then per call: added, in progress, arguments, completed, done.
+    assert kinds(frames)[2:6] == [
+        "response.output_item.added",
+        "response.mcp_list_tools.in_progress",
+        "response.mcp_list_tools.completed",
+        "response.output_item.done",
+    ]
+    first_call = [
+        f
+        for f in frames
+        if f.get("item_id") == output[1]["id"] or (f.get("item") or {}).get("id") == output[1]["id"]
+    ]
+    assert kinds(first_call) == [
+        "response.output_item.added",
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.completed",
+        "response.output_item.done",
+    ]
+    assert [f["output_index"] for f in first_call] == [1] * 6
+    # The credentials never reach the wire: the echoed tool shows them redacted.
+    everything = orjson.dumps(frames).decode()
+    assert SECRET not in everything
+    echoed = next(t for t in final["tools"] if t["type"] == "mcp")
+    assert echoed["headers"] == {"X-Api-Key": "[redacted]"}
+    # Two model turns after the first, one engine pass each: usage adds them up.
+    assert final["usage"]["output_tokens"] > 0
+
+
+def test_failures_are_call_errors_the_model_goes_on_from(mcp_url: str) -> None:
+    calls = (("fail", "{}"), ("sleep", '{"seconds": 30}'), ("megabyte", "{}"))
+    with hotloop_server(
+        script(*calls), api_keys=("sk-test",), mcp_allow=(mcp_url,), mcp_call_timeout=1.0
+    ) as base:
+        frames = run(base, [mcp_tool(mcp_url)])
+    final = frames[-1]["response"]
+    assert final["status"] == "completed", final
+    errors = [item["error"] for item in final["output"] if item["type"] == "mcp_call"]
+    assert [error["type"] for error in errors] == [
+        "mcp_tool_execution_error",
+        "http_error",
+        "http_error",
+    ]
+    assert [error.get("code") for error in errors[1:]] == [504, 413]
+    assert "response.mcp_call.failed" in kinds(frames)
+    assert final["output"][-1]["type"] == "message"
+
+
+def test_max_tool_calls_bounds_the_loop(mcp_url: str) -> None:
+    calls = (("add", '{"a": 1, "b": 1}'),) * 3
+    with hotloop_server(script(*calls), api_keys=("sk-test",), mcp_allow=(mcp_url,)) as base:
+        frames = run(base, [mcp_tool(mcp_url)], max_tool_calls=1)
+    final = frames[-1]["response"]
+    mcp_calls = [item for item in final["output"] if item["type"] == "mcp_call"]
+    # The second call is refused with an error, and the response ends there.
+    assert [item["status"] for item in mcp_calls] == ["completed", "failed"]
+    assert "max_tool_calls" in mcp_calls[1]["error"]["message"]
+    assert final["status"] == "completed"
+
+
+def test_a_server_not_allowed_is_refused_before_any_connection(mcp_url: str) -> None:
+    with hotloop_server(script(("add", "{}")), api_keys=("sk-test",)) as base:
+        frames = run(base, [mcp_tool(mcp_url)])
+    assert frames[-1]["type"] == "error"
+    error = frames[-1]["error"]
+    assert error["code"] == "mcp_server_not_allowed"
+    assert "private" in error["message"] and error["param"] == "tools[0].server_url"
+
+
+def test_a_tool_name_that_collides_with_a_function_tool_is_refused(mcp_url: str) -> None:
+    function = {"type": "function", "name": "add", "parameters": {"type": "object"}}
+    with hotloop_server(script(("add", "{}")), api_keys=("sk-test",), mcp_allow=(mcp_url,)) as base:
+        frames = run(base, [function, mcp_tool(mcp_url)])
+    assert frames[-1]["error"]["code"] == "mcp_tool_conflict"
+
+
+def test_allowed_tools_limits_what_is_offered(mcp_url: str) -> None:
+    function = {"type": "function", "name": "add", "parameters": {"type": "object"}}
+    tool = mcp_tool(mcp_url, allowed_tools=["read_file"])
+    with hotloop_server(script(("add", "{}")), api_keys=("sk-test",), mcp_allow=(mcp_url,)) as base:
+        frames = run(base, [function, tool])
+    final = frames[-1]["response"]
+    assert [t["name"] for t in final["output"][0]["tools"]] == ["read_file"]
+    # `add` is the client's function: its call ends the response for the client.
+    assert final["output"][-1]["type"] == "function_call"
