@@ -54,5 +54,6 @@ def mcp_app(sandbox: Path) -> MCPServer:
 def mcp_server(sandbox: Path) -> Iterator[str]:
     """The server running; yields its endpoint URL."""
     app = mcp_app(sandbox).streamable_http_app(json_response=True, stateless_http=True)
-    with serving(app, ws="auto", http="auto") as url:
+    # A call of `sleep` the client gave up on must not hold the shutdown for its length.
+    with serving(app, ws="auto", http="auto", timeout_graceful_shutdown=0) as url:
         yield url + "/mcp"
