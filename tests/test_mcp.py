@@ -216,3 +216,11 @@ def test_http_json_and_sse_with_a_stored_response_shown_redacted(
     events = [validate(line.removeprefix("data: ")) for line in lines]
     assert events[-1]["type"] == "response.completed"
     assert "response.mcp_call.completed" in kinds(events)
+    # Another process rebuilds the chain from the store: its MCP items render as the
+    # calls and outputs the model saw.
+    with serving(http_app(tmp_path, script(("add", "{}")), mcp_allow=(mcp_url,))) as base:
+        client = OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0)
+        rebuilt = client.responses.create(
+            model="sim", input="again", previous_response_id=created.id, store=False
+        )
+    assert rebuilt.status == "completed"

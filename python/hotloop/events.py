@@ -20,6 +20,9 @@ from typing import Any
 
 import orjson
 
+MCP_CALL = "mcp_"
+"""The id prefix of an `mcp_call` item; the rest is the model's call id."""
+
 
 def new_id(prefix: str) -> str:
     """A fresh object id such as `resp_8f...`: 24 random bytes, hex."""
@@ -355,7 +358,9 @@ class ResponseEvents:
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": content}
             emit(self.item_done(index, {**item, "status": "completed"}))
         elif kind == "call_start" and ev[2] in self.mcp_labels:
-            item_id = new_id("mcp_")
+            # The call id in the item's id: a chain rebuilt from the store renders the
+            # call as the model made it (`hotloop.protocol.mcp.replayable`).
+            item_id = MCP_CALL + ev[3]
             self._ids[key] = item_id
             head = self.delta_head("response.mcp_call_arguments.delta", item_id, index, None)
             self._heads[key] = head

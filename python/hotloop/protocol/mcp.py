@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from hotloop._core import CreateRequest
+from hotloop.events import MCP_CALL
 from hotloop.mcp_client import REDACTED, Listing, McpClient, McpError, McpServer
 from hotloop.protocol.actions import McpCall, McpRequest
 from hotloop.protocol.errors import ProtocolError
@@ -161,6 +162,26 @@ class Calling:
     calls: list[tuple[int, dict[str, Any], str]]
     ends: bool
     outputs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def replayable(output: list[Any]) -> list[Any]:
+    """Stored output items as the core renders them: an `mcp_call` is the function call
+    the model made (its id holds the call id; its output follows as input committed
+    inside the response), an `mcp_list_tools` rendered nothing."""
+    items = []
+    for item in output:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "mcp_list_tools":
+            continue
+        if kind == "mcp_call":
+            item = {
+                "type": "function_call",
+                "call_id": item["id"].removeprefix(MCP_CALL),
+                "name": item["name"],
+                "arguments": item["arguments"],
+            }
+        items.append(item)
+    return items
 
 
 class McpLoop:
