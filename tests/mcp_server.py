@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from servers import serving
@@ -57,3 +58,47 @@ def mcp_server(sandbox: Path) -> Iterator[str]:
     # A call of `sleep` the client gave up on must not hold the shutdown for its length.
     with serving(app, ws="auto", http="auto", timeout_graceful_shutdown=0) as url:
         yield url + "/mcp"
+
+
+async def hostile(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An MCP endpoint gone wrong, by path: `/hang` never answers, `/malformed` answers
+    JSON-RPC that is not JSON, `/endless` streams an SSE event that never ends,
+    `/redirect` sends the client to another host (`/redirect` again on 127.0.0.2)."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    path = scope["path"]
+    if path == "/hang":
+        await asyncio.Event().wait()
+    if path == "/redirect":
+        port = scope["server"][1]
+        location = f"http://127.0.0.2:{port}/mcp".encode()
+        await send(
+            {"type": "http.response.start", "status": 307, "headers": [(b"location", location)]}
+        )
+        await send({"type": "http.response.body", "body": b""})
+        return
+    if path == "/malformed":
+        start = {"type": "http.response.start", "status": 200}
+        await send({**start, "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {"type": "http.response.body", "body": b'{"jsonrpc": "2.0", "id": 0, "result": '}
+        )
+        return
+    headers = [(b"content-type", b"text/event-stream")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"data: ", "more_body": True})
+    # One event far longer than any bound (64 MiB): endless to the client, which gives
+    # up long before; bounded here, as a send after the client left does not fail.
+    for _ in range(1024):
+        await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+    await send({"type": "http.response.body", "body": b"\n\n"})
+
+
+@contextmanager
+def hostile_server() -> Iterator[str]:
+    """The hostile endpoints running; yields the base URL."""
+    with serving(hostile, ws="auto", http="auto", timeout_graceful_shutdown=0) as url:
+        yield url

@@ -15,7 +15,7 @@ import pytest
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimTurn
-from mcp_server import mcp_server
+from mcp_server import hostile_server, mcp_server
 from openai import OpenAI
 from openai.types.responses import Response
 from openai.types.responses.response_output_item import McpCall
@@ -224,3 +224,40 @@ def test_http_json_and_sse_with_a_stored_response_shown_redacted(
             model="sim", input="again", previous_response_id=created.id, store=False
         )
     assert rebuilt.status == "completed"
+
+
+@pytest.mark.parametrize("path", ["/hang", "/malformed", "/endless", "/redirect"])
+def test_a_hostile_server_is_a_listing_error_and_the_response_goes_on(path: str) -> None:
+    with hostile_server() as hostile:
+        url = hostile + path
+        # The endless event is cut at the listing's size bound, the hang at the timeout.
+        with hotloop_server(
+            SimScript(text="No tools."),
+            api_keys=("sk-test",),
+            mcp_allow=(url,),
+            mcp_call_timeout=1.0,
+            mcp_max_listing_bytes=100_000,
+        ) as base:
+            frames = run(base, [mcp_tool(url)])
+    final = frames[-1]["response"]
+    assert final["status"] == "completed", final
+    listing = final["output"][0]
+    assert listing["type"] == "mcp_list_tools" and listing["tools"] == []
+    assert listing["error"], listing
+    if path == "/redirect":
+        # Refused by the transport, not followed: the location is named, not reached.
+        assert "127.0.0.2" in listing["error"], listing
+    assert "response.mcp_list_tools.failed" in kinds(frames)
+    assert final["output"][-1]["content"][0]["text"] == "No tools."
+
+
+def test_a_listing_above_its_bound_is_an_error(mcp_url: str) -> None:
+    with hotloop_server(
+        SimScript(text="No tools."),
+        api_keys=("sk-test",),
+        mcp_allow=(mcp_url,),
+        mcp_max_listing_bytes=200,
+    ) as base:
+        frames = run(base, [mcp_tool(mcp_url)])
+    listing = frames[-1]["response"]["output"][0]
+    assert listing["tools"] == [] and "limit of 200" in listing["error"]
