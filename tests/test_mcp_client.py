@@ -4,7 +4,9 @@ MCP server (tests/mcp_server.py)."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hotloop.mcp_client import McpClient, McpError, McpServer, McpSettings
@@ -74,3 +76,24 @@ def test_the_allow_list(allow: tuple[str, ...], url: str, allowed: bool) -> None
 def test_a_private_address_not_named_is_refused_as_such() -> None:
     refusal = McpSettings(allow=("mcp.example.com",)).refusal("http://10.0.0.5/mcp")
     assert refusal is not None and "private" in refusal
+
+
+def test_sessions_share_one_tls_context(mcp_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making a TLS context loads the CA certificates (about 0.2 s of CPU): once per
+    call, it stalled the event loop that much at every MCP call."""
+    made = []
+    create = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(1)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    client = McpClient(McpSettings(allow=(mcp_url,)))
+
+    async def calls() -> None:
+        for _ in range(3):
+            assert await client.call(server(mcp_url), "add", '{"a": 1, "b": 1}', None, 5) == "2.0"
+
+    asyncio.run(calls())
+    assert len(made) == 1
