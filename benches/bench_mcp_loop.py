@@ -8,8 +8,9 @@ Against `hotloop serve --engine sim` in its own process, the sim scripted to cal
 streamable HTTP on loopback, in this process); in the client loops the client calls it
 with the same client code the server uses (`hotloop.mcp_client`: one session per call),
 so the tool's own cost is the same on every side. Reported per loop, median of
-`--loops` runs: the time from the first request to the answer, and the bytes the client
-sent and received (WebSocket frame payloads, HTTP bodies; headers not counted).
+`--loops` runs (the three kinds in turn): the time from the first request to the
+answer, and the bytes the client sent and received (WebSocket frame payloads, HTTP
+bodies; headers not counted).
 
     .venv/bin/python benches/bench_mcp_loop.py [--loops 5] [--calls 20]
 """
@@ -197,12 +198,18 @@ def main() -> None:
             print(f"{args.calls} tool calls per loop, median of {args.loops} loops")
             print("| loop | time per loop | per call | bytes sent | bytes received |")
             print("|---|---|---|---|---|")
-            for name, loop in loops.items():
-                url = server.base_url if loop is http_loop else server.ws_url
-                loop(url, endpoint, args.calls)  # warm: the first turn renders the prefix
-                runs = [loop(url, endpoint, args.calls) for _ in range(args.loops)]
-                seconds = statistics.median(run[0] for run in runs)
-                wire = runs[-1][1]
+            runs: dict[str, list[tuple[float, Wire]]] = {name: [] for name in loops}
+            # Round robin, after one warm loop each: a machine's load drifts, and it
+            # drifts over every kind of loop alike.
+            for round_ in range(args.loops + 1):
+                for name, loop in loops.items():
+                    url = server.base_url if loop is http_loop else server.ws_url
+                    run = loop(url, endpoint, args.calls)
+                    if round_:
+                        runs[name].append(run)
+            for name, done in runs.items():
+                seconds = statistics.median(run[0] for run in done)
+                wire = done[-1][1]
                 print(
                     f"| {name} | {seconds * 1000:.0f} ms | {seconds * 1000 / args.calls:.1f} ms "
                     f"| {wire.sent:,} | {wire.received:,} |"
