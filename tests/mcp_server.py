@@ -60,10 +60,16 @@ def mcp_server(sandbox: Path) -> Iterator[str]:
         yield url + "/mcp"
 
 
+SEEN_HEADERS: list[dict[bytes, bytes]] = []
+"""The headers of every request the hostile server was sent."""
+
+
 async def hostile(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """An MCP endpoint gone wrong, by path: `/hang` never answers, `/malformed` answers
     JSON-RPC that is not JSON, `/endless` streams an SSE event that never ends,
     `/redirect` sends the client to another host (`/redirect` again on 127.0.0.2)."""
+    if scope["type"] == "http":
+        SEEN_HEADERS.append(dict(scope["headers"]))
     if scope["type"] == "lifespan":
         while (await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})

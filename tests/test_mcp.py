@@ -15,11 +15,11 @@ import pytest
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimTurn
-from mcp_server import hostile_server, mcp_server
+from mcp_server import SEEN_HEADERS, hostile_server, mcp_server
 from openai import OpenAI
 from openai.types.responses import Response
 from openai.types.responses.response_output_item import McpCall
-from sdk_events import validate
+from sdk_events import final, validate
 from servers import hotloop_server, serving, sim_engine
 
 TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
@@ -261,3 +261,36 @@ def test_a_listing_above_its_bound_is_an_error(mcp_url: str) -> None:
         frames = run(base, [mcp_tool(mcp_url)])
     listing = frames[-1]["response"]["output"][0]
     assert listing["tools"] == [] and "limit of 200" in listing["error"]
+
+
+def test_headers_go_to_their_own_server_only(mcp_url: str) -> None:
+    SEEN_HEADERS.clear()
+    with hostile_server() as hostile:
+        other = mcp_tool(hostile + "/malformed", server_label="other", headers=None)
+        with hotloop_server(
+            SimScript(text="Hi."), api_keys=("sk-test",), mcp_allow=(mcp_url, hostile)
+        ) as base:
+            frames = run(base, [mcp_tool(mcp_url), other])
+    assert frames[-1]["response"]["status"] == "completed"
+    assert SEEN_HEADERS, "the other server was listed"
+    assert all(b"x-api-key" not in headers for headers in SEEN_HEADERS)
+    assert SECRET.encode() not in b"".join(v for h in SEEN_HEADERS for v in h.values())
+
+
+def test_a_hanging_mcp_server_never_stalls_another_connection(mcp_url: str) -> None:
+    with hostile_server() as hostile:
+        url = hostile + "/hang"
+        with hotloop_server(
+            SimScript(text="Hi."), api_keys=("sk-test",), mcp_allow=(url,), mcp_call_timeout=5
+        ) as base:
+            client = OpenAI(base_url=base + "/v1", api_key="sk-test")
+            with client.responses.connect() as stalled, client.responses.connect() as other:
+                stalled.response.create(model="sim", input="go", tools=[mcp_tool(url)], store=False)
+                other.response.create(model="sim", input="hello", store=False)
+                # The other connection's turn ends while the listing hangs; then the
+                # listing times out and the stalled response goes on without its tools.
+                assert final(other).status == "completed"
+                stalled_final = final(stalled)
+    assert stalled_final.status == "completed"
+    listing = stalled_final.output[0]
+    assert listing.type == "mcp_list_tools" and "longer than 5 s" in (listing.error or "")
