@@ -294,3 +294,74 @@ def test_a_hanging_mcp_server_never_stalls_another_connection(mcp_url: str) -> N
     assert stalled_final.status == "completed"
     listing = stalled_final.output[0]
     assert listing.type == "mcp_list_tools" and "longer than 5 s" in (listing.error or "")
+
+
+def approval_turn(
+    conn: Any, request: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One response on an SDK connection: its frames and its final Response."""
+    conn.response.create(model="sim", store=False, **request)
+    frames: list[dict[str, Any]] = []
+    while True:
+        raw = conn.recv_bytes()
+        frames.append(event := validate(raw))
+        conn.parse_event(raw)
+        if event["type"] in TERMINAL or event["type"] == "error":
+            return frames, event.get("response") or event
+
+
+def test_an_approved_call_runs_and_a_declined_one_does_not(mcp_url: str) -> None:
+    calls = (("add", '{"a": 20, "b": 22}'), ("add", '{"a": 1, "b": 1}'))
+    tool = mcp_tool(mcp_url, require_approval="always")
+    with hotloop_server(
+        script(*calls), api_keys=("sk-test", "sk-other"), mcp_allow=(mcp_url,)
+    ) as base:
+        client = OpenAI(base_url=base + "/v1", api_key="sk-test")
+        with client.responses.connect() as conn:
+            frames, first = approval_turn(conn, {"input": "go", "tools": [tool]})
+            assert first["status"] == "completed"
+            request = first["output"][-1]
+            assert request["type"] == "mcp_approval_request" and request["name"] == "add"
+            assert "response.mcp_call_arguments.delta" not in kinds(frames)
+            # Another key cannot answer it.
+            other = OpenAI(base_url=base + "/v1", api_key="sk-other")
+            with other.responses.connect() as stranger:
+                answer = {
+                    "type": "mcp_approval_response",
+                    "approval_request_id": request["id"],
+                    "approve": True,
+                }
+                _, refused = approval_turn(stranger, {"input": [answer], "tools": [tool]})
+            assert refused["error"]["code"] == "mcp_approval_not_found"
+            # Approved: the call runs first, then the model goes on (and asks again).
+            approve = {"input": [answer], "tools": [tool], "previous_response_id": first["id"]}
+            frames, second = approval_turn(conn, approve)
+            assert second["status"] == "completed", second
+            ran = second["output"][1]
+            assert ran["type"] == "mcp_call" and ran["output"] == "42.0"
+            assert ran["approval_request_id"] == request["id"]
+            asked = second["output"][-1]
+            assert asked["type"] == "mcp_approval_request"
+            # Declined: no call, the model answers.
+            decline = {**answer, "approval_request_id": asked["id"], "approve": False}
+            _, third = approval_turn(
+                conn, {"input": [decline], "tools": [tool], "previous_response_id": second["id"]}
+            )
+            assert [item["type"] for item in third["output"]] == ["mcp_list_tools", "message"]
+            # An answered request cannot be answered again.
+            _, again = approval_turn(conn, {**approve, "previous_response_id": first["id"]})
+            assert again["error"]["code"] == "mcp_approval_not_found"
+
+
+def test_per_tool_approval(mcp_url: str) -> None:
+    never = {"never": {"tool_names": ["read_file"]}}
+    tool = mcp_tool(mcp_url, require_approval=never)
+    calls = (("read_file", '{"path": "notes.txt"}'), ("add", "{}"))
+    with hotloop_server(script(*calls), api_keys=("sk-test",), mcp_allow=(mcp_url,)) as base:
+        frames = run(base, [tool])
+    output = frames[-1]["response"]["output"]
+    assert [item["type"] for item in output] == [
+        "mcp_list_tools",
+        "mcp_call",
+        "mcp_approval_request",
+    ]

@@ -22,6 +22,8 @@ import orjson
 
 MCP_CALL = "mcp_"
 """The id prefix of an `mcp_call` item; the rest is the model's call id."""
+MCP_APPROVAL = "mcpr_"
+"""The id prefix of an `mcp_approval_request` item; the rest is the model's call id."""
 
 
 def new_id(prefix: str) -> str:
@@ -147,7 +149,9 @@ class ResponseEvents:
         "_tail",
         "created_at",
         "index_offset",
+        "mcp_approvals",
         "mcp_calls",
+        "mcp_gated",
         "mcp_labels",
         "output",
         "request_id",
@@ -177,6 +181,10 @@ class ResponseEvents:
         """Function names the server runs as MCP tools, and their server's label: their
         calls are `mcp_call` items (`hotloop.protocol.mcp`)."""
         self.mcp_calls: list[tuple[int, dict[str, Any], str]] = []
+        self.mcp_gated: frozenset[str] = frozenset()
+        """MCP tools whose calls wait for the client's approval."""
+        self.mcp_approvals: list[dict[str, Any]] = []
+        """`mcp_approval_request` items of the current model turn."""
         """MCP calls whose arguments are done, not yet run: output index, item, call id."""
         self._seq = 0
         # Per output index: the item id and the pre-serialised head of its delta events.
@@ -301,12 +309,12 @@ class ResponseEvents:
             kind = ev[0]
             if kind == "text" or kind == "reasoning" or kind == "arguments":
                 # The per-token path: one dumps and one bytes format, nothing else.
+                head = self._heads[ev[1]]
+                if not head:
+                    continue  # an approval request streams no arguments
                 seq = self._seq
                 self._seq = seq + 1
-                emit(
-                    b'%b%b,"sequence_number":%d%b'
-                    % (self._heads[ev[1]], orjson.dumps(ev[2]), seq, self._tail)
-                )
+                emit(b'%b%b,"sequence_number":%d%b' % (head, orjson.dumps(ev[2]), seq, self._tail))
             else:
                 self._structural(ev, emit)
 
@@ -357,6 +365,17 @@ class ResponseEvents:
             content = [{"type": "reasoning_text", "text": text}]
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": content}
             emit(self.item_done(index, {**item, "status": "completed"}))
+        elif kind == "call_start" and ev[2] in self.mcp_gated:
+            item_id = MCP_APPROVAL + ev[3]
+            self._ids[key] = item_id
+            self._heads[key] = b""
+            item = {**self._mcp_call(item_id, ev[2]), "type": "mcp_approval_request"}
+            emit(self.item_added(index, {**item, "arguments": ""}))
+        elif kind == "call_done" and ev[2] in self.mcp_gated:
+            item = {**self._mcp_call(self._ids[key], ev[2]), "type": "mcp_approval_request"}
+            item["arguments"] = ev[4]
+            self.mcp_approvals.append(item)
+            emit(self.item_done(index, item))
         elif kind == "call_start" and ev[2] in self.mcp_labels:
             # The call id in the item's id: a chain rebuilt from the store renders the
             # call as the model made it (`hotloop.protocol.mcp.replayable`).
@@ -414,6 +433,20 @@ class ResponseEvents:
             self.event(kind, item_id=item["id"], output_index=index),
             self.event("response.output_item.done", output_index=index, item=item),
         ]
+
+    def mcp_approved(self, item: dict[str, Any]) -> list[bytes]:
+        """A call the client approved, run before the model's items (`index_offset`)."""
+        index = self.index_offset
+        self.index_offset += 1
+        ids = {"item_id": item["id"], "output_index": index}
+        added = {**item, "output": None, "error": None, "status": "in_progress"}
+        frames = [
+            self.item_added(index, added),
+            self.event("response.mcp_call.in_progress", **ids),
+            self.event("response.mcp_call_arguments.done", **ids, arguments=item["arguments"]),
+        ]
+        self.output.append(item)
+        return frames + self.mcp_call_done(index, item, item.pop("output"), item.pop("error"))
 
     def mcp_list_tools(
         self, label: str, tools: list[dict[str, Any]], error: str | None

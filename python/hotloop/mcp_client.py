@@ -140,6 +140,29 @@ class Listing:
     error: McpError | None = None
 
 
+@dataclass(frozen=True)
+class Approval:
+    """A call that waits for the client's `mcp_approval_response`: the response that
+    asked, the server's label, the tool and its arguments."""
+
+    response_id: str
+    label: str
+    name: str
+    arguments: str
+
+
+class Approvals(dict[tuple[str | None, str], Approval]):
+    """The process's approval requests waiting for an answer, by API key and request
+    id (another key's id finds nothing), the oldest dropped past `MAX_APPROVALS`."""
+
+    MAX_APPROVALS = 4096
+
+    def hold(self, key: tuple[str | None, str], approval: Approval) -> None:
+        if len(self) >= self.MAX_APPROVALS:
+            del self[next(iter(self))]
+        self[key] = approval
+
+
 class McpClient:
     """The process's MCP calls: each opens its own session with the server's own
     headers (nothing is shared between keys or servers), under the bounds."""
@@ -148,6 +171,7 @@ class McpClient:
         self.settings = settings
         self._calls = 0
         self._calls_of: dict[str | None, int] = {}
+        self.approvals = Approvals()
         self._tls: ssl.SSLContext | None = None
         """One TLS context for every session: making one loads the CA certificates,
         about 0.2 s of CPU that would stall the event loop at each call."""

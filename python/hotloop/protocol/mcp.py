@@ -21,8 +21,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from hotloop._core import CreateRequest
-from hotloop.events import MCP_CALL
-from hotloop.mcp_client import REDACTED, Listing, McpClient, McpError, McpServer
+from hotloop.events import MCP_APPROVAL, MCP_CALL
+from hotloop.mcp_client import (
+    REDACTED,
+    Approval,
+    Approvals,
+    Listing,
+    McpClient,
+    McpError,
+    McpServer,
+)
 from hotloop.protocol.actions import McpCall, McpRequest
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.injection import Injection
@@ -31,6 +39,7 @@ if TYPE_CHECKING:
     from hotloop.protocol.connection import Connection
     from hotloop.protocol.response import Response
 
+DECLINED = "The user declined this call."
 LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -46,22 +55,43 @@ class McpTurn:
     """The request's `max_tool_calls`."""
     deadline: float
     """`time.monotonic()` after which no call starts (`--mcp-response-time`)."""
+    principal: str | None
+    approvals: Approvals
+    """Where the approval requests this response ends with wait (the process's)."""
+    approved: list[dict[str, Any]] = field(default_factory=list)
+    """`mcp_call` items of the calls the client approved, run before the turn."""
     calls: int = 0
 
+    @property
+    def gated(self) -> frozenset[str]:
+        """The offered tools whose calls wait for the client's approval."""
+        return frozenset(name for name, server in self.tools.items() if server.needs_approval(name))
 
-def asks(request: CreateRequest) -> bool:
-    """Whether a valid request has `mcp` tools (the core skips them in rendering)."""
+
+def asks(request: CreateRequest, frame: str | bytes) -> bool:
+    """Whether a request has `mcp` tools (the core skips them in rendering) or answers
+    approval requests (the core does not know the item: its parse is refused)."""
+    if isinstance(frame, str):
+        frame = frame.encode()
+    if b'"mcp_approval_response"' in frame:
+        return True
     return request.error is None and any(kind == "mcp" for kind, _ in request.skipped_tools)
 
 
-async def rewritten(client: McpClient, frame: str | bytes) -> tuple[bytes, McpTurn]:
+async def rewritten(
+    client: McpClient, frame: str | bytes, principal: str | None
+) -> tuple[bytes, McpTurn]:
     """A frame or body with `mcp` tools as the turn runs it: each server's credentials
     redacted (the Response echoes and the store keeps its tools), its listed tools added
-    as function tools. Raises ProtocolError (nothing was connected to) for a server the
-    client may not name or a malformed `mcp` tool."""
+    as function tools, each `mcp_approval_response` replaced by the output of the call
+    it approved (run now) or declined. Raises ProtocolError (nothing was connected to)
+    for a server the client may not name, a malformed `mcp` tool, or an approval that
+    answers no request of this key in the previous response."""
     event = orjson.loads(frame)
     body = event["response"] if isinstance(event.get("response"), dict) else event
-    tools: list[Any] = body["tools"]
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        tools = body["tools"] = []
     servers = [
         server_of(tool, n, client)
         for n, tool in enumerate(tools)
@@ -97,8 +127,72 @@ async def rewritten(client: McpClient, frame: str | bytes) -> tuple[bytes, McpTu
             )
     max_calls = body.get("max_tool_calls")
     deadline = time.monotonic() + client.settings.response_time
-    turn = McpTurn(listings, offered, max_calls if isinstance(max_calls, int) else None, deadline)
+    turn = McpTurn(
+        listings,
+        offered,
+        max_calls if isinstance(max_calls, int) else None,
+        deadline,
+        principal,
+        client.approvals,
+    )
+    inputs = body.get("input")
+    for n, item in enumerate(inputs if isinstance(inputs, list) else []):
+        if isinstance(item, dict) and item.get("type") == "mcp_approval_response":
+            inputs[n] = await approval_output(client, turn, body, servers, item, n)
     return orjson.dumps(event), turn
+
+
+async def approval_output(
+    client: McpClient,
+    turn: McpTurn,
+    body: dict[str, Any],
+    servers: list[McpServer],
+    item: dict[str, Any],
+    n: int,
+) -> dict[str, Any]:
+    """The `function_call_output` an `mcp_approval_response` stands for: the approved
+    call's output (its `mcp_call` item kept for the response's start), or that the
+    client declined it. Raises ProtocolError."""
+    param = f"input[{n}].approval_request_id"
+    approval_id = item.get("approval_request_id")
+    if not isinstance(approval_id, str):
+        approval_id = ""
+    pending = client.approvals.get((turn.principal, approval_id))
+    if pending is None or pending.response_id != body.get("previous_response_id"):
+        raise ProtocolError(
+            "mcp_approval_not_found",
+            f"No approval request {approval_id!r} of this API key waits in the previous response.",
+            param,
+        )
+    server = next((s for s in servers if s.label == pending.label), None)
+    if server is None:
+        raise ProtocolError(
+            "missing_required_parameter",
+            f"Send the mcp tool of server_label {pending.label!r} again to run its call.",
+            "tools",
+        )
+    del client.approvals[(turn.principal, approval_id)]
+    call_id = approval_id.removeprefix(MCP_APPROVAL)
+    if item.get("approve") is not True:
+        return {"type": "function_call_output", "call_id": call_id, "output": DECLINED}
+    call = {
+        "id": MCP_CALL + call_id,
+        "type": "mcp_call",
+        "server_label": server.label,
+        "name": pending.name,
+        "arguments": pending.arguments,
+        "approval_request_id": approval_id,
+    }
+    timeout = client.settings.call_timeout
+    try:
+        output = await client.call(server, pending.name, pending.arguments, turn.principal, timeout)
+    except McpError as e:
+        turn.approved.append({**call, "output": None, "error": e.as_item_error()})
+        output = f"error: {e.message}"
+    else:
+        turn.approved.append({**call, "output": output, "error": None})
+    turn.calls += 1
+    return {"type": "function_call_output", "call_id": call_id, "output": output}
 
 
 def server_of(tool: dict[str, Any], n: int, client: McpClient) -> McpServer:
@@ -133,15 +227,13 @@ def server_of(tool: dict[str, Any], n: int, client: McpClient) -> McpServer:
     if tool.get("headers"):
         tool["headers"] = dict.fromkeys(tool["headers"], REDACTED)
     approval = tool.get("require_approval", "always")
-    server = McpServer(label, url, headers, allowed(tool.get("allowed_tools")), approval)
-    if approval != "never":
-        # Approvals are not served yet: a call that needs one could never run.
+    if approval not in ("always", "never") and not isinstance(approval, dict):
         raise ProtocolError(
-            "unsupported_value",
-            "hotloop runs MCP tools with require_approval 'never' only.",
+            "invalid_value",
+            "require_approval must be 'always', 'never' or per tool.",
             f"{param}.require_approval",
         )
-    return server
+    return McpServer(label, url, headers, allowed(tool.get("allowed_tools")), approval)
 
 
 def allowed(value: Any) -> frozenset[str] | None:
@@ -171,9 +263,16 @@ def replayable(output: list[Any]) -> list[Any]:
     items = []
     for item in output:
         kind = item.get("type") if isinstance(item, dict) else None
-        if kind == "mcp_list_tools":
-            continue
-        if kind == "mcp_call":
+        if kind == "mcp_list_tools" or (kind == "mcp_call" and item.get("approval_request_id")):
+            continue  # renders nothing; an approved call's own turn rendered it
+        if kind == "mcp_approval_request":
+            item = {
+                "type": "function_call",
+                "call_id": item["id"].removeprefix(MCP_APPROVAL),
+                "name": item["name"],
+                "arguments": item["arguments"],
+            }
+        elif kind == "mcp_call":
             item = {
                 "type": "function_call",
                 "call_id": item["id"].removeprefix(MCP_CALL),
@@ -204,6 +303,9 @@ class McpLoop:
                 events.mcp_list_tools(listing.server.label, listing.tools, error)
             )
         events.mcp_labels = {name: server.label for name, server in turn.tools.items()}
+        events.mcp_gated = turn.gated
+        for item in turn.approved:
+            self.connection.outbox.extend(events.mcp_approved(item))
 
     def call(self, response: Response, client_calls: bool) -> None:
         """The model turn ended calling MCP tools: they run (the transport's `McpCall`),
@@ -211,11 +313,18 @@ class McpLoop:
         connection, turn, events = self.connection, response.mcp, response.events
         assert turn is not None, "a response with mcp tools"
         calls, events.mcp_calls = events.mcp_calls, []
+        approvals, events.mcp_approvals = events.mcp_approvals, []
+        for item in approvals:
+            pending = Approval(
+                events.response_id, item["server_label"], item["name"], item["arguments"]
+            )
+            turn.approvals.hold((turn.principal, item["id"]), pending)
         # Calls of responses stopped meanwhile (a cancel, the client's leaving) never end.
         self.calling = {k: c for k, c in self.calling.items() if k in connection.generating}
         left = turn.deadline - time.monotonic()
         requests = []
-        ends = client_calls
+        # Approval requests end the response: the client's approvals continue it.
+        ends = client_calls or bool(approvals)
         for _, item, _ in calls:
             refusal = None
             if turn.max_calls is not None and turn.calls >= turn.max_calls:

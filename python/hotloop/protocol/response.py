@@ -329,7 +329,7 @@ class Response:
             for item in self.events.output[self.first_item :]
             if item["type"] == "function_call"
         ]
-        if self.events.mcp_calls and outcome == "stopped":
+        if (self.events.mcp_calls or self.events.mcp_approvals) and outcome == "stopped":
             connection.mcp.call(self, client_calls=bool(calls))
             return
         if connection.settings.inject and outcome == "stopped" and calls:

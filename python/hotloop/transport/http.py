@@ -218,8 +218,8 @@ class HttpApi:
             raise ShuttingDown
         size, request, parse_ns, body = await self._request(scope, receive, principal)
         mcp = None
-        if asks(request):
-            body, mcp = await rewritten(self.mcp, body)
+        if asks(request, body):
+            body, mcp = await rewritten(self.mcp, body, principal)
             request = self._parse(body, principal)
         del body  # the request holds what the response needs
         books = self.ledger.observer(principal, "http")

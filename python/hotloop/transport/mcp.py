@@ -20,10 +20,10 @@ async def listed(client: McpClient, connection: Connection, parsed: Parsed) -> P
     """A `response.create` frame with its MCP servers listed (the frame as the turn
     runs it, see `rewritten`), or its refusal; any other frame as it is."""
     event = parsed.event
-    if not isinstance(event, CreateRequest) or not asks(event):
+    if not isinstance(event, CreateRequest) or not asks(event, parsed.frame):
         return parsed
     try:
-        frame, turn = await rewritten(client, parsed.frame)
+        frame, turn = await rewritten(client, parsed.frame, connection.settings.principal)
     except ProtocolError as e:
         return dataclasses.replace(parsed, event=e)
     return dataclasses.replace(connection.parse(frame), mcp=turn)
