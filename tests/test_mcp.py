@@ -14,7 +14,9 @@ import orjson
 import pytest
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
+from hotloop.engines.llama import LlamaConfig, LlamaEngine
 from hotloop.engines.sim import SimScript, SimTurn
+from hotloop.transport.app import App
 from mcp_server import SEEN_HEADERS, hostile_server, mcp_server
 from openai import OpenAI
 from openai.types.responses import Response
@@ -365,3 +367,28 @@ def test_per_tool_approval(mcp_url: str) -> None:
         "mcp_call",
         "mcp_approval_request",
     ]
+
+
+@pytest.mark.model
+def test_smollm2_is_offered_the_listed_tools(mcp_url: str) -> None:
+    """The real model (the embedded llama engine): the listed tools render through its
+    chat template and a turn runs on them. SmolLM2 does not call them (it answers in
+    text, `tool_choice: required` or not), so the loop itself is the sim's to test."""
+    engine = LlamaEngine(LlamaConfig(n_ctx=4096, max_sequences=2, n_threads=1))
+    app = App(engine, ServerConfig(mcp_allow=(mcp_url,), api_keys=("sk-test",)))
+    with serving(app) as base:
+        client = OpenAI(base_url=base + "/v1", api_key="sk-test")
+        with client.responses.connect() as conn:
+            conn.response.create(
+                model="smollm2",
+                input="What is 2 plus 40? Use the add tool.",
+                tools=[mcp_tool(mcp_url, allowed_tools=["add"])],
+                store=False,
+                temperature=0,
+                max_output_tokens=32,
+            )
+            response = final(conn)
+    assert response.status in ("completed", "incomplete")
+    listing = response.output[0]
+    assert listing.type == "mcp_list_tools" and [t.name for t in listing.tools] == ["add"]
+    assert response.usage is not None and response.usage.input_tokens > 100
