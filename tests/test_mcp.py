@@ -339,7 +339,8 @@ def test_an_approved_call_runs_and_a_declined_one_does_not(mcp_url: str) -> None
             approve = {"input": [answer], "tools": [tool], "previous_response_id": first["id"]}
             frames, second = approval_turn(conn, approve)
             assert second["status"] == "completed", second
-            ran = second["output"][1]
+            # The listing is the chain's (no item again): the approved call comes first.
+            ran = second["output"][0]
             assert ran["type"] == "mcp_call" and ran["output"] == "42.0"
             assert ran["approval_request_id"] == request["id"]
             asked = second["output"][-1]
@@ -349,7 +350,7 @@ def test_an_approved_call_runs_and_a_declined_one_does_not(mcp_url: str) -> None
             _, third = approval_turn(
                 conn, {"input": [decline], "tools": [tool], "previous_response_id": second["id"]}
             )
-            assert [item["type"] for item in third["output"]] == ["mcp_list_tools", "message"]
+            assert [item["type"] for item in third["output"]] == ["message"]
             # An answered request cannot be answered again.
             _, again = approval_turn(conn, {**approve, "previous_response_id": first["id"]})
             assert again["error"]["code"] == "mcp_approval_not_found"
@@ -392,3 +393,24 @@ def test_smollm2_is_offered_the_listed_tools(mcp_url: str) -> None:
     listing = response.output[0]
     assert listing.type == "mcp_list_tools" and [t.name for t in listing.tools] == ["add"]
     assert response.usage is not None and response.usage.input_tokens > 100
+
+
+def test_a_listing_is_reused_along_the_chain_while_the_tool_is_the_same(mcp_url: str) -> None:
+    # The first response runs one call and ends at its bound; the second runs the third.
+    calls = (("add", '{"a": 1, "b": 2}'), ("add", "{}"), ("add", '{"a": 3, "b": 4}'))
+    tool = mcp_tool(mcp_url)
+    with hotloop_server(script(*calls), api_keys=("sk-test",), mcp_allow=(mcp_url,)) as base:
+        client = OpenAI(base_url=base + "/v1", api_key="sk-test")
+        with client.responses.connect() as conn:
+            _, first = approval_turn(conn, {"input": "go", "tools": [tool], "max_tool_calls": 1})
+            assert [item["type"] for item in first["output"]][:2] == ["mcp_list_tools", "mcp_call"]
+            follow = {"input": "more", "tools": [tool], "previous_response_id": first["id"]}
+            _, second = approval_turn(conn, follow)
+            # Listed once per chain: the tools are offered, no listing item again.
+            assert second["status"] == "completed", second
+            assert second["output"][0]["type"] == "mcp_call"
+            assert second["output"][0]["output"] == "7.0"
+            # Another definition (other credentials here) is listed again.
+            changed = {**follow, "tools": [{**tool, "headers": {"X-Api-Key": "other"}}]}
+            _, third = approval_turn(conn, {**changed, "previous_response_id": second["id"]})
+            assert third["output"][0]["type"] == "mcp_list_tools"

@@ -18,7 +18,7 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx2
@@ -46,6 +46,9 @@ class McpServer:
     allowed_tools: frozenset[str] | None
     approval: str | dict[str, Any]
     """`require_approval` as sent: `always`, `never` or per tool (see `needs_approval`)."""
+    definition: str = field(default="", repr=False)
+    """A digest of the tool as sent, credentials included: a listing is reused along a
+    chain while it is the same."""
 
     def needs_approval(self, name: str) -> bool:
         """Whether a call of `name` waits for the client's `mcp_approval_response`."""
@@ -138,6 +141,8 @@ class Listing:
     server: McpServer
     tools: list[dict[str, Any]]
     error: McpError | None = None
+    reused: bool = False
+    """Listed earlier in the chain: no `mcp_list_tools` item again."""
 
 
 @dataclass(frozen=True)
@@ -151,16 +156,25 @@ class Approval:
     arguments: str
 
 
-class Approvals(dict[tuple[str | None, str], Approval]):
-    """The process's approval requests waiting for an answer, by API key and request
-    id (another key's id finds nothing), the oldest dropped past `MAX_APPROVALS`."""
+K = TypeVar("K")
+V = TypeVar("V")
 
-    MAX_APPROVALS = 4096
 
-    def hold(self, key: tuple[str | None, str], approval: Approval) -> None:
-        if len(self) >= self.MAX_APPROVALS:
+class Held(dict[K, V]):
+    """What the process keeps for the next request of a chain, the oldest dropped past
+    `MAX_HELD`: approval requests waiting for an answer (by API key and request id:
+    another key's id finds nothing), listings (by API key, response id and label)."""
+
+    MAX_HELD = 4096
+
+    def hold(self, key: K, value: V) -> None:
+        if len(self) >= self.MAX_HELD:
             del self[next(iter(self))]
-        self[key] = approval
+        self[key] = value
+
+
+Approvals = Held[tuple[str | None, str], Approval]
+Listings = Held[tuple[str | None, str, str], Listing]
 
 
 class McpClient:
@@ -172,6 +186,7 @@ class McpClient:
         self._calls = 0
         self._calls_of: dict[str | None, int] = {}
         self.approvals = Approvals()
+        self.listings = Listings()
         self._tls: ssl.SSLContext | None = None
         """One TLS context for every session: making one loads the CA certificates,
         about 0.2 s of CPU that would stall the event loop at each call."""

@@ -13,6 +13,8 @@ themselves are `hotloop.mcp_client`'s. A failed listing or call is an item with 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import re
 import time
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from hotloop.mcp_client import (
     Approval,
     Approvals,
     Listing,
+    Listings,
     McpClient,
     McpError,
     McpServer,
@@ -58,6 +61,8 @@ class McpTurn:
     principal: str | None
     approvals: Approvals
     """Where the approval requests this response ends with wait (the process's)."""
+    kept: Listings
+    """Where its listings are kept for the next response of the chain."""
     approved: list[dict[str, Any]] = field(default_factory=list)
     """`mcp_call` items of the calls the client approved, run before the turn."""
     calls: int = 0
@@ -100,7 +105,16 @@ async def rewritten(
     labels = [server.label for server in servers]
     if len(set(labels)) != len(labels):
         raise ProtocolError("invalid_value", "Two mcp tools have the same server_label.", "tools")
-    listings = await asyncio.gather(*(client.list_tools(server) for server in servers))
+    parent = body.get("previous_response_id")
+
+    async def listed(server: McpServer) -> Listing:
+        # Listed earlier in the chain, with the same definition: no second listing.
+        kept = client.listings.get((principal, parent, server.label)) if parent else None
+        if kept is not None and kept.server.definition == server.definition:
+            return dataclasses.replace(kept, server=server, reused=True)
+        return await client.list_tools(server)
+
+    listings = await asyncio.gather(*(listed(server) for server in servers))
     functions = {tool.get("name") for tool in tools if tool.get("type") == "function"}
     offered: dict[str, McpServer] = {}
     for listing in listings:
@@ -134,6 +148,7 @@ async def rewritten(
         deadline,
         principal,
         client.approvals,
+        client.listings,
     )
     inputs = body.get("input")
     for n, item in enumerate(inputs if isinstance(inputs, list) else []):
@@ -219,6 +234,7 @@ def server_of(tool: dict[str, Any], n: int, client: McpClient) -> McpServer:
         raise ProtocolError(
             "invalid_type", "headers must map names to strings.", f"{param}.headers"
         )
+    definition = hashlib.sha256(orjson.dumps(tool, option=orjson.OPT_SORT_KEYS)).hexdigest()
     headers = dict(headers)
     authorization = tool.get("authorization")
     if isinstance(authorization, str):
@@ -233,7 +249,8 @@ def server_of(tool: dict[str, Any], n: int, client: McpClient) -> McpServer:
             "require_approval must be 'always', 'never' or per tool.",
             f"{param}.require_approval",
         )
-    return McpServer(label, url, headers, allowed(tool.get("allowed_tools")), approval)
+    tools = allowed(tool.get("allowed_tools"))
+    return McpServer(label, url, headers, tools, approval, definition)
 
 
 def allowed(value: Any) -> frozenset[str] | None:
@@ -298,6 +315,11 @@ class McpLoop:
         assert turn is not None, "a response with mcp tools"
         events = response.events
         for listing in turn.listings:
+            if listing.error is None:
+                key = (turn.principal, events.response_id, listing.server.label)
+                turn.kept.hold(key, listing)
+            if listing.reused:
+                continue
             error = None if listing.error is None else listing.error.message
             self.connection.outbox.extend(
                 events.mcp_list_tools(listing.server.label, listing.tools, error)
