@@ -414,3 +414,29 @@ def test_a_listing_is_reused_along_the_chain_while_the_tool_is_the_same(mcp_url:
             changed = {**follow, "tools": [{**tool, "headers": {"X-Api-Key": "other"}}]}
             _, third = approval_turn(conn, {**changed, "previous_response_id": second["id"]})
             assert third["output"][0]["type"] == "mcp_list_tools"
+
+
+def test_no_call_starts_after_the_responses_mcp_time(mcp_url: str) -> None:
+    with hotloop_server(
+        script(("add", "{}")), api_keys=("sk-test",), mcp_allow=(mcp_url,), mcp_response_time=0
+    ) as base:
+        frames = run(base, [mcp_tool(mcp_url)])
+    final_ = frames[-1]["response"]
+    call = final_["output"][1]
+    assert call["status"] == "failed" and call["error"]["code"] == 504
+    assert final_["status"] == "completed" and final_["output"][-1] is call
+
+
+def test_mcp_and_client_function_tools_in_one_request(mcp_url: str) -> None:
+    function = {"type": "function", "name": "exec_command", "parameters": {"type": "object"}}
+    calls = (("add", '{"a": 1, "b": 1}'), ("exec_command", "{}"))
+    with hotloop_server(script(*calls), api_keys=("sk-test",), mcp_allow=(mcp_url,)) as base:
+        frames = run(base, [mcp_tool(mcp_url), function])
+    final_ = frames[-1]["response"]
+    # The MCP call ran in the response; the client's call ends it for the client.
+    assert [item["type"] for item in final_["output"]] == [
+        "mcp_list_tools",
+        "mcp_call",
+        "function_call",
+    ]
+    assert final_["output"][1]["output"] == "2.0"
