@@ -30,6 +30,7 @@ from hotloop.chat_template import TemplateChoice
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.ledger import Ledger
+from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import QueueMemory
 from hotloop.protocol.compaction import Compactor
 from hotloop.transport import App
@@ -177,6 +178,8 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         ledger.metrics.refusals.labels("queue_memory_exceeded").inc,
     )
     ledger.metrics.queued_bytes = lambda: queue_memory.used_bytes
+    # One per process: its bounds hold across both transports.
+    mcp = McpClient(McpSettings.of(config))
     http = HttpApi(
         ledger,
         baseline=baseline,
@@ -196,6 +199,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
             config.node,
         ),
         default_model=config.default_model,
+        mcp=mcp,
     )
     return App(
         ledger.engine,
@@ -206,6 +210,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         keys=keys,
         queue_memory=queue_memory,
         compactor=compactor,
+        mcp=mcp,
     )
 
 

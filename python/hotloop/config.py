@@ -128,6 +128,23 @@ class ServerConfig:
     inject_idle_timeout: float = _option(
         300.0, "how long a long-running response waits for injected tool output"
     )
+    mcp_allow: tuple[str, ...] = _option(
+        (),
+        "comma-separated MCP servers the `mcp` tool may name, each a URL prefix "
+        "(`https://mcp.example.com/v1/`) or a host (`mcp.example.com`); none by default, "
+        "loopback and private addresses only when named",
+        _keys,
+    )
+    mcp_call_timeout: float = _option(30.0, "seconds an MCP listing or tool call may take")
+    mcp_response_time: float = _option(
+        300.0, "seconds of MCP calls per response: no call starts after them"
+    )
+    mcp_max_listing_bytes: int = _option(1 * MIB, "largest MCP tool listing accepted")
+    mcp_max_result_bytes: int = _option(
+        256 * 1024, "largest MCP tool result appended to a conversation"
+    )
+    mcp_max_calls: int = _option(64, "MCP tool calls running at once in the process")
+    mcp_max_calls_per_key: int = _option(8, "MCP tool calls running at once per API key")
     max_frame_bytes: int = _option(16 * MIB, "largest client frame accepted")
     max_queued_bytes: int = _option(
         64 * MIB, "bytes of queued response.create events per connection"

@@ -20,6 +20,11 @@ from typing import Any
 
 import orjson
 
+MCP_CALL = "mcp_"
+"""The id prefix of an `mcp_call` item; the rest is the model's call id."""
+MCP_APPROVAL = "mcpr_"
+"""The id prefix of an `mcp_approval_request` item; the rest is the model's call id."""
+
 
 def new_id(prefix: str) -> str:
     """A fresh object id such as `resp_8f...`: 24 random bytes, hex."""
@@ -159,6 +164,10 @@ class ResponseEvents:
         "background",
         "created_at",
         "index_offset",
+        "mcp_approvals",
+        "mcp_calls",
+        "mcp_gated",
+        "mcp_labels",
         "output",
         "request_id",
         "response_id",
@@ -185,6 +194,15 @@ class ResponseEvents:
         self.output: list[dict[str, Any]] = []
         self.index_offset = 0
         """Output items emitted before the parser's (a compaction item)."""
+        self.mcp_labels: dict[str, str] = {}
+        """Function names the server runs as MCP tools, and their server's label: their
+        calls are `mcp_call` items (`hotloop.protocol.mcp`)."""
+        self.mcp_calls: list[tuple[int, dict[str, Any], str]] = []
+        self.mcp_gated: frozenset[str] = frozenset()
+        """MCP tools whose calls wait for the client's approval."""
+        self.mcp_approvals: list[dict[str, Any]] = []
+        """`mcp_approval_request` items of the current model turn."""
+        """MCP calls whose arguments are done, not yet run: output index, item, call id."""
         self._seq = 0
         # Per output index: the item id and the pre-serialised head of its delta events.
         self._ids: dict[int, str] = {}
@@ -308,12 +326,12 @@ class ResponseEvents:
             kind = ev[0]
             if kind == "text" or kind == "reasoning" or kind == "arguments":
                 # The per-token path: one dumps and one bytes format, nothing else.
+                head = self._heads[ev[1]]
+                if not head:
+                    continue  # an approval request streams no arguments
                 seq = self._seq
                 self._seq = seq + 1
-                emit(
-                    b'%b%b,"sequence_number":%d%b'
-                    % (self._heads[ev[1]], orjson.dumps(ev[2]), seq, self._tail)
-                )
+                emit(b'%b%b,"sequence_number":%d%b' % (head, orjson.dumps(ev[2]), seq, self._tail))
             else:
                 self._structural(ev, emit)
 
@@ -364,6 +382,35 @@ class ResponseEvents:
             content = [{"type": "reasoning_text", "text": text}]
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": content}
             emit(self.item_done(index, {**item, "status": "completed"}))
+        elif kind == "call_start" and ev[2] in self.mcp_gated:
+            item_id = MCP_APPROVAL + ev[3]
+            self._ids[key] = item_id
+            self._heads[key] = b""
+            item = {**self._mcp_call(item_id, ev[2]), "type": "mcp_approval_request"}
+            emit(self.item_added(index, {**item, "arguments": ""}))
+        elif kind == "call_done" and ev[2] in self.mcp_gated:
+            item = {**self._mcp_call(self._ids[key], ev[2]), "type": "mcp_approval_request"}
+            item["arguments"] = ev[4]
+            self.mcp_approvals.append(item)
+            emit(self.item_done(index, item))
+        elif kind == "call_start" and ev[2] in self.mcp_labels:
+            # The call id in the item's id: a chain rebuilt from the store renders the
+            # call as the model made it (`hotloop.protocol.mcp.replayable`).
+            item_id = MCP_CALL + ev[3]
+            self._ids[key] = item_id
+            head = self.delta_head("response.mcp_call_arguments.delta", item_id, index, None)
+            self._heads[key] = head
+            item = self._mcp_call(item_id, ev[2])
+            emit(self.item_added(index, {**item, "arguments": "", "status": "in_progress"}))
+            emit(self.event("response.mcp_call.in_progress", item_id=item_id, output_index=index))
+        elif kind == "call_done" and ev[2] in self.mcp_labels:
+            item_id, arguments = self._ids[key], ev[4]
+            ids = {"item_id": item_id, "output_index": index}
+            emit(self.event("response.mcp_call_arguments.done", **ids, arguments=arguments))
+            # Done once it ran (`mcp_call_done`); in `output` now, at its index.
+            item = {**self._mcp_call(item_id, ev[2]), "arguments": arguments, "status": "calling"}
+            self.output.append(item)
+            self.mcp_calls.append((index, item, ev[3]))
         elif kind == "call_start":
             item_id = new_id("fc_")
             self._ids[key] = item_id
@@ -386,6 +433,60 @@ class ResponseEvents:
             emit(self.item_done(index, {**item, "arguments": arguments, "status": "completed"}))
         else:
             raise ValueError(f"unknown output parser event {kind!r}")
+
+    # ---------------------------------------------------------------- MCP items
+
+    def _mcp_call(self, item_id: str, name: str) -> dict[str, Any]:
+        label = self.mcp_labels[name]
+        return {"id": item_id, "type": "mcp_call", "server_label": label, "name": name}
+
+    def mcp_call_done(
+        self, index: int, item: dict[str, Any], output: str | None, error: dict[str, Any] | None
+    ) -> list[bytes]:
+        """An MCP call ran: its item (already in `output`) gets its output or error."""
+        item.update(output=output, error=error, status="failed" if error else "completed")
+        kind = "response.mcp_call.failed" if error else "response.mcp_call.completed"
+        return [
+            self.event(kind, item_id=item["id"], output_index=index),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def mcp_approved(self, item: dict[str, Any]) -> list[bytes]:
+        """A call the client approved, run before the model's items (`index_offset`)."""
+        index = self.index_offset
+        self.index_offset += 1
+        ids = {"item_id": item["id"], "output_index": index}
+        added = {**item, "output": None, "error": None, "status": "in_progress"}
+        frames = [
+            self.item_added(index, added),
+            self.event("response.mcp_call.in_progress", **ids),
+            self.event("response.mcp_call_arguments.done", **ids, arguments=item["arguments"]),
+        ]
+        self.output.append(item)
+        return frames + self.mcp_call_done(index, item, item.pop("output"), item.pop("error"))
+
+    def mcp_list_tools(
+        self, label: str, tools: list[dict[str, Any]], error: str | None
+    ) -> list[bytes]:
+        """An `mcp_list_tools` item before the model's items (`index_offset`)."""
+        index = self.index_offset
+        self.index_offset += 1
+        item: dict[str, Any] = {
+            "id": new_id("mcpl_"),
+            "type": "mcp_list_tools",
+            "server_label": label,
+            "tools": [],
+        }
+        ids = {"item_id": item["id"], "output_index": index}
+        frames = [
+            self.item_added(index, item),
+            self.event("response.mcp_list_tools.in_progress", **ids),
+        ]
+        item = {**item, "tools": tools, "error": error}
+        kind = "response.mcp_list_tools.failed" if error else "response.mcp_list_tools.completed"
+        frames.append(self.event(kind, **ids))
+        frames.append(self.item_done(index, item))
+        return frames
 
 
 def _text_part(text: str) -> dict[str, Any]:

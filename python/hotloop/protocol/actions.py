@@ -1,5 +1,5 @@
 """What a `Connection` answers with and what it reports, without I/O: the work it hands
-the transport (`Generate`, `Render`, `Persist`, `Cancel`, `Wait`, `Close`; server frames
+the transport (`Generate`, `Render`, `Persist`, `Cancel`, `Wait`, `McpCall`, `Close`; server frames
 are plain bytes), the record of a finished response (`Finished`, with its `TurnSegment`s)
 and the two interfaces it reports through (`Observer`, `Baseline`).
 
@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from hotloop._core import Checkpoint, Conversation, CreateRequest, Prompt, Turn
 from hotloop.engines.base import Sampling
 from hotloop.events import Usage
+from hotloop.mcp_client import McpError, McpServer
 from hotloop.protocol.cache import ConversationStart
 
 
@@ -84,7 +85,29 @@ class Close:
     reason: str = ""
 
 
-Action = bytes | Generate | Render | Persist | Cancel | Wait | Close
+@dataclass(frozen=True)
+class McpRequest:
+    """One MCP tool call: refused with `refusal` without a connection when it is set."""
+
+    server: McpServer
+    name: str
+    arguments: str
+    refusal: McpError | None = None
+
+
+@dataclass(frozen=True)
+class McpCall:
+    """Remote work: run `calls` (concurrently, within `seconds`), then call
+    `mcp_done(key, results)`, each result the call's output text or its `McpError`.
+    `Cancel(key)` stops them."""
+
+    key: int
+    calls: tuple[McpRequest, ...]
+    principal: str | None
+    seconds: float
+
+
+Action = bytes | Generate | Render | Persist | Cancel | Wait | Close | McpCall
 
 
 @dataclass(frozen=True)

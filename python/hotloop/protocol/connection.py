@@ -55,6 +55,7 @@ from hotloop._core import (
 )
 from hotloop.engines.base import API_SAMPLING, EngineError
 from hotloop.events import error_event
+from hotloop.mcp_client import McpError
 from hotloop.protocol.actions import (
     Action,
     Baseline,
@@ -70,6 +71,7 @@ from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.injection import LongRunning, as_append
 from hotloop.protocol.interrupt import interrupt
 from hotloop.protocol.lanes import Lane, Pending
+from hotloop.protocol.mcp import McpLoop, McpTurn
 from hotloop.protocol.queue_memory import RETRY_AFTER_SECONDS, QueueMemory
 from hotloop.protocol.response import Ending, Rendering, Response, Settings
 from hotloop.protocol.steering import Steering
@@ -115,6 +117,8 @@ class Parsed:
     frame: str | bytes
     """The frame's text: kept by a request that has to wait (`Pending.frame`), read
     by the events the core passes through (`response.steer`, `response.interrupt`)."""
+    mcp: McpTurn | None = None
+    """A request's MCP servers, listed by the transport (`hotloop.protocol.mcp`)."""
 
     @property
     def previous_response_id(self) -> str | None:
@@ -222,6 +226,7 @@ class Connection:
         self.steering = Steering(self)
         self.long_running = LongRunning(self, inject_idle_timeout)
         self.summarization = Summarization(self, self._compactor)
+        self.mcp = McpLoop(self)
         self._lanes: dict[str | None, Lane] = {None: Lane(None)}
         self._ready: deque[Lane] = deque()
         self._unreadable: dict[str, ProtocolError] = {}
@@ -267,7 +272,7 @@ class Connection:
         if isinstance(event, ProtocolError):
             self.refuse(event)
         elif isinstance(event, CreateRequest):
-            self._create(event, parsed.size, parsed.parse_ns, parsed.frame)
+            self._create(event, parsed.size, parsed.parse_ns, parsed.frame, parsed.mcp)
         elif isinstance(event, CancelEvent):
             self._cancel(event)
         elif isinstance(event, ProcessedEvent):
@@ -300,11 +305,14 @@ class Connection:
             assert isinstance(append, AppendEvent), "an inject parses as an append"
             self.long_running.receive(append, decoded, parsed.size)
 
-    def receive_request(self, request: CreateRequest, size: int, parse_ns: int = 0) -> None:
+    def receive_request(
+        self, request: CreateRequest, size: int, parse_ns: int = 0, mcp: McpTurn | None = None
+    ) -> None:
         """A request parsed by the caller (an HTTP `POST /v1/responses` body of `size`
-        bytes, parsed in `parse_ns`): the same turn as a `response.create` frame."""
+        bytes, parsed in `parse_ns`, its MCP servers listed): the same turn as a
+        `response.create` frame."""
         if not self.closed:
-            self._create(request, size, parse_ns)
+            self._create(request, size, parse_ns, mcp=mcp)
 
     def receive_compact(self, request: CreateRequest) -> None:
         """`POST /v1/responses/compact` (its body parsed as a request): see
@@ -331,6 +339,10 @@ class Connection:
         response = self.generating.pop(key, None)
         if response is not None:
             response.done(engine_cached)
+
+    def mcp_done(self, key: int, results: list[str | McpError]) -> None:
+        """The `McpCall` work `key` finished (see `McpLoop.done`)."""
+        self.mcp.done(key, results)
 
     def engine_failed(self, key: int, error: EngineError) -> None:
         response = self.generating.pop(key, None)
@@ -616,7 +628,12 @@ class Connection:
         return stream_id if stream_id is not None and STREAM_ID.fullmatch(stream_id) else None
 
     def _create(
-        self, request: CreateRequest, size: int, parse_ns: int, frame: str | bytes | None = None
+        self,
+        request: CreateRequest,
+        size: int,
+        parse_ns: int,
+        frame: str | bytes | None = None,
+        mcp: McpTurn | None = None,
     ) -> None:
         name = request.stream_id
         if name is not None and not STREAM_ID.fullmatch(name):
@@ -654,7 +671,7 @@ class Connection:
         except ProtocolError as e:
             self.refuse(e, name)
             return
-        pending = Pending(request, size, parse_ns)
+        pending = Pending(request, size, parse_ns, mcp=mcp)
         if frame is not None:
             steered = self.steering.continuation(request, frame, name)
             if isinstance(steered, ProtocolError):
@@ -665,7 +682,7 @@ class Connection:
                 return
             if steered is not None:
                 request, frame, carried = steered
-                pending = Pending(request, size, parse_ns, steered=carried)
+                pending = Pending(request, size, parse_ns, steered=carried, mcp=mcp)
         lane.queue.append(pending)
         if lane.free and len(lane.queue) == 1:
             self._ready.append(lane)

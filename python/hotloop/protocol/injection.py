@@ -136,7 +136,7 @@ class LongRunning:
         if not response.waiting:
             # Every call was answered while the turn still sampled: it resumes at once.
             try:
-                self._resume(response)
+                self.resume(response)
                 return
             except ProtocolError as e:
                 for injection in response.injected:
@@ -226,7 +226,7 @@ class LongRunning:
             connection.outbox.append(self._created(target))
             return
         try:
-            self._resume(target)
+            self.resume(target)
         except ProtocolError as e:
             # Nothing was committed: the calls wait for this output again.
             target.injected.pop()
@@ -295,12 +295,12 @@ class LongRunning:
                 fields["response_id"] = target.events.response_id
             self.connection.outbox.append(target.events.event("response.inject.failed", **fields))
 
-    def _resume(self, response: Response) -> None:
-        """Every call is answered: append the injected outputs (then any steering input
-        accepted meanwhile) to the conversation's tokens, validated as delta input and
-        rendered alone, and sample the next model turn of the same response. Raises
-        `ProtocolError` `invalid_input` (the conversation unchanged) if the core refuses
-        the outputs."""
+    def resume(self, response: Response) -> None:
+        """Every call is answered (by the client, or by MCP servers: `McpLoop`): append
+        the injected outputs (then any steering input accepted meanwhile) to the
+        conversation's tokens, validated as delta input and rendered alone, and sample
+        the next model turn of the same response. Raises `ProtocolError` `invalid_input`
+        (the conversation unchanged) if the core refuses the outputs."""
         connection = self.connection
         items = [item for injection in response.injected for item in injection.items]
         items += [item for steer in response.steers for item in steer.items]
@@ -317,8 +317,8 @@ class LongRunning:
         connection.dequeued(sum(injection.size for injection in response.injected))
         connection.steering.release(response.steers)
         response.injected, response.steers = [], []
-        del self.waiting[response.key]
-        connection.outbox.append(Cancel(response.key))  # its idle timer
+        if self.waiting.pop(response.key, None) is not None:
+            connection.outbox.append(Cancel(response.key))  # its idle timer
         response.key = connection.new_key()
         connection.generating[response.key] = response
         response.spent, response.resumed = spent, turn

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from hotloop._core import CreateRequest
 
 if TYPE_CHECKING:
+    from hotloop.protocol.mcp import McpTurn
     from hotloop.protocol.response import Ending, Rendering, Response
     from hotloop.protocol.steering import Steered
 
@@ -34,6 +35,8 @@ class Pending:
     steered: Steered | None = None
     """The steering input this turn carries (an automatic successor, or a continuation
     with queued steers prepended): returned in `response.steer.failed` if it fails."""
+    mcp: McpTurn | None = None
+    """The request's MCP servers, listed before it was queued (`hotloop.protocol.mcp`)."""
     parent: str | None = field(init=False)
     """The request's `previous_response_id` or `conversation`, kept while only the
     frame is."""

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from hotloop.protocol.connection import Connection
     from hotloop.protocol.injection import Injection
     from hotloop.protocol.lanes import Lane, Pending
+    from hotloop.protocol.mcp import McpTurn
     from hotloop.protocol.steering import Steer
 
 # One line per response: its id and the request id the client saw, to match reports.
@@ -179,6 +180,8 @@ class Rendering:
         else:
             connection.outbox.append(events.lifecycle("response.created", "in_progress"))
         connection.outbox.append(events.lifecycle("response.in_progress", "in_progress"))
+        if response.mcp is not None:
+            connection.mcp.start(response)
         threshold = request.compact_threshold
         over = threshold is not None and turn.prompt_tokens > threshold
         if (over or request.compaction_trigger) and peer_prompt is None:
@@ -262,6 +265,8 @@ class Response:
     engine_cached: int | None = None
     """The prompt ids the engine said it served from its own KV cache in the current
     engine pass (earlier passes are in `spent`); None: it did not say."""
+    mcp: McpTurn | None = None
+    """The request's MCP servers: the calls of their tools run inside the response."""
 
     @classmethod
     def open(cls, rendering: Rendering, events: ResponseEvents, turn: Turn) -> Response:
@@ -282,6 +287,7 @@ class Response:
             overhead_ns=0,
             root=rendering.root or events.response_id,
             conversation_start=rendering.conversation_start,
+            mcp=rendering.pending.mcp,
         )
 
     @property
@@ -379,6 +385,9 @@ class Response:
             for item in self.events.output[self.first_item :]
             if item["type"] == "function_call"
         ]
+        if (self.events.mcp_calls or self.events.mcp_approvals) and outcome == "stopped":
+            connection.mcp.call(self, client_calls=bool(calls))
+            return
         if connection.settings.inject and outcome == "stopped" and calls:
             connection.long_running.wait(self, calls)
             return

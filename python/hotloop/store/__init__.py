@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 import orjson
 
 from hotloop.protocol.compaction import compacted
+from hotloop.protocol.mcp import replayable
 
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Conversation
@@ -234,7 +235,10 @@ class Chain:
             if index < start:
                 continue
             exact = index > start and bool(fingerprint) and stored.fingerprint == fingerprint
-            for turn, (input_items, output, ids) in enumerate(stored.segments(outputs[index])):
+            for turn, (input_items, stored_output, ids) in enumerate(
+                stored.segments(outputs[index])
+            ):
+                output = replayable(stored_output)
                 # A compacted response restarts the chain from its output.
                 if index > start or turn > 0:
                     conversation.append_items(

@@ -21,6 +21,7 @@ from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
 from hotloop.events import error_body
 from hotloop.ledger import Ledger
+from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import (
     Baseline,
     CacheBudget,
@@ -88,9 +89,12 @@ class App:
         keys: ApiKeys | None = None,
         queue_memory: QueueMemory | None = None,
         compactor: Compactor | None = None,
+        mcp: McpClient | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
+        # Shared with the HTTP routes when `build_app` hands both the same one.
+        self.mcp = mcp or McpClient(McpSettings.of(self.config))
         # Without one (an app built by hand), items sealed here open only in this process.
         self.compactor = compactor or Compactor.ephemeral()
         # The same check as the HTTP routes (`build_app` hands both one `ApiKeys`).
@@ -315,6 +319,7 @@ class App:
             commit=None if self.ledger is None else self.ledger.persist,
             warm=warm,
             coalesce=config.stream_coalesce_ms / 1000,
+            mcp=self.mcp,
         )
         scope[CONNECTION_DRAIN] = socket.drain
         scope[RECEIVE_UTF8] = True

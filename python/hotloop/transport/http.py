@@ -40,6 +40,7 @@ from hotloop.auth import ApiKeys, AuthError, key_id
 from hotloop.engines.base import ENGINE_CACHED, EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.ledger import Books, Ledger
+from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import (
     Baseline,
     Connection,
@@ -47,6 +48,7 @@ from hotloop.protocol import (
     ConnectionLimits,
     Finished,
     Generate,
+    McpCall,
     Observer,
     Persist,
     QueueMemory,
@@ -56,6 +58,7 @@ from hotloop.protocol import (
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.connection import OFFLOAD_BYTES
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.mcp import McpTurn, asks, rewritten
 from hotloop.protocol.response import STORE_UNAVAILABLE
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
@@ -64,6 +67,7 @@ from hotloop.transport.asgi import Message, Receive, Scope, Send
 from hotloop.transport.background import CANCEL_POLL, BackgroundWork, Job
 from hotloop.transport.conversations import ConversationsApi
 from hotloop.transport.encoding import decoded
+from hotloop.transport.mcp import run_calls
 from hotloop.transport.websocket import persist, render_off_loop
 
 log = logging.getLogger("hotloop.http")
@@ -105,6 +109,7 @@ class HttpApi:
         reads_per_key: int = 2,
         background: BackgroundWork | None = None,
         default_model: str | None = None,
+        mcp: McpClient | None = None,
     ) -> None:
         self.ledger = ledger
         self.model = model
@@ -123,6 +128,8 @@ class HttpApi:
         self.created = int(time.time())
         self.background = background or BackgroundWork()
         """Background responses (`background: true`) running in this process."""
+        self.mcp = mcp or McpClient(McpSettings())
+        """Lists and calls the `mcp` tools of requests (none allowed without one)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = logs.bound_request_id()
@@ -248,10 +255,15 @@ class HttpApi:
         if self.ledger.drain.draining:
             # Only a kept-alive connection can still send one: the listener is closed.
             raise ShuttingDown
-        size, request, parse_ns = await self._request(scope, receive, principal)
+        size, request, parse_ns, body = await self._request(scope, receive, principal)
+        mcp = None
+        if asks(request, body):
+            body, mcp = await rewritten(self.mcp, body, principal)
+            request = self._parse(body, principal)
+        del body  # the request holds what the response needs
         if request.background and request.error is None:
             await self._create_background(
-                scope, receive, send, principal, request_id, request, size, parse_ns
+                scope, receive, send, principal, request_id, request, size, parse_ns, mcp
             )
             return
         books = self.ledger.observer(principal, "http")
@@ -263,7 +275,7 @@ class HttpApi:
             await self.ledger.warm(cache, request.comparison_response_id, books.owner)
         exchange = _Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange)
-        connection.receive_request(request, size, parse_ns)
+        connection.receive_request(request, size, parse_ns, mcp)
         actions = await _rendered(connection)
         refusal = next((a for a in actions if isinstance(a, bytes) and _is_error(a)), None)
         if refusal is not None:
@@ -286,6 +298,7 @@ class HttpApi:
         request: CreateRequest,
         size: int,
         parse_ns: int,
+        mcp: McpTurn | None,
     ) -> None:
         """`background: true`: the response runs as a job of its own (`background.py`);
         this request answers with it queued, or follows its events when streamed. Its
@@ -314,7 +327,7 @@ class HttpApi:
         connection = self._connection(scope, cache, principal, request_id, exchange, True)
         job = Job(books.owner, request.stream, self.background.limits.event_bytes)
         job.connection = connection
-        connection.receive_request(request, size, parse_ns)
+        connection.receive_request(request, size, parse_ns, mcp)
         self.background.run(job, self._run_background(connection, job))
         error = await job.created
         if error is not None:
@@ -475,15 +488,15 @@ class HttpApi:
 
     async def _request(
         self, scope: Scope, receive: Receive, principal: str | None
-    ) -> tuple[int, CreateRequest, int]:
-        """The body's size, the body parsed (compaction items expanded first), and the
-        parse time. The body counts in the process's queue memory until it is parsed (a
-        body of up to 16 MiB need not live as long as the response)."""
+    ) -> tuple[int, CreateRequest, int, bytes]:
+        """The body's size, the body parsed (compaction items expanded first), the
+        parse time and the body. The body counts in the process's queue memory until it
+        is parsed (a body of up to 16 MiB need not live as long as the response: callers
+        drop it)."""
         reserved = _Reservation(self.queue_memory, principal)
-        compactor = self._compactor(principal)
 
         def parse(body: bytes) -> CreateRequest:
-            return parse_request(compactor.expand(body), self.limits.request)
+            return self._parse(body, principal)
 
         try:
             limit = self.limits.max_frame_bytes
@@ -494,14 +507,18 @@ class HttpApi:
                 body = await asyncio.to_thread(decoded, encoding, body, limit)
                 reserved.add(len(body))
             start = time.perf_counter_ns()
-            try:
-                # A large body (input, tools or instructions): parsed in a worker thread.
-                request = await asyncio.to_thread(parse, body) if offloads(body) else parse(body)
-            except CoreError as e:
-                raise ProtocolError.from_core(e) from e
+            # A large body (input, tools or instructions): parsed in a worker thread.
+            request = await asyncio.to_thread(parse, body) if offloads(body) else parse(body)
         finally:
             reserved.release()
-        return len(body), request, time.perf_counter_ns() - start
+        return len(body), request, time.perf_counter_ns() - start, body
+
+    def _parse(self, body: bytes, principal: str | None) -> CreateRequest:
+        """Parse a body, its compaction items expanded first. Raises ProtocolError."""
+        try:
+            return parse_request(self._compactor(principal).expand(body), self.limits.request)
+        except CoreError as e:
+            raise ProtocolError.from_core(e) from e
 
     def _connection(
         self,
@@ -543,7 +560,7 @@ class HttpApi:
     ) -> None:
         """`POST /v1/responses/compact`: the engine summarizes the conversation into a
         sealed `compaction` item (`Connection.receive_compact`)."""
-        _, request, _ = await self._request(scope, receive, principal)
+        _, request, _, _ = await self._request(scope, receive, principal)
         if request.model is None and self.default_model is None:
             raise ProtocolError.missing_model()
         # The summary is engine work: booked to the key like a response.
@@ -572,7 +589,7 @@ class HttpApi:
         """`POST /v1/responses/input_tokens`: the prompt tokens of the request, in the
         model's format and tokenizer, rendered as a turn would be (from the cached
         chain when `previous_response_id` hits: only the new items)."""
-        _, request, _ = await self._request(scope, receive, principal)
+        _, request, _, _ = await self._request(scope, receive, principal)
         owner = self.ledger.observer(principal, "http").owner
         cache = self.ledger.http_cache(owner)
         await self.ledger.warm(cache, request.previous_response_id, owner)
@@ -672,6 +689,8 @@ class HttpApi:
                     work = action
                 elif isinstance(action, Persist):
                     await persist(connection, action, self.ledger.persist(action.finished))
+                elif isinstance(action, McpCall):
+                    await run_calls(self.mcp, connection, action)
             actions = connection.actions()
         return work
 

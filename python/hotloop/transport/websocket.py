@@ -29,6 +29,7 @@ from hotloop.engines.base import (
     coalesced,
 )
 from hotloop.events import error_body
+from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.metrics import StreamCpu
 from hotloop.protocol import (
     Cancel,
@@ -36,6 +37,7 @@ from hotloop.protocol import (
     Connection,
     Finished,
     Generate,
+    McpCall,
     Parsed,
     Persist,
     ProtocolError,
@@ -45,6 +47,7 @@ from hotloop.protocol import (
 )
 from hotloop.store import StoreError
 from hotloop.transport.asgi import RECEIVE_UTF8, SEND_FRAMES, Receive, Scope, Send
+from hotloop.transport.mcp import listed, run_calls
 
 log = logging.getLogger("hotloop.websocket")
 
@@ -119,6 +122,7 @@ class Socket:
         commit: Commit | None = None,
         warm: Callable[[Parsed], Awaitable[None]] | None = None,
         coalesce: float = 0.0,
+        mcp: McpClient | None = None,
     ) -> None:
         """`send_frames`: the server offers `hotloop.websocket.send_frames` (see
         `hotloop.transport.frames`); the frames ready together then go out in one send.
@@ -129,8 +133,10 @@ class Socket:
         connection, to rebuild it from the store when the cache misses it (`Ledger.warm`,
         `Ledger.warm_conversation`). `coalesce`: seconds
         over which a response's engine batches are merged into one (see `coalesced`;
-        0: every batch as it comes)."""
+        0: every batch as it comes). `mcp`: how `mcp` tools are listed and called (none
+        allowed without it)."""
         self.connection = connection
+        self._mcp = mcp or McpClient(McpSettings())
         self._commit = commit
         self._warm = warm
         self._send_frames = send_frames
@@ -250,6 +256,7 @@ class Socket:
             parsed = await asyncio.to_thread(connection.parse, text)
         else:
             parsed = connection.parse(text)
+        parsed = await listed(self._mcp, connection, parsed)
         parent = parsed.previous_response_id or parsed.conversation
         if parent is not None and self._warm is not None:
             try:
@@ -300,6 +307,9 @@ class Socket:
                 # generation that produced it ends.
                 commit = self._commit(action.finished)
                 self._persisting[action.key] = asyncio.create_task(self._persist(action, commit))
+                self._idle.clear()
+            elif isinstance(action, McpCall):
+                self._generating[action.key] = asyncio.create_task(self._mcp_calls(action))
                 self._idle.clear()
             elif isinstance(action, Wait):
                 self._waits[action.key] = asyncio.get_running_loop().call_later(
@@ -368,6 +378,16 @@ class Socket:
         try:
             await render_off_loop(self.connection, work)
         finally:
+            self._generating.pop(work.key, None)
+        self._dispatch()
+        await self._flush()
+
+    async def _mcp_calls(self, work: McpCall) -> None:
+        try:
+            await run_calls(self._mcp, self.connection, work)
+        finally:
+            # Before the connection hands out more work (a `Cancel` of this key would
+            # cancel this very task).
             self._generating.pop(work.key, None)
         self._dispatch()
         await self._flush()
