@@ -22,7 +22,7 @@ import pytest
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript
-from hotloop.transport.asgi import Message, Receive, Scope, Send
+from hotloop.transport.asgi import RECEIVE_UTF8, Message, Receive, Scope, Send
 from hotloop.transport.encoding import decoded
 from node_clients import installed
 from servers import Validating, serving, sim_engine
@@ -124,38 +124,45 @@ def sample(metrics: str, name: str) -> float:
 
 
 class Recording:
-    """Wraps an ASGI app: keeps each HTTP request's path, headers and JSON body (as the
-    server decoded it, `transport/encoding.py`) so a test can see what Codex sent."""
+    """Wraps an ASGI app: keeps each `/v1/responses` request Codex made, its headers and
+    its JSON body as the server decoded it (`transport/encoding.py`), whether it came as
+    an HTTP POST or as a `response.create` frame on a WebSocket (the upgrade's headers)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.requests: list[tuple[str, dict[str, str], Any]] = []
+        self.turns: list[tuple[dict[str, str], Any]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
+        headers = {k.decode(): v.decode() for k, v in scope.get("headers", ())}
+        if scope["type"] == "websocket":
+
+            async def framed() -> Message:
+                message = await receive()
+                # A large frame comes as its UTF-8 bytes (`RECEIVE_UTF8`).
+                data = message.get("text") or message.get(RECEIVE_UTF8)
+                if message["type"] == "websocket.receive" and data:
+                    body = orjson.loads(data)
+                    if body.get("type") == "response.create":
+                        self.turns.append((headers, body))
+                return message
+
+            await self.app(scope, framed, send)
+            return
+        if scope["type"] != "http" or scope["path"] != "/v1/responses":
             await self.app(scope, receive, send)
             return
         messages: list[Message] = []
         while not messages or messages[-1].get("more_body"):
             messages.append(await receive())
-        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         body = b"".join(m.get("body", b"") for m in messages)
-        self.requests.append(
-            (
-                scope["path"],
-                headers,
-                orjson.loads(decoded(headers.get("content-encoding", "").encode(), body, 1 << 26)),
-            )
-        )
+        encoding = headers.get("content-encoding", "").encode()
+        self.turns.append((headers, orjson.loads(decoded(encoding, body, 1 << 26))))
         replay = iter(messages)
 
         async def replayed() -> Message:
             return next(replay, None) or await receive()
 
         await self.app(scope, replayed, send)
-
-    def turns(self) -> list[tuple[dict[str, str], Any]]:
-        return [(headers, body) for path, headers, body in self.requests if path == "/v1/responses"]
 
 
 def chatgpt_sign_in(home: Path) -> str:
@@ -197,15 +204,15 @@ def chatgpt_sign_in(home: Path) -> str:
     return token
 
 
-def codex_over_http(
-    codex: Path, home: Path, work: Path, url: str, *args: str
+def codex_as_openai(
+    codex: Path, home: Path, work: Path, url: str, *args: str, websockets: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """`codex exec *args` signed in with ChatGPT against hotloop as "OpenAI" over HTTP
-    (no WebSocket: Codex compresses HTTP bodies only); the ChatGPT apps connector, which
-    would call chatgpt.com, is off."""
+    """`codex exec *args` signed in with ChatGPT against hotloop as "OpenAI", over HTTP
+    unless `websockets` (Codex compresses HTTP bodies only); the ChatGPT apps connector,
+    which would call chatgpt.com, is off."""
     provider = (
         f'{{name="OpenAI", base_url="{url}/v1", wire_api="responses", '
-        "requires_openai_auth=true, supports_websockets=false}"
+        f"requires_openai_auth=true, supports_websockets={str(websockets).lower()}}}"
     )
     return run_codex(codex, home, work, provider, "-c", "features.apps=false", *args)
 
@@ -213,20 +220,21 @@ def codex_over_http(
 def test_codex_sends_zstd_bodies_through_a_tool_loop(codex: Path, tmp_path: Path) -> None:
     home, work, recorded = signed_in(tmp_path, SCRIPT)
     with serving(recorded) as url:
-        done = codex_over_http(codex, home, work, url, "Run the check.")
+        done = codex_as_openai(codex, home, work, url, "Run the check.")
         metrics = httpx.get(url + "/metrics", timeout=30).text
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"\n{MARK}\n" in done.stderr, done.stderr
     assert done.stdout.strip() == "All done."
-    turns = recorded.turns()
+    turns = recorded.turns
     # The call's turn and the answer's, both compressed, both answered.
     assert len(turns) == 2
     assert [headers.get("content-encoding") for headers, _ in turns] == ["zstd", "zstd"]
     assert sample(metrics, 'hotloop_turns_total{transport="http",outcome="completed"}') >= 2
 
 
+@pytest.mark.parametrize("websockets", [False, True], ids=["http", "websocket"])
 def test_codex_remote_compaction_gets_a_compaction_item_and_continues(
-    codex: Path, tmp_path: Path
+    codex: Path, tmp_path: Path, websockets: bool
 ) -> None:
     """Codex compacts remotely (its `remote_compaction_v2`, announced in
     `x-codex-beta-features`) with a ChatGPT sign-in on an "OpenAI" provider. A resumed
@@ -235,9 +243,9 @@ def test_codex_remote_compaction_gets_a_compaction_item_and_continues(
     `compaction` item Codex then sends in place of the history."""
     home, work, recorded = signed_in(tmp_path, SimScript(text="All done."))
     with serving(recorded) as url:
-        first = codex_over_http(codex, home, work, url, "Say done.")
+        first = codex_as_openai(codex, home, work, url, "Say done.", websockets=websockets)
         assert first.returncode == 0, first.stdout + first.stderr
-        again = codex_over_http(
+        again = codex_as_openai(
             codex,
             home,
             work,
@@ -247,10 +255,11 @@ def test_codex_remote_compaction_gets_a_compaction_item_and_continues(
             "-c",
             "model_auto_compact_token_limit=1000",
             "Say done again.",
+            websockets=websockets,
         )
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.strip() == "All done."
-    kinds = [[item.get("type") for item in body["input"]] for _, body in recorded.turns()]
+    kinds = [[item.get("type") for item in body["input"]] for _, body in recorded.turns]
     (trigger,) = [i for i, types in enumerate(kinds) if "compaction_trigger" in types]
     assert kinds[trigger][-1] == "compaction_trigger"
     # The turn after it carries hotloop's compaction item instead of the history.
