@@ -116,11 +116,11 @@ ORDER BY chain.depth
 """
 
 _PAGE_ASC = (
-    "SELECT item FROM input_items WHERE response_id = ? AND position > ?"
+    "SELECT id, item FROM input_items WHERE response_id = ? AND position > ?"
     " ORDER BY position ASC LIMIT ?"
 )
 _PAGE_DESC = (
-    "SELECT item FROM input_items WHERE response_id = ? AND position < ?"
+    "SELECT id, item FROM input_items WHERE response_id = ? AND position < ?"
     " ORDER BY position DESC LIMIT ?"
 )
 
@@ -375,12 +375,12 @@ class SQLiteDatabase:
                     (response_id, after),
                 ).fetchone()
                 if found is None:
-                    return InputItemPage(data=[], has_more=False)
+                    return InputItemPage(items=[], has_more=False)
                 bound = found[0]
             rows = self._db.execute(
                 _PAGE_ASC if ascending else _PAGE_DESC, (response_id, bound, limit + 1)
             ).fetchall()
-        return page([bytes(r[0]) for r in rows], limit)
+        return page([(r[0], bytes(r[1])) for r in rows], limit)
 
     def chain(self, response_id: str, owner: str | None) -> list[StoredResponse]:
         """The stored responses of `owner` from `response_id` back towards the root,
