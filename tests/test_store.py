@@ -505,15 +505,16 @@ async def test_responses_arriving_together_share_one_commit() -> None:
     first = asyncio.create_task(store.put(response("resp_0")))
     # The writer is inside the first commit; everything put meanwhile waits for the next.
     await asyncio.get_running_loop().run_in_executor(None, db.entered.wait)
-    rest = [asyncio.create_task(store.put(response(f"resp_{i}"))) for i in range(1, 50)]
+    # 31 responses of two rows each: within a batch's MAX_BATCH_ROWS.
+    rest = [asyncio.create_task(store.put(response(f"resp_{i}"))) for i in range(1, 32)]
     await scheduled_callbacks_ran()
-    assert store.pending() == 50
+    assert store.pending() == 32
     db.gate.set()
     await asyncio.gather(first, *rest)
     await store.close()
-    assert db.batches == [1, 49]
+    assert db.batches == [1, 31]
     assert metrics.store_commits.value == 2
-    assert metrics.store_writes.value == 50
+    assert metrics.store_writes.value == 32
 
 
 @pytest.mark.parametrize(
