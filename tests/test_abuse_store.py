@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ import pytest
 from hotloop.store import Store, StoredResponse, StoreError, open_store
 from hotloop.store.cache import CachedStore
 from hotloop.store.records import ItemRows, Rejected, Row
+from hotloop.store.sqlite import SQLiteDatabase
 from hotloop.store.writer import MAX_BATCH_BYTES, MAX_BATCH_ROWS, BackgroundStore
 from hotloop_process import (
     HANG_GUARD,
@@ -314,6 +316,42 @@ async def test_a_response_of_many_small_items_commits_a_bounded_number_of_rows_p
     assert "resp_b" in db.committed[1]
     assert max(db.row_counts) <= MAX_BATCH_ROWS
     assert sum(db.row_counts) == 3000 + 1 + 2
+
+
+class HeldSQLite(SQLiteDatabase):
+    """SQLite whose commits wait for `gate` (`entered` says one does): the store
+    thread held, as by a slow disk or another process's lock."""
+
+    entered = threading.Event()
+    gate = threading.Event()
+
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        self.entered.set()
+        self.gate.wait(HANG_GUARD)
+        super().write(rows, rejected, items)
+
+
+async def test_sqlite_reads_go_on_while_the_store_thread_commits(tmp_path: Path) -> None:
+    """Issue 21 (minor): SQLite's reads ran on the store thread, behind its commits and
+    behind one key's 15 MB `input_items` pages, so another key's GET waited for them
+    all. Now they run on reader threads with connections of their own (WAL): a GET is
+    answered while a commit holds the store thread."""
+    HeldSQLite.gate.set()
+    store = await BackgroundStore.open(lambda: HeldSQLite.in_directory(tmp_path))
+    try:
+        await store.put(response("resp_b", owner="key_b"))
+        HeldSQLite.gate.clear()
+        HeldSQLite.entered.clear()
+        held = asyncio.create_task(store.put(response("resp_a", owner="key_a")))
+        await asyncio.get_running_loop().run_in_executor(None, HeldSQLite.entered.wait)
+        found = await asyncio.wait_for(store.get("resp_b", "key_b"), HANG_GUARD)
+        assert found is not None
+        assert not held.done()
+        HeldSQLite.gate.set()
+        await held
+    finally:
+        HeldSQLite.gate.set()
+        await store.close()
 
 
 async def test_a_key_flooding_the_writer_with_many_responses_gets_its_turn_per_batch() -> None:
