@@ -101,6 +101,22 @@ def test_unauthenticated_slow_bodies_never_shut_out_the_legitimate_client(
             assert read_to_end(sock) == b""
 
 
+def test_an_answer_before_the_body_is_read_says_connection_close(tmp_path: Path) -> None:
+    """Before: a 401 (or 413, 429) answered from the headers promised nothing about the
+    connection, which the server then ends (the body is never read): a client sent its
+    next request on it and lost it. Now the answer says `connection: close`."""
+    with serving(app(tmp_path)) as url, raw(url) as sock:
+        slow_body(sock, None)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = sock.recv(65536)
+            assert chunk, head
+            head += chunk
+    lines = head.partition(b"\r\n\r\n")[0].decode().lower().split("\r\n")
+    assert lines[0].split()[1] == "401"
+    assert "connection: close" in lines[1:]
+
+
 def app(tmp_path: Path, **config: object) -> object:
     return build_app(
         sim_engine(), ServerConfig(engine="sim", api_keys=KEYS, data_dir=str(tmp_path), **config)
