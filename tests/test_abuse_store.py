@@ -308,13 +308,15 @@ async def test_a_large_response_commits_in_chunks_between_other_keys_responses()
 async def test_a_response_of_many_small_items_commits_a_bounded_number_of_rows_per_batch() -> None:
     """Issue 21 defect 5 on PostgreSQL: a row costs PostgreSQL far more than its bytes,
     so 32 KiB of A's small items (over 200 rows) held B's turn 3x its quiet median.
-    Now a batch inserts at most `MAX_BATCH_ROWS` rows, B's included, and B's response
-    still commits in the batch after the one under way."""
+    Now a batch inserts at most `MAX_BATCH_ROWS` rows, B's included, B's response
+    still commits in the batch after the one under way, and that batch holds only A's
+    share (half of it, two keys having queued work), not a whole batch of A's."""
     db = await large_then_small(
         orjson.dumps([{"role": "user", "content": str(n)} for n in range(3000)])
     )
     assert "resp_b" in db.committed[1]
     assert max(db.row_counts) <= MAX_BATCH_ROWS
+    assert db.row_counts[1] <= MAX_BATCH_ROWS // 2 + 2  # A's share and B's two rows
     assert sum(db.row_counts) == 3000 + 1 + 2
 
 

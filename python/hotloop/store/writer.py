@@ -363,16 +363,27 @@ class BackgroundStore:
         )
 
     def _take(self) -> list[_Piece]:
-        """The next batch: one piece from each key in turn (see the module docstring).
+        """The next batch: one piece from each key in turn (see the module docstring),
+        and past its first, a key's pieces only within its share of the batch (the
+        bounds divided among the keys with queued work): the batch another key's
+        response commits in holds half a batch of a flooding key's, not a whole one.
         A key whose next piece does not fit goes first next time; the pieces left of a
         response that already failed are dropped."""
         batch: list[_Piece] = []
         size = rows = 0
+        keys = len(self._queues)
+        shares: dict[str | None, tuple[int, int]] = {}
         while self._queues and len(batch) < self._max_batch:
             owner, queue = next(iter(self._queues.items()))
             piece = queue[0]
             failed = piece.put.done.done()
             over = size + piece.size > self._max_batch_bytes or rows + piece.rows > MAX_BATCH_ROWS
+            if owner in shares:
+                key_size, key_rows = shares[owner]
+                over = over or (
+                    (key_size + piece.size) * keys > self._max_batch_bytes
+                    or (key_rows + piece.rows) * keys > MAX_BATCH_ROWS
+                )
             if not failed and batch and over:
                 break
             queue.popleft()
@@ -383,6 +394,8 @@ class BackgroundStore:
                 batch.append(piece)
                 size += piece.size
                 rows += piece.rows
+                key_size, key_rows = shares.get(owner, (0, 0))
+                shares[owner] = (key_size + piece.size, key_rows + piece.rows)
             del self._queues[owner]
             if queue:
                 self._queues[owner] = queue
