@@ -272,7 +272,11 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
         answer = cycle.send
 
         async def send(message: Any) -> None:
-            early = message["type"] == "http.response.start" and self._reading_body
+            # `_reading_body` is the latest request's: an earlier pipelined one's answer
+            # is not early.
+            early = message["type"] == "http.response.start" and (
+                self._reading_body and self.cycle is cycle
+            )
             if early:
                 cycle.keep_alive = False  # uvicorn writes `connection: close`
             await answer(message)
