@@ -3,8 +3,9 @@ tenant's `GET`. One `hotloop serve --engine sim --api-keys sk-a,sk-b` process pe
 setting of `--max-reads-per-key` (1000: as good as no bound, the code before; 2: the
 default); `sk-a` stored a response of 100 input items of 60 KB (a 6 MB page),
 `sk-b` a small one. `sk-b` GETs its response back to back, quiet and then while
-`sk-a` runs 16 concurrent readers of the 6 MB page; prints `sk-b`'s medians and their
-ratio per setting as one JSON line.
+`sk-a` runs 16 concurrent readers of the 6 MB page (threads of a process of their own:
+in the victim's process they held its GIL, and the figure measured the client); prints
+`sk-b`'s medians and their ratio per setting as one JSON line.
 
     .venv/bin/python benches/bench_input_items_reads.py [SECONDS]
 """
@@ -12,10 +13,12 @@ ratio per setting as one JSON line.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import statistics
 import sys
 import threading
 import time
+from multiprocessing.synchronize import Event
 
 import httpx
 from hotloop.bench.proc import ServerProcess
@@ -47,10 +50,21 @@ def victim_median(base: str, response_id: str, seconds: float) -> float:
     return statistics.median(latencies)
 
 
-def attacker(base: str, response_id: str, stop: threading.Event) -> None:
+def attacker(base: str, response_id: str, stop: Event) -> None:
     with httpx.Client(base_url=base, headers={"authorization": "Bearer sk-a"}, timeout=120) as c:
         while not stop.is_set():
             c.get(f"/v1/responses/{response_id}/input_items", params={"limit": 100})
+
+
+def attackers(base: str, response_id: str, started: Event, stop: Event) -> None:
+    threads = [
+        threading.Thread(target=attacker, args=(base, response_id, stop)) for _ in range(READERS)
+    ]
+    for thread in threads:
+        thread.start()
+    started.set()
+    for thread in threads:
+        thread.join()
 
 
 def run(reads_per_key: int, seconds: float) -> dict[str, float]:
@@ -66,16 +80,14 @@ def run(reads_per_key: int, seconds: float) -> dict[str, float]:
             big = store(client, "sk-a", 100, ITEM)
             small = store(client, "sk-b", 1, "hi")
         quiet = victim_median(base, small, seconds)
-        stop = threading.Event()
-        threads = [
-            threading.Thread(target=attacker, args=(base, big, stop)) for _ in range(READERS)
-        ]
-        for thread in threads:
-            thread.start()
+        context = multiprocessing.get_context("spawn")
+        started, stop = context.Event(), context.Event()
+        process = context.Process(target=attackers, args=(base, big, started, stop))
+        process.start()
+        started.wait()
         attacked = victim_median(base, small, seconds)
         stop.set()
-        for thread in threads:
-            thread.join()
+        process.join()
     return {
         "quiet_ms": round(quiet * 1e3, 2),
         "attacked_ms": round(attacked * 1e3, 2),

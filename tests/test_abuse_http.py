@@ -15,10 +15,14 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from hotloop.auth import key_id
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
+from hotloop.store import PAGE_CHUNK_BYTES
+from hotloop.store.items import listed_items, page_of
 from hotloop_process import HotloopProcess
 from servers import HANG_GUARD, serving, sim_engine
+from test_store import response
 
 KEYS = ("sk-a", "sk-b")
 ATTACKERS = 20
@@ -95,6 +99,22 @@ def test_unauthenticated_slow_bodies_never_shut_out_the_legitimate_client(
         # Each attacker was told the connection is over (a half-close after the 401).
         for sock in attackers:
             assert read_to_end(sock) == b""
+
+
+def test_an_answer_before_the_body_is_read_says_connection_close(tmp_path: Path) -> None:
+    """Before: a 401 (or 413, 429) answered from the headers promised nothing about the
+    connection, which the server then ends (the body is never read): a client sent its
+    next request on it and lost it. Now the answer says `connection: close`."""
+    with serving(app(tmp_path)) as url, raw(url) as sock:
+        slow_body(sock, None)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = sock.recv(65536)
+            assert chunk, head
+            head += chunk
+    lines = head.partition(b"\r\n\r\n")[0].decode().lower().split("\r\n")
+    assert lines[0].split()[1] == "401"
+    assert "connection: close" in lines[1:]
 
 
 def app(tmp_path: Path, **config: object) -> object:
@@ -188,3 +208,57 @@ async def test_one_keys_store_reads_take_a_bounded_share(tmp_path: Path) -> None
             assert entered.count("resp_a") == 16
     finally:
         await served.close()  # type: ignore[attr-defined]
+
+
+async def test_a_large_input_items_page_is_written_in_pieces_of_its_stored_bytes(
+    tmp_path: Path,
+) -> None:
+    """Issue 21 (minor): a 6 MB page was parsed on a reader thread, serialized again on
+    the event loop and written in one piece, all holding the loop from another key's
+    GET. Now its stored item bytes are joined into pieces of at most `PAGE_CHUNK_BYTES`
+    (a larger item alone, as stored) and written one at a time; the page is the same."""
+    served = app(tmp_path)
+    await served.start()  # type: ignore[attr-defined]
+    item = {"role": "user", "content": "x" * 60_000}
+    items = [item] * 50 + [{"role": "user", "content": f"item {n}"} for n in range(2_000)]
+    owner = key_id("sk-a")
+    try:
+        store = served.ledger.store  # type: ignore[attr-defined]
+        await store.put(response("resp_big", owner=owner, items=items))
+        messages: list[dict[str, object]] = []
+
+        async def receive() -> dict[str, object]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, object]) -> None:
+            messages.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": "/v1/responses/resp_big/input_items",
+            "query_string": b"limit=100&order=asc",
+            "headers": [(b"authorization", b"Bearer sk-a")],
+        }
+        await served(scope, receive, send)  # type: ignore[operator]
+    finally:
+        await served.close()  # type: ignore[attr-defined]
+    start, *bodies = messages
+    assert start["status"] == 200
+    pieces = [message["body"] for message in bodies]
+    assert all(isinstance(piece, bytes) for piece in pieces)
+    # Items joined into pieces of PAGE_CHUNK_BYTES or more: each less than two of that
+    # (no item here is larger), about 25 for the 3 MB page.
+    body = b"".join(pieces)  # type: ignore[arg-type]
+    assert max(len(piece) for piece in pieces) < 2 * PAGE_CHUNK_BYTES  # type: ignore[arg-type]
+    assert len(pieces) > len(body) // (2 * PAGE_CHUNK_BYTES)
+    assert dict(start["headers"])[b"content-length"] == str(len(body)).encode()  # type: ignore[call-overload]
+    listed = listed_items("resp_big", orjson.dumps(items))
+    expected, has_more = page_of(listed, ascending=True, limit=100, after=None)
+    assert orjson.loads(body) == {
+        "object": "list",
+        "data": expected,
+        "first_id": expected[0]["id"],
+        "last_id": expected[-1]["id"],
+        "has_more": has_more,
+    }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +23,8 @@ import pytest
 from hotloop.store import Store, StoredResponse, StoreError, open_store
 from hotloop.store.cache import CachedStore
 from hotloop.store.records import ItemRows, Rejected, Row
-from hotloop.store.writer import MAX_BATCH_BYTES, BackgroundStore
+from hotloop.store.sqlite import SQLiteDatabase
+from hotloop.store.writer import MAX_BATCH_BYTES, MAX_BATCH_ROWS, BackgroundStore
 from hotloop_process import (
     HANG_GUARD,
     TERMINAL,
@@ -221,6 +223,8 @@ class RecordingDatabase(GatedDatabase):
         self.committed: list[list[str]] = []
         self.item_bytes: list[int] = []
         """Bytes of input item rows committed, per batch."""
+        self.row_counts: list[int] = []
+        """Rows inserted (responses and input items), per batch."""
 
     def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
         super().write(rows, rejected, items)
@@ -228,6 +232,7 @@ class RecordingDatabase(GatedDatabase):
         listed = [item for _, _, _, item in items]
         listed += [item for row in rows for _, _, item in row.items]
         self.item_bytes.append(sum(map(len, listed)))
+        self.row_counts.append(len(rows) + len(listed))
 
 
 async def flooded(puts: list[StoredResponse], *, max_batch: int = 256) -> list[list[str]]:
@@ -264,17 +269,12 @@ async def test_a_key_flooding_the_writer_with_large_responses_gets_its_turn_per_
     )
 
 
-async def test_a_large_response_commits_in_chunks_between_other_keys_responses() -> None:
-    """Issue 21 defect 5: one response of 5,000 input items no longer holds the writer
-    for the whole of its commit: its item rows go in chunks (`CHUNK_BYTES`), a batch
-    at most `MAX_BATCH_BYTES`, and B's response, put while the first batch commits,
-    commits in the next one; A's response row commits last, after all of its items."""
+async def large_then_small(items: bytes) -> RecordingDatabase:
+    """Tenant A's response of `items` (a JSON array) put first, its first batch held
+    until B's small response is queued behind it; the batches committed."""
     db = RecordingDatabase()
     db.gate.clear()
     store = await BackgroundStore.open(lambda: db, commit_window=0)
-    items = orjson.dumps(
-        [{"role": "user", "content": f"item {n} " + "x" * 40} for n in range(5000)]
-    )
     try:
         large = asyncio.create_task(store.put(response("resp_a", owner="key_a", input_json=items)))
         await asyncio.get_running_loop().run_in_executor(None, db.entered.wait)
@@ -284,6 +284,17 @@ async def test_a_large_response_commits_in_chunks_between_other_keys_responses()
         await asyncio.gather(large, small)
     finally:
         await store.close()
+    return db
+
+
+async def test_a_large_response_commits_in_chunks_between_other_keys_responses() -> None:
+    """Issue 21 defect 5: one response of 5,000 input items no longer holds the writer
+    for the whole of its commit: its item rows go in chunks (`CHUNK_BYTES`), a batch
+    at most `MAX_BATCH_BYTES`, and B's response, put while the first batch commits,
+    commits in the next one; A's response row commits last, after all of its items."""
+    db = await large_then_small(
+        orjson.dumps([{"role": "user", "content": f"item {n} " + "x" * 40} for n in range(5000)])
+    )
     with_b = next(n for n, ids in enumerate(db.committed) if "resp_b" in ids)
     assert with_b == 1
     # The batch under way, then B's: each at most MAX_BATCH_BYTES of A's item rows.
@@ -292,6 +303,57 @@ async def test_a_large_response_commits_in_chunks_between_other_keys_responses()
     assert sum(db.item_bytes) > 5 * MAX_BATCH_BYTES  # what used to be one commit
     assert db.committed[-1] == ["resp_a"]
     assert len(db.rows["resp_a"].items) < 5000  # the rest went ahead in chunks
+
+
+async def test_a_response_of_many_small_items_commits_a_bounded_number_of_rows_per_batch() -> None:
+    """Issue 21 defect 5 on PostgreSQL: a row costs PostgreSQL far more than its bytes,
+    so 32 KiB of A's small items (over 200 rows) held B's turn 3x its quiet median.
+    Now a batch inserts at most `MAX_BATCH_ROWS` rows, B's included, B's response
+    still commits in the batch after the one under way, and that batch holds only A's
+    share (half of it, two keys having queued work), not a whole batch of A's."""
+    db = await large_then_small(
+        orjson.dumps([{"role": "user", "content": str(n)} for n in range(3000)])
+    )
+    assert "resp_b" in db.committed[1]
+    assert max(db.row_counts) <= MAX_BATCH_ROWS
+    assert db.row_counts[1] <= MAX_BATCH_ROWS // 2 + 2  # A's share and B's two rows
+    assert sum(db.row_counts) == 3000 + 1 + 2
+
+
+class HeldSQLite(SQLiteDatabase):
+    """SQLite whose commits wait for `gate` (`entered` says one does): the store
+    thread held, as by a slow disk or another process's lock."""
+
+    entered = threading.Event()
+    gate = threading.Event()
+
+    def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        self.entered.set()
+        self.gate.wait(HANG_GUARD)
+        super().write(rows, rejected, items)
+
+
+async def test_sqlite_reads_go_on_while_the_store_thread_commits(tmp_path: Path) -> None:
+    """Issue 21 (minor): SQLite's reads ran on the store thread, behind its commits and
+    behind one key's 15 MB `input_items` pages, so another key's GET waited for them
+    all. Now they run on reader threads with connections of their own (WAL): a GET is
+    answered while a commit holds the store thread."""
+    HeldSQLite.gate.set()
+    store = await BackgroundStore.open(lambda: HeldSQLite.in_directory(tmp_path))
+    try:
+        await store.put(response("resp_b", owner="key_b"))
+        HeldSQLite.gate.clear()
+        HeldSQLite.entered.clear()
+        held = asyncio.create_task(store.put(response("resp_a", owner="key_a")))
+        await asyncio.get_running_loop().run_in_executor(None, HeldSQLite.entered.wait)
+        found = await asyncio.wait_for(store.get("resp_b", "key_b"), HANG_GUARD)
+        assert found is not None
+        assert not held.done()
+        HeldSQLite.gate.set()
+        await held
+    finally:
+        HeldSQLite.gate.set()
+        await store.close()
 
 
 async def test_a_key_flooding_the_writer_with_many_responses_gets_its_turn_per_batch() -> None:

@@ -339,13 +339,19 @@ class PostgresDatabase:
                     " fingerprint = excluded.fingerprint, model_turns = excluded.model_turns",
                     [r.values() for r in rows],
                 )
-            items = [*items, *((r.id, *item) for r in rows for item in r.items)]
-            if items:
-                cursor.executemany(
+            # One statement for every item row of the batch: `executemany` is a round
+            # trip and a Python adaptation per row, each a wait for the GIL while other
+            # threads (the preparing thread, the readers) hold it.
+            latest = {(row[0], row[1]): row for row in items}
+            latest.update(((r.id, item[0]), (r.id, *item)) for r in rows for item in r.items)
+            if latest:
+                response_ids, positions, ids, listed = zip(*latest.values(), strict=True)
+                cursor.execute(
                     "INSERT INTO input_items (response_id, position, id, item)"
-                    " VALUES (%s, %s, %s, %s) ON CONFLICT (response_id, position)"
+                    " SELECT * FROM unnest(%s::text[], %s::integer[], %s::text[], %s::bytea[])"
+                    " ON CONFLICT (response_id, position)"
                     " DO UPDATE SET id = excluded.id, item = excluded.item",
-                    items,
+                    (list(response_ids), list(positions), list(ids), list(listed)),
                 )
             if rejected:
                 cursor.executemany(
@@ -435,15 +441,15 @@ class PostgresDatabase:
                     ).fetchone()
                 )
                 if position is None:
-                    return InputItemPage(data=[], has_more=False)
+                    return InputItemPage(items=[], has_more=False)
                 bound = position[0]
             rows = connection.execute(
-                "SELECT item FROM input_items WHERE response_id = %s AND position "
+                "SELECT id, item FROM input_items WHERE response_id = %s AND position "
                 + ("> %s ORDER BY position ASC" if ascending else "< %s ORDER BY position DESC")
                 + " LIMIT %s",
                 (response_id, bound, limit + 1),
             ).fetchall()
-        return page([bytes(r[0]) for r in rows], limit)
+        return page([(r[0], bytes(r[1])) for r in rows], limit)
 
     def chain(self, response_id: str, owner: str | None) -> list[StoredResponse]:
         if not _text(response_id):

@@ -236,11 +236,15 @@ def token_ids(blob: bytes) -> list[int]:
     return ids.tolist()
 
 
-def page(items: list[bytes], limit: int) -> InputItemPage:
-    """An input item page from up to `limit + 1` stored items (one more tells whether
-    more follow)."""
+def page(rows: Sequence[tuple[str, bytes]], limit: int) -> InputItemPage:
+    """An input item page from up to `limit + 1` stored (id, item) rows (one more tells
+    whether more follow); the items stay the bytes stored."""
+    kept = rows[:limit]
     return InputItemPage(
-        data=[orjson.loads(item) for item in items[:limit]], has_more=len(items) > limit
+        items=[item for _, item in kept],
+        has_more=len(rows) > limit,
+        first_id=kept[0][0] if kept else "",
+        last_id=kept[-1][0] if kept else "",
     )
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -151,11 +152,11 @@ ORDER BY chain.depth
 """
 
 _PAGE_ASC = (
-    "SELECT item FROM input_items WHERE response_id = ? AND position > ?"
+    "SELECT id, item FROM input_items WHERE response_id = ? AND position > ?"
     " ORDER BY position ASC LIMIT ?"
 )
 _PAGE_DESC = (
-    "SELECT item FROM input_items WHERE response_id = ? AND position < ?"
+    "SELECT id, item FROM input_items WHERE response_id = ? AND position < ?"
     " ORDER BY position DESC LIMIT ?"
 )
 
@@ -203,8 +204,11 @@ def _unusable(path: Path, error: Exception) -> StoreError:
 class SQLiteDatabase:
     """The database file, opened on the store thread and used only from it."""
 
-    readers = 0
-    """Reads run on the store thread too (the connection belongs to it)."""
+    readers = 4
+    """Reads run on reader threads, each with a connection of its own (WAL lets them
+    read while the store thread commits): on the store thread, one key's large
+    `input_items` pages were a queue every other key's read waited in (a 1.3 ms GET
+    took 5.5 ms behind 6 MB pages, `benches/bench_input_items_reads.py`)."""
 
     def __init__(
         self, path: Path, *, busy_timeout: float = 5.0, durability: str = "power-loss"
@@ -213,6 +217,10 @@ class SQLiteDatabase:
         for a damaged file). A write waits up to `busy_timeout` seconds for another
         process's lock before it fails; `durability`: see the module's docstring."""
         self.path = path
+        self._busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
         try:
             self._db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
         except sqlite3.Error as e:
@@ -360,13 +368,33 @@ class SQLiteDatabase:
                 [q.values() for q in rejected],
             )
 
+    def _reader(self) -> sqlite3.Connection:
+        """The calling thread's read connection, opened on its first read."""
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            # Closed by `close`, on the store thread.
+            db = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            with self._readers_lock:
+                self._readers.append(db)
+            self._local.db = db
+        return db
+
     def get(self, response_id: str, owner: str | None) -> bytes | None:
         with _failures("reading", self.path):
-            row = self._db.execute(
-                "SELECT r.owner, r.response, r.tools_at, t.tools FROM responses AS r"
-                " LEFT JOIN tool_lists AS t ON t.hash = r.tools_hash WHERE r.id = ?",
-                (response_id,),
-            ).fetchone()
+            row = (
+                self._reader()
+                .execute(
+                    "SELECT r.owner, r.response, r.tools_at, t.tools FROM responses AS r"
+                    " LEFT JOIN tool_lists AS t ON t.hash = r.tools_hash WHERE r.id = ?",
+                    (response_id,),
+                )
+                .fetchone()
+            )
         if row is None or not may_read(row[0], owner):
             return None
         return joined(bytes(row[1]), row[2], None if row[3] is None else bytes(row[3]))
@@ -404,30 +432,29 @@ class SQLiteDatabase:
     ) -> InputItemPage | None:
         ascending = order == "asc"
         with _failures("reading", self.path):
-            row = self._db.execute(
-                "SELECT owner FROM responses WHERE id = ?", (response_id,)
-            ).fetchone()
+            db = self._reader()
+            row = db.execute("SELECT owner FROM responses WHERE id = ?", (response_id,)).fetchone()
             if row is None or not may_read(row[0], owner):
                 return None
             bound: int = -1 if ascending else 2**62
             if after is not None:
-                found = self._db.execute(
+                found = db.execute(
                     "SELECT position FROM input_items WHERE response_id = ? AND id = ?",
                     (response_id, after),
                 ).fetchone()
                 if found is None:
-                    return InputItemPage(data=[], has_more=False)
+                    return InputItemPage(items=[], has_more=False)
                 bound = found[0]
-            rows = self._db.execute(
+            rows = db.execute(
                 _PAGE_ASC if ascending else _PAGE_DESC, (response_id, bound, limit + 1)
             ).fetchall()
-        return page([bytes(r[0]) for r in rows], limit)
+        return page([(r[0], bytes(r[1])) for r in rows], limit)
 
     def chain(self, response_id: str, owner: str | None) -> list[StoredResponse]:
         """The stored responses of `owner` from `response_id` back towards the root,
         newest first; stops early where an ancestor is missing (the caller checks)."""
         with _failures("reading", self.path):
-            rows = self._db.execute(_CHAIN, {"id": response_id, "owner": owner})
+            rows = self._reader().execute(_CHAIN, {"id": response_id, "owner": owner})
             return [chain_record(row) for row in rows]
 
     def transact(self, work: Work[T]) -> T:
@@ -435,10 +462,19 @@ class SQLiteDatabase:
             return work(Sql(db))
 
     def query(self, work: Work[T]) -> T:
+        """`work`'s reads on this thread's reader, in one snapshot (a read transaction:
+        a conversation's version and its items agree)."""
         with _failures("reading", self.path):
-            return work(Sql(self._db))
+            db = self._reader()
+            db.execute("BEGIN")
+            try:
+                return work(Sql(db))
+            finally:
+                db.execute("COMMIT")
 
     def close(self) -> None:
+        for reader in self._readers:
+            reader.close()
         self._db.close()
 
 

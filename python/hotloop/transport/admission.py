@@ -182,6 +182,7 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.parser.should_upgrade() and self._should_upgrade():
             return  # a WebSocket: its own protocol takes the connection over
+        self._say_close_when_answered_early()
         self._reading_body = True
         self._body_started = self.loop.time()
         self._body_bytes = 0
@@ -261,6 +262,31 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
             f"The request body did not arrive within {self._body_timeout:g} seconds "
             f"at {self._min_body_rate:g} bytes per second.",
         )
+
+    def _say_close_when_answered_early(self) -> None:
+        """A response that starts while its request's body is unread (401, 413, 429
+        from the headers) ends the connection (`_linger`): it carries `connection:
+        close`, so that a client does not send its next request on it. The ASGI task
+        has not started yet, so it takes this `send`."""
+        cycle = self.cycle
+        answer = cycle.send
+
+        async def send(message: Any) -> None:
+            # `_reading_body` is the latest request's: an earlier pipelined one's answer
+            # is not early.
+            early = message["type"] == "http.response.start" and (
+                self._reading_body and self.cycle is cycle
+            )
+            if early:
+                cycle.keep_alive = False  # uvicorn writes `connection: close`
+            await answer(message)
+            if early:
+                # ... and would close the socket once the response is written, the body
+                # unread: a reset, which can cost the client the response. `_linger`
+                # ends the connection instead (`on_response_complete`).
+                cycle.keep_alive = True
+
+        cycle.send = send  # type: ignore[method-assign]
 
     def _linger(self) -> None:
         """Half-close, drop what comes, close at the client's end or after

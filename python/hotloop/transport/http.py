@@ -760,8 +760,7 @@ class HttpApi:
             if page is None:
                 raise _not_found(response_id)
             # Under the key's slot too: a page of 15 MB is as long to write as to read.
-            body = page.to_json()
-        await _reply(send, 200, body)
+            await _reply(send, 200, page.body())
 
 
 class KeyedSlots:
@@ -1008,17 +1007,24 @@ def _query(query: dict[str, list[str]], name: str) -> str | None:
 async def _reply(
     send: Send,
     status: int,
-    body: bytes,
+    body: bytes | list[bytes],
     content_type: bytes = JSON,
     retry_after: int | None = None,
 ) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    """Reply `body`, or a body given in pieces, written one piece at a time: the
+    server waits for the socket to drain between them, so that a large body neither
+    holds the event loop for its whole write nor is queued whole in its buffers."""
+    pieces = [body] if isinstance(body, bytes) else body
+    length = sum(map(len, pieces))
+    headers = [(b"content-type", content_type), (b"content-length", str(length).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     if retry_after is not None:
         headers.append((b"retry-after", str(retry_after).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    for piece in pieces[:-1]:
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": pieces[-1] if pieces else b""})
 
 
 async def _error(send: Send, error: ProtocolError) -> None:
