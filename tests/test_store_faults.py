@@ -185,11 +185,11 @@ def small_filesystem(tmp_path: Path) -> Iterator[Path]:
 def fill(directory: Path) -> Path:
     """Write zeros until the filesystem is full; the file that holds them."""
     filler = directory / "filler"
-    with filler.open("wb") as f:
+    # Unbuffered: a buffered file keeps what ENOSPC refused and raises it again on close.
+    with filler.open("wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError:
             pass  # ENOSPC: the point
     return filler
