@@ -5,13 +5,17 @@ the next turn continues from it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from connection_driver import run_on
+from engine_conversation import small_llama
+from hotloop.engines.llama import LlamaEngine
 from hotloop.engines.sim import SimScript
 from openai import OpenAI
 from openai.types.responses import Response
 from servers import stored_server
+from test_engine_steering import Counted, connection, create, send
 
 PREWARM = {"prewarm": True}
 SYSTEM = [{"type": "message", "role": "developer", "content": "You are terse. " * 40}]
@@ -52,3 +56,41 @@ def test_prewarm_and_generate_false_over_websocket(client: OpenAI) -> None:
                     break
             assert event.type == "response.completed"
             assert_prewarmed(event.response)
+
+
+@pytest.fixture
+async def llama() -> AsyncIterator[LlamaEngine]:
+    async with small_llama() as engine:
+        yield engine
+
+
+@pytest.mark.model
+async def test_a_prewarm_on_the_llama_engine_leaves_the_turn_only_its_new_tokens(
+    llama: LlamaEngine,
+) -> None:
+    """SmolLM2 in-process: the prewarm evaluates its prompt and samples nothing, its
+    usage says so, and the turn continuing it reuses that KV (llama.cpp's own counter)."""
+    counted = Counted(llama)
+    conn = connection(llama.chat_format, llama.context_window)
+    history = "Tell me about the city of Paris, its rivers and its bridges."
+    send(
+        conn,
+        {
+            "type": "response.create",
+            "model": "sim",
+            "input": history,
+            "prompt_cache_options": PREWARM,
+        },
+    )
+    warm = (await run_on(conn, counted.session, counted.ended))[-1]["response"]
+    prewarm = counted.turns[0]
+    assert warm["status"] == "completed" and warm["output"] == []
+    assert prewarm.sampled_tokens == 0 and prewarm.evaluated_tokens == prewarm.prompt_tokens
+    assert warm["usage"]["input_tokens"] == prewarm.prompt_tokens
+    create(conn, "Be brief.", 8, previous_response_id=warm["id"])
+    await run_on(conn, counted.session, counted.ended)
+    turn = counted.turns[1]
+    # Everything but the assistant header that ended the prewarm's prompt (a turn's
+    # header follows its own input): a few ids.
+    assert prewarm.prompt_tokens - 3 <= turn.reused_tokens < prewarm.prompt_tokens
+    assert turn.evaluated_tokens == turn.prompt_tokens - turn.reused_tokens
