@@ -13,12 +13,16 @@ from engine_conversation import small_llama
 from hotloop.engines.llama import LlamaEngine
 from hotloop.engines.sim import SimScript
 from openai import OpenAI
-from openai.types.responses import Response
+from openai.types.responses import EasyInputMessageParam, Response
+from openai.types.responses.response_create_params import PromptCacheOptions
 from servers import stored_server
 from test_engine_steering import Counted, connection, create, send
 
-PREWARM = {"prewarm": True}
-SYSTEM = [{"type": "message", "role": "developer", "content": "You are terse. " * 40}]
+PREWARM: PromptCacheOptions = {"prewarm": True}
+SYSTEM_TEXT = "You are terse. " * 40
+SYSTEM: list[EasyInputMessageParam] = [
+    {"type": "message", "role": "developer", "content": SYSTEM_TEXT}
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +37,32 @@ def assert_prewarmed(response: Response) -> None:
     assert response.status == "completed" and response.output == []
     usage = response.usage
     assert usage is not None
-    assert usage.input_tokens > len(SYSTEM[0]["content"].split()) and usage.output_tokens == 0
+    assert usage.input_tokens > len(SYSTEM_TEXT.split()) and usage.output_tokens == 0
 
 
 def test_prewarm_over_http_then_a_turn_continues(client: OpenAI) -> None:
-    warm = client.responses.create(model="sim", input=SYSTEM, prompt_cache_options=PREWARM)  # type: ignore[arg-type]
+    warm = client.responses.create(model="sim", input=SYSTEM, prompt_cache_options=PREWARM)
     assert_prewarmed(warm)
     turn = client.responses.create(model="sim", input="go", previous_response_id=warm.id)
     assert turn.output_text == "Done."
     assert turn.usage is not None
     # The prewarmed history came from the cache (all but the assistant's header that
     # ended the prewarm's prompt and now follows the new input).
-    assert turn.usage.input_tokens_details.cached_tokens > len(SYSTEM[0]["content"].split())
+    assert turn.usage.input_tokens_details.cached_tokens > len(SYSTEM_TEXT.split())
+
+
+def test_a_streamed_prewarm_over_http(client: OpenAI) -> None:
+    events = list(
+        client.responses.create(
+            model="sim",
+            input=SYSTEM,
+            prompt_cache_options=PREWARM,
+            stream=True,
+        )
+    )
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.completed"
+    assert_prewarmed(events[-1].response)
 
 
 def test_prewarm_and_generate_false_over_websocket(client: OpenAI) -> None:
