@@ -10,12 +10,14 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from connection_driver import run_on
 from engine_conversation import small_llama
+from hotloop._core import Prompt
+from hotloop.engines.base import Sampling
 from hotloop.engines.llama import LlamaEngine
 from hotloop.engines.sim import SimScript
 from openai import OpenAI
 from openai.types.responses import EasyInputMessageParam, Response
 from openai.types.responses.response_create_params import PromptCacheOptions
-from servers import stored_server
+from servers import sim_engine, stored_server
 from test_engine_steering import Counted, connection, create, send
 
 PREWARM: PromptCacheOptions = {"prewarm": True}
@@ -112,3 +114,16 @@ async def test_a_prewarm_on_the_llama_engine_leaves_the_turn_only_its_new_tokens
     # header follows its own input): a few ids.
     assert prewarm.prompt_tokens - 3 <= turn.reused_tokens < prewarm.prompt_tokens
     assert turn.evaluated_tokens == turn.prompt_tokens - turn.reused_tokens
+
+
+async def test_the_sim_engine_models_a_prewarm_as_a_prefill() -> None:
+    """`max_output_tokens` 0 on the sim: no ids, the prompt enters its prefix-cache
+    model, and a turn extending it prefills only what it adds."""
+    session = sim_engine().session()
+    prompt = list(range(1000, 1400))
+    out = [ids async for ids in session.generate(Prompt.from_tokens(prompt), Sampling(0))]
+    assert out == [] and session.prefill_tokens == len(prompt)
+    grown = [*prompt, 7, 8, 9]
+    async for _ in session.generate(Prompt.from_tokens(grown), Sampling(4)):
+        pass
+    assert session.prefill_tokens == len(prompt) + 3
