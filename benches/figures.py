@@ -135,6 +135,7 @@ FIGURES = (
         ("docs/upstream-streaming.md",),
     ),
     Figure("engines", _scripts("bench_engines.py --rounds 7 --tokens 64"), (BENCHMARKS,)),
+    Figure("prewarm", _scripts("bench_prewarm.py --rounds 5 --words 150"), (BENCHMARKS,)),
     Figure(
         "turns",
         _scripts("bench_turns.py --rounds 3 --turns 10 --tokens 32 --output-lines 6"),

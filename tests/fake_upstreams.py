@@ -194,6 +194,21 @@ class FakeUpstream:
                 },
             }
             chunks.append(chunk)
+        if not reply:
+            # `max_new_tokens` 0 (a prefill): one finishing event without ids.
+            chunks.append(
+                {
+                    "text": "",
+                    "output_ids": [],
+                    "meta_info": {
+                        "id": "r1",
+                        "finish_reason": {"type": "length", "length": 0},
+                        "prompt_tokens": len(request["input_ids"]),
+                        "completion_tokens": 0,
+                        "cached_tokens": self.script.cached_tokens or 0,
+                    },
+                }
+            )
         return chunks
 
 

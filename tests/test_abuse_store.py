@@ -413,7 +413,8 @@ QUOTA = ["--api-keys", "sk-a,sk-b", "--store-quota-bytes", "200000"]
 
 
 def warm_up(socket: ClientConnection, items: int) -> dict[str, Any]:
-    """A stored warm-up (`generate: false`: no engine time) of `items` input items."""
+    """A stored warm-up (`generate: false`: a prefill, nothing sampled) of `items`
+    input items."""
     frame = {
         "type": "response.create",
         "model": "sim",

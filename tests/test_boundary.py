@@ -100,7 +100,8 @@ def test_accepted_values_at_the_edge_round_trip_into_the_record() -> None:
         '"tools":[{"type":"web_search","u":18446744073709551615}],'
         '"reasoning":{"effort":"low","t":1e-999}}'
     )
-    (_, completed) = client.send(frame)
+    (_created,) = client.send(frame)
+    (completed,) = client.finish(ids=[])
     assert completed["type"] == "response.completed"
     (done,) = recorder.done
     response = orjson.loads(done.response_json)

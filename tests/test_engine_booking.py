@@ -137,3 +137,19 @@ def test_a_compaction_is_booked() -> None:
     assert usage["responses"] == 1
     assert usage["input_tokens"] == spent["input_tokens"] > 0
     assert usage["output_tokens"] == spent["output_tokens"] > 0
+
+
+def test_a_prewarm_is_booked() -> None:
+    """`prompt_cache_options.prewarm`: the engine prefilled the prompt, so the key is
+    booked its input tokens (it booked none when a warm-up never reached the engine)."""
+    settings = ServerConfig(engine="sim", api_keys=(KEY,))
+    with serving(build_app(sim_engine(), settings)) as base:
+        body = {"model": "sim", "input": "Warm me.", "prompt_cache_options": {"prewarm": True}}
+        reply = httpx.post(base + "/v1/responses", json=body, headers=HEADERS)
+        assert reply.status_code == 200, reply.text
+        spent = reply.json()["usage"]
+        # Booked on the loop's next turn, before the next request is read.
+        usage = httpx.get(base + "/v1/usage", headers=HEADERS).json()
+    assert usage["responses"] == 1
+    assert usage["input_tokens"] == spent["input_tokens"] > 0
+    assert usage["output_tokens"] == 0

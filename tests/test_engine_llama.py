@@ -68,6 +68,23 @@ async def test_turn_two_evaluates_only_the_new_tokens(engine: LlamaEngine) -> No
     await later.close()
 
 
+async def test_a_prewarm_fills_the_kv_and_the_next_turn_reuses_it(engine: LlamaEngine) -> None:
+    """`max_output_tokens` 0 (a prewarm): the prompt is evaluated, nothing sampled,
+    and the turn that follows evaluates only what it adds."""
+    session = engine.session()
+    p1 = first_turn("Summarize the history of the Roman Empire in one line.")
+    assert await collect(session, p1, Sampling(max_output_tokens=0)) == []
+    warm = session.last_turn
+    assert warm is not None
+    assert (warm.evaluated_tokens, warm.sampled_tokens) == (len(p1), 0)
+    assert await collect(session, p1, GREEDY)
+    turn = session.last_turn
+    assert turn is not None
+    # All of it but the last id, evaluated again for the logits to sample from.
+    assert (turn.reused_tokens, turn.evaluated_tokens) == (len(p1) - 1, 1)
+    await session.close()
+
+
 async def test_closing_the_stream_stops_within_one_token(engine: LlamaEngine) -> None:
     session = engine.session()
     stream = session.generate(Prompt.from_tokens(first_turn("Count to one thousand.")), ENDLESS)

@@ -97,3 +97,19 @@ async def test_two_sessions_keep_their_own_slots(engine: UpstreamEngine) -> None
     assert b.last_timings["cache_n"] > len(pb) // 2
     await a.close()
     await b.close()
+
+
+async def test_a_prewarm_fills_the_slot_and_the_next_turn_hits_it(engine: UpstreamEngine) -> None:
+    """`n_predict: 0` with `cache_prompt`: the server evaluates the prompt and samples
+    nothing; the turn on that prompt then finds all of it but the last id cached."""
+    session = engine.session()
+    prompt = first_turn("Name three rivers in Europe.")
+    prewarm = Sampling(max_output_tokens=0)
+    assert [ids async for ids in session.generate(Prompt.from_tokens(prompt), prewarm)] == []
+    warm = session.last_timings
+    assert warm is not None and warm["prompt_n"] == len(prompt)
+    assert await collect(session, prompt)
+    timings = session.last_timings
+    assert timings is not None
+    assert timings["cache_n"] == len(prompt) - 1
+    await session.close()

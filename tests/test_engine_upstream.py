@@ -194,6 +194,29 @@ async def test_sglang_request_and_both_streaming_modes(chat_format: Any, increme
             }
 
 
+@pytest.mark.parametrize(
+    ("dialect", "limit"), [("vllm", ("max_tokens", 1)), ("sglang", ("max_new_tokens", 0))]
+)
+async def test_a_prewarm_prefills_and_hands_over_no_id(
+    chat_format: Any, dialect: str, limit: tuple[str, int]
+) -> None:
+    """`max_output_tokens` 0: vLLM (which refuses 0) is asked for one id, read to
+    the end and discarded; SGLang for none. The engine's cached figure still arrives."""
+    prewarm = Sampling(max_output_tokens=0)
+    async with (
+        serving(FakeUpstream(dialect, Script(cached_tokens=3))) as (server,),
+        one_session(chat_format, dialect, server.url) as session,
+    ):
+        out = [ids async for ids in session.generate(Prompt.from_tokens(PROMPT), prewarm)]
+        assert out == []
+        assert ENGINE_CACHED.get() == 3
+        (request,) = server.requests
+        params = request if dialect == "vllm" else request["sampling_params"]
+        assert params[limit[0]] == limit[1]
+        # The connection went back to the pool: the next turn reuses it.
+        assert await collect(session) == REPLY
+
+
 async def test_sessions_pin_to_replicas_for_every_turn(chat_format: Any) -> None:
     async with serving(FakeUpstream("vllm"), FakeUpstream("vllm")) as (r1, r2):
         engine = await started(chat_format, "vllm", r1.url, r2.url)

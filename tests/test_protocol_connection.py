@@ -170,10 +170,14 @@ def test_warm_up_then_continue() -> None:
         generate=False,
         tools=TOOLS,
     )
-    assert [f["type"] for f in frames] == ["response.created", "response.completed"]
-    assert not client.generating
-    warm = frames[-1]["response"]
-    assert warm["output"] == [] and warm["usage"]["total_tokens"] == 0
+    assert [f["type"] for f in frames] == ["response.created"]
+    # A prewarm: the engine evaluates the prompt and samples nothing.
+    (work,) = client.generating.values()
+    assert work.sampling.max_output_tokens == 0
+    warm = client.finish(ids=[])[-1]["response"]
+    assert warm["status"] == "completed" and warm["output"] == []
+    usage = warm["usage"]
+    assert usage["input_tokens"] == len(work.prompt) and usage["output_tokens"] == 0
     next_turn = client.turn("go", previous_response_id=warm["id"], tools=TOOLS)["response"]
     assert next_turn["usage"]["input_tokens_details"]["cached_tokens"] > 0
 

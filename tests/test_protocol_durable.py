@@ -86,6 +86,7 @@ def test_a_stored_warm_up_is_committed_before_it_completes() -> None:
     client = Client()
     frames = client.create("Hi", generate=False)
     assert kinds(frames) == ["response.created"]
+    assert kinds(client.finish(ids=[])) == []
     (work,) = client.persisting.values()
     assert work.finished.response_json.count(b'"output":[]') == 1
     done = client.commit()

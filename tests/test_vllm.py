@@ -504,3 +504,22 @@ def test_vllm_killed_mid_stream_fails_the_response_and_the_next_turn_is_exact(
         ws_turn(socket, input=QUESTIONS[1], previous_response_id=first["id"])
         sent = vllm.wait_prompts(seen + 1)[-1]
         assert sent == tokenize(vllm, conversation.messages)
+
+
+def test_a_prewarm_fills_vllms_prefix_cache(vllm: VllmServer, node: HotloopProcess) -> None:
+    """`prompt_cache_options.prewarm`: vLLM is asked for one id (it refuses
+    `max_tokens` 0), which hotloop discards; the response is empty, and the turn that
+    continues it hits every full block of the prewarmed prompt but the assistant
+    header that ended it (a turn's header follows its own input)."""
+    history = "Remember these notes: " + " ".join(f"note-{n}" for n in range(80))
+    warm = http_turn(node, input=history, prompt_cache_options={"prewarm": True})
+    assert warm["status"] == "completed" and warm["output"] == []
+    assert warm["usage"]["output_tokens"] == 0
+    held = warm["usage"]["input_tokens"]
+    response, hits = hits_of(
+        vllm,
+        lambda: http_turn(node, input="Which note came first?", previous_response_id=warm["id"]),
+    )
+    assert (held - 3) // BLOCK_SIZE * BLOCK_SIZE <= hits <= held // BLOCK_SIZE * BLOCK_SIZE
+    assert hits > 0
+    assert response["usage"]["input_tokens_details"]["engine_cached_tokens"] == hits

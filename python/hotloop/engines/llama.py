@@ -240,8 +240,10 @@ class LlamaSession:
                 "context_length_exceeded",
                 f"the prompt has {len(ids)} tokens; the context holds {runner.context_window}",
             )
-        if not ids or sampling.max_output_tokens <= 0:
+        if not ids:
             return
+        # `max_output_tokens` 0 is a prewarm: the job evaluates the prompt into this
+        # session's KV sequence and ends without sampling (`_step`).
         job = _Job(self._kv, ids, sampling)
         inbox = job.inbox
         self._last = job
@@ -491,7 +493,7 @@ class _Runner:
             del job.pending[:take]
             if job.pending:
                 continue
-            if job.cancelled:
+            if job.cancelled or job.sampling.max_output_tokens <= 0:
                 self._finish(job, None)
                 continue
             token = llama_cpp.llama_sampler_sample(job.sampler, self.ctx, index)

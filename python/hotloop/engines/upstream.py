@@ -103,7 +103,9 @@ class VllmDialect:
     def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         return {
             "model": model,
-            "max_tokens": sampling.max_output_tokens,
+            # vLLM refuses `max_tokens` 0: a prewarm asks for one id, which
+            # `UpstreamSession.generate` discards.
+            "max_tokens": max(1, sampling.max_output_tokens),
             "stream": True,
             "return_token_ids": True,
             "skip_special_tokens": False,
@@ -406,6 +408,9 @@ class UpstreamSession:
         reader = link.reader
         assert reader is not None
         budget = sampling.max_output_tokens
+        # A prewarm (budget 0) reads the stream to its end, so the prompt stays in the
+        # upstream's cache and its figures arrive, and hands over no id.
+        prefill = budget == 0
         try:
             if first is not None:
                 # Every batch after the first: `next` hands over the ids of every read
@@ -419,6 +424,8 @@ class UpstreamSession:
                         last = reader.done
                         if last:
                             await self._read_trailer(replica, link, reader)
+                        if prefill:
+                            batch = []
                         if len(batch) > budget:
                             # A replica that ignores `max_tokens`: the response ends at
                             # the budget (incomplete, max_output_tokens), and leaving the
@@ -428,7 +435,8 @@ class UpstreamSession:
                                 yield batch[:budget]
                             return
                         budget -= len(batch)
-                        yield batch
+                        if not prefill:
+                            yield batch
                         if last:
                             break
                     elif self._over(replica, reader, started=True):

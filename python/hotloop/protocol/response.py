@@ -167,12 +167,12 @@ class Rendering:
             else settings.baseline.render_request(events.response_id, request)
         )
         response = Response.open(self, events, turn)
-        if not request.generate:
-            response.overhead_ns = pending.parse_ns + connection.clock() - start
-            response.warm_up()
-            return
         lane.active = response
         connection.generating[response.key] = response
+        if not request.generate:
+            response.overhead_ns = pending.parse_ns + connection.clock() - start
+            response.prewarm(conversation.prompt())
+            return
         if background:
             # As OpenAI streams a background response: created and queued, then it runs.
             connection.outbox.append(events.lifecycle("response.created", "queued"))
@@ -262,6 +262,8 @@ class Response:
     conversation_start: ConversationStart | None = None
     """The conversation state it started from: its tokens rendered for this turn are
     not served from the cache, and its items are appended to what it read."""
+    prefill: bool = False
+    """A prewarm: the engine fills its cache with the prompt and samples nothing."""
     engine_cached: int | None = None
     """The prompt ids the engine said it served from its own KV cache in the current
     engine pass (earlier passes are in `spent`); None: it did not say."""
@@ -305,6 +307,14 @@ class Response:
         )
 
     # ---------------------------------------------------------------- sampling
+
+    def prewarm(self, prompt: Prompt) -> None:
+        """`generate: false` (or `prompt_cache_options.prewarm`): the engine evaluates
+        `prompt` into its cache and samples nothing (`max_output_tokens` 0, each engine's
+        way: docs/engines.md); `done` then completes it with an empty output."""
+        self.prefill = True
+        self.connection.outbox.append(self.events.lifecycle("response.created", "in_progress"))
+        self.generate(prompt, 0)
 
     def generate(self, prompt: Prompt, limit: int | None = None) -> None:
         """Hand the engine `prompt`, routed by the session header, `prompt_cache_key` or
@@ -366,6 +376,12 @@ class Response:
         if self.compaction is not None:
             connection.summarization.summarized(self, self.compaction)
             return
+        if self.prefill:
+            # Nothing sampled, nothing committed: the next turn extends exactly the
+            # prompt the engine now holds.
+            checkpoint = self.conversation.checkpoint()
+            self.terminal("response.completed", "completed", self.usage(), checkpoint)
+            return
         if self.cut and not self.parser.stopped:
             self._end_steered()
             return
@@ -422,14 +438,6 @@ class Response:
             self.connection.release(self.lane)
             return
         self.fail(message, self.usage())
-
-    def warm_up(self) -> None:
-        """`generate: false`: the state is rendered and cached under a fresh id, with
-        an empty output and zero usage. It never takes its lane (it ends inside the
-        connection's pump), except while its commit runs."""
-        checkpoint = self.conversation.checkpoint()
-        self.connection.outbox.append(self.events.lifecycle("response.created", "in_progress"))
-        self.terminal("response.completed", "completed", Usage(), checkpoint)
 
     # ---------------------------------------------------------------- stopping
 
@@ -564,7 +572,7 @@ class Response:
             connection.outbox.append(Persist(self.key, ending.finished))
             return
         ending.conclude()
-        # A warm-up never took its lane (it ends inside the pump): nothing to free.
+        # A response refused before the engine never took its lane: nothing to free.
         if self.lane.active is self:
             connection.release(self.lane)
 

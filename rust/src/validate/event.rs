@@ -471,6 +471,19 @@ mod tests {
     }
 
     #[test]
+    fn prewarm_overrides_generate() {
+        let prewarm = create_request(
+            r#"{"type":"response.create","model":"m","input":"hi","prompt_cache_options":{"prewarm":true}}"#,
+        );
+        assert_eq!(prewarm.error, None);
+        assert!(!prewarm.generate);
+        let generating = create_request(
+            r#"{"type":"response.create","model":"m","input":"hi","prompt_cache_options":{"prewarm":false}}"#,
+        );
+        assert!(generating.generate);
+    }
+
+    #[test]
     fn codex_warm_up_then_delta() {
         let warm_up = create_request(
             r#"{"type":"response.create","model":"gpt-5-codex","generate":false,"store":false,"stream":true,

@@ -251,6 +251,11 @@ impl CreateRequest {
             body.prompt_cache_options,
             max,
         )?;
+        // The SDK documents `prewarm: true` as overriding `generate` to false: one
+        // engine prefill path serves both.
+        if self.prompt_cache.options.as_ref().is_some_and(|o| o.prewarm) {
+            self.generate = false;
+        }
         let text = text_config(body.text)?;
         let truncation = truncation(body.truncation)?;
         self.prefix.instructions = field::opt_string(body.instructions, &Path::root("instructions"), max)?;
