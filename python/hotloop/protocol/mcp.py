@@ -282,17 +282,11 @@ def replayable(output: list[Any]) -> list[Any]:
         kind = item.get("type") if isinstance(item, dict) else None
         if kind == "mcp_list_tools" or (kind == "mcp_call" and item.get("approval_request_id")):
             continue  # renders nothing; an approved call's own turn rendered it
-        if kind == "mcp_approval_request":
+        if kind in ("mcp_approval_request", "mcp_call"):
+            prefix = MCP_APPROVAL if kind == "mcp_approval_request" else MCP_CALL
             item = {
                 "type": "function_call",
-                "call_id": item["id"].removeprefix(MCP_APPROVAL),
-                "name": item["name"],
-                "arguments": item["arguments"],
-            }
-        elif kind == "mcp_call":
-            item = {
-                "type": "function_call",
-                "call_id": item["id"].removeprefix(MCP_CALL),
+                "call_id": item["id"].removeprefix(prefix),
                 "name": item["name"],
                 "arguments": item["arguments"],
             }
