@@ -64,7 +64,7 @@ test-rust: reference-data
 	cargo test --manifest-path rust/Cargo.toml
 
 test-python: develop native reference-data services haproxy node-clients
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 test: test-rust test-python
 

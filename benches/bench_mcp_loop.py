@@ -83,7 +83,7 @@ class Wire:
 
 
 def ws_turn(ws: ClientConnection, frame: dict[str, Any], wire: Wire) -> dict[str, Any]:
-    text = orjson.dumps({"type": "response.create", **frame})
+    text = orjson.dumps({"type": "response.create", "model": "sim", **frame})
     ws.send(text.decode())
     wire.sent += len(text)
     while True:

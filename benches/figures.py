@@ -136,6 +136,7 @@ FIGURES = (
     ),
     Figure("engines", _scripts("bench_engines.py --rounds 7 --tokens 64"), (BENCHMARKS,)),
     Figure("prewarm", _scripts("bench_prewarm.py --rounds 5 --words 150"), (BENCHMARKS,)),
+    Figure("mcp_loop", _scripts("bench_mcp_loop.py --loops 7"), (BENCHMARKS,)),
     Figure(
         "turns",
         _scripts("bench_turns.py --rounds 3 --turns 10 --tokens 32 --output-lines 6"),

@@ -34,7 +34,7 @@ THRESHOLD = 3000
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    engine = LlamaEngine(LlamaConfig(n_ctx=8192, max_sequences=4, n_threads=1, seed=1))
+    engine = LlamaEngine(LlamaConfig(n_ctx=8192, max_sequences=4, n_threads=2, seed=1))
     config = ServerConfig(
         engine="llama",
         data_dir=str(tmp_path_factory.mktemp("llama")),
