@@ -324,7 +324,7 @@ def test_a_run_that_breaks_without_its_terminal_event_is_recorded_failed(
     async def broken(*_: object) -> None:
         raise RuntimeError("a bug in the turn")
 
-    http._generate = broken  # type: ignore[method-assign]
+    http.generate = broken  # type: ignore[method-assign]
     with served(app) as url:
         sdk = client(url)
         created = create(sdk, input="hi")

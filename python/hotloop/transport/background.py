@@ -14,6 +14,11 @@ the store answers from then on.
 `background_limit` past either), the jobs by response id, and a task that says this
 process is alive while it runs background work and, every lease, marks `failed` the
 background responses of processes that stopped saying so (`--background-lease`).
+
+`BackgroundRoutes` are their HTTP routes, which `HttpApi` dispatches to: create (the
+job started, then its queued Response or its events), resume (the events after N, from
+the job while it runs here, else from the store, following another process's writes)
+and cancel (here, or asked of the process running it through the store).
 """
 
 from __future__ import annotations
@@ -21,15 +26,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
+from hotloop._core import CreateRequest
 from hotloop.events import new_id
-from hotloop.protocol import Connection
+from hotloop.ledger import Ledger
+from hotloop.protocol import Connection, ConnectionCache, Generate, Observer
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.mcp import McpTurn
 from hotloop.store import Store, StoreError, may_read
 from hotloop.store.background import (
     TERMINAL,
@@ -38,6 +47,8 @@ from hotloop.store.background import (
     failed_event,
     orphaned,
 )
+from hotloop.transport import exchange
+from hotloop.transport.asgi import Receive, Send
 
 log = logging.getLogger("hotloop.background")
 
@@ -55,6 +66,8 @@ ENDINGS = frozenset((b"response.completed", b"response.failed", b"response.incom
 RETRY_AFTER = 1
 CANCEL_POLL = 1.0
 """Seconds between a process's reads of the cancels other processes asked of it."""
+CANCEL_WAIT = 0.1
+"""Seconds between reads of a response another process was asked to cancel."""
 
 
 @dataclass(frozen=True)
@@ -381,4 +394,268 @@ class BackgroundWork:
                 log.error("background response %s left live: %s", job.response_id, e.message)
 
 
-__all__ = ["CANCEL_POLL", "BackgroundLimits", "BackgroundWork", "Job", "event_type"]
+class Turns(Protocol):
+    """How the HTTP API runs a response's actions and engine work (`http.py`): a
+    background response's turn runs the same way, with no client watching it."""
+
+    async def send_actions(
+        self, connection: Connection, actions: list[Any], emit: exchange.Emit
+    ) -> Generate | None: ...
+
+    async def generate(
+        self, connection: Connection, work: Generate, emit: exchange.Emit
+    ) -> None: ...
+
+
+Connect = Callable[[ConnectionCache, Observer], Connection]
+"""The `Connection` of one HTTP request, for its cache and observer."""
+
+
+@dataclass
+class BackgroundRoutes:
+    """The HTTP routes of background responses: create (`POST /v1/responses` with
+    `background: true`), resume (`GET /v1/responses/{id}?stream=true`, from this process
+    or the store) and cancel (`POST /v1/responses/{id}/cancel`). `reads` is the key's
+    slot for store reads (`KeyedSlots.slot`)."""
+
+    work: BackgroundWork
+    ledger: Ledger
+    reads: Callable[[str | None], AbstractAsyncContextManager[None]]
+    turns: Turns
+
+    async def create(
+        self,
+        receive: Receive,
+        send: Send,
+        principal: str | None,
+        connect: Connect,
+        request: CreateRequest,
+        size: int,
+        parse_ns: int,
+        mcp: McpTurn | None,
+    ) -> None:
+        """`background: true`: the response runs as a job of its own (`Job`);
+        this request answers with it queued, or follows its events when streamed. Its
+        client going away stops only the following."""
+        if not request.store:
+            raise ProtocolError(
+                "invalid_value", "A background response must be stored: set store=true.", "store"
+            )
+        if self.ledger.store is None:
+            raise ProtocolError(
+                "invalid_value",
+                "Background responses need a durable store, and this server runs without "
+                "one (--data-dir).",
+                "background",
+            )
+        books = self.ledger.observer(principal, "http")
+        cache = self.ledger.http_cache(books.owner)
+        await self.ledger.warm(cache, request.previous_response_id, books.owner)
+        # Admitted with no await before it runs: requests arriving together cannot all
+        # pass the bound.
+        refusal = self.work.admit(books.owner)
+        if refusal is not None:
+            self.ledger.metrics.refusals.labels(refusal.code).inc()
+            raise refusal
+        connection = connect(cache, exchange.Exchange(books, cache))
+        job = Job(books.owner, request.stream, self.work.limits.event_bytes)
+        job.connection = connection
+        connection.receive_request(request, size, parse_ns, mcp)
+        self.work.run(job, self._run(connection, job))
+        error = await job.created
+        if error is not None:
+            await exchange.reply_refusal(send, error)
+        elif request.stream:
+            await self._follow(receive, send, job, -1)
+        else:
+            await exchange.reply(send, 200, job.queued)
+
+    async def _run(self, connection: Connection, job: Job) -> None:
+        """A background response's whole turn, in the job's task: no client watches it.
+        A cancel (`Job.cancel`) ends the response and cancels its generation; its
+        cancelled ending is then sent and committed from here."""
+        actions = await exchange.rendered(connection)
+        work = await self.turns.send_actions(connection, actions, job.emit)
+        if work is not None and not job.cancelled:
+            generation = asyncio.ensure_future(self.turns.generate(connection, work, job.emit))
+            job.generation = generation
+            await asyncio.wait((generation,))
+            if not generation.cancelled():
+                generation.result()
+        await self.turns.send_actions(connection, connection.actions(), job.emit)
+
+    async def _follow(self, receive: Receive, send: Send, job: Job, after: int) -> None:
+        """SSE: `job`'s events after sequence number `after`, then the live ones until
+        it ends or the client goes away (which stops only this stream)."""
+        await send({"type": "http.response.start", "status": 200, "headers": exchange.SSE_HEADERS})
+        gone = asyncio.ensure_future(exchange.disconnected(receive))
+        try:
+            sent = after + 1
+            while not gone.done():
+                while sent < len(job.events):
+                    frame = exchange.sse_frame(job.events[sent])
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+                    sent += 1
+                if job.final or job.ended.is_set():
+                    break
+                changed = asyncio.ensure_future(job.changed())
+                await asyncio.wait((changed, gone), return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+        finally:
+            gone.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def resume(
+        self, receive: Receive, send: Send, response_id: str, owner: str | None, after: int
+    ) -> None:
+        """`GET /v1/responses/{id}?stream=true&starting_after=N`: a streamed background
+        response's events after N, from this process while it runs here, else from the
+        store once it ended."""
+        job = self.work.live(response_id, owner)
+        if job is not None:
+            if not job.streamed:
+                raise _not_streamed(response_id)
+            if after >= len(job.events):
+                raise _past_last(after, len(job.events))
+            await self._follow(receive, send, job, after)
+            return
+        record = await self._record(response_id, owner)
+        if not record.streamed:
+            raise _not_streamed(response_id)
+        await self._follow_stored(receive, send, record, after)
+
+    async def _follow_stored(
+        self, receive: Receive, send: Send, record: BackgroundRecord, after: int
+    ) -> None:
+        """SSE from the store: the kept events after `after`, then, while the response
+        runs on another process, those it writes there (every `CANCEL_POLL` s), until it
+        ended or the client goes away."""
+        records = self.work.records
+        assert records is not None
+        async with self.reads(record.owner):
+            count, events = await records.events(record.id, after)
+        if not record.live and count == 0:
+            raise ProtocolError(
+                "events_not_kept",
+                f"Response '{record.id}' failed with the process that ran it before any "
+                "of its events were written.",
+                "response_id",
+            )
+        if not record.live and after >= count:
+            raise _past_last(after, count)
+        await send({"type": "http.response.start", "status": 200, "headers": exchange.SSE_HEADERS})
+        gone = asyncio.ensure_future(exchange.disconnected(receive))
+        try:
+            found: BackgroundRecord | None = record
+            while found is not None:
+                for event in events:
+                    body = exchange.sse_frame(event)
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                after += len(events)
+                if not found.live:
+                    break
+                # Polling the other process's writes, not synchronisation.
+                await asyncio.wait((gone,), timeout=CANCEL_POLL)
+                if gone.done():
+                    break
+                # The status first: once it ended, its last events are there too.
+                async with self.reads(record.owner):
+                    found = await records.get(record.id, record.owner)
+                    _, events = await records.events(record.id, after)
+        finally:
+            gone.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _record(self, response_id: str, owner: str | None) -> BackgroundRecord:
+        """The store's record of a background response; 404 when there is no such
+        response, 400 when it is not a background one."""
+        records = self.work.records
+        store = self.ledger.store
+        if records is None or store is None:
+            raise exchange.not_found(response_id)
+        async with self.reads(owner):
+            record = await records.get(response_id, owner)
+            if record is not None:
+                return record
+            if await store.get(response_id, owner) is None:
+                raise exchange.not_found(response_id)
+        raise ProtocolError(
+            "response_not_background",
+            f"Response '{response_id}' was not created with background=true: only "
+            "background responses can be cancelled or streamed again.",
+            "response_id",
+        )
+
+    async def cancel(self, send: Send, response_id: str, owner: str | None) -> None:
+        """`POST /v1/responses/{id}/cancel`: a background response ends `cancelled`; one
+        that already ended answers as it ended (a cancel is idempotent, as OpenAI's)."""
+        job = self.work.live(response_id, owner)
+        if job is not None:
+            job.cancel()
+            while not (job.final or job.ended.is_set()):
+                await job.changed()
+            await exchange.reply(send, 200, job.snapshot)
+            return
+        record = await self._record(response_id, owner)
+        if record.live:
+            record = await self._cancel_elsewhere(record)
+        store = self.ledger.store
+        found = None if store is None else await store.get(response_id, owner)
+        await exchange.reply(send, 200, record.response if found is None else found)
+
+    async def _cancel_elsewhere(self, record: BackgroundRecord) -> BackgroundRecord:
+        """Ask the process running `record` to cancel it, and wait until it ended: the
+        process reads its cancels every `CANCEL_POLL` s; one that died meanwhile has
+        its response failed within a lease. Past that, 409."""
+        records = self.work.records
+        assert records is not None
+        await records.request_cancel(record.id)
+        waits = int((CANCEL_POLL + self.work.limits.lease) / CANCEL_WAIT) + 2
+        for _ in range(waits):
+            await asyncio.sleep(CANCEL_WAIT)  # polling the store, not synchronisation
+            found = await records.get(record.id, record.owner)
+            if found is None:
+                raise exchange.not_found(record.id)  # deleted meanwhile
+            if not found.live:
+                return found
+        raise _elsewhere(record.id)
+
+
+def _not_streamed(response_id: str) -> ProtocolError:
+    return ProtocolError(
+        "response_not_streamed",
+        f"Response '{response_id}' was not created with stream=true and background=true: "
+        "it has no events to stream again.",
+        "stream",
+    )
+
+
+def _past_last(after: int, count: int) -> ProtocolError:
+    return ProtocolError(
+        "invalid_value",
+        f"starting_after={after} is past the last event of this response (sequence number "
+        f"{count - 1}).",
+        "starting_after",
+    )
+
+
+def _elsewhere(response_id: str) -> ProtocolError:
+    return ProtocolError(
+        "response_running_elsewhere",
+        f"Response '{response_id}' runs on another hotloop process, which did not answer; "
+        "ask again through the same route (its session), or once it ended.",
+        "response_id",
+        status=409,
+    )
+
+
+__all__ = [
+    "CANCEL_POLL",
+    "BackgroundLimits",
+    "BackgroundRoutes",
+    "BackgroundWork",
+    "Connect",
+    "Job",
+    "Turns",
+    "event_type",
+]

@@ -17,8 +17,11 @@ Routes (each also without the `/v1` prefix, and below any mount point):
 Every POST body may be compressed (`Content-Encoding: gzip` or `zstd`, `encoding.py`).
 
 This module owns HTTP concerns only: routing, bodies and their size limit, Bearer auth,
-query parameters, SSE framing, client disconnects and error envelopes. Protocol
-decisions are the `Connection`'s; bookkeeping after a response is the `Ledger`'s.
+query parameters and error envelopes. Replies, SSE framing and client disconnects are
+`exchange.py`'s; background responses' routes (`background: true`, their resume and
+cancel) are `background.py`'s, which runs their turns through this API (`Turns`).
+Protocol decisions are the `Connection`'s; bookkeeping after a response is the
+`Ledger`'s.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -39,7 +42,7 @@ from hotloop._core import CoreError, CreateRequest, Policy, parse_request
 from hotloop.auth import ApiKeys, AuthError, key_id
 from hotloop.engines.base import ENGINE_CACHED, EngineError, EngineSession, close_stream
 from hotloop.events import error_body
-from hotloop.ledger import Books, Ledger
+from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import (
     Baseline,
@@ -52,40 +55,39 @@ from hotloop.protocol import (
     Observer,
     Persist,
     QueueMemory,
-    Render,
     offloads,
 )
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.connection import OFFLOAD_BYTES
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.mcp import McpTurn, asks, rewritten
+from hotloop.protocol.mcp import asks, rewritten
 from hotloop.protocol.response import STORE_UNAVAILABLE
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
-from hotloop.store.background import BackgroundRecord
 from hotloop.transport.asgi import Message, Receive, Scope, Send
-from hotloop.transport.background import CANCEL_POLL, BackgroundWork, Job
+from hotloop.transport.background import BackgroundRoutes, BackgroundWork
 from hotloop.transport.conversations import ConversationsApi
 from hotloop.transport.encoding import decoded
+from hotloop.transport.exchange import (
+    SSE_HEADERS,
+    Emit,
+    Exchange,
+    disconnected,
+    not_found,
+    rendered,
+    reply,
+    reply_refusal,
+    sse_frame,
+)
 from hotloop.transport.mcp import run_calls
-from hotloop.transport.websocket import persist, render_off_loop
+from hotloop.transport.websocket import persist
 
 log = logging.getLogger("hotloop.http")
 
-Emit = Callable[[bytes], Awaitable[None]]
-
-JSON = b"application/json"
 METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 MAX_PAGE = 100
 PAGE_LIMIT = re.compile(r"[0-9]{1,4}")
 STARTING_AFTER = re.compile(r"[0-9]{1,12}")
-CANCEL_WAIT = 0.1
-"""Seconds between reads of a response another process was asked to cancel."""
 
 
 class _ClientGone(Exception):
@@ -128,6 +130,7 @@ class HttpApi:
         self.created = int(time.time())
         self.background = background or BackgroundWork()
         """Background responses (`background: true`) running in this process."""
+        self.background_routes = BackgroundRoutes(self.background, ledger, self.reads.slot, self)
         self.mcp = mcp or McpClient(McpSettings())
         """Lists and calls the `mcp` tools of requests (none allowed without one)."""
 
@@ -158,7 +161,7 @@ class HttpApi:
             return
         if parts == ["metrics"]:
             _allow(method, "GET")
-            await _reply(send, 200, self.ledger.metrics.render().encode(), METRICS_TYPE)
+            await reply(send, 200, self.ledger.metrics.render().encode(), METRICS_TYPE)
             return
         if not parts or parts[0] not in ("responses", "models", "usage", "conversations"):
             raise ProtocolError("not_found", f"No route for {method} {scope['path']}.", status=404)
@@ -181,7 +184,7 @@ class HttpApi:
                         reserved.release()
 
                 async def reply_json(status: int, payload: bytes) -> None:
-                    await _reply(send, status, payload)
+                    await reply(send, status, payload)
 
                 query_string = scope.get("query_string", b"")
                 await conversations.route(
@@ -204,14 +207,14 @@ class HttpApi:
                     await self._delete(send, response_id, owner)
             case ["responses", response_id, "cancel"]:
                 _allow(method, "POST")
-                await self._cancel(send, response_id, owner)
+                await self.background_routes.cancel(send, response_id, owner)
             case ["responses", response_id, "input_items"]:
                 _allow(method, "GET")
                 await self._input_items(scope, send, response_id, owner)
             case ["models"]:
                 _allow(method, "GET")
                 body = {"object": "list", "data": [self._model_object()]}
-                await _reply(send, 200, orjson.dumps(body))
+                await reply(send, 200, orjson.dumps(body))
             case ["models", name]:
                 _allow(method, "GET")
                 if name != self.model:
@@ -221,12 +224,12 @@ class HttpApi:
                         "model",
                         status=404,
                     )
-                await _reply(send, 200, orjson.dumps(self._model_object()))
+                await reply(send, 200, orjson.dumps(self._model_object()))
             case ["usage"]:
                 _allow(method, "GET")
                 totals = self.ledger.usage.of(label)
                 body = {"object": "usage", "key": label or "anonymous", **totals.to_json()}
-                await _reply(send, 200, orjson.dumps(body))
+                await reply(send, 200, orjson.dumps(body))
             case _:
                 raise ProtocolError(
                     "not_found", f"No route for {method} {scope['path']}.", status=404
@@ -245,7 +248,7 @@ class HttpApi:
         else:
             status = "ok"
         body = {"status": status, "model": self.model}
-        await _reply(send, 200 if status == "ok" else 503, orjson.dumps(body))
+        await reply(send, 200 if status == "ok" else 503, orjson.dumps(body))
 
     # ---------------------------------------------------------------- POST /v1/responses
 
@@ -262,8 +265,12 @@ class HttpApi:
             request = self._parse(body, principal)
         del body  # the request holds what the response needs
         if request.background and request.error is None:
-            await self._create_background(
-                scope, receive, send, principal, request_id, request, size, parse_ns, mcp
+
+            def connect(cache: ConnectionCache, observer: Observer) -> Connection:
+                return self._connection(scope, cache, principal, request_id, observer, True)
+
+            await self.background_routes.create(
+                receive, send, principal, connect, request, size, parse_ns, mcp
             )
             return
         books = self.ledger.observer(principal, "http")
@@ -273,13 +280,13 @@ class HttpApi:
         if request.comparison_response_id is not None:
             # `prompt_cache_diagnostics` compares with its tokens: the caller's only.
             await self.ledger.warm(cache, request.comparison_response_id, books.owner)
-        exchange = _Exchange(books, cache)
+        exchange = Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange)
         connection.receive_request(request, size, parse_ns, mcp)
-        actions = await _rendered(connection)
+        actions = await rendered(connection)
         refusal = next((a for a in actions if isinstance(a, bytes) and _is_error(a)), None)
         if refusal is not None:
-            await _reply_refusal(send, refusal)
+            await reply_refusal(send, refusal)
             return
         if request.stream:
             await self._stream(receive, send, connection, actions)
@@ -287,204 +294,6 @@ class HttpApi:
             await self._run(receive, connection, actions, _discard)
             if not connection.closed:
                 await _reply_final(send, exchange.result)
-
-    async def _create_background(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        principal: str | None,
-        request_id: str,
-        request: CreateRequest,
-        size: int,
-        parse_ns: int,
-        mcp: McpTurn | None,
-    ) -> None:
-        """`background: true`: the response runs as a job of its own (`background.py`);
-        this request answers with it queued, or follows its events when streamed. Its
-        client going away stops only the following."""
-        if not request.store:
-            raise ProtocolError(
-                "invalid_value", "A background response must be stored: set store=true.", "store"
-            )
-        if self.ledger.store is None:
-            raise ProtocolError(
-                "invalid_value",
-                "Background responses need a durable store, and this server runs without "
-                "one (--data-dir).",
-                "background",
-            )
-        books = self.ledger.observer(principal, "http")
-        cache = self.ledger.http_cache(books.owner)
-        await self.ledger.warm(cache, request.previous_response_id, books.owner)
-        # Admitted with no await before it runs: requests arriving together cannot all
-        # pass the bound.
-        refusal = self.background.admit(books.owner)
-        if refusal is not None:
-            self.ledger.metrics.refusals.labels(refusal.code).inc()
-            raise refusal
-        exchange = _Exchange(books, cache)
-        connection = self._connection(scope, cache, principal, request_id, exchange, True)
-        job = Job(books.owner, request.stream, self.background.limits.event_bytes)
-        job.connection = connection
-        connection.receive_request(request, size, parse_ns, mcp)
-        self.background.run(job, self._run_background(connection, job))
-        error = await job.created
-        if error is not None:
-            await _reply_refusal(send, error)
-        elif request.stream:
-            await self._follow(receive, send, job, -1)
-        else:
-            await _reply(send, 200, job.queued)
-
-    async def _run_background(self, connection: Connection, job: Job) -> None:
-        """A background response's whole turn, in the job's task: no client watches it.
-        A cancel (`Job.cancel`) ends the response and cancels its generation; its
-        cancelled ending is then sent and committed from here."""
-        work = await self._send_actions(connection, await _rendered(connection), job.emit)
-        if work is not None and not job.cancelled:
-            generation = asyncio.ensure_future(self._generate(connection, work, job.emit))
-            job.generation = generation
-            await asyncio.wait((generation,))
-            if not generation.cancelled():
-                generation.result()
-        await self._send_actions(connection, connection.actions(), job.emit)
-
-    async def _follow(self, receive: Receive, send: Send, job: Job, after: int) -> None:
-        """SSE: `job`'s events after sequence number `after`, then the live ones until
-        it ends or the client goes away (which stops only this stream)."""
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        gone = asyncio.ensure_future(_disconnected(receive))
-        try:
-            sent = after + 1
-            while not gone.done():
-                while sent < len(job.events):
-                    frame = sse_frame(job.events[sent])
-                    await send({"type": "http.response.body", "body": frame, "more_body": True})
-                    sent += 1
-                if job.final or job.ended.is_set():
-                    break
-                changed = asyncio.ensure_future(job.changed())
-                await asyncio.wait((changed, gone), return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
-        finally:
-            gone.cancel()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _resume(
-        self, receive: Receive, send: Send, response_id: str, owner: str | None, after: int
-    ) -> None:
-        """`GET /v1/responses/{id}?stream=true&starting_after=N`: a streamed background
-        response's events after N, from this process while it runs here, else from the
-        store once it ended."""
-        job = self.background.live(response_id, owner)
-        if job is not None:
-            if not job.streamed:
-                raise _not_streamed(response_id)
-            if after >= len(job.events):
-                raise _past_last(after, len(job.events))
-            await self._follow(receive, send, job, after)
-            return
-        record = await self._background_record(response_id, owner)
-        if not record.streamed:
-            raise _not_streamed(response_id)
-        await self._follow_stored(receive, send, record, after)
-
-    async def _follow_stored(
-        self, receive: Receive, send: Send, record: BackgroundRecord, after: int
-    ) -> None:
-        """SSE from the store: the kept events after `after`, then, while the response
-        runs on another process, those it writes there (every `CANCEL_POLL` s), until it
-        ended or the client goes away."""
-        records = self.background.records
-        assert records is not None
-        async with self.reads.slot(record.owner):
-            count, events = await records.events(record.id, after)
-        if not record.live and count == 0:
-            raise ProtocolError(
-                "events_not_kept",
-                f"Response '{record.id}' failed with the process that ran it before any "
-                "of its events were written.",
-                "response_id",
-            )
-        if not record.live and after >= count:
-            raise _past_last(after, count)
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        gone = asyncio.ensure_future(_disconnected(receive))
-        try:
-            found: BackgroundRecord | None = record
-            while found is not None:
-                for event in events:
-                    body = sse_frame(event)
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
-                after += len(events)
-                if not found.live:
-                    break
-                # Polling the other process's writes, not synchronisation.
-                await asyncio.wait((gone,), timeout=CANCEL_POLL)
-                if gone.done():
-                    break
-                # The status first: once it ended, its last events are there too.
-                async with self.reads.slot(record.owner):
-                    found = await records.get(record.id, record.owner)
-                    _, events = await records.events(record.id, after)
-        finally:
-            gone.cancel()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _background_record(self, response_id: str, owner: str | None) -> BackgroundRecord:
-        """The store's record of a background response; 404 when there is no such
-        response, 400 when it is not a background one."""
-        records = self.background.records
-        store = self.ledger.store
-        if records is None or store is None:
-            raise _not_found(response_id)
-        async with self.reads.slot(owner):
-            record = await records.get(response_id, owner)
-            if record is not None:
-                return record
-            if await store.get(response_id, owner) is None:
-                raise _not_found(response_id)
-        raise ProtocolError(
-            "response_not_background",
-            f"Response '{response_id}' was not created with background=true: only "
-            "background responses can be cancelled or streamed again.",
-            "response_id",
-        )
-
-    async def _cancel(self, send: Send, response_id: str, owner: str | None) -> None:
-        """`POST /v1/responses/{id}/cancel`: a background response ends `cancelled`; one
-        that already ended answers as it ended (a cancel is idempotent, as OpenAI's)."""
-        job = self.background.live(response_id, owner)
-        if job is not None:
-            job.cancel()
-            while not (job.final or job.ended.is_set()):
-                await job.changed()
-            await _reply(send, 200, job.snapshot)
-            return
-        record = await self._background_record(response_id, owner)
-        if record.live:
-            record = await self._cancel_elsewhere(record)
-        store = self.ledger.store
-        found = None if store is None else await store.get(response_id, owner)
-        await _reply(send, 200, record.response if found is None else found)
-
-    async def _cancel_elsewhere(self, record: BackgroundRecord) -> BackgroundRecord:
-        """Ask the process running `record` to cancel it, and wait until it ended: the
-        process reads its cancels every `CANCEL_POLL` s; one that died meanwhile has
-        its response failed within a lease. Past that, 409."""
-        records = self.background.records
-        assert records is not None
-        await records.request_cancel(record.id)
-        waits = int((CANCEL_POLL + self.background.limits.lease) / CANCEL_WAIT) + 2
-        for _ in range(waits):
-            await asyncio.sleep(CANCEL_WAIT)  # polling the store, not synchronisation
-            found = await records.get(record.id, record.owner)
-            if found is None:
-                raise _not_found(record.id)  # deleted meanwhile
-            if not found.live:
-                return found
-        raise _elsewhere(record.id)
 
     async def _request(
         self, scope: Scope, receive: Receive, principal: str | None
@@ -579,9 +388,9 @@ class HttpApi:
         if not replies:
             return  # the client went away
         if _is_error(replies[-1]):
-            await _reply_refusal(send, replies[-1])
+            await reply_refusal(send, replies[-1])
         else:
-            await _reply(send, 200, replies[-1])
+            await reply(send, 200, replies[-1])
 
     async def _input_tokens(
         self, scope: Scope, receive: Receive, send: Send, principal: str | None, request_id: str
@@ -605,7 +414,7 @@ class HttpApi:
         except CoreError as e:
             raise ProtocolError.from_core(e) from e
         body = {"object": "response.input_tokens", "input_tokens": turn.prompt_tokens}
-        await _reply(send, 200, orjson.dumps(body))
+        await reply(send, 200, orjson.dumps(body))
 
     async def _stream(
         self, receive: Receive, send: Send, connection: Connection, actions: list[Any]
@@ -624,11 +433,11 @@ class HttpApi:
         """Send the frames so far, then run the engine work; a client that disconnects
         cancels generation (uvicorn's `send` to a closed connection is silent), and what
         the engine did until then is booked (`Connection.abandon`)."""
-        work = await self._send_actions(connection, actions, emit)
+        work = await self.send_actions(connection, actions, emit)
         if work is None:
             return
-        generation = asyncio.ensure_future(self._generate(connection, work, emit))
-        watcher = asyncio.ensure_future(_disconnected(receive))
+        generation = asyncio.ensure_future(self.generate(connection, work, emit))
+        watcher = asyncio.ensure_future(disconnected(receive))
         try:
             await asyncio.wait((generation, watcher), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -641,7 +450,7 @@ class HttpApi:
         else:
             generation.result()
 
-    async def _generate(self, connection: Connection, work: Generate, emit: Emit) -> None:
+    async def generate(self, connection: Connection, work: Generate, emit: Emit) -> None:
         """Run `work`, and the work it leads to (a compacted turn after its summary)."""
         session = self.ledger.engine.session()
         next_work: Generate | None = work
@@ -660,7 +469,7 @@ class HttpApi:
             stream = session.generate(work.prompt, work.sampling, work.route_key)
             async for ids in stream:
                 more = connection.engine_output(work.key, ids)
-                await self._send_actions(connection, connection.actions(), emit)
+                await self.send_actions(connection, connection.actions(), emit)
                 if not more:
                     break
             connection.engine_done(work.key, ENGINE_CACHED.get())
@@ -673,9 +482,9 @@ class HttpApi:
         finally:
             if stream is not None:
                 await close_stream(stream)
-        return await self._send_actions(connection, connection.actions(), emit)
+        return await self.send_actions(connection, connection.actions(), emit)
 
-    async def _send_actions(
+    async def send_actions(
         self, connection: Connection, actions: list[Any], emit: Emit
     ) -> Generate | None:
         """Emit the frames, commit a `Persist` before the frames after it (the terminal
@@ -701,12 +510,13 @@ class HttpApi:
     ) -> None:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         if _query(query, "stream") == "true":
-            await self._resume(receive, send, response_id, owner, _starting_after(query))
+            after = _starting_after(query)
+            await self.background_routes.resume(receive, send, response_id, owner, after)
             return
         job = self.background.live(response_id, owner)
         if job is not None:
             # A background response running here: its live status.
-            await _reply(send, 200, job.snapshot)
+            await reply(send, 200, job.snapshot)
             return
         store = self.ledger.store
         found = None
@@ -719,18 +529,18 @@ class HttpApi:
                     record = await records.get(response_id, owner)
                     found = None if record is None else record.response
         if found is None:
-            raise _not_found(response_id)
-        await _reply(send, 200, found)
+            raise not_found(response_id)
+        await reply(send, 200, found)
 
     async def _delete(self, send: Send, response_id: str, owner: str | None) -> None:
         store = self.ledger.store
         if store is None or not await store.delete(response_id, owner):
-            raise _not_found(response_id)
+            raise not_found(response_id)
         # A deleted response cannot be continued either: not over HTTP, nor on any
         # socket of its owner that holds it (the one that created it included).
         self.ledger.budget.evict_everywhere(response_id, owner)
         body = {"id": response_id, "object": "response", "deleted": True}
-        await _reply(send, 200, orjson.dumps(body))
+        await reply(send, 200, orjson.dumps(body))
 
     async def _input_items(
         self, scope: Scope, send: Send, response_id: str, owner: str | None
@@ -748,7 +558,7 @@ class HttpApi:
             )
         store = self.ledger.store
         if store is None:
-            raise _not_found(response_id)
+            raise not_found(response_id)
         async with self.reads.slot(owner):
             page = await store.list_input_items(
                 response_id,
@@ -758,9 +568,9 @@ class HttpApi:
                 after=_query(query, "after"),
             )
             if page is None:
-                raise _not_found(response_id)
+                raise not_found(response_id)
             # Under the key's slot too: a page of 15 MB is as long to write as to read.
-            await _reply(send, 200, page.body())
+            await reply(send, 200, page.body())
 
 
 class KeyedSlots:
@@ -786,23 +596,6 @@ class KeyedSlots:
                 self._slots[key] = (semaphore, users - 1)
 
 
-class _Exchange:
-    """The observer of one HTTP request's `Connection`: keeps the finished response
-    for the reply, drops `store=false` state from the process cache (nothing of such
-    a response outlives its request), and books the response."""
-
-    def __init__(self, books: Books, cache: ConnectionCache) -> None:
-        self._books = books
-        self._cache = cache
-        self.result: Finished | None = None
-
-    def finished(self, response: Finished) -> None:
-        self.result = response
-        if not response.request.store:
-            self._cache.evict(response.response_id)
-        self._books.ledger.record(response, "http")
-
-
 # The messages that open an HTTP response: a plain one, a WebSocket upgrade's
 # acceptance, and its refusal.
 RESPONSE_STARTS = frozenset(
@@ -823,32 +616,12 @@ def with_request_id(send: Send, request_id: str) -> Send:
     return stamped
 
 
-def sse_frame(frame: bytes) -> bytes:
-    """One server event as an SSE frame: `event: <type>`, `data: <payload>`."""
-    return b"event: " + _event_type(frame) + b"\ndata: " + frame + b"\n\n"
-
-
-def _event_type(frame: bytes) -> bytes:
-    # Every event is serialised with "type" first (events.py); fall back to parsing.
-    if frame.startswith(b'{"type":"'):
-        end = frame.find(b'"', 9)
-        if end > 9:
-            return frame[9:end]
-    kind = orjson.loads(frame).get("type", "message")
-    return str(kind).encode()
-
-
 def _is_error(frame: bytes) -> bool:
     return frame.startswith(b'{"type":"error"')
 
 
 async def _discard(frame: bytes) -> None:
     return None
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class _Reservation:
@@ -899,40 +672,6 @@ def _too_large(size: int, limit: int) -> ProtocolError:
     )
 
 
-def _not_found(response_id: str) -> ProtocolError:
-    return ProtocolError(
-        "response_not_found", f"No response found with id '{response_id}'.", status=404
-    )
-
-
-def _not_streamed(response_id: str) -> ProtocolError:
-    return ProtocolError(
-        "response_not_streamed",
-        f"Response '{response_id}' was not created with stream=true and background=true: "
-        "it has no events to stream again.",
-        "stream",
-    )
-
-
-def _past_last(after: int, count: int) -> ProtocolError:
-    return ProtocolError(
-        "invalid_value",
-        f"starting_after={after} is past the last event of this response (sequence number "
-        f"{count - 1}).",
-        "starting_after",
-    )
-
-
-def _elsewhere(response_id: str) -> ProtocolError:
-    return ProtocolError(
-        "response_running_elsewhere",
-        f"Response '{response_id}' runs on another hotloop process, which did not answer; "
-        "ask again through the same route (its session), or once it ended.",
-        "response_id",
-        status=409,
-    )
-
-
 def _starting_after(query: dict[str, list[str]]) -> int:
     text = _query(query, "starting_after")
     if text is None:
@@ -945,17 +684,6 @@ def _starting_after(query: dict[str, list[str]]) -> int:
             "starting_after",
         )
     return int(text)
-
-
-async def _rendered(connection: Connection) -> list[Any]:
-    """The connection's actions, a large request rendered off the event loop first (the
-    turn goes on after it)."""
-    actions = connection.actions()
-    work = next((a for a in actions if isinstance(a, Render)), None)
-    if work is not None:
-        await render_off_loop(connection, work)
-        actions = [a for a in actions if a is not work] + connection.actions()
-    return actions
 
 
 def _allow(method: str, *allowed: str) -> None:
@@ -1004,46 +732,9 @@ def _query(query: dict[str, list[str]], name: str) -> str | None:
     return values[0] if values else None
 
 
-async def _reply(
-    send: Send,
-    status: int,
-    body: bytes | list[bytes],
-    content_type: bytes = JSON,
-    retry_after: int | None = None,
-) -> None:
-    """Reply `body`, or a body given in pieces, written one piece at a time: the
-    server waits for the socket to drain between them, so that a large body neither
-    holds the event loop for its whole write nor is queued whole in its buffers."""
-    pieces = [body] if isinstance(body, bytes) else body
-    length = sum(map(len, pieces))
-    headers = [(b"content-type", content_type), (b"content-length", str(length).encode())]
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    if retry_after is not None:
-        headers.append((b"retry-after", str(retry_after).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    for piece in pieces[:-1]:
-        await send({"type": "http.response.body", "body": piece, "more_body": True})
-    await send({"type": "http.response.body", "body": pieces[-1] if pieces else b""})
-
-
 async def _error(send: Send, error: ProtocolError) -> None:
     body = error_body(error.code, error.message, error.param, error.status, error.retry_after)
-    await _reply(send, error.status, body, retry_after=error.retry_after)
-
-
-async def _reply_refusal(send: Send, frame: bytes) -> None:
-    """A request the protocol refused: the WebSocket envelope becomes status + body
-    (and its `error.headers["retry-after"]`, the HTTP header)."""
-    event = orjson.loads(frame)
-    error = event["error"]
-    retry_after = error.get("headers", {}).get("retry-after")
-    await _reply(
-        send,
-        event["status"],
-        orjson.dumps({"error": error}),
-        retry_after=None if retry_after is None else int(retry_after),
-    )
+    await reply(send, error.status, body, retry_after=error.retry_after)
 
 
 async def _reply_final(send: Send, finished: Finished | None) -> None:
@@ -1064,7 +755,7 @@ async def _reply_final(send: Send, finished: Finished | None) -> None:
             ),
         )
         return
-    await _reply(send, 200, finished.response_json)
+    await reply(send, 200, finished.response_json)
 
 
 __all__ = ["HttpApi", "sse_frame", "with_request_id"]
