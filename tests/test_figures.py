@@ -3,9 +3,10 @@
 A measured number in README.md is written as a link to its value: the results file and a
 JSON pointer (RFC 6901) in the fragment, `[1.016x](benches/results/agent.json#/speeds/0/
 runs/websocket/summary/ratio_to_ideal)`. Each must show the value at that pointer at the
-precision shown, and every number with a unit of time or a ratio sign in the README's
-prose must be so marked: a figure nobody can trace to a committed run fails CI. Every
-results file README.md and docs/ cite is one `make figures` writes (benches/figures.py).
+precision shown, and every number with a unit of time or size, a ratio sign or a load
+average in the README's prose must be so marked: a figure nobody can trace to a committed
+run fails CI. Every results file README.md and docs/ cite is one `make figures` writes
+(benches/figures.py).
 """
 
 from __future__ import annotations
@@ -25,8 +26,13 @@ from figures import FIGURES, HISTORICAL, TABLES, table_block  # noqa: E402 - ben
 README = ROOT / "README.md"
 MEASURED = re.compile(r"\[([^\]]*)\]\((benches/results/[^)#]+\.json)#([^)]*)\)")
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
-# A number followed by a unit of time or a ratio sign: a measurement, in prose.
-WITH_UNIT = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?\s?(?:x|ms|us|µs|s)\b")
+# A number followed by a unit of time or size, or a ratio sign: a measurement, in prose.
+WITH_UNIT = re.compile(
+    r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?\s?"
+    r"(?:x|ms|us|µs|s|min|minutes?|seconds?|hours?|[KMG]i?B|%)(?!\w)"
+)
+# The load a figure was measured under is a measurement too.
+LOAD = re.compile(r"load average\s+\d[\d.]*")
 
 
 def prose(text: str) -> str:
@@ -63,7 +69,7 @@ def test_a_marked_number_is_the_value_in_its_results_file(
 
 def test_every_number_with_a_unit_in_the_readme_is_marked() -> None:
     text = MEASURED.sub("", prose(README.read_text()))
-    assert WITH_UNIT.findall(text) == []
+    assert WITH_UNIT.findall(text) + LOAD.findall(text) == []
 
 
 def cited(pattern: str) -> set[tuple[str, str]]:
