@@ -21,7 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benches"))
-from figures import FIGURES, HISTORICAL, TABLES, table_block  # noqa: E402 - benches/ is not a package
+import figures  # noqa: E402 - benches/ is not a package
+from figures import FIGURES, HISTORICAL, TABLES, Figure, FigureFailed, table_block  # noqa: E402
 
 README = ROOT / "README.md"
 MEASURED = re.compile(r"\[([^\]]*)\]\((benches/results/[^)#]+\.json)#([^)]*)\)")
@@ -97,3 +98,43 @@ def test_the_docs_tables_are_written_from_their_results(name: str) -> None:
     (`make figures` or `python benches/figures.py tables` rewrites it)."""
     _, held, written = table_block(name)
     assert held == written
+
+
+def python(code: str) -> tuple[tuple[str, ...], ...]:
+    return ((sys.executable, "-c", code),)
+
+
+def test_a_figure_records_what_its_command_printed_where_and_how_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(figures, "RESULTS", tmp_path)
+    figures.run(Figure("printed", python("print('{\"ratio\": 2.5}')"), ()))
+    recorded = json.loads((tmp_path / "printed.json").read_text())
+    assert recorded["runs"][0]["json"] == [{"ratio": 2.5}]
+    assert recorded["provenance"]["seconds"] >= 0
+    assert recorded["provenance"]["commit"]
+
+
+def test_a_results_file_its_commands_did_not_write_is_never_stamped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A figure declared as writing its own file (`bench_load_burst.py` was, and only
+    printed) would have had an old run's file stamped with this commit's provenance."""
+    monkeypatch.setattr(figures, "RESULTS", tmp_path)
+    old = '{"before": 1}'
+    (tmp_path / "stale.json").write_text(old)
+    with pytest.raises(FigureFailed, match=r"did not write stale\.json"):
+        figures.run(Figure("stale", python("pass"), (), writes=("stale.json",)))
+    assert (tmp_path / "stale.json").read_text() == old
+
+
+def test_a_results_file_its_commands_wrote_is_never_replaced_by_their_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bench_failover.py` writes failover.json itself; kept as printed output, its
+    report (the fault lines it prints are not JSON lines) would have been replaced."""
+    monkeypatch.setattr(figures, "RESULTS", tmp_path)
+    own = tmp_path / "own.json"
+    with pytest.raises(FigureFailed, match=r"wrote own\.json"):
+        figures.run(Figure("own", python(f"open({str(own)!r}, 'w').write('{{}}')"), ()))
+    assert own.read_text() == "{}"
