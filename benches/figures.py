@@ -151,8 +151,8 @@ FIGURES = (
     Figure(
         "ratios",
         _commands(
-            ".venv/bin/pytest benches/test_ratios.py benches/test_store_ratios.py -q -s "
-            "--benchmark-disable"
+            ".venv/bin/pytest benches/test_ratios.py benches/test_store_ratios.py "
+            "benches/test_peers_ratios.py -q -s --benchmark-disable"
         ),
         (BENCHMARKS,),
     ),

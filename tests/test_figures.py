@@ -88,7 +88,7 @@ def test_every_cited_results_file_is_written_by_make_figures() -> None:
 
 def test_every_benchmark_script_the_docs_cite_is_run_by_make_figures() -> None:
     run = {part for figure in FIGURES for command in figure.commands for part in command}
-    scripts = cited(r"benches/bench_\w+\.py")
+    scripts = cited(r"benches/(?:bench|test)_\w+\.py")
     assert sorted(c for c in scripts if c[1] not in run) == []
 
 
