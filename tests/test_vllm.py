@@ -37,9 +37,9 @@ RUNNING = "vllm:num_requests_running"
 HITS = "vllm:prefix_cache_hits_total"
 SAMPLED = "vllm:generation_tokens_total"
 # How many tokens vLLM may still sample once a response is stopped: the stop reaches it
-# within a few engine steps, while the story it was asked for runs to hundreds of tokens.
-# Counted in vLLM's own tokens, not seconds: a loaded machine slows its steps and the
-# stop alike.
+# within a few engine steps (0 tokens measured), while the story, left alone, runs to its
+# 2,000-token cap (1,999 after the first delta, measured). Counted in vLLM's own tokens,
+# not seconds: a loaded machine slows its steps and the stop alike.
 SAMPLED_AFTER_STOP = 64
 TOOLS = [
     {
