@@ -7,7 +7,8 @@ handshake time. One `hotloop serve` process, sim engine.
 
     python benches/bench_load_burst.py    # prints one JSON line
 
-`load_burst.json` holds runs before and after the offload, alternated back to back.
+`benches/results/load_burst_before_after.json` holds runs before and after the
+offload, alternated back to back.
 """
 
 from __future__ import annotations

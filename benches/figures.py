@@ -9,10 +9,13 @@ those files.
     .venv/bin/python benches/figures.py changes [REV]   # what moved since REV (HEAD)
 
 `run` executes each figure's commands from the repository root. A command that writes
-its own results JSON (`hotloop bench agent|load`, `bench_load_burst.py`) gets the
+its own results JSON (`hotloop bench agent|load`, `bench_failover.py`) gets the
 provenance added to that file; for the others, `benches/results/<name>.json` holds, per
-command, every JSON line it printed and its whole output. All of them take minutes and
-load both cores: run them on a quiet machine, one at a time (they run in sequence).
+command, every JSON line it printed and its whole output. A figure whose commands did
+not rewrite the file it declares, or rewrote the one `run` keeps their output in, fails
+and leaves the file as it was: no results file claims a run that did not write it. All
+of them take minutes and load both cores: run them on a quiet machine, one at a time
+(they run in sequence).
 
 `tables` rewrites, from the results files, the blocks of docs/ between
 `<!-- figures:NAME -->` and `<!-- /figures:NAME -->`, and recomputes the summaries of
@@ -114,9 +117,7 @@ FIGURES = (
         (BENCHMARKS,),
         writes=("load.json",),
     ),
-    Figure(
-        "load_burst", _scripts("bench_load_burst.py"), (BENCHMARKS,), writes=("load_burst.json",)
-    ),
+    Figure("load_burst", _scripts("bench_load_burst.py"), (BENCHMARKS,)),
     Figure("ws_turn", _scripts("bench_ws_turn.py"), (BENCHMARKS,)),
     Figure("http_turn", _scripts("bench_http_turn.py"), (BENCHMARKS,)),
     Figure("ws_stream", _scripts("bench_ws_stream.py --rounds 7"), (BENCHMARKS,)),
@@ -150,8 +151,8 @@ FIGURES = (
     Figure(
         "ratios",
         _commands(
-            ".venv/bin/pytest benches/test_ratios.py benches/test_store_ratios.py -q -s "
-            "--benchmark-disable"
+            ".venv/bin/pytest benches/test_ratios.py benches/test_store_ratios.py "
+            "benches/test_peers_ratios.py -q -s --benchmark-disable"
         ),
         (BENCHMARKS,),
     ),
@@ -183,7 +184,8 @@ FIGURES = (
     Figure(
         "failover",
         _scripts("bench_failover.py --runs 2 --samples 3"),
-        ("docs/operations.md",),
+        ("docs/operations.md", BENCHMARKS),
+        writes=("failover.json",),
     ),
     Figure("steer", _scripts("bench_steer.py"), ("docs/steering.md",)),
     Figure(
@@ -241,6 +243,8 @@ BY_NAME = {figure.name: figure for figure in FIGURES}
 # docs describe: `make figures` cannot rerun them, and does not touch them.
 HISTORICAL = {
     "load_before.json": "`hotloop bench load` before large inputs were rendered off the loop",
+    "load_burst_before_after.json": "`bench_load_burst.py`, 7 runs each before and after "
+    "large inputs were rendered off the loop, alternated",
 }
 
 
@@ -291,9 +295,17 @@ def json_lines(text: str) -> list[Any]:
     return found
 
 
+def modified(figure: Figure) -> dict[str, int | None]:
+    """When each of the figure's results files was last written (None: absent)."""
+    paths = {name: RESULTS / name for name in figure.files}
+    return {name: p.stat().st_mtime_ns if p.exists() else None for name, p in paths.items()}
+
+
 def run(figure: Figure) -> None:
-    """Run the figure's commands in sequence; record what they measured and where."""
-    started = provenance()
+    """Run the figure's commands in sequence; record what they measured, where, and how
+    long it took."""
+    started, clock = provenance(), time.monotonic()
+    before = modified(figure)
     runs = []
     for command in figure.commands:
         print(f"\n$ {' '.join(command)}", flush=True)
@@ -304,7 +316,17 @@ def run(figure: Figure) -> None:
         runs.append(
             {"command": " ".join(command), "json": json_lines(done.stdout), "stdout": done.stdout}
         )
-    recorded = {**started, "load_average_at_end": list(os.getloadavg())}
+    rewritten = {name for name, stamp in modified(figure).items() if stamp != before[name]}
+    if figure.writes and rewritten != set(figure.writes):
+        missed = ", ".join(sorted(set(figure.writes) - rewritten))
+        raise FigureFailed(f"{figure.name}: its commands did not write {missed}")
+    if not figure.writes and rewritten:
+        raise FigureFailed(f"{figure.name}: its commands wrote {figure.files[0]}: declare it")
+    recorded = {
+        **started,
+        "load_average_at_end": list(os.getloadavg()),
+        "seconds": round(time.monotonic() - clock, 1),
+    }
     if figure.writes:
         for name in figure.writes:
             path = RESULTS / name
