@@ -37,9 +37,10 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -359,75 +360,410 @@ def resummarise(path: Path) -> dict[str, Any]:
     return results
 
 
+Cells = Sequence[str]
+
+
+def markdown(header: Cells, rows: Iterable[Cells]) -> str:
+    """A markdown table, as docs/ writes them."""
+    line = "| {} |".format
+    return "\n".join(
+        [line(" | ".join(header)), "|" + "---|" * len(header)]
+        + [line(" | ".join(row)) for row in rows]
+    )
+
+
+def printed(results: dict[str, Any], command: int = 0) -> list[Any]:
+    """The JSON lines one of a figure's commands printed (`run` keeps them)."""
+    found: list[Any] = results["runs"][command]["json"]
+    return found
+
+
+def ms(value: float, decimals: int = 1) -> str:
+    return f"{value:,.{decimals}f} ms"
+
+
+def mode_label(mode: str) -> str:
+    """`peer_open-model_http_full` -> `peer (open-model), http_full`."""
+    if not mode.startswith("peer_"):
+        return mode
+    peer, rest = mode.removeprefix("peer_").split("_", 1)
+    return f"peer ({peer}), {rest}"
+
+
 def agent_table(results: dict[str, Any]) -> str:
-    """docs/benchmarks.md's agent-loop table: time / ideal, server CPU per turn, time
-    to first token and what the server added to it, per speed and mode."""
-    rows = [
-        "| tok/s | mode | time / ideal | server CPU / turn | TTFT p50 | added TTFT p50 |",
-        "|---|---|---|---|---|---|",
-    ]
+    """The agent-loop tables: time / ideal, server CPU per turn, time to first token
+    and what the server added to it, per speed and mode."""
+    rows = []
     for speed in results["speeds"]:
         for mode, run in speed["runs"].items():
             s = run["summary"]
-            label = mode.replace("peer_harmony_", "peer (harmony), ")
             ratio = f"{s['ratio_to_ideal']:.3f}"
-            if mode == "websocket":
-                ratio = f"**{ratio}**"
             rows.append(
-                f"| {speed['tokens_per_second']:,.0f} | {label} | {ratio} | "
-                f"{s['server_cpu_per_turn_ms_median']:.1f} ms | {s['ttft_p50_ms']:.0f} ms | "
-                f"{s['added_ttft_p50_ms']:.1f} ms |"
+                (
+                    f"{speed['tokens_per_second']:,.0f}",
+                    mode_label(mode),
+                    f"**{ratio}**" if mode == "websocket" else ratio,
+                    ms(s["server_cpu_per_turn_ms_median"]),
+                    ms(s["ttft_p50_ms"], 0),
+                    ms(s["added_ttft_p50_ms"]),
+                )
             )
-    return "\n".join([*rows, "", measured(results, "agent.json")])
+    header = ("tok/s", "mode", "time / ideal", "server CPU / turn", "TTFT p50")
+    return markdown((*header, "added TTFT p50"), rows)
 
 
 def load_table(results: dict[str, Any]) -> str:
     """docs/benchmarks.md's concurrency table, per worker count and number of agents."""
+    header = (
+        *("workers", "agents", "turns/s", "streamed tok/s", "TTFT p50", "TTFT p99"),
+        *("server CPU", "client CPU", "RSS / connection"),
+    )
     rows = [
-        "| workers | agents | turns/s | streamed tok/s | TTFT p50 | TTFT p99 | server CPU "
-        "| client CPU | RSS / connection |",
-        "|---|---|---|---|---|---|---|---|---|",
+        (
+            str(p["workers"]),
+            str(p["agents"]),
+            f"{p['turns_per_s']:.1f}",
+            f"{p['tokens_per_s']:,.0f}",
+            ms(p["ttft_p50_ms"], 0),
+            ms(p["ttft_p99_ms"], 0),
+            f"{p['server_cpu_cores']:.2f} cores",
+            f"{p['client_cpu_cores']:.2f}",
+            f"{p['rss_per_connection_kb']:.0f} KB",
+        )
+        for series in results["series"]
+        for p in series["points"]
     ]
-    for series in results["series"]:
-        for p in series["points"]:
+    return markdown(header, rows)
+
+
+# bench_peers.py's name for a configuration -> the docs' (see benchmarks.md's legend)
+PEER_SYSTEMS = {"hotloop+nofsync": "hotloop, process-crash"}
+
+
+def peers_tables(results: dict[str, Any]) -> str:
+    """The side-by-side tables, one per speed and upstream."""
+    header = (
+        *("system, mode", "loop / ideal", "TTFT, last 10 turns", "TTFT - floor"),
+        *("gateway CPU / turn", "upstream CPU / turn", "last token -> terminal"),
+    )
+    blocks = []
+    for c in results["configurations"]:
+        rows = []
+        for key, r in c["systems"].items():
+            system, mode = key.rsplit(" ", 1)
             rows.append(
-                f"| {p['workers']} | {p['agents']} | {p['turns_per_s']:.1f} | "
-                f"{p['tokens_per_s']:,.0f} | {p['ttft_p50_ms']:.0f} ms | "
-                f"{p['ttft_p99_ms']:.0f} ms | {p['server_cpu_cores']:.2f} cores | "
-                f"{p['client_cpu_cores']:.2f} | {p['rss_per_connection_kb']:.0f} KB |"
+                (
+                    f"{PEER_SYSTEMS.get(system, system)} {mode}",
+                    f"{r['loop_over_ideal']:.3f}",
+                    ms(r["ttft_ms"]),
+                    f"{r['ttft_over_floor_ms']:+.1f} ms",
+                    ms(r["gateway_cpu_ms_per_turn"], 2),
+                    ms(r["upstream_cpu_ms_per_turn"], 2),
+                    ms(r["tail_ms"], 2),
+                )
             )
-    return "\n".join([*rows, "", measured(results, "load.json")])
+        title = f"**{c['tokens_per_second']:g} tok/s, upstream {c['upstream']}"
+        blocks.append(f"{title} (ideal {c['ideal_s']:.2f} s)**\n\n{markdown(header, rows)}")
+    return "\n\n".join(blocks)
+
+
+def peers_history_table(*runs: dict[str, Any]) -> str:
+    """Per-turn cost against history length: one results file per length."""
+    systems = [r["configurations"][0]["systems"] for r in runs]
+    tokens = [s["hotloop websocket"]["input_tokens_last"] for s in systems]
+    spread = f"{tokens[-1] // 1000}k / {tokens[0] // 1000}k"
+    rows = []
+    for label, key, field in (
+        ("hotloop, CPU per turn", "hotloop websocket", "gateway_cpu_ms_per_turn"),
+        ("before, CPU per turn", "hotloop@before websocket", "gateway_cpu_ms_per_turn"),
+        (
+            "floor (the client's own request, upstream side)",
+            "floor http_full",
+            "gateway_cpu_ms_per_turn",
+        ),
+        ("hotloop, time to first token (last 10 turns)", "hotloop websocket", "ttft_ms"),
+        ("before, time to first token", "hotloop@before websocket", "ttft_ms"),
+        ("floor, time to first token", "floor http_full", "ttft_ms"),
+    ):
+        values = [s[key][field] for s in systems]
+        cpu = field.startswith("gateway")
+        growth = f"**{values[-1] / values[0]:.2f}x**" if cpu else ""
+        rows.append((label, *(ms(v, 2 if cpu else 1) for v in values), growth))
+    return markdown(("history at the last turn", *(f"{t:,}" for t in tokens), spread), rows)
+
+
+# bench_vllm.py's path -> (the medians' row, the per-turn rows)
+VLLM_PATHS = {
+    "hotloop": ("hotloop WebSocket (token ids)", "hotloop"),
+    "agentic-api": ("agentic-api WebSocket (vLLM `/v1/responses`)", "agentic-api"),
+    "vllm": ("vLLM `POST /v1/responses` (whole history)", "vLLM"),
+}
+
+
+def vllm_tables(results: dict[str, Any]) -> str:
+    """One real vLLM, three paths: the medians, then every turn's time to first token."""
+    (run,) = printed(results)
+    paths = run["paths"]
+    rows = []
+    for name, p in paths.items():
+        before = f"**{ms(median(p['before_engine_ms']))}**"
+        if p["own_overhead_ms"]:
+            before += f" (`hotloop_turn_overhead_seconds`: {ms(median(p['own_overhead_ms']))})"
+        rows.append(
+            (
+                VLLM_PATHS.get(name, (name,))[0],
+                f"{p['total_s']:.1f} s",
+                ms(median(p["ttft_ms"]), 0),
+                ms(median(p["engine_ttft_ms"]), 0),
+                before,
+            )
+        )
+    header = ("path", f"total, {run['turns']} turns", "median TTFT", "median engine TTFT")
+    blocks = [
+        markdown((*header, "median before the engine"), rows),
+        "Per turn (time to first token, ms; the prompt is the same for the three):",
+    ]
+    turns = range(run["turns"])
+    for first in turns[::10]:
+        shown = turns[first : first + 10]
+        prompt = ("prompt", *(str(paths["hotloop"]["prompt_tokens"][t]) for t in shown))
+        ttft = [
+            (VLLM_PATHS.get(name, (name, name))[1], *(f"{p['ttft_ms'][t]:.0f}" for t in shown))
+            for name, p in paths.items()
+        ]
+        blocks.append(markdown(("turn", *(str(t + 1) for t in shown)), [prompt, *ttft]))
+    return "\n\n".join(blocks)
+
+
+def prewarm_table(results: dict[str, Any]) -> str:
+    (run,) = printed(results)
+    return markdown(
+        ("turn", "TTFT"),
+        [
+            ("cold (the whole prompt evaluated)", ms(run["cold_ttft_ms"], 0)),
+            ("after a prewarm (one id evaluated)", ms(run["prewarmed_ttft_ms"], 0)),
+            ("ratio cold/prewarmed", f"{run['ratio_cold_over_prewarmed']:.0f}"),
+        ],
+    )
+
+
+def http_turn_table(results: dict[str, Any]) -> str:
+    (run,) = printed(results)
+    return markdown(
+        ("sent as", "server time to the engine, p50", "p50 of the last 10 turns"),
+        [
+            (
+                "`previous_response_id`",
+                ms(run["previous_p50_ms"], 2),
+                ms(run["previous_last10_p50_ms"], 2),
+            ),
+            ("full history", ms(run["full_p50_ms"]), ms(run["full_last10_p50_ms"])),
+            ("full / previous (last 10)", "", f"{run['full_over_previous_last10']:.1f}x"),
+        ],
+    )
+
+
+def store_sigkill_table(results: dict[str, Any]) -> str:
+    rows = []
+    for key, label in (
+        ("sigkill_before", "before (put after the terminal event, `--tree /tmp/old`)"),
+        ("sigkill_after", "commit before acknowledge"),
+    ):
+        runs = results[key]["runs"]
+        acknowledged = sum(r["acknowledged"] for r in runs)
+        lost = sum(r["lost"] for r in runs)
+        per_run = ", ".join(str(r["lost"]) for r in runs)
+        shown = f"{lost} ({lost / acknowledged:.1%}; {per_run} per run)" if lost else "**0**"
+        rows.append((label, f"{acknowledged:,}", shown))
+    return markdown(("code", "acknowledged", "lost"), rows)
+
+
+def store_commit_table(results: dict[str, Any]) -> str:
+    rows = [
+        (
+            f"{label}, {r['window_ms']:g} ms",
+            str(r["together"]),
+            ms(r["wait_p50_ms"]),
+            ms(r["wait_p99_ms"]),
+            f"{r['commits_per_s']:,.0f}",
+            f"{r['responses_per_s']:,.0f}",
+        )
+        for key, label in (("commit_sqlite", "SQLite"), ("commit_postgresql", "PostgreSQL"))
+        for r in results[key]["runs"]
+    ]
+    header = ("store, window", "N at once", "wait p50", "wait p99", "commits/s", "responses/s")
+    return markdown(header, rows)
+
+
+FAULTS = {"kill": "SIGKILL", "hang": "SIGSTOP", "drain": "drain", "store": "PostgreSQL stopped"}
+
+
+def failover_faults_table(results: dict[str, Any]) -> str:
+    rows = []
+    for kind, f in results["faults"].items():
+        detected = f["detection_s"]
+        rows.append(
+            (
+                FAULTS.get(kind, kind),
+                str(f["acknowledged"]),
+                f"**{f['acknowledged_lost']}**",
+                str(f["failed_responses"]),
+                f"{f['conversations_finished']}/{f['conversations']}",
+                f"{f['prompts_identical_to_control']}/{f['runs']} runs",
+                f"{f['failover_p50_s']:.2f} s / {f['failover_p99_s']:.2f} s",
+                f"{min(detected):.2f}-{max(detected):.2f} s" if detected else "",
+            )
+        )
+    header = (
+        *("fault", "acknowledged", "acknowledged lost", "failed responses"),
+        *("conversations finished", "prompts identical to the undisturbed run"),
+        *("failover p50 / p99 (fault to the first delta of the retried turn)",),
+        *("HAProxy took the node out after",),
+    )
+    return markdown(header, rows)
+
+
+def failover_continuation_table(results: dict[str, Any]) -> str:
+    rows = [
+        (
+            f"{c['history_tokens'] // 1000}k tokens",
+            ms(c["same_node_ms"], 0),
+            ms(c["other_node_ms"], 0),
+            str(c["samples"]),
+        )
+        for c in results["continuation"]
+    ]
+    return markdown(("history", "same node", "other node", "chains (median)"), rows)
+
+
+def failover_prefix_cache_table(results: dict[str, Any]) -> str:
+    rows = [
+        (
+            p["routing"],
+            f"{round(p['history_hits'] * p['turns_after_a_node_change'])}/"
+            f"{p['turns_after_a_node_change']} ({p['history_hits']:.0%})",
+            f"{p['prefill_tokens_per_turn']:,.0f}",
+            f"{p['cached_share']:.0%}",
+        )
+        for p in results["prefix_cache"]
+    ]
+    header = ("routing", "history hits", "prefill tokens per turn", "prompt tokens cached")
+    return markdown(header, rows)
+
+
+def mcp_loop_table(results: dict[str, Any]) -> str:
+    """bench_mcp_loop.py prints its table as markdown (no JSON line): the recorded
+    output's table rows, as they are."""
+    lines = results["runs"][0]["stdout"].splitlines()
+    return "\n".join(line for line in lines if line.startswith("|"))
+
+
+def attacker(figures: dict[str, Any]) -> str:
+    """What an abuse scenario's attacker did, `{"refused": {"x": 8}}` -> `refused x 8`."""
+    return ", ".join(
+        f"{key} {attacker(value) if isinstance(value, dict) else value}"
+        for key, value in figures.items()
+    )
+
+
+def abuse_table(results: dict[str, Any]) -> str:
+    """The abuse suite's victim per scenario; the before columns while the file holds
+    the before/after run (`make figures` records the current code only)."""
+    now = results.get("now") or printed(results)
+    before = {r["attack"]: r for r in results.get("before_8c2e08d", ())}
+
+    def victim(r: dict[str, Any] | None) -> tuple[str, str]:
+        if r is None:
+            return ("", "")
+        return (f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} ms", f"{r['peak_rss_mib']} MiB")
+
+    rows = [
+        (
+            r["attack"],
+            *victim(before.get(r["attack"])),
+            *victim(r),
+            str(r["loop_stalls"]),
+            attacker(
+                {**r["attacker"], **{k[9:]: v for k, v in r.items() if k.startswith("attacker_")}}
+            ),
+        )
+        for r in now
+    ]
+    header = (
+        *("scenario (in run order)", "before: victim p50 / p99", "before: peak RSS"),
+        *("now: victim p50 / p99", "now: peak RSS", "now: loop stalls", "now: the attacker"),
+    )
+    return markdown(header, rows)
 
 
 def measured(results: dict[str, Any], name: str) -> str:
     """The line under a table: where and when its results file was measured."""
     where = results.get("provenance")
-    if where is None:  # a run from before `make figures` recorded where it ran
-        load = results["machine"]["load_average_at_start"][0]
+    path = f"`benches/results/{name}`"
+    if where is not None:
         return (
-            f"Measured before the results recorded their commit and date, load average "
-            f"{load:.1f} at the start; `benches/results/{name}`."
+            f"Measured {where['date'][:10]} (commit {where['commit'][:7]}), load average "
+            f"{where['load_average'][0]:.1f} at the start; {path}."
         )
-    return (
-        f"Measured {where['date'][:10]} (commit {where['commit'][:7]}), load average "
-        f"{where['load_average'][0]:.1f} at the start; `benches/results/{name}`."
+    # runs from before `make figures` recorded where they ran
+    machine = results.get("machine")
+    load = results.get("load_average_at_start") or (
+        machine.get("load_average_at_start") if isinstance(machine, dict) else None
     )
+    at = f", load average {load[0]:.1f} at the start" if load else ""
+    if "date" in results:
+        when = f"{results['date'][:10]}, before the results recorded their commit"
+        return f"Measured {when}{at}; {path}."
+    return f"Measured before the results recorded their commit and date{at}; {path}."
 
 
-TABLES: dict[str, tuple[str, str, Callable[[dict[str, Any]], str]]] = {
-    "agent": (BENCHMARKS, "agent.json", agent_table),
-    "load": (BENCHMARKS, "load.json", load_table),
+@dataclass(frozen=True)
+class Table:
+    """A block of a page between `<!-- figures:NAME -->` markers, rendered from its
+    results files (the renderer takes each file's document, in order)."""
+
+    page: str
+    files: tuple[str, ...]
+    render: Callable[..., str]
+
+
+TABLES: dict[str, Table] = {
+    "agent": Table(BENCHMARKS, ("agent.json",), agent_table),
+    "agent_smollm2": Table(BENCHMARKS, ("agent_smollm2.json",), agent_table),
+    "agent_qwen3": Table(BENCHMARKS, ("agent_qwen3.json",), agent_table),
+    "load": Table(BENCHMARKS, ("load.json",), load_table),
+    "peers": Table(BENCHMARKS, ("peers.json",), peers_tables),
+    "peers_history": Table(
+        BENCHMARKS,
+        tuple(f"peers_history_{n}.json" for n in (10000, 60000, 250000)),
+        peers_history_table,
+    ),
+    "vllm": Table(BENCHMARKS, ("vllm.json",), vllm_tables),
+    "prewarm": Table(BENCHMARKS, ("prewarm.json",), prewarm_table),
+    "http_turn": Table(BENCHMARKS, ("http_turn.json",), http_turn_table),
+    "store_sigkill": Table(BENCHMARKS, ("store.json",), store_sigkill_table),
+    "store_commit": Table(BENCHMARKS, ("store.json",), store_commit_table),
+    "failover_faults": Table(BENCHMARKS, ("failover.json",), failover_faults_table),
+    "failover_continuation": Table(BENCHMARKS, ("failover.json",), failover_continuation_table),
+    "failover_prefix_cache": Table(BENCHMARKS, ("failover.json",), failover_prefix_cache_table),
+    "mcp_loop": Table(BENCHMARKS, ("mcp_loop.json",), mcp_loop_table),
+    "abuse": Table("docs/hardening.md", ("abuse.json",), abuse_table),
 }
 
 
-def table_block(name: str) -> tuple[Path, str, str]:
+def table_block(name: str) -> tuple[Path, str, str | None]:
     """Table `name`'s page, the block the page holds now and the block its results
-    file gives."""
-    page, results_file, table = TABLES[name]
-    doc = ROOT / page
+    files give (None while one of them is missing: nothing measured it yet)."""
+    table = TABLES[name]
+    doc = ROOT / table.page
     start, end = f"<!-- figures:{name} -->\n", f"<!-- /figures:{name} -->"
     held = doc.read_text().split(start, 1)[1].split(end, 1)[0]
-    return doc, held, table(json.loads((RESULTS / results_file).read_text())) + "\n"
+    paths = [RESULTS / f for f in table.files]
+    if not all(p.exists() for p in paths):
+        return doc, held, None
+    documents = [json.loads(p.read_text()) for p in paths]
+    lines = [measured(d, f) for d, f in zip(documents, table.files, strict=True)]
+    return doc, held, "\n".join([table.render(*documents), "", *lines]) + "\n"
 
 
 def write_tables() -> None:
@@ -435,6 +771,10 @@ def write_tables() -> None:
         resummarise(path)
     for name in TABLES:
         doc, held, written = table_block(name)
+        if written is None:
+            missing = ", ".join(f for f in TABLES[name].files if not (RESULTS / f).exists())
+            print(f"{TABLES[name].page}: figures:{name} left as it is ({missing} missing)")
+            continue
         marker = f"<!-- figures:{name} -->\n"
         doc.write_text(doc.read_text().replace(marker + held, marker + written, 1))
 
