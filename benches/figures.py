@@ -18,9 +18,12 @@ of them take minutes and load both cores: run them on a quiet machine, one at a 
 (they run in sequence).
 
 `tables` rewrites, from the results files, the blocks of docs/ between
-`<!-- figures:NAME -->` and `<!-- /figures:NAME -->`, and recomputes the summaries of
-the agent-loop results from their recorded turns (so a summary field added later, such
-as the server's added time to first token, exists for earlier runs too).
+`<!-- figures:NAME -->` and `<!-- /figures:NAME -->` (TABLES: one renderer per block,
+each block ending with its files' provenance), and recomputes the summaries of the
+agent-loop results from their recorded turns (so a summary field added later, such as
+the server's added time to first token, exists for earlier runs too). A block whose
+results file does not exist yet (no run recorded it) is left as it is, and `tables`
+says so. tests/test_figures.py lists the measured tables no block holds, with why.
 
 README.md marks a measured number as a link to the value in its results file, a JSON
 pointer in the fragment: `[1.016x](benches/results/agent.json#/speeds/0/runs/...)`;
@@ -412,6 +415,32 @@ def agent_table(results: dict[str, Any]) -> str:
     return markdown((*header, "added TTFT p50"), rows)
 
 
+def long_running_table(results: dict[str, Any]) -> str:
+    """The long-running response against the `previous_response_id` chain, per speed."""
+    rows = []
+    for speed in results["speeds"]:
+        chain = speed["runs"]["websocket"]["summary"]
+        for mode, run in speed["runs"].items():
+            s = run["summary"]
+            versus = s["wall_s"] / chain["wall_s"]
+            rows.append(
+                (
+                    f"{speed['tokens_per_second']:,.0f}",
+                    "websocket (chain)" if mode == "websocket" else mode,
+                    f"{s['ratio_to_ideal']:.3f}",
+                    "1" if mode == "websocket" else f"**{versus:.4f}**",
+                    ms(s["server_cpu_per_turn_ms_median"], 2),
+                    ms(s["ttft_p50_ms"], 0),
+                    f"{s['new_prompt_tokens_per_turn']:,.1f}",
+                )
+            )
+    header = (
+        *("tok/s", "mode", "time / ideal", "vs chain", "server CPU / round trip"),
+        *("TTFT p50", "new prompt tokens / round trip"),
+    )
+    return markdown(header, rows)
+
+
 def load_table(results: dict[str, Any]) -> str:
     """docs/benchmarks.md's concurrency table, per worker count and number of agents."""
     header = (
@@ -434,6 +463,57 @@ def load_table(results: dict[str, Any]) -> str:
         for p in series["points"]
     ]
     return markdown(header, rows)
+
+
+def load_burst_table(results: dict[str, Any]) -> str:
+    """The burst of large first requests, before and after they were rendered off the
+    loop: medians of the alternated runs."""
+
+    def row(label: str, runs: list[dict[str, float]]) -> Cells:
+        def m(field: str) -> float:
+            return median(r[field] for r in runs)
+
+        return (
+            label,
+            f"{m('burst_s'):.2f} s",
+            ms(m("probe_created_max_ms"), 0),
+            ms(m("probe_created_p50_ms"), 0),
+            f"{m('handshake_p50_ms'):.0f} / {ms(m('handshake_max_ms'), 0)}",
+        )
+
+    header = (
+        *("", "burst done", "probe's worst wait for `response.created`", "probe p50"),
+        *("handshake p50 / max",),
+    )
+    return markdown(
+        header,
+        [
+            row("before (render on the loop)", results["before"]["runs"]),
+            row("after (render in a thread)", results["after"]["runs"]),
+        ],
+    )
+
+
+def ws_turn_table(results: dict[str, Any]) -> str:
+    """A `response.create` up to the engine call against history length, in process."""
+
+    def tokens(n: int) -> str:
+        return f"{n / 1e6:.1f}M" if n >= 1_000_000 else f"{n / 1000:.1f}k".replace(".0k", "k")
+
+    (rows,) = printed(results)
+    header = ("history (tokens)", "WebSocket continuation", "full history on a fresh connection")
+    return markdown(
+        (*header, "ratio"),
+        [
+            (
+                tokens(r["history_tokens"]),
+                ms(r["ws_p50_ms"], 3),
+                ms(r["full_p50_ms"], 2),
+                f"{r['full_p50_ms'] / r['ws_p50_ms']:.0f}x",
+            )
+            for r in rows
+        ],
+    )
 
 
 # bench_peers.py's name for a configuration -> the docs' (see benchmarks.md's legend)
@@ -732,6 +812,11 @@ TABLES: dict[str, Table] = {
     "agent_smollm2": Table(BENCHMARKS, ("agent_smollm2.json",), agent_table),
     "agent_qwen3": Table(BENCHMARKS, ("agent_qwen3.json",), agent_table),
     "load": Table(BENCHMARKS, ("load.json",), load_table),
+    "long_running": Table(BENCHMARKS, ("long_running/agent.json",), long_running_table),
+    "load_burst_before_after": Table(
+        BENCHMARKS, ("load_burst_before_after.json",), load_burst_table
+    ),
+    "ws_turn": Table(BENCHMARKS, ("ws_turn.json",), ws_turn_table),
     "peers": Table(BENCHMARKS, ("peers.json",), peers_tables),
     "peers_history": Table(
         BENCHMARKS,

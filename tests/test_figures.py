@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benches"))
 import figures  # noqa: E402 - benches/ is not a package
-from figures import FIGURES, HISTORICAL, TABLES, Figure, FigureFailed, table_block  # noqa: E402
+from figures import (  # noqa: E402
+    FIGURES,
+    HISTORICAL,
+    RESULTS,
+    TABLES,
+    Figure,
+    FigureFailed,
+    Table,
+    table_block,
+    write_tables,
+)
 
 README = ROOT / "README.md"
 MEASURED = re.compile(r"\[([^\]]*)\]\((benches/results/[^)#]+\.json)#([^)]*)\)")
@@ -92,12 +103,153 @@ def test_every_benchmark_script_the_docs_cite_is_run_by_make_figures() -> None:
     assert sorted(c for c in scripts if c[1] not in run) == []
 
 
-@pytest.mark.parametrize("name", sorted(TABLES))
+MEASURED_TABLES = sorted(n for n in TABLES if all((RESULTS / f).exists() for f in TABLES[n].files))
+
+
+@pytest.mark.parametrize("name", MEASURED_TABLES)
 def test_the_docs_tables_are_written_from_their_results(name: str) -> None:
     """A table between `<!-- figures:NAME -->` markers is what its results file gives
     (`make figures` or `python benches/figures.py tables` rewrites it)."""
     _, held, written = table_block(name)
     assert held == written
+
+
+def copy_of_the_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """docs/ and benches/results/ copied, and figures.py pointed at the copy."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copytree(RESULTS, tmp_path / "results")
+    monkeypatch.setattr(figures, "ROOT", tmp_path)
+    monkeypatch.setattr(figures, "RESULTS", tmp_path / "results")
+    return tmp_path
+
+
+def test_writing_the_tables_changes_no_committed_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tables` on the committed results rewrites every block (and every agent-loop
+    summary) as it is: a hand edit of a generated table, or a renderer changed
+    without rerunning `tables`, shows up here."""
+    copy = copy_of_the_tree(tmp_path, monkeypatch)
+    write_tables()
+    for tree, under in ((ROOT / "docs", copy / "docs"), (RESULTS, copy / "results")):
+        for path in sorted(p for p in tree.rglob("*") if p.is_file()):
+            written = under / path.relative_to(tree)
+            assert written.read_bytes() == path.read_bytes(), path.relative_to(ROOT)
+
+
+def test_a_table_whose_results_file_is_missing_is_left_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before the lead's full rerun most figures have no results file: their hand
+    tables stay, and `tables` says which; once the file exists the block is its."""
+    copy = copy_of_the_tree(tmp_path, monkeypatch)
+    (copy / "results" / "ws_turn.json").unlink(missing_ok=True)
+    monkeypatch.setattr(figures, "TABLES", {"ws_turn": TABLES["ws_turn"]})
+    page = copy / TABLES["ws_turn"].page
+    before = page.read_text()
+    write_tables()
+    assert page.read_text() == before
+    assert "figures:ws_turn left as it is (ws_turn.json missing)" in capsys.readouterr().out
+    rows = [{"history_tokens": 1619, "ws_p50_ms": 0.2305, "full_p50_ms": 0.5417}]
+    printed = {"runs": [{"json": [rows]}]}
+    (copy / "results" / "ws_turn.json").write_text(json.dumps(printed))
+    write_tables()
+    assert "| 1.6k | 0.231 ms | 0.54 ms | 2x |" in page.read_text()
+
+
+def test_a_renderer_takes_every_results_file_of_its_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(figures, "ROOT", tmp_path)
+    monkeypatch.setattr(figures, "RESULTS", tmp_path)
+    (tmp_path / "page.md").write_text("<!-- figures:both -->\nold\n<!-- /figures:both -->\n")
+    for name, value in (("a.json", 1), ("b.json", 2)):
+        (tmp_path / name).write_text(json.dumps({"v": value}))
+    both = Table("page.md", ("a.json", "b.json"), lambda a, b: f"{a['v']} then {b['v']}")
+    monkeypatch.setattr(figures, "TABLES", {"both": both})
+    _, held, written = table_block("both")
+    assert held == "old\n"
+    assert written is not None and written.startswith("1 then 2\n\nMeasured before")
+    assert "`benches/results/a.json`.\nMeasured" in written
+
+
+# Hand tables whose text cites a benchmark or a results file, and why no figures block
+# holds them. NO_JSON: the script prints text only (no JSON line a renderer could
+# read) and has no results file yet; HISTORY: rows of several runs (other commits,
+# other days) side by side, one results file holds one run.
+NO_JSON = "its script prints no JSON line and no results file holds a run of it yet"
+HISTORY = "a history of runs at other commits; a results file holds one run"
+HAND_TABLES = {
+    ("benchmarks.md", "| 1,000 tok/s | added TTFT, median |"): "ranges read off per-turn "
+    "plots of agent.json (agent_per_turn.png), not fields of its summaries",
+    ("benchmarks.md", "| run | load avg |"): HISTORY,
+    ("benchmarks.md", "| per streamed token at 4,000 tokens/s |"): NO_JSON + " (ws_stream)",
+    ("benchmarks.md", "| tokens/s (tokens per wake-up) |"): NO_JSON + " (ws_stream)",
+    ("benchmarks.md", "| per streamed token | 8 streams |"): NO_JSON + " (upstream_stream)",
+    ("benchmarks.md", "| history | append 2 KB |"): NO_JSON + " (microbenchmarks)",
+    ("benchmarks.md", "| frame | parse + validate |"): NO_JSON + " (microbenchmarks)",
+    ("benchmarks.md", "| encode | hotloop |"): NO_JSON + " (microbenchmarks)",
+    ("benchmarks.md", "| input | o200k_base |"): NO_JSON + " (microbenchmarks)",
+    ("benchmarks.md", "| engine | cold TTFT |"): NO_JSON + " (engines)",
+    ("benchmarks.md", "| engine | WebSocket |"): NO_JSON + " (turns)",
+    ("benchmarks.md", "| check (rollout seed 2, 50 calls) |"): HISTORY,
+    ("benchmarks.md", "| check | measured |"): "ratios.json predates test_peers_ratios.py "
+    "printing its JSON line (the lead's rerun records it)",
+    ("benchmarks.md", "| template | history (tokens) |"): NO_JSON + " (templates)",
+    ("benchmarks.md", "| family (source) | hotloop |"): NO_JSON + " (microbenchmarks)",
+    ("benchmarks.md", "| check | before (8c2e08d) |"): HISTORY,
+    ("benchmarks.md", "| | another key's `GET` median"): NO_JSON + " (hardening_21)",
+    ("development.md", "| first run | after (this version) |"): "first runs of a clean "
+    "clone by hand (benches/first_run.py), no figure of `make figures`",
+    ("hardening.md", "| properties (frame) | before |"): HISTORY,
+    ("hardening.md", "| victim's turn (sim engine, default speed) |"): HISTORY,
+    ("hardening.md", "| | RSS per queued byte |"): HISTORY,
+    ("protocol-conformance.md", "| this machine"): NO_JSON + " (ws_deflate)",
+    ("steering.md", "| path | median |"): NO_JSON + " (steer)",
+    ("upstream-streaming.md", "| option | client CPU us/token |"): NO_JSON + " (upstream_client)",
+}
+# What marks a table as measured: the text since the previous table or heading cites a
+# results file, a benchmark script, or says "measured".
+CITES_A_MEASUREMENT = re.compile(r"benches/results/|[Mm]easured|benches/(?:bench|test)_\w+\.py")
+
+
+def hand_tables() -> list[tuple[str, str]]:
+    """(page, header) of each docs table outside a figures block whose text cites a
+    measurement."""
+    found = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        since: list[str] = []
+        generated = False
+        in_table = False
+        for line in page.read_text().splitlines():
+            if line.startswith("|"):
+                if not in_table and not generated and CITES_A_MEASUREMENT.search("\n".join(since)):
+                    found.append((page.name, line))
+                in_table, since = True, []
+                continue
+            in_table = False
+            generated = line.startswith("<!-- figures:") or (
+                generated and not line.startswith("<!-- /figures:")
+            )
+            since = [] if line.startswith("#") else [*since, line]
+    return found
+
+
+def test_every_measured_docs_table_sits_in_a_figures_block() -> None:
+    """Or is one of HAND_TABLES, with why; a new hand table of measured numbers fails
+    here until a renderer writes it (or it is listed)."""
+    unexplained = [
+        (page, header)
+        for page, header in hand_tables()
+        if not any(page == p and header.startswith(h) for p, h in HAND_TABLES)
+    ]
+    assert unexplained == []
+
+
+def test_every_listed_hand_table_still_exists() -> None:
+    found = hand_tables()
+    gone = [k for k in HAND_TABLES if not any(k[0] == p and h.startswith(k[1]) for p, h in found)]
+    assert gone == []
 
 
 def python(code: str) -> tuple[tuple[str, ...], ...]:
