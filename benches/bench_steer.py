@@ -26,6 +26,7 @@ Run: `.venv/bin/python benches/bench_steer.py` (figures: docs/steering.md).
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from typing import Any
@@ -137,6 +138,8 @@ def main() -> None:
     ratio = medians["inject"] / medians["tool continuation"]
     print(f"  inject/tool continuation  {ratio:.2f}")
     print(f"  inject stored/inject      {medians['inject stored'] / medians['inject']:.2f}")
+    # for benches/figures.py, which writes docs/steering.md's table from it
+    print(json.dumps({"history_tokens": HISTORY_TOKENS, "rounds": ROUNDS, "median_ms": medians}))
 
 
 def tool_output(call_id: str) -> dict[str, str]:

@@ -516,6 +516,28 @@ def ws_turn_table(results: dict[str, Any]) -> str:
     )
 
 
+STEER_PATHS = {
+    "steer": "steer (steer frame to the successor's `Generate`)",
+    "append": "2 KB append (`response.create` continuation to its `Generate`)",
+    "re-render": "re-render of the whole history + 2 KB",
+}
+
+
+def steer_table(results: dict[str, Any]) -> str:
+    """A steer against an append and a re-render, in process (bench_steer.py)."""
+    (run,) = printed(results)
+    medians = run["median_ms"]
+    rows = [
+        (STEER_PATHS.get(path, path), f"{v:.3f} ms" if v < 1 else ms(v))
+        for path, v in medians.items()
+    ]
+    rows += [
+        ("steer / append", f"{medians['steer'] / medians['append']:.2f}"),
+        ("re-render / steer", f"{medians['re-render'] / medians['steer']:.0f}"),
+    ]
+    return markdown(("path", "median"), rows)
+
+
 # bench_peers.py's name for a configuration -> the docs' (see benchmarks.md's legend)
 PEER_SYSTEMS = {"hotloop+nofsync": "hotloop, process-crash"}
 
@@ -833,6 +855,7 @@ TABLES: dict[str, Table] = {
     "failover_prefix_cache": Table(BENCHMARKS, ("failover.json",), failover_prefix_cache_table),
     "mcp_loop": Table(BENCHMARKS, ("mcp_loop.json",), mcp_loop_table),
     "abuse": Table("docs/hardening.md", ("abuse.json",), abuse_table),
+    "steer": Table("docs/steering.md", ("steer.json",), steer_table),
 }
 
 
