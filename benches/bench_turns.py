@@ -117,6 +117,7 @@ def main() -> None:
     }
     print(f"{args.turns} turns, <= {args.tokens} output tokens per turn, {args.rounds} rounds")
     print(f"{'engine':<24}{'websocket s':>13}{'http s':>10}{'http/ws':>9}")
+    medians = {}
     for name, (model, flags) in engines.items():
         with ServerProcess.start(flags) as server:
             client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
@@ -127,6 +128,8 @@ def main() -> None:
                 http.append(http_conversation(client, model, args.turns, args.tokens, output))
         w, h = statistics.median(ws), statistics.median(http)
         print(f"{name:<24}{w:>13.2f}{h:>10.2f}{h / w:>9.2f}")
+        medians[name] = {"websocket_s": w, "http_s": h}
+    print(json.dumps(medians))  # for benches/figures.py, which writes the docs' table
 
 
 if __name__ == "__main__":

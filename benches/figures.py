@@ -516,6 +516,28 @@ def ws_turn_table(results: dict[str, Any]) -> str:
     )
 
 
+# bench_turns.py's engine -> the docs' row
+TURNS_ENGINES = {
+    "llama (SmolLM2-135M)": "`llama` (SmolLM2-135M)",
+    "sim at 1,000 tok/s": "`sim` at 1,000 tok/s",
+}
+
+
+def turns_table(results: dict[str, Any]) -> str:
+    """A tool-replay conversation over WebSocket and over stateless HTTP, per engine."""
+    (medians,) = printed(results)
+    rows = [
+        (
+            TURNS_ENGINES.get(name, name),
+            f"{m['websocket_s']:.2f} s",
+            f"{m['http_s']:.2f} s",
+            f"{m['http_s'] / m['websocket_s']:.2f}",
+        )
+        for name, m in medians.items()
+    ]
+    return markdown(("engine", "WebSocket", "HTTP (full history)", "HTTP/WS"), rows)
+
+
 STEER_PATHS = {
     "steer": "steer (steer frame to the successor's `Generate`)",
     "append": "2 KB append (`response.create` continuation to its `Generate`)",
@@ -753,9 +775,9 @@ def failover_prefix_cache_table(results: dict[str, Any]) -> str:
     return markdown(header, rows)
 
 
-def mcp_loop_table(results: dict[str, Any]) -> str:
-    """bench_mcp_loop.py prints its table as markdown (no JSON line): the recorded
-    output's table rows, as they are."""
+def printed_table(results: dict[str, Any]) -> str:
+    """The table a figure's first command prints as markdown, with no JSON line
+    (bench_mcp_loop.py, bench_template_append.py): its recorded rows, as they are."""
     lines = results["runs"][0]["stdout"].splitlines()
     return "\n".join(line for line in lines if line.startswith("|"))
 
@@ -839,6 +861,7 @@ TABLES: dict[str, Table] = {
         BENCHMARKS, ("load_burst_before_after.json",), load_burst_table
     ),
     "ws_turn": Table(BENCHMARKS, ("ws_turn.json",), ws_turn_table),
+    "turns": Table(BENCHMARKS, ("turns.json",), turns_table),
     "peers": Table(BENCHMARKS, ("peers.json",), peers_tables),
     "peers_history": Table(
         BENCHMARKS,
@@ -853,7 +876,8 @@ TABLES: dict[str, Table] = {
     "failover_faults": Table(BENCHMARKS, ("failover.json",), failover_faults_table),
     "failover_continuation": Table(BENCHMARKS, ("failover.json",), failover_continuation_table),
     "failover_prefix_cache": Table(BENCHMARKS, ("failover.json",), failover_prefix_cache_table),
-    "mcp_loop": Table(BENCHMARKS, ("mcp_loop.json",), mcp_loop_table),
+    "mcp_loop": Table(BENCHMARKS, ("mcp_loop.json",), printed_table),
+    "templates": Table(BENCHMARKS, ("templates.json",), printed_table),
     "abuse": Table("docs/hardening.md", ("abuse.json",), abuse_table),
     "steer": Table("docs/steering.md", ("steer.json",), steer_table),
 }
