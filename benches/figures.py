@@ -793,7 +793,8 @@ def attacker(figures: dict[str, Any]) -> str:
 def abuse_table(results: dict[str, Any]) -> str:
     """The abuse suite's victim per scenario; the before columns while the file holds
     the before/after run (`make figures` records the current code only)."""
-    now = results.get("now") or printed(results)
+    # bench_abuse.py prints its rows as one JSON list, after the text lines
+    now = results["now"] if "now" in results else printed(results)[-1]
     before = {r["attack"]: r for r in results.get("before_8c2e08d", ())}
 
     def victim(r: dict[str, Any] | None) -> tuple[str, str]:

@@ -173,6 +173,16 @@ def test_a_renderer_takes_every_results_file_of_its_table(
     assert "`benches/results/a.json`.\nMeasured" in written
 
 
+def test_the_abuse_table_reads_a_rerun_of_the_current_code_alone() -> None:
+    """abuse.json holds a before/after run by hand; `make figures` records the rows
+    bench_abuse.py prints (one JSON list), with no before columns."""
+    committed = json.loads((RESULTS / "abuse.json").read_text())
+    rerun = {"runs": [{"json": [committed["now"]]}]}
+    lines = figures.abuse_table(rerun).splitlines()
+    assert lines[2].startswith("| none |  |  | 25 / 131 ms | 117 MiB | 0 |")
+    assert len(lines) == 2 + len(committed["now"])
+
+
 # Hand tables whose text cites a benchmark or a results file, and why no figures block
 # holds them. NO_JSON: the script prints text only (no JSON line a renderer could
 # read) and has no results file yet; HISTORY: rows of several runs (other commits,
