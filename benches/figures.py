@@ -687,33 +687,48 @@ def http_turn_table(results: dict[str, Any]) -> str:
     )
 
 
+def store_sections(results: dict[str, Any], by_hand: tuple[str, ...], command: int) -> list[Any]:
+    """Sections of store.json: the keys of the by-hand file (before and after, SQLite
+    and PostgreSQL), or the JSON line `make figures`' command printed (this code,
+    SQLite)."""
+    if by_hand[0] in results:
+        return [results[key] for key in by_hand]
+    return [printed(results, command)[-1]]
+
+
 def store_sigkill_table(results: dict[str, Any]) -> str:
     rows = []
-    for key, label in (
-        ("sigkill_before", "before (put after the terminal event, `--tree /tmp/old`)"),
-        ("sigkill_after", "commit before acknowledge"),
-    ):
-        runs = results[key]["runs"]
+    for section in store_sections(results, ("sigkill_before", "sigkill_after"), 0):
+        runs = section["runs"]
         acknowledged = sum(r["acknowledged"] for r in runs)
         lost = sum(r["lost"] for r in runs)
         per_run = ", ".join(str(r["lost"]) for r in runs)
         shown = f"{lost} ({lost / acknowledged:.1%}; {per_run} per run)" if lost else "**0**"
+        tree = section["tree"]
+        label = (
+            "commit before acknowledge"
+            if tree == "this"
+            else f"before (put after the terminal event, `--tree {tree}`)"
+        )
         rows.append((label, f"{acknowledged:,}", shown))
     return markdown(("code", "acknowledged", "lost"), rows)
+
+
+STORES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 
 
 def store_commit_table(results: dict[str, Any]) -> str:
     rows = [
         (
-            f"{label}, {r['window_ms']:g} ms",
+            f"{STORES[section['store']]}, {r['window_ms']:g} ms",
             str(r["together"]),
             ms(r["wait_p50_ms"]),
             ms(r["wait_p99_ms"]),
             f"{r['commits_per_s']:,.0f}",
             f"{r['responses_per_s']:,.0f}",
         )
-        for key, label in (("commit_sqlite", "SQLite"), ("commit_postgresql", "PostgreSQL"))
-        for r in results[key]["runs"]
+        for section in store_sections(results, ("commit_sqlite", "commit_postgresql"), 1)
+        for r in section["runs"]
     ]
     header = ("store, window", "N at once", "wait p50", "wait p99", "commits/s", "responses/s")
     return markdown(header, rows)

@@ -183,6 +183,19 @@ def test_the_abuse_table_reads_a_rerun_of_the_current_code_alone() -> None:
     assert len(lines) == 2 + len(committed["now"])
 
 
+def test_the_store_tables_read_a_rerun_of_the_current_code_alone() -> None:
+    """store.json is a by-hand file too; a rerun records what bench_store.py prints:
+    one JSON line per command (sigkill, commit on SQLite, dedup)."""
+    committed = json.loads((RESULTS / "store.json").read_text())
+    lines = [committed["sigkill_after"], committed["commit_sqlite"], committed["dedup"]]
+    rerun = {"runs": [{"json": [line]} for line in lines]}
+    sigkill = figures.store_sigkill_table(rerun).splitlines()
+    assert sigkill[2:] == ["| commit before acknowledge | 1,086 | **0** |"]
+    commit = figures.store_commit_table(rerun).splitlines()
+    assert commit[2] == "| SQLite, 0 ms | 1 | 5.8 ms | 18.2 ms | 129 | 129 |"
+    assert len(commit) == 2 + len(committed["commit_sqlite"]["runs"])
+
+
 # Hand tables whose text cites a benchmark or a results file, and why no figures block
 # holds them. NO_JSON: the script prints text only (no JSON line a renderer could
 # read) and has no results file yet; HISTORY: rows of several runs (other commits,
