@@ -171,6 +171,23 @@ def main() -> None:
     off, on = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
     ratio = statistics.median(p[1] / p[0] for p in pairs)
     print(f"  deflate off: {off:6.2f} us   deflate on: {on:6.2f} us   on/off: {ratio:.2f}x")
+    # for benches/figures.py, which writes docs/protocol-conformance.md's table from it
+    print(
+        orjson.dumps(
+            {
+                "steps": args.steps,
+                "rounds": args.rounds,
+                "server_frames": len(sent),
+                "client_frames": len(received),
+                "server_bytes": {"raw": raw_sent, "deflated": deflated_sent},
+                "client_bytes": {"raw": raw_received, "deflated": deflated_received},
+                "deflate_us_per_server_frame": compress_us / len(sent),
+                "inflate_us_per_client_frame": decompress_us / len(received),
+                "deflate_inflate_us_per_token": per_token,
+                "server_us_per_token": {"off": off, "on": on, "on_over_off": ratio},
+            }
+        ).decode()
+    )
 
 
 if __name__ == "__main__":

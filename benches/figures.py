@@ -560,6 +560,37 @@ def steer_table(results: dict[str, Any]) -> str:
     return markdown(("path", "median"), rows)
 
 
+def ws_deflate_table(results: dict[str, Any]) -> str:
+    """permessage-deflate on a coding agent's traffic, then the whole server A/B."""
+    (run,) = printed(results)
+    server, client, cpu = run["server_bytes"], run["client_bytes"], run["server_us_per_token"]
+    frames = run["server_frames"]
+    per_frame = f"{server['raw'] / frames:.0f} B -> {server['deflated'] / frames:.0f} B per frame"
+    client_raw = f"{client['raw'] / run['client_frames'] / 1024:.0f} KB per frame raw"
+    rows = [
+        (
+            "server -> client bytes, deflated / raw",
+            f"{server['deflated'] / server['raw']:.2f} ({per_frame})",
+        ),
+        (
+            "client -> server bytes, deflated / raw",
+            f"{client['deflated'] / client['raw']:.2f} ({client_raw})",
+        ),
+        ("CPU to deflate one server frame", f"{run['deflate_us_per_server_frame']:.1f} us"),
+        (
+            "CPU to inflate one client frame (a `response.create` with a tool output)",
+            f"{run['inflate_us_per_client_frame']:.0f} us",
+        ),
+        ("deflate + inflate per streamed token", f"{run['deflate_inflate_us_per_token']:.2f} us"),
+        (
+            "whole server at 4,000 tokens/s, CPU per token, deflate off / on (median of "
+            "per-round ratios)",
+            f"{cpu['off']:.1f} / {cpu['on']:.1f} us ({cpu['on_over_off']:.2f}x)",
+        ),
+    ]
+    return markdown(("this machine", f"{run['steps']} steps, {run['rounds']} rounds"), rows)
+
+
 # bench_peers.py's name for a configuration -> the docs' (see benchmarks.md's legend)
 PEER_SYSTEMS = {"hotloop+nofsync": "hotloop, process-crash"}
 
@@ -896,6 +927,7 @@ TABLES: dict[str, Table] = {
     "templates": Table(BENCHMARKS, ("templates.json",), printed_table),
     "abuse": Table("docs/hardening.md", ("abuse.json",), abuse_table),
     "steer": Table("docs/steering.md", ("steer.json",), steer_table),
+    "ws_deflate": Table("docs/protocol-conformance.md", ("ws_deflate.json",), ws_deflate_table),
 }
 
 

@@ -226,8 +226,6 @@ HAND_TABLES = {
     ("hardening.md", "| properties (frame) | before |"): HISTORY,
     ("hardening.md", "| victim's turn (sim engine, default speed) |"): HISTORY,
     ("hardening.md", "| | RSS per queued byte |"): HISTORY,
-    ("protocol-conformance.md", "| this machine"): NO_JSON + " (ws_deflate), and two runs "
-    "side by side",
     ("upstream-streaming.md", "| option | client CPU us/token |"): NO_JSON + " (upstream_client)",
 }
 # What marks a table as measured: the text since the previous table or heading cites a
