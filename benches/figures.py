@@ -465,33 +465,42 @@ def load_table(results: dict[str, Any]) -> str:
     return markdown(header, rows)
 
 
-def load_burst_table(results: dict[str, Any]) -> str:
+BURST_HEADER = (
+    *("", "burst done", "probe's worst wait for `response.created`", "probe p50"),
+    *("handshake p50 / max",),
+)
+
+
+def burst_row(label: str, runs: list[dict[str, float]]) -> Cells:
+    """bench_load_burst.py's figures, medians over `runs`."""
+
+    def m(field: str) -> float:
+        return median(r[field] for r in runs)
+
+    return (
+        label,
+        f"{m('burst_s'):.2f} s",
+        ms(m("probe_created_max_ms"), 0),
+        ms(m("probe_created_p50_ms"), 0),
+        f"{m('handshake_p50_ms'):.0f} / {ms(m('handshake_max_ms'), 0)}",
+    )
+
+
+def load_burst_before_after_table(results: dict[str, Any]) -> str:
     """The burst of large first requests, before and after they were rendered off the
     loop: medians of the alternated runs."""
-
-    def row(label: str, runs: list[dict[str, float]]) -> Cells:
-        def m(field: str) -> float:
-            return median(r[field] for r in runs)
-
-        return (
-            label,
-            f"{m('burst_s'):.2f} s",
-            ms(m("probe_created_max_ms"), 0),
-            ms(m("probe_created_p50_ms"), 0),
-            f"{m('handshake_p50_ms'):.0f} / {ms(m('handshake_max_ms'), 0)}",
-        )
-
-    header = (
-        *("", "burst done", "probe's worst wait for `response.created`", "probe p50"),
-        *("handshake p50 / max",),
-    )
     return markdown(
-        header,
+        BURST_HEADER,
         [
-            row("before (render on the loop)", results["before"]["runs"]),
-            row("after (render in a thread)", results["after"]["runs"]),
+            burst_row("before (render on the loop)", results["before"]["runs"]),
+            burst_row("after (render in a thread)", results["after"]["runs"]),
         ],
     )
+
+
+def load_burst_table(results: dict[str, Any]) -> str:
+    """The same burst, one run of the current code (`make figures`)."""
+    return markdown(BURST_HEADER, [burst_row("this commit, one run", printed(results))])
 
 
 def ws_turn_table(results: dict[str, Any]) -> str:
@@ -905,8 +914,9 @@ TABLES: dict[str, Table] = {
     "load": Table(BENCHMARKS, ("load.json",), load_table),
     "long_running": Table(BENCHMARKS, ("long_running/agent.json",), long_running_table),
     "load_burst_before_after": Table(
-        BENCHMARKS, ("load_burst_before_after.json",), load_burst_table
+        BENCHMARKS, ("load_burst_before_after.json",), load_burst_before_after_table
     ),
+    "load_burst": Table(BENCHMARKS, ("load_burst.json",), load_burst_table),
     "ws_turn": Table(BENCHMARKS, ("ws_turn.json",), ws_turn_table),
     "turns": Table(BENCHMARKS, ("turns.json",), turns_table),
     "peers": Table(BENCHMARKS, ("peers.json",), peers_tables),

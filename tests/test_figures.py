@@ -196,6 +196,16 @@ def test_the_store_tables_read_a_rerun_of_the_current_code_alone() -> None:
     assert len(commit) == 2 + len(committed["commit_sqlite"]["runs"])
 
 
+def test_the_burst_of_the_current_code_is_one_row_of_the_before_after_table() -> None:
+    """bench_load_burst.py prints one JSON line per run, the shape of the before/after
+    file's runs: a rerun is rendered under the same header."""
+    after = json.loads((RESULTS / "load_burst_before_after.json").read_text())["after"]
+    rerun = {"runs": [{"json": [after["runs"][0]]}]}
+    lines = figures.load_burst_table(rerun).splitlines()
+    assert lines[0] == table_block("load_burst_before_after")[1].splitlines()[0]
+    assert lines[2:] == ["| this commit, one run | 0.82 s | 137 ms | 90 ms | 104 / 228 ms |"]
+
+
 # Hand tables whose text cites a benchmark or a results file, and why no figures block
 # holds them. NO_JSON: the script prints text only (no JSON line a renderer could
 # read) and has no results file yet; HISTORY: rows of several runs (other commits,
