@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from engine_conversation import IdsPrompt, first_turn, next_turn
+from engine_conversation import first_turn, next_turn
+from hotloop._core import Prompt
 from hotloop.engines.base import Engine, Sampling
 from hotloop.engines.llama import LlamaConfig, LlamaEngine
 from hotloop.engines.llama_server import LlamaServer
@@ -52,7 +53,7 @@ async def one_turn(
     start = time.perf_counter()
     first = last = 0.0
     out: list[int] = []
-    async for batch in session.generate(IdsPrompt(ids), sampling):  # type: ignore[attr-defined]
+    async for batch in session.generate(Prompt.from_tokens(ids), sampling):  # type: ignore[attr-defined]
         now = time.perf_counter()
         if not out:
             first = now

@@ -223,8 +223,7 @@ HAND_TABLES = {
     ("benchmarks.md", "| frame | parse + validate |"): NO_JSON + " (microbenchmarks)",
     ("benchmarks.md", "| encode | hotloop |"): NO_JSON + " (microbenchmarks)",
     ("benchmarks.md", "| input | o200k_base |"): NO_JSON + " (microbenchmarks)",
-    ("benchmarks.md", "| engine | cold TTFT |"): NO_JSON
-    + " (engines; bench_engines.py fails to import IdsPrompt at this commit)",
+    ("benchmarks.md", "| engine | cold TTFT |"): NO_JSON + " (engines)",
     ("benchmarks.md", "| check (rollout seed 2, 50 calls) |"): HISTORY,
     ("benchmarks.md", "| check | measured |"): "ratios.json predates test_peers_ratios.py "
     "printing its JSON line (the lead's rerun records it)",
