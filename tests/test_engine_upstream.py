@@ -147,6 +147,33 @@ async def test_a_conversations_next_session_keeps_its_last_bodys_prefix(
     assert [request["prompt"] for request in vllm.requests] == [first, grown, grown]
 
 
+def test_a_body_is_rewritten_in_place_unless_a_transport_still_holds_it() -> None:
+    # A body grows by a turn's ids behind the whole history: the core rewrites the last
+    # body's bytes from the first changed one instead of copying all of them into a new
+    # object each turn. One still exported (a write not yet flushed) is left as it is.
+    first = [(i * 7919) % 201_088 for i in range(1000)]
+    grown = [*first, 200_012, 0, 17]
+    changed = [*grown[:300], 5, *grown[301:]]
+    writer = PromptBody()
+
+    def written(ids: list[int], head: bytes = b'{"prompt":', tail: bytes = b',"n":1}') -> Any:
+        body = writer.write(Prompt.from_tokens(ids), head, tail)
+        assert orjson.loads(body) == {head[2:-2].decode(): ids, "n": 1}
+        return body
+
+    body = written(first)
+    assert written(grown) is body
+    assert written(changed, head=b'{"input_ids":') is body
+    assert written(changed[:200]) is body
+    held = memoryview(body)
+    sent = bytes(body)
+    again = written(grown)
+    assert again is not body
+    assert bytes(held) == sent
+    held.release()
+    assert written(first) is again
+
+
 def test_kept_bodies_are_bounded_dropping_the_least_recently_left() -> None:
     kept = KeptBodies(limit=2)
     bodies = [PromptBody() for _ in range(3)]

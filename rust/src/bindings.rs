@@ -8,7 +8,7 @@ use std::sync::Arc;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyBaseException, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyByteArray, PyBytes, PyString};
 
 use crate::error::{Code, Error};
 use crate::tokenizer::{self, detok, incremental, Tokenizer};
@@ -1472,6 +1472,10 @@ impl PyResponseReader {
 #[pyclass(name = "PromptBody", module = "hotloop._core")]
 pub(crate) struct PyPromptBody {
     inner: PromptBody,
+    /// The last body written: `head`, the ids' array, `]`, then the tail.
+    out: Option<Py<PyByteArray>>,
+    /// The `head` `out` starts with.
+    head: Vec<u8>,
 }
 
 #[pymethods]
@@ -1480,28 +1484,58 @@ impl PyPromptBody {
     fn new() -> Self {
         PyPromptBody {
             inner: PromptBody::default(),
+            out: None,
+            head: Vec::new(),
         }
     }
 
-    /// `head`, the prompt's ids as a JSON array, then `tail`: the whole body, written once.
+    /// `head`, the prompt's ids as a JSON array, then `tail`: the whole body, in the
+    /// bytearray the last call returned, rewritten from its first changed byte on. A
+    /// body grows by a turn's ids behind a prefix of the whole history: copying all of
+    /// it into a new object each turn cost about 0.9 ms at 280k ids. A bytearray still
+    /// exported (a transport holding it for an unfinished write) cannot be resized, so
+    /// it is left to its reader and the body is written into a new one.
     fn write<'py>(
         &mut self,
         py: Python<'py>,
         prompt: PyRef<'_, PyPrompt>,
         head: &[u8],
         tail: &[u8],
-    ) -> PyResult<Bound<'py, PyBytes>> {
-        let ids = self.inner.ids_json(&prompt.inner);
+    ) -> PyResult<Bound<'py, PyByteArray>> {
+        self.inner.ids_json(&prompt.inner);
+        let ids = self.inner.json();
+        let mut from = if self.head == head {
+            head.len() + self.inner.unchanged()
+        } else {
+            0
+        };
         let parts: [&[u8]; 4] = [head, ids, b"]", tail];
         let len = parts.iter().map(|part| part.len()).sum();
-        PyBytes::new_with(py, len, |out| {
-            let mut at = 0;
-            for part in parts {
-                out[at..at + part.len()].copy_from_slice(part);
-                at += part.len();
+        let out = match &self.out {
+            // Growing it by one byte fails exactly when a buffer of it is exported.
+            Some(out) if out.bind(py).resize(out.bind(py).len() + 1).is_ok() => out.bind(py).clone(),
+            _ => {
+                from = 0;
+                PyByteArray::new(py, &[])
             }
-            Ok(())
-        })
+        };
+        out.resize(len)?;
+        // SAFETY: nothing exports `out` (it was just resized), and no Python code runs
+        // while this slice lives: the GIL is held throughout.
+        let bytes = unsafe { out.as_bytes_mut() };
+        let mut at = 0;
+        for part in parts {
+            let end = at + part.len();
+            if end > from {
+                let skip = from.saturating_sub(at);
+                bytes[at + skip..end].copy_from_slice(&part[skip..]);
+            }
+            at = end;
+        }
+        self.head.clear();
+        self.head.extend_from_slice(head);
+        self.out = Some(out.clone().unbind());
+        Ok(out)
     }
 }
 

@@ -6,8 +6,9 @@
 //! thousands that the previous turn already sent. The writer keeps the previous prompt
 //! (sharing its chunks: no copy) and the bytes it wrote for it, with the byte offset of
 //! every `MARK`-th id; the next prompt keeps the bytes of the prefix the two share, up to
-//! the last mark inside it, and writes only the ids after it. A turn costs the new ids
-//! plus one copy of the body into the request, never a Python int per id.
+//! the last mark inside it, and writes only the ids after it. A turn costs the new ids,
+//! never a Python int per id; [`PromptBody::unchanged`] tells the caller how much of the
+//! array it already holds from the previous call, so it copies only the rest.
 
 use crate::conversation::Prompt;
 
@@ -23,6 +24,9 @@ pub struct PromptBody {
     json: Vec<u8>,
     /// `marks[k]`: the length of `json` before id `k * MARK` (and its comma) was written.
     marks: Vec<usize>,
+    /// How many leading bytes of `json` the last [`PromptBody::ids_json`] kept from the
+    /// call before it.
+    unchanged: usize,
 }
 
 impl PromptBody {
@@ -35,6 +39,7 @@ impl PromptBody {
             self.json.truncate(self.marks[keep]);
             self.marks.truncate(keep);
         }
+        self.unchanged = self.json.len();
         if self.json.is_empty() {
             self.json.push(b'[');
         }
@@ -56,6 +61,18 @@ impl PromptBody {
                 }
             });
         self.prompt = prompt.clone();
+        &self.json
+    }
+
+    /// How many leading bytes of the last [`PromptBody::ids_json`]'s array are those of
+    /// the array before it: a caller keeping its own copy of the array rewrites only
+    /// what follows them.
+    pub fn unchanged(&self) -> usize {
+        self.unchanged
+    }
+
+    /// The array the last [`PromptBody::ids_json`] wrote.
+    pub fn json(&self) -> &[u8] {
         &self.json
     }
 }
@@ -121,6 +138,25 @@ mod tests {
         ids[0] = 9;
         ids.truncate(10);
         assert_eq!(array(&mut body, &ids), expected(&ids));
+    }
+
+    #[test]
+    fn unchanged_counts_the_bytes_kept_from_the_last_array() {
+        let mut body = PromptBody::default();
+        let ids: Vec<u32> = (0..1000).collect();
+        let first = array(&mut body, &ids);
+        assert_eq!(body.unchanged(), 0);
+        let mut grown = ids.clone();
+        grown.extend([1, 2, 3]);
+        let second = array(&mut body, &grown);
+        let kept = body.unchanged();
+        // The kept bytes are the old array's, up to the last mark inside the shared ids.
+        assert_eq!(kept, body.marks[1000 / MARK]);
+        assert_eq!(first[..kept], second[..kept]);
+        let mut changed = grown.clone();
+        changed[5] = 77;
+        array(&mut body, &changed);
+        assert_eq!(body.unchanged(), 1);
     }
 
     #[test]
