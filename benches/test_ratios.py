@@ -12,7 +12,7 @@ of 2x fails, not only one of 50x:
 - delta validation is O(delta): the same turn on a 100k-token history vs a short one
   (<= 2x; 0.56-0.94x);
 - the upstream request's token-id body written after the last turn's is O(the turn's
-  ids): at 130k tokens vs 9k (<= 2x; 1.00-1.25x, 5.4-5.7x when the body was copied);
+  ids): at 130k tokens vs 9k (<= 2x; 0.83-1.25x, 5.4-5.7x when the body was copied);
 - parsing a continuation frame vs a full-history frame (>= 30x; 36-71x);
 - tokenizing: hotloop's o200k encoder vs tiktoken on the same 100k-token text (tiktoken's
   time / hotloop's >= 0.75; 1.51-1.79);

@@ -1472,10 +1472,11 @@ impl PyResponseReader {
 #[pyclass(name = "PromptBody", module = "hotloop._core")]
 pub(crate) struct PyPromptBody {
     inner: PromptBody,
-    /// The last body written: `head`, the ids' array, `]`, then the tail.
+    /// The last body written: `head`, the ids' array (which `inner` brings up to date),
+    /// `]`, then the tail.
     out: Option<Py<PyByteArray>>,
-    /// The `head` `out` starts with.
-    head: Vec<u8>,
+    /// The length of the `head` `out` starts with.
+    head: usize,
 }
 
 #[pymethods]
@@ -1485,16 +1486,16 @@ impl PyPromptBody {
         PyPromptBody {
             inner: PromptBody::default(),
             out: None,
-            head: Vec::new(),
+            head: 0,
         }
     }
 
     /// `head`, the prompt's ids as a JSON array, then `tail`: the whole body, in the
-    /// bytearray the last call returned, rewritten from its first changed byte on. A
-    /// body grows by a turn's ids behind a prefix of the whole history: copying all of
-    /// it into a new object each turn cost about 0.9 ms at 280k ids. A bytearray still
-    /// exported (a transport holding it for an unfinished write) cannot be resized, so
-    /// it is left to its reader and the body is written into a new one.
+    /// bytearray the last call returned, rewritten from its array's first changed byte
+    /// on. A body grows by a turn's ids behind a prefix of the whole history: copying
+    /// all of it into a new object each turn cost 0.24-0.9 ms at 280k ids. A bytearray
+    /// still exported (a transport holding it for an unfinished write) cannot be
+    /// resized: it is left to its reader and the body written into a new one.
     fn write<'py>(
         &mut self,
         py: Python<'py>,
@@ -1502,41 +1503,71 @@ impl PyPromptBody {
         head: &[u8],
         tail: &[u8],
     ) -> PyResult<Bound<'py, PyByteArray>> {
-        self.inner.ids_json(&prompt.inner);
-        let ids = self.inner.json();
-        let mut from = if self.head == head {
-            head.len() + self.inner.unchanged()
-        } else {
-            0
-        };
-        let parts: [&[u8]; 4] = [head, ids, b"]", tail];
-        let len = parts.iter().map(|part| part.len()).sum();
-        let out = match &self.out {
-            // Growing it by one byte fails exactly when a buffer of it is exported.
-            Some(out) if out.bind(py).resize(out.bind(py).len() + 1).is_ok() => out.bind(py).clone(),
-            _ => {
-                from = 0;
-                PyByteArray::new(py, &[])
-            }
-        };
-        out.resize(len)?;
-        // SAFETY: nothing exports `out` (it was just resized), and no Python code runs
-        // while this slice lives: the GIL is held throughout.
-        let bytes = unsafe { out.as_bytes_mut() };
-        let mut at = 0;
-        for part in parts {
-            let end = at + part.len();
-            if end > from {
-                let skip = from.saturating_sub(at);
-                bytes[at + skip..end].copy_from_slice(&part[skip..]);
-            }
-            at = end;
+        let (kept, ids) = self.inner.update(&prompt.inner);
+        let written = self.rewrite(py, kept, &ids, head, tail);
+        if written.is_err() {
+            // The array's bytes are lost with the body: the next write starts afresh.
+            self.inner = PromptBody::default();
+            self.out = None;
         }
-        self.head.clear();
-        self.head.extend_from_slice(head);
+        written
+    }
+}
+
+impl PyPromptBody {
+    /// The last body with its array's first `kept` bytes kept, the rest `ids`.
+    fn rewrite<'py>(
+        &mut self,
+        py: Python<'py>,
+        kept: usize,
+        ids: &[u8],
+        head: &[u8],
+        tail: &[u8],
+    ) -> PyResult<Bound<'py, PyByteArray>> {
+        let old = self.head..self.head + kept;
+        let len = head.len() + kept + ids.len() + 1 + tail.len();
+        let last = self.out.as_ref().map(|out| out.bind(py).clone());
+        let out = match last {
+            // Growing it by one byte fails exactly when a buffer of it is exported.
+            Some(out) if out.resize(out.len() + 1).is_ok() => {
+                out.resize(len.max(old.end))?;
+                // SAFETY: nothing exports `out` (it was just resized), and no Python
+                // code runs while this slice lives: the GIL is held throughout.
+                let bytes = unsafe { out.as_bytes_mut() };
+                if old.start != head.len() {
+                    bytes.copy_within(old, head.len());
+                }
+                fill(bytes, head, kept, ids, tail);
+                out.resize(len)?;
+                out
+            }
+            held => {
+                // SAFETY: read only, and copied out before anything else runs.
+                let kept_bytes = match &held {
+                    Some(held) => (unsafe { held.as_bytes() })[old].to_vec(),
+                    None => Vec::new(),
+                };
+                PyByteArray::new_with(py, len, |bytes| {
+                    bytes[head.len()..head.len() + kept].copy_from_slice(&kept_bytes);
+                    fill(bytes, head, kept, ids, tail);
+                    Ok(())
+                })?
+            }
+        };
+        self.head = head.len();
         self.out = Some(out.clone().unbind());
         Ok(out)
     }
+}
+
+/// A body's bytes around the `kept` ones already in place after `head`.
+fn fill(bytes: &mut [u8], head: &[u8], kept: usize, ids: &[u8], tail: &[u8]) {
+    bytes[..head.len()].copy_from_slice(head);
+    let at = head.len() + kept;
+    bytes[at..at + ids.len()].copy_from_slice(ids);
+    let at = at + ids.len();
+    bytes[at] = b']';
+    bytes[at + 1..at + 1 + tail.len()].copy_from_slice(tail);
 }
 
 #[pymodule]

@@ -7,9 +7,9 @@ the next request of the same conversation (`previous_response_id`, or the whole 
 again) would write every id of its prompt once more: O(history) per turn. A session
 that ends leaves its body here under its conversation's key (`Generate.route_key`), and
 the next session of that conversation takes it. Bounded: the last `KEPT_BODIES`
-conversations, the least recently left dropped first (a body holds about 14 bytes per
-id of its prompt: the ids' JSON, and the request body written from it, which the next
-request rewrites in place from its first changed byte).
+conversations, the least recently left dropped first (a body holds about 7 bytes per id
+of its prompt: the last request body, which the next request rewrites in place from its
+first changed byte).
 """
 
 from __future__ import annotations
