@@ -5,6 +5,7 @@ failover, error codes, timeouts and cancellation."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -145,6 +146,62 @@ async def test_a_conversations_next_session_keeps_its_last_bodys_prefix(
     assert sessions[1] is sessions[0]
     assert sessions[2] is not sessions[0]
     assert [request["prompt"] for request in vllm.requests] == [first, grown, grown]
+
+
+def test_a_body_is_rewritten_in_place_unless_a_transport_still_holds_it() -> None:
+    # A body grows by a turn's ids behind the whole history: the core rewrites the last
+    # body's bytes from the first changed one instead of copying all of them into a new
+    # object each turn. One still exported (a write not yet flushed) is left as it is.
+    first = [(i * 7919) % 201_088 for i in range(1000)]
+    grown = [*first, 200_012, 0, 17]
+    changed = [*grown[:300], 5, *grown[301:]]
+    writer = PromptBody()
+
+    def written(ids: list[int], head: bytes = b'{"prompt":', tail: bytes = b',"n":1}') -> Any:
+        body = writer.write(Prompt.from_tokens(ids), head, tail)
+        assert orjson.loads(body) == {head[2:-2].decode(): ids, "n": 1}
+        return body
+
+    body = written(first)
+    assert written(grown) is body
+    assert written(changed, head=b'{"input_ids":') is body
+    assert written(changed[:200]) is body
+    held = memoryview(body)
+    sent = bytes(body)
+    again = written(grown)
+    assert again is not body
+    assert bytes(held) == sent
+    held.release()
+    assert written(first) is again
+
+
+def test_bodies_rewritten_in_place_equal_fresh_writes() -> None:
+    # Prompts that grow, change inside their prefix and shrink; heads and tails of other
+    # lengths; some bodies held (as a transport holds one mid-write) across the next.
+    rng = random.Random(7)
+    writer = PromptBody()
+    ids: list[int] = []
+    held: list[tuple[memoryview, bytes]] = []
+    for _ in range(200):
+        step = rng.random()
+        if step < 0.6:
+            ids += [rng.randrange(201_088) for _ in range(rng.randrange(400))]
+        elif step < 0.8 and ids:
+            ids[rng.randrange(len(ids))] = rng.randrange(201_088)
+        else:
+            ids = ids[: rng.randrange(len(ids) + 1)]
+        field = rng.choice(["prompt", "input_ids", "p"])
+        tail = b',"n":' + str(rng.randrange(10 ** rng.randrange(1, 9))).encode() + b"}"
+        body = writer.write(Prompt.from_tokens(ids), b'{"' + field.encode() + b'":', tail)
+        assert orjson.loads(body) == {field: ids, "n": orjson.loads(tail[5:-1])}
+        if rng.random() < 0.2:
+            held.append((memoryview(body), bytes(body)))
+        if held and rng.random() < 0.3:
+            view, sent = held.pop(0)
+            assert bytes(view) == sent
+            view.release()
+    for view, sent in held:
+        assert bytes(view) == sent
 
 
 def test_kept_bodies_are_bounded_dropping_the_least_recently_left() -> None:

@@ -452,8 +452,10 @@ class PromptBody:
     its new ids, not a Python int per id of the history."""
 
     def __init__(self) -> None: ...
-    def write(self, prompt: Prompt, head: bytes, tail: bytes) -> bytes:
-        """`head`, the prompt's ids as a JSON array, then `tail`, in one bytes object."""
+    def write(self, prompt: Prompt, head: bytes, tail: bytes) -> bytearray:
+        """`head`, the prompt's ids as a JSON array, then `tail`: in the bytearray the
+        last call returned, rewritten from its first changed byte on (a new one while a
+        transport still holds a buffer of it). The next call changes it: send it before."""
 
 class ResponseReader:
     """One HTTP/1.1 response of an upstream replica, decoded from the raw bytes of each

@@ -8,7 +8,8 @@ again) would write every id of its prompt once more: O(history) per turn. A sess
 that ends leaves its body here under its conversation's key (`Generate.route_key`), and
 the next session of that conversation takes it. Bounded: the last `KEPT_BODIES`
 conversations, the least recently left dropped first (a body holds about 7 bytes per id
-of its prompt).
+of its prompt: the last request body, which the next request rewrites in place from its
+first changed byte).
 """
 
 from __future__ import annotations

@@ -70,10 +70,11 @@ class Dialect(Protocol):
         ...
 
 
-def request_body(dialect: Dialect, writer: PromptBody, prompt: Prompt, rest: bytes) -> bytes:
+def request_body(dialect: Dialect, writer: PromptBody, prompt: Prompt, rest: bytes) -> bytearray:
     """The JSON body: the prompt's ids under the dialect's field, written by the core
     from the ids it holds (keeping the connection's previous body's prefix), then the
-    other fields (`rest`: a JSON object's bytes, never empty: every dialect streams)."""
+    other fields (`rest`: a JSON object's bytes, never empty: every dialect streams).
+    The writer's own bytearray, rewritten by its next request: sent before that."""
     head = b'{"' + dialect.prompt_field.encode() + b'":'
     return writer.write(prompt, head, b"," + rest[1:])
 

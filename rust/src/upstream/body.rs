@@ -4,10 +4,11 @@
 //!
 //! A conversation's prompt grows by a few thousand ids a turn behind a prefix of tens of
 //! thousands that the previous turn already sent. The writer keeps the previous prompt
-//! (sharing its chunks: no copy) and the bytes it wrote for it, with the byte offset of
-//! every `MARK`-th id; the next prompt keeps the bytes of the prefix the two share, up to
-//! the last mark inside it, and writes only the ids after it. A turn costs the new ids
-//! plus one copy of the body into the request, never a Python int per id.
+//! (sharing its chunks: no copy) and the byte offset in its array of every `MARK`-th id;
+//! the next prompt keeps the bytes of the prefix the two share, up to the last mark
+//! inside it, and writes only the ids after it. The caller holds the array's bytes (the
+//! request body it sends, rewritten in place): a turn costs its new ids, never a copy
+//! of the history's, nor a Python int per id.
 
 use crate::conversation::Prompt;
 
@@ -17,46 +18,52 @@ const MARK: usize = 128;
 
 #[derive(Default)]
 pub struct PromptBody {
-    /// The prompt `json` holds.
+    /// The prompt the caller's array holds.
     prompt: Prompt,
-    /// `[` then the ids, comma-separated, without the closing bracket.
-    json: Vec<u8>,
-    /// `marks[k]`: the length of `json` before id `k * MARK` (and its comma) was written.
+    /// The array's length: `[` then the ids, comma-separated, without the closing bracket.
+    len: usize,
+    /// `marks[k]`: the array's length before id `k * MARK` (and its comma) was written.
     marks: Vec<usize>,
 }
 
 impl PromptBody {
-    /// The JSON array of `prompt`'s ids, without its closing `]`: the caller writes it
-    /// (with the rest of the body) in the same copy.
-    pub fn ids_json(&mut self, prompt: &Prompt) -> &[u8] {
+    /// Brings the caller's array (the last call's, or empty) up to `prompt`: returns how
+    /// many of its leading bytes stay, and the bytes that replace the rest (the array
+    /// without its closing `]`, which the caller writes with the rest of the body). The
+    /// new bytes are the caller's to drop: the first write of a long prompt is all of it.
+    pub fn update(&mut self, prompt: &Prompt) -> (usize, Vec<u8>) {
         let shared = prompt.common_prefix_len(&self.prompt);
         let keep = shared / MARK;
         if keep < self.marks.len() {
-            self.json.truncate(self.marks[keep]);
+            self.len = self.marks[keep];
             self.marks.truncate(keep);
         }
-        if self.json.is_empty() {
-            self.json.push(b'[');
+        let kept = self.len;
+        let mut written = Vec::new();
+        if kept == 0 {
+            written.push(b'[');
         }
         let mut index = self.marks.len() * MARK;
-        let json = &mut self.json;
+        // Up to 10 digits and a comma an id; o200k's ids take 6-7.
+        written.reserve(prompt.len().saturating_sub(index) * 7);
         let marks = &mut self.marks;
         prompt
             .tokens
             .for_each_slice(index, prompt.len(), &mut |ids: &[u32]| {
                 for &id in ids {
                     if index.is_multiple_of(MARK) {
-                        marks.push(json.len());
+                        marks.push(kept + written.len());
                     }
                     if index > 0 {
-                        json.push(b',');
+                        written.push(b',');
                     }
-                    write_decimal(json, id);
+                    write_decimal(&mut written, id);
                     index += 1;
                 }
             });
+        self.len = kept + written.len();
         self.prompt = prompt.clone();
-        &self.json
+        (kept, written)
     }
 }
 
@@ -79,10 +86,17 @@ fn write_decimal(out: &mut Vec<u8>, mut value: u32) {
 mod tests {
     use super::*;
 
-    fn array(body: &mut PromptBody, ids: &[u32]) -> String {
-        let mut json = body.ids_json(&Prompt::from_tokens(ids)).to_vec();
-        json.push(b']');
-        String::from_utf8(json).unwrap()
+    /// The caller's side: `json` (the last array) brought up to `prompt`.
+    fn apply(body: &mut PromptBody, json: &mut Vec<u8>, prompt: &Prompt) -> usize {
+        let (kept, written) = body.update(prompt);
+        json.truncate(kept);
+        json.extend_from_slice(&written);
+        kept
+    }
+
+    fn array(body: &mut PromptBody, json: &mut Vec<u8>, ids: &[u32]) -> String {
+        apply(body, json, &Prompt::from_tokens(ids));
+        String::from_utf8(json.clone()).unwrap() + "]"
     }
 
     fn expected(ids: &[u32]) -> String {
@@ -91,49 +105,52 @@ mod tests {
 
     #[test]
     fn writes_the_ids_as_json() {
-        let mut body = PromptBody::default();
-        assert_eq!(array(&mut body, &[]), "[]");
+        let (mut body, mut json) = (PromptBody::default(), Vec::new());
+        assert_eq!(array(&mut body, &mut json, &[]), "[]");
         let ids = [0, 7, 10, 99, 100, 200_012, u32::MAX];
-        assert_eq!(array(&mut body, &ids), expected(&ids));
+        assert_eq!(array(&mut body, &mut json, &ids), expected(&ids));
     }
 
     #[test]
     fn a_grown_prompt_equals_a_fresh_write() {
-        let mut body = PromptBody::default();
+        let (mut body, mut json) = (PromptBody::default(), Vec::new());
         let mut ids: Vec<u32> = (0..1000).map(|i| i * 37 % 5000).collect();
-        assert_eq!(array(&mut body, &ids), expected(&ids));
+        assert_eq!(array(&mut body, &mut json, &ids), expected(&ids));
         // Grown past several marks, then exactly to a mark boundary.
         ids.extend((0..300).map(|i| i * 11));
-        assert_eq!(array(&mut body, &ids), expected(&ids));
+        assert_eq!(array(&mut body, &mut json, &ids), expected(&ids));
         ids.truncate(1280);
-        assert_eq!(array(&mut body, &ids), expected(&ids));
+        assert_eq!(array(&mut body, &mut json, &ids), expected(&ids));
         ids.push(5);
-        assert_eq!(array(&mut body, &ids), expected(&ids));
+        assert_eq!(array(&mut body, &mut json, &ids), expected(&ids));
     }
 
     #[test]
     fn a_changed_prefix_is_rewritten() {
-        let mut body = PromptBody::default();
+        let (mut body, mut json) = (PromptBody::default(), Vec::new());
         let mut ids: Vec<u32> = (0..700).collect();
-        array(&mut body, &ids);
+        array(&mut body, &mut json, &ids);
         ids[300] = 123_456;
-        assert_eq!(array(&mut body, &ids), expected(&ids));
+        assert_eq!(array(&mut body, &mut json, &ids), expected(&ids));
         ids[0] = 9;
         ids.truncate(10);
-        assert_eq!(array(&mut body, &ids), expected(&ids));
+        assert_eq!(array(&mut body, &mut json, &ids), expected(&ids));
     }
 
     #[test]
     fn a_prompt_sharing_chunks_keeps_the_prefix() {
-        let mut body = PromptBody::default();
+        let (mut body, mut json) = (PromptBody::default(), Vec::new());
         let first = Prompt::from_tokens(&(0..1000).collect::<Vec<u32>>());
         let mut tokens = first.tokens.clone();
         tokens.extend_from_slice(&[1, 2, 3]);
         let second = Prompt { tokens };
-        body.ids_json(&first);
+        apply(&mut body, &mut json, &first);
         let marks = body.marks.clone();
-        let json = body.ids_json(&second).to_vec();
+        let before = json.clone();
+        let kept = apply(&mut body, &mut json, &second);
         // Only the ids after the last full mark were rewritten.
+        assert_eq!(kept, marks[1000 / MARK]);
+        assert_eq!(json[..kept], before[..kept]);
         assert_eq!(&body.marks[..marks.len() - 1], &marks[..marks.len() - 1]);
         let mut ids: Vec<u32> = (0..1000).collect();
         ids.extend([1, 2, 3]);
