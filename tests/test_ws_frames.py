@@ -11,14 +11,16 @@ import orjson
 import pytest
 from hotloop._core import ChatFormat, Prompt
 from hotloop.bench.scripted import ScriptedClient
+from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
 from hotloop.metrics import StreamCpu
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
+from hotloop.transport import App
 from hotloop.transport.asgi import SEND_FRAMES, Message
 from hotloop.transport.frames import text_frame_header
 from hotloop.transport.websocket import Socket
 from sdk_events import validate
-from servers import hotloop_server
+from servers import Validating, hotloop_server, serving, sim_engine
 from websockets.frames import OP_TEXT, Frame
 from websockets.streams import StreamReader
 from websockets.sync.client import connect
@@ -194,3 +196,18 @@ async def test_frames_the_writer_refuses_go_out_through_send_in_order() -> None:
     events = [validate(frame.decode()) for frames in out for frame in frames]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert events[-1]["type"] == "response.completed"
+
+
+def test_the_tests_check_every_frame_the_plain_writer_sends() -> None:
+    # Most frames leave through the writer, not a message: the SDK check must see them.
+    checked = Validating(App(sim_engine(), ServerConfig(engine="sim")))
+    with serving(checked, ws_per_message_deflate=False) as base:
+        url = base.replace("http://", "ws://") + "/v1/responses"
+        with connect(url) as ws:
+            request = {"type": "response.create", "model": "sim", "input": "go"}
+            ws.send(orjson.dumps(request).decode())
+            received = 1
+            while orjson.loads(ws.recv())["type"] != "response.completed":
+                received += 1
+    assert checked.frames == received > 3
+    assert checked.invalid == []
