@@ -102,9 +102,13 @@ async def steps_alone(ids: list[int], batch: int, pause: float) -> float:
     return (time.process_time() - start) / len(ids) * 1e6
 
 
-async def in_process(ids: list[int], batch: int, pause: float = 0.0) -> tuple[float, float]:
+async def in_process(
+    ids: list[int], batch: int, pause: float = 0.0, way: str = "text"
+) -> tuple[float, float]:
     """CPU microseconds per token and frames per token of our own path (with `Steps`'
-    own cost)."""
+    own cost). `way`: how frames leave the Socket: `text` (plain `websocket.send`),
+    `message` (hotloop's `send_frames` extension, each batch's frames an awaited
+    message) or `write` (its plain writer); the server's side of each does nothing."""
     connection = Connection(
         chat_format=FORMAT,
         context_window=1 << 22,
@@ -116,13 +120,25 @@ async def in_process(ids: list[int], batch: int, pause: float = 0.0) -> tuple[fl
     )
     frames = 0
 
-    async def send(message: Message) -> None:
+    def went_out(payloads: list[bytes]) -> bool:
         nonlocal frames
         frames += 1
-        if '"response.completed"' in message.get("text", ""):
+        if b'"response.completed"' in payloads[-1]:
             client.finish()
+        return True
 
-    socket_ = Socket(connection, Steps(ids, batch, pause), send, high_water=1 << 24, lifetime=3600)
+    async def send(message: Message) -> None:
+        went_out(message.get("frames") or [message.get("text", "").encode()])
+
+    socket_ = Socket(
+        connection,
+        Steps(ids, batch, pause),
+        send,
+        high_water=1 << 24,
+        lifetime=3600,
+        send_frames=way != "text",
+        write_frames=went_out if way == "write" else None,
+    )
     start = time.process_time()
     await socket_.run(client.receive)
     spent = time.process_time() - start
@@ -283,6 +299,15 @@ def main() -> None:
         runs = [uvloop.run(in_process(ids, batch)) for _ in range(args.rounds)]
         us, frames = median(r[0] for r in runs), median(r[1] for r in runs)
         print(f"  {batch} token(s) per engine step: {us:6.2f} us/token, {frames:.2f} frames/token")
+    # The frames extension both ways, rounds interleaved: what the plain writer saves.
+    ways: dict[str, list[float]] = {"message": [], "write": []}
+    for _ in range(args.rounds):
+        for way, spent in ways.items():
+            spent.append(uvloop.run(in_process(ids, 1, way=way))[0])
+    print(
+        "  1 token per engine step, send_frames: "
+        + ", ".join(f"{way} {median(spent):6.2f} us/token" for way, spent in ways.items())
+    )
     # The same path woken by a 1 ms timer per batch, as in the server: between wake-ups
     # other processes run, and the path starts from cold caches.
     cold = [

@@ -22,7 +22,7 @@ from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
 from hotloop.transport import App
 from hotloop.transport.admission import AdmittingHttpProtocol
-from hotloop.transport.asgi import SEND_FRAMES, Message, Receive, Scope, Send
+from hotloop.transport.asgi import SEND_FRAMES, WRITE_FRAMES, Message, Receive, Scope, Send
 from hotloop.transport.frames import FrameSendingProtocol
 from pydantic import ValidationError
 from sdk_events import validate
@@ -53,13 +53,28 @@ class Validating:
 
         async def checked(message: Message) -> None:
             if message["type"] == SEND_FRAMES:
-                for frame in message["frames"]:
-                    self.check(frame.decode())
+                self.check_all(message["frames"])
             elif message["type"] == "websocket.send" and message.get("text") is not None:
                 self.check(message["text"])
             await send(message)
 
+        extension = scope.get("extensions", {}).get(SEND_FRAMES)
+        if extension is not None and WRITE_FRAMES in extension:
+            # The server's plain writer carries most frames: check those too.
+            write = extension[WRITE_FRAMES]
+
+            def write_checked(frames: list[bytes]) -> bool:
+                written: bool = write(frames)
+                if written:
+                    self.check_all(frames)
+                return written
+
+            scope["extensions"][SEND_FRAMES] = {**extension, WRITE_FRAMES: write_checked}
         await self.app(scope, receive, checked)
+
+    def check_all(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            self.check(frame.decode())
 
     def check(self, text: str) -> None:
         self.frames += 1

@@ -11,14 +11,16 @@ import orjson
 import pytest
 from hotloop._core import ChatFormat, Prompt
 from hotloop.bench.scripted import ScriptedClient
+from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
 from hotloop.metrics import StreamCpu
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
+from hotloop.transport import App
 from hotloop.transport.asgi import SEND_FRAMES, Message
 from hotloop.transport.frames import text_frame_header
 from hotloop.transport.websocket import Socket
 from sdk_events import validate
-from servers import hotloop_server
+from servers import Validating, hotloop_server, serving, sim_engine
 from websockets.frames import OP_TEXT, Frame
 from websockets.streams import StreamReader
 from websockets.sync.client import connect
@@ -85,9 +87,14 @@ class InBatches:
         """Nothing to release."""
 
 
-async def one_turn(session: InBatches, stream_cpu: StreamCpu | None = None) -> list[list[bytes]]:
+async def one_turn(
+    session: InBatches,
+    stream_cpu: StreamCpu | None = None,
+    writer: Writer | None = None,
+) -> list[list[bytes]]:
     """Run one `response.create` through a Socket with the extension on; return what
-    each send carried."""
+    each send carried, in order (with a `writer`: the server's plain writer, given to
+    the Socket too, and what it wrote in the same list)."""
     connection = Connection(
         chat_format=FORMAT,
         context_window=1 << 20,
@@ -99,11 +106,23 @@ async def one_turn(session: InBatches, stream_cpu: StreamCpu | None = None) -> l
         orjson.dumps({"type": "response.create", "model": "sim", "input": "go"}).decode()
     )
 
+    def went_out(frames: list[bytes]) -> None:
+        sends.append(list(frames))
+        if any(b'"response.completed"' in frame for frame in frames):
+            client.finish()
+
     async def send(message: Message) -> None:
         assert message["type"] == SEND_FRAMES
-        sends.append(message["frames"])
-        if any(b'"response.completed"' in frame for frame in message["frames"]):
-            client.finish()
+        if writer is not None:
+            writer.sent += 1
+        went_out(message["frames"])
+
+    def write(frames: list[bytes]) -> bool:
+        assert writer is not None
+        written = writer(frames)
+        if written:
+            went_out(frames)
+        return written
 
     socket = Socket(
         connection,
@@ -112,10 +131,30 @@ async def one_turn(session: InBatches, stream_cpu: StreamCpu | None = None) -> l
         high_water=1 << 20,
         lifetime=3600,
         send_frames=True,
+        write_frames=None if writer is None else write,
         stream_cpu=stream_cpu,
     )
     await socket.run(client.receive)
     return sends
+
+
+class Writer:
+    """The server's plain frame writer as a test sees it: every `busy`th call refused
+    (the transport's flow control asking the app to wait), the calls and the sends
+    counted."""
+
+    def __init__(self, busy: int = 0) -> None:
+        self.busy = busy
+        self.calls = 0
+        self.refused = 0
+        self.sent = 0
+
+    def __call__(self, frames: list[bytes]) -> bool:
+        self.calls += 1
+        if self.busy and self.calls % self.busy == 0:
+            self.refused += 1
+            return False
+        return True
 
 
 async def test_frames_ready_together_go_out_in_one_send() -> None:
@@ -136,3 +175,39 @@ async def test_every_eighth_batch_adds_its_cpu_and_tokens() -> None:
     # Every batch is 3 ids but the last; the loop ends at the stop token's batch.
     assert stream_cpu.tokens == 3 * (batches // StreamCpu.EVERY)
     assert stream_cpu.cpu_seconds > 0 and stream_cpu.between_seconds >= 0
+
+
+async def test_a_client_that_keeps_up_gets_every_frame_from_the_plain_writer() -> None:
+    writer = Writer()
+    out = await one_turn(InBatches("word " * 40, 1), writer=writer)
+    assert writer.sent == 0 and len(out) == writer.calls
+    events = [validate(frame.decode()) for frames in out for frame in frames]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed"
+
+
+async def test_frames_the_writer_refuses_go_out_through_send_in_order() -> None:
+    writer = Writer(busy=3)
+    out = await one_turn(InBatches("word " * 40, 1), writer=writer)
+    # Each refused batch went out once, through the send (which waits for the
+    # transport): none lost, none twice, the order kept.
+    assert writer.refused > 0 and writer.sent == writer.refused
+    assert len(out) == writer.calls
+    events = [validate(frame.decode()) for frames in out for frame in frames]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed"
+
+
+def test_the_tests_check_every_frame_the_plain_writer_sends() -> None:
+    # Most frames leave through the writer, not a message: the SDK check must see them.
+    checked = Validating(App(sim_engine(), ServerConfig(engine="sim")))
+    with serving(checked, ws_per_message_deflate=False) as base:
+        url = base.replace("http://", "ws://") + "/v1/responses"
+        with connect(url) as ws:
+            request = {"type": "response.create", "model": "sim", "input": "go"}
+            ws.send(orjson.dumps(request).decode())
+            received = 1
+            while orjson.loads(ws.recv())["type"] != "response.completed":
+                received += 1
+    assert checked.frames == received > 3
+    assert checked.invalid == []

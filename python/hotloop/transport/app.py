@@ -40,6 +40,7 @@ from hotloop.transport.asgi import (
     CONNECTION_DRAIN,
     RECEIVE_UTF8,
     SEND_FRAMES,
+    WRITE_FRAMES,
     ASGIApp,
     Receive,
     Scope,
@@ -308,13 +309,15 @@ class App:
             inject=config.inject or multi_agent(scope),
             inject_idle_timeout=config.inject_idle_timeout,
         )
+        frames = scope.get("extensions", {}).get(SEND_FRAMES)
         socket = Socket(
             connection,
             self.engine.session(),
             send,
             high_water=config.send_buffer_bytes,
             lifetime=config.connection_lifetime,
-            send_frames=SEND_FRAMES in scope.get("extensions", {}),
+            send_frames=frames is not None,
+            write_frames=None if frames is None else frames.get(WRITE_FRAMES),
             stream_cpu=None if self.ledger is None else self.ledger.metrics.stream_cpu,
             commit=None if self.ledger is None else self.ledger.persist,
             warm=warm,

@@ -17,6 +17,13 @@ SEND_FRAMES = "hotloop.websocket.send_frames"
 `scope["extensions"]` and its message type, `{"type": SEND_FRAMES, "frames": [bytes]}`,
 each item one text frame's UTF-8 payload, all written at once."""
 
+WRITE_FRAMES = "write"
+"""The `SEND_FRAMES` extension's entry (`scope["extensions"][SEND_FRAMES][WRITE_FRAMES]`):
+a plain callable that writes a list of such payloads at once without a message to
+await, returning False (nothing written) while the transport asks the app to wait; the
+app then sends them as a `SEND_FRAMES` message, which waits. Raises OSError when the
+client is gone."""
+
 RECEIVE_UTF8 = "hotloop.websocket.receive_utf8"
 """hotloop's server extension for receiving: an app that sets this scope key (to True)
 gets a large text message (`OFFLOAD_BYTES` or more) as `{"type": "websocket.receive",

@@ -40,7 +40,7 @@ from websockets.protocol import State
 
 from hotloop.protocol import OFFLOAD_BYTES
 from hotloop.shutdown import Drain, find_drain
-from hotloop.transport.asgi import CONNECTION_DRAIN, RECEIVE_UTF8, SEND_FRAMES
+from hotloop.transport.asgi import CONNECTION_DRAIN, RECEIVE_UTF8, SEND_FRAMES, WRITE_FRAMES
 
 log = logging.getLogger("hotloop.websocket")
 
@@ -108,14 +108,15 @@ class FrameSendingProtocol(WebSocketsSansIOProtocol):
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
         if self.response.status_code == 101 and not self.conn.extensions:
-            self.scope["extensions"][SEND_FRAMES] = {}
+            self.scope["extensions"][SEND_FRAMES] = {WRITE_FRAMES: self.write_frames}
 
-    async def send(self, message: Any) -> None:
-        if message["type"] != SEND_FRAMES or not self.handshake_complete:
-            await super().send(message)  # before the accept, uvicorn refuses it
-            return
-        if not self.writable.is_set():  # uvicorn's flow control: wait for the transport
-            await self.writable.wait()
+    def write_frames(self, payloads: list[bytes]) -> bool:
+        """Write text frames now: True once written, False (nothing written) while the
+        transport asks us to wait (uvicorn's flow control; `send` waits for it). Raises
+        ClientDisconnected when the connection takes no more frames. A plain call, not
+        a message to await: it is the per-token path, one frame per engine batch."""
+        if not self.writable.is_set():
+            return False
         if (
             self.disconnected
             or self.close_sent
@@ -123,11 +124,24 @@ class FrameSendingProtocol(WebSocketsSansIOProtocol):
             or self.transport.is_closing()
         ):
             raise ClientDisconnected()
+        if len(payloads) == 1:
+            # One buffer: a write without the list of buffers writev takes.
+            payload = payloads[0]
+            self.transport.write(text_frame_header(len(payload)) + payload)
+            return True
         parts: list[bytes] = []
-        for payload in message["frames"]:
+        for payload in payloads:
             parts.append(text_frame_header(len(payload)))
             parts.append(payload)
         self.transport.writelines(parts)
+        return True
+
+    async def send(self, message: Any) -> None:
+        if message["type"] != SEND_FRAMES or not self.handshake_complete:
+            await super().send(message)  # before the accept, uvicorn refuses it
+            return
+        while not self.write_frames(message["frames"]):
+            await self.writable.wait()
 
     def shutdown(self) -> None:
         drain = find_drain(self.app)

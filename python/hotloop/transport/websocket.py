@@ -51,6 +51,9 @@ from hotloop.transport.mcp import listed, run_calls
 
 log = logging.getLogger("hotloop.websocket")
 
+WriteFrames = Callable[[list[bytes]], bool]
+"""The server's plain frame writer (`hotloop.transport.asgi.WRITE_FRAMES`)."""
+
 Commit = Callable[[Finished], Awaitable[None]]
 """Starts committing a `store=true` response durably (`Ledger.persist`); what it
 returns raises StoreError when the commit failed."""
@@ -118,6 +121,7 @@ class Socket:
         high_water: int,
         lifetime: float,
         send_frames: bool = False,
+        write_frames: WriteFrames | None = None,
         stream_cpu: StreamCpu | None = None,
         commit: Commit | None = None,
         warm: Callable[[Parsed], Awaitable[None]] | None = None,
@@ -126,6 +130,8 @@ class Socket:
     ) -> None:
         """`send_frames`: the server offers `hotloop.websocket.send_frames` (see
         `hotloop.transport.frames`); the frames ready together then go out in one send.
+        `write_frames`: its plain writer (`WRITE_FRAMES`), used before the send: while
+        the client keeps up, a streamed token's frame costs no message and no await.
         `stream_cpu`: where sampled streaming batches add their CPU time (the process's
         metrics; a socket of its own otherwise). `commit`: how `Persist` work is done
         (required when the connection is durable). `warm`: awaited with a request that names a
@@ -139,7 +145,8 @@ class Socket:
         self._mcp = mcp or McpClient(McpSettings())
         self._commit = commit
         self._warm = warm
-        self._send_frames = send_frames
+        self._send_frames = send_frames or write_frames is not None
+        self._write_frames = write_frames
         self._stream_cpu = stream_cpu or StreamCpu()
         self._session = session
         self._send = send
@@ -429,7 +436,9 @@ class Socket:
                     return
                 if self._send_frames:
                     frames = self._ready_frames()
-                    await send({"type": SEND_FRAMES, "frames": frames})
+                    write = self._write_frames
+                    if write is None or not write(frames):
+                        await send({"type": SEND_FRAMES, "frames": frames})
                 else:
                     frames = [item]
                     await send({"type": "websocket.send", "text": item.decode()})
