@@ -129,6 +129,7 @@ fn qwen_tool_template_text() {
     let prefix = Prefix {
         instructions: Some("Be brief.".into()),
         tools: vec![weather_tool()],
+        namespaces: Vec::new(),
         reasoning_effort: None,
     };
     let items = [
