@@ -496,5 +496,11 @@ def call_name(qualified: str) -> dict[str, str]:
     return {"name": name, "namespace": namespace} if dot else {"name": qualified}
 
 
+def qualified_name(call: dict[str, Any]) -> str:
+    """The name the core renders a `function_call` item under (`call_name` reversed)."""
+    namespace = call.get("namespace")
+    return f"{namespace}.{call['name']}" if namespace else str(call["name"])
+
+
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
