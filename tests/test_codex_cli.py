@@ -71,6 +71,50 @@ def test_codex_runs_a_tool_loop_over_the_websocket(codex: Path, tmp_path: Path) 
     assert sample(metrics, 'hotloop_prompt_tokens_total{source="cache"}') > 0
 
 
+def test_codex_calls_a_function_of_its_namespace_tool(codex: Path, tmp_path: Path) -> None:
+    """Codex sends its sub-agent tools as the `namespace` tool `multi_agent_v1`. The sim
+    calls `multi_agent_v1.close_agent` for an agent that does not exist: Codex routes the
+    call (`name` and `namespace`) to its agent tools, whose refusal comes back as the
+    call's output, and prints the answer of the turn after it."""
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    script = SimScript(
+        text="All done.",
+        tool="multi_agent_v1.close_agent",
+        tool_calls=1,
+        tool_arguments='{"target":"nope"}',
+    )
+    recorded = Recording(
+        build_app(
+            sim_engine(script),
+            ServerConfig(engine="sim", api_keys=("sk-codex",), data_dir=str(tmp_path / "data")),
+        )
+    )
+    checked = Validating(recorded)
+    with serving(checked) as url:
+        provider = (
+            f'{{name="hotloop", base_url="{url}/v1", wire_api="responses", '
+            'env_key="HOTLOOP_TEST_KEY", supports_websockets=true}'
+        )
+        done = run_codex(
+            codex, home, work, provider, "Close it.", env={"HOTLOOP_TEST_KEY": "sk-codex"}
+        )
+    assert checked.invalid == []
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "All done."
+    namespaces = [t["name"] for t in recorded.turns[0][1]["tools"] if t["type"] == "namespace"]
+    assert "multi_agent_v1" in namespaces
+    outputs = [
+        str(item["output"])
+        for _, body in recorded.turns
+        for item in body["input"]
+        if item.get("type") == "function_call_output"
+    ]
+    # The agent tools' own refusal, not Codex's "unsupported call".
+    assert len(outputs) == 1 and "invalid agent id nope" in outputs[0], outputs
+
+
 def run_codex(
     codex: Path,
     home: Path,

@@ -82,6 +82,16 @@ def tool_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def namespace_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The sim calls a function of a `namespace` tool, by its qualified name."""
+    script = SimScript(
+        tool="multi_agent_v1.spawn_agent", tool_calls=1, tool_arguments='{"task":"x"}'
+    )
+    with server(tmp_path_factory.mktemp("namespace"), script) as url:
+        yield url + "/v1"
+
+
+@pytest.fixture(scope="module")
 def vision_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     script = SimScript(echo=True)
     with server(tmp_path_factory.mktemp("vision"), script, modalities=("text", "image")) as url:
@@ -421,6 +431,62 @@ def test_websocket_continuation(base: str) -> None:
     response = second[-1]["response"]
     assert response["status"] == "completed" and response["previous_response_id"] == first["id"]
     assert response["usage"]["input_tokens_details"]["cached_tokens"] > 0
+
+
+MULTI_AGENT = {
+    "type": "namespace",
+    "name": "multi_agent_v1",
+    "description": "Sub-agents.",
+    "tools": [
+        {
+            "type": "function",
+            "name": "spawn_agent",
+            "description": "Start one.",
+            "parameters": {"type": "object", "properties": {"task": {"type": "string"}}},
+        },
+        {"type": "function", "name": "wait", "description": "Wait for one."},
+    ],
+}
+
+
+def test_websocket_namespace_tool_call(namespace_base: str) -> None:
+    """Codex's `namespace` tools: the model's call comes back as the SDK's function_call
+    (`name` and `namespace`), and sent back as input it renders as it was sampled."""
+    tools = [WEATHER, MULTI_AGENT]
+    user = {"type": "message", "role": "user", "content": "Delegate."}
+
+    def turn(ws: ClientConnection, **fields: Any) -> list[dict[str, Any]]:
+        # The SDK's models only: Open Responses' schema has no `namespace` tool to echo.
+        send(ws, {"type": "response.create", "model": "sim", **fields})
+        events = [validate(ws.recv())]
+        while events[-1]["type"] not in TERMINAL and events[-1]["type"] != "error":
+            events.append(validate(ws.recv()))
+        return events
+
+    with socket(namespace_base) as ws:
+        first = turn(ws, store=False, tools=tools, input=[user])
+        call = next(i for i in first[-1]["response"]["output"] if i["type"] == "function_call")
+        assert (call["namespace"], call["name"]) == ("multi_agent_v1", "spawn_agent")
+        added = next(e for e in first if e["type"] == "response.output_item.added")["item"]
+        assert (added["namespace"], added["name"]) == ("multi_agent_v1", "spawn_agent")
+        done = next(e for e in first if e["type"] == "response.function_call_arguments.done")
+        assert done["name"] == "spawn_agent"
+        answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
+        second = turn(
+            ws,
+            store=False,
+            tools=tools,
+            previous_response_id=first[-1]["response"]["id"],
+            input=[answer],
+        )[-1]["response"]
+        # The whole history in one request, the call as the client got it.
+        sent_call = {k: call[k] for k in ("type", "call_id", "namespace", "name", "arguments")}
+        again = turn(ws, store=False, tools=tools, input=[user, sent_call, answer])[-1]["response"]
+    assert second["status"] == again["status"] == "completed"
+    assert second["usage"]["input_tokens"] == again["usage"]["input_tokens"]
+    # The continuation reused the sampled call's tokens: the render matched them.
+    cached = second["usage"]["input_tokens_details"]["cached_tokens"]
+    assert cached > first[-1]["response"]["usage"]["input_tokens"]
 
 
 def test_websocket_store_false_does_not_survive_a_reconnect(base: str) -> None:

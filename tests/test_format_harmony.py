@@ -34,6 +34,7 @@ from openai_harmony import (
     Role,
     SystemContent,
     ToolDescription,
+    ToolNamespaceConfig,
     load_harmony_encoding,
 )
 
@@ -336,6 +337,85 @@ def request_body(case: dict[str, Any]) -> str:
     if "reasoning_effort" in prefix:
         body["reasoning"] = {"effort": prefix["reasoning_effort"]}
     return json.dumps(body)
+
+
+def test_namespace_tools_render_as_openai_harmony_namespaces(reference: HarmonyEncoding) -> None:
+    """Codex's `namespace` tools: each is its own namespace block beside `functions` (in
+    name order), its functions called as `NS.NAME`, and a namespaced `function_call`
+    sent back renders as the sampled call did."""
+    spawn = {"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}
+    body = {
+        "model": "gpt-oss",
+        "tools": [
+            {"type": "function", **WEATHER},
+            {
+                "type": "namespace",
+                "name": "multi_agent_v1",
+                "description": "Sub-agents.\nThey run in parallel.",
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": "spawn_agent",
+                        "description": "Start one.",
+                        "parameters": spawn,
+                    },
+                    {"type": "function", "name": "wait", "description": ""},
+                ],
+            },
+            {"type": "namespace", "name": "apps", "description": "None installed.", "tools": []},
+        ],
+        "input": [
+            {"type": "message", "role": "user", "content": "Delegate."},
+            {
+                "type": "function_call",
+                "call_id": "c1",
+                "namespace": "multi_agent_v1",
+                "name": "spawn_agent",
+                "arguments": '{"task":"x"}',
+            },
+            {"type": "function_call_output", "call_id": "c1", "output": "started"},
+        ],
+    }
+    conversation = _core.Conversation(ChatFormat.harmony(), context_window=1 << 20)
+    conversation.extend(_core.parse_request(json.dumps(body)))
+
+    content = DeveloperContent.new().with_function_tools(
+        [
+            ToolDescription.new(
+                WEATHER["name"], WEATHER["description"], parameters=WEATHER["parameters"]
+            )
+        ]
+    )
+    content = content.with_tools(
+        ToolNamespaceConfig(
+            name="multi_agent_v1",
+            description="Sub-agents.\nThey run in parallel.",
+            tools=[
+                ToolDescription.new("spawn_agent", "Start one.", parameters=spawn),
+                ToolDescription.new("wait", ""),
+            ],
+        )
+    )
+    content = content.with_tools(
+        ToolNamespaceConfig(name="apps", description="None installed.", tools=[])
+    )
+    call = Message.from_role_and_content(Role.ASSISTANT, '{"task":"x"}').with_channel("commentary")
+    call = call.with_recipient("multi_agent_v1.spawn_agent").with_content_type("<|constrain|>json")
+    output = Message.from_author_and_content(
+        Author.new(Role.TOOL, "multi_agent_v1.spawn_agent"), "started"
+    )
+    messages = [
+        Message.from_role_and_content(Role.SYSTEM, SystemContent.new()),
+        Message.from_role_and_content(Role.DEVELOPER, content),
+        Message.from_role_and_content(Role.USER, "Delegate."),
+        call,
+        output.with_recipient("assistant").with_channel("commentary"),
+    ]
+    config = RenderConversationConfig(auto_drop_analysis=False)
+    expected = reference.render_conversation_for_completion(
+        Conversation.from_messages(messages), Role.ASSISTANT, config=config
+    )
+    assert conversation.prompt().tokens() == list(expected)
 
 
 def test_conversation_prompt_equals_openai_harmony(reference: HarmonyEncoding) -> None:

@@ -99,3 +99,28 @@ def test_an_interrupted_response_keeps_its_completed_call_id() -> None:
     assert [e["type"] for e in continued] == ["response.created", "response.in_progress"]
     history = FORMAT.tokenizer.decode(client.generating[max(client.generating)].prompt.tokens())
     assert history.index('{"cmd":"ls"}') < history.index("a.py")
+
+
+def test_an_interrupted_namespaced_call_renders_under_its_namespace() -> None:
+    """Regression: the completed call was rebuilt from its bare `name`, so a function of a
+    `namespace` tool came back as `functions.NAME`, not the call the model sampled."""
+    client = Client()
+    namespace = {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Sub-agents.",
+        "tools": [{"type": "function", "name": "spawn_agent"}],
+    }
+    tools = [*TOOLS, namespace]
+    created = client.create("Delegate", tools=tools)[0]["response"]["id"]
+    key = min(client.generating)
+    client.conn.engine_output(
+        key, FORMAT.completion_tokens(calls=[("multi_agent_v1.spawn_agent", '{"task":"x"}')])
+    )
+    call = next(e["item"] for e in client.pump() if e["type"] == "response.output_item.done")
+    assert (call["namespace"], call["name"]) == ("multi_agent_v1", "spawn_agent")
+    interrupt(client, created)
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "started"}
+    client.create([output], previous_response_id=created, tools=tools)
+    history = FORMAT.tokenizer.decode(client.generating[max(client.generating)].prompt.tokens())
+    assert " to=multi_agent_v1.spawn_agent" in history and "functions.spawn_agent" not in history

@@ -416,7 +416,7 @@ class ResponseEvents:
             self._ids[key] = item_id
             head = self.delta_head("response.function_call_arguments.delta", item_id, index, None)
             self._heads[key] = head
-            item = {"id": item_id, "type": "function_call", "call_id": ev[3], "name": ev[2]}
+            item = {"id": item_id, "type": "function_call", "call_id": ev[3], **call_name(ev[2])}
             emit(self.item_added(index, {**item, "arguments": "", "status": "in_progress"}))
         elif kind == "call_done":
             item_id, name, call_id, arguments = self._ids[key], ev[2], ev[3], ev[4]
@@ -425,11 +425,11 @@ class ResponseEvents:
                     "response.function_call_arguments.done",
                     item_id=item_id,
                     output_index=index,
-                    name=name,
+                    name=call_name(name)["name"],
                     arguments=arguments,
                 )
             )
-            item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name}
+            item = {"id": item_id, "type": "function_call", "call_id": call_id, **call_name(name)}
             emit(self.item_done(index, {**item, "arguments": arguments, "status": "completed"}))
         else:
             raise ValueError(f"unknown output parser event {kind!r}")
@@ -487,6 +487,19 @@ class ResponseEvents:
         frames.append(self.event(kind, **ids))
         frames.append(self.item_done(index, item))
         return frames
+
+
+def call_name(qualified: str) -> dict[str, str]:
+    """A call's `name` (and `namespace`, for a function of a `namespace` tool) from the
+    qualified name the core parses and renders (`NAMESPACE.NAME`; plain names have no dot)."""
+    namespace, dot, name = qualified.partition(".")
+    return {"name": name, "namespace": namespace} if dot else {"name": qualified}
+
+
+def qualified_name(call: dict[str, Any]) -> str:
+    """The name the core renders a `function_call` item under (`call_name` reversed)."""
+    namespace = call.get("namespace")
+    return f"{namespace}.{call['name']}" if namespace else str(call["name"])
 
 
 def _text_part(text: str) -> dict[str, Any]:

@@ -67,6 +67,8 @@ impl Item {
 /// A function tool the model may call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tool {
+    /// Its name, qualified as `NAMESPACE.NAME` when it belongs to a `namespace` tool: the
+    /// name chat templates render and a call carries (a function name has no dots).
     pub name: String,
     pub description: Option<String>,
     /// JSON Schema of the arguments (already checked to be a JSON object), or Null when
@@ -75,12 +77,32 @@ pub struct Tool {
     pub strict: bool,
 }
 
+/// The separator of a qualified function name (`multi_agent_v1.spawn_agent`).
+pub const NAMESPACE_SEPARATOR: char = '.';
+
+impl Tool {
+    /// The namespace a qualified name belongs to and its function name.
+    pub fn split_name(name: &str) -> Option<(&str, &str)> {
+        name.split_once(NAMESPACE_SEPARATOR)
+    }
+}
+
+/// A `namespace` tool: its functions are in [`Prefix::tools`] under qualified names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Namespace {
+    pub name: String,
+    pub description: Option<String>,
+}
+
 /// The fixed part of a prompt that comes before the items: instructions and tools.
 /// A change to it is a history-rewriting event (the conversation re-renders).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Prefix {
     pub instructions: Option<String>,
     pub tools: Vec<Tool>,
+    /// The request's `namespace` tools, in request order (formats that know namespaces
+    /// render their functions apart).
+    pub namespaces: Vec<Namespace>,
     /// `reasoning.effort` of the request (`low`/`medium`/`high`), for formats that render it.
     pub reasoning_effort: Option<String>,
 }

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from hotloop._core import Checkpoint, CoreError
+from hotloop.events import qualified_name
 from hotloop.protocol.errors import ProtocolError
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def completed_checkpoint(response: Response) -> Checkpoint | None:
     completed = response.events.output[response.first_item :]
     for item in completed:
         if item["type"] == "function_call":
-            calls.append((item["name"], item["arguments"]))
+            calls.append((qualified_name(item), item["arguments"]))
         else:
             texts[item["type"]].append(item["content"][0]["text"])
     # Several items of one kind (a preamble, then more text) become one.

@@ -393,6 +393,11 @@ pub(crate) fn parse_append(
         } else {
             current.tools.clone()
         },
+        namespaces: if tools_json.is_some() {
+            request.prefix.namespaces
+        } else {
+            current.namespaces.clone()
+        },
         reasoning_effort: current.reasoning_effort.clone(),
     });
     Ok((request.input.items, prefix))
@@ -428,6 +433,7 @@ static CONVERSATION_IDS: AtomicU64 = AtomicU64::new(1);
 static NO_PREFIX: Prefix = Prefix {
     instructions: None,
     tools: Vec::new(),
+    namespaces: Vec::new(),
     reasoning_effort: None,
 };
 

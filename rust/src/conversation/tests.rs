@@ -371,6 +371,7 @@ fn prefix(choice: u8) -> Prefix {
                 parameters: serde_json::json!({"type": "object"}),
                 strict: false,
             }],
+            namespaces: Vec::new(),
             reasoning_effort: None,
         },
     }

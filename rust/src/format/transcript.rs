@@ -161,6 +161,7 @@ fn golden_case(case: &Value) -> GoldenCase {
                 strict: false,
             })
             .collect(),
+        namespaces: Vec::new(),
         reasoning_effort: s(p, "reasoning_effort"),
     };
     let field = |v: &Value, k: &str| s(v, k).unwrap_or_default();

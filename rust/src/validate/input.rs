@@ -16,7 +16,7 @@ use super::path::Path;
 use super::shape::{self, Shape};
 use super::Limits;
 use crate::error::{Code, Error, Result};
-use crate::item::{Item, Role};
+use crate::item::{Item, Role, NAMESPACE_SEPARATOR};
 
 /// The parsed input of a request.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -80,6 +80,9 @@ struct RawItem<'a> {
     call_id: Option<Shape<'a, IgnoredAny>>,
     #[serde(borrow)]
     name: Option<Shape<'a, IgnoredAny>>,
+    /// A `function_call`'s namespace, for a function of a `namespace` tool.
+    #[serde(borrow)]
+    namespace: Option<Shape<'a, IgnoredAny>>,
     #[serde(borrow)]
     arguments: Option<Shape<'a, IgnoredAny>>,
     #[serde(borrow)]
@@ -190,6 +193,30 @@ fn required_name(shape: Option<Shape<IgnoredAny>>, path: &Path, max: usize) -> R
     Ok(name)
 }
 
+/// A `function_call`'s name as the chat format knows it: qualified (`NAMESPACE.NAME`)
+/// when the call names a namespace (null is none, as the SDK's models dump it).
+fn call_name(
+    name: Option<Shape<IgnoredAny>>,
+    namespace: Option<Shape<IgnoredAny>>,
+    path: &Path,
+    max: usize,
+) -> Result<String> {
+    let name = required_name(name, &path.key("name"), max)?;
+    let namespace = match namespace {
+        None | Some(Shape::Other("null")) => return Ok(name),
+        Some(shape) => shape,
+    };
+    let ns_path = path.key("namespace");
+    let namespace = required_name(Some(namespace), &ns_path, max)?;
+    if namespace.contains(NAMESPACE_SEPARATOR) {
+        return Err(invalid_value(
+            &ns_path,
+            format!("Invalid '{ns_path}': '{namespace}' must not contain '{NAMESPACE_SEPARATOR}'."),
+        ));
+    }
+    Ok(format!("{namespace}{NAMESPACE_SEPARATOR}{name}"))
+}
+
 /// An input item, or None for a `compaction_trigger` (no item: a request to compact).
 fn parse_item(mut item: RawItem, path: &Path, limits: &Limits) -> Result<Option<(Item, TextSource)>> {
     let type_path = path.key("type");
@@ -204,7 +231,7 @@ fn parse_item(mut item: RawItem, path: &Path, limits: &Limits) -> Result<Option<
         "message" => parse_message(item, path, max, limits.images),
         "function_call" => {
             let call_id = required_name(item.call_id, &path.key("call_id"), max)?;
-            let name = required_name(item.name, &path.key("name"), max)?;
+            let name = call_name(item.name, item.namespace, path, max)?;
             let arguments = required_text(item.arguments, &path.key("arguments"), max)?;
             Ok((
                 Item::FunctionCall {
@@ -434,6 +461,43 @@ mod tests {
             input_json(Some(raw)),
             r#"[{"type":"message","role":"user","content":"hi"}]"#
         );
+    }
+
+    #[test]
+    fn a_namespaced_call_carries_its_qualified_name() {
+        let input = parse(
+            r#"[
+            {"type":"function_call","call_id":"c1","namespace":"multi_agent_v1","name":"wait","arguments":"{}"},
+            {"type":"function_call_output","call_id":"c1","output":"x"},
+            {"type":"function_call","call_id":"c2","namespace":null,"name":"ls","arguments":"{}"},
+            {"type":"function_call_output","call_id":"c2","output":"y"}
+        ]"#,
+        )
+        .unwrap();
+        let names: Vec<_> = input
+            .items
+            .iter()
+            .filter_map(|i| match i {
+                Item::FunctionCall { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["multi_agent_v1.wait", "ls"]);
+        for (namespace, code) in [
+            (r#""""#, Code::InvalidValue),
+            (r#""a.b""#, Code::InvalidValue),
+            ("3", Code::InvalidType),
+        ] {
+            let json = format!(
+                r#"[{{"type":"function_call","call_id":"c","namespace":{namespace},"name":"f","arguments":"{{}}"}}]"#
+            );
+            let e = parse(&json).unwrap_err();
+            assert_eq!(
+                (e.code, e.param.as_deref()),
+                (code, Some("input[0].namespace")),
+                "{json}"
+            );
+        }
     }
 
     #[test]

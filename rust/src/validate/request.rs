@@ -264,6 +264,7 @@ impl CreateRequest {
         let tools = parse_tools(body.tools, limits)?;
         self.tool_choice = parse_tool_choice(body.tool_choice, &tools.functions)?;
         self.prefix.tools = tools.functions;
+        self.prefix.namespaces = tools.namespaces;
         self.skipped_tools = tools.skipped;
         self.input_bytes = body.input.map_or(0, |r| r.get().len());
         self.input = parse_input(body.input, limits)?;

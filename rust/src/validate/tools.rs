@@ -1,10 +1,12 @@
 //! Tool definitions and `tool_choice`.
 //!
 //! `function` tools become [`Tool`]s for the chat format, with their `parameters` checked
-//! as a JSON Schema. Every other tool type (Codex sends `custom`, `namespace`,
-//! `tool_search`, `web_search`, ...) is accepted and left out of rendering: the server
-//! cannot run it, and refusing the request would break the client. They are reported
-//! in [`Tools::skipped`] so the server can log them.
+//! as a JSON Schema. A `namespace` tool (Codex sends its multi-agent, MCP and app tools
+//! so) contributes its function tools under qualified names (`NAMESPACE.NAME`) and a
+//! [`Namespace`] for the formats that render namespaces apart. Every other tool type
+//! (`custom`, `tool_search`, `web_search`, ...) is accepted and left out of rendering:
+//! the server cannot run it, and refusing the request would break the client. They are
+//! reported in [`Tools::skipped`] so the server can log them.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,13 +20,15 @@ use super::path::Path;
 use super::schema::check_schema;
 use super::Limits;
 use crate::error::{Code, Error, Result};
-use crate::item::Tool;
+use crate::item::{Namespace, Tool, NAMESPACE_SEPARATOR};
 
 /// The tools of a request.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Tools {
     /// `function` tools, in request order: what the chat format renders.
     pub functions: Vec<Tool>,
+    /// `namespace` tools, in request order; their functions are in `functions`.
+    pub namespaces: Vec<Namespace>,
     /// Tools of other types, accepted but not rendered.
     pub skipped: Vec<SkippedTool>,
     /// The list as a Response echoes it: as sent, with the fields a function tool must
@@ -38,7 +42,7 @@ pub struct SkippedTool {
     pub index: usize,
     /// The tool's `type`, e.g. `web_search`.
     pub kind: String,
-    /// Its `name`, for the types that have one (`custom`, `namespace`, ...).
+    /// Its `name`, for the types that have one (`custom`, ...); qualified inside a namespace.
     pub name: Option<String>,
 }
 
@@ -68,7 +72,14 @@ struct RawTool<'a> {
     parameters: Option<&'a RawValue>,
     #[serde(borrow)]
     strict: Option<&'a RawValue>,
+    /// A `namespace` tool's tools.
+    #[serde(borrow)]
+    tools: Option<&'a RawValue>,
 }
+
+/// The namespace harmony renders the request's plain function tools in: a `namespace`
+/// tool of that name would merge with them.
+const RESERVED_NAMESPACE: &str = "functions";
 
 #[derive(Deserialize)]
 struct RawToolChoice<'a> {
@@ -177,6 +188,10 @@ fn parse_uncached(raw: &RawValue, limits: &Limits) -> Result<Tools> {
             tools.echo_json.push(',');
         }
         echo_tool(&mut tools.echo_json, element, &tool, kind == "function");
+        if kind == "namespace" {
+            parse_namespace(&tool, &tool_path, i, limits, &mut tools)?;
+            continue;
+        }
         if kind != "function" {
             // A name is informative only here; a malformed one is not worth a refusal.
             let name = tool.name.and_then(|n| field::string(n, &tool_path).ok());
@@ -184,20 +199,103 @@ fn parse_uncached(raw: &RawValue, limits: &Limits) -> Result<Tools> {
             continue;
         }
         let function = parse_function(&tool, &tool_path, limits)?;
-        if tools.functions.iter().any(|t| t.name == function.name) {
-            let p = tool_path.key("name");
-            return Err(invalid_value(
-                &p,
-                format!(
-                    "Duplicate function name '{}' in '{p}': function names must be unique.",
-                    function.name
-                ),
-            ));
-        }
-        tools.functions.push(function);
+        add_function(&mut tools, function, &tool_path, limits)?;
     }
     tools.echo_json.push(']');
     Ok(tools)
+}
+
+/// Add a function tool, unique by its (qualified) name; namespaces count towards the
+/// same bound as the list itself.
+fn add_function(tools: &mut Tools, function: Tool, path: &Path, limits: &Limits) -> Result<()> {
+    if tools.functions.iter().any(|t| t.name == function.name) {
+        let p = path.key("name");
+        return Err(invalid_value(
+            &p,
+            format!(
+                "Duplicate function name '{}' in '{p}': function names must be unique.",
+                function.name
+            ),
+        ));
+    }
+    if tools.functions.len() >= limits.max_tools {
+        return Err(Error::new(
+            Code::ArrayAboveMaxLength,
+            format!(
+                "'{path}' is a function tool above the limit of {} in all of 'tools', \
+                 namespaces included.",
+                limits.max_tools
+            ),
+        )
+        .at(path.to_string()));
+    }
+    tools.functions.push(function);
+    Ok(())
+}
+
+/// A `namespace` tool: a name like a function's, an optional description and its
+/// `function` (rendered) and `custom` (skipped) tools.
+fn parse_namespace(
+    tool: &RawTool,
+    path: &Path,
+    index: usize,
+    limits: &Limits,
+    tools: &mut Tools,
+) -> Result<()> {
+    let name_path = path.key("name");
+    let name = checked_name(tool.name, &name_path)?;
+    let taken = if name == RESERVED_NAMESPACE {
+        Some("reserved")
+    } else if tools.namespaces.iter().any(|n| n.name == name) {
+        Some("already used by another namespace")
+    } else {
+        None
+    };
+    if let Some(why) = taken {
+        return Err(invalid_value(
+            &name_path,
+            format!("Invalid '{name_path}': the namespace name '{name}' is {why}."),
+        ));
+    }
+    let description = field::opt_string(tool.description, &path.key("description"), limits.max_text_bytes)?;
+    let list_path = path.key("tools");
+    let elements = field::bounded_array(
+        field::required(tool.tools, &list_path)?,
+        &list_path,
+        limits.max_tools,
+    )?;
+    for (j, element) in elements.into_iter().enumerate() {
+        let inner_path = list_path.index(j);
+        let inner: RawTool = field::object(element, &inner_path)?;
+        let type_path = inner_path.key("type");
+        let kind = field::string(field::required(inner.kind, &type_path)?, &type_path)?;
+        match kind.as_str() {
+            "function" => {
+                let mut function = parse_function(&inner, &inner_path, limits)?;
+                function.name = format!("{name}{NAMESPACE_SEPARATOR}{}", function.name);
+                add_function(tools, function, &inner_path, limits)?;
+            }
+            "custom" => {
+                let inner_name = inner.name.and_then(|n| field::string(n, &inner_path).ok());
+                tools.skipped.push(SkippedTool {
+                    index,
+                    kind,
+                    name: inner_name.map(|n| format!("{name}{NAMESPACE_SEPARATOR}{n}")),
+                });
+            }
+            other => {
+                return Err(invalid_value(
+                    &type_path,
+                    format!(
+                        "Invalid '{type_path}': '{other}'. A namespace holds 'function' and \
+                         'custom' tools."
+                    ),
+                ))
+            }
+        }
+    }
+    tools.namespaces.push(Namespace { name, description });
+    Ok(())
 }
 
 /// Append `element` as sent; a function tool gets the members it lacks appended before
@@ -221,18 +319,23 @@ fn echo_tool(out: &mut String, element: &RawValue, tool: &RawTool, function: boo
     out.push('}');
 }
 
-fn parse_function(tool: &RawTool, path: &Path, limits: &Limits) -> Result<Tool> {
-    let name_path = path.key("name");
-    let name = field::string(field::required(tool.name, &name_path)?, &name_path)?;
+/// A function's or namespace's `name`: required, in the API's charset.
+fn checked_name(raw: Option<&RawValue>, name_path: &Path) -> Result<String> {
+    let name = field::string(field::required(raw, name_path)?, name_path)?;
     if !valid_function_name(&name) {
         return Err(invalid_value(
-            &name_path,
+            name_path,
             format!(
                 "Invalid '{name_path}': '{name}' must be 1 to 64 characters of letters, digits, \
                  underscores and dashes."
             ),
         ));
     }
+    Ok(name)
+}
+
+fn parse_function(tool: &RawTool, path: &Path, limits: &Limits) -> Result<Tool> {
+    let name = checked_name(tool.name, &path.key("name"))?;
     let description = field::opt_string(tool.description, &path.key("description"), limits.max_text_bytes)?;
     let params_path = path.key("parameters");
     let parameters = match tool.parameters {
@@ -312,6 +415,16 @@ mod tests {
         parse_tools(Some(raw(json)), &Limits::default())
     }
 
+    fn assert_refused(json: &str, code: Code, param: &str) {
+        let e = tools(json).unwrap_err();
+        assert_eq!(
+            (e.code, e.param.as_deref()),
+            (code, Some(param)),
+            "{json}: {}",
+            e.message
+        );
+    }
+
     #[test]
     fn functions_render_and_other_types_are_skipped() {
         let t = tools(
@@ -336,11 +449,145 @@ mod tests {
             .collect();
         assert_eq!(
             skipped,
-            vec![
-                (1, "custom", Some("apply_patch")),
-                (2, "web_search", None),
-                (3, "namespace", Some("mcp"))
-            ]
+            vec![(1, "custom", Some("apply_patch")), (2, "web_search", None),]
+        );
+        assert_eq!(
+            t.namespaces,
+            vec![Namespace {
+                name: "mcp".into(),
+                description: None
+            }]
+        );
+    }
+
+    #[test]
+    fn namespace_functions_render_under_qualified_names() {
+        let t = tools(
+            r#"[
+            {"type":"function","name":"spawn_agent"},
+            {"type":"namespace","name":"multi_agent_v1","description":"Sub-agents.","tools":[
+                {"type":"function","name":"spawn_agent","description":"Start one.","parameters":{"type":"object","properties":{"task":{"type":"string"}}},"strict":false},
+                {"type":"custom","name":"patch","format":{"type":"grammar"}},
+                {"type":"function","name":"wait"}
+            ]}
+        ]"#,
+        )
+        .unwrap();
+        let names: Vec<_> = t.functions.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["spawn_agent", "multi_agent_v1.spawn_agent", "multi_agent_v1.wait"]
+        );
+        assert_eq!(t.functions[1].description.as_deref(), Some("Start one."));
+        assert!(!t.functions[1].strict && t.functions[2].strict);
+        assert_eq!(
+            t.namespaces,
+            vec![Namespace {
+                name: "multi_agent_v1".into(),
+                description: Some("Sub-agents.".into())
+            }]
+        );
+        assert_eq!(t.skipped.len(), 1);
+        assert_eq!(
+            (t.skipped[0].index, t.skipped[0].name.as_deref()),
+            (1, Some("multi_agent_v1.patch"))
+        );
+        // A namespaced function may be the tool choice by its qualified name.
+        assert_eq!(
+            parse_tool_choice(
+                Some(raw(r#"{"type":"function","name":"multi_agent_v1.wait"}"#)),
+                &t.functions
+            )
+            .unwrap(),
+            ToolChoice::Function("multi_agent_v1.wait".into())
+        );
+    }
+
+    #[test]
+    fn malformed_namespaces_are_refused_with_their_param() {
+        let ns = |inner: &str| format!(r#"[{{"type":"namespace","name":"ns","tools":[{inner}]}}]"#);
+        let cases: Vec<(String, Code, &str)> = vec![
+            (
+                r#"[{"type":"namespace","tools":[]}]"#.into(),
+                Code::MissingRequiredParameter,
+                "tools[0].name",
+            ),
+            (
+                r#"[{"type":"namespace","name":"a.b","tools":[]}]"#.into(),
+                Code::InvalidValue,
+                "tools[0].name",
+            ),
+            (
+                r#"[{"type":"namespace","name":"functions","tools":[]}]"#.into(),
+                Code::InvalidValue,
+                "tools[0].name",
+            ),
+            (
+                r#"[{"type":"namespace","name":"n","tools":[]},{"type":"namespace","name":"n","tools":[]}]"#
+                    .into(),
+                Code::InvalidValue,
+                "tools[1].name",
+            ),
+            (
+                r#"[{"type":"namespace","name":"ns"}]"#.into(),
+                Code::MissingRequiredParameter,
+                "tools[0].tools",
+            ),
+            (
+                r#"[{"type":"namespace","name":"ns","tools":{}}]"#.into(),
+                Code::InvalidType,
+                "tools[0].tools",
+            ),
+            (
+                r#"[{"type":"namespace","name":"ns","description":2,"tools":[]}]"#.into(),
+                Code::InvalidType,
+                "tools[0].description",
+            ),
+            (ns("3"), Code::InvalidType, "tools[0].tools[0]"),
+            (
+                ns(r#"{"name":"f"}"#),
+                Code::MissingRequiredParameter,
+                "tools[0].tools[0].type",
+            ),
+            (
+                ns(r#"{"type":"web_search"}"#),
+                Code::InvalidValue,
+                "tools[0].tools[0].type",
+            ),
+            (
+                ns(r#"{"type":"function","name":"a.b"}"#),
+                Code::InvalidValue,
+                "tools[0].tools[0].name",
+            ),
+            (
+                ns(r#"{"type":"function","name":"f"},{"type":"function","name":"f"}"#),
+                Code::InvalidValue,
+                "tools[0].tools[1].name",
+            ),
+            (
+                ns(r#"{"type":"function","name":"f","parameters":{"type":"objekt"}}"#),
+                Code::InvalidToolSchema,
+                "tools[0].tools[0].parameters.type",
+            ),
+        ];
+        for (json, code, param) in &cases {
+            assert_refused(json, *code, param);
+        }
+        // Functions count towards one bound, namespaces included.
+        let two = Limits {
+            max_tools: 2,
+            ..Limits::default()
+        };
+        let json = ns(r#"{"type":"function","name":"f"},{"type":"function","name":"g"}"#);
+        assert!(parse_tools(Some(raw(&json)), &two).is_ok());
+        let json = format!(
+            r#"[{{"type":"function","name":"h"}},{}"#,
+            &ns(r#"{"type":"function","name":"f"},{"type":"function","name":"g"}"#)[1..]
+        );
+        let e = parse_tools(Some(raw(&json)), &two).unwrap_err();
+        assert_eq!(
+            (e.code, e.param.as_deref()),
+            (Code::ArrayAboveMaxLength, Some("tools[1].tools[1]"))
         );
     }
 
@@ -390,13 +637,7 @@ mod tests {
             ),
         ];
         for (json, code, param) in cases {
-            let e = tools(json).unwrap_err();
-            assert_eq!(
-                (e.code, e.param.as_deref()),
-                (*code, Some(*param)),
-                "{json}: {}",
-                e.message
-            );
+            assert_refused(json, *code, param);
         }
         let many = format!("[{}]", vec![r#"{"type":"web_search"}"#; 513].join(","));
         assert_eq!(tools(&many).unwrap_err().code, Code::ArrayAboveMaxLength);

@@ -129,6 +129,7 @@ fn qwen_tool_template_text() {
     let prefix = Prefix {
         instructions: Some("Be brief.".into()),
         tools: vec![weather_tool()],
+        namespaces: Vec::new(),
         reasoning_effort: None,
     };
     let items = [
@@ -499,4 +500,30 @@ fn conversation_cache_tokenizes_the_template_as_one_string_at_every_split() {
             assert_eq!(ours, expected, "case {} split {split}", case.name);
         }
     }
+}
+
+#[test]
+fn a_namespaced_function_is_a_flat_function_under_its_qualified_name() {
+    // Chat templates know only flat functions: a `namespace` tool's function is offered,
+    // called and rendered back as `NAMESPACE.NAME`.
+    let f = chatml();
+    let prefix = Prefix {
+        tools: vec![Tool {
+            name: "multi_agent_v1.wait".into(),
+            ..weather_tool()
+        }],
+        ..Prefix::default()
+    };
+    let offered = text(&f, &segments(&f, &prefix, &[])[0]);
+    assert!(
+        offered.contains(r#"{"type": "function", "function": {"name": "multi_agent_v1.wait", "#),
+        "{offered}"
+    );
+    let parsed = parse_text(
+        &f,
+        "<tool_call>\n{\"name\": \"multi_agent_v1.wait\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+    );
+    let items = [call("", "multi_agent_v1.wait", r#"{"city": "Paris"}"#)];
+    assert!(same_items(&parsed.items, &items), "{:?}", parsed.items);
+    assert!(same_items(&parse(&f, &completion(&f, &items)).items, &items));
 }

@@ -11,7 +11,10 @@
 //! - system/developer items: developer messages with `# Instructions`;
 //! - reasoning: `analysis`; assistant messages: `final`;
 //! - function calls: `to=functions.NAME` on `commentary` with `<|constrain|>json`, ending `<|call|>`;
-//! - function call outputs: from `functions.NAME to=assistant` on `commentary`.
+//! - function call outputs: from `functions.NAME to=assistant` on `commentary`;
+//! - a `namespace` tool's functions: their own `## NS` block in `# Tools` (namespaces in
+//!   name order, as openai-harmony keeps them in a `BTreeMap`), called as `to=NS.NAME`,
+//!   which is also the qualified name the call's item carries.
 //!
 //! This module must not touch tokenization itself: it only says which fragments and
 //! special tokens make up a message.
@@ -23,7 +26,7 @@ use std::sync::Arc;
 
 use super::output::MarkupParser;
 use super::{ChatFormat, Context, OutputParser};
-use crate::item::{Item, Prefix, Role};
+use crate::item::{Item, Namespace, Prefix, Role, Tool};
 use crate::render::Renderer;
 use crate::tokenizer::{self, Tokenizer};
 
@@ -148,7 +151,7 @@ impl Harmony {
                 r.fragment(text);
             }
             Item::FunctionCall { name, arguments, .. } => {
-                self.header_rest(Some(&format!("{FUNCTIONS}.{name}")), Some("commentary"), true, r);
+                self.header_rest(Some(&recipient(name)), Some("commentary"), true, r);
                 r.fragment(arguments);
             }
             Item::Message { text, .. } | Item::FunctionCallOutput { output: text, .. } => {
@@ -168,26 +171,86 @@ fn reasoning_effort(effort: Option<&str>) -> &'static str {
     }
 }
 
-/// The `# Tools` section of the developer message, as openai-harmony templates the
-/// `functions` namespace.
+/// Who a call goes to: `functions.NAME`, or a namespaced function's qualified name.
+fn recipient(name: &str) -> String {
+    match Tool::split_name(name) {
+        Some(_) => name.to_owned(),
+        None => format!("{FUNCTIONS}.{name}"),
+    }
+}
+
+/// The request's plain function tools: harmony's `functions` namespace.
+fn plain_functions(prefix: &Prefix) -> impl Iterator<Item = &Tool> {
+    prefix
+        .tools
+        .iter()
+        .filter(|t| Tool::split_name(&t.name).is_none())
+}
+
+/// The `# Tools` section of the developer message, as openai-harmony templates its
+/// namespaces: `functions` (the plain function tools, when there are any) and each
+/// `namespace` tool, in name order.
 fn tools_section(prefix: &Prefix) -> String {
-    let mut lines = vec![format!("## {FUNCTIONS}\n"), format!("namespace {FUNCTIONS} {{\n")];
-    for tool in &prefix.tools {
+    let functions = Namespace {
+        name: FUNCTIONS.to_owned(),
+        description: None,
+    };
+    let mut namespaces: Vec<&Namespace> = prefix.namespaces.iter().collect();
+    if plain_functions(prefix).next().is_some() {
+        namespaces.push(&functions);
+    }
+    namespaces.sort_by(|a, b| a.name.cmp(&b.name));
+    let sections: Vec<String> = namespaces
+        .into_iter()
+        .map(|ns| {
+            let tools: Vec<(&str, &Tool)> = if ns.name == FUNCTIONS {
+                plain_functions(prefix).map(|t| (t.name.as_str(), t)).collect()
+            } else {
+                prefix
+                    .tools
+                    .iter()
+                    .filter_map(|t| match Tool::split_name(&t.name) {
+                        Some((space, name)) if space == ns.name => Some((name, t)),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            namespace_section(ns, &tools)
+        })
+        .collect();
+    format!("# Tools\n\n{}", sections.join("\n\n"))
+}
+
+/// One namespace's block; its description is a comment above a non-empty namespace and
+/// plain text alone.
+fn namespace_section(ns: &Namespace, tools: &[(&str, &Tool)]) -> String {
+    let mut lines = vec![format!("## {}\n", ns.name)];
+    for line in ns.description.as_deref().unwrap_or_default().lines() {
+        lines.push(if tools.is_empty() {
+            line.to_owned()
+        } else {
+            format!("// {line}")
+        });
+    }
+    if tools.is_empty() {
+        return lines.join("\n");
+    }
+    lines.push(format!("namespace {} {{\n", ns.name));
+    for (name, tool) in tools {
         for line in tool.description.as_deref().unwrap_or_default().lines() {
             lines.push(format!("// {line}"));
         }
         if tool.parameters.is_null() {
-            lines.push(format!("type {} = () => any;\n", tool.name));
+            lines.push(format!("type {name} = () => any;\n"));
         } else {
             lines.push(format!(
-                "type {} = (_: {}) => any;\n",
-                tool.name,
+                "type {name} = (_: {}) => any;\n",
                 schema::typescript(&tool.parameters, "")
             ));
         }
     }
-    lines.push(format!("}} // namespace {FUNCTIONS}"));
-    format!("# Tools\n\n{}", lines.join("\n"))
+    lines.push(format!("}} // namespace {}", ns.name));
+    lines.join("\n")
 }
 
 impl ChatFormat for Harmony {
@@ -203,7 +266,8 @@ impl ChatFormat for Harmony {
         let mut channels =
             "# Valid channels: analysis, commentary, final. Channel must be included for every message."
                 .to_owned();
-        if !prefix.tools.is_empty() {
+        // openai-harmony says so when the `functions` namespace is there, not for others.
+        if plain_functions(prefix).next().is_some() {
             channels.push_str("\nCalls to these tools must go to the commentary channel: 'functions'.");
         }
         let system = [
@@ -218,8 +282,9 @@ impl ChatFormat for Harmony {
         r.fragment(&system.join("\n\n"));
         r.special(self.specials.end);
 
-        if prefix.instructions.is_some() || !prefix.tools.is_empty() {
-            let tools = (!prefix.tools.is_empty()).then(|| tools_section(prefix));
+        let has_tools = !prefix.tools.is_empty() || !prefix.namespaces.is_empty();
+        if prefix.instructions.is_some() || has_tools {
+            let tools = has_tools.then(|| tools_section(prefix));
             self.developer_message(prefix.instructions.as_deref(), tools, r);
         }
     }
@@ -254,13 +319,7 @@ impl ChatFormat for Harmony {
             Item::FunctionCallOutput { call_id, output } => {
                 // Validation guarantees the call exists; the fallback keeps rendering total.
                 let name = (ctx.call_name)(call_id).unwrap_or_else(|| call_id.clone());
-                self.header(
-                    &format!("{FUNCTIONS}.{name}"),
-                    Some("assistant"),
-                    Some("commentary"),
-                    false,
-                    r,
-                );
+                self.header(&recipient(&name), Some("assistant"), Some("commentary"), false, r);
                 r.fragment(output);
                 r.special(s.end);
             }

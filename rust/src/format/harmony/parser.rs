@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::{Specials, FUNCTIONS};
 use crate::format::output::{Markup, OpenKind, OutputItems, SampledText};
 use crate::format::{Outcome, ParseEvent};
-use crate::item::Item;
+use crate::item::{Item, Tool};
 use crate::tokenizer::Tokenizer;
 
 /// A header is a role, a recipient, a channel and a content type: a few tokens. A long
@@ -120,15 +120,15 @@ impl HarmonyParser {
         };
 
         match (recipient, channel) {
-            (Some(recipient), _) => match recipient
-                .strip_prefix(FUNCTIONS)
-                .and_then(|r| r.strip_prefix('.'))
-            {
-                Some("") => Err(format!("function call with no name in header {text:?}")),
-                Some(name) => Ok(Header::Call(name.to_owned())),
-                None => Err(format!(
-                    "call to {recipient:?}: only functions.* tools are offered"
+            // `functions.NAME` calls a plain function tool, `NS.NAME` one of a namespace
+            // tool's (its qualified name); a recipient without a namespace is no function.
+            (Some(recipient), _) => match Tool::split_name(recipient) {
+                Some((_, "")) => Err(format!("function call with no name in header {text:?}")),
+                Some((FUNCTIONS, name)) => Ok(Header::Call(name.to_owned())),
+                Some(("", _)) | None => Err(format!(
+                    "call to {recipient:?}: only namespaced tools (functions.*, NS.*) are offered"
                 )),
+                Some(_) => Ok(Header::Call(recipient.to_owned())),
             },
             (None, Some("analysis")) => Ok(Header::Reasoning),
             (None, Some("final" | "commentary")) => Ok(Header::Text),

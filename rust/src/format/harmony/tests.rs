@@ -6,7 +6,8 @@ use crate::format::transcript::{
     completion, golden, output, parse, prompt_split_at, same_items, segments, text,
 };
 use crate::format::{Outcome, ParseEvent};
-use crate::item::Tool;
+use crate::item::{Namespace, Tool};
+use serde_json::Value;
 
 fn call(id: &str, name: &str, arguments: &str) -> Item {
     Item::FunctionCall {
@@ -32,6 +33,7 @@ fn weather_prefix() -> Prefix {
             }),
             strict: false,
         }],
+        namespaces: Vec::new(),
         reasoning_effort: Some("high".into()),
     }
 }
@@ -416,4 +418,106 @@ fn conversation_cache_renders_openai_harmony_golden_vectors_at_every_split() {
             );
         }
     }
+}
+
+fn namespace_prefix() -> Prefix {
+    let tool = |name: &str, description: Option<&str>, parameters| Tool {
+        name: name.into(),
+        description: description.map(Into::into),
+        parameters,
+        strict: false,
+    };
+    Prefix {
+        instructions: None,
+        tools: vec![
+            tool(
+                "multi_agent_v1.spawn_agent",
+                Some("Start a sub-agent."),
+                json!({"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}),
+            ),
+            tool(
+                "exec",
+                None,
+                json!({"type": "object", "properties": {"cmd": {"type": "string"}}}),
+            ),
+            tool("multi_agent_v1.wait", None, Value::Null),
+        ],
+        namespaces: vec![
+            Namespace {
+                name: "multi_agent_v1".into(),
+                description: Some("Sub-agents.\nRun in parallel.".into()),
+            },
+            Namespace {
+                name: "apps".into(),
+                description: Some("No tools yet.".into()),
+            },
+        ],
+        reasoning_effort: None,
+    }
+}
+
+#[test]
+fn namespaces_render_as_their_own_blocks_in_name_order() {
+    let h = Harmony::new();
+    let segs = segments(&h, &namespace_prefix(), &[]);
+    let expected = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n\
+Knowledge cutoff: 2024-06\n\nReasoning: medium\n\n\
+# Valid channels: analysis, commentary, final. Channel must be included for every message.\n\
+Calls to these tools must go to the commentary channel: 'functions'.<|end|>\
+<|start|>developer<|message|># Tools\n\n## apps\n\nNo tools yet.\n\n## functions\n\n\
+namespace functions {\n\ntype exec = (_: {\ncmd?: string,\n}) => any;\n\n} // namespace functions\n\n\
+## multi_agent_v1\n\n// Sub-agents.\n// Run in parallel.\nnamespace multi_agent_v1 {\n\n\
+// Start a sub-agent.\ntype spawn_agent = (_: {\ntask: string,\n}) => any;\n\n\
+type wait = () => any;\n\n} // namespace multi_agent_v1<|end|>";
+    assert_eq!(text(&h, &segs[0]), expected);
+    // Only namespaced tools: no `functions` block and no line about it.
+    let mut only = namespace_prefix();
+    only.tools.retain(|t| t.name != "exec");
+    let rendered = text(&h, &segments(&h, &only, &[])[0]);
+    assert!(!rendered.contains("functions"), "{rendered}");
+    assert!(rendered.contains("## multi_agent_v1"), "{rendered}");
+}
+
+#[test]
+fn a_namespaced_call_is_called_by_its_qualified_name_and_renders_back_the_same() {
+    let h = Harmony::new();
+    let items = vec![call("c1", "multi_agent_v1.spawn_agent", r#"{"task":"x"}"#)];
+    let ids = completion(&h, &items);
+    let sampled = text(&h, &ids);
+    assert!(
+        sampled.starts_with(" to=multi_agent_v1.spawn_agent<|channel|>commentary"),
+        "{sampled}"
+    );
+    let parsed = parse(&h, &ids);
+    assert_eq!(parsed.outcome, Outcome::Stopped);
+    assert!(same_items(&parsed.items, &items), "{:?}", parsed.items);
+    // The sampled call and the call sent back as input render to the same tokens.
+    let segs = segments(&h, &namespace_prefix(), &items);
+    let mut history = segs.last().unwrap().clone();
+    history.extend(output(&h, &completion(&h, &items)));
+    assert_eq!(history, segs[1..segs.len() - 1].concat());
+    let answered = [
+        call("c1", "multi_agent_v1.wait", "{}"),
+        Item::FunctionCallOutput {
+            call_id: "c1".into(),
+            output: "done".into(),
+        },
+    ];
+    let segs = segments(&h, &namespace_prefix(), &answered);
+    assert_eq!(
+        text(&h, &segs[2]),
+        "<|start|>multi_agent_v1.wait to=assistant<|channel|>commentary<|message|>done<|end|>"
+    );
+    // A recipient without a namespace is still no function.
+    let s = h.specials();
+    let m = malformed(
+        &h,
+        &[
+            Ok(s.channel),
+            Err("commentary to=python"),
+            Ok(s.message),
+            Ok(s.call),
+        ],
+    );
+    assert!(m.contains("only namespaced tools"), "{m}");
 }
