@@ -209,6 +209,8 @@ class SQLiteDatabase:
     read while the store thread commits): on the store thread, one key's large
     `input_items` pages were a queue every other key's read waited in (a 1.3 ms GET
     took 5.5 ms behind 6 MB pages, `benches/bench_input_items_reads.py`)."""
+    writers = 1
+    """One connection writes, on the store thread (SQLite has one writer at a time)."""
 
     def __init__(
         self, path: Path, *, busy_timeout: float = 5.0, durability: str = "power-loss"
@@ -227,7 +229,8 @@ class SQLiteDatabase:
             raise _unusable(path, e) from e
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
+            self._synchronous = SYNCHRONOUS[durability]
+            self._db.execute(f"PRAGMA synchronous={self._synchronous}")
             self._migrate()
         except sqlite3.Error as e:
             self._db.close()
@@ -367,6 +370,17 @@ class SQLiteDatabase:
                 f"INSERT INTO quarantine ({QUARANTINE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [q.values() for q in rejected],
             )
+
+    def write_ahead(self, items: ItemRows) -> None:
+        """Commit `items` without an fsync (`synchronous=NORMAL` for this transaction):
+        the WAL's frames are appended in commit order, so the fsync of the response's
+        own commit, which follows, makes them durable with it; a crash before then
+        leaves at most some of them, unreferenced."""
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            self.write((), (), items)
+        finally:
+            self._db.execute(f"PRAGMA synchronous={self._synchronous}")
 
     def _reader(self) -> sqlite3.Connection:
         """The calling thread's read connection, opened on its first read."""
