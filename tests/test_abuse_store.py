@@ -374,7 +374,8 @@ async def test_a_light_keys_commit_never_waits_for_a_chunk_on_two_writers() -> N
     try:
         items = orjson.dumps([{"role": "user", "content": f"item {n}"} for n in range(500)])
         large = asyncio.create_task(store.put(response("resp_a", owner="key_a", input_json=items)))
-        await asyncio.get_running_loop().run_in_executor(None, db.ahead_entered.wait)
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, db.ahead_entered.wait, HANG_GUARD)
         await asyncio.wait_for(store.put(response("resp_b", owner="key_b")), HANG_GUARD)
         assert not large.done()
         db.ahead_gate.set()

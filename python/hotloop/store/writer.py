@@ -151,7 +151,10 @@ larger ones on the preparing thread, so that the loop never parses a large one."
 @dataclass
 class _Put:
     record: StoredResponse
-    done: asyncio.Future[None] = field(repr=False)
+    waiter: asyncio.Future[None] = field(repr=False)
+    """What its caller awaits: settled at once, with no future between (a caller that
+    goes away cancels only this, never the put)."""
+    settled: bool = False
     usage: Usage = field(default_factory=Usage)
     """What the whole response holds in the database, once prepared (its quota)."""
     ahead: int = 0
@@ -328,29 +331,49 @@ class BackgroundStore:
             metrics.store_healthy = lambda: store.healthy
         return store
 
-    async def _call(
-        self, fn: Callable[..., T], *args: object, thread: ThreadPoolExecutor | None = None
-    ) -> T:
+    async def _call(self, fn: Callable[..., T], *args: object) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(thread or self._thread, functools.partial(fn, *args))
+        return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
 
     async def _written(
         self, fn: Callable[..., T], *args: object, thread: ThreadPoolExecutor | None = None
     ) -> T:
-        """`fn` on the store thread, failed with StoreError `store_unavailable` when it
-        has not returned within the deadline: a database that hangs (a stopped server,
-        a hung disk) must fail the responses waiting on it and turn `/health` 503 in
-        time, not hold them for as long as it hangs. The call itself goes on on the
-        store thread until the database layer breaks it off, and the calls after it
-        wait behind it within their own deadlines; a commit it still completes stored
-        responses that were failed, never ones acknowledged and lost."""
+        """`fn` on the store thread (or `thread`), failed with StoreError
+        `store_unavailable` when it has not returned within the deadline: a database
+        that hangs (a stopped server, a hung disk) must fail the responses waiting on
+        it and turn `/health` 503 in time, not hold them for as long as it hangs. The
+        call itself goes on on the store thread until the database layer breaks it off,
+        and the calls after it wait behind it within their own deadlines; a commit it
+        still completes stored responses that were failed, never ones acknowledged and
+        lost. The thread settles the awaited future itself: one wake-up of the loop
+        per commit, no task or future between (each was a turn of a busy loop before
+        the terminal event)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = fn(*args)
+            except BaseException as e:  # handed to the awaiting task, raised there
+                loop.call_soon_threadsafe(_fail, answer, e)
+            else:
+                loop.call_soon_threadsafe(_succeed, answer, result)
+
+        (thread or self._thread).submit(run)
+        expiry = loop.call_later(self._deadline, self._expire, answer)
         try:
-            return await asyncio.wait_for(self._call(fn, *args, thread=thread), self._deadline)
-        except asyncio.TimeoutError:
-            raise StoreError(
+            return await answer
+        finally:
+            expiry.cancel()
+
+    def _expire(self, answer: asyncio.Future[T]) -> None:
+        _fail(
+            answer,
+            StoreError(
                 "store_unavailable",
                 f"the database did not answer within {self._deadline:g} s (--store-busy-timeout)",
-            ) from None
+            ),
+        )
 
     async def _read(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         loop = asyncio.get_running_loop()
@@ -378,7 +401,7 @@ class BackgroundStore:
             preparing = loop.create_task(self._prepare(put))
             self._preparings.add(preparing)
             preparing.add_done_callback(self._preparings.discard)
-        await asyncio.shield(put.done)
+        await put.waiter
 
     async def _prepare(self, put: _Put) -> None:
         try:
@@ -432,9 +455,7 @@ class BackgroundStore:
     def _takeable(self, lane: _Lane) -> bool:
         """Whether a key's next piece is one `lane` takes, or is left of a failed
         response (any lane drops it)."""
-        return any(
-            lane.takes(queue[0]) or queue[0].put.done.done() for queue in self._queues.values()
-        )
+        return any(lane.takes(queue[0]) or queue[0].put.settled for queue in self._queues.values())
 
     def _full(self) -> bool:
         return (
@@ -462,7 +483,7 @@ class BackgroundStore:
             for owner in list(self._queues):
                 queue = self._queues[owner]
                 piece = queue[0]
-                failed = piece.put.done.done()
+                failed = piece.put.settled
                 if not failed and not lane.takes(piece):
                     continue
                 over = size + piece.size > max_bytes or rows + piece.rows > max_rows
@@ -572,13 +593,16 @@ class BackgroundStore:
         return outcome
 
     def _settle(self, put: _Put, error: StoreError | None) -> None:
-        if put.done.done():
+        if put.settled:
             return
+        put.settled = True
         self._queued -= 1
+        if put.waiter.done():
+            return  # its caller went away
         if error is None:
-            put.done.set_result(None)
+            put.waiter.set_result(None)
         else:
-            put.done.set_exception(error)
+            put.waiter.set_exception(error)
 
     def _unhealthy(self) -> None:
         self._healthy = False
@@ -675,6 +699,16 @@ class BackgroundStore:
             self._ahead.thread.shutdown(wait=True)
         await self._call(self._database.close)
         self._thread.shutdown(wait=True)
+
+
+def _succeed(answer: asyncio.Future[T], result: T) -> None:
+    if not answer.done():
+        answer.set_result(result)
+
+
+def _fail(answer: asyncio.Future[T], error: BaseException) -> None:
+    if not answer.done():
+        answer.set_exception(error)
 
 
 def _with_usage(database: Database) -> tuple[Database, dict[str, Usage]]:
