@@ -7,9 +7,11 @@ public interface in one process, as the server calls it: A's four "sockets" each
 response and put the next once it committed; B puts one turn after another. Prints one
 JSON line per store (B's median and p99 commit wait, quiet and attacked, their ratio,
 A's responses) and one of them all; the target is a ratio of at most 2. Quiet and
-attacked alternate in `ROUNDS` rounds of SECONDS / ROUNDS each on the same database
-(on a shared machine the load drifts: one long quiet run then one long attacked run
-measured the drift as much as the attack).
+attacked alternate in `ROUNDS` rounds of SECONDS / ROUNDS each on the same database,
+and the ratio is the median of each round's attacked median over its quiet one: on a
+shared machine the disk's fsync time drifts several-fold within a minute (other jobs'
+writes), so one long quiet run then one long attacked run measured the drift as much
+as the attack.
 
     .venv/bin/python benches/bench_store_fairness.py [SECONDS]
 """
@@ -32,7 +34,7 @@ from hotloop.store import Store, StoredResponse, open_store
 
 SOCKETS = 4
 ITEMS = 10_000
-ROUNDS = 3
+ROUNDS = 5
 
 
 def record(rid: str, owner: str, items: bytes) -> StoredResponse:
@@ -125,8 +127,18 @@ def main() -> None:
                 for attack in (False, True):
                     runs[attack].append(asyncio.run(scenario(where, seconds / ROUNDS, attack)))
         quiet, attacked = summary(runs[False]), summary(runs[True])
-        ratio = round(float(attacked["p50_ms"]) / float(quiet["p50_ms"]), 2)  # type: ignore[arg-type]
-        row = {"store": name, "quiet": quiet, "attacked": attacked, "ratio": ratio}
+        rounds = [
+            round(percentile(a, 0.5) / percentile(q, 0.5), 2)
+            for (q, _), (a, _) in zip(runs[False], runs[True], strict=True)
+        ]
+        ratio = percentile(rounds, 0.5)
+        row = {
+            "store": name,
+            "quiet": quiet,
+            "attacked": attacked,
+            "rounds": rounds,
+            "ratio": ratio,
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(json.dumps(rows))

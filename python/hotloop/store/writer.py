@@ -19,13 +19,12 @@ its last input item rows), or a chunk of a large response's item rows (`CHUNK_BY
 `CHUNK_ROWS`), committed ahead of the row: invisible until the row commits (every read
 starts from the row), so a large response still appears whole or not at all. The two
 kinds go in two lanes of batches (`_Lane`): rows, which acknowledge responses, in
-durable commits that hold no chunk; chunks, one at a time, written ahead without
-waiting for the disk (`Database.write_ahead`: the row's own durable commit, which
-follows them, flushes them with it). Another key's response thus waits for at most
-one chunk under way (on PostgreSQL not even that: the lanes have a connection each)
-and its own commit, which holds no one's chunks, never behind the whole of a large
-response. A large response that fails after some of its chunks committed leaves those
-item rows behind, unreferenced.
+commits that hold no chunk; chunks, one per transaction, written ahead
+(`Database.write_ahead`). Another key's response thus waits for at most one chunk
+under way (on PostgreSQL not even that: the lanes have a connection each) and its own
+commit, which holds no one's chunks, never behind the whole of a large response. A
+large response that fails after some of its chunks committed leaves those item rows
+behind, unreferenced.
 
 Failure isolation: nothing a record holds and no database error ends the drain task.
 Every failure is counted (`hotloop_store_errors_total{stage}`) and logged at ERROR with
@@ -93,10 +92,10 @@ class Database(Protocol):
         ...
 
     def write_ahead(self, items: ItemRows) -> None:
-        """Commit input item rows of responses not yet committed, without waiting for
-        the disk: the durable commit of their responses' rows, which follows, makes them
-        durable too (each database's log is one sequence), and no read reaches them
-        before it."""
+        """Commit input item rows of responses not yet committed, possibly without
+        waiting for the disk: no read reaches them before their response's row commits,
+        and that durable commit, which follows, flushes the log up to itself (each
+        database's log is one sequence)."""
         ...
 
     def probe(self) -> None:
