@@ -34,7 +34,7 @@ from hotloop.store import Store, StoredResponse, open_store
 
 SOCKETS = 4
 ITEMS = 10_000
-ROUNDS = 5
+ROUNDS = 3
 
 
 def record(rid: str, owner: str, items: bytes) -> StoredResponse:
