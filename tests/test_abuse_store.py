@@ -332,12 +332,12 @@ async def test_a_response_of_many_small_items_commits_a_bounded_number_of_rows_p
     assert sum(db.row_counts) == 3000 + 1 + 2
 
 
-async def test_a_light_keys_commit_holds_no_chunk_and_chunks_are_not_waited_for() -> None:
+async def test_a_light_keys_commit_holds_no_chunk_and_chunks_go_one_at_a_time() -> None:
     """Issue 21 defect 5, the last 2x: B's commit waited for A's chunk under way and
     then committed a share of A's chunks with its own row (SQLite 3.0-3.7x its quiet
-    median). Now every chunk is written ahead (not durable on its own: the response's
-    row commit, which follows, flushes it) in a batch of one chunk, every durable
-    commit holds rows only, and A's row commits after its last chunk."""
+    median). Now every chunk is written ahead (`Database.write_ahead`) in a batch of
+    one chunk, every commit of rows holds rows only, and A's row commits after its last
+    chunk."""
     db = await large_then_small(
         orjson.dumps([{"role": "user", "content": f"item {n} " + "x" * 40} for n in range(2000)])
     )
