@@ -24,7 +24,7 @@ from hotloop.store import Store, StoredResponse, StoreError, open_store
 from hotloop.store.cache import CachedStore
 from hotloop.store.records import ItemRows, Rejected, Row
 from hotloop.store.sqlite import SQLiteDatabase
-from hotloop.store.writer import MAX_BATCH_BYTES, MAX_BATCH_ROWS, BackgroundStore
+from hotloop.store.writer import CHUNK_BYTES, MAX_BATCH_BYTES, MAX_BATCH_ROWS, BackgroundStore
 from hotloop_process import (
     HANG_GUARD,
     TERMINAL,
@@ -221,13 +221,24 @@ class RecordingDatabase(GatedDatabase):
     def __init__(self) -> None:
         super().__init__()
         self.committed: list[list[str]] = []
+        self.ahead: list[bool] = []
+        """Whether each batch was written ahead (not durable: chunks only)."""
         self.item_bytes: list[int] = []
         """Bytes of input item rows committed, per batch."""
         self.row_counts: list[int] = []
         """Rows inserted (responses and input items), per batch."""
 
     def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        self._record(rows, rejected, items, ahead=False)
+
+    def write_ahead(self, items: ItemRows) -> None:
+        self._record((), (), items, ahead=True)
+
+    def _record(
+        self, rows: Sequence[Row], rejected: Rejected, items: ItemRows, *, ahead: bool
+    ) -> None:
         super().write(rows, rejected, items)
+        self.ahead.append(ahead)
         self.committed.append([r.id for r in rows])
         listed = [item for _, _, _, item in items]
         listed += [item for row in rows for _, _, item in row.items]
@@ -250,8 +261,9 @@ async def flooded(puts: list[StoredResponse], *, max_batch: int = 256) -> list[l
         await asyncio.gather(held, *queued)
     finally:
         await store.close()
-    assert db.committed[0] == ["resp_held"]
-    return db.committed[1:]
+    durable = [ids for ids, ahead in zip(db.committed, db.ahead, strict=True) if not ahead]
+    assert durable[0] == ["resp_held"]
+    return durable[1:]
 
 
 async def test_a_key_flooding_the_writer_with_large_responses_gets_its_turn_per_batch() -> None:
@@ -316,8 +328,63 @@ async def test_a_response_of_many_small_items_commits_a_bounded_number_of_rows_p
     )
     assert "resp_b" in db.committed[1]
     assert max(db.row_counts) <= MAX_BATCH_ROWS
-    assert db.row_counts[1] <= MAX_BATCH_ROWS // 2 + 2  # A's share and B's two rows
+    assert db.row_counts[1] == 2  # B's own rows: none of A's chunks (written ahead)
     assert sum(db.row_counts) == 3000 + 1 + 2
+
+
+async def test_a_light_keys_commit_holds_no_chunk_and_chunks_go_one_at_a_time() -> None:
+    """Issue 21 defect 5, the last 2x: B's commit waited for A's chunk under way and
+    then committed a share of A's chunks with its own row (SQLite 3.0-3.7x its quiet
+    median). Now every chunk is written ahead (`Database.write_ahead`) in a batch of
+    one chunk, every commit of rows holds rows only, and A's row commits after its last
+    chunk."""
+    db = await large_then_small(
+        orjson.dumps([{"role": "user", "content": f"item {n} " + "x" * 40} for n in range(2000)])
+    )
+    for ids, ahead, size in zip(db.committed, db.ahead, db.item_bytes, strict=True):
+        assert ahead == (not ids)
+        assert not ahead or size <= CHUNK_BYTES + 200
+    assert db.committed[1] == ["resp_b"]
+    assert db.committed[-1] == ["resp_a"]
+
+
+class HeldAhead(RecordingDatabase):
+    """Two writers (as PostgreSQL's): chunks written ahead wait for `gate`, rows not."""
+
+    writers = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ahead_gate = threading.Event()
+        self.ahead_entered = threading.Event()
+
+    def write_ahead(self, items: ItemRows) -> None:
+        self.ahead_entered.set()
+        self.ahead_gate.wait(HANG_GUARD)
+        super().write_ahead(items)
+
+
+async def test_a_light_keys_commit_never_waits_for_a_chunk_on_two_writers() -> None:
+    """Issue 21 defect 5 on PostgreSQL: B's commit waited behind A's chunk under way
+    (2.9x its quiet median). With a writer of its own for chunks, B's response commits
+    while A's chunk is still being written, and A's row only after its chunks."""
+    db = HeldAhead()
+    db.ahead_gate.clear()
+    store = await BackgroundStore.open(lambda: db, commit_window=0)
+    try:
+        items = orjson.dumps([{"role": "user", "content": f"item {n}"} for n in range(500)])
+        large = asyncio.create_task(store.put(response("resp_a", owner="key_a", input_json=items)))
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, db.ahead_entered.wait, HANG_GUARD)
+        await asyncio.wait_for(store.put(response("resp_b", owner="key_b")), HANG_GUARD)
+        assert not large.done()
+        db.ahead_gate.set()
+        await large
+    finally:
+        db.ahead_gate.set()
+        await store.close()
+    assert db.committed[0] == ["resp_b"] and db.committed[-1] == ["resp_a"]
+    assert sum(db.ahead) == len(db.committed) - 2
 
 
 class HeldSQLite(SQLiteDatabase):

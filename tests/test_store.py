@@ -483,6 +483,7 @@ class GatedDatabase:
     """A database whose writes wait for the test to open a gate, and can be told to fail."""
 
     readers = 0
+    writers = 1
 
     def __init__(self) -> None:
         self.gate = threading.Event()
@@ -499,6 +500,9 @@ class GatedDatabase:
             raise self.fail
         self.batches.append(len(rows))
         self.rows.update((r.id, r) for r in rows)
+
+    def write_ahead(self, items: ItemRows) -> None:
+        self.write((), (), items)
 
     def probe(self) -> None:
         if self.fail is not None:

@@ -54,7 +54,7 @@ READERS = 4
 # Session options for each of `hotloop.store.DURABILITIES`: `power-loss` keeps the
 # server's own setting (on, or what its operator chose for replicas).
 SYNCHRONOUS_COMMIT = {"power-loss": "", "process-crash": " -c synchronous_commit=off"}
-"""Reader threads (and pooled connections beside the writer's)."""
+"""Reader threads (and pooled connections beside the two writers')."""
 
 # Version N is reached by running MIGRATIONS[N - 1].
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -217,6 +217,9 @@ class PostgresDatabase:
     """A pool of connections to one PostgreSQL database."""
 
     readers = READERS
+    writers = 2
+    """Item rows written ahead of their response have a thread and a connection of
+    their own (`writer.py`): a light key's commit never waits for a heavy key's chunk."""
 
     def __init__(
         self, url: str, *, busy_timeout: float = 5.0, durability: str = "power-loss"
@@ -232,7 +235,7 @@ class PostgresDatabase:
         self._pool = ConnectionPool(
             url,
             min_size=1,
-            max_size=READERS + 1,
+            max_size=READERS + 2,
             timeout=busy_timeout,
             # A connection broken by a server restart is replaced, not handed out.
             check=self._check,
@@ -323,42 +326,57 @@ class PostgresDatabase:
     def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
         """Commit `rows` and `items`, and quarantine `rejected`, in one transaction."""
         with self._transaction("write") as cursor:
-            tools = {r.tools.hash: r.tools.tools for r in rows if r.tools is not None}
-            if tools:
-                _hold_tool_lists(cursor, tools)
-            if rows:
-                cursor.executemany(
-                    f"INSERT INTO responses ({RESPONSE_COLUMNS})"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                    " ON CONFLICT (id) DO UPDATE SET owner = excluded.owner,"
-                    " previous_response_id = excluded.previous_response_id,"
-                    " created_at = excluded.created_at, response = excluded.response,"
-                    " tools_hash = excluded.tools_hash, tools_at = excluded.tools_at,"
-                    " input_items = excluded.input_items,"
-                    " output_token_ids = excluded.output_token_ids,"
-                    " fingerprint = excluded.fingerprint, model_turns = excluded.model_turns",
-                    [r.values() for r in rows],
-                )
-            # One statement for every item row of the batch: `executemany` is a round
-            # trip and a Python adaptation per row, each a wait for the GIL while other
-            # threads (the preparing thread, the readers) hold it.
-            latest = {(row[0], row[1]): row for row in items}
-            latest.update(((r.id, item[0]), (r.id, *item)) for r in rows for item in r.items)
-            if latest:
-                response_ids, positions, ids, listed = zip(*latest.values(), strict=True)
-                cursor.execute(
-                    "INSERT INTO input_items (response_id, position, id, item)"
-                    " SELECT * FROM unnest(%s::text[], %s::integer[], %s::text[], %s::bytea[])"
-                    " ON CONFLICT (response_id, position)"
-                    " DO UPDATE SET id = excluded.id, item = excluded.item",
-                    (list(response_ids), list(positions), list(ids), list(listed)),
-                )
-            if rejected:
-                cursor.executemany(
-                    f"INSERT INTO quarantine ({QUARANTINE_COLUMNS})"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                    [q.values() for q in rejected],
-                )
+            self._insert(cursor, rows, rejected, items)
+
+    def write_ahead(self, items: ItemRows) -> None:
+        """Commit `items` without waiting for the WAL flush (`synchronous_commit` off
+        for this transaction): the WAL is one sequence, so the flush the response's own
+        commit waits for, which follows, covers these records too; a crash before then
+        leaves at most some of them, unreferenced."""
+        with self._transaction("write") as cursor:
+            cursor.execute("SET LOCAL synchronous_commit = off")
+            self._insert(cursor, (), (), items)
+
+    @staticmethod
+    def _insert(
+        cursor: psycopg.Cursor[Any], rows: Sequence[Row], rejected: Rejected, items: ItemRows
+    ) -> None:
+        tools = {r.tools.hash: r.tools.tools for r in rows if r.tools is not None}
+        if tools:
+            _hold_tool_lists(cursor, tools)
+        if rows:
+            cursor.executemany(
+                f"INSERT INTO responses ({RESPONSE_COLUMNS})"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (id) DO UPDATE SET owner = excluded.owner,"
+                " previous_response_id = excluded.previous_response_id,"
+                " created_at = excluded.created_at, response = excluded.response,"
+                " tools_hash = excluded.tools_hash, tools_at = excluded.tools_at,"
+                " input_items = excluded.input_items,"
+                " output_token_ids = excluded.output_token_ids,"
+                " fingerprint = excluded.fingerprint, model_turns = excluded.model_turns",
+                [r.values() for r in rows],
+            )
+        # One statement for every item row of the batch: `executemany` is a round
+        # trip and a Python adaptation per row, each a wait for the GIL while other
+        # threads (the preparing thread, the readers) hold it.
+        latest = {(row[0], row[1]): row for row in items}
+        latest.update(((r.id, item[0]), (r.id, *item)) for r in rows for item in r.items)
+        if latest:
+            response_ids, positions, ids, listed = zip(*latest.values(), strict=True)
+            cursor.execute(
+                "INSERT INTO input_items (response_id, position, id, item)"
+                " SELECT * FROM unnest(%s::text[], %s::integer[], %s::text[], %s::bytea[])"
+                " ON CONFLICT (response_id, position)"
+                " DO UPDATE SET id = excluded.id, item = excluded.item",
+                (list(response_ids), list(positions), list(ids), list(listed)),
+            )
+        if rejected:
+            cursor.executemany(
+                f"INSERT INTO quarantine ({QUARANTINE_COLUMNS})"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                [q.values() for q in rejected],
+            )
 
     def get(self, response_id: str, owner: str | None) -> bytes | None:
         if not _text(response_id):

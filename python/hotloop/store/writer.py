@@ -16,12 +16,15 @@ queue of its own and a batch takes one piece of work from each key in turn, up t
 `max_batch` pieces, `max_batch_bytes` bytes and `MAX_BATCH_ROWS` rows (a batch's time
 follows its bytes on SQLite, its rows on PostgreSQL). A piece is a response's row (with
 its last input item rows), or a chunk of a large response's item rows (`CHUNK_BYTES`,
-`CHUNK_ROWS`),
-committed in a transaction of its own ahead of the row: invisible until the row commits
-(every read starts from the row), so a large response still appears whole or not at
-all, while another key's response waits for at most one piece under way and its own
-bounded batch, never behind the whole of a large response. A large response that fails
-after some of its chunks committed leaves those item rows behind, unreferenced.
+`CHUNK_ROWS`), committed ahead of the row: invisible until the row commits (every read
+starts from the row), so a large response still appears whole or not at all. The two
+kinds go in two lanes of batches (`_Lane`): rows, which acknowledge responses, in
+commits that hold no chunk; chunks, one per transaction, written ahead
+(`Database.write_ahead`). Another key's response thus waits for at most one chunk
+under way (on PostgreSQL not even that: the lanes have a connection each) and its own
+commit, which holds no one's chunks, never behind the whole of a large response. A
+large response that fails after some of its chunks committed leaves those item rows
+behind, unreferenced.
 
 Failure isolation: nothing a record holds and no database error ends the drain task.
 Every failure is counted (`hotloop_store_errors_total{stage}`) and logged at ERROR with
@@ -79,10 +82,20 @@ class Database(Protocol):
     Every method raises StoreError `store_unavailable` when the database fails."""
 
     readers: int
+    writers: int
+    """1: `write_ahead` runs on the store thread beside `write`; 2: on a thread (and a
+    connection) of its own, concurrently with `write`."""
 
     def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
         """Commit the rows, the quarantined records and more input item rows
         (response id, position, id, item) in one durable transaction."""
+        ...
+
+    def write_ahead(self, items: ItemRows) -> None:
+        """Commit input item rows of responses not yet committed, possibly without
+        waiting for the disk: no read reaches them before their response's row commits,
+        and that durable commit, which follows, flushes the log up to itself (each
+        database's log is one sequence)."""
         ...
 
     def probe(self) -> None:
@@ -137,9 +150,14 @@ larger ones on the preparing thread, so that the loop never parses a large one."
 @dataclass
 class _Put:
     record: StoredResponse
-    done: asyncio.Future[None] = field(repr=False)
+    waiter: asyncio.Future[None] = field(repr=False)
+    """What its caller awaits: settled at once, with no future between (a caller that
+    goes away cancels only this, never the put)."""
+    settled: bool = False
     usage: Usage = field(default_factory=Usage)
     """What the whole response holds in the database, once prepared (its quota)."""
+    ahead: int = 0
+    """Its chunks being written ahead: its row waits until none is (`_Lane.takes`)."""
 
     @property
     def size(self) -> int:
@@ -191,6 +209,25 @@ def _pieces(put: _Put) -> list[_Piece]:
 
 
 @dataclass
+class _Lane:
+    """A sequence of batches of one kind, committed one after another on `thread`:
+    responses' rows (durable, acknowledging) or chunks written ahead of them."""
+
+    ahead: bool
+    thread: ThreadPoolExecutor
+    max_bytes: int
+    max_rows: int
+    """What one of its batches holds at most, past its first piece."""
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a piece it may take may have become takeable."""
+
+    def takes(self, piece: _Piece) -> bool:
+        if self.ahead:
+            return not piece.final
+        return piece.final and not piece.put.ahead
+
+
+@dataclass
 class _Outcome:
     """What the store thread did with one batch."""
 
@@ -228,7 +265,16 @@ class BackgroundStore:
         # Per owner, in turn order: the next batch starts with the first key.
         self._queues: dict[str | None, deque[_Piece]] = {}
         self._queued_pieces = 0
-        self._arrived = asyncio.Event()
+        self._rows = _Lane(False, thread, max_batch_bytes, MAX_BATCH_ROWS)
+        # One chunk per batch: what another key's commit may wait behind on SQLite.
+        self._ahead = _Lane(
+            True,
+            thread
+            if database.writers == 1
+            else ThreadPoolExecutor(1, thread_name_prefix="hotloop-store-ahead"),
+            CHUNK_BYTES,
+            CHUNK_ROWS,
+        )
         self._max_batch = max_batch
         self._max_batch_bytes = max_batch_bytes
         self._queued_bytes = 0
@@ -240,7 +286,8 @@ class BackgroundStore:
         self._healthy = True
         self._queued = 0
         self._probing: asyncio.Task[None] | None = None
-        self._drainer = asyncio.get_running_loop().create_task(self._drain())
+        loop = asyncio.get_running_loop()
+        self._drainers = [loop.create_task(self._drain(lane)) for lane in (self._rows, self._ahead)]
 
     @classmethod
     async def open(
@@ -283,25 +330,49 @@ class BackgroundStore:
             metrics.store_healthy = lambda: store.healthy
         return store
 
-    async def _call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    async def _call(self, fn: Callable[..., T], *args: object) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, functools.partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
 
-    async def _written(self, fn: Callable[..., T], *args: object) -> T:
-        """`fn` on the store thread, failed with StoreError `store_unavailable` when it
-        has not returned within the deadline: a database that hangs (a stopped server,
-        a hung disk) must fail the responses waiting on it and turn `/health` 503 in
-        time, not hold them for as long as it hangs. The call itself goes on on the
-        store thread until the database layer breaks it off, and the calls after it
-        wait behind it within their own deadlines; a commit it still completes stored
-        responses that were failed, never ones acknowledged and lost."""
+    async def _written(
+        self, fn: Callable[..., T], *args: object, thread: ThreadPoolExecutor | None = None
+    ) -> T:
+        """`fn` on the store thread (or `thread`), failed with StoreError
+        `store_unavailable` when it has not returned within the deadline: a database
+        that hangs (a stopped server, a hung disk) must fail the responses waiting on
+        it and turn `/health` 503 in time, not hold them for as long as it hangs. The
+        call itself goes on on the store thread until the database layer breaks it off,
+        and the calls after it wait behind it within their own deadlines; a commit it
+        still completes stored responses that were failed, never ones acknowledged and
+        lost. The thread settles the awaited future itself: one wake-up of the loop
+        per commit, no task or future between (each was a turn of a busy loop before
+        the terminal event)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = fn(*args)
+            except BaseException as e:  # handed to the awaiting task, raised there
+                loop.call_soon_threadsafe(_fail, answer, e)
+            else:
+                loop.call_soon_threadsafe(_succeed, answer, result)
+
+        (thread or self._thread).submit(run)
+        expiry = loop.call_later(self._deadline, self._expire, answer)
         try:
-            return await asyncio.wait_for(self._call(fn, *args), self._deadline)
-        except asyncio.TimeoutError:
-            raise StoreError(
+            return await answer
+        finally:
+            expiry.cancel()
+
+    def _expire(self, answer: asyncio.Future[T]) -> None:
+        _fail(
+            answer,
+            StoreError(
                 "store_unavailable",
                 f"the database did not answer within {self._deadline:g} s (--store-busy-timeout)",
-            ) from None
+            ),
+        )
 
     async def _read(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         loop = asyncio.get_running_loop()
@@ -329,7 +400,7 @@ class BackgroundStore:
             preparing = loop.create_task(self._prepare(put))
             self._preparings.add(preparing)
             preparing.add_done_callback(self._preparings.discard)
-        await asyncio.shield(put.done)
+        await put.waiter
 
     async def _prepare(self, put: _Put) -> None:
         try:
@@ -337,7 +408,7 @@ class BackgroundStore:
         except Exception as e:
             log.exception("store writer failed to prepare response %s", put.record.id)
             self._settle(put, StoreError("store_unavailable", type(e).__name__))
-            self._arrived.set()
+            self._arrive()
             return
         finally:
             self._preparing -= 1
@@ -348,31 +419,42 @@ class BackgroundStore:
         self._queued_pieces += len(pieces)
         self._queued_bytes += sum(piece.size for piece in pieces)
         self._queued_rows += sum(piece.rows for piece in pieces)
-        self._arrived.set()
+        self._arrive()
+
+    def _arrive(self) -> None:
+        self._rows.arrived.set()
+        self._ahead.arrived.set()
 
     # ---------------------------------------------------------------- the drain task
 
-    async def _drain(self) -> None:
+    async def _drain(self, lane: _Lane) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self._queues:
-                if self._closed and not self._preparing:
+            if not self._takeable(lane):
+                if self._closed and not self._preparing and not self._queues:
                     return
-                self._arrived.clear()
-                await self._arrived.wait()
+                lane.arrived.clear()
+                await lane.arrived.wait()
                 continue
             # Let the responses finishing together join (closing: commit at once).
             deadline = loop.time() + self._window
-            while not self._closed and not self._full():
+            while not lane.ahead and not self._closed and not self._full():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
-                self._arrived.clear()
+                lane.arrived.clear()
                 try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                    await asyncio.wait_for(lane.arrived.wait(), remaining)
                 except asyncio.TimeoutError:
                     break
-            await self._commit(self._take())
+            batch = self._take(lane)
+            self._arrive()  # the keys' next pieces changed: the other lane's may be there
+            await self._commit(lane, batch)
+
+    def _takeable(self, lane: _Lane) -> bool:
+        """Whether a key's next piece is one `lane` takes, or is left of a failed
+        response (any lane drops it)."""
+        return any(lane.takes(queue[0]) or queue[0].put.settled for queue in self._queues.values())
 
     def _full(self) -> bool:
         return (
@@ -381,56 +463,73 @@ class BackgroundStore:
             or self._queued_rows >= MAX_BATCH_ROWS
         )
 
-    def _take(self) -> list[_Piece]:
-        """The next batch: one piece from each key in turn (see the module docstring),
-        and past its first, a key's pieces only within its share of the batch (the
-        bounds divided among the keys with queued work): the batch another key's
-        response commits in holds half a batch of a flooding key's, not a whole one.
-        A key whose next piece does not fit goes first next time; the pieces left of a
-        response that already failed are dropped."""
+    def _take(self, lane: _Lane) -> list[_Piece]:
+        """`lane`'s next batch: one piece from each key in turn (see the module
+        docstring), skipping the keys whose next piece is for the other lane (they
+        keep their place), and past its first, a key's pieces only within its share of
+        the batch (the bounds divided among the keys with queued work): the batch
+        another key's response commits in holds part of a flooding key's, not a whole
+        one. A key whose next piece does not fit goes first next time; the pieces left
+        of a response that already failed are dropped."""
         batch: list[_Piece] = []
         size = rows = 0
+        max_bytes, max_rows = lane.max_bytes, lane.max_rows
         keys = len(self._queues)
         shares: dict[str | None, tuple[int, int]] = {}
-        while self._queues and len(batch) < self._max_batch:
-            owner, queue = next(iter(self._queues.items()))
-            piece = queue[0]
-            failed = piece.put.done.done()
-            over = size + piece.size > self._max_batch_bytes or rows + piece.rows > MAX_BATCH_ROWS
-            if owner in shares:
-                key_size, key_rows = shares[owner]
-                over = over or (
-                    (key_size + piece.size) * keys > self._max_batch_bytes
-                    or (key_rows + piece.rows) * keys > MAX_BATCH_ROWS
-                )
-            if not failed and batch and over:
-                break
-            queue.popleft()
-            self._queued_pieces -= 1
-            self._queued_bytes -= piece.size
-            self._queued_rows -= piece.rows
-            if not failed:
-                batch.append(piece)
-                size += piece.size
-                rows += piece.rows
-                key_size, key_rows = shares.get(owner, (0, 0))
-                shares[owner] = (key_size + piece.size, key_rows + piece.rows)
-            del self._queues[owner]
-            if queue:
-                self._queues[owner] = queue
+        took = True
+        while took and len(batch) < self._max_batch:
+            took = False
+            for owner in list(self._queues):
+                queue = self._queues[owner]
+                piece = queue[0]
+                failed = piece.put.settled
+                if not failed and not lane.takes(piece):
+                    continue
+                over = size + piece.size > max_bytes or rows + piece.rows > max_rows
+                if owner in shares:
+                    key_size, key_rows = shares[owner]
+                    over = over or (
+                        (key_size + piece.size) * keys > max_bytes
+                        or (key_rows + piece.rows) * keys > max_rows
+                    )
+                if not failed and batch and over:
+                    return batch
+                queue.popleft()
+                self._queued_pieces -= 1
+                self._queued_bytes -= piece.size
+                self._queued_rows -= piece.rows
+                if not failed:
+                    batch.append(piece)
+                    size += piece.size
+                    rows += piece.rows
+                    key_size, key_rows = shares.get(owner, (0, 0))
+                    shares[owner] = (key_size + piece.size, key_rows + piece.rows)
+                del self._queues[owner]
+                if queue:
+                    self._queues[owner] = queue
+                took = True
+                if len(batch) >= self._max_batch:
+                    break
         return batch
 
-    async def _commit(self, batch: list[_Piece]) -> None:
+    async def _commit(self, lane: _Lane, batch: list[_Piece]) -> None:
         if not batch:
             return
+        if lane.ahead:
+            for piece in batch:
+                piece.put.ahead += 1
         try:
-            outcome = await self._written(self._write, batch)
+            outcome = await self._written(self._write, lane.ahead, batch, thread=lane.thread)
         except StoreError as e:
             outcome = _Outcome(failure=e)
         except Exception as e:
             # A bug below must not end the drain task: fail this batch, keep going.
             log.exception("store writer failed on responses %s", _ids(batch))
             outcome = _Outcome(failure=StoreError("store_unavailable", f"{type(e).__name__}"))
+        if lane.ahead:
+            for piece in batch:
+                piece.put.ahead -= 1
+            self._rows.arrived.set()  # a response's row may now follow its chunks
         metrics = self._metrics
         if outcome.failure is not None:
             puts = list({id(piece.put): piece.put for piece in batch}.values())
@@ -469,8 +568,8 @@ class BackgroundStore:
                 ),
             )
 
-    def _write(self, batch: Sequence[_Piece]) -> _Outcome:
-        """On the store thread: commit the batch's pieces in one transaction."""
+    def _write(self, ahead: bool, batch: Sequence[_Piece]) -> _Outcome:
+        """On the lane's thread: commit the batch's pieces in one transaction."""
         outcome = _Outcome()
         rows: list[Row] = []
         rejected: list[Quarantined] = []
@@ -484,19 +583,25 @@ class BackgroundStore:
                 rejected.append(quarantined(piece.put.record, piece.refused))
                 outcome.refused.append((piece.put, piece.refused))
         try:
-            self._database.write(rows, rejected, items)
+            if ahead:
+                self._database.write_ahead(items)
+            else:
+                self._database.write(rows, rejected, items)
         except StoreError as e:
             return _Outcome(failure=e)
         return outcome
 
     def _settle(self, put: _Put, error: StoreError | None) -> None:
-        if put.done.done():
+        if put.settled:
             return
+        put.settled = True
         self._queued -= 1
+        if put.waiter.done():
+            return  # its caller went away
         if error is None:
-            put.done.set_result(None)
+            put.waiter.set_result(None)
         else:
-            put.done.set_exception(error)
+            put.waiter.set_exception(error)
 
     def _unhealthy(self) -> None:
         self._healthy = False
@@ -582,15 +687,27 @@ class BackgroundStore:
         if self._closed:
             return
         self._closed = True
-        self._arrived.set()
-        await self._drainer
+        self._arrive()
+        await asyncio.gather(*self._drainers)
         if self._probing is not None:
             self._probing.cancel()
         self._preparer.shutdown(wait=True)
         if self._readers is not self._thread:
             self._readers.shutdown(wait=True)
+        if self._ahead.thread is not self._thread:
+            self._ahead.thread.shutdown(wait=True)
         await self._call(self._database.close)
         self._thread.shutdown(wait=True)
+
+
+def _succeed(answer: asyncio.Future[T], result: T) -> None:
+    if not answer.done():
+        answer.set_result(result)
+
+
+def _fail(answer: asyncio.Future[T], error: BaseException) -> None:
+    if not answer.done():
+        answer.set_exception(error)
 
 
 def _with_usage(database: Database) -> tuple[Database, dict[str, Usage]]:
