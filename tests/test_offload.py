@@ -29,7 +29,7 @@ from hotloop.protocol import (
     Connection,
     ConnectionCache,
 )
-from hotloop.protocol.connection import OFFLOAD_BYTES
+from hotloop.protocol.parsing import OFFLOAD_BYTES
 from sdk_events import validate
 from servers import FAST, hotloop_server, serving
 from websockets.exceptions import ConnectionClosed
@@ -346,7 +346,7 @@ def test_large_frames_are_parsed_off_the_event_loop_thread(
 ) -> None:
     """The parse of a large frame (a tool list here) runs where no event loop runs: a
     worker thread, over WebSocket and HTTP; a small frame's runs on the loop."""
-    import hotloop.protocol.connection as connection_module
+    import hotloop.protocol.parsing as parsing_module
     import hotloop.transport.http as http_module
 
     parsed_on_loop: list[tuple[int, bool]] = []
@@ -358,7 +358,7 @@ def test_large_frames_are_parsed_off_the_event_loop_thread(
 
         return spy
 
-    monkeypatch.setattr(connection_module, "parse_event", spying(connection_module.parse_event))
+    monkeypatch.setattr(parsing_module, "parse_event", spying(parsing_module.parse_event))
     monkeypatch.setattr(http_module, "parse_request", spying(http_module.parse_request))
     engine = SimEngine(FORMAT, model="sim", speed=FAST)
     with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
@@ -417,16 +417,16 @@ def test_a_queued_large_frame_is_parsed_again_off_the_event_loop_thread(
 ) -> None:
     """A large frame that waits behind its lane's running response keeps only its text
     and is parsed again when its turn comes: that parse too runs in a worker thread."""
-    import hotloop.protocol.connection as connection_module
+    import hotloop.protocol.parsing as parsing_module
 
     parsed_on_loop: list[tuple[int, bool]] = []
-    parse = connection_module.parse_event
+    parse = parsing_module.parse_event
 
     def spy(frame: str | bytes, *args: Any) -> Any:
         parsed_on_loop.append((len(frame), running_loop()))
         return parse(frame, *args)
 
-    monkeypatch.setattr(connection_module, "parse_event", spy)
+    monkeypatch.setattr(parsing_module, "parse_event", spy)
     # A slow first response: the large frame arrives while it runs, and waits.
     engine = SimEngine(FORMAT, model="sim", speed=SimSpeed(tokens_per_second=50.0, ttft=0.0))
     with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
