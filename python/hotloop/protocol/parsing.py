@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from hotloop.protocol.compaction import Compactor
     from hotloop.protocol.mcp import McpTurn
 
-# Frames at least this large are parsed and rendered off the event loop (`offloads`).
+# Frames at least this large are rendered off the event loop (`Render`).
 # Rendering text costs about 13 ns a byte (tokenization), checking and rendering tool
 # schemas up to about 0.2 us a byte, a hop to a worker thread and back about 45 us (all
 # measured on the 2-core dev machine): at 32 KB the hop adds a tenth to a 0.4 ms render,
@@ -33,6 +33,14 @@ if TYPE_CHECKING:
 # leave the loop. An agent's tool output (a few KB) stays inline; a resumed history or
 # an MCP-sized tool list no longer stalls every other connection's frames and handshakes.
 OFFLOAD_BYTES = 32 * 1024
+# Frames at least this large are also parsed off the event loop (`offloads`); smaller
+# ones are parsed on it, so a frame of 32-64 KB takes one thread hop (its render), not
+# two (a parse's, then a render's). The parse is the cheaper half: just under 64 KB it
+# held the loop 0.09 ms for text and 0.62 ms for a tool list, against 0.58 and 1.17 ms
+# for the inline parse and render of a frame just under `OFFLOAD_BYTES` (medians, 2-core
+# dev machine, load 3), so no frame holds the loop longer than one under 32 KB already
+# did, and none parses megabytes on it.
+PARSE_OFFLOAD_BYTES = 2 * OFFLOAD_BYTES
 INJECTS = frozenset(("response.inject", "response.append"))
 """The long-running response's events (refused on a connection without it)."""
 PASSED_THROUGH = frozenset(("response.interrupt", "response.steer", *INJECTS))
@@ -42,7 +50,7 @@ PASSED_THROUGH = frozenset(("response.interrupt", "response.steer", *INJECTS))
 def offloads(frame: str | bytes) -> bool:
     """Whether `frame` is parsed off the event loop (`Connection.parse` in a worker
     thread). A str's length in characters is a lower bound of its bytes."""
-    return len(frame) >= OFFLOAD_BYTES
+    return len(frame) >= PARSE_OFFLOAD_BYTES
 
 
 @dataclass(frozen=True)
