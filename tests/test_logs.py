@@ -140,6 +140,21 @@ def test_websockets_debug_lines_lose_headers_and_frames() -> None:
     assert sent.getMessage() == f"> <TEXT frame, {len(USER_TEXT)} bytes>"
 
 
+def test_a_line_of_ids_and_counts_is_passed_through_untouched() -> None:
+    """A turn's line (ids, a status, counts) keeps its arguments' tuple through the
+    filter and its text through `redact`; a credential in any case is still caught."""
+    detail = logs.ConnectionDetailFilter()
+    args = ("resp_0123", "completed", "websocket", 40, 0, 12)
+    turn = logging.LogRecord(
+        "hotloop.ledger", 20, "", 0, "response %s %s over %s: %d %d %d", args, None
+    )
+    detail.filter(turn)
+    assert turn.args is args
+    line = turn.getMessage()
+    assert logs.redact(line) == line
+    assert logs.redact("sent BeArEr abc") == "sent BeArEr [redacted]"
+
+
 def test_a_request_id_header_is_kept_only_when_tame() -> None:
     assert logs.request_id(b"lb-7f.3:a") == "lb-7f.3:a"
     assert logs.request_id(b"evil\nINFO: forged line").startswith("req_")

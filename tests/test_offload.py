@@ -29,7 +29,7 @@ from hotloop.protocol import (
     Connection,
     ConnectionCache,
 )
-from hotloop.protocol.connection import OFFLOAD_BYTES
+from hotloop.protocol.parsing import OFFLOAD_BYTES, PARSE_OFFLOAD_BYTES
 from sdk_events import validate
 from servers import FAST, hotloop_server, serving
 from websockets.exceptions import ConnectionClosed
@@ -320,6 +320,9 @@ def wide_tool(properties: int) -> dict[str, Any]:
 
 
 BIG_TOOLS = [wide_tool(OFFLOAD_BYTES // 40)]
+"""A frame of 32-64 KB: parsed on the event loop, rendered off it."""
+HUGE_TOOLS = [wide_tool(PARSE_OFFLOAD_BYTES // 40)]
+"""A frame of 64 KB or more: parsed and rendered off the event loop."""
 
 
 def test_a_large_tool_list_is_rendered_off_the_loop_whatever_the_input_size() -> None:
@@ -346,7 +349,7 @@ def test_large_frames_are_parsed_off_the_event_loop_thread(
 ) -> None:
     """The parse of a large frame (a tool list here) runs where no event loop runs: a
     worker thread, over WebSocket and HTTP; a small frame's runs on the loop."""
-    import hotloop.protocol.connection as connection_module
+    import hotloop.protocol.parsing as parsing_module
     import hotloop.transport.http as http_module
 
     parsed_on_loop: list[tuple[int, bool]] = []
@@ -358,22 +361,23 @@ def test_large_frames_are_parsed_off_the_event_loop_thread(
 
         return spy
 
-    monkeypatch.setattr(connection_module, "parse_event", spying(connection_module.parse_event))
+    monkeypatch.setattr(parsing_module, "parse_event", spying(parsing_module.parse_event))
     monkeypatch.setattr(http_module, "parse_request", spying(http_module.parse_request))
     engine = SimEngine(FORMAT, model="sim", speed=FAST)
     with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
         with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
             for fields in (
                 {"model": "sim", "input": "hi"},
-                {"model": "sim", "input": "hi", "tools": BIG_TOOLS},
+                {"model": "sim", "input": "hi", "tools": HUGE_TOOLS},
             ):
                 ws.send(orjson.dumps({"type": "response.create", **fields}).decode())
                 assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
-        body = {"model": "sim", "input": "hi", "tools": BIG_TOOLS}
+        body = {"model": "sim", "input": "hi", "tools": HUGE_TOOLS}
         assert httpx.post(base + "/v1/responses", json=body, timeout=60).status_code == 200
     (small, on_loop), *large = parsed_on_loop
     assert small < OFFLOAD_BYTES and on_loop
-    assert [(size >= OFFLOAD_BYTES, on_loop) for size, on_loop in large] == [(True, False)] * 2
+    off_loop = [(size >= PARSE_OFFLOAD_BYTES, on_loop) for size, on_loop in large]
+    assert off_loop == [(True, False)] * 2
 
 
 def test_a_large_text_message_is_decoded_off_the_event_loop_thread(
@@ -398,16 +402,16 @@ def test_a_large_text_message_is_decoded_off_the_event_loop_thread(
         with connect(url) as ws:
             for fields in (
                 {"model": "sim", "input": "hi"},
-                {"model": "sim", "input": "hi", "tools": BIG_TOOLS},
+                {"model": "sim", "input": "hi", "tools": HUGE_TOOLS},
             ):
                 ws.send(orjson.dumps({"type": "response.create", **fields}).decode())
                 assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
         with connect(url) as ws:
-            ws.send(b"\xff" * OFFLOAD_BYTES, text=True)
+            ws.send(b"\xff" * PARSE_OFFLOAD_BYTES, text=True)
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(60)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
-    assert [(size >= OFFLOAD_BYTES, on_loop) for size, on_loop in decoded_on_loop] == [
+    assert [(size >= PARSE_OFFLOAD_BYTES, on_loop) for size, on_loop in decoded_on_loop] == [
         (True, False)
     ] * 2
 
@@ -417,16 +421,16 @@ def test_a_queued_large_frame_is_parsed_again_off_the_event_loop_thread(
 ) -> None:
     """A large frame that waits behind its lane's running response keeps only its text
     and is parsed again when its turn comes: that parse too runs in a worker thread."""
-    import hotloop.protocol.connection as connection_module
+    import hotloop.protocol.parsing as parsing_module
 
     parsed_on_loop: list[tuple[int, bool]] = []
-    parse = connection_module.parse_event
+    parse = parsing_module.parse_event
 
     def spy(frame: str | bytes, *args: Any) -> Any:
         parsed_on_loop.append((len(frame), running_loop()))
         return parse(frame, *args)
 
-    monkeypatch.setattr(connection_module, "parse_event", spy)
+    monkeypatch.setattr(parsing_module, "parse_event", spy)
     # A slow first response: the large frame arrives while it runs, and waits.
     engine = SimEngine(FORMAT, model="sim", speed=SimSpeed(tokens_per_second=50.0, ttft=0.0))
     with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
@@ -435,12 +439,38 @@ def test_a_queued_large_frame_is_parsed_again_off_the_event_loop_thread(
                 orjson.dumps({"type": "response.create", "model": "sim", "input": "hi"}).decode()
             )
             recv_until(ws, "response.created")
-            big = {"type": "response.create", "model": "sim", "input": "hi", "tools": BIG_TOOLS}
+            big = {"type": "response.create", "model": "sim", "input": "hi", "tools": HUGE_TOOLS}
             ws.send(orjson.dumps(big).decode())
             for _ in range(2):
                 assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
-    large = [on_loop for size, on_loop in parsed_on_loop if size >= OFFLOAD_BYTES]
+    large = [on_loop for size, on_loop in parsed_on_loop if size >= PARSE_OFFLOAD_BYTES]
     assert large == [False, False]  # on arrival, and again when its turn came
+
+
+def test_a_frame_of_32_to_64_kb_takes_one_thread_hop(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A frame between `OFFLOAD_BYTES` and `PARSE_OFFLOAD_BYTES` is parsed on the event
+    loop and only its render runs in a worker thread: one hop before the engine call,
+    not a parse's hop and then a render's."""
+    hops: list[str] = []
+    to_thread = asyncio.to_thread
+
+    async def spy(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        hops.append(getattr(func, "__name__", ""))
+        return await to_thread(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", spy)
+    frame = orjson.dumps(
+        {"type": "response.create", "model": "sim", "input": "hi", "tools": BIG_TOOLS}
+    ).decode()
+    assert OFFLOAD_BYTES <= len(frame) < PARSE_OFFLOAD_BYTES
+    engine = SimEngine(FORMAT, model="sim", speed=FAST)
+    with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
+        with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
+            ws.send(frame)
+            assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
+    assert [hop for hop in hops if hop in ("parse", "_decode_and_parse", "run")] == ["run"]
 
 
 def test_a_tool_list_above_its_byte_limit_is_refused_with_a_clear_error(tmp_path: Path) -> None:

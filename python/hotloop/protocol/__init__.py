@@ -16,14 +16,9 @@ from hotloop.protocol.actions import (
     Wait,
 )
 from hotloop.protocol.cache import CacheBudget, ConnectionCache
-from hotloop.protocol.connection import (
-    OFFLOAD_BYTES,
-    Connection,
-    ConnectionLimits,
-    Parsed,
-    offloads,
-)
+from hotloop.protocol.connection import Connection, ConnectionLimits
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.parsing import OFFLOAD_BYTES, Parsed, offloads
 from hotloop.protocol.queue_memory import QueueMemory
 
 __all__ = [

@@ -35,9 +35,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import orjson
 
 from hotloop._core import (
     AppendEvent,
@@ -51,7 +48,6 @@ from hotloop._core import (
     ProcessedEvent,
     Turn,
     UnknownEvent,
-    parse_event,
 )
 from hotloop.engines.base import API_SAMPLING, EngineError
 from hotloop.events import error_event
@@ -68,73 +64,27 @@ from hotloop.protocol.actions import (
 from hotloop.protocol.cache import ConnectionCache, is_conversation
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.injection import LongRunning, as_append
+from hotloop.protocol.injection import LongRunning
 from hotloop.protocol.interrupt import interrupt
 from hotloop.protocol.lanes import Lane, Pending
 from hotloop.protocol.mcp import McpLoop, McpTurn
+from hotloop.protocol.parsing import (
+    INJECTS,
+    OFFLOAD_BYTES,
+    PASSED_THROUGH,
+    FrameParser,
+    Parsed,
+)
 from hotloop.protocol.queue_memory import RETRY_AFTER_SECONDS, QueueMemory
 from hotloop.protocol.response import Ending, Rendering, Response, Settings
 from hotloop.protocol.steering import Steering
 from hotloop.protocol.summarization import Summarization
-
-if TYPE_CHECKING:
-    from hotloop._core import ClientEvent
 
 log = logging.getLogger("hotloop.protocol")
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 MAX_IN_FLIGHT = 16
 MAX_NAMED_LANES = 32
-# Frames at least this large are parsed and rendered off the event loop (`offloads`).
-# Rendering text costs about 13 ns a byte (tokenization), checking and rendering tool
-# schemas up to about 0.2 us a byte, a hop to a worker thread and back about 45 us (all
-# measured on the 2-core dev machine): at 32 KB the hop adds a tenth to a 0.4 ms render,
-# and an inline parse and render stall the loop for at most a few milliseconds. The
-# frame's size decides, not one field's: a large tool list, instructions or input all
-# leave the loop. An agent's tool output (a few KB) stays inline; a resumed history or
-# an MCP-sized tool list no longer stalls every other connection's frames and handshakes.
-OFFLOAD_BYTES = 32 * 1024
-INJECTS = frozenset(("response.inject", "response.append"))
-"""The long-running response's events (refused on a connection without it)."""
-PASSED_THROUGH = frozenset(("response.interrupt", "response.steer", *INJECTS))
-"""Events the connection decodes itself (`Connection._passed_through`)."""
-
-
-def offloads(frame: str | bytes) -> bool:
-    """Whether `frame` is parsed off the event loop (`Connection.parse` in a worker
-    thread). A str's length in characters is a lower bound of its bytes."""
-    return len(frame) >= OFFLOAD_BYTES
-
-
-@dataclass(frozen=True)
-class Parsed:
-    """A client text frame after `Connection.parse`: its event or its refusal."""
-
-    event: ClientEvent | ProtocolError
-    """The event, or why the frame is refused."""
-    size: int
-    parse_ns: int
-    frame: str | bytes
-    """The frame's text: kept by a request that has to wait (`Pending.frame`), read
-    by the events the core passes through (`response.steer`, `response.interrupt`)."""
-    mcp: McpTurn | None = None
-    """A request's MCP servers, listed by the transport (`hotloop.protocol.mcp`)."""
-
-    @property
-    def previous_response_id(self) -> str | None:
-        """The response a valid `response.create` continues, as the core parsed it."""
-        event = self.event
-        if isinstance(event, CreateRequest) and event.error is None:
-            return event.previous_response_id
-        return None
-
-    @property
-    def conversation(self) -> str | None:
-        """The conversation a valid `response.create` continues, as the core parsed it."""
-        event = self.event
-        if isinstance(event, CreateRequest) and event.error is None:
-            return event.conversation
-        return None
 
 
 @dataclass(frozen=True)
@@ -215,6 +165,9 @@ class Connection:
         self.clock = clock
         self._queue_memory = queue_memory
         self._compactor = compactor or Compactor.ephemeral()
+        self._parser = FrameParser(
+            self._compactor, self.limits.max_frame_bytes, self.limits.request, clock
+        )
         self._observer = observer
         self.outbox: list[Action] = []
         """Actions since the last `actions()` call, in order."""
@@ -250,19 +203,7 @@ class Connection:
         """Parse one text frame. It reads no state that changes, so the transport may
         run it in a worker thread (the core releases the GIL for a large frame) and
         hand the result to `receive_parsed`, frames in arrival order."""
-        # `isascii` is O(1) on str: only non-ASCII text pays for measuring its bytes.
-        size = len(frame) if isinstance(frame, bytes) or frame.isascii() else len(frame.encode())
-        if size > self.limits.max_frame_bytes:
-            error = ProtocolError.frame_too_large(size, self.limits.max_frame_bytes)
-            return Parsed(error, size, 0, frame)
-        start = self.clock()
-        try:
-            event = parse_event(self._compactor.expand(frame), self.limits.request)
-        except CoreError as e:
-            return Parsed(ProtocolError.from_core(e), size, self.clock() - start, frame)
-        except ProtocolError as e:  # a compaction item that is not ours, or tampered with
-            return Parsed(e, size, self.clock() - start, frame)
-        return Parsed(event, size, self.clock() - start, frame)
+        return self._parser.parse(frame)
 
     def receive_parsed(self, parsed: Parsed) -> None:
         """One text frame from the client, parsed by `parse`."""
@@ -287,22 +228,19 @@ class Connection:
 
     def _passed_through(self, event: UnknownEvent | AppendEvent, parsed: Parsed) -> None:
         """An event the core passes through (steer, interrupt, inject) or parses only in
-        part (append), decoded here (`ProtocolError.undecodable` when the decoder cannot)
+        part (append), decoded (`FrameParser.decode_passed_through`; refused when it cannot)
         and handed to its unit."""
         try:
-            decoded = orjson.loads(parsed.frame)
-        except orjson.JSONDecodeError as e:
-            self.refuse(ProtocolError.undecodable(e))
+            append, decoded = self._parser.decode_passed_through(event, parsed)
+        except ProtocolError as e:
+            self.refuse(e)
             return
         if event.type == "response.interrupt":
             interrupt(self, decoded)
         elif event.type == "response.steer":
             self.steering.receive(decoded, parsed.size)
-        elif isinstance(event, AppendEvent):
-            self.long_running.receive(event, decoded, parsed.size)
         else:
-            append = parse_event(as_append(decoded), self.limits.request)
-            assert isinstance(append, AppendEvent), "an inject parses as an append"
+            assert append is not None, "an append or an inject"
             self.long_running.receive(append, decoded, parsed.size)
 
     def receive_request(
@@ -751,9 +689,7 @@ class Connection:
         comes (it reads no state that changes, so it may run in a worker thread; the
         parse is deterministic, so it gives what the first parse gave), or one with
         steering input added. Raises what `parse` refuses with."""
-        event = parse_event(self._compactor.expand(frame), self.limits.request)
-        assert isinstance(event, CreateRequest), "a response.create frame"
-        return event
+        return self._parser.reparse(frame)
 
     def _end_render(self, key: int) -> Rendering | None:
         # None when the client went away meanwhile.

@@ -26,7 +26,7 @@ client is gone."""
 
 RECEIVE_UTF8 = "hotloop.websocket.receive_utf8"
 """hotloop's server extension for receiving: an app that sets this scope key (to True)
-gets a large text message (`OFFLOAD_BYTES` or more) as `{"type": "websocket.receive",
+gets a large text message (`PARSE_OFFLOAD_BYTES` or more) as `{"type": "websocket.receive",
 RECEIVE_UTF8: payload}`, its UTF-8 bytes not yet decoded, so that the app decodes them
 off the event loop with the parse. A payload that is not UTF-8 is the app's to close
 with 1007."""

@@ -38,7 +38,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.http11 import Request
 from websockets.protocol import State
 
-from hotloop.protocol import OFFLOAD_BYTES
+from hotloop.protocol.parsing import PARSE_OFFLOAD_BYTES
 from hotloop.shutdown import Drain, find_drain
 from hotloop.transport.asgi import CONNECTION_DRAIN, RECEIVE_UTF8, SEND_FRAMES, WRITE_FRAMES
 
@@ -81,7 +81,7 @@ class FrameSendingProtocol(WebSocketsSansIOProtocol):
         if self.curr_msg_data_type == "text" and not self.close_sent:
             data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
             self.frames = []
-            if len(data) >= OFFLOAD_BYTES and self.scope.get(RECEIVE_UTF8):
+            if len(data) >= PARSE_OFFLOAD_BYTES and self.scope.get(RECEIVE_UTF8):
                 # Decoding megabytes would hold the loop: the app decodes them off it.
                 self._deliver({"type": "websocket.receive", RECEIVE_UTF8: data})
                 return

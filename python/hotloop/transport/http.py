@@ -58,9 +58,9 @@ from hotloop.protocol import (
     offloads,
 )
 from hotloop.protocol.compaction import Compactor
-from hotloop.protocol.connection import OFFLOAD_BYTES
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.mcp import asks, rewritten
+from hotloop.protocol.parsing import OFFLOAD_BYTES
 from hotloop.protocol.response import STORE_UNAVAILABLE
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError

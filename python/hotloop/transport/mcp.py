@@ -11,9 +11,10 @@ import dataclasses
 from hotloop._core import CreateRequest
 from hotloop.mcp_client import McpClient, McpError
 from hotloop.protocol.actions import McpCall, McpRequest
-from hotloop.protocol.connection import Connection, Parsed
+from hotloop.protocol.connection import Connection
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.mcp import asks, rewritten
+from hotloop.protocol.parsing import Parsed
 
 
 async def listed(client: McpClient, connection: Connection, parsed: Parsed) -> Parsed:
