@@ -49,6 +49,7 @@ fn valid_request() -> Value {
                 "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"],
                 "$defs": {"A": {"type": ["string", "null"], "enum": ["x", null]}}}},
             {"type": "namespace", "name": "ns", "tools": []},
+            {"type": "web_search"},
         ],
         "tool_choice": "auto",
         "metadata": {"k": "v"},
