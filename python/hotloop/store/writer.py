@@ -91,11 +91,13 @@ class Database(Protocol):
         (response id, position, id, item) in one durable transaction."""
         ...
 
-    def write_ahead(self, items: ItemRows) -> None:
+    def write_ahead(self, items: ItemRows) -> Callable[[], None] | None:
         """Commit input item rows of responses not yet committed, possibly without
         waiting for the disk: no read reaches them before their response's row commits,
         and that durable commit, which follows, flushes the log up to itself (each
-        database's log is one sequence)."""
+        database's log is one sequence). May return a flush of the log that the writer
+        runs on a thread of its own before the lane's next chunk, so that a commit
+        after it has little left to flush."""
         ...
 
     def probe(self) -> None:
@@ -234,6 +236,8 @@ class _Outcome:
     committed: list[_Put] = field(default_factory=list)
     refused: list[tuple[_Put, RecordError]] = field(default_factory=list)
     failure: StoreError | None = None
+    flush: Callable[[], None] | None = None
+    """What `Database.write_ahead` left to run off its thread."""
 
 
 class BackgroundStore:
@@ -260,6 +264,7 @@ class BackgroundStore:
             else thread
         )
         self._preparer = ThreadPoolExecutor(1, thread_name_prefix="hotloop-store-prepare")
+        self._flusher = ThreadPoolExecutor(1, thread_name_prefix="hotloop-store-flush")
         self._preparing = 0
         self._preparings: set[asyncio.Task[None]] = set()
         # Per owner, in turn order: the next batch starts with the first key.
@@ -520,6 +525,9 @@ class BackgroundStore:
                 piece.put.ahead += 1
         try:
             outcome = await self._written(self._write, lane.ahead, batch, thread=lane.thread)
+            if outcome.flush is not None:
+                # Off the store thread: another key's commit goes on meanwhile.
+                await self._written(outcome.flush, thread=self._flusher)
         except StoreError as e:
             outcome = _Outcome(failure=e)
         except Exception as e:
@@ -584,7 +592,7 @@ class BackgroundStore:
                 outcome.refused.append((piece.put, piece.refused))
         try:
             if ahead:
-                self._database.write_ahead(items)
+                outcome.flush = self._database.write_ahead(items)
             else:
                 self._database.write(rows, rejected, items)
         except StoreError as e:
@@ -692,6 +700,7 @@ class BackgroundStore:
         if self._probing is not None:
             self._probing.cancel()
         self._preparer.shutdown(wait=True)
+        self._flusher.shutdown(wait=True)
         if self._readers is not self._thread:
             self._readers.shutdown(wait=True)
         if self._ahead.thread is not self._thread:
