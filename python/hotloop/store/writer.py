@@ -222,6 +222,7 @@ class _Lane:
     """What one of its batches holds at most, past its first piece."""
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a piece it may take may have become takeable."""
+    committing: bool = False
 
     def takes(self, piece: _Piece) -> bool:
         if self.ahead:
@@ -523,10 +524,12 @@ class BackgroundStore:
         if lane.ahead:
             for piece in batch:
                 piece.put.ahead += 1
+        lane.committing = True
         try:
             outcome = await self._written(self._write, lane.ahead, batch, thread=lane.thread)
-            if outcome.flush is not None:
-                # Off the store thread: another key's commit goes on meanwhile.
+            if outcome.flush is not None and not self._rows.committing:
+                # Off the store thread: another key's commit goes on meanwhile. A commit
+                # of rows under way needs no second fsync of the log beside its own.
                 await self._written(outcome.flush, thread=self._flusher)
         except StoreError as e:
             outcome = _Outcome(failure=e)
@@ -534,6 +537,8 @@ class BackgroundStore:
             # A bug below must not end the drain task: fail this batch, keep going.
             log.exception("store writer failed on responses %s", _ids(batch))
             outcome = _Outcome(failure=StoreError("store_unavailable", f"{type(e).__name__}"))
+        finally:
+            lane.committing = False
         if lane.ahead:
             for piece in batch:
                 piece.put.ahead -= 1
