@@ -387,6 +387,39 @@ async def test_a_light_keys_commit_never_waits_for_a_chunk_on_two_writers() -> N
     assert sum(db.ahead) == len(db.committed) - 2
 
 
+async def test_a_light_keys_commit_never_waits_for_a_chunks_fsync_on_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21 defect 5 on SQLite (one writer): B's commit waited behind A's chunk
+    transaction including its fsync (2.6x its quiet median). Now a chunk's fsync runs
+    outside SQLite's lock, off the store thread: B's response commits while it is held,
+    and A's row, acknowledging A, only after it."""
+    entered, gate = threading.Event(), threading.Event()
+    fsync = os.fsync
+
+    def held(fd: int) -> None:
+        entered.set()
+        gate.wait(HANG_GUARD)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", held)
+    store = await BackgroundStore.open(
+        lambda: SQLiteDatabase.in_directory(tmp_path), commit_window=0
+    )
+    try:
+        items = orjson.dumps([{"role": "user", "content": f"item {n}"} for n in range(500)])
+        large = asyncio.create_task(store.put(response("resp_a", owner="key_a", input_json=items)))
+        assert await asyncio.get_running_loop().run_in_executor(None, entered.wait, HANG_GUARD)
+        await asyncio.wait_for(store.put(response("resp_b", owner="key_b")), HANG_GUARD)
+        assert not large.done()
+        gate.set()
+        await large
+        assert await store.get("resp_a", "key_a") is not None
+    finally:
+        gate.set()
+        await store.close()
+
+
 class HeldSQLite(SQLiteDatabase):
     """SQLite whose commits wait for `gate` (`entered` says one does): the store
     thread held, as by a slow disk or another process's lock."""

@@ -91,11 +91,13 @@ class Database(Protocol):
         (response id, position, id, item) in one durable transaction."""
         ...
 
-    def write_ahead(self, items: ItemRows) -> None:
+    def write_ahead(self, items: ItemRows) -> Callable[[], None] | None:
         """Commit input item rows of responses not yet committed, possibly without
         waiting for the disk: no read reaches them before their response's row commits,
         and that durable commit, which follows, flushes the log up to itself (each
-        database's log is one sequence)."""
+        database's log is one sequence). May return a flush of the log that the writer
+        runs on a thread of its own before the lane's next chunk, so that a commit
+        after it has little left to flush."""
         ...
 
     def probe(self) -> None:
@@ -220,6 +222,7 @@ class _Lane:
     """What one of its batches holds at most, past its first piece."""
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a piece it may take may have become takeable."""
+    committing: bool = False
 
     def takes(self, piece: _Piece) -> bool:
         if self.ahead:
@@ -234,6 +237,8 @@ class _Outcome:
     committed: list[_Put] = field(default_factory=list)
     refused: list[tuple[_Put, RecordError]] = field(default_factory=list)
     failure: StoreError | None = None
+    flush: Callable[[], None] | None = None
+    """What `Database.write_ahead` left to run off its thread."""
 
 
 class BackgroundStore:
@@ -260,6 +265,7 @@ class BackgroundStore:
             else thread
         )
         self._preparer = ThreadPoolExecutor(1, thread_name_prefix="hotloop-store-prepare")
+        self._flusher = ThreadPoolExecutor(1, thread_name_prefix="hotloop-store-flush")
         self._preparing = 0
         self._preparings: set[asyncio.Task[None]] = set()
         # Per owner, in turn order: the next batch starts with the first key.
@@ -518,14 +524,21 @@ class BackgroundStore:
         if lane.ahead:
             for piece in batch:
                 piece.put.ahead += 1
+        lane.committing = True
         try:
             outcome = await self._written(self._write, lane.ahead, batch, thread=lane.thread)
+            if outcome.flush is not None and not self._rows.committing:
+                # Off the store thread: another key's commit goes on meanwhile. A commit
+                # of rows under way needs no second fsync of the log beside its own.
+                await self._written(outcome.flush, thread=self._flusher)
         except StoreError as e:
             outcome = _Outcome(failure=e)
         except Exception as e:
             # A bug below must not end the drain task: fail this batch, keep going.
             log.exception("store writer failed on responses %s", _ids(batch))
             outcome = _Outcome(failure=StoreError("store_unavailable", f"{type(e).__name__}"))
+        finally:
+            lane.committing = False
         if lane.ahead:
             for piece in batch:
                 piece.put.ahead -= 1
@@ -584,7 +597,7 @@ class BackgroundStore:
                 outcome.refused.append((piece.put, piece.refused))
         try:
             if ahead:
-                self._database.write_ahead(items)
+                outcome.flush = self._database.write_ahead(items)
             else:
                 self._database.write(rows, rejected, items)
         except StoreError as e:
@@ -692,6 +705,7 @@ class BackgroundStore:
         if self._probing is not None:
             self._probing.cancel()
         self._preparer.shutdown(wait=True)
+        self._flusher.shutdown(wait=True)
         if self._readers is not self._thread:
             self._readers.shutdown(wait=True)
         if self._ahead.thread is not self._thread:
