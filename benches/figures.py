@@ -123,6 +123,15 @@ FIGURES = (
     ),
     Figure("load_burst", _scripts("bench_load_burst.py"), (BENCHMARKS,)),
     Figure("ws_turn", _scripts("bench_ws_turn.py"), (BENCHMARKS,)),
+    Figure(
+        "turn_costs",
+        _scripts(
+            "bench_commit_tail.py --turns 40 --rounds 3",
+            "bench_frame_hops.py",
+            "bench_turn_logs.py",
+        ),
+        (BENCHMARKS,),
+    ),
     Figure("http_turn", _scripts("bench_http_turn.py"), (BENCHMARKS,)),
     Figure("ws_stream", _scripts("bench_ws_stream.py --rounds 7"), (BENCHMARKS,)),
     Figure(
@@ -201,7 +210,7 @@ FIGURES = (
             "bench_engine_booking.py",
             "bench_steer_refusal_leak.py",
             "bench_rebuild_attack.py 6",
-            "bench_store_fairness.py 6",
+            "bench_store_fairness.py 15",
         ),
         (BENCHMARKS, "docs/security.md", "docs/operations.md"),
     ),

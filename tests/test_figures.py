@@ -229,6 +229,9 @@ HAND_TABLES = {
     "printing its JSON line (the lead's rerun records it)",
     ("benchmarks.md", "| family (source) | hotloop |"): NO_JSON + " (microbenchmarks)",
     ("benchmarks.md", "| check | before (8c2e08d) |"): HISTORY,
+    ("benchmarks.md", "| run (load average) | power-loss, before |"): "an A/B against the "
+    "commit before (--baseline before=DIR), by hand; make figures runs the current code "
+    "only (turn_costs)",
     ("benchmarks.md", "| | another key's `GET` median"): NO_JSON + " (hardening_21)",
     ("development.md", "| first run | after (this version) |"): "first runs of a clean "
     "clone by hand (benches/first_run.py), no figure of `make figures`",
