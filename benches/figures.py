@@ -658,6 +658,8 @@ def peers_history_table(*runs: dict[str, Any]) -> str:
         ("before, time to first token", "hotloop@before websocket", "ttft_ms"),
         ("floor, time to first token", "floor http_full", "ttft_ms"),
     ):
+        if not all(key in s for s in systems):
+            continue  # a run without `--baseline before=DIR` has no "before" rows
         values = [s[key][field] for s in systems]
         cpu = field.startswith("gateway")
         growth = f"**{values[-1] / values[0]:.2f}x**" if cpu else ""
