@@ -18,15 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import threading
 import time
 from typing import Any
 
 import orjson
 import uvicorn
 from hotloop._core import ChatFormat
+from hotloop.bench.threaded import serving
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimSession, SimSpeed
@@ -67,20 +66,12 @@ def main() -> None:
     SimSession.generate = timed  # type: ignore[method-assign]
     engine = SimEngine(ChatFormat.harmony(), model="sim", speed=SimSpeed(1e6, ttft=0.0))
     app = build_app(engine, ServerConfig(engine="sim"))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
     config = uvicorn.Config(
         app, loop="uvloop", ws=FrameSendingProtocol, http=AdmittingHttpProtocol, log_level="warning"
     )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    url = f"ws://127.0.0.1:{sock.getsockname()[1]}/v1/responses"
     times: dict[str, list[float]] = {mode: [] for mode in PARSE_FROM}
-    try:
+    with serving(config) as port:
+        url = f"ws://127.0.0.1:{port}/v1/responses"
         for _ in range(options.rounds):
             for mode, bound in PARSE_FROM.items():
                 parse_from(bound)
@@ -110,10 +101,7 @@ def main() -> None:
                         assert reply["type"] != "error", reply
                         previous = reply["response"]["id"]
                         times[mode].append((called[0] - start) / 1000)
-    finally:
         parse_from(PARSE_OFFLOAD_BYTES)
-        server.should_exit = True
-        thread.join()
     medians = {mode: statistics.median(values) for mode, values in times.items()}
     p90s = {mode: statistics.quantiles(values, n=10)[-1] for mode, values in times.items()}
     load = os.getloadavg()[0]

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +29,7 @@ import httpx
 import orjson
 import uvicorn
 from hotloop.bench.proc import ServerProcess
+from hotloop.bench.threaded import serving
 from hotloop.mcp_client import McpClient, McpServer, McpSettings
 from mcp.server.mcpserver import MCPServer
 from websockets.sync.client import ClientConnection, connect
@@ -60,19 +59,8 @@ def mcp_server() -> Iterator[str]:
         return repr(a + b)
 
     app = server.streamable_http_app(json_response=True, stateless_http=True)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    runner = uvicorn.Server(config)
-    thread = threading.Thread(target=runner.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not runner.started:
-        time.sleep(0.01)  # startup of a server thread, not a measurement
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
-    finally:
-        runner.should_exit = True
-        thread.join()
+    with serving(uvicorn.Config(app, log_level="warning", lifespan="on")) as port:
+        yield f"http://127.0.0.1:{port}/mcp"
 
 
 class Wire:
