@@ -81,15 +81,6 @@ class BackgroundLimits:
     lease: float = 30.0
 
 
-def event_type(frame: bytes) -> bytes:
-    """The `type` of an event serialised with it first (`events.py`), else empty."""
-    if frame.startswith(b'{"type":"'):
-        end = frame.find(b'"', 9)
-        if end > 9:
-            return frame[9:end]
-    return b""
-
-
 class Job:
     """One background response (see the module docstring)."""
 
@@ -127,7 +118,7 @@ class Job:
             if not self.created.done():
                 self.created.set_result(frame)
             return
-        kind = event_type(frame)
+        kind = exchange.event_type(frame)
         if self.streamed:
             self.events.append(frame)
             self._kept += len(frame)
@@ -657,5 +648,4 @@ __all__ = [
     "Connect",
     "Job",
     "Turns",
-    "event_type",
 ]

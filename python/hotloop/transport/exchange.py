@@ -99,17 +99,17 @@ def not_found(response_id: str) -> ProtocolError:
 
 def sse_frame(frame: bytes) -> bytes:
     """One server event as an SSE frame: `event: <type>`, `data: <payload>`."""
-    return b"event: " + _event_type(frame) + b"\ndata: " + frame + b"\n\n"
+    kind = event_type(frame) or str(orjson.loads(frame).get("type", "message")).encode()
+    return b"event: " + kind + b"\ndata: " + frame + b"\n\n"
 
 
-def _event_type(frame: bytes) -> bytes:
-    # Every event is serialised with "type" first (events.py); fall back to parsing.
+def event_type(frame: bytes) -> bytes:
+    """The `type` of an event serialised with it first (`events.py`), else empty."""
     if frame.startswith(b'{"type":"'):
         end = frame.find(b'"', 9)
         if end > 9:
             return frame[9:end]
-    kind = orjson.loads(frame).get("type", "message")
-    return str(kind).encode()
+    return b""
 
 
 async def disconnected(receive: Receive) -> None:
@@ -123,6 +123,7 @@ __all__ = [
     "Emit",
     "Exchange",
     "disconnected",
+    "event_type",
     "not_found",
     "rendered",
     "reply",
