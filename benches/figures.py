@@ -284,7 +284,10 @@ def provenance() -> dict[str, Any]:
     )
     return {
         "commit": git("rev-parse", "HEAD"),
-        "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
+        # the results files a run is writing are not a change to what is measured
+        "uncommitted_changes": bool(
+            git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benches/results")
+        ),
         "machine": {
             "cpus": os.cpu_count(),
             "cpu": model,
