@@ -741,31 +741,20 @@ def http_turn_table(results: dict[str, Any]) -> str:
     )
 
 
-def store_sections(results: dict[str, Any], by_hand: tuple[str, ...], command: int) -> list[Any]:
-    """Sections of store.json: the keys of the by-hand file (before and after, SQLite
-    and PostgreSQL), or the JSON line `make figures`' command printed (this code,
-    SQLite)."""
-    if by_hand[0] in results:
-        return [results[key] for key in by_hand]
-    return [printed(results, command)[-1]]
-
-
 def store_sigkill_table(results: dict[str, Any]) -> str:
-    rows = []
-    for section in store_sections(results, ("sigkill_before", "sigkill_after"), 0):
-        runs = section["runs"]
-        acknowledged = sum(r["acknowledged"] for r in runs)
-        lost = sum(r["lost"] for r in runs)
-        per_run = ", ".join(str(r["lost"]) for r in runs)
-        shown = f"{lost} ({lost / acknowledged:.1%}; {per_run} per run)" if lost else "**0**"
-        tree = section["tree"]
-        label = (
-            "commit before acknowledge"
-            if tree == "this"
-            else f"before (put after the terminal event, `--tree {tree}`)"
-        )
-        rows.append((label, f"{acknowledged:,}", shown))
-    return markdown(("code", "acknowledged", "lost"), rows)
+    """bench_store.py sigkill's JSON line: responses acknowledged and lost to SIGKILL."""
+    section = printed(results, 0)[-1]
+    runs = section["runs"]
+    acknowledged = sum(r["acknowledged"] for r in runs)
+    lost = sum(r["lost"] for r in runs)
+    per_run = ", ".join(str(r["lost"]) for r in runs)
+    shown = f"{lost} ({lost / acknowledged:.1%}; {per_run} per run)" if lost else "**0**"
+    label = (
+        "commit before acknowledge"
+        if section["tree"] == "this"
+        else f"before (put after the terminal event, `--tree {section['tree']}`)"
+    )
+    return markdown(("code", "acknowledged", "lost"), [(label, f"{acknowledged:,}", shown)])
 
 
 STORES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
@@ -781,7 +770,7 @@ def store_commit_table(results: dict[str, Any]) -> str:
             f"{r['commits_per_s']:,.0f}",
             f"{r['responses_per_s']:,.0f}",
         )
-        for section in store_sections(results, ("commit_sqlite", "commit_postgresql"), 1)
+        for section in printed(results, 1)[-1:]  # bench_store.py commit's JSON line
         for r in section["runs"]
     ]
     header = ("store, window", "N at once", "wait p50", "wait p99", "commits/s", "responses/s")
@@ -860,34 +849,22 @@ def attacker(figures: dict[str, Any]) -> str:
 
 
 def abuse_table(results: dict[str, Any]) -> str:
-    """The abuse suite's victim per scenario; the before columns while the file holds
-    the before/after run (`make figures` records the current code only)."""
-    # bench_abuse.py prints its rows as one JSON list, after the text lines
-    now = results["now"] if "now" in results else printed(results)[-1]
-    before = {r["attack"]: r for r in results.get("before_8c2e08d", ())}
-
-    def victim(r: dict[str, Any] | None) -> tuple[str, str]:
-        if r is None:
-            return ("", "")
-        return (f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} ms", f"{r['peak_rss_mib']} MiB")
-
+    """The abuse suite's victim per scenario, from the rows bench_abuse.py prints as one
+    JSON list after its text lines."""
     rows = [
         (
             r["attack"],
-            *victim(before.get(r["attack"])),
-            *victim(r),
+            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} ms",
+            f"{r['peak_rss_mib']} MiB",
             str(r["loop_stalls"]),
             attacker(
                 {**r["attacker"], **{k[9:]: v for k, v in r.items() if k.startswith("attacker_")}}
             ),
         )
-        for r in now
+        for r in printed(results)[-1]
     ]
-    header = (
-        *("scenario (in run order)", "before: victim p50 / p99", "before: peak RSS"),
-        *("now: victim p50 / p99", "now: peak RSS", "now: loop stalls", "now: the attacker"),
-    )
-    return markdown(header, rows)
+    header = ("scenario (in run order)", "victim p50 / p99", "peak RSS", "loop stalls")
+    return markdown((*header, "the attacker"), rows)
 
 
 def measured(results: dict[str, Any], name: str) -> str:
