@@ -126,18 +126,24 @@ docs: develop
 # goes to rust/fuzz/target/corpus, a crash to rust/fuzz/artifacts and fails the target.
 # cargo fuzz needs nightly: the nightly toolchain when rustup has one, else stable
 # with RUSTC_BOOTSTRAP=1. No sanitizer (-s none): the core is safe Rust, libFuzzer
-# catches its panics, and runs are about twice as many per second.
+# catches its panics, and runs are about twice as many per second. The targets are built
+# once and run side by side (each for FUZZ_SECONDS; their logs are printed in order).
 FUZZ_TARGETS := parse_event parse_request tools
 FUZZ_SECONDS ?= 60
 FUZZ_CARGO := $(if $(shell rustup toolchain list 2>/dev/null | grep '^nightly'),cargo +nightly,RUSTC_BOOTSTRAP=1 cargo)
 
 fuzz:
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --version 0.13.2
+	cd rust && $(FUZZ_CARGO) fuzz build -s none -a
 	cd rust && for target in $(FUZZ_TARGETS); do \
 		mkdir -p fuzz/target/corpus/$$target && \
-		$(FUZZ_CARGO) fuzz run -s none -a $$target fuzz/target/corpus/$$target fuzz/corpus/$$target -- \
-			-max_total_time=$(FUZZ_SECONDS) -dict=fuzz/json.dict -print_final_stats=1 || exit 1; \
-	done
+		{ $(FUZZ_CARGO) fuzz run -s none -a $$target fuzz/target/corpus/$$target fuzz/corpus/$$target -- \
+			-max_total_time=$(FUZZ_SECONDS) -dict=fuzz/json.dict -print_final_stats=1 \
+			>fuzz/target/$$target.log 2>&1; echo $$? >fuzz/target/$$target.status; } & \
+	done; wait; failed=0; for target in $(FUZZ_TARGETS); do \
+		cat fuzz/target/$$target.log; \
+		[ "$$(cat fuzz/target/$$target.status)" = 0 ] || { echo "fuzz $$target failed"; failed=1; }; \
+	done; exit $$failed
 
 clean:
 	rm -rf $(VENV) target dist
