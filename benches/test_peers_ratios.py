@@ -31,7 +31,8 @@ def test_hotloop_beside_agentic_api(tmp_path: object) -> None:
     agentic = result["systems"]["agentic-api websocket"]
     cpu = hotloop["gateway_cpu_ms_per_turn"] / agentic["gateway_cpu_ms_per_turn"]
     loop = hotloop["loop_over_ideal"] / agentic["loop_over_ideal"]
-    # One JSON line: `make figures` keeps it in benches/results/ratios.json.
-    print(json.dumps({"cpu_per_turn_ratio": cpu, "loop_over_ideal_ratio": loop, **result}))
+    # One JSON line, on a line of its own (pytest -q prints a progress dot before it):
+    # `make figures` keeps it in benches/results/ratios.json.
+    print("\n" + json.dumps({"cpu_per_turn_ratio": cpu, "loop_over_ideal_ratio": loop, **result}))
     assert cpu <= 2.0, f"hotloop's CPU per turn is {cpu:.2f}x agentic-api's"
     assert loop <= 1.5, f"hotloop's loop time over ideal is {loop:.2f}x agentic-api's"

@@ -84,7 +84,12 @@ def _progress(total: int, description: str) -> Any:
     return tqdm(total=total, desc=description, unit="turn", file=sys.stderr, leave=False)
 
 
-def _sim_flags(sim: SimParameters, script: Path | None, sim_format: str = "harmony") -> list[str]:
+def _sim_flags(
+    sim: SimParameters,
+    script: Path | None,
+    sim_format: str = "harmony",
+    api_keys: tuple[str, ...] = (API_KEY,),
+) -> list[str]:
     flags = [
         "--engine",
         "sim",
@@ -93,7 +98,7 @@ def _sim_flags(sim: SimParameters, script: Path | None, sim_format: str = "harmo
         "--model",
         MODEL,
         "--api-keys",
-        API_KEY,
+        ",".join(api_keys),
         "--sim-tokens-per-second",
         f"{sim.tokens_per_second:g}",
         "--sim-ttft",
@@ -255,9 +260,12 @@ def run_load(args: argparse.Namespace) -> dict[str, Any]:
     for workers in _ints(args.workers):
         points: list[LoadPoint] = []
         for agents in _ints(args.agents):
-            flags = _sim_flags(sim, None) + _load_script()
+            # one key per agent, as agents of different users: under one key the
+            # per-key connection cap (--max-connections-per-key) would refuse the rest
+            keys = tuple(f"{API_KEY}-{n}" for n in range(agents))
+            flags = _sim_flags(sim, None, api_keys=keys) + _load_script()
             with ServerProcess.start(flags, workers=workers) as server:
-                point = _load_point(server, rollouts, agents, workers, args)
+                point = _load_point(server, rollouts, keys, workers, args)
             points.append(point)
             print(
                 f"workers={workers} agents={agents:4d}: {point.turns_per_s:7.1f} turns/s "
@@ -281,23 +289,22 @@ def run_load(args: argparse.Namespace) -> dict[str, Any]:
 def _load_point(
     server: ServerProcess,
     rollouts: list[Rollout],
-    agents: int,
+    keys: tuple[str, ...],
     workers: int,
     args: argparse.Namespace,
 ) -> LoadPoint:
     from hotloop.bench.load import LoadRun
 
-    bar = _progress(0, f"workers={workers} agents={agents}")
+    bar = _progress(0, f"workers={workers} agents={len(keys)}")
     try:
         run = LoadRun(
             server,
             rollouts,
-            agents,
+            keys,
             workers=workers,
             window=args.window,
             tool_time=args.tool_time,
             model=MODEL,
-            api_key=API_KEY,
             on_turn=lambda: bar.update(1),
         )
         return _run(run.run())

@@ -75,23 +75,22 @@ class LoadRun:
         self,
         server: ServerProcess,
         rollouts: list[Rollout],
-        agents: int,
+        keys: tuple[str, ...],
         *,
         workers: int,
         window: float,
         tool_time: float,
         model: str,
-        api_key: str = "bench",
         on_turn: Callable[[], None] = lambda: None,
     ) -> None:
         self.server = server
         self.rollouts = rollouts
-        self.agents = agents
+        self.keys = keys  # one agent per key
+        self.agents = len(keys)
         self.workers = workers
         self.window = window
         self.tool_time = tool_time
         self.model = model
-        self.api_key = api_key
         self.on_turn = on_turn
         self._stats = _Window()
         self._stop = asyncio.Event()
@@ -118,7 +117,7 @@ class LoadRun:
         await asyncio.sleep(self.tool_time * index / self.agents)
         arrived = False
         try:
-            transport = await WebSocketTransport.open(self.server.ws_url, self.api_key)
+            transport = await WebSocketTransport.open(self.server.ws_url, self.keys[index])
         except (OSError, WebSocketException) as e:
             self._error(f"connect: {e}", arrived)
             return
