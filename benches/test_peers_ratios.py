@@ -34,5 +34,6 @@ def test_hotloop_beside_agentic_api(tmp_path: object) -> None:
     # One JSON line, on a line of its own (pytest -q prints a progress dot before it):
     # `make figures` keeps it in benches/results/ratios.json.
     print("\n" + json.dumps({"cpu_per_turn_ratio": cpu, "loop_over_ideal_ratio": loop, **result}))
-    assert cpu <= 2.0, f"hotloop's CPU per turn is {cpu:.2f}x agentic-api's"
-    assert loop <= 1.5, f"hotloop's loop time over ideal is {loop:.2f}x agentic-api's"
+    # about twice the highest measured (0.51-0.71x and 1.01-1.05x, docs/benchmarks.md)
+    assert cpu <= 1.4, f"hotloop's CPU per turn is {cpu:.2f}x agentic-api's"
+    assert loop <= 1.25, f"hotloop's loop time over ideal is {loop:.2f}x agentic-api's"
