@@ -4,8 +4,8 @@ interleaved rounds (benches/bench_peers.py's `--quick`). Only ratios measured in
 run are asserted, each bound about twice the highest value measured
 (docs/benchmarks.md, "CI microbenchmarks"):
 
-- hotloop's whole-process CPU per turn is at most 1.4x agentic-api's (measured 0.51-0.71x);
-- hotloop's loop time over ideal is at most 1.25x agentic-api's (measured 1.01-1.05x).
+- hotloop's whole-process CPU per turn is at most 1.6x agentic-api's (measured 0.51-0.86x);
+- hotloop's loop time over ideal is at most 1.25x agentic-api's (measured 1.01-1.08x).
 """
 
 from __future__ import annotations
@@ -34,5 +34,5 @@ def test_hotloop_beside_agentic_api(tmp_path: object) -> None:
     # One JSON line, on a line of its own (pytest -q prints a progress dot before it):
     # `make figures` keeps it in benches/results/ratios.json.
     print("\n" + json.dumps({"cpu_per_turn_ratio": cpu, "loop_over_ideal_ratio": loop, **result}))
-    assert cpu <= 1.4, f"hotloop's CPU per turn is {cpu:.2f}x agentic-api's"
+    assert cpu <= 1.6, f"hotloop's CPU per turn is {cpu:.2f}x agentic-api's"
     assert loop <= 1.25, f"hotloop's loop time over ideal is {loop:.2f}x agentic-api's"
