@@ -761,6 +761,8 @@ STORES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 
 
 def store_commit_table(results: dict[str, Any]) -> str:
+    """bench_store.py commit's JSON line: group commit per window and concurrency."""
+    section = printed(results, 1)[-1]
     rows = [
         (
             f"{STORES[section['store']]}, {r['window_ms']:g} ms",
@@ -770,7 +772,6 @@ def store_commit_table(results: dict[str, Any]) -> str:
             f"{r['commits_per_s']:,.0f}",
             f"{r['responses_per_s']:,.0f}",
         )
-        for section in printed(results, 1)[-1:]  # bench_store.py commit's JSON line
         for r in section["runs"]
     ]
     header = ("store, window", "N at once", "wait p50", "wait p99", "commits/s", "responses/s")

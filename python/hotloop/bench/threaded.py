@@ -14,7 +14,9 @@ STARTUP_DEADLINE = 60.0
 
 
 class _Server(uvicorn.Server):
-    """Sets `ready` once the sockets are listening (uvicorn's own flag has no event)."""
+    """Sets `ready` once the sockets are listening, or once `run` has ended without that
+    (a failed start ends the thread: nobody should wait out the deadline for it);
+    uvicorn's own `started` flag has no event."""
 
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
@@ -23,6 +25,12 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         self.ready.set()
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            super().run(sockets=sockets)
+        finally:
+            self.ready.set()
 
 
 @contextmanager
@@ -36,7 +44,10 @@ def serving(config: uvicorn.Config) -> Iterator[int]:
     try:
         if not server.ready.wait(STARTUP_DEADLINE):
             raise RuntimeError(f"the server did not start within {STARTUP_DEADLINE:.0f} s")
+        if not server.started:
+            raise RuntimeError("the server's startup failed (its log says why)")
         yield sock.getsockname()[1]
     finally:
         server.should_exit = True
         thread.join()
+        sock.close()
