@@ -15,6 +15,7 @@ import orjson
 import pytest
 from fake_upstreams import FakeUpstream, Script, serving
 from hotloop._core import Prompt
+from hotloop.engines import base, http1
 from hotloop.engines.base import EngineError, Sampling
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
 
@@ -178,3 +179,71 @@ async def test_no_free_connection_within_the_connect_timeout_is_a_timeout() -> N
         await server.disconnected.wait()
         await holder.close()
         await engine.close()
+
+
+async def test_a_paced_consumer_takes_what_arrived_between_its_asks_in_one_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--stream-coalesce-ms`: while the consumer waits between asks, the socket is left
+    unread, so the events the replica wrote one by one meanwhile come in one read;
+    unpaced, each is read as it arrives."""
+    reply = [20, 21, 22, 23, 24, 25, 26]
+    reads: list[int] = []
+    feed = http1.Link.data_received
+
+    def counted(link: http1.Link, data: bytes) -> None:
+        reads.append(len(data))
+        feed(link, data)
+
+    monkeypatch.setattr(http1.Link, "data_received", counted)
+
+    async def run(paced: bool) -> tuple[list[list[int]], int, int]:
+        """The batches, the reads while the replica wrote, the reads the ask took."""
+        asked = asyncio.Event()
+        written = asyncio.Event()
+        taken = asyncio.Event()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            chunks = [b"%x\r\n%s\r\n" % (len(e), e) for e in events(reply)] + [b"0\r\n\r\n"]
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n" + chunks[0]
+            )
+            await writer.drain()
+            await asked.wait()
+            for chunk in chunks[1:-3]:  # each its own write, the loop polling between
+                writer.write(chunk)
+                await writer.drain()
+                await asyncio.sleep(0.005)
+            written.set()
+            await taken.wait()
+            writer.write(b"".join(chunks[-3:]))
+            await writer.drain()
+
+        async with raw_server(handle) as (url, _):
+            engine = await engine_for(url)
+            session = engine.session()
+            base.PACED.set(paced)
+            stream = session.generate(Prompt.from_tokens(PROMPT), SAMPLING)
+            batches = [await anext(stream)]
+            start = len(reads)
+            asked.set()
+            await written.wait()
+            before = len(reads)
+            batches.append(await anext(stream))
+            held_reads = len(reads) - before
+            taken.set()
+            batches += [batch async for batch in stream]
+            await session.close()
+            await engine.close()
+        return batches, before - start, held_reads
+
+    paced, meanwhile, at_ask = await run(True)
+    assert paced[:2] == [[20], [21, 22, 23, 24, 25]]
+    assert sum(paced, []) == reply
+    assert (meanwhile, at_ask) == (0, 1)  # the five events, written apart, in one read
+    unpaced, meanwhile, at_ask = await run(False)
+    assert unpaced[:2] == paced[:2]  # handed over together too
+    assert sum(unpaced, []) == reply
+    assert (meanwhile, at_ask) == (5, 0)  # but each read as it came

@@ -113,8 +113,8 @@ class ServerConfig:
     stream_coalesce_ms: float = _option(
         0.0,
         "merge a WebSocket response's streamed deltas over this many milliseconds into one "
-        "event: less CPU per token for up to that much latency per delta (0: one event per "
-        "engine batch)",
+        "event, the upstream's socket read once per window: less CPU per token for up to "
+        "that much latency per delta, the first not delayed (0: one event per engine batch)",
         _non_negative,
     )
     connection_lifetime: float = _option(3600.0, "WebSocket connection lifetime")

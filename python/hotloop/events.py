@@ -172,6 +172,7 @@ class ResponseEvents:
         "request_id",
         "response_id",
         "stream_id",
+        "streaming",
     )
 
     def __init__(
@@ -198,11 +199,13 @@ class ResponseEvents:
         """Function names the server runs as MCP tools, and their server's label: their
         calls are `mcp_call` items (`hotloop.protocol.mcp`)."""
         self.mcp_calls: list[tuple[int, dict[str, Any], str]] = []
+        """MCP calls whose arguments are done, not yet run: output index, item, call id."""
         self.mcp_gated: frozenset[str] = frozenset()
         """MCP tools whose calls wait for the client's approval."""
         self.mcp_approvals: list[dict[str, Any]] = []
         """`mcp_approval_request` items of the current model turn."""
-        """MCP calls whose arguments are done, not yet run: output index, item, call id."""
+        self.streaming = False
+        """A delta event has been emitted (text, reasoning or arguments)."""
         self._seq = 0
         # Per output index: the item id and the pre-serialised head of its delta events.
         self._ids: dict[int, str] = {}
@@ -331,6 +334,7 @@ class ResponseEvents:
                     continue  # an approval request streams no arguments
                 seq = self._seq
                 self._seq = seq + 1
+                self.streaming = True
                 emit(b'%b%b,"sequence_number":%d%b' % (head, orjson.dumps(ev[2]), seq, self._tail))
             else:
                 self._structural(ev, emit)

@@ -9,7 +9,7 @@ state (its KV/prefix cache, the replica it routed to) across turns.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -74,18 +74,30 @@ async def close_stream(stream: AsyncIterator[list[int]]) -> None:
         await aclose()
 
 
-async def coalesced(stream: AsyncIterator[list[int]], window: float) -> AsyncIterator[list[int]]:
+PACED: ContextVar[bool] = ContextVar("paced", default=False)
+"""The stream the current task consumes is paced (`coalesced`): its consumer waits
+between asks, so an engine reading its ids from a socket leaves it unread meanwhile
+and one read takes what arrived (`Link.hold_reads`)."""
+
+
+async def coalesced(
+    stream: AsyncIterator[list[int]], window: float, streaming: Callable[[], bool]
+) -> AsyncIterator[list[int]]:
     """`stream` with its batches merged over `window` seconds (`--stream-coalesce-ms`):
-    after handing over a batch it waits `window` before asking the engine for the next,
-    which then holds every id sampled meanwhile (an engine hands over all the ids ready
-    when asked: the upstream's connection keeps decoding its reads, the sim computes
-    what is due). The first batch is not delayed, no id waits longer than `window`
-    (plus the event loop's timer resolution), and a response costs one delta event per
-    window instead of one per engine batch."""
+    once `streaming()` (the response has streamed its first delta), after handing over
+    a batch it waits `window` before asking the engine for the next, which then holds
+    every id sampled meanwhile (an engine hands over all the ids ready when asked: the
+    upstream's connection reads what arrived in one go, the sim computes what is due).
+    The first delta is not delayed, no id waits longer than `window` (plus the event
+    loop's timer resolution), and a response costs one delta event per window instead
+    of one per engine batch. The engine is told (`PACED`: `stream` runs in the
+    consuming task's context)."""
+    PACED.set(True)
     try:
         async for ids in stream:
             yield ids
-            await asyncio.sleep(window)
+            if streaming():
+                await asyncio.sleep(window)
     finally:
         await close_stream(stream)
 

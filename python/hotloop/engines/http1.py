@@ -100,6 +100,8 @@ class Link(asyncio.Protocol):
         self._news = False
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        self._held = False
+        """The socket stays unread between the consumer's asks (`hold_reads`)."""
         self._last_read = 0.0
         self._deadline = 0.0
         self._silence: asyncio.TimerHandle | None = None
@@ -126,9 +128,8 @@ class Link(asyncio.Protocol):
                 held += ids
             else:
                 self._ids = held = ids
-            if len(held) >= PAUSE_IDS and not self._paused and self.transport is not None:
-                self._paused = True
-                self.transport.pause_reading()
+            if len(held) >= PAUSE_IDS:
+                self._pause()
         elif not news:
             return  # part of an event: nothing for the consumer yet
         if news:
@@ -180,6 +181,7 @@ class Link(asyncio.Protocol):
         self.reader = reader
         self._ids = []
         self._news = False
+        self._held = False
         self._timed_out = None
         self._last_read = self._loop.time()
         self._deadline = self._last_read + (self._response_timeout or float("inf"))
@@ -197,15 +199,30 @@ class Link(asyncio.Protocol):
             ids = self._ids
             if ids:
                 self._ids = []
-                if self._paused:
+                if self._held and self.reader is not None and not self.reader.done:
+                    self._pause()
+                elif self._paused:
                     self._resume()
                 return ids
             if self._news:
                 self._news = False
                 self._raise_failure()
                 return None
+            if self._paused:
+                self._resume()
             self._waiter = waiter = self._loop.create_future()
             await waiter
+
+    def hold_reads(self) -> None:
+        """From now on (this exchange only), leave the socket unread from each hand-over
+        of ids to the consumer's next ask (as while the consumer is behind). For a
+        consumer that waits between asks (`--stream-coalesce-ms`): one read then takes
+        every event the replica sent meanwhile, one wake-up and one system call per
+        wait instead of one per event. Not once the finishing event is in: the rest of
+        the body follows at once."""
+        self._held = True
+        if not self._ids and self.reader is not None and not self.reader.done:
+            self._pause()
 
     async def read_to_end(self) -> None:
         """Read the response's body to its end (a collected one: error or listing)."""
@@ -223,6 +240,11 @@ class Link(asyncio.Protocol):
             answered = reader.status is not None
             where = "before the end of the response" if answered else "without answering"
             raise LinkError(f"the connection closed {where}", stale=not answered)
+
+    def _pause(self) -> None:
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
 
     def _resume(self) -> None:
         self._paused = False

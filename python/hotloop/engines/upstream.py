@@ -47,7 +47,14 @@ import orjson
 
 from hotloop._core import PromptBody
 from hotloop.chat_template import TemplateChoice, load_tokenizer
-from hotloop.engines.base import API_SAMPLING, ENGINE_CACHED, TEXT_ONLY, EngineError, Sampling
+from hotloop.engines.base import (
+    API_SAMPLING,
+    ENGINE_CACHED,
+    PACED,
+    TEXT_ONLY,
+    EngineError,
+    Sampling,
+)
 from hotloop.engines.bodies import KeptBodies
 from hotloop.engines.http1 import Client, HeaderError, Link, LinkError, Origin
 
@@ -405,6 +412,8 @@ class UpstreamSession:
                 self.body = PromptBody()
         self._body_key = route_key
         replica, link, first = await self._open(prompt, sampling, route_key)
+        if PACED.get():
+            link.hold_reads()
         client = self.engine.client
         reader = link.reader
         assert reader is not None

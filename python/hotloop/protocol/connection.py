@@ -271,6 +271,12 @@ class Connection:
             return False
         return response.feed(ids)
 
+    def streaming(self, key: int) -> bool:
+        """Whether response `key` has streamed a delta event yet (True once it is no
+        longer generating): a paced stream (`coalesced`) waits only from then on."""
+        response = self.generating.get(key)
+        return response is None or response.events.streaming
+
     def engine_done(self, key: int, engine_cached: int | None = None) -> None:
         """The engine finished response `key` (stop token or max_output_tokens);
         `engine_cached`: the prompt ids it said it had in its own cache (`ENGINE_CACHED`)."""

@@ -347,7 +347,9 @@ class Socket:
         try:
             ids_stream = self._session.generate(work.prompt, work.sampling, work.route_key)
             if self._coalesce > 0:
-                ids_stream = coalesced(ids_stream, self._coalesce)
+                ids_stream = coalesced(
+                    ids_stream, self._coalesce, lambda: connection.streaming(key)
+                )
             async for ids in ids_stream:
                 batches += 1
                 phase = batches % StreamCpu.EVERY
