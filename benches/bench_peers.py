@@ -3,6 +3,7 @@
     .venv/bin/python benches/bench_peers.py [--speeds 1000,4000] [--upstreams free,render]
         [--rounds 3] [--tool-calls 40] [--history-tokens 60000]
         [--systems hotloop,agentic-api,smg] [--baseline NAME=DIR] [--variant NAME=FLAGS]
+        [--variant-modes websocket]
 
 Set-up: agentic-api 0.9.0 and smg 1.13.0 are installed into their own virtualenv under
 the per-user cache (`~/.cache/hotloop/peers/`, never into hotloop's). One fake vLLM per
@@ -23,7 +24,7 @@ token to its terminal event (`tail`: the store's commit over `http_previous`). R
 benches/results/peers.json (or `--out`). `--baseline NAME=DIR` adds another hotloop
 (its package directory first on PYTHONPATH) as `hotloop@NAME`, for before/after figures
 in one run; `--variant NAME=FLAGS` the same hotloop with more serve flags, as
-`hotloop+NAME`. CI's quick check (benches/test_peers_ratios.py, `make bench-ci`) runs
+`hotloop+NAME` (in the modes `--variant-modes` names, default all). CI's quick check (benches/test_peers_ratios.py, `make bench-ci`) runs
 one small configuration of this.
 """
 
@@ -321,6 +322,9 @@ def run_configuration(
                 for mode in MODES[kind_of(system)]:
                     if args.modes and mode not in args.modes.split(",") and system != "floor":
                         continue
+                    if system in args.variants and args.variant_modes:
+                        if mode not in args.variant_modes.split(","):
+                            continue
                     key = f"{system} {mode}"
                     sample = measure(rollout, mode, servers[system], upstream)
                     samples.setdefault(key, []).append(sample)
@@ -365,6 +369,11 @@ def main() -> None:
         metavar="NAME=FLAGS",
         help="also run this hotloop with these serve flags, as system hotloop+NAME "
         '(e.g. durable="--store-durability process-crash")',
+    )
+    parser.add_argument(
+        "--variant-modes",
+        default="",
+        help="run the variants only in these modes (e.g. websocket for a WebSocket setting)",
     )
     args = parser.parse_args()
     args.variants = {}

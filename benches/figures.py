@@ -216,7 +216,10 @@ FIGURES = (
     ),
     Figure(
         "peers",
-        _scripts("bench_peers.py --speeds 1000,4000 --upstreams free,render --rounds 3")
+        _scripts(
+            "bench_peers.py --speeds 1000,4000 --upstreams free,render --rounds 3 "
+            "--variant 'coalesce5=--stream-coalesce-ms 5' --variant-modes websocket"
+        )
         + tuple(
             (
                 PYTHON,
@@ -613,7 +616,10 @@ def ws_deflate_table(results: dict[str, Any]) -> str:
 
 
 # bench_peers.py's name for a configuration -> the docs' (see benchmarks.md's legend)
-PEER_SYSTEMS = {"hotloop+nofsync": "hotloop, process-crash"}
+PEER_SYSTEMS = {
+    "hotloop+nofsync": "hotloop, process-crash",
+    "hotloop+coalesce5": "hotloop, `--stream-coalesce-ms 5`,",
+}
 
 
 def peers_tables(results: dict[str, Any]) -> str:
