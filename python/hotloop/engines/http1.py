@@ -18,6 +18,7 @@ the server's work per token (docs/upstream-streaming.md has the measurements).
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from dataclasses import dataclass
 from typing import cast
@@ -28,6 +29,12 @@ from hotloop._core import ResponseReader
 PAUSE_IDS = 256
 """Ids held for a consumer that is behind before the socket stops reading: from then on
 the replica's writes back up (its own flow control), not our memory."""
+
+HOLD_BYTES = 32 * 1024
+"""While a paced consumer waits between asks (`Link.hold_reads`), the socket's receive
+low-water mark (SO_RCVLOWAT): the kernel reports it readable only once this much is
+queued (hundreds of events) or the connection ends, so the events of a wait wake the
+loop once, when the consumer asks, not one by one."""
 
 
 class LinkError(Exception):
@@ -102,6 +109,9 @@ class Link(asyncio.Protocol):
         self._paused = False
         self._held = False
         """The socket stays unread between the consumer's asks (`hold_reads`)."""
+        self._holding = False
+        """The socket's low-water mark is raised to `HOLD_BYTES` now."""
+        self._socket: socket.socket | None = None
         self._last_read = 0.0
         self._deadline = 0.0
         self._silence: asyncio.TimerHandle | None = None
@@ -113,6 +123,7 @@ class Link(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's does not subclass asyncio.Transport).
         self.transport = cast("asyncio.Transport", transport)
+        self._socket = transport.get_extra_info("socket")
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader
@@ -128,8 +139,9 @@ class Link(asyncio.Protocol):
                 held += ids
             else:
                 self._ids = held = ids
-            if len(held) >= PAUSE_IDS:
-                self._pause()
+            if len(held) >= PAUSE_IDS and not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
         elif not news:
             return  # part of an event: nothing for the consumer yet
         if news:
@@ -160,7 +172,8 @@ class Link(asyncio.Protocol):
         if self.reader is None:
             return
         now = self._loop.time()
-        due = now + self._read_timeout if self._paused else self._last_read + self._read_timeout
+        waiting_for_us = self._paused or self._holding
+        due = now + self._read_timeout if waiting_for_us else self._last_read + self._read_timeout
         if now >= self._deadline:
             self._timed_out = f"no end of the response within {self._response_timeout:g}s"
         elif now >= due:
@@ -199,30 +212,33 @@ class Link(asyncio.Protocol):
             ids = self._ids
             if ids:
                 self._ids = []
-                if self._held and self.reader is not None and not self.reader.done:
-                    self._pause()
-                elif self._paused:
+                if self._paused:
                     self._resume()
+                if self._held and self.reader is not None and not self.reader.done:
+                    self._hold(True)
                 return ids
             if self._news:
                 self._news = False
                 self._raise_failure()
                 return None
-            if self._paused:
-                self._resume()
+            if self._holding:
+                self._hold(False)
             self._waiter = waiter = self._loop.create_future()
             await waiter
 
     def hold_reads(self) -> None:
         """From now on (this exchange only), leave the socket unread from each hand-over
-        of ids to the consumer's next ask (as while the consumer is behind). For a
-        consumer that waits between asks (`--stream-coalesce-ms`): one read then takes
-        every event the replica sent meanwhile, one wake-up and one system call per
-        wait instead of one per event. Not once the finishing event is in: the rest of
-        the body follows at once."""
+        of ids to the consumer's next ask. For a consumer that waits between asks
+        (`--stream-coalesce-ms`): one read then takes every event the replica sent
+        meanwhile, one wake-up and one system call per wait instead of one per event.
+        Not once the finishing event is in: the rest of the body follows at once.
+
+        The socket's low-water mark does it (`HOLD_BYTES`), not `pause_reading`: a paused
+        socket stays in the event loop's poll set until its next event, so the first
+        event of every wait would still wake the loop."""
         self._held = True
         if not self._ids and self.reader is not None and not self.reader.done:
-            self._pause()
+            self._hold(True)
 
     async def read_to_end(self) -> None:
         """Read the response's body to its end (a collected one: error or listing)."""
@@ -241,10 +257,15 @@ class Link(asyncio.Protocol):
             where = "before the end of the response" if answered else "without answering"
             raise LinkError(f"the connection closed {where}", stale=not answered)
 
-    def _pause(self) -> None:
-        if not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+    def _hold(self, holding: bool) -> None:
+        """Raise the socket's low-water mark, or lower it back to one byte (which makes
+        the kernel report what is queued at once)."""
+        if self._socket is None or self.closed:
+            return
+        self._holding = holding
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, HOLD_BYTES if holding else 1)
+        if not holding:
+            self._last_read = self._loop.time()
 
     def _resume(self) -> None:
         self._paused = False
@@ -258,6 +279,8 @@ class Link(asyncio.Protocol):
         if self._silence is not None:
             self._silence.cancel()
             self._silence = None
+        if self._holding:
+            self._hold(False)
         reader, self.reader = self.reader, None
         if reader is None or self.closed or self._paused or not reader.reusable:
             self.close()
