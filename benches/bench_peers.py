@@ -24,8 +24,8 @@ token to its terminal event (`tail`: the store's commit over `http_previous`). R
 benches/results/peers.json (or `--out`). `--baseline NAME=DIR` adds another hotloop
 (its package directory first on PYTHONPATH) as `hotloop@NAME`, for before/after figures
 in one run; `--variant NAME=FLAGS` the same hotloop with more serve flags, as
-`hotloop+NAME` (in the modes `--variant-modes` names, default all). CI's quick check (benches/test_peers_ratios.py, `make bench-ci`) runs
-one small configuration of this.
+`hotloop+NAME` (in the modes `--variant-modes` names, default all). CI's quick check
+(benches/test_peers_ratios.py, `make bench-ci`) runs one small configuration of this.
 """
 
 from __future__ import annotations
