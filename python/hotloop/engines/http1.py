@@ -259,11 +259,17 @@ class Link(asyncio.Protocol):
 
     def _hold(self, holding: bool) -> None:
         """Raise the socket's low-water mark, or lower it back to one byte (which makes
-        the kernel report what is queued at once)."""
+        the kernel report what is queued at once). A socket that refuses it (gone
+        meanwhile) is read event by event, as without a hold."""
         if self._socket is None or self.closed:
             return
+        try:
+            self._socket.setsockopt(
+                socket.SOL_SOCKET, socket.SO_RCVLOWAT, HOLD_BYTES if holding else 1
+            )
+        except OSError:
+            self._held = holding = False
         self._holding = holding
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, HOLD_BYTES if holding else 1)
         if not holding:
             self._last_read = self._loop.time()
 
@@ -279,12 +285,12 @@ class Link(asyncio.Protocol):
         if self._silence is not None:
             self._silence.cancel()
             self._silence = None
-        if self._holding:
-            self._hold(False)
         reader, self.reader = self.reader, None
         if reader is None or self.closed or self._paused or not reader.reusable:
             self.close()
             return False
+        if self._holding:
+            self._hold(False)  # the next exchange on it may not be paced
         return True
 
     def close(self) -> None:
