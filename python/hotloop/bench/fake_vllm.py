@@ -76,19 +76,32 @@ class PrefixCache:
 
     Ids are held as the request's JSON text, each followed by a comma (`id_text`), and
     compared as bytes: Python ints cost 40-60 ms a comparison at 200k ids under load,
-    the bytes well under one."""
+    the bytes well under one. The held text's id count and its count of one `marker` id
+    (the fake's turn counter) are kept with it, so a prompt that continues all that is
+    held is counted over its new ids only: counting the whole prompt's text again cost
+    1.2 ms a request at 67k ids, harness work that no upstream does."""
 
-    def __init__(self, block_size: int = 32) -> None:
+    def __init__(self, block_size: int = 32, marker: int = -1) -> None:
         self.block_size = block_size
+        self.marker = b",%d," % marker
         self.held = b""
+        self.held_ids = 0
+        self.held_marks = 0
 
-    def hit(self, prompt: bytes, length: int) -> int:
-        """The prompt ids served from the cache (`prompt`: its `length` ids' text)."""
-        shared = self.held.count(b",", 0, _common_prefix(self.held, prompt))
-        return min(shared, length - 1) // self.block_size * self.block_size
+    def lookup(self, prompt: bytes, length: int) -> tuple[int, int]:
+        """The prompt ids served from the cache and the marker ids in the prompt
+        (`prompt`: its `length` ids' text)."""
+        if prompt.startswith(self.held):
+            shared, marks, counted = self.held_ids, self.held_marks, len(self.held)
+        else:
+            shared = self.held.count(b",", 0, _common_prefix(self.held, prompt))
+            marks, counted = 0, 0
+        marks += (b"," + prompt[counted:]).count(self.marker)
+        return min(shared, length - 1) // self.block_size * self.block_size, marks
 
-    def add(self, held: bytes) -> None:
-        self.held = held
+    def add(self, held: bytes, ids: int, marks: int) -> None:
+        """Hold `held`, the text of `ids` ids of which `marks` are the marker."""
+        self.held, self.held_ids, self.held_marks = held, ids, marks
 
 
 def id_text(ids: list[int]) -> bytes:
@@ -105,13 +118,16 @@ def _prompt_text(body: bytes) -> bytes:
 
 
 def _common_prefix(a: bytes, b: bytes) -> int:
-    """The length of the prefix `a` and `b` share: slices compared in C, halving."""
-    low, high = 0, min(len(a), len(b))
-    if a[:high] == b[:high]:
-        return high
-    while high - low > 1:  # a[:low] == b[:low], a[:high] != b[:high]
+    """The length of the prefix `a` and `b` share, compared in C without copying the
+    common case (a continuation starts with all that is held); otherwise halving."""
+    if b.startswith(a):
+        return len(a)
+    if a.startswith(b):
+        return len(b)
+    low, high = 0, min(len(a), len(b))  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
         middle = (low + high) // 2
-        if a[low:middle] == b[low:middle]:
+        if b.startswith(a[low:middle], low):
             low = middle
         else:
             high = middle
@@ -142,7 +158,7 @@ class FakeVllm:
             for turn in script.turns
         ]
         self.ids = itertools.count(1)
-        self.cache = PrefixCache()
+        self.cache = PrefixCache(marker=self.call_id)
         self.render: Callable[..., list[int]] | None = None
         if render:
             from hotloop.bench.peer import harmony_renderer
@@ -218,9 +234,12 @@ class FakeVllm:
     def _completion_events(self, prompt: list[int], text: bytes, usage: bool) -> Iterator[Event]:
         """vLLM's token-id completion stream: one event per sampled id, then the usage
         chunk if asked."""
-        sampled = self.sampled[min(prompt.count(self.call_id), len(self.sampled) - 1)]
-        cached = self.cache.hit(text, len(prompt))
-        self.cache.add(text + id_text(sampled[:-1]))
+        # The script's turn: the calls in the prompt.
+        cached, calls = self.cache.lookup(text, len(prompt))
+        sampled = self.sampled[min(calls, len(self.sampled) - 1)]
+        kept = sampled[:-1]
+        marks = calls + kept.count(self.call_id)
+        self.cache.add(text + id_text(kept), len(prompt) + len(kept), marks)
         for token in sampled:
             choice = {"index": 0, "token_ids": [token], "finish_reason": None}
             yield 1, _data({"object": "text_completion", "choices": [choice]})
