@@ -3,7 +3,8 @@
 //! and `cl100k_base`.
 //!
 //! Encoding is the pre-tokenizer split of `bpe-openai` (its regexes reproduce tiktoken's
-//! `pat_str`), then BPE per piece. A piece that is itself a token (most words) is one
+//! `pat_str`; o200k's is decided without the regex where the text is ASCII, see
+//! [`o200k_ascii_piece`]), then BPE per piece. A piece that is itself a token (most words) is one
 //! hash lookup; the others take the linear-time backtracking encoder of the `bpe`
 //! crate (same ids as tiktoken's merge loop, without its quadratic worst case; it also
 //! measured faster than that loop on our corpus).
@@ -13,6 +14,7 @@ use std::sync::{Arc, LazyLock};
 
 use foldhash::HashMap as FastMap;
 
+use super::pretokenizer::o200k_ascii_piece;
 use super::Tokenizer;
 
 /// Token bytes -> id (= rank) for the ordinary vocabulary. Tokens of up to 15 bytes
@@ -69,6 +71,8 @@ pub struct OpenAiTokenizer {
     /// literal text -> id; may hold aliases (two names for one id).
     by_text: HashMap<String, u32>,
     vocab_size: usize,
+    /// The split is o200k's: ASCII text is split without the regex.
+    o200k_split: bool,
 }
 
 impl OpenAiTokenizer {
@@ -77,6 +81,7 @@ impl OpenAiTokenizer {
         inner: &'static bpe_openai::Tokenizer,
         specials: Vec<(String, u32)>,
         aliases: &[(&str, u32)],
+        o200k_split: bool,
     ) -> Self {
         let ordinary = inner.bpe.num_tokens();
         assert!(
@@ -93,7 +98,31 @@ impl OpenAiTokenizer {
             by_text,
             specials: specials.into_iter().map(|(t, id)| (id, t)).collect(),
             vocab_size: ordinary.max(top),
+            o200k_split,
         }
+    }
+
+    /// The pre-tokenizer's pieces of `text`, in order.
+    fn split<'a>(&'a self, text: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        let mut start = 0;
+        std::iter::from_fn(move || {
+            if start >= text.len() {
+                return None;
+            }
+            let ascii = self
+                .o200k_split
+                .then(|| o200k_ascii_piece(text.as_bytes(), start));
+            let end = match ascii.flatten() {
+                Some(end) => end,
+                None => {
+                    let rest = &text[start..];
+                    start + self.inner.split(rest).next().map_or(rest.len(), str::len)
+                }
+            };
+            let piece = &text[start..end];
+            start = end;
+            Some(piece)
+        })
     }
 }
 
@@ -146,6 +175,7 @@ static O200K_BASE: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
         bpe_openai::o200k_base(),
         o200k_specials(),
         &[],
+        true,
     ))
 });
 static O200K_HARMONY: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
@@ -154,6 +184,7 @@ static O200K_HARMONY: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
         bpe_openai::o200k_base(),
         o200k_harmony_specials(),
         &[("<|reserved_200018|>", 200_018)],
+        true,
     ))
 });
 static CL100K_BASE: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
@@ -162,6 +193,7 @@ static CL100K_BASE: LazyLock<Arc<OpenAiTokenizer>> = LazyLock::new(|| {
         bpe_openai::cl100k_base(),
         cl100k_specials(),
         &[],
+        false,
     ))
 });
 
@@ -182,7 +214,7 @@ impl Tokenizer for OpenAiTokenizer {
 
     fn encode(&self, text: &str, out: &mut Vec<u32>) {
         out.reserve(text.len() / 4);
-        for piece in self.inner.split(text) {
+        for piece in self.split(text) {
             let piece = piece.as_bytes();
             match self.ranks.get(piece) {
                 Some(id) => out.push(id),
@@ -192,7 +224,7 @@ impl Tokenizer for OpenAiTokenizer {
     }
 
     fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
-        Box::new(self.inner.split(text))
+        Box::new(self.split(text))
     }
 
     /// Ids in the gaps of a vocabulary (e.g. 199998 in `o200k_base`) and ids past its
@@ -222,6 +254,55 @@ impl Tokenizer for OpenAiTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// Characters that steer o200k's pattern: every ASCII class, the contractions, and
+    /// outside ASCII letters of each case class, a long s (`(?i:s)`), marks, digits,
+    /// whitespace and symbols.
+    const ALPHABET: &[&str] = &[
+        "a", "z", "A", "Z", "s", "t", "r", "e", "v", "l", "m", "d", "S", "T", "R", "E", "V", "L", "M", "D",
+        "'", "'s", "'LL", "'rE", "'ve", "0", "7", "1234", " ", "  ", "\t", "\n", "\r", "\u{b}", "\u{c}", "/",
+        "(", ".", "_", "-", "\u{0}", "\u{1f}", "\u{7f}", "é", "É", "ſ", "ǅ", "ʰ", "中", "\u{301}", "²", "½",
+        "١", "\u{85}", "\u{a0}", "\u{2028}", "\u{3000}", "€", "😀",
+    ];
+
+    fn o200k_regex_pieces(text: &str) -> Vec<&str> {
+        bpe_openai::o200k_base().split(text).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        #[test]
+        fn the_ascii_split_finds_the_regex_pieces(
+            parts in proptest::collection::vec(proptest::sample::select(ALPHABET), 0..40)
+        ) {
+            let text = parts.concat();
+            let t = by_name("o200k_harmony").unwrap();
+            prop_assert_eq!(t.pieces(&text).collect::<Vec<_>>(), o200k_regex_pieces(&text));
+        }
+    }
+
+    #[test]
+    fn the_ascii_split_finds_the_regex_pieces_of_code_and_prose() {
+        let text = concat!(
+            "fn main() {\n    let x = \"It's a dog's LIFE\";\r\n\tprintln!(\"{x}\");\n}\n\n",
+            "  // We'RE here, they'll see; you'VE 12345 items/sec -> 3.14159\n",
+            "HTTPServer's URLs: https://example.com/a/b?c=d&e=f  \n\n\n   end   ",
+            "naïve café CAFÉ ſ'ſ Don'ſ x²+y½ \u{a0}\u{3000}tail\u{85}",
+        );
+        let t = by_name("o200k_base").unwrap();
+        assert_eq!(t.pieces(text).collect::<Vec<_>>(), o200k_regex_pieces(text));
+        for cut in 0..text.len() {
+            if text.is_char_boundary(cut) {
+                let tail = &text[cut..];
+                assert_eq!(
+                    t.pieces(tail).collect::<Vec<_>>(),
+                    o200k_regex_pieces(tail),
+                    "{tail:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn special_strings_in_text_stay_plain() {

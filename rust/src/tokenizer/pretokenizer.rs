@@ -428,6 +428,148 @@ fn split_gpt2(text: &str, range: Range<usize>, out: &mut impl FnMut(Range<usize>
     }
 }
 
+/// The ASCII classes o200k_base's pattern tells apart.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ascii {
+    Upper,
+    Lower,
+    Digit,
+    /// `\r` or `\n`.
+    Newline,
+    /// The other whitespace: space, tab, vertical tab, form feed.
+    Space,
+    /// Neither letter, digit nor whitespace: punctuation, symbols, controls.
+    Other,
+    /// Past the end of the text.
+    End,
+}
+
+/// The class of `text[i]`; None for a byte outside ASCII.
+#[inline]
+fn ascii_class(text: &[u8], i: usize) -> Option<Ascii> {
+    Some(match text.get(i) {
+        None => Ascii::End,
+        Some(&b) if b >= 0x80 => return None,
+        Some(b'A'..=b'Z') => Ascii::Upper,
+        Some(b'a'..=b'z') => Ascii::Lower,
+        Some(b'0'..=b'9') => Ascii::Digit,
+        Some(b'\r' | b'\n') => Ascii::Newline,
+        Some(b' ' | b'\t' | 0x0b | 0x0c) => Ascii::Space,
+        Some(_) => Ascii::Other,
+    })
+}
+
+/// The end of the run of `class` from `i`; None when a byte outside ASCII ends it (it
+/// might belong to the class).
+#[inline]
+fn ascii_run(text: &[u8], mut i: usize, class: Ascii) -> Option<usize> {
+    while ascii_class(text, i)? == class {
+        i += 1;
+    }
+    Some(i)
+}
+
+/// o200k_base's split (tiktoken's `pat_str`, which bpe-openai runs as a regex with the
+/// look-ahead emulated) decided byte by byte where the text is ASCII: the end of the
+/// piece that starts at `start`, or None when the answer depends on a character outside
+/// ASCII (the caller asks the regex for that one piece). The same pieces as the regex,
+/// at about a tenth of its cost on ASCII, with no automaton tables to bring into cache.
+/// The pattern's alternatives, first match wins:
+///
+/// 1. `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+` and
+/// 2. `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*`,
+///    each with `(?i:'s|'t|'re|'ve|'m|'ll|'d)?`: in ASCII, an optional leading
+///    character, upper-case letters, then lower-case ones;
+/// 3. `\p{N}{1,3}`;
+/// 4. ` ?[^\s\p{L}\p{N}]+[\r\n/]*`;
+/// 5. `\s*[\r\n]+`: whitespace up to its last newline;
+/// 6. `\s+$`, `\s+(?!\S)` (a run but its last character), `\s+`.
+pub fn o200k_ascii_piece(text: &[u8], start: usize) -> Option<usize> {
+    use Ascii::*;
+    let first = ascii_class(text, start)?;
+    let lead = |want: fn(Ascii) -> bool| -> Option<Option<usize>> {
+        let next = ascii_class(text, start + 1)?;
+        Some(want(next).then_some(start + 1))
+    };
+    // 1 and 2: a word, after at most one character that is no letter, digit or newline.
+    let word = match first {
+        Upper | Lower => Some(start),
+        Space | Other => lead(|c| matches!(c, Upper | Lower))?,
+        _ => None,
+    };
+    if let Some(at) = word {
+        let upper = ascii_run(text, at, Upper)?;
+        let end = ascii_run(text, upper, Lower)?;
+        return contraction(text, end);
+    }
+    // 3: up to three digits.
+    if first == Digit {
+        let mut end = start + 1;
+        while end < start + 3 && ascii_class(text, end)? == Digit {
+            end += 1;
+        }
+        return Some(end);
+    }
+    // 4: punctuation after at most one space, then any newlines and slashes.
+    let punctuation = match first {
+        Other => Some(start),
+        Space if text[start] == b' ' => lead(|c| c == Other)?,
+        _ => None,
+    };
+    if let Some(at) = punctuation {
+        let mut end = ascii_run(text, at, Other)?;
+        while matches!(text.get(end), Some(b'\r' | b'\n' | b'/')) {
+            end += 1;
+        }
+        return Some(end);
+    }
+    // 5 and 6: a whitespace run.
+    let mut end = start;
+    let mut after_newline = None;
+    loop {
+        match ascii_class(text, end)? {
+            Space => end += 1,
+            Newline => {
+                end += 1;
+                after_newline = Some(end);
+            }
+            _ => break,
+        }
+    }
+    Some(match after_newline {
+        Some(at) => at,
+        None if end == text.len() || end - start == 1 => end,
+        None => end - 1,
+    })
+}
+
+/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` at `end`, in ASCII (`ſ` also matches `(?i:s)`).
+#[inline]
+fn contraction(text: &[u8], end: usize) -> Option<usize> {
+    if text.get(end) != Some(&b'\'') {
+        return Some(end);
+    }
+    let lower = |i: usize| -> Option<Option<u8>> {
+        match text.get(i) {
+            None => Some(None),
+            Some(&b) if b >= 0x80 => None,
+            Some(&b) => Some(Some(b.to_ascii_lowercase())),
+        }
+    };
+    Some(match lower(end + 1)? {
+        Some(b's' | b't' | b'm' | b'd') => end + 2,
+        Some(c @ (b'r' | b'v' | b'l')) => {
+            let want = if c == b'l' { b'l' } else { b'e' };
+            if lower(end + 2)? == Some(want) {
+                end + 3
+            } else {
+                end
+            }
+        }
+        _ => end,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
