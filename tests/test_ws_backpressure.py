@@ -1,6 +1,9 @@
 """A client that does not read: generation pauses at the outbox's high-water mark, so
 server memory stays bounded, and resumes, in order, once the client reads again.
-Also: a client that disconnects mid-response cancels its generation."""
+Also: a client that disconnects mid-response cancels its generation. Against a real
+upstream connection, with and without `--stream-coalesce-ms` (whose link leaves the
+socket unread between asks): the upstream backs up instead of hotloop buffering, and a
+client gone mid-stream closes the upstream exchange."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+import pytest
 from hotloop._core import ChatFormat, Prompt
 from hotloop.bench.scripted import ScriptedClient
 from hotloop.config import ServerConfig
@@ -119,11 +123,13 @@ class Watched:
             await self.inner.close()
 
 
-def test_disconnect_mid_stream_cancels_generation() -> None:
+@pytest.mark.parametrize("coalesce_ms", [0.0, 5.0], ids=["every-event", "coalesced"])
+def test_disconnect_mid_stream_cancels_generation(coalesce_ms: float) -> None:
     from websockets.sync.client import connect
 
     engine = Watched(SimSpeed(tokens_per_second=200.0, ttft=0.0, prefill_tokens_per_second=1e9))
-    app = App(engine, ServerConfig(engine="sim"))  # type: ignore[arg-type]
+    config = ServerConfig(engine="sim", stream_coalesce_ms=coalesce_ms)
+    app = App(engine, config)  # type: ignore[arg-type]
     with serving(app) as base:
         ws = connect(base.replace("http://", "ws://") + "/v1/responses")
         ws.send(orjson.dumps({"type": "response.create", "model": "sim", "input": "long"}).decode())
@@ -145,6 +151,8 @@ class PacedOutVllm:
     def __init__(self) -> None:
         self.backed_up = asyncio.Event()
         self.finished = asyncio.Event()
+        self.cut = asyncio.Event()
+        """The reader closed the connection before the end of the stream."""
         self.written = 0
         self.taken = 0
 
@@ -159,6 +167,12 @@ class PacedOutVllm:
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
         )
+        try:
+            await self._stream(writer)
+        except ConnectionError:
+            self.cut.set()
+
+    async def _stream(self, writer: asyncio.StreamWriter) -> None:
         for i, token in enumerate(LONG):
             finish = "stop" if i == len(LONG) - 1 else None
             choice = {"text": "x" * self.PAD, "token_ids": [token], "finish_reason": finish}
@@ -178,15 +192,9 @@ class PacedOutVllm:
         self.finished.set()
 
 
-async def test_slow_reader_pauses_the_upstream_read() -> None:
-    """The upstream engine reads the vLLM stream only as the socket pulls ids: with the
-    client not reading, the upstream's writes back up (the stream is ~70 MB, far more
-    than the socket buffers) instead of hotloop buffering it."""
+async def upstream_engine(port: int) -> Any:
     from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
 
-    upstream = PacedOutVllm()
-    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     config = UpstreamConfig(
         dialect="vllm",
         replicas=(f"http://127.0.0.1:{port}",),
@@ -196,12 +204,30 @@ async def test_slow_reader_pauses_the_upstream_read() -> None:
     )
     engine = UpstreamEngine(config, FORMAT)
     await engine.start()
-    connection = Connection(
+    return engine
+
+
+def served_connection() -> Connection:
+    return Connection(
         chat_format=FORMAT,
         context_window=1 << 20,
         model="served",
         cache=ConnectionCache(1 << 30, CacheBudget(1 << 30)),
     )
+
+
+COALESCE = pytest.mark.parametrize("coalesce", [0.0, 0.005], ids=["every-event", "coalesced"])
+
+
+@COALESCE
+async def test_slow_reader_pauses_the_upstream_read(coalesce: float) -> None:
+    """The upstream engine reads the vLLM stream only as the socket pulls ids: with the
+    client not reading, the upstream's writes back up (the stream is ~70 MB, far more
+    than the socket buffers) instead of hotloop buffering it."""
+    upstream = PacedOutVllm()
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    engine = await upstream_engine(server.sockets[0].getsockname()[1])
+    connection = served_connection()
     reading = asyncio.Event()
     completed: list[dict[str, Any]] = []
     client = ScriptedClient(
@@ -215,7 +241,9 @@ async def test_slow_reader_pauses_the_upstream_read() -> None:
             client.finish()
 
     session = engine.session()
-    socket = Socket(connection, session, send, high_water=HIGH_WATER, lifetime=3600)
+    socket = Socket(
+        connection, session, send, high_water=HIGH_WATER, lifetime=3600, coalesce=coalesce
+    )
     run = asyncio.create_task(socket.run(client.receive))
     try:
         await socket.paused.wait()
@@ -232,6 +260,41 @@ async def test_slow_reader_pauses_the_upstream_read() -> None:
         await run
         await finished
         assert completed[0]["response"]["usage"]["output_tokens"] == len(LONG)
+    finally:
+        await session.close()
+        await engine.close()
+        server.close()
+        await server.wait_closed()
+
+
+@COALESCE
+async def test_a_client_gone_mid_stream_closes_the_upstream_exchange(coalesce: float) -> None:
+    """The client disconnects after its first delta: the generation is cancelled and its
+    upstream connection closed (the replica's next write fails) before the replica
+    finishes, with or without coalescing holding the socket unread."""
+    upstream = PacedOutVllm()
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    engine = await upstream_engine(server.sockets[0].getsockname()[1])
+    client = ScriptedClient(
+        orjson.dumps({"type": "response.create", "model": "sim", "input": "go"}).decode()
+    )
+    deltas = 0
+
+    async def send(message: Message) -> None:
+        nonlocal deltas
+        if '"response.output_text.delta"' in message["text"]:
+            deltas += 1
+            client.finish()
+
+    session = engine.session()
+    socket = Socket(
+        served_connection(), session, send, high_water=1 << 20, lifetime=3600, coalesce=coalesce
+    )
+    try:
+        await asyncio.wait_for(socket.run(client.receive), 30)
+        await asyncio.wait_for(upstream.cut.wait(), 30)
+        assert deltas >= 1 and not upstream.finished.is_set()
+        assert upstream.written < len(LONG) * upstream.PAD // 2
     finally:
         await session.close()
         await engine.close()
