@@ -261,6 +261,8 @@ HISTORICAL = {
     "load_before.json": "`hotloop bench load` before large inputs were rendered off the loop",
     "load_burst_before_after.json": "`bench_load_burst.py`, 7 runs each before and after "
     "large inputs were rendered off the loop, alternated",
+    "peers_before_after.json": "`bench_peers.py --baseline before=DIR`: hotloop before "
+    "issue 23's work (d10a9fd, its own core) beside the current code and the peers, one run",
 }
 
 
@@ -622,8 +624,10 @@ PEER_SYSTEMS = {
 }
 
 
-def peers_tables(results: dict[str, Any]) -> str:
-    """The side-by-side tables, one per speed and upstream."""
+def peers_tables(results: dict[str, Any], labels: dict[str, str] | None = None) -> str:
+    """The side-by-side tables, one per speed and upstream (`labels`: names for systems
+    beyond `PEER_SYSTEMS`')."""
+    names = {**PEER_SYSTEMS, **(labels or {})}
     header = (
         *("system, mode", "loop / ideal", "TTFT, last 10 turns", "TTFT - floor"),
         *("gateway CPU / turn", "upstream CPU / turn", "last token -> terminal"),
@@ -635,7 +639,7 @@ def peers_tables(results: dict[str, Any]) -> str:
             system, mode = key.rsplit(" ", 1)
             rows.append(
                 (
-                    f"{PEER_SYSTEMS.get(system, system)} {mode}",
+                    f"{names.get(system, system)} {mode}",
                     f"{r['loop_over_ideal']:.3f}",
                     ms(r["ttft_ms"]),
                     f"{r['ttft_over_floor_ms']:+.1f} ms",
@@ -647,6 +651,11 @@ def peers_tables(results: dict[str, Any]) -> str:
         title = f"**{c['tokens_per_second']:g} tok/s, upstream {c['upstream']}"
         blocks.append(f"{title} (ideal {c['ideal_s']:.2f} s)**\n\n{markdown(header, rows)}")
     return "\n\n".join(blocks)
+
+
+def peers_before_after_tables(results: dict[str, Any]) -> str:
+    """The side-by-side tables of the run with the code before issue 23 as `before`."""
+    return peers_tables(results, {"hotloop@before": "hotloop before issue 23 (d10a9fd),"})
 
 
 def peers_history_table(*runs: dict[str, Any]) -> str:
@@ -918,6 +927,9 @@ TABLES: dict[str, Table] = {
     "ws_turn": Table(BENCHMARKS, ("ws_turn.json",), ws_turn_table),
     "turns": Table(BENCHMARKS, ("turns.json",), turns_table),
     "peers": Table(BENCHMARKS, ("peers.json",), peers_tables),
+    "peers_before_after": Table(
+        BENCHMARKS, ("peers_before_after.json",), peers_before_after_tables
+    ),
     "peers_history": Table(
         BENCHMARKS,
         tuple(f"peers_history_{n}.json" for n in (10000, 60000, 250000)),
