@@ -104,15 +104,17 @@ impl OpenAiTokenizer {
 
     /// The pre-tokenizer's pieces of `text`, in order.
     fn split<'a>(&'a self, text: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        // Other encodings keep bpe-openai's iterator.
+        let mut regex = (!self.o200k_split).then(|| self.inner.split(text));
         let mut start = 0;
         std::iter::from_fn(move || {
+            if let Some(pieces) = regex.as_mut() {
+                return pieces.next();
+            }
             if start >= text.len() {
                 return None;
             }
-            let ascii = self
-                .o200k_split
-                .then(|| o200k_ascii_piece(text.as_bytes(), start));
-            let end = match ascii.flatten() {
+            let end = match o200k_ascii_piece(text.as_bytes(), start) {
                 Some(end) => end,
                 None => {
                     let rest = &text[start..];
