@@ -79,7 +79,7 @@ class PrefixCache:
     the bytes well under one. The held text's id count and its count of one `marker` id
     (the fake's turn counter) are kept with it, so a prompt that continues all that is
     held is counted over its new ids only: counting the whole prompt's text again cost
-    1.2 ms a request at 67k ids, harness work that no upstream does."""
+    1.2 ms a request at 67k ids (timed by hand), harness work that no upstream does."""
 
     def __init__(self, block_size: int = 32, marker: int = -1) -> None:
         self.block_size = block_size
@@ -91,10 +91,11 @@ class PrefixCache:
     def lookup(self, prompt: bytes, length: int) -> tuple[int, int]:
         """The prompt ids served from the cache and the marker ids in the prompt
         (`prompt`: its `length` ids' text)."""
-        if prompt.startswith(self.held):
-            shared, marks, counted = self.held_ids, self.held_marks, len(self.held)
+        common = _common_prefix(self.held, prompt)
+        if common == len(self.held):
+            shared, marks, counted = self.held_ids, self.held_marks, common
         else:
-            shared = self.held.count(b",", 0, _common_prefix(self.held, prompt))
+            shared = self.held.count(b",", 0, common)
             marks, counted = 0, 0
         marks += (b"," + prompt[counted:]).count(self.marker)
         return min(shared, length - 1) // self.block_size * self.block_size, marks

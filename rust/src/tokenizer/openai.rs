@@ -4,10 +4,10 @@
 //!
 //! Encoding is the pre-tokenizer split of `bpe-openai` (its regexes reproduce tiktoken's
 //! `pat_str`; o200k's is decided without the regex where the text is ASCII, see
-//! [`o200k_ascii_piece`]), then BPE per piece. A piece that is itself a token (most words) is one
-//! hash lookup; the others take the linear-time backtracking encoder of the `bpe`
-//! crate (same ids as tiktoken's merge loop, without its quadratic worst case; it also
-//! measured faster than that loop on our corpus).
+//! [`o200k_ascii_piece`]), then BPE per piece. A piece that is itself a token (most
+//! words) is one hash lookup; the others take the linear-time backtracking encoder of
+//! the `bpe` crate (same ids as tiktoken's merge loop, without its quadratic worst case;
+//! it also measured faster than that loop on our corpus).
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
