@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
@@ -252,6 +253,83 @@ def test_a_resume_of_a_response_that_was_not_streamed_is_refused(store: dict[str
         with pytest.raises(openai.BadRequestError) as refused:
             list(sdk.responses.retrieve(plain.id, stream=True))
         assert refused.value.code == "response_not_background"
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def background_turn(sdk: OpenAI, streamed: bool, **body: Any) -> Response:
+    """A background response run to its end: polled, or followed over SSE."""
+    if not streamed:
+        return ended(sdk, create(sdk, **body).id)
+    with sdk.responses.create(model="sim", background=True, stream=True, **body) as stream:
+        events = [validate(event.model_dump_json()) for event in stream]
+    assert events[-1]["type"] == "response.completed", events[-1]
+    return strict(orjson.dumps(events[-1]["response"]))
+
+
+def websocket_turn(sdk: OpenAI, **body: Any) -> None:
+    with sdk.responses.connect() as connection:
+        connection.response.create(model="sim", **body)
+        for event in connection:
+            if event.type in ("response.completed", "response.failed", "error"):
+                break
+        assert event.type == "response.completed", event
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["polled", "streamed"])
+def test_a_background_turn_on_a_conversation_reads_it_as_a_foreground_one_does(
+    store: dict[str, str], streamed: bool
+) -> None:
+    with served(background_app(store)) as url:
+        sdk = client(url)
+        # A fresh conversation, and one used only over the WebSocket: neither is in the
+        # HTTP cache, both are read from the store.
+        fresh = sdk.conversations.create(items=[user("remember 7")])
+        first = background_turn(sdk, streamed, input="which?", conversation=fresh.id)
+        assert first.conversation is not None and first.conversation.id == fresh.id
+        websocket_only = sdk.conversations.create()
+        websocket_turn(sdk, input="over the socket", conversation=websocket_only.id)
+        expected = sdk.responses.input_tokens.count(
+            model="sim", input="then?", conversation=websocket_only.id
+        )
+        done = background_turn(sdk, streamed, input="then?", conversation=websocket_only.id)
+        assert done.usage is not None and done.usage.input_tokens == expected.input_tokens
+        # After foreground turns over HTTP and the WebSocket, a background turn starts
+        # from all of them (not from the state the HTTP cache held before them), and
+        # the next foreground turn from it. The count is taken on a twin conversation:
+        # counting warms the conversation it reads.
+        twin = sdk.conversations.create(items=[user("remember 7")])
+        for conversation in (fresh.id, twin.id):
+            if conversation == twin.id:
+                sdk.responses.create(model="sim", input="which?", conversation=twin.id)
+            sdk.responses.create(model="sim", input="between " * 50, conversation=conversation)
+            websocket_turn(sdk, input="and over the socket", conversation=conversation)
+        expected = sdk.responses.input_tokens.count(
+            model="sim", input="last?", conversation=twin.id
+        )
+        done = background_turn(sdk, streamed, input="last?", conversation=fresh.id)
+        assert done.usage is not None and done.usage.input_tokens == expected.input_tokens
+        after = sdk.responses.input_tokens.count(model="sim", input="x", conversation=fresh.id)
+        following = sdk.responses.create(model="sim", input="x", conversation=fresh.id)
+        assert following.usage is not None
+        assert following.usage.input_tokens == after.input_tokens
+        page = sdk.conversations.items.list(fresh.id, order="asc", limit=100)
+        texts = [item.content[0].text for item in page.data]  # type: ignore[union-attr]
+        assert texts == [
+            "remember 7",
+            "which?",
+            TEXT,
+            "between " * 50,
+            TEXT,
+            "and over the socket",
+            TEXT,
+            "last?",
+            TEXT,
+            "x",
+            TEXT,
+        ]
 
 
 # ---------------------------------------------------------------- refusals and bounds

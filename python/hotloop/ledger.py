@@ -196,6 +196,18 @@ class Ledger:
             checkpoint, root = restored
             cache.put(parent, checkpoint, None, root)
 
+    async def warm_request(
+        self, cache: ConnectionCache, request: CreateRequest, owner: str | None
+    ) -> None:
+        """Everything an HTTP request continues from, made ready in `cache`: its
+        `previous_response_id` (`warm`), its `conversation` (`warm_conversation`) and
+        the response `prompt_cache_diagnostics` compares with (the caller's only).
+        Every HTTP route that runs a request awaits this, a background one included:
+        it must start from the same state a foreground one would. Raises as those do."""
+        await self.warm(cache, request.previous_response_id, owner)
+        await self.warm_conversation(cache, request, owner)
+        await self.warm(cache, request.comparison_response_id, owner)
+
     async def warm_conversation(
         self, cache: ConnectionCache, request: CreateRequest, owner: str | None
     ) -> None:

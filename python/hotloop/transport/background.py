@@ -441,7 +441,8 @@ class BackgroundRoutes:
             )
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
-        await self.ledger.warm(cache, request.previous_response_id, books.owner)
+        # Read as a foreground request's are (`HttpApi._create`): its conversation too.
+        await self.ledger.warm_request(cache, request, books.owner)
         # Admitted with no await before it runs: requests arriving together cannot all
         # pass the bound.
         refusal = self.work.admit(books.owner)

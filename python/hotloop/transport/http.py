@@ -275,11 +275,7 @@ class HttpApi:
             return
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
-        await self.ledger.warm(cache, request.previous_response_id, books.owner)
-        await self.ledger.warm_conversation(cache, request, books.owner)
-        if request.comparison_response_id is not None:
-            # `prompt_cache_diagnostics` compares with its tokens: the caller's only.
-            await self.ledger.warm(cache, request.comparison_response_id, books.owner)
+        await self.ledger.warm_request(cache, request, books.owner)
         exchange = Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange)
         connection.receive_request(request, size, parse_ns, mcp)
@@ -375,8 +371,7 @@ class HttpApi:
         # The summary is engine work: booked to the key like a response.
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
-        await self.ledger.warm(cache, request.previous_response_id, books.owner)
-        await self.ledger.warm_conversation(cache, request, books.owner)
+        await self.ledger.warm_request(cache, request, books.owner)
         connection = self._connection(scope, cache, principal, request_id, books)
         connection.receive_compact(request)
         replies: list[bytes] = []
@@ -401,8 +396,7 @@ class HttpApi:
         _, request, _, _ = await self._request(scope, receive, principal)
         owner = self.ledger.observer(principal, "http").owner
         cache = self.ledger.http_cache(owner)
-        await self.ledger.warm(cache, request.previous_response_id, owner)
-        await self.ledger.warm_conversation(cache, request, owner)
+        await self.ledger.warm_request(cache, request, owner)
         conversation = self._connection(scope, cache, principal, request_id).conversation_for(
             request
         )
