@@ -1,5 +1,5 @@
 """The victim tenant's turn latency while another tenant attacks (the abuse suite's
-scenarios, `hotloop.bench.abuse`): one `hotloop serve --engine sim --api-keys sk-a,sk-b`
+scenarios, `hotloop.lab.abuse`): one `hotloop serve --engine sim --api-keys sk-a,sk-b`
 process on loopback, a quiet baseline first, then each attack for SECONDS while `sk-b`
 runs turns back to back; prints one row per scenario (victim turns, p50, p99, the
 server's peak RSS, what the attacker did) and a JSON line.
@@ -13,8 +13,8 @@ import json
 import os
 import sys
 
-from hotloop.bench.abuse import ATTACKS, MIB, SERVER_ENV, SERVER_FLAGS, run_scenario
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.abuse import ATTACKS, MIB, SERVER_ENV, SERVER_FLAGS, run_scenario
+from hotloop.lab.proc import ServerProcess
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import json
 import sys
 from collections import Counter
 
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 
 SLOW_BODY = (
     b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import httpx
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 
 FLAGS = ["--engine", "sim", "--sim-ttft", "0", "--sim-tokens-per-second", "100000"]
 DURABILITIES = ("power-loss", "process-crash")

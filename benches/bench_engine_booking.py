@@ -17,7 +17,7 @@ import time
 
 import httpx
 import orjson
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from websockets.sync.client import connect
 
 KEYS = {"websocket": "sk-ws", "sse": "sk-sse", "http": "sk-http", "compact": "sk-cmp"}

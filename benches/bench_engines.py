@@ -27,8 +27,8 @@ from engine_conversation import first_turn, next_turn
 from hotloop._core import Prompt
 from hotloop.engines.base import Engine, Sampling
 from hotloop.engines.llama import LlamaConfig, LlamaEngine
-from hotloop.engines.llama_server import LlamaServer
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+from hotloop.lab.llama_server import LlamaServer
 from hotloop.native_deps import ensure_llama_server, smollm2_gguf_path
 
 

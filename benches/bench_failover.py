@@ -1,8 +1,8 @@
-"""Several nodes behind HAProxy, measured on loopback (`hotloop.cluster`), in one run:
+"""Several nodes behind HAProxy, measured on loopback (`hotloop.lab.cluster`), in one run:
 
     .venv/bin/python benches/bench_failover.py [--runs 3] [--out benches/results/failover.json]
 
-- Fault runs (`hotloop.bench.failover.run_scenario`): six agents, 20-turn `store=true`
+- Fault runs (`hotloop.lab.failover.run_scenario`): six agents, 20-turn `store=true`
   conversations, three nodes sharing a PostgreSQL database (`--sqlite`: one SQLite
   file), three faults per run of each kind (SIGKILL, SIGSTOP, drain, each node
   rejoining; PostgreSQL stopped for 6-7 s). Reported per kind: acknowledged responses lost (must be
@@ -30,8 +30,8 @@ from typing import Any
 
 import httpx
 import orjson
-from hotloop.bench.failover import Agent, Outcome, replica_prompts, run_scenario
-from hotloop.cluster import Cluster, ClusterConfig
+from hotloop.lab.cluster import Cluster, ClusterConfig
+from hotloop.lab.failover import Agent, Outcome, replica_prompts, run_scenario
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi".split()
 

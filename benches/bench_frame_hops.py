@@ -25,10 +25,10 @@ from typing import Any
 import orjson
 import uvicorn
 from hotloop._core import ChatFormat
-from hotloop.bench.threaded import serving
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimSession, SimSpeed
+from hotloop.lab.threaded import serving
 from hotloop.protocol import parsing
 from hotloop.protocol.parsing import OFFLOAD_BYTES, PARSE_OFFLOAD_BYTES
 from hotloop.transport import frames

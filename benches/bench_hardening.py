@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 import orjson
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from websockets.sync.client import connect
 from websockets.sync.connection import Connection
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 from bench_ws_turn import text
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 
 OVERHEAD = 'hotloop_turn_overhead_seconds_sum{transport="http"}'
 FLAGS = ["--engine", "sim", "--sim-ttft", "0", "--sim-tokens-per-second", "100000"]

@@ -21,7 +21,7 @@ import time
 from multiprocessing.synchronize import Event
 
 import httpx
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 
 READERS = 16
 ITEM = "x" * 60_000  # 100 of them: a 6 MB page (15 MB exceeds the sim's context window)

@@ -14,8 +14,8 @@ import statistics
 import time
 
 import orjson
-from hotloop.bench.abuse import ATTACKER, SERVER_ENV, SERVER_FLAGS, auth, tool_tools
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.abuse import ATTACKER, SERVER_ENV, SERVER_FLAGS, auth, tool_tools
+from hotloop.lab.proc import ServerProcess
 from websockets.sync.client import connect
 
 TERMINAL = ("error", "response.completed", "response.failed")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import orjson
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from websockets.asyncio.client import ClientConnection, connect
 
 AGENTS = 60

@@ -1,6 +1,6 @@
 """How long one callback holds the server's event loop while a tenant attacks: one
 `hotloop serve --engine sim --api-keys sk-a,sk-b` process on loopback (the abuse suite's,
-`hotloop.bench.abuse`), ATTACK run REPEATS times for SECONDS each while the victim runs
+`hotloop.lab.abuse`), ATTACK run REPEATS times for SECONDS each while the victim runs
 turns, then the server's `hotloop_event_loop_busy_seconds` histogram: the loop thread's
 CPU per 50 ms window. A window above 0.05 s is one callback that held the loop (and every
 other connection) that long; the abuse suite fails on windows above 0.1 s.
@@ -17,8 +17,8 @@ import os
 import sys
 
 import httpx
-from hotloop.bench.abuse import SERVER_ENV, SERVER_FLAGS, run_scenario
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.abuse import SERVER_ENV, SERVER_FLAGS, run_scenario
+from hotloop.lab.proc import ServerProcess
 
 METRIC = "hotloop_event_loop_busy_seconds"
 

@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 import orjson
 import uvicorn
-from hotloop.bench.proc import ServerProcess
-from hotloop.bench.threaded import serving
+from hotloop.lab.proc import ServerProcess
+from hotloop.lab.threaded import serving
 from hotloop.mcp_client import McpClient, McpServer, McpSettings
 from mcp.server.mcpserver import MCPServer
 from websockets.sync.client import ClientConnection, connect

@@ -7,12 +7,12 @@
 
 Set-up: agentic-api 0.9.0 and smg 1.13.0 are installed into their own virtualenv under
 the per-user cache (`~/.cache/hotloop/peers/`, never into hotloop's). One fake vLLM per
-speed and upstream kind (`hotloop.bench.fake_vllm`: token-id `/v1/completions` for
+speed and upstream kind (`hotloop.lab.fake_vllm`: token-id `/v1/completions` for
 hotloop, stateless `/v1/responses` for the peers, paced; `render`: it renders and
 tokenizes the whole input of a responses request as vLLM's gpt-oss path does, `free`:
 it does not), every gateway in front of it, and a 40-call agent rollout sized to about
 60k tokens
-(`hotloop.bench.rollout`) replayed against each gateway in each mode it serves
+(`hotloop.lab.rollout`) replayed against each gateway in each mode it serves
 (`websocket`, `http_full`, `http_previous`) and by the client straight to the upstream's
 `/v1/responses` (`floor`: what the model alone costs), rounds interleaved.
 
@@ -51,9 +51,9 @@ from typing import Any
 
 import uvloop
 from hotloop._core import ChatFormat
-from hotloop.bench.agent import Agent, AgentRun, HttpTransport, WebSocketTransport
-from hotloop.bench.proc import HOTLOOP, Loopback, free_port, serve_command, stop_process
-from hotloop.bench.rollout import Rollout, build_rollout
+from hotloop.lab.agent import Agent, AgentRun, HttpTransport, WebSocketTransport
+from hotloop.lab.proc import HOTLOOP, Loopback, free_port, serve_command, stop_process
+from hotloop.lab.rollout import Rollout, build_rollout
 
 PEER_PACKAGES = ("agentic-api==0.9.0", "smg==1.13.0")
 PEER_VENV = Path.home() / ".cache" / "hotloop" / "peers" / "venv-agentic-0.9.0-smg-1.13.0"
@@ -175,7 +175,7 @@ def started(
 
 
 def upstream_command(port: int, script: Path, rate: float, render: bool) -> list[str]:
-    command = [sys.executable, "-m", "hotloop.bench.fake_vllm", "--port", str(port)]
+    command = [sys.executable, "-m", "hotloop.lab.fake_vllm", "--port", str(port)]
     command += ["--script", str(script), "--rate", f"{rate:g}"]
     return command + (["--render"] if render else [])
 

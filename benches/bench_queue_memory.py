@@ -14,7 +14,7 @@ import os
 import sys
 
 import orjson
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from websockets.sync.client import connect
 
 FRAMES = 16

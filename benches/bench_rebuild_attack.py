@@ -4,7 +4,7 @@ store; the rebuild ran on the event loop). One `hotloop serve --engine sim` proc
 loopback with a SQLite store: tenant `sk-a` stores a chain of about TOKENS tokens with
 warm-ups (`generate: false`), then, in a process of its own, opens a socket per
 continuation (a warm-up again: no engine time, only the rebuild); tenant `sk-b` runs
-turns back to back (`hotloop.bench.abuse.Victim`), first alone, then during the attack.
+turns back to back (`hotloop.lab.abuse.Victim`), first alone, then during the attack.
 Prints the victim's medians, their ratio, and the attacker's rebuilds.
 
     .venv/bin/python benches/bench_rebuild_attack.py [SECONDS [TOKENS]]
@@ -19,7 +19,7 @@ import sys
 import time
 
 import httpx
-from hotloop.bench.abuse import (
+from hotloop.lab.abuse import (
     ATTACKER,
     GUARD,
     SERVER_ENV,
@@ -30,7 +30,7 @@ from hotloop.bench.abuse import (
     until_terminal,
     ws_url,
 )
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from websockets.sync.client import connect
 
 # Tokens of one warm-up's input: a few MB of text per frame, well under the limits.

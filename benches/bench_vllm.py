@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 import orjson
 from bench_peers import gateway_command, peer_venv, started
-from hotloop.bench.proc import ServerProcess, free_port
-from hotloop.engines.vllm_server import SERVED_MODEL, VllmServer, metric
+from hotloop.lab.proc import ServerProcess, free_port
+from hotloop.lab.vllm_server import SERVED_MODEL, VllmServer, metric
 from hotloop.native_deps import ensure_vllm, ensure_vllm_model
 from websockets.sync.client import connect
 

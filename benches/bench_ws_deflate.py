@@ -1,6 +1,6 @@
 """What `permessage-deflate` costs and saves on a coding agent's WebSocket traffic.
 
-A deterministic rollout (`hotloop.bench.rollout`: real tool outputs, the Codex-like
+A deterministic rollout (`hotloop.lab.rollout`: real tool outputs, the Codex-like
 instructions and tools) is played through hotloop's protocol state machine in process:
 per step, the client's `response.create` (the tool output, continuing the previous
 response) and every frame the server sends while the model's reasoning and call stream
@@ -30,7 +30,7 @@ from collections.abc import Callable
 import orjson
 from bench_ws_stream import Served
 from hotloop._core import ChatFormat
-from hotloop.bench.rollout import build_rollout
+from hotloop.lab.rollout import build_rollout
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache, Generate, Render
 from websockets.extensions.permessage_deflate import PerMessageDeflate
 from websockets.frames import Frame, Opcode

@@ -45,10 +45,10 @@ from typing import Any
 import orjson
 import uvloop
 from hotloop._core import ChatFormat, Conversation, Prompt, parse_request
-from hotloop.bench.proc import ServerProcess
-from hotloop.bench.scripted import ScriptedClient
 from hotloop.engines.base import Sampling
 from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
+from hotloop.lab.proc import ServerProcess
+from hotloop.lab.scripted import ScriptedClient
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
 from hotloop.transport.asgi import Message
 from hotloop.transport.websocket import Socket

@@ -365,8 +365,8 @@ def run(figure: Figure) -> None:
 
 def resummarise(path: Path) -> dict[str, Any]:
     """An agent-loop results file with each run's summary recomputed from its turns."""
-    from hotloop.bench.agent import AgentRun, TurnRecord
-    from hotloop.bench.report import SimParameters, summarise
+    from hotloop.lab.agent import AgentRun, TurnRecord
+    from hotloop.lab.report import SimParameters, summarise
 
     results: dict[str, Any] = json.loads(path.read_text())
     for speed in results["speeds"]:

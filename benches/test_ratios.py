@@ -54,10 +54,10 @@ from hotloop._core import (
     parse_event,
     parse_request,
 )
-from hotloop.bench.open_model import OpenModelPeer
-from hotloop.bench.peer import Peer, use_local_vocab
-from hotloop.bench.rollout import Rollout, build_rollout
 from hotloop.events import ResponseEvents
+from hotloop.lab.open_model import OpenModelPeer
+from hotloop.lab.peer import Peer, use_local_vocab
+from hotloop.lab.rollout import Rollout, build_rollout
 from hotloop.native_deps import smollm2_gguf_path
 from openai.types.responses import ResponseTextDeltaEvent
 from openai_harmony import HarmonyEncodingName, Role, StreamableParser, load_harmony_encoding

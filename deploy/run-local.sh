@@ -11,4 +11,4 @@ set -e
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || make develop
 make -s haproxy services
-exec .venv/bin/python -m hotloop.cluster "$@"
+exec .venv/bin/python -m hotloop.lab.cluster "$@"

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import uvicorn
-from hotloop.bench.replica import request_body
+from hotloop.lab.replica import request_body
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]

@@ -1,6 +1,6 @@
 """A real PostgreSQL 15 server for the tests, started by the tests themselves.
 
-`hotloop.cluster.Postgres`: `initdb` + `pg_ctl` from Debian's `postgresql-15` (installed
+`hotloop.lab.cluster.Postgres`: `initdb` + `pg_ctl` from Debian's `postgresql-15` (installed
 by `make services` when missing) in a temporary directory, listening on a free loopback
 port only, trust auth for the `postgres` superuser, as `nobody` when the tests run as
 root (CI). The session-scoped fixture `postgres_server` (registered in `conftest.py`)
@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hotloop.bench.proc import free_port
-from hotloop.cluster import POSTGRES_BIN
-from hotloop.cluster import Postgres as PostgresServer
+from hotloop.lab.cluster import POSTGRES_BIN
+from hotloop.lab.cluster import Postgres as PostgresServer
+from hotloop.lab.proc import free_port
 from missing import missing
 
 

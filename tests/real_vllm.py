@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from hotloop.engines.base import EngineError
-from hotloop.engines.vllm_server import VllmServer
+from hotloop.lab.vllm_server import VllmServer
 from hotloop.native_deps import NativeSetupError, ensure_vllm, ensure_vllm_model
 from missing import missing
 

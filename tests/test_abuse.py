@@ -1,6 +1,6 @@
 """The abuse suite: one tenant (`sk-a`) attacks a real `hotloop serve --engine sim
 --api-keys sk-a,sk-b` process on loopback while the victim tenant (`sk-b`) runs turns,
-one attack at a time, each bounded in time and work (`hotloop.bench.abuse`).
+one attack at a time, each bounded in time and work (`hotloop.lab.abuse`).
 
 For every attack: all of the victim's turns complete, every response it saw
 acknowledged (store=true) is readable afterwards, and the server's RSS stays under
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hotloop.bench.abuse import (
+from hotloop.lab.abuse import (
     ATTACKS,
     SERVER_ENV,
     SERVER_FLAGS,
@@ -26,7 +26,7 @@ from hotloop.bench.abuse import (
     Victim,
     run_scenario,
 )
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 
 pytestmark = pytest.mark.abuse
 

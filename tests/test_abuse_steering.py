@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from websockets.sync.client import ClientConnection, connect
 
 pytestmark = pytest.mark.abuse

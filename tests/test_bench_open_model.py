@@ -7,7 +7,7 @@ import json
 
 import pytest
 from hotloop._core import ChatFormat, Conversation, Tokenizer, parse_request
-from hotloop.bench.open_model import OpenModelPeer
+from hotloop.lab.open_model import OpenModelPeer
 from hotloop.native_deps import smollm2_gguf_path
 
 SYSTEM = "You are a careful assistant. Answer in one sentence."

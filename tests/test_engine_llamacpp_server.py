@@ -11,8 +11,8 @@ import pytest
 from engine_conversation import IM_END, first_turn, next_turn
 from hotloop._core import Prompt
 from hotloop.engines.base import ENGINE_CACHED, Sampling
-from hotloop.engines.llama_server import LlamaServer
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine, UpstreamSession
+from hotloop.lab.llama_server import LlamaServer
 from hotloop.native_deps import ensure_llama_server, smollm2_gguf_path
 
 pytestmark = pytest.mark.model

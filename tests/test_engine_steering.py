@@ -17,8 +17,8 @@ from fake_upstreams import FakeUpstream, Script, serving
 from hotloop._core import ChatFormat, Prompt, Tokenizer
 from hotloop.engines.base import EngineSession, Sampling
 from hotloop.engines.llama import SMOLLM2_DEFAULT_SYSTEM, LlamaEngine, LlamaSession, TurnStats
-from hotloop.engines.llama_server import LlamaServer
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine, UpstreamSession
+from hotloop.lab.llama_server import LlamaServer
 from hotloop.native_deps import ensure_llama_server, smollm2_gguf_path
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
 from test_protocol_connection import TOOLS

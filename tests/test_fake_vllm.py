@@ -6,7 +6,7 @@ holds."""
 
 from __future__ import annotations
 
-from hotloop.bench.fake_vllm import PrefixCache, id_text
+from hotloop.lab.fake_vllm import PrefixCache, id_text
 
 MARKER = 7
 

@@ -1,10 +1,10 @@
-"""Faults on a three-node cluster, with real processes on loopback (`hotloop.cluster`):
+"""Faults on a three-node cluster, with real processes on loopback (`hotloop.lab.cluster`):
 six agents run 20-turn `store=true` conversations over WebSocket mode through HAProxy,
 the nodes sharing one PostgreSQL database (`pg_server.py`), while nodes are killed
 (SIGKILL), hung (SIGSTOP) or drained (HAProxy's runtime API, then SIGTERM), each node
 rejoining afterwards, or while the database is stopped for a while. The agents
 reconnect and continue from their last acknowledged response id on whatever node
-HAProxy picks (`hotloop.bench.failover`).
+HAProxy picks (`hotloop.lab.failover`).
 
 Every scenario asserts what a user relies on: every response a client saw complete is
 readable afterwards (none acknowledged and then lost), every conversation reaches its
@@ -19,8 +19,8 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-from hotloop.bench.failover import STALL_TIMEOUT, Outcome, StoreServer, run_scenario
-from hotloop.cluster import Cluster, ClusterConfig
+from hotloop.lab.cluster import Cluster, ClusterConfig
+from hotloop.lab.failover import STALL_TIMEOUT, Outcome, StoreServer, run_scenario
 from pg_server import PostgresServer
 
 pytestmark = pytest.mark.faults

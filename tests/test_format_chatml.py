@@ -4,7 +4,7 @@ The reference is the chat template rendered with jinja2 the way Hugging Face
 `apply_chat_template` renders it, tokenized by llama.cpp with special-token parsing:
 SmolLM2-135M-Instruct's template from its GGUF metadata, and for tool conversations a
 Qwen2.5-style tool template whose default system message is SmolLM2's
-(`hotloop.bench.open_model.QWEN_TOOLS_TEMPLATE`, the one the open-model peer renders).
+(`hotloop.lab.open_model.QWEN_TOOLS_TEMPLATE`, the one the open-model peer renders).
 `tests/golden/chatml_render.json` holds each case's rendered text and llama.cpp ids; this
 test proves they are current, `rust/src/format/chatml/tests.rs` proves hotloop renders the
 same text segment by segment. Regenerate with `python tests/test_format_chatml.py`.
@@ -21,8 +21,8 @@ from typing import Any
 
 import jinja2.sandbox
 from hotloop import _core
-from hotloop.bench.hf_template import tojson as hf_tojson
-from hotloop.bench.open_model import QWEN_TOOLS_TEMPLATE
+from hotloop.lab.hf_template import tojson as hf_tojson
+from hotloop.lab.open_model import QWEN_TOOLS_TEMPLATE
 from llama_cpp import Llama
 
 GOLDEN = Path(__file__).parent / "golden" / "chatml_render.json"

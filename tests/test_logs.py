@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from hotloop import logs
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from openai import OpenAI
 from websockets.frames import Frame, Opcode
 

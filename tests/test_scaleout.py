@@ -2,7 +2,7 @@
 `x-hotloop-node` header on HTTP responses and WebSocket upgrades), the same upstream
 replica for a conversation whichever node serves it (session header or chain root), and
 the reference HAProxy configuration (valid for HAProxy, and the same text as
-`deploy/haproxy.cfg`). Real processes on loopback (`hotloop.cluster`)."""
+`deploy/haproxy.cfg`). Real processes on loopback (`hotloop.lab.cluster`)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,15 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hotloop.cluster import (
+from hotloop.config import ServerConfig
+from hotloop.engines.upstream import Replica, rendezvous
+from hotloop.lab.cluster import (
     Cluster,
     ClusterConfig,
     haproxy_binary,
     haproxy_config,
     reference_config,
 )
-from hotloop.config import ServerConfig
-from hotloop.engines.upstream import Replica, rendezvous
 from hotloop.logs import log_config
 from hotloop_process import (
     HotloopProcess,
@@ -139,7 +139,7 @@ def test_log_lines_carry_the_node_id(log_format: str) -> None:
 
 def test_the_reference_haproxy_config_is_valid_and_checked_in(tmp_path: Path) -> None:
     assert (ROOT / "deploy" / "haproxy.cfg").read_text() == reference_config(), (
-        "regenerate: python -m hotloop.cluster --haproxy-config > deploy/haproxy.cfg"
+        "regenerate: python -m hotloop.lab.cluster --haproxy-config > deploy/haproxy.cfg"
     )
     local = tmp_path / "haproxy.cfg"
     local.write_text(

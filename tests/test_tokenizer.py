@@ -13,7 +13,7 @@ import tiktoken
 import tokenizers
 from hotloop import StreamDecoder, Tokenizer
 from hotloop._core import CoreError
-from hotloop.bench.open_model import gguf_metadata, tokenizer_json
+from hotloop.lab.open_model import gguf_metadata, tokenizer_json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

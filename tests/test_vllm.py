@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hotloop.engines.vllm_server import BLOCK_SIZE, VllmServer, metric
+from hotloop.lab.vllm_server import BLOCK_SIZE, VllmServer, metric
 from hotloop.native_deps import ensure_chat_templates
 from hotloop_process import HotloopProcess
 from real_vllm import HANG_GUARD, tokenize, vllm

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hotloop.bench.proc import ServerProcess
+from hotloop.lab.proc import ServerProcess
 from openai import OpenAI
 
 pytestmark = pytest.mark.wheel

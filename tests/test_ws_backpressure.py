@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Prompt
-from hotloop.bench.scripted import ScriptedClient
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
 from hotloop.engines.sim import SimScript, SimSpeed
+from hotloop.lab.scripted import ScriptedClient
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
 from hotloop.transport import App
 from hotloop.transport.asgi import Message

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Prompt
-from hotloop.bench.scripted import ScriptedClient
 from hotloop.config import ServerConfig
 from hotloop.engines import base
 from hotloop.engines.base import Sampling
+from hotloop.lab.scripted import ScriptedClient
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
 from hotloop.transport.asgi import Message
 from hotloop.transport.websocket import Socket

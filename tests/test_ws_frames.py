@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Prompt
-from hotloop.bench.scripted import ScriptedClient
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
+from hotloop.lab.scripted import ScriptedClient
 from hotloop.metrics import StreamCpu
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache
 from hotloop.transport import App

@@ -24,11 +24,11 @@ from typing import Any
 
 from hotloop import logs, native_deps
 from hotloop.auth import ApiKeys, parse_entry
-from hotloop.bench import command as bench
-from hotloop.bench.peer import SIM_FORMAT, Peer
 from hotloop.chat_template import TemplateChoice
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
+from hotloop.lab import command as bench
+from hotloop.lab.peer import SIM_FORMAT, Peer
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import QueueMemory

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hotloop.bench.command import run_agent, run_plot
 from hotloop.cli import argument_parser
+from hotloop.lab.command import run_agent, run_plot
 
 TOOL_CALLS = 5
 

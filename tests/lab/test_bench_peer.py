@@ -5,9 +5,9 @@ import hashlib
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Conversation, CreateRequest, Prompt, parse_request
-from hotloop.bench.peer import O200K_SHA256, Peer, PeerError, vocab_dir
-from hotloop.bench.rollout import Rollout, build_rollout
 from hotloop.engines.sim import SIM_FORMATS
+from hotloop.lab.peer import O200K_SHA256, Peer, PeerError, vocab_dir
+from hotloop.lab.rollout import Rollout, build_rollout
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache, Generate
 
 

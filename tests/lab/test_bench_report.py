@@ -2,9 +2,9 @@
 the 50 ms crossing."""
 
 import pytest
-from hotloop.bench.agent import AgentRun, Reply, TurnRecord, _observe
-from hotloop.bench.load import LoadPoint, crossing
-from hotloop.bench.report import SimParameters, ideal_time, new_tokens, percentile, summarise
+from hotloop.lab.agent import AgentRun, Reply, TurnRecord, _observe
+from hotloop.lab.load import LoadPoint, crossing
+from hotloop.lab.report import SimParameters, ideal_time, new_tokens, percentile, summarise
 
 
 def _turn(index: int, input_tokens: int, output_tokens: int, ttft: float = 0.03) -> TurnRecord:

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hotloop.bench.rollout import Rollout, build_rollout, default_corpus
+from hotloop.lab.rollout import Rollout, build_rollout, default_corpus
 
 
 @pytest.fixture(scope="module")

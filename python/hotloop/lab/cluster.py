@@ -1,6 +1,6 @@
 """hotloop on several nodes, as real processes on loopback: the reference deployment.
 
-`Cluster` starts simulated vLLM replicas (`hotloop.bench.replica`), N `hotloop serve`
+`Cluster` starts simulated vLLM replicas (`hotloop.lab.replica`), N `hotloop serve`
 nodes sharing one store (a PostgreSQL server of its own, `Postgres`, or a given URL, or
 SQLite on this host) and routing to those replicas by rendezvous hashing, and HAProxy
 in front of the nodes with the reference configuration (`haproxy_config`, the same text
@@ -8,8 +8,8 @@ as `deploy/haproxy.cfg`). Each process can be killed, hung (SIGSTOP), resumed, d
 through HAProxy's runtime API and restarted on its port: what the fault tests and the
 failover benchmark do to it.
 
-    python -m hotloop.cluster --nodes 3      # run it until Ctrl-C (deploy/run-local.sh)
-    python -m hotloop.cluster --haproxy-config   # print the reference configuration
+    python -m hotloop.lab.cluster --nodes 3      # run it until Ctrl-C (deploy/run-local.sh)
+    python -m hotloop.lab.cluster --haproxy-config   # print the reference configuration
 
 This module owns process handling and the HAProxy configuration; it never speaks the
 Responses API itself. Everything listens on 127.0.0.1.
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from hotloop.bench.proc import free_port, serve_command
+from hotloop.lab.proc import free_port, serve_command
 
 START_TIMEOUT = 120.0  # seconds; bounds a broken start, never part of a measurement
 STOP_TIMEOUT = 30.0
@@ -281,7 +281,7 @@ def haproxy_config(
     tunnel = _ms(connection_lifetime + 60)
     return f"""\
 # hotloop behind HAProxy: the reference configuration (docs/operations.md).
-# Written by `python -m hotloop.cluster --haproxy-config`; deploy/haproxy.cfg is a copy.
+# Written by `python -m hotloop.lab.cluster --haproxy-config`; deploy/haproxy.cfg is a copy.
 global
     # The runtime API: drain a node with
     #   echo "set server {BACKEND}/NAME state drain" | socat stdio unix-connect:SOCKET
@@ -488,7 +488,7 @@ class Cluster:
         args = [
             sys.executable,
             "-m",
-            "hotloop.bench.replica",
+            "hotloop.lab.replica",
             "--port",
             str(port),
             "--tool",
@@ -585,7 +585,7 @@ class Cluster:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m hotloop.cluster", description=__doc__.split("\n\n")[0]
+        prog="python -m hotloop.lab.cluster", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=2)

@@ -30,15 +30,15 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hotloop.bench import MODES
-from hotloop.bench.peer import SIM_FORMAT
-from hotloop.bench.rollout import Rollout, build_rollout
+from hotloop.lab import MODES
+from hotloop.lab.peer import SIM_FORMAT
+from hotloop.lab.rollout import Rollout, build_rollout
 
 if TYPE_CHECKING:
-    from hotloop.bench.agent import AgentRun
-    from hotloop.bench.load import LoadPoint
-    from hotloop.bench.proc import ServerProcess
-    from hotloop.bench.report import SimParameters
+    from hotloop.lab.agent import AgentRun
+    from hotloop.lab.load import LoadPoint
+    from hotloop.lab.proc import ServerProcess
+    from hotloop.lab.report import SimParameters
 
 # The clients, plots and progress bars need the `bench` extra; `hotloop serve` must not,
 # so they are imported when a benchmark runs, not when the command line is built.
@@ -114,7 +114,7 @@ def _sim_flags(
 async def _agent_run(
     server: ServerProcess, rollout: Rollout, mode: str, tool_time: float, label: str
 ) -> AgentRun:
-    from hotloop.bench.agent import Agent, open_transport
+    from hotloop.lab.agent import Agent, open_transport
 
     transport = await open_transport(mode, server.base_url, server.ws_url, API_KEY)
     bar = _progress(len(rollout.steps) + 1, label)
@@ -141,7 +141,7 @@ def agent_results_name(sim_format: str) -> str:
 
 
 def run_agent(args: argparse.Namespace) -> dict[str, Any]:
-    from hotloop.bench.report import plot_agent_runs
+    from hotloop.lab.report import plot_agent_runs
 
     baseline = PEERS[args.format] if args.baseline is None else args.baseline
     peers = [p for p in baseline.split(",") if p]
@@ -167,8 +167,8 @@ def run_agent(args: argparse.Namespace) -> dict[str, Any]:
 def _agent_speeds(
     args: argparse.Namespace, rollout: Rollout, script: Path, peers: list[str]
 ) -> dict[str, Any]:
-    from hotloop.bench.proc import ServerProcess
-    from hotloop.bench.report import SimParameters, summarise
+    from hotloop.lab.proc import ServerProcess
+    from hotloop.lab.report import SimParameters, summarise
 
     modes = args.modes.split(",")
     if "long_running" in modes and "websocket" not in modes:
@@ -242,9 +242,9 @@ def _targets(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_load(args: argparse.Namespace) -> dict[str, Any]:
-    from hotloop.bench.load import crossing
-    from hotloop.bench.proc import ServerProcess
-    from hotloop.bench.report import SimParameters, plot_load
+    from hotloop.lab.load import crossing
+    from hotloop.lab.proc import ServerProcess
+    from hotloop.lab.report import SimParameters, plot_load
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -293,7 +293,7 @@ def _load_point(
     workers: int,
     args: argparse.Namespace,
 ) -> LoadPoint:
-    from hotloop.bench.load import LoadRun
+    from hotloop.lab.load import LoadRun
 
     bar = _progress(0, f"workers={workers} agents={len(keys)}")
     try:
@@ -328,7 +328,7 @@ def _load_script() -> list[str]:
 
 
 def run_plot(args: argparse.Namespace) -> None:
-    from hotloop.bench.report import plot_agent_runs, plot_load
+    from hotloop.lab.report import plot_agent_runs, plot_load
 
     out = Path(args.out)
     for sim_format in PEERS:

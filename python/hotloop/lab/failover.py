@@ -9,11 +9,11 @@ balancer picks. It records only what a client can observe: every response it saw
 complete (acknowledged), failures, retries, which node served each turn, and for every
 retried turn when its first delta arrived.
 
-`run_scenario` runs agents through a `hotloop.cluster.Cluster` while it injects one kind
+`run_scenario` runs agents through a `hotloop.lab.cluster.Cluster` while it injects one kind
 of fault at random moments (SIGKILL a node, hang it with SIGSTOP, drain it through
 HAProxy's runtime API and SIGTERM; each node then rejoins), then reads every
 acknowledged id back through the balancer and groups the prompts the simulated replicas
-received (`hotloop.bench.replica`) by conversation, so a run with faults can be compared
+received (`hotloop.lab.replica`) by conversation, so a run with faults can be compared
 with an undisturbed one. The fault tests assert on the `Outcome`;
 `benches/bench_failover.py` reports it.
 """
@@ -33,8 +33,8 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from hotloop.bench.rollout import TOOLS
-from hotloop.cluster import Cluster
+from hotloop.lab.cluster import Cluster
+from hotloop.lab.rollout import TOOLS
 
 INSTRUCTIONS = "You are a coding agent. Fix the failing test, then say what you changed."
 DELTAS = ("response.output_text.delta", "response.function_call_arguments.delta")

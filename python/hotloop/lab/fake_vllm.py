@@ -1,6 +1,6 @@
 """A fake vLLM for the side-by-side gateway benchmark (`hotloop bench peers`).
 
-    python -m hotloop.bench.fake_vllm --port 9001 --script rollout.json --rate 1000 [--render]
+    python -m hotloop.lab.fake_vllm --port 9001 --script rollout.json --rate 1000 [--render]
 
 One process serves the three endpoints the gateways send to, each answering a replayed
 agent rollout turn for turn (the turn is the number of the rollout's calls the request
@@ -20,7 +20,7 @@ token, several per wake above the loop's 1 ms timer):
 
 With `--render`, a responses or chat request's whole input is rendered and tokenized
 before the first token as vLLM's gpt-oss path does (openai-harmony,
-`hotloop.bench.peer.harmony_renderer`); without it the upstream is free. A token-id
+`hotloop.lab.peer.harmony_renderer`); without it the upstream is free. A token-id
 prompt is never rendered: vLLM takes it as it is.
 
 It is a benchmark fixture served on loopback; it never runs a model.
@@ -38,8 +38,8 @@ from typing import Any
 import orjson
 
 from hotloop._core import ChatFormat
-from hotloop.bench.replica import Receive, Send, request_body, serve
 from hotloop.engines.sim import TIMER_RESOLUTION, SimScript, SimTurn
+from hotloop.lab.replica import Receive, Send, request_body, serve
 
 Event = tuple[int, bytes]
 """An SSE event, and the sampled tokens it stands for (paced; 0: sent with the next)."""
@@ -162,7 +162,7 @@ class FakeVllm:
         self.cache = PrefixCache(marker=self.call_id)
         self.render: Callable[..., list[int]] | None = None
         if render:
-            from hotloop.bench.peer import harmony_renderer
+            from hotloop.lab.peer import harmony_renderer
 
             self.render = harmony_renderer()
 
@@ -424,7 +424,7 @@ def _chat_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hotloop.bench.fake_vllm", description=__doc__.split("\n\n")[0]
+        prog="python -m hotloop.lab.fake_vllm", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--script", required=True, help="the sim replay script (JSON)")

@@ -24,10 +24,10 @@ from typing import Any
 
 from websockets.exceptions import WebSocketException
 
-from hotloop.bench.agent import BenchError, Reply, WebSocketTransport
-from hotloop.bench.proc import ServerProcess
-from hotloop.bench.report import percentile
-from hotloop.bench.rollout import Rollout
+from hotloop.lab.agent import BenchError, Reply, WebSocketTransport
+from hotloop.lab.proc import ServerProcess
+from hotloop.lab.report import percentile
+from hotloop.lab.rollout import Rollout
 
 # Turns still running this long after the window closes are cancelled.
 GRACE_SECONDS = 30.0

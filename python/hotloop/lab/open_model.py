@@ -9,7 +9,7 @@ from its vocabulary and merges (nothing is downloaded). SmolLM2's own template h
 tools, so a server giving it tools needs a tool template: `QWEN_TOOLS_TEMPLATE`, Qwen2.5's,
 which is also the form hotloop's ChatML renders tools in (tests/test_format_chatml.py
 checks the two token for token). `hotloop serve --baseline open-model` runs
-`OpenModelPeer.smollm2_with_tools()` on every turn (see hotloop.bench.peer).
+`OpenModelPeer.smollm2_with_tools()` on every turn (see hotloop.lab.peer).
 
 This module owns the GGUF metadata reader (pure Python, independent of the Rust reader it
 is used to check), the `tokenizer.json` writer, the tool template, the mapping of
@@ -27,8 +27,8 @@ from typing import Any, BinaryIO
 
 import tokenizers
 
-from hotloop.bench.hf_template import HfTemplate
-from hotloop.bench.items import content_text
+from hotloop.lab.hf_template import HfTemplate
+from hotloop.lab.items import content_text
 
 # GGUF scalar value types and their struct formats; 8 is a string, 9 an array.
 _SCALAR = {
@@ -326,7 +326,7 @@ class OpenModelPeer:
         items: list[dict[str, Any]],
         effort: str | None,
     ) -> list[int]:
-        """A peer turn (hotloop.bench.peer's `Renderer`): Responses items to messages,
+        """A peer turn (hotloop.lab.peer's `Renderer`): Responses items to messages,
         then `prompt`. Templates of ChatML models have no reasoning effort."""
         return self.prompt(self.messages(instructions, items), chat_tools(tools))
 

@@ -12,7 +12,7 @@ libraries:
   messages -> one jinja2 render of the whole conversation -> tiktoken `o200k_base`.
 - `open-model` (the same path for a model served from Hugging Face files): items -> chat
   messages -> SmolLM2 with the Qwen2.5 tool template, rendered by jinja2 and encoded by
-  Hugging Face `tokenizers` (hotloop.bench.open_model); run against
+  Hugging Face `tokenizers` (hotloop.lab.open_model); run against
   `--sim-format smollm2`.
 - `qwen3` (vLLM serving Qwen3): items -> vLLM's chat messages -> Qwen3's own template,
   jinja2, Hugging Face `tokenizers`; run against `--sim-format qwen3`.
@@ -22,7 +22,7 @@ engine call (the `Baseline` hook of the protocol's `Connection`), so the agent b
 can put "what a user would otherwise run" in the same table as hotloop. The engine is
 fed the peer's own ids (`Prompt.from_tokens`), not hotloop's cache; the `harmony` and
 `open-model` peers map items as hotloop does, so their ids equal hotloop's for the same
-conversation in the same format (tests/bench/test_bench_peer.py) and the comparison is
+conversation in the same format (tests/lab/test_bench_peer.py) and the comparison is
 of the same prompt.
 
 The vocabularies are not downloaded: the o200k_base file that the `bpe-openai` wheel
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from hotloop._core import Prompt
-from hotloop.bench.items import content_text
+from hotloop.lab.items import content_text
 
 if TYPE_CHECKING:
     from hotloop._core import CreateRequest
@@ -282,7 +282,7 @@ def template_renderer() -> Renderer:
 def open_model_renderer() -> Renderer:
     """A Hugging Face model's path (SmolLM2 with a tool template): jinja2, then HF
     `tokenizers`, whole conversation every turn."""
-    from hotloop.bench.open_model import OpenModelPeer
+    from hotloop.lab.open_model import OpenModelPeer
 
     return OpenModelPeer.smollm2_with_tools().render_items
 
@@ -290,7 +290,7 @@ def open_model_renderer() -> Renderer:
 def qwen3_renderer() -> Renderer:
     """vLLM serving Qwen3 from its Hub files: Qwen3's own template rendered by jinja2 over
     vLLM's messages, then HF `tokenizers`, whole conversation every turn."""
-    from hotloop.bench.open_model import VllmTemplatePeer
+    from hotloop.lab.open_model import VllmTemplatePeer
 
     return VllmTemplatePeer.qwen3().render_items
 

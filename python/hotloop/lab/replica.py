@@ -1,6 +1,6 @@
 """A simulated inference replica: vLLM's token-id completions answered by the sim engine.
 
-`python -m hotloop.bench.replica --port 9001` serves `POST /v1/completions` (a token-id
+`python -m hotloop.lab.replica --port 9001` serves `POST /v1/completions` (a token-id
 `prompt`, streamed chunks with `token_ids`, as `hotloop.engines.upstream.VllmDialect`
 expects), `GET /v1/models` and `GET /health`, and answers like `hotloop serve --engine
 sim`: a scripted model in the harmony format whose time to first token grows with the
@@ -136,7 +136,7 @@ async def _json(send: Send, status: int, payload: Any) -> None:
 
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hotloop.bench.replica", description=__doc__.split("\n\n")[0]
+        prog="python -m hotloop.lab.replica", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="sim")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hotloop.bench.agent import AgentRun, TurnRecord
+from hotloop.lab.agent import AgentRun, TurnRecord
 
 
 @dataclass(frozen=True)

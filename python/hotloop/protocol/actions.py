@@ -166,7 +166,7 @@ class Observer(Protocol):
 
 class Baseline(Protocol):
     """A stateless peer's per-turn prompt work, run instead of the cache's prompt for
-    comparison (`hotloop serve --baseline`, see hotloop.bench.peer): the engine is fed
+    comparison (`hotloop serve --baseline`, see hotloop.lab.peer): the engine is fed
     the peer's prompt."""
 
     def render_request(self, response_id: str, request: CreateRequest) -> Prompt: ...
