@@ -1,7 +1,7 @@
-"""Type stubs for hotloop._core, the compiled core (rust/src/bindings.rs).
+"""Type stubs for hotloop._core, the compiled core (rust/src/bindings/).
 
 This file is the contract between the Rust core and the Python layer: the server codes
-against exactly these names. Keep it in step with bindings.rs.
+against exactly these names. Keep it in step with bindings/.
 """
 
 from collections.abc import Sequence

@@ -1,0 +1,373 @@
+//! Requests: the client events and request bodies parsed and checked on their raw
+//! bytes (`parse_event`, `parse_request`), their limits and the content policy.
+
+use std::sync::Arc;
+
+use pyo3::exceptions::PyBaseException;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use super::error::core_error;
+use crate::error::{Code, Error};
+use crate::validate::{self, ClientEvent};
+
+/// Frames above this size are parsed with the GIL released: other threads (a second
+/// event loop, the engine's feeder) keep running while a long history is validated.
+const PARSE_WITHOUT_GIL_BYTES: usize = 16 * 1024;
+
+#[pyclass(name = "Limits", module = "hotloop._core", frozen)]
+#[derive(Clone)]
+pub(crate) struct PyLimits {
+    pub(crate) inner: validate::Limits,
+}
+
+#[pymethods]
+impl PyLimits {
+    #[new]
+    #[pyo3(signature = (
+        *,
+        max_items = 10_000,
+        max_text_bytes = 10 * 1024 * 1024,
+        max_tools = 512,
+        max_tools_bytes = 2 * 1024 * 1024,
+        images = false,
+    ))]
+    fn new(
+        max_items: usize,
+        max_text_bytes: usize,
+        max_tools: usize,
+        max_tools_bytes: usize,
+        images: bool,
+    ) -> Self {
+        PyLimits {
+            inner: validate::Limits {
+                max_items,
+                max_text_bytes,
+                max_tools,
+                max_tools_bytes,
+                images,
+            },
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let l = &self.inner;
+        format!(
+            "Limits(max_items={}, max_text_bytes={}, max_tools={}, max_tools_bytes={}, images={})",
+            l.max_items,
+            l.max_text_bytes,
+            l.max_tools,
+            l.max_tools_bytes,
+            if l.images { "True" } else { "False" }
+        )
+    }
+}
+
+#[pyclass(name = "Policy", module = "hotloop._core", frozen)]
+pub(crate) struct PyPolicy {
+    pub(crate) inner: Arc<validate::Policy>,
+}
+
+#[pymethods]
+impl PyPolicy {
+    #[new]
+    #[pyo3(signature = (patterns, *, case_insensitive = true))]
+    fn new(patterns: Vec<String>, case_insensitive: bool) -> PyResult<Self> {
+        Ok(PyPolicy {
+            inner: Arc::new(validate::Policy::new(&patterns, case_insensitive)?),
+        })
+    }
+
+    /// Raise `content_policy_violation` if the request's new text hits a pattern.
+    fn check(&self, request: &PyCreateRequest) -> PyResult<()> {
+        Ok(request.inner.check_policy(&self.inner)?)
+    }
+}
+
+#[pyclass(name = "CreateRequest", module = "hotloop._core", frozen)]
+pub(crate) struct PyCreateRequest {
+    pub(crate) inner: validate::CreateRequest,
+}
+
+#[pymethods]
+impl PyCreateRequest {
+    #[getter(r#type)]
+    fn kind(&self) -> &'static str {
+        "response.create"
+    }
+    #[getter]
+    fn error(&self, py: Python<'_>) -> Option<Py<PyBaseException>> {
+        self.inner
+            .error
+            .as_ref()
+            .map(|e| core_error(py, e).into_value(py))
+    }
+    #[getter]
+    fn model(&self) -> Option<&str> {
+        self.inner.model.as_deref()
+    }
+    #[getter]
+    fn previous_response_id(&self) -> Option<&str> {
+        self.inner.previous_response_id.as_deref()
+    }
+    #[getter]
+    fn conversation(&self) -> Option<&str> {
+        self.inner.conversation.as_deref()
+    }
+    #[getter]
+    fn stream_id(&self) -> Option<&str> {
+        self.inner.stream_id.as_deref()
+    }
+    #[getter]
+    fn store(&self) -> bool {
+        self.inner.store
+    }
+    #[getter]
+    fn generate(&self) -> bool {
+        self.inner.generate
+    }
+    #[getter]
+    fn background(&self) -> bool {
+        self.inner.background
+    }
+    #[getter]
+    fn stream(&self) -> bool {
+        self.inner.stream
+    }
+    #[getter]
+    fn instructions(&self) -> Option<&str> {
+        self.inner.prefix.instructions.as_deref()
+    }
+    #[getter]
+    fn max_output_tokens(&self) -> Option<u64> {
+        self.inner.max_output_tokens
+    }
+    #[getter]
+    fn temperature(&self) -> Option<f64> {
+        self.inner.temperature
+    }
+    #[getter]
+    fn top_p(&self) -> Option<f64> {
+        self.inner.top_p
+    }
+    #[getter]
+    fn compact_threshold(&self) -> Option<u64> {
+        self.inner.compact_threshold
+    }
+    #[getter]
+    fn prompt_cache_key(&self) -> Option<&str> {
+        self.inner.prompt_cache.key.as_deref()
+    }
+    #[getter]
+    fn comparison_response_id(&self) -> Option<&str> {
+        let options = self.inner.prompt_cache.options.as_ref()?;
+        options.comparison_response_id.as_deref()
+    }
+    #[getter]
+    fn compaction_trigger(&self) -> bool {
+        self.inner.input.compaction_trigger
+    }
+    #[getter]
+    fn reasoning_effort(&self) -> Option<&str> {
+        self.inner.prefix.reasoning_effort.as_deref()
+    }
+    #[getter]
+    fn input_item_count(&self) -> usize {
+        self.inner.input.items.len()
+    }
+    #[getter]
+    fn input_bytes(&self) -> usize {
+        self.inner.input_bytes
+    }
+    #[getter]
+    fn frame_bytes(&self) -> usize {
+        self.inner.frame_bytes
+    }
+    #[getter]
+    fn input_json(&self) -> &str {
+        &self.inner.input_json
+    }
+    #[getter]
+    fn response_fields_json(&self) -> &str {
+        &self.inner.response_fields_json
+    }
+    #[getter]
+    fn skipped_tools(&self) -> Vec<(String, Option<String>)> {
+        self.inner
+            .skipped_tools
+            .iter()
+            .map(|t| (t.kind.clone(), t.name.clone()))
+            .collect()
+    }
+
+    fn __repr__(&self) -> String {
+        let r = &self.inner;
+        let quoted = |v: &Option<String>| v.as_ref().map_or("None".to_string(), |s| format!("{s:?}"));
+        format!(
+            "CreateRequest(model={}, previous_response_id={}, stream_id={}, items={}, error={})",
+            quoted(&r.model),
+            quoted(&r.previous_response_id),
+            quoted(&r.stream_id),
+            r.input.items.len(),
+            quoted(&r.error.as_ref().map(|e| e.code.as_str().to_string()))
+        )
+    }
+}
+
+#[pyclass(name = "CancelEvent", module = "hotloop._core", frozen, get_all)]
+pub(crate) struct PyCancelEvent {
+    response_id: Option<String>,
+    stream_id: Option<String>,
+}
+
+#[pymethods]
+impl PyCancelEvent {
+    #[getter(r#type)]
+    fn kind(&self) -> &'static str {
+        "response.cancel"
+    }
+}
+
+#[pyclass(name = "ProcessedEvent", module = "hotloop._core", frozen, get_all)]
+pub(crate) struct PyProcessedEvent {
+    response_id: Option<String>,
+}
+
+#[pymethods]
+impl PyProcessedEvent {
+    #[getter(r#type)]
+    fn kind(&self) -> &'static str {
+        "response.processed"
+    }
+}
+
+#[pyclass(name = "AppendEvent", module = "hotloop._core", frozen)]
+pub(crate) struct PyAppendEvent {
+    pub(crate) inner: validate::AppendEvent,
+}
+
+#[pymethods]
+impl PyAppendEvent {
+    #[getter(r#type)]
+    fn kind(&self) -> &'static str {
+        "response.append"
+    }
+    #[getter]
+    fn response_id(&self) -> Option<&str> {
+        self.inner.response_id.as_deref()
+    }
+    #[getter]
+    fn error(&self, py: Python<'_>) -> Option<Py<PyBaseException>> {
+        self.inner
+            .error
+            .as_ref()
+            .map(|e| core_error(py, e).into_value(py))
+    }
+    #[getter]
+    fn input_json(&self) -> &str {
+        &self.inner.input_json
+    }
+}
+
+#[pyclass(name = "UnknownEvent", module = "hotloop._core", frozen)]
+pub(crate) struct PyUnknownEvent {
+    kind: String,
+    #[pyo3(get)]
+    stream_id: Option<String>,
+}
+
+#[pymethods]
+impl PyUnknownEvent {
+    #[getter(r#type)]
+    fn kind(&self) -> &str {
+        &self.kind
+    }
+}
+
+/// The bytes of a frame: `bytes` as is, `str` as its UTF-8 (a str that cannot be
+/// encoded, with lone surrogates, is malformed input, not a crash).
+fn frame_bytes<'a>(frame: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    if let Ok(bytes) = frame.downcast::<PyBytes>() {
+        return Ok(bytes.as_bytes());
+    }
+    let text = frame.downcast::<PyString>()?;
+    text.to_str().map(str::as_bytes).map_err(|_| not_utf8().into())
+}
+
+fn not_utf8() -> Error {
+    Error::new(Code::InvalidJson, "The message is not valid UTF-8 text.")
+}
+
+fn parse_frame<T: Send>(
+    py: Python<'_>,
+    frame: &Bound<'_, PyAny>,
+    parse: impl FnOnce(&[u8]) -> crate::Result<T> + Send,
+) -> PyResult<T> {
+    let bytes = frame_bytes(frame)?;
+    let parsed = if bytes.len() >= PARSE_WITHOUT_GIL_BYTES {
+        py.allow_threads(|| parse(bytes))
+    } else {
+        parse(bytes)
+    };
+    Ok(parsed?)
+}
+
+#[pyfunction]
+#[pyo3(signature = (frame, limits = None))]
+fn parse_event(py: Python<'_>, frame: &Bound<'_, PyAny>, limits: Option<&PyLimits>) -> PyResult<PyObject> {
+    let limits = limits.map(|l| l.inner).unwrap_or_default();
+    let event = parse_frame(py, frame, |b| validate::parse_event(b, &limits))?;
+    Ok(match event {
+        ClientEvent::Create(request) => Py::new(py, PyCreateRequest { inner: *request })?.into_any(),
+        ClientEvent::Cancel {
+            response_id,
+            stream_id,
+        } => Py::new(
+            py,
+            PyCancelEvent {
+                response_id,
+                stream_id,
+            },
+        )?
+        .into_any(),
+        ClientEvent::Processed { response_id } => Py::new(py, PyProcessedEvent { response_id })?.into_any(),
+        ClientEvent::Append(inner) => Py::new(py, PyAppendEvent { inner })?.into_any(),
+        ClientEvent::Unknown { kind, stream_id } => {
+            Py::new(py, PyUnknownEvent { kind, stream_id })?.into_any()
+        }
+    })
+}
+
+#[pyfunction]
+#[pyo3(signature = (body, limits = None))]
+fn parse_request(
+    py: Python<'_>,
+    body: &Bound<'_, PyAny>,
+    limits: Option<&PyLimits>,
+) -> PyResult<PyCreateRequest> {
+    let limits = limits.map(|l| l.inner).unwrap_or_default();
+    let inner = parse_frame(py, body, |b| validate::parse_request(b, &limits))?;
+    Ok(PyCreateRequest { inner })
+}
+
+/// The boundary invariant alone (`validate::check_values`): for Python code that must
+/// load a frame with a strict parser before the core parses it (compaction's expansion).
+#[pyfunction]
+fn check_values(py: Python<'_>, frame: &Bound<'_, PyAny>) -> PyResult<()> {
+    parse_frame(py, frame, |b| {
+        validate::check_values(std::str::from_utf8(b).map_err(|_| not_utf8())?)
+    })
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyLimits>()?;
+    m.add_class::<PyPolicy>()?;
+    m.add_class::<PyCreateRequest>()?;
+    m.add_class::<PyCancelEvent>()?;
+    m.add_class::<PyProcessedEvent>()?;
+    m.add_class::<PyAppendEvent>()?;
+    m.add_class::<PyUnknownEvent>()?;
+    m.add_function(wrap_pyfunction!(parse_event, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_request, m)?)?;
+    m.add_function(wrap_pyfunction!(check_values, m)?)
+}
