@@ -23,6 +23,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from hotloop.auth import key_id
 from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
@@ -34,7 +35,9 @@ from openai import OpenAI
 from openai.types.responses import Response
 from pg_server import PostgresServer
 from sdk_events import validate
-from servers import serving, sim_engine
+from servers import FAST, serving, sim_engine
+from test_store import Backend
+from test_store_background import held
 
 KEY, OTHER_KEY, THIRD_KEY = "sk-bg", "sk-bg-other", "sk-bg-third"
 TEXT = "The background answer."
@@ -456,6 +459,29 @@ def test_a_stream_past_the_event_bound_fails_with_its_events_kept(tmp_path: Path
 # ---------------------------------------------------------------- a process that dies
 
 
+def test_kept_background_responses_count_in_the_storage_quota(store: dict[str, str]) -> None:
+    # About 30 KB each, a fifth of it the stored response: refused after a few, where
+    # counting only the stored responses refused none.
+    quota = 200_000
+    app = background_app(store, text=LONG, speed=FAST, store_quota_bytes=quota)
+    http = app._http
+    assert isinstance(http, HttpApi) and app.ledger is not None
+    with served(app) as url:
+        sdk = client(url)
+        made = 0
+        with pytest.raises(openai.RateLimitError) as refused:
+            while made < 20:
+                background_turn(sdk, True, input="talk")
+                made += 1
+        assert refused.value.code == "insufficient_quota" and made < 20
+        until(lambda: not http.background.jobs)  # every one recorded
+        assert app.ledger.store is not None
+        counted = app.ledger.store.quota.of(key_id(KEY))  # type: ignore[attr-defined]
+    target = Path(store["data_dir"]) if "data_dir" in store else store["store"]
+    assert counted == held(Backend(target), key_id(KEY))
+    assert counted.bytes >= quota
+
+
 def serve_args(store: list[str], lease: float) -> list[str]:
     """`hotloop serve` over `store` (`--data-dir` or `--store` and its value)."""
     return [
@@ -514,6 +540,24 @@ def test_a_killed_process_leaves_no_response_in_progress(tmp_path: Path) -> None
         assert [e["sequence_number"] for e in events] == list(range(len(events)))
         assert events[-1]["type"] == "response.failed"
         assert "stopped before it finished" in events[-1]["response"]["error"]["message"]
+        deleted_whole(server.url, tmp_path, created.id, streamed)
+
+
+def deleted_whole(url: str, directory: Path, *response_ids: str) -> None:
+    """Each response, failed with the process that ran it, is deleted by its owner (not
+    by another key), and nothing of it stays: not its row, nor its kept events."""
+    sdk = client(url)
+    for response_id in response_ids:
+        with pytest.raises(openai.NotFoundError):
+            client(url, OTHER_KEY).responses.delete(response_id)
+        sdk.responses.delete(response_id)
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.retrieve(response_id)
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.delete(response_id)
+        assert kept_events(directory, response_id) == 0
+    with sqlite(directory) as rows:
+        assert not {response_id for response_id, _ in rows} & set(response_ids)
 
 
 def kept_events(directory: Path, response_id: str) -> int:
@@ -592,6 +636,7 @@ def test_a_process_shut_down_fails_its_running_responses_at_once(tmp_path: Path)
         assert events[-1]["type"] == "response.failed"
         # Its engine work until the shutdown was booked before it stopped (the usage of
         # a process lives as long as it does: nothing to read back here).
+        deleted_whole(server.url, tmp_path, created.id, streamed)
 
 
 @contextmanager

@@ -237,12 +237,14 @@ class ServerConfig:
     store_quota_bytes: int = _option(
         1024 * MIB,
         "bytes each API key may keep in the store (store=true responses and their input "
-        "items); past it, store=true requests get 429 insufficient_quota",
+        "items, conversations, background responses and their kept events); past it, "
+        "store=true requests get 429 insufficient_quota",
     )
     store_quota_rows: int = _option(
         1_000_000,
-        "rows each API key may keep in the store (one per response and one per input "
-        "item); past it, store=true requests get 429 insufficient_quota",
+        "rows each API key may keep in the store (one per response, input item, "
+        "conversation item, background response and kept event); past it, store=true "
+        "requests get 429 insufficient_quota",
     )
     compaction_key: str | None = _option(
         None,

@@ -19,6 +19,11 @@ no casts, so PostgreSQL takes it once `named` rewrote them):
   alive. A row still live whose process has not said so within the lease belongs to a
   dead process: `sweep` marks it `failed` (it is not resumed: its engine state died
   with it, and re-running a request the client may have acted on half of is not safe).
+
+What a key keeps here counts towards its storage quota (`quota.py`), as its stored
+responses do: each row's Response object and each kept event, one row each. Every
+write reports what it added (`Store.counted`); a delete (`deleted`, in the databases'
+own delete) frees it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import TypeVar
 import orjson
 
 from hotloop.store import Store, may_read
+from hotloop.store.quota import Usage, owned_usage
 from hotloop.store.sql import Sql
 
 T = TypeVar("T")
@@ -63,9 +69,15 @@ _BEAT = """INSERT INTO background_processes (process, seen_at) VALUES (:process,
 ON CONFLICT (process) DO UPDATE SET seen_at = excluded.seen_at"""
 _EVENT = """INSERT INTO background_events (response_id, seq, event) VALUES (:id, :seq, :event)
 ON CONFLICT (response_id, seq) DO NOTHING"""
-_ORPHANS = """SELECT b.id, b.process, b.response, b.streamed FROM background AS b
+_ORPHANS = """SELECT b.id, b.owner, b.process, b.response, b.streamed FROM background AS b
 LEFT JOIN background_processes AS p ON p.process = b.process
 WHERE b.status IN ('queued', 'in_progress') AND (p.seen_at IS NULL OR p.seen_at < :before)"""
+_KEPT = """SELECT coalesce(sum(length(event)), 0), count(*) FROM background_events
+WHERE response_id = :id"""
+
+# What each key's background responses hold (`records.USAGE_QUERY` adds it to the
+# responses'): their rows, and the events kept for them.
+USAGE_PARTS = owned_usage("background", "response", "background_events", "event", "response_id")
 
 
 def _now() -> int:
@@ -89,6 +101,54 @@ def failed_event(response: bytes, seq: int) -> bytes:
     return b'{"type":"response.failed","response":%b,"sequence_number":%d}' % (response, seq)
 
 
+def _row(sql: Sql, response_id: str) -> tuple[str | None, int, str] | None:
+    """The owner of `response_id`'s row, the size of its Response object, its status."""
+    row = sql.execute(
+        "SELECT owner, length(response), status FROM background WHERE id = :id",
+        {"id": response_id},
+    ).fetchone()
+    return None if row is None else (row[0], int(row[1]), row[2])
+
+
+def _keep(sql: Sql, response_id: str, first: int, events: Sequence[bytes]) -> Usage:
+    """Write `response_id`'s events from sequence number `first` on, those it does not
+    keep yet (a flush and the final save may both carry one), and what they add."""
+    if not events:
+        return Usage()
+    kept = {
+        int(row[0])
+        for row in sql.rows(
+            "SELECT seq FROM background_events WHERE response_id = :id"
+            " AND seq >= :first AND seq < :end",
+            {"id": response_id, "first": first, "end": first + len(events)},
+        )
+    }
+    new = [(seq, e) for seq, e in enumerate(events, start=first) if seq not in kept]
+    sql.many(_EVENT, [{"id": response_id, "seq": seq, "event": e} for seq, e in new])
+    return Usage(sum(len(e) for _, e in new), len(new))
+
+
+def deleted(
+    sql: Sql, response_id: str, owner: str | None, stored: bool
+) -> tuple[str | None, Usage] | None:
+    """Delete the row of background response `response_id` and its kept events, in the
+    database's delete of the response (`stored`: its finished response was there too,
+    and goes whatever the row's status); without a stored response, only once the row
+    ended (one running is cancelled first) and only if `owner` may read it. Returns
+    the row's owner and what the row and its events held; None if nothing was
+    deleted."""
+    found = _row(sql, response_id)
+    if found is None:
+        return None
+    row_owner, size, status = found
+    if not stored and (status in LIVE or not may_read(row_owner, owner)):
+        return None
+    events = sql.execute(_KEPT, {"id": response_id}).fetchone()
+    sql.execute("DELETE FROM background WHERE id = :id", {"id": response_id})
+    sql.execute("DELETE FROM background_events WHERE response_id = :id", {"id": response_id})
+    return row_owner, Usage(size + int(events[0]), 1 + int(events[1]))
+
+
 class BackgroundRecords:
     """The background tables of `store` (see the module docstring)."""
 
@@ -102,8 +162,12 @@ class BackgroundRecords:
         """Write the record's row and its events from sequence number `first` on, and
         say this process is alive, in one transaction."""
 
-        def save(sql: Sql) -> None:
+        def save(sql: Sql) -> Usage:
             now = _now()
+            before = _row(sql, record.id)
+            added = Usage(len(record.response), 1) - (
+                Usage() if before is None else Usage(before[1], 1)
+            )
             sql.rows(
                 _SAVE,
                 {
@@ -116,26 +180,27 @@ class BackgroundRecords:
                     "now": now,
                 },
             )
-            sql.many(
-                _EVENT,
-                [
-                    {"id": record.id, "seq": seq, "event": e}
-                    for seq, e in enumerate(events, start=first)
-                ],
-            )
+            added += _keep(sql, record.id, first, events)
             sql.rows(_BEAT, {"process": record.process, "now": now})
+            return added
 
-        await self._store.transact(save)
+        self._store.counted(record.owner, await self._store.transact(save))
 
     async def append(self, events: Sequence[tuple[str, int, Sequence[bytes]]]) -> None:
         """Write the events of running responses, `(id, first sequence number,
-        events)` each, in one transaction."""
-        rows = [
-            {"id": response_id, "seq": seq, "event": event}
-            for response_id, first, batch in events
-            for seq, event in enumerate(batch, start=first)
-        ]
-        await self._store.transact(lambda sql: sql.many(_EVENT, rows))
+        events)` each, in one transaction; they count for the owner of each one's row."""
+
+        def append(sql: Sql) -> list[tuple[str | None, Usage]]:
+            added = []
+            for response_id, first, batch in events:
+                found = _row(sql, response_id)
+                usage = _keep(sql, response_id, first, batch)
+                if found is not None:
+                    added.append((found[0], usage))
+            return added
+
+        for owner, usage in await self._store.transact(append):
+            self._store.counted(owner, usage)
 
     async def beat(self) -> None:
         """This process is alive (its live rows are not orphans)."""
@@ -204,17 +269,22 @@ class BackgroundRecords:
         """Mark `failed` every live row whose process has not said it is alive for
         `lease` seconds; forget such processes. Returns the ids it failed."""
 
-        def sweep(sql: Sql) -> list[str]:
+        def sweep(sql: Sql) -> list[tuple[str, str | None, Usage]]:
             now = _now()
             before = now - int(lease * 1000)
             failed = []
-            for response_id, process, response, streamed in sql.rows(_ORPHANS, {"before": before}):
+            for response_id, owner, process, response, streamed in sql.rows(
+                _ORPHANS, {"before": before}
+            ):
                 failure = orphaned(bytes(response), process)
-                sql.rows(
+                updated = sql.execute(
                     "UPDATE background SET status = 'failed', response = :response,"
                     " updated_at = :now WHERE id = :id AND status IN ('queued', 'in_progress')",
                     {"id": response_id, "response": failure, "now": now},
                 )
+                if updated.rowcount == 0:
+                    continue  # it ended meanwhile (another process's sweep, or its own)
+                added = Usage(len(failure) - len(response), 0)
                 if streamed:
                     # Its kept events end as its stream would have: with the failure.
                     ((last,),) = sql.rows(
@@ -223,19 +293,24 @@ class BackgroundRecords:
                     )
                     if last is not None:
                         event = failed_event(failure, int(last) + 1)
-                        sql.many(_EVENT, [{"id": response_id, "seq": last + 1, "event": event}])
-                failed.append(response_id)
+                        added += _keep(sql, response_id, int(last) + 1, [event])
+                failed.append((response_id, owner, added))
             sql.rows("DELETE FROM background_processes WHERE seen_at < :before", {"before": before})
             return failed
 
-        return await self._store.transact(sweep)
+        failed = await self._store.transact(sweep)
+        for _, owner, added in failed:
+            self._store.counted(owner, added)
+        return [response_id for response_id, _, _ in failed]
 
 
 __all__ = [
     "LIVE",
     "TERMINAL",
+    "USAGE_PARTS",
     "BackgroundRecord",
     "BackgroundRecords",
+    "deleted",
     "failed_event",
     "orphaned",
 ]

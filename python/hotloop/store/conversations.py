@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from hotloop.store.quota import Usage
+from hotloop.store.quota import Usage, owned_usage
 from hotloop.store.sql import Sql
 
 MAX_ITEMS_PER_REQUEST = 20
@@ -82,14 +82,9 @@ POSTGRES_TABLES = (
 )
 
 # What each key's conversations hold (`records.USAGE_QUERY` adds it to the responses').
-USAGE_PARTS = """
-    UNION ALL
-    SELECT owner, length(metadata), 1 FROM conversations WHERE owner IS NOT NULL
-    UNION ALL
-    SELECT c.owner, length(i.item), 1
-    FROM conversation_items AS i JOIN conversations AS c ON c.id = i.conversation_id
-    WHERE c.owner IS NOT NULL
-"""
+USAGE_PARTS = owned_usage(
+    "conversations", "metadata", "conversation_items", "item", "conversation_id"
+)
 
 _OWNED = "id = :id AND (CAST(:owner AS TEXT) IS NULL OR owner = :owner)"
 

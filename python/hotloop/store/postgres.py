@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from hotloop.store import InputItemPage, Order, StoredResponse, StoreError
+from hotloop.store import InputItemPage, Order, StoredResponse, StoreError, background, may_read
 from hotloop.store.conversations import POSTGRES_TABLES
 from hotloop.store.quota import Usage
 from hotloop.store.records import (
@@ -403,6 +403,12 @@ class PostgresDatabase:
         with self._transaction("delete") as cursor:
             cursor.execute(FREED_QUERY.format(id="%(id)s"), {"id": response_id})
             freed = cursor.fetchone()
+            if freed is not None and not may_read(freed[0], owner):
+                return None
+            # A background response's row and events go with it; alone (its process
+            # stopped before it finished), they are deleted as the response.
+            sql = Sql(cursor, named)
+            kept = background.deleted(sql, response_id, owner, stored=freed is not None)
             cursor.execute(
                 "DELETE FROM responses AS r"
                 f" WHERE r.id = %(id)s AND {_OWNED.format(table='r')} RETURNING r.tools_hash",
@@ -410,10 +416,8 @@ class PostgresDatabase:
             )
             row = cursor.fetchone()
             if row is None or freed is None:
-                return None
+                return kept
             cursor.execute("DELETE FROM input_items WHERE response_id = %s", (response_id,))
-            cursor.execute("DELETE FROM background WHERE id = %s", (response_id,))
-            cursor.execute("DELETE FROM background_events WHERE response_id = %s", (response_id,))
             if row[0] is not None:
                 # First the lock: it waits for every writer holding the list (their
                 # responses commit or roll back meanwhile). Then, in a statement of its
@@ -427,7 +431,8 @@ class PostgresDatabase:
                     " (SELECT 1 FROM responses WHERE tools_hash = %(h)s)",
                     {"h": row[0]},
                 )
-            return freed[0], Usage(int(freed[1]), int(freed[2]))
+            usage = Usage(int(freed[1]), int(freed[2]))
+            return freed[0], usage if kept is None else usage + kept[1]
 
     def list_input_items(
         self,

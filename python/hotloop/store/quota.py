@@ -1,10 +1,12 @@
 """What each API key holds in the store, and the bound on it (a storage quota).
 
-A key's usage is the bytes and rows of its stored responses as the database holds them:
-per response its row (the Response JSON without its shared tool list, and the input
-items as sent) and one row per input item in wire form (`records.Row.usage`). Shared
-tool lists count for nobody. The usage is read from the store when it opens (so it
-survives restarts), grows with each committed response and shrinks with each delete.
+A key's usage is the bytes and rows of what it keeps as the database holds them: per
+stored response its row (the Response JSON without its shared tool list, and the input
+items as sent) and one row per input item in wire form (`records.Row.usage`); its
+conversations (`conversations.py`) and its background responses' rows and kept events
+(`background.py`). Shared tool lists count for nobody. The usage is read from the store
+when it opens (`records.USAGE_QUERY`, so it survives restarts), grows with each write
+(`Store.counted` for the tables outside `responses`) and shrinks with each delete.
 
 A request that would store one more response for a key at or past either bound is
 refused before it runs (`refusal`); the response that crosses a bound is stored.
@@ -32,6 +34,20 @@ class Usage:
 
     def __sub__(self, other: Usage) -> Usage:
         return Usage(self.bytes - other.bytes, self.rows - other.rows)
+
+
+def owned_usage(table: str, size: str, children: str, child_size: str, parent: str) -> str:
+    """The part of `records.USAGE_QUERY` for a table of rows owned by keys and the rows
+    they hold in another: (owner, bytes, 1) per `table` row (its `size` column) and per
+    `children` row (its `child_size` column; `parent` names its `table` row's id)."""
+    return f"""
+    UNION ALL
+    SELECT owner, length({size}), 1 FROM {table} WHERE owner IS NOT NULL
+    UNION ALL
+    SELECT p.owner, length(c.{child_size}), 1
+    FROM {children} AS c JOIN {table} AS p ON p.id = c.{parent}
+    WHERE p.owner IS NOT NULL
+"""
 
 
 class StorageQuota:
@@ -70,4 +86,4 @@ class StorageQuota:
         return None
 
 
-__all__ = ["StorageQuota", "Usage"]
+__all__ = ["StorageQuota", "Usage", "owned_usage"]

@@ -22,8 +22,7 @@ from typing import Any
 
 import orjson
 
-from hotloop.store import InputItemPage, ModelTurn, StoredResponse
-from hotloop.store.conversations import USAGE_PARTS
+from hotloop.store import InputItemPage, ModelTurn, StoredResponse, background, conversations
 from hotloop.store.items import listed_items
 from hotloop.store.quota import Usage
 
@@ -32,8 +31,8 @@ RESPONSE_COLUMNS = (
     " input_items, output_token_ids, fingerprint, model_turns"
 )
 # Every key's usage (`quota.py`), as `Row.usage` counts it: per response its row and
-# one row per input item; per conversation its row and one per item. Shared tool
-# lists count for nobody.
+# one row per input item; per conversation its row and one per item; per background
+# response its row and one per kept event. Shared tool lists count for nobody.
 USAGE_QUERY = f"""
 SELECT owner, sum(bytes), sum(rows) FROM (
     SELECT owner, length(response) + length(input_items) AS bytes, 1 AS rows
@@ -42,7 +41,8 @@ SELECT owner, sum(bytes), sum(rows) FROM (
     SELECT r.owner, length(i.item), 1
     FROM input_items AS i JOIN responses AS r ON r.id = i.response_id
     WHERE r.owner IS NOT NULL
-    {USAGE_PARTS}
+    {conversations.USAGE_PARTS}
+    {background.USAGE_PARTS}
 ) AS usage GROUP BY owner
 """
 # What deleting one response frees (its id twice).

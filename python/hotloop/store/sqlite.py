@@ -33,7 +33,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from hotloop.store import InputItemPage, Order, StoredResponse, StoreError, may_read
+from hotloop.store import (
+    InputItemPage,
+    Order,
+    StoredResponse,
+    StoreError,
+    background,
+    may_read,
+)
 from hotloop.store.conversations import SQLITE_TABLES
 from hotloop.store.quota import Usage
 from hotloop.store.records import (
@@ -449,19 +456,23 @@ class SQLiteDatabase:
     def delete(self, response_id: str, owner: str | None) -> tuple[str | None, Usage] | None:
         with self._transaction("deleting from") as db:
             row = db.execute(FREED_QUERY.format(id="?"), (response_id,)).fetchone()
-            if row is None or not may_read(row[0], owner):
+            if row is not None and not may_read(row[0], owner):
                 return None
+            # A background response's row and events go with it; alone (its process
+            # stopped before it finished), they are deleted as the response.
+            kept = background.deleted(Sql(db), response_id, owner, stored=row is not None)
+            if row is None:
+                return kept
             db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
             db.execute("DELETE FROM input_items WHERE response_id = ?", (response_id,))
-            db.execute("DELETE FROM background WHERE id = ?", (response_id,))
-            db.execute("DELETE FROM background_events WHERE response_id = ?", (response_id,))
             if row[3] is not None:
                 db.execute(
                     "DELETE FROM tool_lists WHERE hash = ?1 AND NOT EXISTS"
                     " (SELECT 1 FROM responses WHERE tools_hash = ?1)",
                     (row[3],),
                 )
-            return row[0], Usage(int(row[1]), int(row[2]))
+            freed = Usage(int(row[1]), int(row[2]))
+            return row[0], freed if kept is None else freed + kept[1]
 
     def list_input_items(
         self,
