@@ -137,7 +137,7 @@ async def run_on(
         if isinstance(action, bytes):
             frames.append(validate(action))
         elif isinstance(action, Generate):
-            stream = session.generate(action.prompt, action.sampling, action.route_key)
+            stream = action.start(session)
             try:
                 async for ids in stream:
                     if not conn.engine_output(action.key, ids):

@@ -16,12 +16,12 @@ PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 
 def test_the_committed_page_is_what_the_code_generates() -> None:
-    generated = configuration_page(argument_parser(), ENGINES)
+    generated = configuration_page(argument_parser(lab=True), ENGINES)
     assert PAGE.read_text() == generated, "docs/configuration.md is stale: run `make docs`"
 
 
 def test_every_flag_and_variable_is_on_the_page() -> None:
-    page = configuration_page(argument_parser(), ENGINES)
+    page = configuration_page(argument_parser(lab=True), ENGINES)
     for option in ServerConfig.options():
         assert f"`--{option.name.replace('_', '-')}" in page
         assert f"`{ServerConfig.env_name(option.name)}`" in page
@@ -35,7 +35,7 @@ def test_every_flag_and_variable_is_on_the_page() -> None:
 
 
 def test_a_flag_added_to_the_parser_reaches_the_page() -> None:
-    parser = argument_parser()
+    parser = argument_parser(lab=True)
     before = configuration_page(parser, ENGINES)
     setup = next(
         action.choices["setup"]
@@ -50,4 +50,4 @@ def test_a_flag_added_to_the_parser_reaches_the_page() -> None:
 
 def test_hotloop_docs_prints_the_page(capsys: pytest.CaptureFixture[str]) -> None:
     main(["docs", "configuration"])
-    assert capsys.readouterr().out == configuration_page(argument_parser(), ENGINES)
+    assert capsys.readouterr().out == configuration_page(argument_parser(lab=True), ENGINES)

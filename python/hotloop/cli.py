@@ -1,7 +1,9 @@
 """The command line: `hotloop serve`, `hotloop setup`, `hotloop bench`, `hotloop docs`.
 
 Every option of `ServerConfig` is a flag here and a `HOTLOOP_*` environment variable;
-flags win. docs/configuration.md is generated from this parser (`hotloop docs
+flags win. `hotloop bench` is the laboratory's (hotloop.lab, with the `bench` extra):
+found through the `hotloop.commands` entry points and loaded only when it runs, so the
+server never imports it. docs/configuration.md is generated from this parser (`hotloop docs
 configuration`, see hotloop.docgen), so a new flag reaches the docs by regenerating.
 The server runs under uvicorn with the sans-I/O WebSocket implementation
 (`websockets-sansio`), httptools and uvloop. With `--workers N`, the resolved
@@ -20,6 +22,7 @@ import secrets
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 from hotloop import logs, native_deps
@@ -27,8 +30,6 @@ from hotloop.auth import ApiKeys, parse_entry
 from hotloop.chat_template import TemplateChoice
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Engine
-from hotloop.lab import command as bench
-from hotloop.lab.peer import SIM_FORMAT, Peer
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import QueueMemory
@@ -53,11 +54,6 @@ def sim_engine(config: ServerConfig) -> Engine:
         raise SystemExit(
             f"hotloop: unknown --sim-format {config.sim_format!r}; "
             f"choose one of {', '.join(SIM_FORMATS)}"
-        )
-    peer_format = SIM_FORMAT.get(config.baseline or "", config.sim_format)
-    if peer_format != config.sim_format:
-        raise SystemExit(
-            f"hotloop: --baseline {config.baseline} renders for --sim-format {peer_format}"
         )
     return from_config(config)
 
@@ -170,8 +166,6 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         compactor=compactor,
     )
     ledger.metrics.node = config.node
-    # `--baseline`: one peer per process, shared by both transports like its store.
-    baseline = Peer(config.baseline) if config.baseline else None
     queue_memory = QueueMemory(
         config.max_queued_bytes_total,
         config.max_queued_bytes_per_key,
@@ -182,7 +176,6 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
     mcp = McpClient(McpSettings.of(config))
     http = HttpApi(
         ledger,
-        baseline=baseline,
         model=config.model or engine.model,
         keys=keys,
         limits=connection_limits(config, engine),
@@ -206,7 +199,6 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         config,
         http=http,
         ledger=ledger,
-        baseline=baseline,
         keys=keys,
         queue_memory=queue_memory,
         compactor=compactor,
@@ -225,15 +217,27 @@ def compactor_for(config: ServerConfig) -> Compactor:
     return Compactor.ephemeral(tokens)
 
 
-def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hotloop", description="A Responses-API server that keeps agents' state warm."
-    )
-    parser.add_argument(
-        "--version", action="version", version=f"hotloop {importlib.metadata.version('hotloop')}"
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the Responses-API server")
+LAB_COMMANDS = {"bench": "measure the server (docs/benchmarks.md)"}
+"""The commands of the laboratory, each the name of a `hotloop.commands` entry point: a
+module with `configure(parser)` (its arguments) and `main(args, rest)` (`rest`: the
+arguments it did not declare)."""
+
+
+def lab_command(name: str) -> ModuleType:
+    """The module of the laboratory's command `name`, imported now."""
+    found = importlib.metadata.entry_points(group="hotloop.commands", name=name)
+    entry = next(iter(found), None)
+    if entry is None:
+        raise SystemExit(
+            f"hotloop: `hotloop {name}` is not installed: no such `hotloop.commands` entry "
+            "point (reinstall hotloop: `make develop` in a checkout)"
+        )
+    module: ModuleType = entry.load()
+    return module
+
+
+def add_server_options(serve: argparse.ArgumentParser) -> None:
+    """Every `ServerConfig` option as a flag of `serve`."""
     for option in ServerConfig.options():
         flag = "--" + option.name.replace("_", "-")
         env = ServerConfig.env_name(option.name)
@@ -243,6 +247,19 @@ def argument_parser() -> argparse.ArgumentParser:
             serve.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         else:
             serve.add_argument(flag, metavar=option.name.upper(), help=help_text)
+
+
+def argument_parser(lab: bool = False) -> argparse.ArgumentParser:
+    """The `hotloop` command line; with `lab`, the laboratory's commands with their own
+    arguments (imported for it), else each as a name that takes the rest of the line."""
+    parser = argparse.ArgumentParser(
+        prog="hotloop", description="A Responses-API server that keeps agents' state warm."
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"hotloop {importlib.metadata.version('hotloop')}"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_server_options(commands.add_parser("serve", help="run the Responses-API server"))
     setup = commands.add_parser(
         "setup",
         help="build and install what a real-model engine needs, once per user "
@@ -251,7 +268,14 @@ def argument_parser() -> argparse.ArgumentParser:
         "SmolLM2 converted for it, what the real-vLLM tests run)",
     )
     setup.add_argument("targets", nargs="+", choices=tuple(native_deps.TARGETS), metavar="TARGET")
-    bench.register(commands)
+    for name, summary in LAB_COMMANDS.items():
+        if lab:
+            lab_command(name).configure(commands.add_parser(name, help=summary))
+        else:
+            # Nothing of the line after the name is an option here (no prefix character
+            # occurs in it): `main` parses it again with the command's own arguments.
+            command = commands.add_parser(name, help=summary, add_help=False, prefix_chars="\0")
+            command.add_argument("rest", nargs=argparse.REMAINDER)
     docs = commands.add_parser("docs", help="print a generated documentation page")
     docs.add_argument("page", choices=("configuration",), help="configuration: every option")
     return parser
@@ -274,7 +298,25 @@ def config_env(config: ServerConfig) -> dict[str, str]:
 NODE_HEADER = "x-hotloop-node"
 
 
-def serve(config: ServerConfig) -> None:
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The configuration `hotloop serve` was given: its flags over the environment."""
+    overrides: dict[str, Any] = {}
+    for option in ServerConfig.options():
+        value = getattr(args, option.name)
+        if value is None:
+            continue
+        overrides[option.name] = (
+            value if isinstance(value, bool) else ServerConfig.parse(option.name, value)
+        )
+    try:
+        return ServerConfig.from_env(**overrides)
+    except ValueError as e:
+        raise SystemExit(f"hotloop: {e}") from e
+
+
+def serve(config: ServerConfig, app: str = "hotloop.cli:create_app") -> None:
+    """Run the server on `config`, each worker building its application with the
+    factory `app` (`module:function`)."""
     import uvicorn
 
     # One name for the node, resolved here so that `--workers N` share it.
@@ -331,9 +373,9 @@ def serve(config: ServerConfig) -> None:
         timeout_graceful_shutdown=config.drain_timeout,
     )
     if config.workers > 1:
-        uvicorn.run("hotloop.cli:create_app", **options)
+        uvicorn.run(app, **options)
         return
-    server = uvicorn.Server(uvicorn.Config("hotloop.cli:create_app", **options))
+    server = uvicorn.Server(uvicorn.Config(app, **options))
     # After a graceful shutdown uvicorn restores the previous SIGTERM/SIGINT handlers and
     # raises the signal again; the drain has run by then, so that ends in exit status 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -355,23 +397,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "docs":
         from hotloop.docgen import configuration_page
 
-        sys.stdout.write(configuration_page(parser, ENGINES))
-    if args.command == "bench":
-        bench.main(args)
+        sys.stdout.write(configuration_page(argument_parser(lab=True), ENGINES))
+    if args.command in LAB_COMMANDS:
+        lab_args, rest = argument_parser(lab=True).parse_known_args(argv)
+        lab_command(args.command).main(lab_args, rest)
     if args.command == "serve":
-        overrides: dict[str, Any] = {}
-        for option in ServerConfig.options():
-            value = getattr(args, option.name)
-            if value is None:
-                continue
-            overrides[option.name] = (
-                value if isinstance(value, bool) else ServerConfig.parse(option.name, value)
-            )
-        try:
-            config = ServerConfig.from_env(**overrides)
-        except ValueError as e:
-            raise SystemExit(f"hotloop: {e}") from e
-        serve(config)
+        serve(server_config(args))
 
 
 if __name__ == "__main__":

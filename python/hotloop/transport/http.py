@@ -45,7 +45,6 @@ from hotloop.events import error_body
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import (
-    Baseline,
     Connection,
     ConnectionCache,
     ConnectionLimits,
@@ -105,7 +104,6 @@ class HttpApi:
         keys: ApiKeys,
         limits: ConnectionLimits | None = None,
         policy: Policy | None = None,
-        baseline: Baseline | None = None,
         queue_memory: QueueMemory | None = None,
         compactor: Compactor | None = None,
         reads_per_key: int = 2,
@@ -120,7 +118,6 @@ class HttpApi:
         self.keys = keys
         self.limits = limits or ConnectionLimits()
         self.policy = policy
-        self.baseline = baseline
         self.queue_memory = queue_memory or QueueMemory(1 << 62, 1 << 62)
         """Request bodies count in the process's queue memory while read and parsed."""
         self.compactor = compactor or Compactor.ephemeral()
@@ -344,7 +341,6 @@ class HttpApi:
             policy=self.policy,
             observer=observer,
             principal=principal,
-            baseline=self.baseline,
             session_key=session_key(scope),
             durable=self.ledger.durable,
             storage_refusal=self.ledger.storage_refusal,
@@ -460,7 +456,7 @@ class HttpApi:
         """Run one engine call; return the engine work it leads to, if any."""
         stream: AsyncIterator[list[int]] | None = None
         try:
-            stream = session.generate(work.prompt, work.sampling, work.route_key)
+            stream = work.start(session)
             async for ids in stream:
                 more = connection.engine_output(work.key, ids)
                 await self.send_actions(connection, connection.actions(), emit)

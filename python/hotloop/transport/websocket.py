@@ -345,7 +345,7 @@ class Socket:
         start = written = 0.0  # thread CPU clock: the sampled batch, the batch before it
         ids_stream: AsyncIterator[list[int]] | None = None
         try:
-            ids_stream = self._session.generate(work.prompt, work.sampling, work.route_key)
+            ids_stream = work.start(self._session)
             if self._coalesce > 0:
                 ids_stream = coalesced(
                     ids_stream, self._coalesce, lambda: connection.streaming(key)
