@@ -193,6 +193,7 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
         ),
         default_model=config.default_model,
         mcp=mcp,
+        max_compressed_frames=config.max_compressed_frames,
     )
     return App(
         ledger.engine,

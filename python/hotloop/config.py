@@ -146,6 +146,11 @@ class ServerConfig:
     mcp_max_calls: int = _option(64, "MCP tool calls running at once in the process")
     mcp_max_calls_per_key: int = _option(8, "MCP tool calls running at once per API key")
     max_frame_bytes: int = _option(16 * MIB, "largest client frame accepted")
+    max_compressed_frames: int = _option(
+        1024,
+        "gzip members or zstd frames (skippable ones too) one compressed request body may "
+        "hold, concatenated; one more gets 400 too_many_compressed_frames",
+    )
     max_queued_bytes: int = _option(
         64 * MIB, "bytes of queued response.create events per connection"
     )

@@ -138,7 +138,7 @@ class App:
 
     async def close(self) -> None:
         if isinstance(self._http, HttpApi):
-            await self._http.background.close()
+            await self._http.close()
         if self.ledger is not None:
             await self.ledger.close()
         await self.engine.close()

@@ -40,6 +40,7 @@ import orjson
 from hotloop import logs
 from hotloop._core import CoreError, CreateRequest, Policy, parse_request
 from hotloop.auth import ApiKeys, AuthError, key_id
+from hotloop.config import ServerConfig
 from hotloop.engines.base import ENGINE_CACHED, EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.ledger import Ledger
@@ -66,7 +67,7 @@ from hotloop.store import StoreError
 from hotloop.transport.asgi import Message, Receive, Scope, Send
 from hotloop.transport.background import BackgroundRoutes, BackgroundWork
 from hotloop.transport.conversations import ConversationsApi
-from hotloop.transport.encoding import decoded
+from hotloop.transport.encoding import PER_KEY, Decoder
 from hotloop.transport.exchange import (
     SSE_HEADERS,
     Emit,
@@ -110,6 +111,7 @@ class HttpApi:
         background: BackgroundWork | None = None,
         default_model: str | None = None,
         mcp: McpClient | None = None,
+        max_compressed_frames: int = ServerConfig.max_compressed_frames,
     ) -> None:
         self.ledger = ledger
         self.model = model
@@ -130,6 +132,14 @@ class HttpApi:
         self.background_routes = BackgroundRoutes(self.background, ledger, self.reads.slot, self)
         self.mcp = mcp or McpClient(McpSettings())
         """Lists and calls the `mcp` tools of requests (none allowed without one)."""
+        self.decoder = Decoder(
+            self.limits.max_frame_bytes, max_compressed_frames, KeyedSlots(PER_KEY).slot
+        )
+        """Decodes compressed bodies, one per key at a time, on threads of its own."""
+
+    async def close(self) -> None:
+        await self.background.close()
+        self.decoder.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = logs.bound_request_id()
@@ -174,9 +184,7 @@ class HttpApi:
                 async def read_body() -> bytes:
                     reserved = _Reservation(self.queue_memory, principal)
                     try:
-                        return await _read_body(
-                            scope, receive, self.limits.max_frame_bytes, reserved
-                        )
+                        return await self._body(scope, receive, principal, reserved)
                     finally:
                         reserved.release()
 
@@ -301,19 +309,26 @@ class HttpApi:
             return self._parse(body, principal)
 
         try:
-            limit = self.limits.max_frame_bytes
-            body = await _read_body(scope, receive, limit, reserved)
-            encoding = header(scope, b"content-encoding")
-            if encoding is not None:
-                # Decompressing up to 16 MiB takes milliseconds: not on the event loop.
-                body = await asyncio.to_thread(decoded, encoding, body, limit)
-                reserved.add(len(body))
+            body = await self._body(scope, receive, principal, reserved)
             start = time.perf_counter_ns()
             # A large body (input, tools or instructions): parsed in a worker thread.
             request = await asyncio.to_thread(parse, body) if offloads(body) else parse(body)
         finally:
             reserved.release()
         return len(body), request, time.perf_counter_ns() - start, body
+
+    async def _body(
+        self, scope: Scope, receive: Receive, principal: str | None, reserved: _Reservation
+    ) -> bytes:
+        """The body of a POST as the client wrote it: read within the limit, decompressed
+        when it came with a `Content-Encoding` (`encoding.py`), counted in `reserved`."""
+        body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
+        encoding = header(scope, b"content-encoding")
+        if encoding is None:
+            return body
+        body = await self.decoder.decoded(encoding, body, principal)
+        reserved.add(len(body))
+        return body
 
     def _parse(self, body: bytes, principal: str | None) -> CreateRequest:
         """Parse a body, its compaction items expanded first. Raises ProtocolError."""
