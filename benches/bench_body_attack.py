@@ -13,12 +13,12 @@ Issue 39, item 1: compressed bodies of many tiny frames (`frames`). `--api-keys
 sk-a,sk-b` (and any hotloop FLAGS, such as `--max-compressed-frames 100000000` to time
 the decoding itself past the bound); `sk-a` posts a body of 20-byte gzip members, then
 one of 9-byte empty zstd frames, of each size in MiB of SIZES (comma-separated; timed:
-its status and seconds); then `sk-b` posts 100 KB requests and a new connection asks
-`GET /health`, back to back for SECONDS quiet, then SECONDS while `sk-a` posts the bytes
-of the first size's gzip body from `ATTACKERS` connections back to back (a process of
-their own, so that the victim's figures are not the attackers' GIL): uncompressed first
-(what uploading them costs), then as gzip. Prints the times, and `sk-b`'s medians,
-maxima and their ratios to quiet.
+its status, seconds and the server's CPU seconds); then `sk-b` posts 100 KB requests
+and a new connection asks `GET /health`, back to back for SECONDS quiet, then SECONDS
+while `sk-a` posts the bytes of the first size's gzip body from `ATTACKERS` connections
+back to back (a process of their own, so that the victim's figures are not the
+attackers' GIL): uncompressed first (what uploading them costs), then as gzip. Prints
+the times, and `sk-b`'s medians, maxima and their ratios to quiet.
 
     .venv/bin/python benches/bench_body_attack.py frames [SECONDS [SIZES [FLAGS...]]]
 """
@@ -113,19 +113,24 @@ def post_encoded(client: httpx.Client, body: bytes, encoding: str) -> httpx.Resp
     return client.post("/v1/responses", content=body, headers=headers)
 
 
-def decode_times(base: str, sizes: list[float]) -> list[dict[str, object]]:
-    """`sk-a`'s body of each size and encoding: its status, error code and seconds."""
+def decode_times(server: ServerProcess, sizes: list[float]) -> list[dict[str, object]]:
+    """`sk-a`'s body of each size and encoding: its status, error code, seconds and the
+    server's CPU seconds (the figure to compare on a shared machine)."""
     rows: list[dict[str, object]] = []
     headers = {"authorization": "Bearer sk-a"}
+    base = f"http://127.0.0.1:{server.port}"
     with httpx.Client(base_url=base, headers=headers, timeout=3600) as client:
         for mib in sizes:
             for encoding in TINY_FRAMES:
+                cpu = server.cpu_ns()
                 start = time.perf_counter()
                 reply = post_encoded(client, tiny_frames(encoding, mib), encoding)
                 seconds = time.perf_counter() - start
+                cpu_seconds = (server.cpu_ns() - cpu) / 1e9
                 code = reply.json().get("error", {}).get("code")
-                row = {"encoding": encoding, "mib": mib, "seconds": round(seconds, 4)}
-                rows.append({**row, "status": reply.status_code, "code": code})
+                row = {"encoding": encoding, "mib": mib, "status": reply.status_code, "code": code}
+                times = {"seconds": round(seconds, 4), "cpu_seconds": round(cpu_seconds, 4)}
+                rows.append({**row, **times})
     return rows
 
 
@@ -192,7 +197,7 @@ def frames(seconds: float, sizes: list[float], flags: list[str]) -> dict[str, ob
     body = tiny_frames("gzip", sizes[0])
     with ServerProcess.start(server_flags) as server:
         base = f"http://127.0.0.1:{server.port}"
-        decoded = decode_times(base, sizes)
+        decoded = decode_times(server, sizes)
         victim(base, 0.1)  # the first request warms the server up: not a quiet one
         quiet = victim(base, seconds)
         uploading = attacked(base, seconds, body, "identity")
