@@ -9,19 +9,12 @@ protocol: `UpstreamEngine` does.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
 from hotloop.engines.base import EngineError
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+from hotloop.lab.proc import free_port
 
 
 class LlamaServer:

@@ -33,7 +33,7 @@ from collections import deque
 from pathlib import Path
 
 from hotloop.engines.base import EngineError
-from hotloop.lab.llama_server import free_port
+from hotloop.lab.proc import free_port
 from hotloop.native_deps import OFFLINE_ENV
 
 SERVED_MODEL = "smollm2"
