@@ -1,7 +1,7 @@
 """Fixtures shared across test modules: real PostgreSQL and Redis servers
-(`pg_server.py`, `redis_server.py`)."""
+(`pg_server.py`, `redis_server.py`), and a server's store settings on each backend."""
 
-from pg_server import postgres_server
+from pg_server import postgres_server, store_settings
 from redis_server import redis_server
 
-__all__ = ["postgres_server", "redis_server"]
+__all__ = ["postgres_server", "redis_server", "store_settings"]

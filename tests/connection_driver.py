@@ -24,6 +24,7 @@ from hotloop.protocol import (
     Render,
     Wait,
 )
+from hotloop.protocol.cache import ConversationStart
 from sdk_events import validate
 
 FORMAT = ChatFormat.harmony()
@@ -102,11 +103,17 @@ class ConnectionDriver:
             self.conn.render_done(work.key, turn, request)
         return self.pump()
 
-    def commit(self, key: int | None = None, error: str | None = None) -> list[dict[str, Any]]:
-        """Report one handed-out commit done (or failed with `error`)."""
+    def commit(
+        self,
+        key: int | None = None,
+        error: str | None = None,
+        continued: ConversationStart | None = None,
+    ) -> list[dict[str, Any]]:
+        """Report one handed-out commit done (or failed with `error`); `continued`:
+        where its conversation stands once its items were appended."""
         work = self.persisting.pop(min(self.persisting) if key is None else key)
         if error is None:
-            self.conn.persist_done(work.key)
+            self.conn.persist_done(work.key, continued)
         else:
             self.conn.persist_failed(work.key, error)
         return self.pump()

@@ -50,15 +50,6 @@ ATTEMPTS = 600
 POLL = 0.05  # between polling attempts: a pace, never part of what is checked
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
-    """The store settings of a fresh database of each backend."""
-    if request.param == "sqlite":
-        return {"data_dir": str(tmp_path)}
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    return {"store": server.fresh_database()}
-
-
 def background_app(
     store: dict[str, str], text: str = TEXT, speed: SimSpeed = STEADY, **config: Any
 ) -> App:
@@ -114,9 +105,9 @@ def text_of(events: list[dict[str, Any]]) -> str:
 
 
 def test_a_background_response_is_created_queued_and_polled_to_completion(
-    store: dict[str, str],
+    store_settings: dict[str, str],
 ) -> None:
-    with served(background_app(store)) as url:
+    with served(background_app(store_settings)) as url:
         sdk = client(url)
         created = create(sdk, input="hi")
         assert created.status == "queued" and created.background is True
@@ -139,8 +130,8 @@ def test_a_background_response_is_created_queued_and_polled_to_completion(
             sdk.responses.cancel(created.id)
 
 
-def test_cancel_stops_the_engine_and_books_what_it_did(store: dict[str, str]) -> None:
-    app = background_app(store, text=LONG, speed=SLOW)
+def test_cancel_stops_the_engine_and_books_what_it_did(store_settings: dict[str, str]) -> None:
+    app = background_app(store_settings, text=LONG, speed=SLOW)
     assert app.ledger is not None
     drain = app.ledger.drain
     with served(app) as url:
@@ -168,8 +159,8 @@ def test_cancel_stops_the_engine_and_books_what_it_did(store: dict[str, str]) ->
         assert usage["input_tokens"] > 0
 
 
-def test_only_background_responses_can_be_cancelled(store: dict[str, str]) -> None:
-    with served(background_app(store)) as url:
+def test_only_background_responses_can_be_cancelled(store_settings: dict[str, str]) -> None:
+    with served(background_app(store_settings)) as url:
         sdk = client(url)
         plain = sdk.responses.create(model="sim", input="hi")
         with pytest.raises(openai.BadRequestError) as refused:
@@ -188,9 +179,9 @@ def test_only_background_responses_can_be_cancelled(store: dict[str, str]) -> No
 
 
 def test_a_streamed_background_response_survives_its_client_and_resumes(
-    store: dict[str, str],
+    store_settings: dict[str, str],
 ) -> None:
-    with served(background_app(store, text=LONG)) as url:
+    with served(background_app(store_settings, text=LONG)) as url:
         sdk = client(url)
         first: list[dict[str, Any]] = []
         with sdk.responses.create(
@@ -224,7 +215,7 @@ def test_a_streamed_background_response_survives_its_client_and_resumes(
             list(sdk.responses.retrieve(response_id, stream=True, starting_after=len(numbers)))
         assert past.value.param == "starting_after"
     # After a restart the events come from the store, the same ones.
-    with served(background_app(store, text=LONG)) as url:
+    with served(background_app(store_settings, text=LONG)) as url:
         sdk = client(url)
         stored = [
             validate(event.model_dump_json())
@@ -244,8 +235,10 @@ def test_a_streamed_background_response_survives_its_client_and_resumes(
             )
 
 
-def test_a_resume_of_a_response_that_was_not_streamed_is_refused(store: dict[str, str]) -> None:
-    with served(background_app(store)) as url:
+def test_a_resume_of_a_response_that_was_not_streamed_is_refused(
+    store_settings: dict[str, str],
+) -> None:
+    with served(background_app(store_settings)) as url:
         sdk = client(url)
         created = create(sdk, input="hi")
         ended(sdk, created.id)
@@ -283,9 +276,9 @@ def websocket_turn(sdk: OpenAI, **body: Any) -> None:
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["polled", "streamed"])
 def test_a_background_turn_on_a_conversation_reads_it_as_a_foreground_one_does(
-    store: dict[str, str], streamed: bool
+    store_settings: dict[str, str], streamed: bool
 ) -> None:
-    with served(background_app(store)) as url:
+    with served(background_app(store_settings)) as url:
         sdk = client(url)
         # A fresh conversation, and one used only over the WebSocket: neither is in the
         # HTTP cache, both are read from the store.
@@ -459,11 +452,13 @@ def test_a_stream_past_the_event_bound_fails_with_its_events_kept(tmp_path: Path
 # ---------------------------------------------------------------- a process that dies
 
 
-def test_kept_background_responses_count_in_the_storage_quota(store: dict[str, str]) -> None:
+def test_kept_background_responses_count_in_the_storage_quota(
+    store_settings: dict[str, str],
+) -> None:
     # About 30 KB each, a fifth of it the stored response: refused after a few, where
     # counting only the stored responses refused none.
     quota = 200_000
-    app = background_app(store, text=LONG, speed=FAST, store_quota_bytes=quota)
+    app = background_app(store_settings, text=LONG, speed=FAST, store_quota_bytes=quota)
     http = app._http
     assert isinstance(http, HttpApi) and app.ledger is not None
     with served(app) as url:
@@ -477,7 +472,11 @@ def test_kept_background_responses_count_in_the_storage_quota(store: dict[str, s
         until(lambda: not http.background.jobs)  # every one recorded
         assert app.ledger.store is not None
         counted = app.ledger.store.quota.of(key_id(KEY))  # type: ignore[attr-defined]
-    target = Path(store["data_dir"]) if "data_dir" in store else store["store"]
+    target = (
+        Path(store_settings["data_dir"])
+        if "data_dir" in store_settings
+        else store_settings["store"]
+    )
     assert counted == held(Backend(target), key_id(KEY))
     assert counted.bytes >= quota
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from connection_driver import ANSWER, FORMAT, ConnectionDriver, sim_connection
-from hotloop._core import Limits
+from hotloop._core import Conversation, Limits
 from hotloop.protocol import CacheBudget, ConnectionCache
+from hotloop.protocol.cache import ConversationStart
 from hotloop.protocol.steering import MAX_PENDING_STEERS
 from test_protocol_connection import CALL, TOOLS, Client, Recorder
 
@@ -218,6 +219,32 @@ def test_a_durable_response_starts_its_successor_once_committed() -> None:
     frames = client.commit()
     assert types(frames) == ["response.completed", "response.created", "response.in_progress"]
     assert frames[1]["response"]["previous_response_id"] == target
+
+
+def test_the_successor_of_a_turn_on_a_conversation_continues_the_conversation() -> None:
+    """Issue 39 item 7: the successor ran without `conversation`, so neither the steer
+    nor its answer reached the conversation. It names it, and starts where the target's
+    commit left it (its items end a turn only if nothing changed the conversation)."""
+    cache, recorder = ConnectionCache(1 << 30, CacheBudget(1 << 30)), Recorder()
+    client = ConnectionDriver(sim_connection(cache, recorder, durable=True))
+    # The conversation's state, as the transport puts it (`Ledger.warm_conversation`).
+    empty = Conversation(FORMAT, context_window=1 << 20)
+    cache.put("conv_t", empty.checkpoint(), None, "conv_t", ConversationStart((0, 0), 0))
+    target = client.create("Hi", conversation="conv_t")[0]["response"]["id"]
+    steer(client, target)
+    client.finish(ids=ANSWER)
+    appended = ConversationStart((2, 2), 0)  # the target's input and answer
+    frames = client.commit(continued=appended)
+    assert types(frames) == ["response.completed", "response.created", "response.in_progress"]
+    successor = frames[1]["response"]
+    assert successor["conversation"] == {"id": "conv_t"}
+    assert successor["previous_response_id"] == target
+    client.finish()
+    client.commit()
+    finished = recorder.done[-1]
+    assert finished.response_id == successor["id"]
+    assert finished.request.conversation == "conv_t"
+    assert finished.conversation_start == appended
 
 
 DEEP = "[" * 1100 + "]" * 1100

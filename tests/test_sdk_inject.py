@@ -2,7 +2,8 @@
 Responses connection (`client.beta.responses.connect()`, `conn.response.inject(...)`)
 with the `OpenAI-Beta: responses_multi_agent=v1` header: every frame validated strictly
 (tests/sdk_events.py) by the server fixture and again here, and parsed into the SDK's
-beta types."""
+beta types. On a conversation, what the response took in while it ran is appended in
+order (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from openai import OpenAI
 from openai.types.beta import BetaResponseInjectCreatedEvent, BetaResponseInjectFailedEvent
 from sdk_events import validate
 from servers import hotloop_server
+from test_conversations import all_items, served, user
 
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
 BETA = {"OpenAI-Beta": "responses_multi_agent=v1"}
@@ -138,3 +140,40 @@ def test_the_server_flag_and_the_idle_timeout_over_a_socket() -> None:
             while (event := validate(conn.recv_bytes()))["type"] not in TERMINAL:
                 pass
             assert event["type"] == "response.completed"
+
+
+def test_a_long_running_turn_on_a_conversation_appends_what_it_took_in_order(
+    store_settings: dict[str, str],
+) -> None:
+    """The output injected into a response and the steering input it took while it
+    waited are the conversation's too, where the model saw them: after the call."""
+    with served(SCRIPT, api_keys=("sk-test",), **store_settings) as url:
+        client = OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
+        conversation = client.conversations.create(items=[user("hi")])
+        with client.beta.responses.connect(extra_headers=BETA) as conn:
+            conn.response.create(
+                model="sim", input="List files", tools=TOOLS, conversation=conversation.id
+            )
+            target, call_id, _ = until_call(conn)
+            conn.response.steer(input="Be brief.", previous_response_id=target)
+            output = {"type": "function_call_output", "call_id": call_id, "output": "a.py b.txt"}
+            conn.response.inject(input=[output], response_id=target)
+            while (event := validate(conn.recv_bytes()))["type"] not in TERMINAL:
+                pass
+        assert event["type"] == "response.completed"
+        done = event["response"]
+        items = [item.model_dump() for item in all_items(client, conversation.id)]
+        assert [(item["type"], item.get("role")) for item in items] == [
+            ("message", "user"),
+            ("message", "user"),
+            ("function_call", None),
+            ("function_call_output", None),
+            ("message", "user"),
+            ("message", "assistant"),
+        ]
+        assert items[3]["call_id"] == call_id and items[3]["output"] == "a.py b.txt"
+        assert items[4]["content"][0]["text"] == "Be brief."
+        assert [items[2]["id"], items[5]["id"]] == [o["id"] for o in done["output"]]
+        # Listed with the ids the stored response's input items have.
+        listed = client.responses.input_items.list(target, order="asc")
+        assert [i.id for i in listed.data] == [items[n]["id"] for n in (1, 3, 4)]

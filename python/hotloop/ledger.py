@@ -395,10 +395,12 @@ class Ledger:
             output_tokens=usage.output_tokens,
         )
 
-    def persist(self, finished: Finished) -> asyncio.Future[None]:
+    def persist(self, finished: Finished) -> asyncio.Future[ConversationStart | None]:
         """Start committing a `store=true` response, before its terminal event is sent.
         The commit counts as in flight for the shutdown drain from this call on (the
-        generation that produced it may end meanwhile). The future raises StoreError
+        generation that produced it may end meanwhile). The future gives where a turn
+        continuing the response on its conversation starts (`_append`; None when it
+        is on none, or its items end no turn), and raises StoreError
         `store_unavailable` when it was not committed: the connection then fails the
         response instead of acknowledging it."""
         self.drain.hold()
@@ -406,42 +408,46 @@ class Ledger:
         commit.add_done_callback(self._committed)
         return commit
 
-    def _committed(self, commit: asyncio.Task[None]) -> None:
+    def _committed(self, commit: asyncio.Task[ConversationStart | None]) -> None:
         self.drain.release()
         if not commit.cancelled():
             # Read here too: the socket that waited for it may be gone (its failure was
             # logged by the store, and the response never acknowledged).
             commit.exception()
 
-    async def _commit(self, finished: Finished) -> None:
+    async def _commit(self, finished: Finished) -> ConversationStart | None:
         if self.store is None:
             raise StoreError("store_unavailable", "This server has no durable store.")
         request = finished.request
         if request.store:
             await self._put(finished)
         if request.conversation is not None and finished.status in APPENDED:
-            await self._append(finished, request.conversation)
+            return await self._append(finished, request.conversation)
+        return None
 
-    async def _append(self, finished: Finished, conversation_id: str) -> None:
-        """The response's input items, then its output items, onto its conversation."""
+    async def _append(self, finished: Finished, conversation_id: str) -> ConversationStart | None:
+        """The response's input items, then its output items, onto its conversation;
+        where a turn continuing the response's state on it starts (its automatic
+        successor: `protocol/steering.py`), when that state is the conversation's."""
         assert self.store is not None
         owner = key_id(finished.principal) if finished.principal is not None else None
         response_id = finished.response_id
-        inputs = listed_items(response_id, finished.request.input_json.encode())
-        outputs = orjson.loads(finished.response_json).get("output") or []
-        items = [(str(item["id"]), orjson.dumps(item)) for item in [*inputs, *outputs]]
+        items = [(str(item["id"]), orjson.dumps(item)) for item in _in_order(finished)]
         if not items:
-            return
+            return None
         started = finished.conversation_start
         read = None if started is None else started.version
         added = conversation_tables.add(conversation_id, owner, items, response_id, read)
-        if await self.store.transact(added):
-            self.store.counted(owner, conversation_tables.added_usage(items))
-        else:
+        appended = await self.store.transact(added)
+        if appended is None:
             # Deleted while the response ran: nothing to append to.
             log.info(
                 "conversation %s is gone: response %s not appended", conversation_id, response_id
             )
+            return None
+        self.store.counted(owner, conversation_tables.added_usage(items))
+        # Nothing of the conversation is rendered to continue the response's state.
+        return ConversationStart(appended.version, 0) if appended.ends_turn else None
 
     async def _put(self, finished: Finished) -> None:
         assert self.store is not None
@@ -471,6 +477,25 @@ def _output_ids(finished: Finished) -> list[int]:
     if finished.checkpoint is None or finished.turn is None:
         return []
     return finished.checkpoint.fork().prompt().tokens_from(finished.turn.prompt_tokens)
+
+
+def _in_order(finished: Finished) -> list[dict[str, Any]]:
+    """The response's items as its model saw them, for its conversation: the request's
+    input, then each model turn's output followed by the input committed inside the
+    response after it (a long-running response's injected tool outputs and steering
+    input), input items with the ids its stored input items list."""
+    input_items = finished.request.input_json.encode()
+    if finished.segments:
+        input_items, _, _ = _interleaved(input_items, finished.segments)
+    inputs = listed_items(finished.response_id, input_items)
+    outputs = orjson.loads(finished.response_json).get("output") or []
+    at_input = len(inputs) - sum(len(segment.then) for segment in finished.segments)
+    items, at_output = inputs[:at_input], 0
+    for segment in finished.segments:
+        items += outputs[at_output : segment.outputs_end]
+        items += inputs[at_input : at_input + len(segment.then)]
+        at_output, at_input = segment.outputs_end, at_input + len(segment.then)
+    return items + outputs[at_output:]
 
 
 def _interleaved(

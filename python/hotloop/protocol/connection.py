@@ -60,7 +60,7 @@ from hotloop.protocol.actions import (
     Observer,
     Render,
 )
-from hotloop.protocol.cache import ConnectionCache, is_conversation
+from hotloop.protocol.cache import ConnectionCache, ConversationStart, is_conversation
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.injection import LongRunning
@@ -313,12 +313,15 @@ class Connection:
             rendering.refused(error)
             self._lane_freed(rendering.lane)
 
-    def persist_done(self, key: int) -> None:
-        """The `Persist` work `key` committed: the terminal event goes out."""
+    def persist_done(self, key: int, continued: ConversationStart | None = None) -> None:
+        """The `Persist` work `key` committed: the terminal event goes out. `continued`:
+        where a turn continuing the response on its conversation starts (its items
+        were appended where it read the conversation; `Ledger.persist`)."""
         ending = self.ending.pop(key, None)
         if ending is not None:
             lane = ending.response.lane
             lane.ending = None
+            ending.continued = continued
             ending.conclude()
             self._lane_freed(lane)
 
@@ -660,7 +663,7 @@ class Connection:
         conversation, evicts_parent, root = chain
         rendering = Rendering(self, lane, pending, conversation, parent, evicts_parent, start, root)
         if parent is not None:
-            rendering.conversation_start = self.cache.start(parent)
+            rendering.conversation_start = pending.start or self.cache.start(parent)
         if pending.size >= OFFLOAD_BYTES:
             key = self.new_key()
             lane.rendering = self._rendering[key] = rendering

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from hotloop._core import CreateRequest
 
 if TYPE_CHECKING:
+    from hotloop.protocol.cache import ConversationStart
     from hotloop.protocol.mcp import McpTurn
     from hotloop.protocol.response import Ending, Rendering, Response
     from hotloop.protocol.steering import Steered
@@ -37,16 +38,24 @@ class Pending:
     with queued steers prepended): returned in `response.steer.failed` if it fails."""
     mcp: McpTurn | None = None
     """The request's MCP servers, listed before it was queued (`hotloop.protocol.mcp`)."""
+    start: ConversationStart | None = None
+    """The state of its conversation it starts from, when the transport did not put it
+    in the cache (an automatic successor continues its target's: `Ending.continued`)."""
     parent: str | None = field(init=False)
     """The request's `previous_response_id` or `conversation`, kept while only the
     frame is."""
     conversation: bool = field(init=False)
-    """`parent` names a conversation."""
+    """`parent` names a conversation (an automatic successor on a conversation names
+    both: its parent is its target)."""
 
     def __post_init__(self) -> None:
         parsed = self.parsed
-        self.conversation = parsed is not None and parsed.conversation is not None
         self.parent = None if parsed is None else parsed.previous_response_id or parsed.conversation
+        self.conversation = (
+            parsed is not None
+            and parsed.previous_response_id is None
+            and parsed.conversation is not None
+        )
 
     @property
     def request(self) -> CreateRequest:

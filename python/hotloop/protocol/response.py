@@ -579,6 +579,10 @@ class Ending:
     """The terminal event's type; `finished` holds the Response it carries."""
     checkpoint: Checkpoint | None
     finished: Finished
+    continued: ConversationStart | None = None
+    """Where its conversation stands once its items were appended, when its state is
+    the conversation's up to them (`Connection.persist_done`): its automatic
+    successor continues the conversation from there."""
 
     def conclude(self) -> None:
         """Send the terminal event (the Response as committed), cache the new state and

@@ -117,16 +117,20 @@ def inherited(fields_json: str) -> dict[str, Any]:
 
 
 def successor_frame(
-    fields_json: str, target: str, steers: list[Steer], stream_id: str | None
+    request: CreateRequest, target: str, steers: list[Steer], stream_id: str | None
 ) -> bytes:
-    """The `response.create` of the automatic successor: the target's settings, the
-    target as its parent, the steering input in submission order as its input."""
-    frame = inherited(fields_json)
+    """The `response.create` of the automatic successor: the target's settings
+    (`request` is the target's), the target as its parent, the steering input in
+    submission order as its input, and the target's conversation: the successor
+    continues it (its items are appended after the target's)."""
+    frame = inherited(request.response_fields_json)
     frame.update(
         type="response.create",
         previous_response_id=target,
         input=[item for steer in steers for item in steer.items],
     )
+    if request.conversation is not None:
+        frame["conversation"] = request.conversation
     if stream_id is not None:
         frame["stream_id"] = stream_id
     return orjson.dumps(frame)
@@ -287,10 +291,7 @@ class Steering:
         else:
             self.release(response.steers)
             frame = successor_frame(
-                response.request.response_fields_json,
-                events.response_id,
-                response.steers,
-                lane.name,
+                response.request, events.response_id, response.steers, lane.name
             )
             successor = parse_event(frame, self.connection.limits.request)
             steered = Steered(events, response.steers, True)
@@ -302,8 +303,10 @@ class Steering:
                     ),
                 )
                 return
-            # First on its lane: the successor runs before anything the client queued.
-            lane.queue.appendleft(Pending(successor, 0, 0, steered=steered))
+            # First on its lane: the successor runs before anything the client queued. On
+            # a conversation, it starts where the target's items left it.
+            start = ending.continued
+            lane.queue.appendleft(Pending(successor, 0, 0, steered=steered, start=start))
 
     def release(self, steers: list[Steer]) -> None:
         """Steers leave the queue: started in a request, or refused."""

@@ -185,13 +185,24 @@ def _version(sql: Sql, conversation_id: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+@dataclass(frozen=True)
+class Appended:
+    """Items appended to a conversation (`add`)."""
+
+    version: tuple[int, int]
+    """The conversation's version once they are (`History.version`)."""
+    ends_turn: bool
+    """A response's items, appended where it read the conversation: its state is the
+    conversation's up to them, and a turn continuing it starts at `version`."""
+
+
 def _append(
     sql: Sql,
     conversation_id: str,
     items: Sequence[NewItem],
     response_id: str | None,
     read: tuple[int, int] | None = None,
-) -> None:
+) -> Appended:
     """`items` after the conversation's last; a response's (`response_id`) end a turn
     a later one may start from only if the conversation is still as the response
     read it (`read`, its version): otherwise its cached state holds other items."""
@@ -212,10 +223,12 @@ def _append(
                 "ordinal": count + index + 1,
             },
         )
+    version = (position + len(items), count + len(items))
     sql.execute(
         "UPDATE conversations SET next_position = :next, item_count = :count WHERE id = :id",
-        {"id": conversation_id, "next": position + len(items), "count": count + len(items)},
+        {"id": conversation_id, "next": version[0], "count": version[1]},
     )
+    return Appended(version, ends_turn)
 
 
 def added_usage(items: Sequence[NewItem]) -> Usage:
@@ -289,16 +302,15 @@ def add(
     items: Sequence[NewItem],
     response_id: str | None = None,
     read: tuple[int, int] | None = None,
-) -> Callable[[Sql], bool]:
+) -> Callable[[Sql], Appended | None]:
     """Append `items` (a response's when `response_id` is given, which read the
-    conversation at version `read`); False when the conversation is not `owner`'s (or
+    conversation at version `read`); None when the conversation is not `owner`'s (or
     was deleted meanwhile)."""
 
-    def run(sql: Sql) -> bool:
+    def run(sql: Sql) -> Appended | None:
         if _conversation(sql, conversation_id, owner) is None:
-            return False
-        _append(sql, conversation_id, items, response_id, read)
-        return True
+            return None
+        return _append(sql, conversation_id, items, response_id, read)
 
     return run
 
@@ -419,6 +431,7 @@ __all__ = [
     "POSTGRES_TABLES",
     "SQLITE_TABLES",
     "USAGE_PARTS",
+    "Appended",
     "ConversationRecord",
     "History",
     "ItemPlace",

@@ -251,7 +251,7 @@ class ConversationsApi:
     ) -> None:
         items = new_items(body.get("items"), self._limits)
         self._within_quota(store, owner)
-        if not await store.transact(tables.add(conversation_id, owner, items)):
+        if await store.transact(tables.add(conversation_id, owner, items)) is None:
             raise not_found(conversation_id)
         store.counted(owner, tables.added_usage(items))
         self._evict(conversation_id, owner)

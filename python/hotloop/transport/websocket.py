@@ -45,6 +45,7 @@ from hotloop.protocol import (
     Wait,
     offloads,
 )
+from hotloop.protocol.cache import ConversationStart
 from hotloop.store import StoreError
 from hotloop.transport.asgi import RECEIVE_UTF8, SEND_FRAMES, Receive, Scope, Send
 from hotloop.transport.mcp import listed, run_calls
@@ -54,7 +55,7 @@ log = logging.getLogger("hotloop.websocket")
 WriteFrames = Callable[[list[bytes]], bool]
 """The server's plain frame writer (`hotloop.transport.asgi.WRITE_FRAMES`)."""
 
-Commit = Callable[[Finished], Awaitable[None]]
+Commit = Callable[[Finished], Awaitable[ConversationStart | None]]
 """Starts committing a `store=true` response durably (`Ledger.persist`); what it
 returns raises StoreError when the commit failed."""
 
@@ -96,17 +97,19 @@ async def render_off_loop(connection: Connection, work: Render) -> None:
         connection.render_done(work.key, turn, request)
 
 
-async def persist(connection: Connection, work: Persist, commit: Awaitable[None]) -> None:
+async def persist(
+    connection: Connection, work: Persist, commit: Awaitable[ConversationStart | None]
+) -> None:
     """Wait for a finished response's commit, then let the connection send its terminal
     event (or fail it when the store could not commit it)."""
     try:
         # Shielded: a socket that closes stops waiting, the commit goes on (the drain
         # holds shutdown for it).
-        await asyncio.shield(commit)
+        continued = await asyncio.shield(commit)
     except StoreError as e:
         connection.persist_failed(work.key, e.message)
     else:
-        connection.persist_done(work.key)
+        connection.persist_done(work.key, continued)
 
 
 class Socket:
@@ -401,7 +404,7 @@ class Socket:
         self._dispatch()
         await self._flush()
 
-    async def _persist(self, work: Persist, commit: Awaitable[None]) -> None:
+    async def _persist(self, work: Persist, commit: Awaitable[ConversationStart | None]) -> None:
         try:
             await persist(self.connection, work, commit)
         finally:
