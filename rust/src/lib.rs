@@ -4,13 +4,19 @@
 //!   incremental re-tokenization of growing text, streaming detokenization.
 //! - [`item`]: the conversation items and tool definitions the chat formats render.
 //! - [`render`]: the token builder chat formats write into.
-//! - [`format`]: chat formats (harmony, ChatML) and their streaming output parsers.
-//! - [`conversation`]: the append-only rendered-token cache with checkpoints and forks.
+//! - `chunks`: the persistent vectors that let checkpoints, forks and prompts share a
+//!   history instead of copying it.
+//! - [`format`]: chat formats (harmony, ChatML, a model's own chat template) and their
+//!   streaming output parsers.
+//! - [`conversation`]: the append-only rendered-token cache with checkpoints and forks,
+//!   over a prompt builder: segments for harmony and ChatML, template difference for a
+//!   chat template.
 //! - [`validate`]: request parsing and delta validation on the raw bytes of new items.
 //! - [`upstream`]: the upstream engine's server-sent-event decoder (bytes in, token ids out).
 //!
 //! No pyo3 type appears below `bindings` (compiled only with the `python` feature).
 
+pub(crate) mod chunks;
 pub mod conversation;
 pub mod error;
 pub mod format;

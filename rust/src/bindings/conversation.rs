@@ -9,8 +9,9 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use super::format::{FormatKind, PyChatFormat};
 use super::validate::{PyCreateRequest, PyPolicy};
 use super::RELEASE_GIL_BYTES;
-use crate::conversation::{Checkpoint, Conversation, Prompt, Turn, TurnParser};
-use crate::format::template::conversation::{TemplateCheckpoint, TemplateConversation};
+use crate::conversation::{
+    Checkpoint, Conversation, Prompt, SegmentBuilder, TemplateBuilder, Turn, TurnParser,
+};
 use crate::format::{Outcome, ParseEvent};
 use crate::validate::Policy;
 
@@ -158,32 +159,9 @@ impl PyOutputParser {
     }
 }
 
-/// A conversation of either kind of format (they offer the same methods).
-enum AnyConversation {
-    Items(Box<Conversation>),
-    Template(Box<TemplateConversation>),
-}
-
-#[derive(Clone)]
-enum AnyCheckpoint {
-    Items(Checkpoint),
-    Template(Box<TemplateCheckpoint>),
-}
-
-/// `$body` with `$c` bound to the conversation or checkpoint inside `$value`, whichever
-/// kind it is.
-macro_rules! either {
-    ($kind:ident, $value:expr, $c:ident => $body:expr) => {
-        match $value {
-            $kind::Items($c) => $body,
-            $kind::Template($c) => $body,
-        }
-    };
-}
-
 #[pyclass(name = "Checkpoint", module = "hotloop._core", frozen)]
 struct PyCheckpoint {
-    inner: AnyCheckpoint,
+    inner: Checkpoint,
     policy: Option<Arc<Policy>>,
 }
 
@@ -191,20 +169,17 @@ struct PyCheckpoint {
 impl PyCheckpoint {
     #[getter]
     fn token_count(&self) -> usize {
-        either!(AnyCheckpoint, &self.inner, c => c.token_count())
+        self.inner.token_count()
     }
 
     #[getter]
     fn memory_bytes(&self) -> usize {
-        either!(AnyCheckpoint, &self.inner, c => c.memory_bytes())
+        self.inner.memory_bytes()
     }
 
     fn fork(&self) -> PyConversation {
         PyConversation {
-            inner: match &self.inner {
-                AnyCheckpoint::Items(c) => AnyConversation::Items(Box::new(c.fork())),
-                AnyCheckpoint::Template(c) => AnyConversation::Template(Box::new(c.fork())),
-            },
+            inner: self.inner.fork(),
             policy: self.policy.clone(),
         }
     }
@@ -216,7 +191,7 @@ impl PyCheckpoint {
 /// the class because `Conversation` is `Send`).
 #[pyclass(name = "Conversation", module = "hotloop._core")]
 struct PyConversation {
-    inner: AnyConversation,
+    inner: Conversation,
     policy: Option<Arc<Policy>>,
 }
 
@@ -230,12 +205,8 @@ impl PyConversation {
         policy: Option<PyRef<'_, PyPolicy>>,
     ) -> Self {
         let inner = match &format.inner {
-            FormatKind::Items(f) => {
-                AnyConversation::Items(Box::new(Conversation::new(Arc::clone(f), context_window)))
-            }
-            FormatKind::Template(f) => {
-                AnyConversation::Template(Box::new(TemplateConversation::new(Arc::clone(f), context_window)))
-            }
+            FormatKind::Items(f) => Conversation::new(SegmentBuilder::new(Arc::clone(f)), context_window),
+            FormatKind::Template(f) => Conversation::new(TemplateBuilder::new(Arc::clone(f)), context_window),
         };
         PyConversation {
             inner,
@@ -251,9 +222,9 @@ impl PyConversation {
         let request = &request.inner;
         let (inner, policy) = (&mut self.inner, self.policy.as_deref());
         let turn = if request.frame_bytes >= RELEASE_GIL_BYTES {
-            py.allow_threads(|| either!(AnyConversation, inner, c => c.extend_request(request, policy)))
+            py.allow_threads(|| inner.extend_request(request, policy))
         } else {
-            either!(AnyConversation, inner, c => c.extend_request(request, policy))
+            inner.extend_request(request, policy)
         };
         Ok(turn?.into())
     }
@@ -268,76 +239,69 @@ impl PyConversation {
     ) -> PyResult<PyTurn> {
         let inner = &mut self.inner;
         let turn = if items_json.len() >= RELEASE_GIL_BYTES {
-            py.allow_threads(
-                || either!(AnyConversation, inner, c => c.append_json(items_json, instructions, tools_json)),
-            )
+            py.allow_threads(|| inner.append_json(items_json, instructions, tools_json))
         } else {
-            either!(AnyConversation, inner, c => c.append_json(items_json, instructions, tools_json))
+            inner.append_json(items_json, instructions, tools_json)
         };
         Ok(turn?.into())
     }
 
     fn append_output(&mut self, items_json: &str, ids: Vec<u32>) -> PyResult<()> {
-        Ok(either!(AnyConversation, &mut self.inner, c => c.append_output_json(items_json, &ids))?)
+        Ok(self.inner.append_output_json(items_json, &ids)?)
     }
 
     fn commit_items(&mut self, items_json: &str, ids: Vec<u32>) -> PyResult<()> {
-        Ok(either!(AnyConversation, &mut self.inner, c => c.commit_items_json(items_json, &ids))?)
+        Ok(self.inner.commit_items_json(items_json, &ids)?)
     }
 
     fn append_text(&mut self, chunk: &str) -> PyResult<usize> {
-        Ok(either!(AnyConversation, &mut self.inner, c => c.append_text(chunk))?)
+        Ok(self.inner.append_text(chunk)?)
     }
 
     fn prompt(&self) -> PyPrompt {
         PyPrompt {
-            inner: either!(AnyConversation, &self.inner, c => c.prompt()),
+            inner: self.inner.prompt(),
         }
     }
 
     /// The prompt with the generation prompt (the assistant turn's header), as an
     /// engine is given it to answer now; the conversation is unchanged.
     fn engine_prompt(&self) -> PyResult<PyPrompt> {
-        let inner = match &self.inner {
-            AnyConversation::Items(c) => c.engine_prompt(),
-            AnyConversation::Template(c) => c.engine_prompt()?,
-        };
-        Ok(PyPrompt { inner })
+        Ok(PyPrompt {
+            inner: self.inner.engine_prompt()?,
+        })
     }
 
     fn parser(&self) -> PyResult<PyOutputParser> {
         Ok(PyOutputParser {
-            inner: Mutex::new(either!(AnyConversation, &self.inner, c => c.parser())?),
+            inner: Mutex::new(self.inner.parser()?),
         })
     }
 
     fn commit_output(&mut self, parser: PyRef<'_, PyOutputParser>) -> PyResult<()> {
-        Ok(either!(AnyConversation, &mut self.inner, c => c.commit_output(&parser.parser()))?)
+        Ok(self.inner.commit_output(&parser.parser())?)
     }
 
     fn checkpoint(&mut self) -> PyCheckpoint {
         PyCheckpoint {
-            inner: match &mut self.inner {
-                AnyConversation::Items(c) => AnyCheckpoint::Items(c.checkpoint()),
-                AnyConversation::Template(c) => AnyCheckpoint::Template(Box::new(c.checkpoint())),
-            },
+            inner: self.inner.checkpoint(),
             policy: self.policy.clone(),
         }
     }
 
     #[getter]
     fn token_count(&self) -> usize {
-        either!(AnyConversation, &self.inner, c => c.token_count())
+        self.inner.token_count()
     }
 
     #[getter]
     fn memory_bytes(&self) -> usize {
-        either!(AnyConversation, &self.inner, c => c.memory_bytes())
+        self.inner.memory_bytes()
     }
 
     #[getter]
     fn open_call_ids(&self) -> Vec<String> {
-        either!(AnyConversation, &self.inner, c => c.open_call_ids())
+        self.inner.open_call_ids()
     }
 
     /// Work counters: the item formats' (`segments_rendered`, ...) or a template's
@@ -345,11 +309,9 @@ impl PyConversation {
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = PyDict::new(py);
-        either!(AnyConversation, &self.inner, c => {
-            for (name, value) in c.stats().pairs() {
-                dict.set_item(name, value)?;
-            }
-        });
+        for (name, value) in self.inner.stats() {
+            dict.set_item(name, value)?;
+        }
         Ok(dict)
     }
 }

@@ -1,6 +1,6 @@
 //! `Prompt`: the tokens of one turn, sharing the chain's chunks (taking one copies nothing).
 
-use super::chunks::Chunks;
+use crate::chunks::Chunks;
 
 #[derive(Clone, Default)]
 pub struct Prompt {

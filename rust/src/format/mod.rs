@@ -14,7 +14,7 @@ pub(crate) mod output;
 pub mod template;
 pub mod toolcall;
 #[cfg(test)]
-mod transcript;
+pub(crate) mod transcript;
 
 use crate::item::{Item, ItemKind, Prefix};
 use crate::render::Renderer;

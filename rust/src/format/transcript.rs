@@ -1,13 +1,12 @@
 //! Test support: drive a format the way the conversation layer does (one renderer per
 //! segment, `Context` from the previous item), run its parser over sampled ids, and
-//! render golden cases through a [`Conversation`].
+//! read the golden cases of tests/golden/.
 
 use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::{ChatFormat, Context, Outcome, ParseEvent};
-use crate::conversation::{Conversation, Delta};
 use crate::item::{Item, ItemKind, Prefix, Role, Tool};
 use crate::render::Renderer;
 use crate::tokenizer::Tokenizer;
@@ -123,22 +122,6 @@ pub struct GoldenCase {
     pub items: Vec<Item>,
     pub tokens: Vec<u32>,
     pub text: Option<String>,
-}
-
-/// The prompt a [`Conversation`] holds for `case` when its first `split` items arrive in
-/// one call and the rest as the next turn's delta: what a warm continuation renders.
-pub fn prompt_split_at(format: &Arc<dyn ChatFormat>, case: &GoldenCase, split: usize) -> Vec<u32> {
-    let mut conversation = Conversation::new(format.clone(), 1 << 20);
-    conversation
-        .append_items(case.items[..split].to_vec(), Some(case.prefix.clone()))
-        .unwrap();
-    let delta = Delta {
-        prefix: case.prefix.clone(),
-        items: case.items[split..].to_vec(),
-        max_output_tokens: None,
-    };
-    conversation.extend(delta).unwrap();
-    conversation.prompt().tokens()
 }
 
 pub fn golden(json: &str) -> Vec<GoldenCase> {

@@ -252,4 +252,4 @@ impl ChatFormat for ChatMl {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

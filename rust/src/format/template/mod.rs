@@ -13,13 +13,15 @@
 //!   between them encoded as plain text.
 //! - [`cache`]: the incremental prompt: render, find the first changed byte, keep the
 //!   tokens before it, tokenize the rest; render only the tail for append-stable templates.
+//! - [`TemplateFormat`]: a template with its vocabulary, kwargs and tool-call parser, the
+//!   generic chat format a conversation is built under (`conversation::template`).
 //!
 //! This module owns rendering; it never decides what a model's output means (that is
 //! the tool-call parsers in `format::toolcall`).
 
 pub mod cache;
-pub mod conversation;
 mod env;
+mod format;
 pub mod messages;
 pub mod pyjson;
 pub mod specials;
@@ -32,6 +34,7 @@ use minijinja::value::ValueKind;
 use minijinja::{Environment, Value};
 use serde_json::{json, Value as Json};
 
+pub use format::TemplateFormat;
 use messages::Arguments;
 
 use crate::error::{Code, Error, Result};

@@ -418,3 +418,69 @@ fn llama_and_mistral_calls_stream_one_after_another() {
         );
     }
 }
+
+#[test]
+fn completions_of_each_family_parse_back_to_their_items() {
+    let tokenizer = vocab();
+    let items = [
+        Item::Reasoning { text: "think".into() },
+        Item::Message {
+            role: crate::item::Role::Assistant,
+            text: "Calling.".into(),
+        },
+        Item::FunctionCall {
+            call_id: String::new(),
+            name: "get".into(),
+            arguments: r#"{"a": 1}"#.into(),
+        },
+        Item::FunctionCall {
+            call_id: String::new(),
+            name: "put".into(),
+            arguments: r#"{"b": [2]}"#.into(),
+        },
+    ];
+    for family in [
+        Family::Hermes,
+        Family::Llama3Json,
+        Family::Mistral,
+        Family::DeepSeekV3,
+    ] {
+        let specials = crate::format::template::specials::Specials::new(
+            Arc::clone(&tokenizer),
+            crate::format::template::specials::ContentSpecials::Allow,
+        );
+        let mut ids = specials.encode_all(&family.completion_text(&items));
+        let stop = tokenizer.special("<|im_end|>").unwrap();
+        ids.push(stop);
+        let mut parser = family.parser(Arc::clone(&tokenizer), vec![stop], false);
+        let mut events = Vec::new();
+        for id in ids {
+            parser.feed(id, &mut events);
+        }
+        assert_eq!(
+            parser.finish(&mut events),
+            crate::format::Outcome::Stopped,
+            "{family:?}"
+        );
+        let calls: Vec<(String, String)> = parser
+            .items()
+            .iter()
+            .filter_map(|i| match i {
+                Item::FunctionCall { name, arguments, .. } => Some((name.clone(), arguments.clone())),
+                _ => None,
+            })
+            .collect();
+        let args = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        assert_eq!(calls.len(), 2, "{family:?}");
+        assert_eq!(
+            (calls[0].0.as_str(), args(&calls[0].1)),
+            ("get", args(r#"{"a": 1}"#)),
+            "{family:?}"
+        );
+        assert_eq!(
+            (calls[1].0.as_str(), args(&calls[1].1)),
+            ("put", args(r#"{"b": [2]}"#)),
+            "{family:?}"
+        );
+    }
+}

@@ -1,4 +1,5 @@
-//! Segments: what a chain is made of, and how a run of them is rendered into tokens.
+//! Segments: what a [`super::SegmentBuilder`]'s prompt is made of, and how a run of them is
+//! rendered into tokens.
 //!
 //! A segment is one unit of history: the prefix (instructions, tools), one input item,
 //! the assistant header of a turn, or one turn's sampled output. It records where its
@@ -10,7 +11,7 @@ use std::collections::HashMap;
 use std::mem::size_of;
 use std::sync::Arc;
 
-use super::chunks::Element;
+use crate::chunks::Element;
 use crate::format::{ChatFormat, Context};
 use crate::item::{Item, ItemKind, Prefix, Role};
 use crate::render::Renderer;

@@ -1,5 +1,5 @@
-//! `Chunks<T>`: the persistent, append-mostly vector that holds a chain's tokens and
-//! segments.
+//! `Chunks<T>`: the persistent, append-mostly vector that holds a conversation's tokens,
+//! its segments and a chat template's text.
 //!
 //! Elements live in reference-counted leaves of `Element::LEAF` elements under a trie of
 //! reference-counted branches of [`FAN`] children. Cloning is O(1) (two Arc bumps); a clone

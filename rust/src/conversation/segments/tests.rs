@@ -3,12 +3,17 @@
 //! (`\n` after `<|end|>`, grouped tool results, reasoning written as plain text), encoded
 //! fragments, an open run after the generation header, and a normalised stop token.
 
+use std::any::Any;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use proptest::prelude::*;
 
 use super::*;
+use crate::conversation::{Checkpoint, Conversation, Delta};
+use crate::format::chatml::tests::{chatml, tokenize_template};
+use crate::format::transcript::{self, golden, GoldenCase};
 use crate::format::{Outcome, OutputParser, ParseEvent};
 use crate::item::{ItemKind, Role, Tool};
 use crate::tokenizer::{self, Tokenizer};
@@ -195,6 +200,13 @@ impl OutputParser for MockParser {
     }
 }
 
+/// The segment builder a conversation of these tests holds.
+fn builder(conv: &Conversation) -> &SegmentBuilder {
+    (conv.state.builder.as_ref() as &dyn Any)
+        .downcast_ref()
+        .expect("a conversation of segments")
+}
+
 /// A conversation as a list, rendered from scratch: the reference.
 #[derive(Clone, Default, Debug)]
 struct Model {
@@ -378,7 +390,7 @@ fn prefix(choice: u8) -> Prefix {
 }
 
 fn run_ops(format: Arc<dyn ChatFormat>, ops: Vec<Op>) -> std::result::Result<(), TestCaseError> {
-    let mut conv = Conversation::new(Arc::clone(&format), 1_000_000);
+    let mut conv = Conversation::new(SegmentBuilder::new(Arc::clone(&format)), 1_000_000);
     let mut model = Model::default();
     let mut saved: Vec<(Checkpoint, Model)> = Vec::new();
     let mut serial = 0;
@@ -475,8 +487,8 @@ fn run_ops(format: Arc<dyn ChatFormat>, ops: Vec<Op>) -> std::result::Result<(),
             model
         );
         prop_assert_eq!(conv.open_call_ids(), model.open_calls.clone());
-        prop_assert_eq!(conv.stats().text_fallbacks, 0);
-        prop_assert_eq!(conv.chain.bytes, conv.chain.unique_bytes(None));
+        prop_assert_eq!(builder(&conv).stats.text_fallbacks, 0);
+        prop_assert_eq!(builder(&conv).bytes, builder(&conv).own_bytes(None));
     }
     for (checkpoint, m) in &saved {
         prop_assert_eq!(checkpoint.prompt().tokens(), m.render(format.as_ref()));
@@ -509,12 +521,12 @@ fn user(text: &str) -> Item {
 
 #[test]
 fn appending_renders_only_the_new_items() {
-    let mut conv = Conversation::new(mock(), 1_000_000);
+    let mut conv = Conversation::new(SegmentBuilder::new(mock()), 1_000_000);
     let items: Vec<Item> = (0..50)
         .map(|i| user(&format!("message {i} ").repeat(20)))
         .collect();
     conv.append_items(items, None).unwrap();
-    let rendered = conv.stats().tokens_rendered;
+    let rendered = builder(&conv).stats.tokens_rendered;
     let turn = conv
         .extend(Delta {
             items: vec![user("one more")],
@@ -523,20 +535,20 @@ fn appending_renders_only_the_new_items() {
         .unwrap();
     assert!(turn.new_tokens < 20, "{turn:?}");
     assert_eq!(turn.cached_tokens + turn.new_tokens, turn.prompt_tokens);
-    assert!(conv.stats().tokens_rendered - rendered < 20);
-    assert_eq!(conv.stats().invalidations, 0);
+    assert!(builder(&conv).stats.tokens_rendered - rendered < 20);
+    assert_eq!(builder(&conv).stats.invalidations, 0);
 }
 
 #[test]
 fn a_changed_prefix_invalidates_and_is_counted() {
-    let mut conv = Conversation::new(mock(), 1_000_000);
+    let mut conv = Conversation::new(SegmentBuilder::new(mock()), 1_000_000);
     conv.extend(Delta {
         prefix: prefix(1),
         items: vec![user("hi")],
         ..Delta::default()
     })
     .unwrap();
-    assert_eq!(conv.stats().invalidations, 0);
+    assert_eq!(builder(&conv).stats.invalidations, 0);
     let turn = conv
         .extend(Delta {
             prefix: prefix(2),
@@ -546,12 +558,12 @@ fn a_changed_prefix_invalidates_and_is_counted() {
         .unwrap();
     assert!(turn.invalidated);
     assert_eq!(turn.cached_tokens, 0);
-    assert_eq!(conv.stats().invalidations, 1);
+    assert_eq!(builder(&conv).stats.invalidations, 1);
 }
 
 #[test]
 fn errors_leave_the_conversation_unchanged() {
-    let mut conv = Conversation::new(mock(), 200);
+    let mut conv = Conversation::new(SegmentBuilder::new(mock()), 200);
     conv.append_items(vec![user("hello")], None).unwrap();
     let before = conv.prompt().tokens();
     let answer = Item::FunctionCallOutput {
@@ -596,7 +608,7 @@ fn output(id: &str) -> Item {
 
 #[test]
 fn call_id_failures_name_the_item_and_change_nothing() {
-    let mut conv = Conversation::new(mock(), 100_000);
+    let mut conv = Conversation::new(SegmentBuilder::new(mock()), 100_000);
     conv.append_items(vec![call("a")], None).unwrap();
     let before = conv.prompt().tokens();
     for (bad, at) in [
@@ -629,7 +641,7 @@ proptest! {
             1..8,
         )
     ) {
-        let mut conv = Conversation::new(mock(), 1_000_000);
+        let mut conv = Conversation::new(SegmentBuilder::new(mock()), 1_000_000);
         let mut model: Vec<String> = Vec::new();
         let mut saved = Vec::new();
         for delta in deltas {
@@ -672,7 +684,7 @@ proptest! {
 #[test]
 fn growing_a_long_tool_output_stays_exact_and_cheap() {
     let format = mock();
-    let mut conv = Conversation::new(Arc::clone(&format), 10_000_000);
+    let mut conv = Conversation::new(SegmentBuilder::new(Arc::clone(&format)), 10_000_000);
     let call = Item::FunctionCall {
         call_id: "c1".into(),
         name: "exec".into(),
@@ -704,12 +716,12 @@ fn growing_a_long_tool_output_stays_exact_and_cheap() {
         },
     ]);
     assert_eq!(conv.prompt().tokens(), model.render(format.as_ref()));
-    assert_eq!(conv.stats().text_fallbacks, 0);
+    assert_eq!(builder(&conv).stats.text_fallbacks, 0);
 }
 
 #[test]
 fn checkpoints_share_history_and_account_only_what_they_add() {
-    let mut conv = Conversation::new(mock(), 10_000_000);
+    let mut conv = Conversation::new(SegmentBuilder::new(mock()), 10_000_000);
     let big: Vec<Item> = (0..400)
         .map(|i| user(&format!("line {i} of a long history, ").repeat(20)))
         .collect();
@@ -740,7 +752,7 @@ fn appending_after_a_long_open_run_continues_it() {
     // Consecutive tool outputs form one run in the mock (as in ChatML): each append
     // continues the run the previous one left open.
     let format = mock();
-    let mut conv = Conversation::new(Arc::clone(&format), 10_000_000);
+    let mut conv = Conversation::new(SegmentBuilder::new(Arc::clone(&format)), 10_000_000);
     let calls: Vec<Item> = (0..200)
         .map(|i| Item::FunctionCall {
             call_id: format!("c{i}"),
@@ -771,7 +783,7 @@ fn parsed(body: &str) -> CreateRequest {
 fn requests_extend_with_policy_on_new_text_only() {
     let harmony: Arc<dyn ChatFormat> = Arc::new(crate::format::harmony::Harmony::new());
     let policy = Policy::new(&["secret"], true).unwrap();
-    let mut conv = Conversation::new(harmony, 100_000);
+    let mut conv = Conversation::new(SegmentBuilder::new(harmony), 100_000);
     let first = conv
         .extend_request(
             &parsed(r#"{"instructions":"Be brief.","input":"hi"}"#),
@@ -814,7 +826,7 @@ fn requests_extend_with_policy_on_new_text_only() {
 #[test]
 fn json_appends_keep_the_prefix_unless_given() {
     let harmony: Arc<dyn ChatFormat> = Arc::new(crate::format::harmony::Harmony::new());
-    let mut conv = Conversation::new(Arc::clone(&harmony), 100_000);
+    let mut conv = Conversation::new(SegmentBuilder::new(Arc::clone(&harmony)), 100_000);
     let tools = r#"[{"type":"function","name":"ls","parameters":{"type":"object"}}]"#;
     conv.append_json(
         r#"[{"role":"user","content":"hi"}]"#,
@@ -831,4 +843,56 @@ fn json_appends_keep_the_prefix_unless_given() {
     assert_eq!(conv.prefix().instructions.as_deref(), Some("Be brief."));
     let err = conv.append_json("[] , 1", None, None).unwrap_err();
     assert_eq!(err.code, Code::InvalidJson);
+}
+
+/// The prompt a conversation holds for `case` when its first `split` items arrive in one
+/// call and the rest as the next turn's delta: what a warm continuation renders.
+fn prompt_split_at(format: &Arc<dyn ChatFormat>, case: &GoldenCase, split: usize) -> Vec<u32> {
+    let mut conversation = Conversation::new(SegmentBuilder::new(format.clone()), 1 << 20);
+    conversation
+        .append_items(case.items[..split].to_vec(), Some(case.prefix.clone()))
+        .unwrap();
+    let delta = Delta {
+        prefix: case.prefix.clone(),
+        items: case.items[split..].to_vec(),
+        max_output_tokens: None,
+    };
+    conversation.extend(delta).unwrap();
+    conversation.prompt().tokens()
+}
+
+#[test]
+fn conversation_cache_renders_openai_harmony_golden_vectors_at_every_split() {
+    let format: Arc<dyn ChatFormat> = Arc::new(crate::format::harmony::Harmony::new());
+    for case in golden(include_str!("../../../../tests/golden/harmony_render.json")) {
+        for split in 0..=case.items.len() {
+            assert_eq!(
+                prompt_split_at(&format, &case, split),
+                case.tokens,
+                "case {} split {split}",
+                case.name
+            );
+        }
+    }
+}
+
+#[test]
+fn conversation_cache_tokenizes_the_chatml_template_as_one_string_at_every_split() {
+    // o200k glues a newline to the punctuation before it, so merged turns (a text and its
+    // calls, consecutive results) are exact only because the cache carries the open run.
+    let format: Arc<dyn ChatFormat> = Arc::new(chatml());
+    for case in golden(include_str!("../../../../tests/golden/chatml_render.json")) {
+        let template = case.text.clone().unwrap();
+        let expected = tokenize_template(&chatml(), &template);
+        for split in 0..=case.items.len() {
+            let ours = prompt_split_at(&format, &case, split);
+            assert_eq!(
+                transcript::text(&chatml(), &ours),
+                template,
+                "case {} split {split}",
+                case.name
+            );
+            assert_eq!(ours, expected, "case {} split {split}", case.name);
+        }
+    }
 }
