@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from hotloop.cli import build_app
@@ -17,7 +18,7 @@ from hotloop.config import ServerConfig
 from hotloop.engines.llama import LlamaConfig, LlamaEngine
 from hotloop.engines.sim import SimScript, SimTurn
 from hotloop.transport.app import App
-from mcp_server import SEEN_HEADERS, hostile_server, mcp_server
+from mcp_server import NOTES, SEEN_HEADERS, SEEN_PATHS, hostile_server, mcp_server
 from openai import OpenAI
 from openai.types.responses import Response
 from openai.types.responses.response_output_item import McpCall
@@ -440,3 +441,152 @@ def test_mcp_and_client_function_tools_in_one_request(mcp_url: str) -> None:
         "function_call",
     ]
     assert final_["output"][1]["output"] == "2.0"
+
+
+def test_a_request_names_at_most_mcp_max_servers_servers(mcp_url: str) -> None:
+    """One request could name 512 `mcp` tools, all listed at once (969 connections):
+    past `--mcp-max-servers` it is refused before any connection."""
+    tools = [mcp_tool(mcp_url, server_label=f"s{n}") for n in range(3)]
+    with hotloop_server(
+        SimScript(text="Hi."), api_keys=("sk-test",), mcp_allow=(mcp_url,), mcp_max_servers=2
+    ) as base:
+        frames = run(base, tools)
+    error = frames[-1]["error"]
+    assert error["code"] == "array_above_max_length" and error["param"] == "tools"
+    assert "--mcp-max-servers" in error["message"]
+
+
+def test_listings_past_the_keys_bound_are_error_items(mcp_url: str) -> None:
+    """A listing takes a place among the key's running calls: past the bound, its item
+    is the error and the request goes on."""
+    tools = [
+        mcp_tool(mcp_url, server_label=f"s{n}", allowed_tools=[f"{name}"])
+        for n, name in enumerate(("add", "fail"))
+    ]
+    with hotloop_server(
+        SimScript(text="Hi."),
+        api_keys=("sk-test",),
+        mcp_allow=(mcp_url,),
+        mcp_max_calls_per_key=1,
+    ) as base:
+        frames = run(base, tools)
+    final_ = frames[-1]["response"]
+    assert final_["status"] == "completed", final_
+    listings = final_["output"][:2]
+    assert [listing["type"] for listing in listings] == ["mcp_list_tools"] * 2
+    # Listed together: the first counts before the second starts.
+    assert listings[0]["error"] is None and listings[0]["tools"]
+    assert listings[1]["tools"] == [] and "of this API key" in listings[1]["error"]
+
+
+@pytest.mark.parametrize("path", ["/mcp/../admin/mcp", "/mcp/%2e%2e/admin/mcp"])
+def test_a_server_url_cannot_leave_its_allowed_prefix(path: str) -> None:
+    """With `http://H/mcp/` allowed, `http://H/mcp/../admin/mcp` reached `/admin/mcp`
+    (the client removed the dot segments after the check): the URL is checked as it is
+    requested, and refused before any connection."""
+    SEEN_PATHS.clear()
+    with hostile_server() as hostile:
+        with hotloop_server(
+            SimScript(text="Hi."), api_keys=("sk-test",), mcp_allow=(hostile + "/mcp/",)
+        ) as base:
+            frames = run(base, [mcp_tool(hostile + path)])
+    assert frames[-1]["type"] == "error", frames[-1]
+    assert frames[-1]["error"]["code"] == "mcp_server_not_allowed"
+    assert SEEN_PATHS == []
+
+
+def test_host_and_hop_by_hop_headers_are_not_sent() -> None:
+    """A `Host` in an `mcp` tool's headers asked an allowed address for another virtual
+    host: it is dropped, with the hop-by-hop headers (and those `Connection` names)."""
+    SEEN_HEADERS.clear()
+    headers = {
+        "Host": "internal.example",
+        "Connection": "X-Hop",
+        "X-Hop": "1",
+        "Keep-Alive": "timeout=600",
+        "Transfer-Encoding": "chunked",
+        "X-Api-Key": SECRET,
+    }
+    with hostile_server() as hostile:
+        url = hostile + "/malformed"
+        with hotloop_server(SimScript(text="Hi."), api_keys=("sk-test",), mcp_allow=(url,)) as base:
+            frames = run(base, [mcp_tool(url, headers=headers)])
+    assert frames[-1]["response"]["status"] == "completed"
+    assert SEEN_HEADERS
+    for seen in SEEN_HEADERS:
+        assert seen[b"host"] == hostile.removeprefix("http://").encode()
+        assert seen[b"x-api-key"] == SECRET.encode()
+        assert not {b"x-hop", b"keep-alive", b"transfer-encoding"} & set(seen)
+
+
+@pytest.mark.parametrize("path", ["/bad-schema", "/many"])
+def test_a_listing_no_request_can_take_is_an_error_item(mcp_url: str, path: str) -> None:
+    """A listed tool whose schema the core refuses, or 600 tools (a request holds 512),
+    failed the whole request with 400: that listing is an error item, the others are
+    offered and called."""
+    with hostile_server() as hostile:
+        url = hostile + path
+        with hotloop_server(
+            script(("add", '{"a": 1, "b": 2}')), api_keys=("sk-test",), mcp_allow=(url, mcp_url)
+        ) as base:
+            frames = run(base, [mcp_tool(url, server_label="bad"), mcp_tool(mcp_url)])
+    final_ = frames[-1]["response"]
+    assert final_["status"] == "completed", final_
+    bad, good, call = final_["output"][:3]
+    assert bad["type"] == "mcp_list_tools" and bad["tools"] == []
+    assert "cannot be offered" in bad["error"], bad
+    assert good["error"] is None and good["tools"]
+    assert call["type"] == "mcp_call" and call["output"] == "3.0"
+    assert "response.mcp_list_tools.failed" in kinds(frames)
+
+
+def respond(base: str, transport: str, request: dict[str, Any]) -> dict[str, Any]:
+    """One request over `transport`: its final Response, or its `error`."""
+    if transport == "http":
+        reply = httpx.post(
+            base + "/v1/responses",
+            json=request,
+            headers={"Authorization": "Bearer sk-test"},
+            timeout=60,
+        )
+        body: dict[str, Any] = reply.json()
+        return body.get("error") or body
+    client = OpenAI(base_url=base + "/v1", api_key="sk-test")
+    with client.responses.connect() as conn:
+        conn.response.create(**request)
+        while True:
+            event = validate(conn.recv_bytes())
+            if event["type"] in TERMINAL:
+                return dict(event["response"])
+            if event["type"] == "error":
+                return dict(event["error"])
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+def test_an_approved_call_runs_only_in_a_request_that_is_accepted(
+    mcp_url: str, tmp_path: Path, transport: str
+) -> None:
+    """An approval answered in a request then refused (400 `unknown_call_id`, a stray
+    `function_call_output`) ran the call and used the approval up, so the corrected
+    request was refused too: the call runs once, in the request that is accepted."""
+    NOTES.clear()
+    tool = mcp_tool(mcp_url, require_approval="always")
+    app = http_app(tmp_path, script(("note", '{"text": "once"}')), mcp_allow=(mcp_url,))
+    with serving(app) as base:
+        request = {"model": "sim", "tools": [tool], "store": True}
+        first = respond(base, transport, {**request, "input": "go"})
+        asked = first["output"][-1]
+        assert asked["type"] == "mcp_approval_request" and NOTES == []
+        answer = {"type": "mcp_approval_response", "approval_request_id": asked["id"]}
+        answer["approve"] = True
+        stray = {"type": "function_call_output", "call_id": "call_nobody_made", "output": "x"}
+        request["previous_response_id"] = first["id"]
+        refused = respond(base, transport, {**request, "input": [answer, stray]})
+        assert refused["code"] == "unknown_call_id", refused
+        assert NOTES == []
+        accepted = respond(base, transport, {**request, "input": [answer]})
+    assert accepted["status"] == "completed", accepted
+    ran = accepted["output"][0]
+    assert ran["type"] == "mcp_call" and ran["output"] == "noted"
+    assert ran["approval_request_id"] == asked["id"]
+    assert NOTES == ["once"]

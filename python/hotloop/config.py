@@ -143,8 +143,11 @@ class ServerConfig:
     mcp_max_result_bytes: int = _option(
         256 * 1024, "largest MCP tool result appended to a conversation"
     )
-    mcp_max_calls: int = _option(64, "MCP tool calls running at once in the process")
-    mcp_max_calls_per_key: int = _option(8, "MCP tool calls running at once per API key")
+    mcp_max_calls: int = _option(64, "MCP tool listings and calls running at once in the process")
+    mcp_max_calls_per_key: int = _option(
+        8, "MCP tool listings and calls running at once per API key"
+    )
+    mcp_max_servers: int = _option(8, "`mcp` tools (MCP servers listed) per request")
     max_frame_bytes: int = _option(16 * MIB, "largest client frame accepted")
     max_compressed_frames: int = _option(
         1024,

@@ -1,7 +1,9 @@
 """The client side of remote MCP servers (the `mcp` tool): which servers a client may
 name (`McpSettings.refusal`, the `--mcp-allow` list), and listing and calling their
 tools over MCP's streamable HTTP transport from the `mcp` package, each bounded in
-time, in size and in concurrency (per key and per process).
+time, in size and in concurrency (per key and per process). Every HTTP request of a
+session goes through its `Guard`: to an allowed URL only (redirects included), its
+answer read up to a bound and never compressed.
 
 The server makes these requests on a client's behalf, so nothing here raises into the
 response: every failure is an `McpError` that becomes the `error` of an `mcp_call` (or
@@ -19,7 +21,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import httpx2
 import orjson
@@ -33,6 +34,45 @@ from hotloop.config import ServerConfig
 log = logging.getLogger("hotloop.mcp")
 
 REDACTED = "[redacted]"
+ENVELOPE = 64 * 1024
+"""Bytes of an answer beyond what is kept of it (JSON-RPC framing, server metadata), and
+the most read of an answer that carries no listing or result (discovery, errors)."""
+DROPPED_HEADERS = frozenset(
+    {
+        # Hop-by-hop (RFC 9110 7.6.1): about one connection, not the server's business.
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        # Named by the URL (another virtual host of an allowed address is not allowed),
+        # and the framing and encoding of the body, which are the client's own.
+        "host",
+        "content-length",
+        "accept-encoding",
+    }
+)
+"""Headers of an `mcp` tool's `headers` that are never sent."""
+
+
+def sent_headers(headers: dict[str, str]) -> dict[str, str]:
+    """An `mcp` tool's `headers` as they are sent: without `DROPPED_HEADERS`, nor any
+    header their own `Connection` names."""
+    named = {
+        name.strip().lower()
+        for key, value in headers.items()
+        if key.lower() == "connection"
+        for name in value.split(",")
+    }
+    return {
+        key: value
+        for key, value in headers.items()
+        if key.lower() not in DROPPED_HEADERS and key.lower() not in named
+    }
 
 
 @dataclass(frozen=True)
@@ -60,11 +100,12 @@ class McpServer:
         return not (isinstance(names, list) and name in names)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class McpError(Exception):
     """Why a listing or a call failed, as the OpenAI SDK's `McpToolCallError`: an
     `http_error` (with an HTTP-like code for hotloop's own bounds), an
-    `mcp_protocol_error` or an `mcp_tool_execution_error`."""
+    `mcp_protocol_error` or an `mcp_tool_execution_error`. Not frozen: raising it
+    through a context manager sets its `__traceback__`."""
 
     kind: str
     code: int
@@ -91,6 +132,7 @@ class McpSettings:
     max_result_bytes: int = 256 * 1024
     max_calls: int = 64
     max_calls_per_key: int = 8
+    max_servers: int = 8
 
     @classmethod
     def of(cls, config: ServerConfig) -> McpSettings:
@@ -102,28 +144,58 @@ class McpSettings:
             max_result_bytes=config.mcp_max_result_bytes,
             max_calls=config.mcp_max_calls,
             max_calls_per_key=config.mcp_max_calls_per_key,
+            max_servers=config.mcp_max_servers,
         )
 
     def refusal(self, url: str) -> str | None:
-        """Why a client may not name `url` (None: it may). An entry of `allow` is a URL
-        prefix (`https://mcp.example.com/v1/`) or a host (`mcp.example.com`); nothing is
-        allowed without one, loopback and private addresses included."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return f"server_url must be an http or https URL, got {url!r}."
-        if parts.username or parts.password:
-            return "server_url must not carry credentials: send them in headers."
+        """Why a client may not name `url`, or a server send this client to it (None: it
+        may). An entry of `allow` is a URL prefix (`https://mcp.example.com/v1/`) or a
+        host (`mcp.example.com`); nothing is allowed without one, loopback and private
+        addresses included. The URL is compared as it is requested (`normalized`)."""
+        try:
+            parsed = normalized(url)
+        except ValueError as e:
+            return f"server_url {url!r} cannot be used: {e}"
+        normal = str(parsed)
         for entry in self.allow:
             if "://" in entry:
-                if url == entry or url.startswith(entry.rstrip("/") + "/"):
+                prefix = str(httpx2.URL(entry))
+                if normal == prefix or normal.startswith(prefix.rstrip("/") + "/"):
                     return None
-            elif parts.hostname == entry.lower():
+            elif parsed.host == entry.lower():
                 return None
-        hint = " (a loopback, link-local or private address)" if _private(parts.hostname) else ""
+        hint = " (a loopback, link-local or private address)" if _private(parsed.host) else ""
         return (
             f"server_url {url!r}{hint} is not an MCP server this server may call: "
             "its operator names them with --mcp-allow."
         )
+
+    def answer_bytes(self, method: str | None) -> int:
+        """The most read of the answer to a JSON-RPC `method`: twice what may be kept of
+        it (a result comes as `content` and again as `structuredContent`, a listing with
+        output schemas that are not kept), plus the `ENVELOPE`."""
+        kept = {"tools/list": self.max_listing_bytes, "tools/call": self.max_result_bytes}
+        return 2 * kept.get(method or "", 0) + ENVELOPE
+
+
+def normalized(url: str) -> httpx2.URL:
+    """`url` as the client requests it (scheme and host in lower case, a default port
+    left out, `.` and `..` segments resolved, no fragment). Raises ValueError for one
+    that is not http(s), carries credentials, or whose path still has a dot segment
+    or a backslash once percent-decoded (a server that decodes before it resolves
+    them would leave the allowed prefix)."""
+    try:
+        parsed = httpx2.URL(url)
+    except httpx2.InvalidURL as e:
+        raise ValueError(str(e)) from e
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError("it must be an http or https URL")
+    if parsed.userinfo:
+        raise ValueError("it must not carry credentials: send them in headers")
+    segments = parsed.path.split("/")
+    if "." in segments or ".." in segments or "\\" in parsed.path:
+        raise ValueError("its path has an encoded dot segment or a backslash")
+    return parsed.copy_with(fragment=None)
 
 
 def _private(host: str) -> bool:
@@ -178,24 +250,25 @@ Listings = Held[tuple[str | None, str, str], Listing]
 
 
 class McpClient:
-    """The process's MCP calls: each opens its own session with the server's own
-    headers (nothing is shared between keys or servers), under the bounds."""
+    """The process's MCP listings and calls: each opens its own session with the
+    server's own headers (nothing is shared between keys or servers), under the bounds."""
 
     def __init__(self, settings: McpSettings) -> None:
         self.settings = settings
-        self._calls = 0
-        self._calls_of: dict[str | None, int] = {}
+        self._running = 0
+        self._running_of: dict[str | None, int] = {}
         self.approvals = Approvals()
         self.listings = Listings()
         self._tls: ssl.SSLContext | None = None
         """One TLS context for every session: making one loads the CA certificates,
         about 0.2 s of CPU that would stall the event loop at each call."""
 
-    async def list_tools(self, server: McpServer) -> Listing:
+    async def list_tools(self, server: McpServer, principal: str | None) -> Listing:
         """The tools `server` offers (only its `allowed_tools`), within the call
-        timeout and the listing's size bound."""
+        timeout, the listing's size bound and the bounds on what runs at once."""
         try:
-            result = await asyncio.wait_for(self._list(server), self.settings.call_timeout)
+            async with self._slot(principal):
+                result = await asyncio.wait_for(self._list(server), self.settings.call_timeout)
         except McpError as e:
             return Listing(server, [], e)
         except TimeoutError:
@@ -230,32 +303,41 @@ class McpClient:
     ) -> str:
         """Call tool `name` with `arguments` (JSON text); its output as text. Raises
         McpError, never anything else."""
-        settings = self.settings
-        if self._calls >= settings.max_calls:
-            raise McpError(
-                "http_error", 429, f"{settings.max_calls} MCP calls are running on this server."
-            )
-        if self._calls_of.get(principal, 0) >= settings.max_calls_per_key:
-            raise McpError(
-                "http_error",
-                429,
-                f"{settings.max_calls_per_key} MCP calls of this API key are running.",
-            )
         try:
             decoded = orjson.loads(arguments or "{}")
         except orjson.JSONDecodeError as e:
             raise McpError("mcp_protocol_error", -32602, f"arguments are not JSON: {e}") from e
         if not isinstance(decoded, dict):
             raise McpError("mcp_protocol_error", -32602, "arguments must be a JSON object.")
-        self._calls += 1
-        self._calls_of[principal] = self._calls_of.get(principal, 0) + 1
+        async with self._slot(principal):
+            return await self._call(server, name, decoded, min(timeout, self.settings.call_timeout))
+
+    @asynccontextmanager
+    async def _slot(self, principal: str | None) -> AsyncIterator[None]:
+        """One listing or call running, counted for its key and in the process; refused
+        (429) past either bound."""
+        settings = self.settings
+        if self._running >= settings.max_calls:
+            raise McpError(
+                "http_error",
+                429,
+                f"{settings.max_calls} MCP listings and calls are running on this server.",
+            )
+        if self._running_of.get(principal, 0) >= settings.max_calls_per_key:
+            raise McpError(
+                "http_error",
+                429,
+                f"{settings.max_calls_per_key} MCP listings and calls of this API key are running.",
+            )
+        self._running += 1
+        self._running_of[principal] = self._running_of.get(principal, 0) + 1
         try:
-            return await self._call(server, name, decoded, min(timeout, settings.call_timeout))
+            yield
         finally:
-            self._calls -= 1
-            left = self._calls_of.pop(principal) - 1
+            self._running -= 1
+            left = self._running_of.pop(principal) - 1
             if left:
-                self._calls_of[principal] = left
+                self._running_of[principal] = left
 
     async def _call(
         self, server: McpServer, name: str, arguments: dict[str, Any], timeout: float
@@ -286,29 +368,143 @@ class McpClient:
         return text
 
     async def _list(self, server: McpServer) -> ListToolsResult:
-        async with self._session(server, self.settings.max_listing_bytes) as client:
+        async with self._session(server) as client:
             return await client.list_tools()
 
     async def _call_tool(
         self, server: McpServer, name: str, arguments: dict[str, Any]
     ) -> CallToolResult:
-        async with self._session(server, self.settings.max_result_bytes) as client:
+        async with self._session(server) as client:
             return await client.call_tool(name, arguments)
 
     @asynccontextmanager
-    async def _session(self, server: McpServer, max_event: int) -> AsyncIterator[Client]:
+    async def _session(self, server: McpServer) -> AsyncIterator[Client]:
+        """A session with `server`; a failure the session's `GuardedHttp` caused is raised
+        as its own McpError (the `mcp` transport turns a failed request into errors of
+        its own, some of them a bare "stream ended")."""
         if self._tls is None:
             self._tls = await asyncio.to_thread(ssl.create_default_context)
-        # Redirects: the transport follows one only within the server's own origin.
-        http = httpx2.AsyncClient(
-            headers=server.headers, timeout=self.settings.call_timeout, verify=self._tls
+        # Redirects: the transport follows one only within the server's own origin, the
+        # guard only to a URL the allow list admits.
+        http = GuardedHttp(
+            self.settings,
+            headers={**server.headers, "Accept-Encoding": "identity"},
+            timeout=self.settings.call_timeout,
+            verify=self._tls,
         )
-        async with http:
-            transport = streamable_http_client(
-                server.url, http_client=http, max_sse_event_size=max_event + 64 * 1024
+        try:
+            async with http:
+                # The guard bounds each answer whole: no bound per SSE event on top.
+                transport = streamable_http_client(
+                    server.url, http_client=http, max_sse_event_size=None
+                )
+                async with Client(transport, cache=None) as client:
+                    yield client
+        except Exception as e:
+            if http.error is not None:
+                raise http.error from e
+            raise
+
+
+class Refused(httpx2.TransportError):
+    """A request or an answer `GuardedHttp` stopped (its McpError is the client's)."""
+
+
+BOUND_SETTINGS = {"tools/list": "--mcp-max-listing-bytes", "tools/call": "--mcp-max-result-bytes"}
+
+
+class GuardedHttp(httpx2.AsyncClient):
+    """The HTTP client of one MCP session. Every request it sends (each redirect the
+    `mcp` transport follows is one) goes to a URL the allow list admits, and its answer
+    is read up to `McpSettings.answer_bytes` of the JSON-RPC method it answers, counted
+    as it arrives, never compressed (gzip is a thousandfold in memory): what the server
+    sends past the bound is never read. `error`: the first thing it stopped."""
+
+    def __init__(self, settings: McpSettings, **options: Any) -> None:
+        super().__init__(**options)
+        self.settings = settings
+        self.error: McpError | None = None
+
+    def refused(self, error: McpError) -> Refused:
+        if self.error is None:
+            self.error = error
+        return Refused(error.message)
+
+    async def send(self, request: httpx2.Request, **options: Any) -> httpx2.Response:
+        stream = options.pop("stream", False)
+        refusal = self.settings.refusal(str(request.url))
+        if refusal is not None:
+            location = request.url.copy_with(query=None, fragment=None)
+            message = f"The MCP server sent this request to {location}, which is not allowed: "
+            raise self.refused(McpError("http_error", 403, message + refusal))
+        method = _method(request)
+        limit = self.settings.answer_bytes(method)
+        response = await super().send(request, stream=True, **options)
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        length = response.headers.get("content-length", "")
+        error = None
+        if encoding != "identity":
+            error = McpError(
+                "http_error",
+                502,
+                f"The MCP server answered with Content-Encoding {encoding}, though asked for "
+                "identity: compressed answers are not read.",
             )
-            async with Client(transport, cache=None) as client:
-                yield client
+        elif length.isdigit() and int(length) > limit:
+            error = _too_long(method, limit, f"its Content-Length is {length}: not read")
+        if error is not None:
+            await response.aclose()
+            raise self.refused(error)
+        assert isinstance(response.stream, httpx2.AsyncByteStream), "an async transport's"
+        response.stream = BoundedAnswer(response.stream, self, method, limit)
+        if not stream:
+            await response.aread()
+        return response
+
+
+class BoundedAnswer(httpx2.AsyncByteStream):
+    """An answer's bytes as they arrive, stopped past `limit`."""
+
+    def __init__(
+        self, stream: httpx2.AsyncByteStream, http: GuardedHttp, method: str | None, limit: int
+    ) -> None:
+        self.stream = stream
+        self.http = http
+        self.method = method
+        self.limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        read = 0
+        async for chunk in self.stream:
+            read += len(chunk)
+            if read > self.limit:
+                stopped = f"reading stopped after {read} bytes"
+                raise self.http.refused(_too_long(self.method, self.limit, stopped))
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def _method(request: httpx2.Request) -> str | None:
+    """The JSON-RPC method a request sends (None: none, as the transport's GET)."""
+    try:
+        message = orjson.loads(request.content) if request.content else None
+    except orjson.JSONDecodeError:
+        return None
+    method = message.get("method") if isinstance(message, dict) else None
+    return method if isinstance(method, str) else None
+
+
+def _too_long(method: str | None, limit: int, what: str) -> McpError:
+    setting = BOUND_SETTINGS.get(method or "")
+    why = f" ({setting})" if setting else ""
+    return McpError(
+        "http_error",
+        413,
+        f"The MCP server's answer to {method or 'a request'} is longer than {limit} bytes, "
+        f"the most read of it{why}: {what}.",
+    )
 
 
 def _timed_out(what: str, seconds: float) -> McpError:

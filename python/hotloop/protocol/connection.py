@@ -282,8 +282,15 @@ class Connection:
             response.done(engine_cached)
 
     def mcp_done(self, key: int, results: list[str | McpError]) -> None:
-        """The `McpCall` work `key` finished (see `McpLoop.done`)."""
-        self.mcp.done(key, results)
+        """The `McpCall` work `key` finished: the calls a request approved (it renders
+        with their outputs, see `McpLoop.approved`), or a response's (`McpLoop.done`)."""
+        rendering = self._end_render(key)
+        if rendering is None:
+            self.mcp.done(key, results)
+            return
+        self.mcp.approved(rendering.pending, results)
+        self._render(rendering)
+        self._render_ended(rendering)
 
     def engine_failed(self, key: int, error: EngineError) -> None:
         response = self.generating.pop(key, None)
@@ -297,14 +304,8 @@ class Connection:
         if rendering is None:
             return
         rendering.pending.parsed = request
-        rendering.rendered(turn)
-        active = rendering.lane.active
-        if rendering.cancelled and active is not None:
-            # The cancel came while rendering: the same frames as a cancel right after
-            # `response.in_progress` of an inline render.
-            active.cancel()
-        else:
-            self._lane_freed(rendering.lane)
+        self._rendered(rendering, turn)
+        self._render_ended(rendering)
 
     def render_failed(self, key: int, error: CoreError) -> None:
         """The `Render` work `key` raised: the request is refused, the lane goes on."""
@@ -623,6 +624,8 @@ class Connection:
             if steered is not None:
                 request, frame, carried = steered
                 pending = Pending(request, size, parse_ns, steered=carried, mcp=mcp)
+                if mcp is not None and mcp.checks:
+                    mcp.frame = frame  # approved calls' outputs go into the steered frame
         lane.queue.append(pending)
         if lane.free and len(lane.queue) == 1:
             self._ready.append(lane)
@@ -664,27 +667,65 @@ class Connection:
         rendering = Rendering(self, lane, pending, conversation, parent, evicts_parent, start, root)
         if parent is not None:
             rendering.conversation_start = pending.start or self.cache.start(parent)
+        self._render(rendering)
+
+    def _render(self, rendering: Rendering) -> None:
+        """Render the turn's new items, off the event loop for a large request; one whose
+        frame waits (queued, or with approved MCP calls' outputs put in) is parsed again
+        first, with the render. Errors end the request here."""
+        lane, pending = rendering.lane, rendering.pending
+        conversation = rendering.conversation
+        mcp = pending.mcp
+        if mcp is not None and mcp.checks:
+            # The calls it approves run once it is accepted: a copy is rendered first.
+            conversation = conversation.checkpoint().fork()
+        frame = pending.frame
+        reparse = self.reparse if mcp is None else mcp.reparse
+        pending.frame = None
         if pending.size >= OFFLOAD_BYTES:
             key = self.new_key()
             lane.rendering = self._rendering[key] = rendering
-            frame = pending.frame
             if pending.parsed is not None:
                 self.outbox.append(Render(key, conversation, pending.parsed))
             elif frame is not None:
                 # Parsed again with the render, off the event loop, as it was the first time.
-                self.outbox.append(Render(key, conversation, lambda: self.reparse(frame)))
-            pending.frame = None
+                self.outbox.append(Render(key, conversation, lambda: reparse(frame)))
             return
         if pending.parsed is None:
-            pending.parsed = self.reparse(pending.frame or b"")
-            pending.frame = None
+            start = self.clock()
+            pending.parsed = reparse(frame or b"")
             pending.parse_ns += self.clock() - start
         try:
             turn = conversation.extend(pending.request)
         except CoreError as e:
             rendering.refused(e)
             return
-        rendering.rendered(turn)
+        self._rendered(rendering, turn)
+
+    def _rendered(self, rendering: Rendering, turn: Turn) -> None:
+        """The turn rendered: the response starts; or, a request answering MCP approval
+        requests, they are taken first and the calls it approved run, the rendering
+        holding its lane (`McpLoop.answer`)."""
+        try:
+            work = self.mcp.answer(rendering.pending)
+        except ProtocolError as e:
+            rendering.refused(e)
+            return
+        if work is None:
+            rendering.rendered(turn)
+            return
+        rendering.lane.rendering = self._rendering[work.key] = rendering
+        self.outbox.append(work)
+
+    def _render_ended(self, rendering: Rendering) -> None:
+        """Work a rendering waited for ended (a `Render`, approved MCP calls)."""
+        active = rendering.lane.active
+        if rendering.cancelled and active is not None:
+            # The cancel came while rendering: the same frames as a cancel right after
+            # `response.in_progress` of an inline render.
+            active.cancel()
+        else:
+            self._lane_freed(rendering.lane)
 
     def reparse(self, frame: str | bytes) -> CreateRequest:
         """A `response.create` frame parsed again: a queued request's when its turn

@@ -1,9 +1,11 @@
 """Remote MCP tools inside one response (protocol.md "MCP tools"): a request's `mcp`
-tools are checked against `--mcp-allow` and listed before the turn starts (`resolve`,
+tools are checked against `--mcp-allow` and listed before the turn starts (`rewritten`,
 awaited by the transport like a store read), their tools offered to the model as
 function tools; a model turn that ends calling them hands the calls out (`McpCall`),
 and their results are appended to the conversation's cached tokens as the family's
-tool output, the engine going on from its prefix cache (`McpLoop`).
+tool output, the engine going on from its prefix cache (`McpLoop`). The calls a
+request approves run once the connection accepted it (`McpLoop.answer`), before its
+turn renders.
 
 The wire shape of `mcp_list_tools` and `mcp_call` items is `events.py`'s; the calls
 themselves are `hotloop.mcp_client`'s. A failed listing or call is an item with an
@@ -16,13 +18,15 @@ import asyncio
 import dataclasses
 import hashlib
 import re
+import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from hotloop._core import CreateRequest
+from hotloop._core import CoreError, CreateRequest, Limits, parse_request
 from hotloop.events import MCP_APPROVAL, MCP_CALL
 from hotloop.mcp_client import (
     REDACTED,
@@ -33,18 +37,34 @@ from hotloop.mcp_client import (
     McpClient,
     McpError,
     McpServer,
+    sent_headers,
 )
 from hotloop.protocol.actions import McpCall, McpRequest
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.injection import Injection
+from hotloop.protocol.parsing import offloads
 
 if TYPE_CHECKING:
     from hotloop.protocol.connection import Connection
+    from hotloop.protocol.lanes import Pending
     from hotloop.protocol.response import Response
 
 DECLINED = "The user declined this call."
 LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An `mcp_approval_response` of a request: the approval request it answers (by id,
+    and what it asked), the server the call goes to, and whether the client approved.
+    An approved call's output stands in the frame as `placeholder` until it ran."""
+
+    approval_id: str
+    asked: Approval
+    server: McpServer
+    approve: bool
+    placeholder: str
 
 
 @dataclass
@@ -63,6 +83,15 @@ class McpTurn:
     """Where the approval requests this response ends with wait (the process's)."""
     kept: Listings
     """Where its listings are kept for the next response of the chain."""
+    reparse: Callable[[str | bytes], CreateRequest]
+    """How the transport parses the frame (a WebSocket frame or an HTTP body)."""
+    answers: list[Answer] = field(default_factory=list)
+    """The approval requests it answers, taken when the request is accepted."""
+    frame: bytes = b""
+    """The frame as the turn runs it, with the approved calls' placeholders (kept while
+    they have not run)."""
+    running: list[Answer] = field(default_factory=list)
+    """The approved calls running (`McpLoop.answer`)."""
     approved: list[dict[str, Any]] = field(default_factory=list)
     """`mcp_call` items of the calls the client approved, run before the turn."""
     calls: int = 0
@@ -71,6 +100,12 @@ class McpTurn:
     def gated(self) -> frozenset[str]:
         """The offered tools whose calls wait for the client's approval."""
         return frozenset(name for name, server in self.tools.items() if server.needs_approval(name))
+
+    @property
+    def checks(self) -> bool:
+        """Its render only checks the request (on a copy of the conversation): the calls
+        it approves run once it is accepted, and their outputs are not in yet."""
+        return any(answer.approve for answer in self.answers)
 
 
 def asks(request: CreateRequest, frame: str | bytes) -> bool:
@@ -84,24 +119,36 @@ def asks(request: CreateRequest, frame: str | bytes) -> bool:
 
 
 async def rewritten(
-    client: McpClient, frame: str | bytes, principal: str | None
+    client: McpClient,
+    frame: str | bytes,
+    principal: str | None,
+    limits: Limits | None,
+    reparse: Callable[[str | bytes], CreateRequest],
 ) -> tuple[bytes, McpTurn]:
     """A frame or body with `mcp` tools as the turn runs it: each server's credentials
     redacted (the Response echoes and the store keeps its tools), its listed tools added
     as function tools, each `mcp_approval_response` replaced by the output of the call
-    it approved (run now) or declined. Raises ProtocolError (nothing was connected to)
-    for a server the client may not name, a malformed `mcp` tool, or an approval that
+    it approved (a placeholder until the call runs: `McpLoop.answer`) or declined.
+    Raises ProtocolError (nothing was connected to) for more servers than a request may
+    name, a server the client may not name, a malformed `mcp` tool, or an approval that
     answers no request of this key in the previous response."""
     event = orjson.loads(frame)
     body = event["response"] if isinstance(event.get("response"), dict) else event
     tools = body.get("tools")
     if not isinstance(tools, list):
         tools = body["tools"] = []
-    servers = [
-        server_of(tool, n, client)
-        for n, tool in enumerate(tools)
-        if isinstance(tool, dict) and tool.get("type") == "mcp"
+    named = [
+        n for n, tool in enumerate(tools) if isinstance(tool, dict) and tool.get("type") == "mcp"
     ]
+    most = client.settings.max_servers
+    if len(named) > most:
+        raise ProtocolError(
+            "array_above_max_length",
+            f"A request may name at most {most} mcp tools (--mcp-max-servers); this one "
+            f"names {len(named)}.",
+            "tools",
+        )
+    servers = [server_of(tools[n], n, client) for n in named]
     labels = [server.label for server in servers]
     if len(set(labels)) != len(labels):
         raise ProtocolError("invalid_value", "Two mcp tools have the same server_label.", "tools")
@@ -112,33 +159,11 @@ async def rewritten(
         kept = client.listings.get((principal, parent, server.label)) if parent else None
         if kept is not None and kept.server.definition == server.definition:
             return dataclasses.replace(kept, server=server, reused=True)
-        return await client.list_tools(server)
+        return await client.list_tools(server, principal)
 
-    listings = await asyncio.gather(*(listed(server) for server in servers))
-    functions = {tool.get("name") for tool in tools if tool.get("type") == "function"}
-    offered: dict[str, McpServer] = {}
-    for listing in listings:
-        for tool in listing.tools:
-            name = tool["name"]
-            if name in functions or name in offered:
-                raise ProtocolError(
-                    "mcp_tool_conflict",
-                    f"MCP server {listing.server.label!r} offers a tool named {name!r}, "
-                    "which another tool of this request has: restrict it with allowed_tools.",
-                    "tools",
-                )
-            if not FUNCTION_NAME.fullmatch(name):
-                continue  # the model could not name it in a call
-            offered[name] = listing.server
-            tools.append(
-                {
-                    "type": "function",
-                    "name": name,
-                    "description": tool["description"] or "",
-                    "parameters": tool["input_schema"],
-                    "strict": False,
-                }
-            )
+    listings, offered = await offer(
+        await asyncio.gather(*(listed(server) for server in servers)), tools, limits
+    )
     max_calls = body.get("max_tool_calls")
     deadline = time.monotonic() + client.settings.response_time
     turn = McpTurn(
@@ -149,15 +174,99 @@ async def rewritten(
         principal,
         client.approvals,
         client.listings,
+        reparse,
     )
     inputs = body.get("input")
     for n, item in enumerate(inputs if isinstance(inputs, list) else []):
         if isinstance(item, dict) and item.get("type") == "mcp_approval_response":
-            inputs[n] = await approval_output(client, turn, body, servers, item, n)
-    return orjson.dumps(event), turn
+            inputs[n] = approval_answer(client, turn, body, servers, item, n)
+    rewritten_frame = orjson.dumps(event)
+    if turn.checks:
+        turn.frame = rewritten_frame
+    return rewritten_frame, turn
 
 
-async def approval_output(
+async def offer(
+    listings: list[Listing], tools: list[Any], limits: Limits | None
+) -> tuple[list[Listing], dict[str, McpServer]]:
+    """Add the listed tools to the request's `tools` as function tools: the listings as
+    offered, and the tools offered by name, with their server. A listing whose tools the
+    request cannot take (a schema the core refuses, more tools or bytes than a request
+    holds) offers none and is an error instead; a tool named like another tool of the
+    request refuses the request (ProtocolError `mcp_tool_conflict`)."""
+    functions = {tool.get("name") for tool in tools if tool.get("type") == "function"}
+    offers: list[tuple[Listing, list[dict[str, Any]]]] = []
+    for listing in listings:
+        listed = []
+        for tool in listing.tools:
+            name = tool["name"]
+            if name in functions:
+                raise ProtocolError(
+                    "mcp_tool_conflict",
+                    f"MCP server {listing.server.label!r} offers a tool named {name!r}, "
+                    "which another tool of this request has: restrict it with allowed_tools.",
+                    "tools",
+                )
+            if not FUNCTION_NAME.fullmatch(name):
+                continue  # the model could not name it in a call
+            functions.add(name)
+            listed.append(
+                {
+                    "type": "function",
+                    "name": name,
+                    "description": tool["description"] or "",
+                    "parameters": tool["input_schema"],
+                    "strict": False,
+                }
+            )
+        offers.append((listing, listed))
+    # The core checks each listing's tools as a request would hold them; then all of
+    # them with the request's own, the last listing left out while they are too many.
+    checked = []
+    for listing, listed in offers:
+        error = await tools_refusal(listed, limits) if listed else None
+        if error is not None:
+            index = tool_index(error.param)
+            what = "Its tools" if index is None else f"The listed tool {listed[index]['name']!r}"
+            listing, listed = refused(listing, f"{what} cannot be offered: {error.message}"), []
+        checked.append((listing, listed))
+    while True:
+        added = [tool for _, listed in checked for tool in listed]
+        error = await tools_refusal(tools + added, limits) if added else None
+        index = None if error is None else tool_index(error.param)
+        if error is None or (index is not None and index < len(tools)):
+            break  # taken, or the request's own tools are refused, with the request
+        at = max(n for n, (_, listed) in enumerate(checked) if listed)
+        message = f"Its tools cannot be offered with the request's other tools: {error.message}"
+        checked[at] = (refused(checked[at][0], message), [])
+    tools.extend(added)
+    offered = {tool["name"]: listing.server for listing, listed in checked for tool in listed}
+    return [listing for listing, _ in checked], offered
+
+
+def refused(listing: Listing, message: str) -> Listing:
+    """A listing whose tools a request cannot take: its item says why (a listing reused
+    along the chain too: it offers nothing now)."""
+    error = McpError("mcp_protocol_error", -32602, message)
+    return dataclasses.replace(listing, tools=[], error=error, reused=False)
+
+
+async def tools_refusal(tools: list[Any], limits: Limits | None) -> CoreError | None:
+    """Why the core refuses a request with these `tools` (None: it takes them). The final
+    parse of the frame finds the same bytes in its cache of checked tool lists."""
+    body = orjson.dumps({"input": [], "tools": tools})
+    if offloads(body):
+        return (await asyncio.to_thread(parse_request, body, limits)).error
+    return parse_request(body, limits).error
+
+
+def tool_index(param: str | None) -> int | None:
+    """The index of the tool a core error's `param` points at (`tools[3].parameters`)."""
+    found = re.match(r"tools\[(\d+)\]", param or "")
+    return int(found.group(1)) if found else None
+
+
+def approval_answer(
     client: McpClient,
     turn: McpTurn,
     body: dict[str, Any],
@@ -165,9 +274,10 @@ async def approval_output(
     item: dict[str, Any],
     n: int,
 ) -> dict[str, Any]:
-    """The `function_call_output` an `mcp_approval_response` stands for: the approved
-    call's output (its `mcp_call` item kept for the response's start), or that the
-    client declined it. Raises ProtocolError."""
+    """The `function_call_output` an `mcp_approval_response` stands for: that the client
+    declined the call, or a placeholder for the approved call's output (it runs once the
+    request is accepted). Nothing is taken yet: a refused request leaves the approval
+    request waiting. Raises ProtocolError."""
     param = f"input[{n}].approval_request_id"
     approval_id = item.get("approval_request_id")
     if not isinstance(approval_id, str):
@@ -186,27 +296,11 @@ async def approval_output(
             f"Send the mcp tool of server_label {pending.label!r} again to run its call.",
             "tools",
         )
-    del client.approvals[(turn.principal, approval_id)]
+    approve = item.get("approve") is True
+    placeholder = f"hotloop-mcp-output-{secrets.token_hex(16)}"
+    turn.answers.append(Answer(approval_id, pending, server, approve, placeholder))
     call_id = approval_id.removeprefix(MCP_APPROVAL)
-    if item.get("approve") is not True:
-        return {"type": "function_call_output", "call_id": call_id, "output": DECLINED}
-    call = {
-        "id": MCP_CALL + call_id,
-        "type": "mcp_call",
-        "server_label": server.label,
-        "name": pending.name,
-        "arguments": pending.arguments,
-        "approval_request_id": approval_id,
-    }
-    timeout = client.settings.call_timeout
-    try:
-        output = await client.call(server, pending.name, pending.arguments, turn.principal, timeout)
-    except McpError as e:
-        turn.approved.append({**call, "output": None, "error": e.as_item_error()})
-        output = f"error: {e.message}"
-    else:
-        turn.approved.append({**call, "output": output, "error": None})
-    turn.calls += 1
+    output = placeholder if approve else DECLINED
     return {"type": "function_call_output", "call_id": call_id, "output": output}
 
 
@@ -235,7 +329,7 @@ def server_of(tool: dict[str, Any], n: int, client: McpClient) -> McpServer:
             "invalid_type", "headers must map names to strings.", f"{param}.headers"
         )
     definition = hashlib.sha256(orjson.dumps(tool, option=orjson.OPT_SORT_KEYS)).hexdigest()
-    headers = dict(headers)
+    headers = sent_headers(headers)
     authorization = tool.get("authorization")
     if isinstance(authorization, str):
         headers["Authorization"] = f"Bearer {authorization}"
@@ -358,6 +452,66 @@ class McpLoop:
         connection.outbox.append(
             McpCall(key, tuple(requests), connection.settings.principal, max(left, 0.0))
         )
+
+    def answer(self, pending: Pending) -> McpCall | None:
+        """A request that answers approval requests is accepted (rendered; with calls to
+        run, on a copy of its conversation): the approval requests are taken, and the
+        calls it approved are handed out to run before its turn renders again with their
+        outputs (`approved`). None when nothing runs. Raises ProtocolError when another
+        request took one of them meanwhile (none is taken then)."""
+        turn = pending.mcp
+        if turn is None or not turn.answers:
+            return None
+        answers, turn.answers = turn.answers, []
+        keys = [(turn.principal, answer.approval_id) for answer in answers]
+        if any(
+            turn.approvals.get(key) is not answer.asked
+            for key, answer in zip(keys, answers, strict=True)
+        ):
+            raise ProtocolError(
+                "mcp_approval_not_found",
+                "An approval request this request answers was answered meanwhile.",
+                "input",
+            )
+        for key in keys:
+            del turn.approvals[key]
+        turn.running = [answer for answer in answers if answer.approve]
+        if not turn.running:
+            return None
+        requests = tuple(
+            McpRequest(answer.server, answer.asked.name, answer.asked.arguments, None)
+            for answer in turn.running
+        )
+        seconds = max(turn.deadline - time.monotonic(), 0.0)
+        return McpCall(self.connection.new_key(), requests, turn.principal, seconds)
+
+    def approved(self, pending: Pending, results: list[str | McpError]) -> None:
+        """The calls a request approved ran: their `mcp_call` items wait for its
+        response's start, their outputs replace their placeholders in its frame, and it
+        is parsed again when it renders."""
+        turn = pending.mcp
+        assert turn is not None, "a request with approved calls"
+        frame = turn.frame
+        for answer, result in zip(turn.running, results, strict=True):
+            call_id = answer.approval_id.removeprefix(MCP_APPROVAL)
+            call = {
+                "id": MCP_CALL + call_id,
+                "type": "mcp_call",
+                "server_label": answer.server.label,
+                "name": answer.asked.name,
+                "arguments": answer.asked.arguments,
+                "approval_request_id": answer.approval_id,
+            }
+            if isinstance(result, McpError):
+                turn.approved.append({**call, "output": None, "error": result.as_item_error()})
+                output = f"error: {result.message}"
+            else:
+                turn.approved.append({**call, "output": result, "error": None})
+                output = result
+            frame = frame.replace(orjson.dumps(answer.placeholder), orjson.dumps(output), 1)
+        turn.calls += len(turn.running)
+        turn.running, turn.frame = [], b""
+        pending.parsed, pending.frame = None, frame
 
     def done(self, key: int, results: list[str | McpError]) -> None:
         """The calls of `key` ran: their items end, their outputs are appended to the

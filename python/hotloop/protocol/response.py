@@ -111,11 +111,14 @@ class Rendering:
     conversation_start: ConversationStart | None = None
     """The conversation state it starts from (`CachedResponse.start`)."""
 
-    def refused(self, error: CoreError) -> None:
-        """The core refused the new items: the request is refused."""
+    def refused(self, error: CoreError | ProtocolError) -> None:
+        """The core refused the new items (or the approvals they answer were taken
+        meanwhile): the request is refused."""
         if self.evicts_parent and self.parent is not None:
             self.connection.cache.evict(self.parent)
-        self.connection.refuse_turn(self.pending, ProtocolError.from_core(error), self.lane.name)
+        if isinstance(error, CoreError):
+            error = ProtocolError.from_core(error)
+        self.connection.refuse_turn(self.pending, error, self.lane.name)
 
     def rendered(self, turn: Turn) -> None:
         """The new items are in the conversation: the response starts (its

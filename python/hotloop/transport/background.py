@@ -36,6 +36,7 @@ import orjson
 from hotloop._core import CreateRequest
 from hotloop.events import new_id
 from hotloop.ledger import Ledger
+from hotloop.mcp_client import McpClient
 from hotloop.protocol import Connection, ConnectionCache, Generate, Observer
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.mcp import McpTurn
@@ -389,6 +390,9 @@ class Turns(Protocol):
     """How the HTTP API runs a response's actions and engine work (`http.py`): a
     background response's turn runs the same way, with no client watching it."""
 
+    mcp: McpClient
+    """Where the MCP calls a request approved run before its turn."""
+
     async def send_actions(
         self, connection: Connection, actions: list[Any], emit: exchange.Emit
     ) -> Generate | None: ...
@@ -466,7 +470,7 @@ class BackgroundRoutes:
         """A background response's whole turn, in the job's task: no client watches it.
         A cancel (`Job.cancel`) ends the response and cancels its generation; its
         cancelled ending is then sent and committed from here."""
-        actions = await exchange.rendered(connection)
+        actions = await exchange.rendered(connection, self.turns.mcp)
         work = await self.turns.send_actions(connection, actions, job.emit)
         if work is not None and not job.cancelled:
             generation = asyncio.ensure_future(self.turns.generate(connection, work, job.emit))

@@ -11,9 +11,11 @@ from typing import Any
 import orjson
 
 from hotloop.ledger import Books
-from hotloop.protocol import Connection, ConnectionCache, Finished, Render
+from hotloop.mcp_client import McpClient
+from hotloop.protocol import Connection, ConnectionCache, Finished, McpCall, Render
 from hotloop.protocol.errors import ProtocolError
 from hotloop.transport.asgi import Receive, Send
+from hotloop.transport.mcp import run_calls
 from hotloop.transport.websocket import render_off_loop
 
 Emit = Callable[[bytes], Awaitable[None]]
@@ -43,13 +45,15 @@ class Exchange:
         self._books.ledger.record(response, "http")
 
 
-async def rendered(connection: Connection) -> list[Any]:
-    """The connection's actions, a large request rendered off the event loop first (the
-    turn goes on after it)."""
+async def rendered(connection: Connection, mcp: McpClient) -> list[Any]:
+    """The connection's actions once its request rendered: a large one off the event
+    loop, one that approved MCP calls after they ran (the turn goes on after them)."""
     actions = connection.actions()
-    work = next((a for a in actions if isinstance(a, Render)), None)
-    if work is not None:
-        await render_off_loop(connection, work)
+    while (work := next((a for a in actions if isinstance(a, Render | McpCall)), None)) is not None:
+        if isinstance(work, Render):
+            await render_off_loop(connection, work)
+        else:
+            await run_calls(mcp, connection, work)
         actions = [a for a in actions if a is not work] + connection.actions()
     return actions
 

@@ -266,8 +266,12 @@ class HttpApi:
         size, request, parse_ns, body = await self._request(scope, receive, principal)
         mcp = None
         if asks(request, body):
-            body, mcp = await rewritten(self.mcp, body, principal)
-            request = self._parse(body, principal)
+
+            def reparse(body: str | bytes) -> CreateRequest:
+                return self._parse(body, principal)
+
+            body, mcp = await rewritten(self.mcp, body, principal, self.limits.request, reparse)
+            request = reparse(body)
         del body  # the request holds what the response needs
         if request.background and request.error is None:
 
@@ -284,7 +288,7 @@ class HttpApi:
         exchange = Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange)
         connection.receive_request(request, size, parse_ns, mcp)
-        actions = await rendered(connection)
+        actions = await rendered(connection, self.mcp)
         refusal = next((a for a in actions if isinstance(a, bytes) and _is_error(a)), None)
         if refusal is not None:
             await reply_refusal(send, refusal)
@@ -330,7 +334,7 @@ class HttpApi:
         reserved.add(len(body))
         return body
 
-    def _parse(self, body: bytes, principal: str | None) -> CreateRequest:
+    def _parse(self, body: str | bytes, principal: str | None) -> CreateRequest:
         """Parse a body, its compaction items expanded first. Raises ProtocolError."""
         try:
             return parse_request(self._compactor(principal).expand(body), self.limits.request)

@@ -24,7 +24,13 @@ async def listed(client: McpClient, connection: Connection, parsed: Parsed) -> P
     if not isinstance(event, CreateRequest) or not asks(event, parsed.frame):
         return parsed
     try:
-        frame, turn = await rewritten(client, parsed.frame, connection.settings.principal)
+        frame, turn = await rewritten(
+            client,
+            parsed.frame,
+            connection.settings.principal,
+            connection.limits.request,
+            connection.reparse,
+        )
     except ProtocolError as e:
         return dataclasses.replace(parsed, event=e)
     return dataclasses.replace(connection.parse(frame), mcp=turn)
