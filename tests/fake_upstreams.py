@@ -1,9 +1,12 @@
-"""In-test inference servers that speak vLLM's and SGLang's documented streaming shapes.
+"""In-test inference servers that speak vLLM's, SGLang's and llama.cpp server's
+documented streaming shapes.
 
 Each is a plain ASGI app served by uvicorn on a loopback socket bound before the server
 starts (so clients can connect at once, no readiness wait). The "model" answers every
 prompt with the same scripted ids; the apps record the requests they got, and can be
-told to fail, stall, or drop the stream after some tokens.
+told to fail, stall, or drop the stream after some tokens. Their prefix cache is
+scripted (`Script.cached_tokens`), or kept as the servers keep theirs
+(`Script.prefix_cache`): partitioned by the request's salt where the server takes one.
 """
 
 from __future__ import annotations
@@ -45,11 +48,38 @@ class Script:
     """vLLM: the prompt ids its usage chunk (sent when the request asks for usage) says
     were cached; None: a usage chunk without details, as vLLM started without
     `--enable-prompt-tokens-details` sends."""
+    prefix_cache: bool = False
+    """Report the prompt ids the server's own prefix cache would hold instead of
+    `cached_tokens` (`FakeUpstream.cached`)."""
+
+
+SALT_FIELDS = {"vllm": "cache_salt", "sglang": "extra_key"}
+"""The request field each server partitions its prefix cache by (llama.cpp has none)."""
+BLOCKS = {"vllm": 32, "sglang": 1, "llamacpp": 1}
+"""The ids a cache hit is counted in: vLLM reuses full KV blocks only (32 ids, as
+`hotloop.lab.vllm_server` runs it), SGLang's radix tree and a llama.cpp slot any
+prefix."""
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _salt_refusal(salt: object) -> str | None:
+    """vLLM's check of `cache_salt` (`validate_cache_salt`): why it refuses it, if so."""
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        return "Parameter 'cache_salt' must be a non-empty string if provided."
+    if len(salt) > 128 or any(char in "@/\\\0" for char in salt):
+        return "Parameter 'cache_salt' is too long or holds a forbidden character."
+    return None
 
 
 @dataclass
 class FakeUpstream:
-    kind: str  # "vllm" | "sglang"
+    kind: str  # "vllm" | "sglang" | "llamacpp"
     script: Script = field(default_factory=Script)
     requests: list[dict[str, Any]] = field(default_factory=list)
     session_ids: list[str | None] = field(default_factory=list)
@@ -59,6 +89,9 @@ class FakeUpstream:
     endless_sent: int = 0
     """The bytes of `Script.endless` sent so far."""
     url: str = ""
+    held: dict[Any, list[list[int]]] = field(default_factory=dict)
+    """`Script.prefix_cache`: every prompt (and its reply but the last id, never fed
+    back) served, by the salt it came with."""
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["path"] == "/health":
@@ -69,7 +102,7 @@ class FakeUpstream:
             models = {"object": "list", "data": [{"id": "served-by-fake", "object": "model"}]}
             await _respond(send, 200, orjson.dumps(models))
             return
-        expected = "/v1/completions" if self.kind == "vllm" else "/generate"
+        expected = PATHS[self.kind]
         if scope["method"] != "POST" or scope["path"] != expected:
             await _respond(send, 404, b'{"detail":"Not Found"}')
             return
@@ -77,6 +110,11 @@ class FakeUpstream:
         self.requests.append(request)
         session = dict(scope["headers"]).get(b"x-session-id")
         self.session_ids.append(None if session is None else session.decode())
+        refusal = _salt_refusal(request.get("cache_salt")) if self.kind == "vllm" else None
+        if refusal is not None:
+            error = {"error": {"message": refusal, "type": "BadRequestError", "code": 400}}
+            await _respond(send, 400, orjson.dumps(error))
+            return
         if self.script.status != 200:
             # vLLM's ErrorResponse shape; SGLang answers errors the same way.
             error = {
@@ -95,7 +133,7 @@ class FakeUpstream:
                 "headers": [(b"content-type", b"text/event-stream")],
             }
         )
-        chunks = self._vllm(request) if self.kind == "vllm" else self._sglang(request)
+        chunks = STREAMS[self.kind](self, request)
         for i, chunk in enumerate(chunks):
             if i == self.script.hold_after:
                 if self.script.endless is not None:
@@ -131,6 +169,20 @@ class FakeUpstream:
         finish = "stop" if len(reply) == len(self.script.reply) else "length"
         return reply, finish
 
+    def cached(self, request: dict[str, Any], prompt: list[int], reply: list[int]) -> int | None:
+        """The prompt ids the usage says were cached: scripted, or (`prefix_cache`) the
+        full blocks of the longest prefix the prompt shares with what an earlier
+        request of the same salt left, short of its last id (which every server
+        computes again); the request's prompt and reply are then held."""
+        if not self.script.prefix_cache:
+            return self.script.cached_tokens
+        salt = SALT_FIELDS.get(self.kind)
+        held = self.held.setdefault(request.get(salt) if salt else None, [])
+        common = max((_common_prefix(seq, prompt) for seq in held), default=0)
+        held.append(prompt + reply[:-1])
+        block = BLOCKS[self.kind]
+        return min(common, len(prompt) - 1) // block * block
+
     def _vllm(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         reply, finish = self._ids(request["max_tokens"])
         chunks: list[dict[str, Any]] = []
@@ -156,8 +208,9 @@ class FakeUpstream:
             chunks.append(chunk)
         if (request.get("stream_options") or {}).get("include_usage"):
             details = None
-            if self.script.cached_tokens is not None:
-                details = {"cached_tokens": self.script.cached_tokens}
+            cached = self.cached(request, request["prompt"], reply)
+            if cached is not None:
+                details = {"cached_tokens": cached}
             usage = {
                 "prompt_tokens": len(request["prompt"]),
                 "completion_tokens": len(reply),
@@ -171,6 +224,7 @@ class FakeUpstream:
 
     def _sglang(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         reply, finish = self._ids(request["sampling_params"]["max_new_tokens"])
+        cached = self.cached(request, request["input_ids"], reply) or 0
         chunks: list[dict[str, Any]] = []
         for i, token in enumerate(reply):
             last = i == len(reply) - 1
@@ -190,7 +244,7 @@ class FakeUpstream:
                     "finish_reason": reason,
                     "prompt_tokens": len(request["input_ids"]),
                     "completion_tokens": i + 1,
-                    "cached_tokens": 0,
+                    "cached_tokens": cached,
                 },
             }
             chunks.append(chunk)
@@ -205,11 +259,32 @@ class FakeUpstream:
                         "finish_reason": {"type": "length", "length": 0},
                         "prompt_tokens": len(request["input_ids"]),
                         "completion_tokens": 0,
-                        "cached_tokens": self.script.cached_tokens or 0,
+                        "cached_tokens": cached,
                     },
                 }
             )
         return chunks
+
+    def _llamacpp(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        reply, finish = self._ids(request["n_predict"])
+        chunks: list[dict[str, Any]] = [
+            {"content": f"<{token}>", "tokens": [token], "stop": False} for token in reply
+        ]
+        timings = {"prompt_n": len(request["prompt"]), "predicted_n": len(reply)}
+        cached = self.cached(request, request["prompt"], reply)
+        if cached is not None:
+            timings["cache_n"] = cached
+        stop_type = "eos" if finish == "stop" else "limit"
+        last = {"content": "", "tokens": [], "stop": True, "stop_type": stop_type}
+        return [*chunks, {**last, "timings": timings}]
+
+
+PATHS = {"vllm": "/v1/completions", "sglang": "/generate", "llamacpp": "/completion"}
+STREAMS = {
+    "vllm": FakeUpstream._vllm,
+    "sglang": FakeUpstream._sglang,
+    "llamacpp": FakeUpstream._llamacpp,
+}
 
 
 async def _respond(send: Send, status: int, body: bytes) -> None:

@@ -221,3 +221,25 @@ async def test_the_engine_answers_in_its_chat_format(engine: LlamaEngine) -> Non
     assert reply[-1] in chat_format.stop_tokens
     assert "4" in chat_format.tokenizer.decode(reply)
     await session.close()
+
+
+async def test_a_sequence_is_copied_only_to_sessions_of_its_salt(engine: LlamaEngine) -> None:
+    """A tenant's KV is a donor for its own sessions only: another salt's session with
+    the same prompt evaluates all of it (by llama.cpp's own counter), an unsalted one
+    too, while a later session of the first salt starts from the copy."""
+    prompt = first_turn(" ".join(f"Rule {n}: be brief." for n in range(40)))
+    await collect(engine.session("tenant-a"), prompt, GREEDY)
+    for salt in ("tenant-b", None):
+        stranger = engine.session(salt)
+        before, _ = engine.perf()
+        await collect(stranger, prompt, GREEDY)
+        after, _ = engine.perf()
+        assert stranger.last_turn is not None
+        assert stranger.last_turn.reused_tokens == 0
+        assert after - before == len(prompt)
+        # Closed, its sequence is the first evicted (the engine holds two).
+        await stranger.close()
+    again = engine.session("tenant-a")
+    await collect(again, prompt, GREEDY)
+    assert again.last_turn is not None
+    assert again.last_turn.reused_tokens == len(prompt) - 1

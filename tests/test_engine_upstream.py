@@ -208,10 +208,10 @@ def test_kept_bodies_are_bounded_dropping_the_least_recently_left() -> None:
     kept = KeptBodies(limit=2)
     bodies = [PromptBody() for _ in range(3)]
     for key, body in zip(("a", "b", "c"), bodies, strict=True):
-        kept.keep(key, body)
+        kept.keep((None, key), body)
     assert len(kept) == 2
-    assert kept.take("a") is None
-    assert kept.take("c") is bodies[2]
+    assert kept.take((None, "a")) is None
+    assert kept.take((None, "c")) is bodies[2]
     assert len(kept) == 1
 
 
@@ -475,3 +475,55 @@ async def test_a_connection_closed_before_answering_is_retried_on_the_same_repli
     await engine.close()
     server.close()
     await server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    ("dialect", "field", "told"),
+    [("vllm", "cache_salt", 64), ("sglang", "extra_key", 64), ("llamacpp", None, None)],
+)
+async def test_a_sessions_salt_goes_where_the_server_partitions_its_cache(
+    chat_format: Any, dialect: str, field: str | None, told: int | None
+) -> None:
+    """A salted session's requests carry its salt in the field that keys the server's
+    prefix cache; llama.cpp server has none, so its figure, which may count another
+    tenant's prompt, is not told to a salted session (an unsalted one still gets it)."""
+    async with serving(FakeUpstream(dialect, Script(cached_tokens=64))) as (server,):
+        engine = await started(chat_format, dialect, server.url)
+        for salt, expected in ((None, 64), ("tenant-salt", told)):
+            session = engine.session(salt)
+            assert await collect(session) == REPLY
+            assert ENGINE_CACHED.get() == expected
+            await session.close()
+        unsalted, salted = server.requests
+        assert {"cache_salt", "extra_key"}.isdisjoint(unsalted)
+        if field is None:
+            assert {"cache_salt", "extra_key"}.isdisjoint(salted)
+        else:
+            assert salted[field] == "tenant-salt"
+        await engine.close()
+
+
+async def test_a_conversations_kept_body_is_its_own_tenants(chat_format: Any) -> None:
+    """Two tenants naming the same conversation (a client-chosen `prompt_cache_key`)
+    keep their request bodies apart: the second never takes, nor drops, the first's."""
+    async with serving(FakeUpstream("vllm")) as (server,):
+        engine = await started(chat_format, "vllm", server.url)
+        first = engine.session("a")
+        await collect_routed(first, "shared-name")
+        await first.close()
+        kept = engine.kept_bodies.take(("a", "shared-name"))
+        assert kept is not None
+        engine.kept_bodies.keep(("a", "shared-name"), kept)
+        other = engine.session("b")
+        await collect_routed(other, "shared-name")
+        assert other.body is not kept
+        await other.close()
+        assert engine.kept_bodies.take(("a", "shared-name")) is kept
+        await engine.close()
+
+
+async def collect_routed(session: UpstreamSession, route_key: str) -> list[int]:
+    out: list[int] = []
+    async for batch in session.generate(Prompt.from_tokens(PROMPT), SAMPLING, route_key):
+        out.extend(batch)
+    return out

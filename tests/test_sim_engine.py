@@ -196,3 +196,20 @@ async def test_prefix_cache_holds_interleaved_conversations() -> None:
     # Lane b ran in between; lane a's sequence is still in the simulated cache.
     assert uncached == expected_uncached(first.prompt(), prompts[0], sampled[0])
     assert uncached < len(first.prompt()) - len(prompts[0])
+
+
+async def test_a_salt_is_served_only_its_own_tenants_prefixes() -> None:
+    """The engine-wide cache a fresh session (one HTTP request) falls back to holds each
+    salt's sequences apart: a tenant sending another's instructions prefills them all,
+    as if nobody had sent them, while a new session of the first tenant finds them."""
+    sim = engine(SimScript(text="ok"))
+    instructions = " ".join(f"rule {n}: check item {n} twice." for n in range(150))
+    prompt = request(orjson.dumps({"instructions": instructions, "input": "go"}).decode())
+    ids = prompt.prompt()
+    await generate_turn(sim.session("tenant-a"), prompt)
+    _, uncached = sim.session("tenant-b").choose(ids)
+    assert uncached == len(ids)
+    _, uncached = sim.session(None).choose(ids)
+    assert uncached == len(ids)
+    _, uncached = sim.session("tenant-a").choose(ids)
+    assert uncached == 0

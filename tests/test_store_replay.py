@@ -174,12 +174,12 @@ class RecordingEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
-    def session(self) -> Any:
+    def session(self, cache_salt: str | None = None) -> Any:
         outer = self
 
         class Session:
             def __init__(self) -> None:
-                self.inner = outer.engine.session()
+                self.inner = outer.engine.session(cache_salt)
 
             def generate(self, prompt: Prompt, sampling: Any, route_key: str | None = None) -> Any:
                 outer.prompts.append(prompt.tokens())

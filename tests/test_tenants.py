@@ -55,3 +55,28 @@ def test_metrics_show_no_digest_of_a_key(tmp_path: Path) -> None:
     assert hashlib.sha256(WEAK.encode()).hexdigest()[:12] not in metrics
     assert "sk-a" not in metrics and WEAK not in metrics
     assert usage["key"] == "team-a" and usage["responses"] == 1
+
+
+def test_cache_salts_follow_the_scope_and_the_servers_secret() -> None:
+    """Each key its own salt (the default), keys of one name one salt (`name`), or
+    none (`shared`, and with auth off); a salt is a keyed hash under the server's
+    secret, so it is stable where the secret is and shows nothing of the key."""
+    entries = ["team:sk-1", "team:sk-2", "other:sk-3", WEAK]
+    salts = {
+        scope: ApiKeys(entries, cache_scope=scope, cache_secret=b"s" * 32)
+        for scope in ("key", "name", "shared")
+    }
+    by_key = [salts["key"].cache_salt(k) for k in ("sk-1", "sk-2", "sk-3", WEAK)]
+    assert len(set(by_key)) == 4 and None not in by_key
+    by_name = [salts["name"].cache_salt(k) for k in ("sk-1", "sk-2", "sk-3", WEAK)]
+    assert by_name[0] == by_name[1]
+    assert len({by_name[0], by_name[2], by_name[3]}) == 3
+    assert [salts["shared"].cache_salt(k) for k in ("sk-1", WEAK)] == [None, None]
+    assert ApiKeys().cache_salt(None) is None
+    salt = salts["key"].cache_salt(WEAK)
+    assert salt == ApiKeys([WEAK], cache_secret=b"s" * 32).cache_salt(WEAK)
+    assert salt != ApiKeys([WEAK], cache_secret=b"t" * 32).cache_salt(WEAK)
+    assert salt is not None and WEAK not in salt
+    assert salt not in (hashlib.sha256(WEAK.encode()).hexdigest(), keyed_label(WEAK, b"s" * 32))
+    with pytest.raises(ValueError):
+        ApiKeys(entries, cache_scope="tenant")

@@ -332,6 +332,36 @@ def test_every_continuation_hits_what_vllm_holds(vllm: VllmServer, tmp_path: Pat
         b.stop()
 
 
+def test_no_key_hits_another_keys_prefix_in_vllm(vllm: VllmServer, tmp_path: Path) -> None:
+    """Two API keys send the same instructions: each request carries its key's
+    `cache_salt`, so vLLM serves key b nothing of key a's prompt (its `/metrics` and
+    b's usage say 0), while a's repeat hits every full block of it: the salt is sent,
+    and vLLM keeps the keys apart by it."""
+    node = hotloop(vllm, tmp_path, *AUTO, "--api-keys", "a:sk-a,b:sk-b")
+    instructions = " ".join(f"Rule {n}: answer in one short sentence." for n in range(24))
+
+    def turn(key: str) -> dict[str, Any]:
+        fields = create(input="Hello.", instructions=instructions, max_output_tokens=1)
+        headers = {"authorization": f"Bearer {key}"}
+        reply = httpx.post(
+            f"{node.url}/v1/responses", json=fields, headers=headers, timeout=HANG_GUARD
+        )
+        assert reply.status_code == 200, reply.text
+        response: dict[str, Any] = reply.json()
+        return response
+
+    try:
+        first = turn("sk-a")
+        other, hits = hits_of(vllm, lambda: turn("sk-b"))
+        assert hits == 0
+        assert other["usage"]["input_tokens_details"]["engine_cached_tokens"] == 0
+        again, hits = hits_of(vllm, lambda: turn("sk-a"))
+        assert hits == (first["usage"]["input_tokens"] - 1) // BLOCK_SIZE * BLOCK_SIZE > 0
+        assert again["usage"]["input_tokens_details"]["engine_cached_tokens"] == hits
+    finally:
+        node.stop()
+
+
 STORY = "Write a very long story about a dragon who learns to cook."
 
 

@@ -101,13 +101,13 @@ class Watched:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def session(self) -> Watched.Session:
-        return Watched.Session(self)
+    def session(self, cache_salt: str | None = None) -> Watched.Session:
+        return Watched.Session(self, cache_salt)
 
     class Session:
-        def __init__(self, owner: Watched) -> None:
+        def __init__(self, owner: Watched, cache_salt: str | None) -> None:
             self.owner = owner
-            self.inner = owner.inner.session()
+            self.inner = owner.inner.session(cache_salt)
 
         async def generate(
             self, prompt: Prompt, sampling: Sampling, route_key: str | None = None

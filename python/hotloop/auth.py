@@ -1,12 +1,16 @@
 """API-key authentication for both transports (HTTP requests and WebSocket upgrades).
 
-Owns the set of accepted keys and the two names of a key, neither of which is the
+Owns the set of accepted keys and the three names of a key, none of which is the
 secret: its id (`key_id`, a digest that names the owner of stored responses, stable
-across restarts and never shown outside the process) and its tenant label, the name
-usage totals and `/metrics` show. An operator names keys (`--api-keys name:sk-...`);
-an unnamed key is labelled by a keyed hash (HMAC-SHA256 under a secret the operator
-sets or the process draws), so an unauthenticated `/metrics` reader cannot test
-guesses of a weak key against its label. Auth is on exactly when keys are configured.
+across restarts and never shown outside the process), its tenant label, the name
+usage totals and `/metrics` show, and its cache salt, the name the engine's prefix
+cache is partitioned by (`--engine-cache-scope`). An operator names keys
+(`--api-keys name:sk-...`); an unnamed key is labelled by a keyed hash (HMAC-SHA256
+under a secret the operator sets or the process draws), so an unauthenticated
+`/metrics` reader cannot test guesses of a weak key against its label. A salt is a
+keyed hash too, under the server's own secret, so nobody outside the process can
+compute one and a salt seen in an engine's logs gives no key away. Auth is on exactly
+when keys are configured.
 """
 
 from __future__ import annotations
@@ -43,6 +47,18 @@ def keyed_label(key: str, secret: bytes) -> str:
     return "key_" + hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:12]
 
 
+CACHE_SCOPES = ("key", "name", "shared")
+"""`--engine-cache-scope`: each key its own engine prefix cache, keys of one name one
+cache, or one cache for all (no salt)."""
+
+
+def cache_salt(group: str, secret: bytes) -> str:
+    """The salt of a cache group (`key:<secret>` or `name:<name>`): 32 hex digits
+    (128 bits) of HMAC-SHA256 under the server's secret, within every engine's
+    limits (vLLM: at most 128 characters, none of `@/\\`)."""
+    return hmac.new(secret, group.encode(), hashlib.sha256).hexdigest()[:32]
+
+
 def parse_entry(entry: str) -> tuple[str | None, str]:
     """`name:secret` or a bare `secret` (an entry whose text before its first `:` is
     not a tenant name, 1-64 of `[A-Za-z0-9_.-]`, is a bare secret)."""
@@ -64,12 +80,25 @@ class Credential(NamedTuple):
 class ApiKeys:
     """The accepted keys (`--api-keys` entries, `name:secret` or `secret`).
     `label_secret` keys the hash that labels unnamed keys; None draws one for the
-    process (labels then change at every start)."""
+    process (labels then change at every start). `cache_scope` (one of `CACHE_SCOPES`)
+    says which keys share a cache salt, `cache_secret` keys the salts (None: drawn for
+    the process, so no engine cache outlives it)."""
 
-    def __init__(self, entries: Iterable[str] = (), label_secret: str | None = None) -> None:
+    def __init__(
+        self,
+        entries: Iterable[str] = (),
+        label_secret: str | None = None,
+        *,
+        cache_scope: str = "key",
+        cache_secret: bytes | None = None,
+    ) -> None:
+        if cache_scope not in CACHE_SCOPES:
+            raise ValueError(f"unknown engine cache scope {cache_scope!r}")
         secret = label_secret.encode() if label_secret else secrets.token_bytes(32)
+        salt_secret = cache_secret or secrets.token_bytes(32)
         self._keys: dict[bytes, Credential] = {}
         self._by_key: dict[str, Credential] = {}
+        self._salts: dict[str, str] = {}
         for entry in entries:
             if not entry:
                 continue
@@ -77,6 +106,14 @@ class ApiKeys:
             credential = Credential(key, key_id(key), name or keyed_label(key, secret))
             self._keys[key.encode()] = credential
             self._by_key[key] = credential
+            if cache_scope != "shared":
+                group = f"name:{name}" if cache_scope == "name" and name else f"key:{key}"
+                self._salts[key] = cache_salt(group, salt_secret)
+
+    def cache_salt(self, principal: str | None) -> str | None:
+        """The salt `principal`'s requests carry to the engine: None when auth is off
+        (one tenant) or every key shares the cache (`shared`)."""
+        return None if principal is None else self._salts.get(principal)
 
     def label(self, principal: str | None) -> str | None:
         """The tenant label of an authenticated principal (None when auth is off)."""
@@ -113,4 +150,13 @@ class ApiKeys:
         raise AuthError("invalid_api_key", "Incorrect API key provided.")
 
 
-__all__ = ["ApiKeys", "AuthError", "Credential", "key_id", "keyed_label", "parse_entry"]
+__all__ = [
+    "CACHE_SCOPES",
+    "ApiKeys",
+    "AuthError",
+    "Credential",
+    "cache_salt",
+    "key_id",
+    "keyed_label",
+    "parse_entry",
+]

@@ -148,8 +148,13 @@ def build_app(engine: Engine, config: ServerConfig) -> App:
     """The whole server around `engine`: WebSocket mode, the HTTP routes, and the
     ledger (the store at `config.store` or in `config.data_dir`, usage, metrics, shutdown
     drain)."""
-    keys = ApiKeys(config.api_keys, config.tenant_label_secret)
     compactor = compactor_for(config)
+    keys = ApiKeys(
+        config.api_keys,
+        config.tenant_label_secret,
+        cache_scope=config.engine_cache_scope,
+        cache_secret=compactor.cache_secret,
+    )
     ledger = Ledger(
         engine,
         keys=keys,

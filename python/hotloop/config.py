@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hotloop.auth import CACHE_SCOPES
+
 MIB = 1024 * 1024
 
 
@@ -105,6 +107,15 @@ class ServerConfig:
         None,
         "secret of the keyed hash that labels unnamed keys in /metrics (default: drawn "
         "at start, so labels change across restarts)",
+    )
+    engine_cache_scope: str = _option(
+        "key",
+        "which API keys share the engine's prefix cache: key (each key its own, as OpenAI "
+        "caches per organization), name (the keys of one `name:`, e.g. team:sk-1,team:sk-2) "
+        "or shared (all keys: one can tell from usage and timing what another sent). Kept "
+        "apart by a salt keyed with the compaction key (vLLM cache_salt, SGLang extra_key, "
+        "the sim and llama engines); llama.cpp server takes none (docs/security.md)",
+        _one_of(*CACHE_SCOPES),
     )
     websocket: bool = _option(True, "serve WebSocket mode (off: upgrades get 426)", _flag)
     websocket_deflate: bool = _option(

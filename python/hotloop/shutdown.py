@@ -114,8 +114,8 @@ class _DrainedEngine(WrappedEngine):
         super().__init__(engine)
         self._drain = drain
 
-    def session(self) -> EngineSession:
-        return _DrainedSession(self.engine.session(), self._drain)
+    def session(self, cache_salt: str | None = None) -> EngineSession:
+        return _DrainedSession(self.engine.session(cache_salt), self._drain)
 
 
 class _DrainedSession:

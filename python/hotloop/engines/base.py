@@ -3,7 +3,10 @@
 An engine takes the exact prompt token ids from the rendered-token cache and streams
 back sampled token ids. It never sees text or items; it must not re-tokenize.
 Each client connection gets its own `EngineSession`, so an engine can keep per-connection
-state (its KV/prefix cache, the replica it routed to) across turns.
+state (its KV/prefix cache, the replica it routed to) across turns. A session carries
+its API key's cache salt (`auth.ApiKeys.cache_salt`): an engine shares cached prompt
+state only between sessions of the same salt, so no tenant is served, or can time, a
+prefix another tenant sent.
 """
 
 from __future__ import annotations
@@ -156,7 +159,13 @@ class Engine(Protocol):
 
     async def start(self) -> None: ...
 
-    def session(self) -> EngineSession: ...
+    def session(self, cache_salt: str | None = None) -> EngineSession:
+        """A connection's session. `cache_salt` names the tenant whose prefix cache it
+        uses (None: the cache every unsalted session shares): an engine never serves
+        it a prefix from a session of another salt, nor reports such a hit
+        (`ENGINE_CACHED`); one that cannot keep them apart (llama.cpp server) reports
+        no hit for a salted session."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -192,8 +201,8 @@ class WrappedEngine:
     async def start(self) -> None:
         await self.engine.start()
 
-    def session(self) -> EngineSession:
-        return self.engine.session()
+    def session(self, cache_salt: str | None = None) -> EngineSession:
+        return self.engine.session(cache_salt)
 
     async def close(self) -> None:
         await self.engine.close()

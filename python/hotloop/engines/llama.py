@@ -10,9 +10,11 @@ it the ids it evaluated. A new turn evaluates only the part of its prompt past t
 longest common prefix with that sequence, so turn 2 of a conversation costs only its new
 tokens. A connection running lanes concurrently gets a sequence per lane in flight; a
 turn takes the session's idle sequence with the longest common prefix. A turn whose
-prompt shares a longer prefix with any other sequence (a fork of a busy lane, a new
-connection with the same system prompt and tools) starts from a copy of it: shared KV
-cells (`llama_memory_seq_cp`), nothing re-evaluated. A closed session's sequences stay
+prompt shares a longer prefix with any other sequence of the same cache salt (a fork of
+a busy lane, a new connection of the same tenant with the same system prompt and tools)
+starts from a copy of it: shared KV cells (`llama_memory_seq_cp`), nothing
+re-evaluated. Another salt's sequences are never copied: a tenant's prompt costs it the
+same whatever other tenants sent. A closed session's sequences stay
 as such donors until evicted. More sequences wanted than exist: an idle one is dropped,
 closed sessions' first, then the least recently used (its session's next turn evaluates
 its prompt again). The KV cache full: idle sequences are dropped first; if the running turns
@@ -98,11 +100,14 @@ class TurnStats:
 
 class _SessionKV:
     """A session's sequences, touched only by the worker thread. Usually one; a
-    connection that runs lanes concurrently gets one per lane in flight."""
+    connection that runs lanes concurrently gets one per lane in flight. `salt`: the
+    session's cache salt, the only sequences it may start from are those of sessions
+    with the same."""
 
-    def __init__(self) -> None:
+    def __init__(self, salt: str | None = None) -> None:
         self.sequences: list[_Sequence] = []
         self.closed = False
+        self.salt = salt
 
 
 class _Sequence:
@@ -199,8 +204,8 @@ class LlamaEngine:
         # Reading the GGUF's vocabulary takes a moment: not on the event loop later.
         await asyncio.to_thread(lambda: self.chat_format)
 
-    def session(self) -> LlamaSession:
-        return LlamaSession(self)
+    def session(self, cache_salt: str | None = None) -> LlamaSession:
+        return LlamaSession(self, cache_salt)
 
     async def close(self) -> None:
         runner, self._runner = self._runner, None
@@ -215,9 +220,9 @@ class LlamaEngine:
 class LlamaSession:
     """One connection's sequence in the shared KV cache."""
 
-    def __init__(self, engine: LlamaEngine) -> None:
+    def __init__(self, engine: LlamaEngine, cache_salt: str | None = None) -> None:
         self.engine = engine
-        self._kv = _SessionKV()
+        self._kv = _SessionKV(cache_salt)
         self._last: _Job | None = None
 
     @property
@@ -385,12 +390,15 @@ class _Runner:
             if seq is None:
                 self._finish(job, EngineError("engine_overloaded", "every KV sequence is busy"))
                 return
-        # What it can start from: the longest prefix any sequence holds, this session's
-        # or another's (a fork of a busy lane, the system prompt and tools every
-        # connection of an agent shares). Found after `_new_sequence`, which may evict.
+        # What it can start from: the longest prefix any sequence of its salt holds,
+        # this session's or another's (a fork of a busy lane, the system prompt and
+        # tools every connection of an agent shares). Found after `_new_sequence`,
+        # which may evict.
         donor: _Sequence | None = None
         shared = held
         for candidate in self.owners.values():
+            if candidate.owner.salt != job.kv.salt:
+                continue
             n = _common_prefix(candidate.tokens, prompt)
             if n > shared:
                 donor, shared = candidate, n

@@ -6,9 +6,9 @@ with a fixed text; or replay recorded turns in order (`--sim-script`: `hotloop b
 replays a coding-agent rollout call for call). Its output is real token ids in the
 model's chat format (`ChatFormat.completion_tokens`), so they go through the real
 output parser and are cached verbatim like any model's. It models an engine's prefix
-cache per session, falling back to the engine's most recent sequences for a fresh
-session (an HTTP request), as an engine-wide prefix cache would:
-the time to first token grows with the prompt tokens that do not extend what the
+cache per session, falling back to the engine's most recent sequences of the same cache
+salt for a fresh session (an HTTP request), as an engine-wide prefix cache partitioned
+by tenant would: the time to first token grows with the prompt tokens that do not extend what the
 session has already seen (its previous prompt plus its previous output), so a server
 that changes earlier tokens pays for it as it would on a real engine.
 
@@ -32,6 +32,8 @@ from hotloop.config import ServerConfig
 from hotloop.engines.base import API_SAMPLING, TEXT_ONLY, Sampling
 
 TIMER_RESOLUTION = 0.001
+RECENT_SEQUENCES = 64
+"""Sequences the engine-wide prefix cache of one cache salt holds."""
 
 
 @dataclass(frozen=True)
@@ -162,9 +164,10 @@ class SimEngine:
         # How far back a call can start and still end in new tokens: the longest marker.
         markers = [len(self.call_ids) - 1] + [len(marker) for _, marker in self.turns]
         self.marker_span = max(max(markers) - 1, 0)
-        # The last sequences of every session: a fresh session (one HTTP request) finds
-        # its conversation's earlier turns here, as in an engine-wide prefix cache.
-        self.recent: deque[_Sequence] = deque(maxlen=64)
+        # The last sequences of every session, per cache salt: a fresh session (one
+        # HTTP request) finds its conversation's earlier turns here, as in an
+        # engine-wide prefix cache, but never another salt's (a tenant's) prompts.
+        self._recent: dict[str | None, deque[_Sequence]] = {}
 
     def advance(self, tail: list[int], position: int) -> int:
         """The script position after the prompt tokens `tail`, from `position`."""
@@ -206,8 +209,15 @@ class SimEngine:
     async def start(self) -> None:
         """Nothing to load: the script's token ids are computed at construction."""
 
-    def session(self) -> SimSession:
-        return SimSession(self)
+    def session(self, cache_salt: str | None = None) -> SimSession:
+        return SimSession(self, cache_salt)
+
+    def recent(self, cache_salt: str | None) -> deque[_Sequence]:
+        """The engine-wide cache of one salt: its last `RECENT_SEQUENCES` sequences."""
+        recent = self._recent.get(cache_salt)
+        if recent is None:
+            recent = self._recent[cache_salt] = deque(maxlen=RECENT_SEQUENCES)
+        return recent
 
     async def close(self) -> None:
         """Nothing to release: sessions hold only their own prefix-cache model."""
@@ -229,9 +239,11 @@ class SimSession:
 
     CACHED_SEQUENCES = 8
 
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: SimEngine, cache_salt: str | None = None) -> None:
         self._engine = engine
         self._recent: deque[_Sequence] = deque(maxlen=self.CACHED_SEQUENCES)
+        self._shared = engine.recent(cache_salt)
+        """The engine-wide cache this session reads and adds to: its salt's."""
         self.prefill_tokens = 0
         """Prompt tokens this session had to prefill (not in its prefix cache)."""
 
@@ -242,7 +254,7 @@ class SimSession:
         cached, base, scanned = 0, None, 0
         # Newest first: in a chain the newest sequence a prompt extends is the longest,
         # so the search stops there (the engine-wide list holds whole conversations).
-        for seq in reversed(self._recent or engine.recent):
+        for seq in reversed(self._recent or self._shared):
             shared = prompt.common_prefix_len(seq.prompt)
             if shared > cached:
                 cached = shared
@@ -261,7 +273,7 @@ class SimSession:
             cached = max(cached, scanned + shared_prefix(after, base.output))
         calls = engine.advance(tail, calls)
         self._recent.append(_Sequence(prompt, [], calls))
-        engine.recent.append(self._recent[-1])
+        self._shared.append(self._recent[-1])
         return cached, calls
 
     def choose(self, prompt: Prompt) -> tuple[list[int], int]:

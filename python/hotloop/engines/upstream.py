@@ -28,6 +28,12 @@ fails before its first token is retried on the next replica in the same order on
 node; after the first token a failure ends the response, since the client has already
 seen output.
 
+Tenants (`EngineSession` cache salts): a salted session's requests carry its salt in the
+field the dialect's server partitions its prefix cache by (`Dialect.salt_field`: vLLM's
+`cache_salt`, SGLang's `extra_key`), so a prompt hits only what its own tenant sent.
+llama.cpp server has no such field: its prefix cache stays shared, and a salted
+session reports no engine cache hit (the figure could be another tenant's).
+
 Error codes (stable): `upstream_unavailable` (no replica answered),
 `upstream_timeout` (no data within the read timeout), `upstream_rejected` (4xx: the
 request itself is wrong, not retried), `upstream_error` (5xx or an error event in the
@@ -55,7 +61,7 @@ from hotloop.engines.base import (
     EngineError,
     Sampling,
 )
-from hotloop.engines.bodies import KeptBodies
+from hotloop.engines.bodies import BodyKey, KeptBodies
 from hotloop.engines.http1 import Client, HeaderError, Link, LinkError, Origin
 
 if TYPE_CHECKING:
@@ -71,6 +77,9 @@ class Dialect(Protocol):
     """Where the server lists the model names it accepts, if requests must name one."""
     prompt_field: str
     """The body's field holding the prompt's ids (written by the core, `request_body`)."""
+    salt_field: str | None
+    """The body's field that partitions the server's prefix cache (a session's cache
+    salt goes there); None: the server has none, its cache is shared by all."""
 
     def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         """The request's other fields."""
@@ -107,6 +116,9 @@ class VllmDialect:
     path = "/v1/completions"
     models_path: str | None = "/v1/models"
     prompt_field = "prompt"
+    # Hashed into the first block's key (so into every block's): a prompt hits only
+    # blocks computed under the same salt (vLLM 0.32 `v1/core/kv_cache_utils.py`).
+    salt_field: str | None = "cache_salt"
 
     def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         return {
@@ -135,6 +147,9 @@ class SglangDialect:
     path = "/generate"
     models_path: str | None = None
     prompt_field = "input_ids"
+    # Its radix cache keys every node by it (from SGLang 0.5.3; 0.5.23 also takes
+    # `cache_salt`, to the same effect); earlier versions ignore the field.
+    salt_field: str | None = "extra_key"
 
     def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -158,6 +173,8 @@ class LlamaCppDialect:
     path = "/completion"
     models_path: str | None = None
     prompt_field = "prompt"
+    # A slot reuses whatever prompt it holds, and `--cache-ram` restores any request's.
+    salt_field: str | None = None
 
     def body(self, model: str, sampling: Sampling) -> dict[str, Any]:
         return {
@@ -308,8 +325,8 @@ class UpstreamEngine:
             max_line=self.config.max_line_bytes,
         )
 
-    def session(self) -> UpstreamSession:
-        return UpstreamSession(self)
+    def session(self, cache_salt: str | None = None) -> UpstreamSession:
+        return UpstreamSession(self, cache_salt)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -388,29 +405,30 @@ class _RetryElsewhere(Exception):
 
 class UpstreamSession:
     """One connection's view of the replicas: its pin (`pinned` routing, or a
-    generation without a conversation key)."""
+    generation without a conversation key), and its tenant's cache salt."""
 
-    def __init__(self, engine: UpstreamEngine) -> None:
+    def __init__(self, engine: UpstreamEngine, cache_salt: str | None = None) -> None:
         self.engine = engine
+        self.cache_salt = cache_salt
         self.replica: Replica | None = None
         self.last_timings: dict[str, Any] | None = None
         """The upstream's own timings of the last turn (llama.cpp server only)."""
         self.body: PromptBody | None = None
         """The last request's body, whose prefix the next one keeps: this session's
         own, or the one its conversation's last session left (`bodies.py`)."""
-        self._body_key: str | None = None
-        """The conversation `body` was last written for."""
+        self._body_key: BodyKey | None = None
+        """The salt and conversation `body` was last written for."""
 
     async def generate(
         self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
     ) -> AsyncIterator[list[int]]:
         ENGINE_CACHED.set(None)
+        self._body_key = None if route_key is None else (self.cache_salt, route_key)
         if self.body is None:
-            if route_key is not None:
-                self.body = self.engine.kept_bodies.take(route_key)
+            if self._body_key is not None:
+                self.body = self.engine.kept_bodies.take(self._body_key)
             if self.body is None:
                 self.body = PromptBody()
-        self._body_key = route_key
         replica, link, first = await self._open(prompt, sampling, route_key)
         if PACED.get():
             link.hold_reads()
@@ -462,7 +480,7 @@ class UpstreamSession:
             self.engine.mark_ok(replica)
             # A stream whose finishing event came without ids (llama.cpp server's last
             # event) ends here, not through `_read_trailer`.
-            ENGINE_CACHED.set(reader.cached_tokens)
+            ENGINE_CACHED.set(self._cached(reader))
             if reader.timings is not None:
                 self.last_timings = orjson.loads(reader.timings)
         except LinkError as e:
@@ -482,7 +500,15 @@ class UpstreamSession:
                 await link.next()
         except LinkError:
             return
-        ENGINE_CACHED.set(reader.cached_tokens)
+        ENGINE_CACHED.set(self._cached(reader))
+
+    def _cached(self, reader: ResponseReader) -> int | None:
+        """The prompt ids the replica said it served from its cache, if they can only
+        be this tenant's: a salted session on a server without salts (llama.cpp) is
+        told nothing, the hit may be another tenant's prompt."""
+        if self.cache_salt is not None and self.engine.dialect.salt_field is None:
+            return None
+        return reader.cached_tokens
 
     async def _open(
         self, prompt: Prompt, sampling: Sampling, route_key: str | None
@@ -535,7 +561,10 @@ class UpstreamSession:
         link: Link | None = None
         try:
             model = await self._served_model(replica)
-            rest = orjson.dumps(dialect.body(model, sampling))
+            fields = dialect.body(model, sampling)
+            if self.cache_salt is not None and dialect.salt_field is not None:
+                fields[dialect.salt_field] = self.cache_salt
+            rest = orjson.dumps(fields)
             assert self.body is not None, "generate chose the body"
             body = request_body(dialect, self.body, prompt, rest)
             link = await client.send(

@@ -37,8 +37,8 @@ class PeerEngine(WrappedEngine):
         super().__init__(engine)
         self._peer = peer
 
-    def session(self) -> EngineSession:
-        return PeerSession(self.engine.session(), self._peer)
+    def session(self, cache_salt: str | None = None) -> EngineSession:
+        return PeerSession(self.engine.session(cache_salt), self._peer)
 
 
 class PeerSession:

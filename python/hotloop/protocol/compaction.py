@@ -10,7 +10,8 @@ message holding the summary before the core parses the request, so the summary r
 in place of the history it stands for.
 
 This module owns the key (`--compaction-key`, or one generated per data directory and
-kept there, so restarts and `--workers` processes open each other's items), sealing,
+kept there, so restarts and `--workers` processes open each other's items; the secret
+of the engine's cache salts is derived from it, `auth.ApiKeys`), sealing,
 opening and the rewrite of request bodies, and the requests of a compaction: the one
 that asks the engine for the summary and the one a compacted turn runs on. When to
 compact and the engine work are `summarization.py`'s.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
+import hmac
 import os
 import time
 from pathlib import Path
@@ -70,6 +72,12 @@ class Compactor:
         self._aead = AESGCM(key)
         self._aad = _AAD
         self.summary_tokens = summary_tokens
+        # Derived now, the key itself not kept: a one-way function of it, so a salt an
+        # engine logs opens no compaction item.
+        self.cache_secret = hmac.new(key, b"hotloop engine cache salt", hashlib.sha256).digest()
+        """The secret of the engine's cache salts: the same wherever this key is (its
+        restarts, `--workers` processes, nodes given one `--compaction-key`), so a key's
+        requests find their engine cache from any of them."""
 
     def bound(self, owner: str | None) -> Compactor:
         """This key as API key id `owner` uses it: an item it seals opens for `owner`

@@ -97,8 +97,11 @@ class App:
         # Without one (an app built by hand), items sealed here open only in this process.
         self.compactor = compactor or Compactor.ephemeral()
         # The same check as the HTTP routes (`build_app` hands both one `ApiKeys`).
-        self.keys = (
-            ApiKeys(self.config.api_keys, self.config.tenant_label_secret) if keys is None else keys
+        self.keys = keys or ApiKeys(
+            self.config.api_keys,
+            self.config.tenant_label_secret,
+            cache_scope=self.config.engine_cache_scope,
+            cache_secret=self.compactor.cache_secret,
         )
         self.budget = (
             CacheBudget(self.config.cache_memory_bytes) if ledger is None else ledger.budget
@@ -308,7 +311,7 @@ class App:
         frames = scope.get("extensions", {}).get(SEND_FRAMES)
         socket = Socket(
             connection,
-            self.engine.session(),
+            self.engine.session(self.keys.cache_salt(key)),
             send,
             high_water=config.send_buffer_bytes,
             lifetime=config.connection_lifetime,

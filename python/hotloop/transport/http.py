@@ -460,8 +460,9 @@ class HttpApi:
             generation.result()
 
     async def generate(self, connection: Connection, work: Generate, emit: Emit) -> None:
-        """Run `work`, and the work it leads to (a compacted turn after its summary)."""
-        session = self.ledger.engine.session()
+        """Run `work`, and the work it leads to (a compacted turn after its summary), on
+        the engine cache of the request's key."""
+        session = self.ledger.engine.session(self.keys.cache_salt(connection.settings.principal))
         next_work: Generate | None = work
         try:
             while next_work is not None:
