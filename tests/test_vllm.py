@@ -1,8 +1,9 @@
 """hotloop's `--engine upstream --upstream-dialect vllm` against a real vLLM (CPU build,
-SmolLM2 bf16; tests/real_vllm.py): the prompt ids vLLM receives (its request log) are
-its own `/tokenize` of the same conversation, every continuation gets the full-block
-prefix-cache hit of what it already holds (its `/metrics`), a stopped response stops
-vLLM's request, and its failures reach the client as clear errors.
+SmolLM2 in float32; tests/real_vllm.py): the prompt ids vLLM receives (its request log)
+are its own `/tokenize` of the same conversation, every continuation gets the full-block
+prefix-cache hit of what it already holds (its `/metrics`) and no key hits another's, a
+stopped response stops vLLM's request, and its failures reach the client as clear
+errors.
 
 One vLLM serves the whole module (it takes about a minute to start); hotloop runs as
 `hotloop serve` processes in front of it. Replies are short (greedy, a few tokens).
@@ -430,11 +431,22 @@ def test_a_steered_response_leaves_nothing_running(vllm: VllmServer, node: Hotlo
         wait_stopped(vllm)
 
 
+WEATHER = {
+    "London": ("rainy", "8 C"),
+    "Berlin": ("cloudy", "15 C"),
+    "Rome": ("sunny", "24 C"),
+    "Madrid": ("hot", "31 C"),
+    "Oslo": ("snowy", "-3 C"),
+}
+
+
 def few_shot_weather() -> list[dict[str, Any]]:
     """A history that makes greedy SmolLM2 call `get_weather` for the last question
-    (it calls no tool when only told to)."""
+    (it calls no tool when only told to). Five calls with five different answers: with
+    three alike, float32 wrote a `<tool_response>` of its own instead of the call (bf16
+    called); with these both call (by hand, 2026-12-04)."""
     items: list[dict[str, Any]] = []
-    for i, city in enumerate(("London", "Berlin", "Rome")):
+    for i, (city, (sky, temperature)) in enumerate(WEATHER.items()):
         call_id = f"call_{i}"
         items += [
             {"type": "message", "role": "user", "content": f"What is the weather in {city}?"},
@@ -444,8 +456,16 @@ def few_shot_weather() -> list[dict[str, Any]]:
                 "name": "get_weather",
                 "arguments": json.dumps({"city": city}),
             },
-            {"type": "function_call_output", "call_id": call_id, "output": "Sunny, 20 C"},
-            {"type": "message", "role": "assistant", "content": f"It is sunny and 20 C in {city}."},
+            {
+                "type": "function_call_output",
+                "call_id": call_id,
+                "output": f"{sky.capitalize()}, {temperature}",
+            },
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": f"It is {sky} and {temperature} in {city}.",
+            },
         ]
     return [*items, {"type": "message", "role": "user", "content": "What is the weather in Paris?"}]
 

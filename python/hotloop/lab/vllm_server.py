@@ -10,8 +10,10 @@ not speak the completion protocol: `UpstreamEngine` does.
 The settings (see docs/engines.md, "vLLM on CPU"): `--enforce-eager` (compiled bf16
 graphs on CPU serve wrong tokens without an error), `--block-size 32` (the CPU default
 of 128 leaves short prompts with no reusable full block), prefix caching, a 1 GiB KV
-cache, no network. `--enable-log-requests` at DEBUG logs each request's prompt ids
-(`prompt_ids()`; `log_requests=False` for measurements), and
+cache, no network; the weights in bf16 (the benchmark) or float32 (the tests: bf16
+samples other text on CPUs whose kernels differ, such as AMX ones).
+`--enable-log-requests` at DEBUG logs each request's prompt ids (`prompt_ids()`;
+`log_requests=False` for measurements), and
 `--enable-prompt-tokens-details` makes each completion's usage carry what vLLM served
 from its prefix cache.
 """
@@ -76,6 +78,7 @@ class VllmServer:
         max_model_len: int = 4096,
         kv_cache_gib: int = 1,
         log_requests: bool = True,
+        dtype: str = "bfloat16",
     ) -> None:
         self.python = str(python)
         self.model_dir = str(model_dir)
@@ -84,6 +87,7 @@ class VllmServer:
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
         self.log_requests = log_requests
+        self.dtype = dtype
         self.log: deque[str] = deque(maxlen=LOG_LINES)
         self._prompts: list[list[int]] = []
         self._logged = threading.Condition()
@@ -110,7 +114,7 @@ class VllmServer:
             "--max-model-len",
             str(self.max_model_len),
             "--dtype",
-            "bfloat16",
+            self.dtype,
             "--enforce-eager",
             "--block-size",
             str(BLOCK_SIZE),
