@@ -20,6 +20,7 @@ import logging.config
 import os
 import secrets
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -29,7 +30,7 @@ from hotloop import logs, native_deps
 from hotloop.auth import ApiKeys, parse_entry
 from hotloop.chat_template import TemplateChoice
 from hotloop.config import ServerConfig
-from hotloop.engines.base import Engine
+from hotloop.engines.base import Engine, EngineError
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import QueueMemory
@@ -133,7 +134,9 @@ ENGINES: dict[str, Callable[[ServerConfig], Engine]] = {
 def load_engine(config: ServerConfig) -> Engine:
     build = ENGINES.get(config.engine)
     if build is None:
-        raise SystemExit(f"unknown engine {config.engine!r}; choose one of {', '.join(ENGINES)}")
+        raise SystemExit(
+            f"hotloop: unknown engine {config.engine!r}; choose one of {', '.join(ENGINES)}"
+        )
     return build(config)
 
 
@@ -305,24 +308,71 @@ NODE_HEADER = "x-hotloop-node"
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
-    """The configuration `hotloop serve` was given: its flags over the environment."""
+    """The configuration `hotloop serve` was given: its flags over the environment. A
+    value that does not parse is one line naming its flag (or variable) and exit 1."""
     overrides: dict[str, Any] = {}
     for option in ServerConfig.options():
         value = getattr(args, option.name)
         if value is None:
             continue
-        overrides[option.name] = (
-            value if isinstance(value, bool) else ServerConfig.parse(option.name, value)
-        )
+        try:
+            overrides[option.name] = (
+                value if isinstance(value, bool) else ServerConfig.parse(option.name, value)
+            )
+        except ValueError as e:
+            raise SystemExit(f"hotloop: --{option.name.replace('_', '-')}: {e}") from None
     try:
         return ServerConfig.from_env(**overrides)
     except ValueError as e:
-        raise SystemExit(f"hotloop: {e}") from e
+        raise SystemExit(f"hotloop: {e}") from None
+
+
+MISCONFIGURED = (ValueError, OSError, EngineError)
+"""What building the server raises for a bad value, path or file of its configuration
+(a template or vocabulary that does not load is the core's `CoreError`, a ValueError;
+a file that cannot be read an OSError)."""
+
+
+def built(factory: str) -> App:
+    """The application `factory` (`module:function`) builds from the configuration
+    `serve` put in the environment: every file the configuration names is read and every
+    value checked here, before anything says it is serving. One that is wrong is one
+    line naming it and exit 1, not a traceback (nor, with `--workers`, workers that die
+    and are restarted for ever)."""
+    from uvicorn.importer import import_from_string
+
+    try:
+        app: App = import_from_string(factory)()
+    except MISCONFIGURED as e:
+        raise SystemExit(f"hotloop: {misconfiguration(e)}") from None
+    return app
+
+
+def misconfiguration(error: Exception) -> str:
+    """One line for a configuration error: the file and what is wrong with it."""
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.filename}: {error.strerror}"
+    if isinstance(error, EngineError):
+        return error.message
+    return str(error)
+
+
+def listenable(host: str, port: int) -> None:
+    """`host:port` can be listened on (one line and exit 1 if not): the address and port
+    are checked before anything says it is serving; uvicorn binds them again."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise SystemExit(f"hotloop: cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 def serve(config: ServerConfig, app: str = "hotloop.cli:create_app") -> None:
-    """Run the server on `config`, each worker building its application with the
-    factory `app` (`module:function`)."""
+    """Run the server on `config`, its application built by the factory `app`
+    (`module:function`; with `--workers`, by each worker again). Whatever the
+    configuration names is checked before anything says it is serving (`built`)."""
     import uvicorn
 
     # One name for the node, resolved here so that `--workers N` share it.
@@ -341,6 +391,10 @@ def serve(config: ServerConfig, app: str = "hotloop.cli:create_app") -> None:
     base = f"http://{config.host}:{config.port}/v1"
     # Through the configured handlers: in json, every line on the streams is an object.
     logging.config.dictConfig(log_config)
+    listenable(config.host, config.port)
+    # Built here whatever the workers: with several, each builds its own again, but a
+    # wrong configuration stops here, once, instead of in every worker.
+    server_app = built(app)
     logging.getLogger("hotloop").info(
         "engine %s, serving %s; WebSocket mode: ws://%s:%d/v1/responses, "
         'OpenAI(base_url="%s", api_key=...).responses.connect(); open files: %d (was %d); '
@@ -357,7 +411,6 @@ def serve(config: ServerConfig, app: str = "hotloop.cli:create_app") -> None:
         extra={"event": "server.starting"},
     )
     options: dict[str, Any] = dict(
-        factory=True,
         host=config.host,
         port=config.port,
         workers=config.workers,
@@ -379,9 +432,9 @@ def serve(config: ServerConfig, app: str = "hotloop.cli:create_app") -> None:
         timeout_graceful_shutdown=config.drain_timeout,
     )
     if config.workers > 1:
-        uvicorn.run(app, **options)
+        uvicorn.run(app, factory=True, **options)
         return
-    server = uvicorn.Server(uvicorn.Config(app, **options))
+    server = uvicorn.Server(uvicorn.Config(server_app, **options))
     # After a graceful shutdown uvicorn restores the previous SIGTERM/SIGINT handlers and
     # raises the signal again; the drain has run by then, so that ends in exit status 0.
     for sig in (signal.SIGTERM, signal.SIGINT):

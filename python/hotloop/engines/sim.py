@@ -65,17 +65,25 @@ class SimScript:
 
     @classmethod
     def load(cls, path: str) -> SimScript:
-        """A replay script: `{"turns": [{"reasoning", "text", "calls": [[name, args]]}]}`."""
+        """A replay script: `{"turns": [{"reasoning", "text", "calls": [[name, args]]}]}`.
+        Raises ValueError naming the file when it is not one (OSError: unreadable)."""
         with open(path, "rb") as f:
-            data = orjson.loads(f.read())
-        turns = tuple(
-            SimTurn(
-                reasoning=t.get("reasoning"),
-                text=t.get("text"),
-                calls=tuple((str(name), str(args)) for name, args in t.get("calls", ())),
+            text = f.read()
+        try:
+            turns = tuple(
+                SimTurn(
+                    reasoning=t.get("reasoning"),
+                    text=t.get("text"),
+                    calls=tuple((str(name), str(args)) for name, args in t.get("calls", ())),
+                )
+                for t in orjson.loads(text)["turns"]
             )
-            for t in data["turns"]
-        )
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
+            raise ValueError(
+                f"{path} is not a replay script, "
+                '{"turns": [{"reasoning", "text", "calls": [[name, arguments]]}]}'
+                f" ({type(e).__name__}: {e})"
+            ) from e
         if not turns:
             raise ValueError(f"{path}: a replay script needs at least one turn")
         return cls(turns=turns)

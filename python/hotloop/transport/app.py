@@ -18,7 +18,7 @@ from hotloop import logs
 from hotloop._core import CreateRequest, Limits, Policy
 from hotloop.auth import ApiKeys, AuthError
 from hotloop.config import ServerConfig
-from hotloop.engines.base import Engine
+from hotloop.engines.base import Engine, EngineError
 from hotloop.events import error_body
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
@@ -210,9 +210,9 @@ class App:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.start()
-                except StoreError as e:
-                    # A damaged or unusable store: the message names the database and
-                    # what to do; a traceback would only bury it.
+                except (StoreError, EngineError) as e:
+                    # A damaged or unusable store, a model the engine cannot load: the
+                    # message names it and what to do; a traceback would only bury it.
                     log.error("cannot start: %s", e.message)
                     await send({"type": "lifespan.startup.failed", "message": e.message})
                     return
