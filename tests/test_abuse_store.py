@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import psycopg
 import pytest
 from hotloop.store import Store, StoredResponse, StoreError, open_store
 from hotloop.store.cache import CachedStore
+from hotloop.store.postgres import PostgresDatabase
 from hotloop.store.records import ItemRows, Rejected, Row
 from hotloop.store.sqlite import SQLiteDatabase
 from hotloop.store.writer import CHUNK_BYTES, MAX_BATCH_BYTES, MAX_BATCH_ROWS, BackgroundStore
@@ -221,24 +223,25 @@ class RecordingDatabase(GatedDatabase):
     def __init__(self) -> None:
         super().__init__()
         self.committed: list[list[str]] = []
-        self.ahead: list[bool] = []
-        """Whether each batch was written ahead (not durable: chunks only)."""
+        self.bulk: list[bool] = []
+        """Whether each batch went in the bulk lane (a chunk, or a row too large for a
+        batch of rows)."""
         self.item_bytes: list[int] = []
         """Bytes of input item rows committed, per batch."""
         self.row_counts: list[int] = []
         """Rows inserted (responses and input items), per batch."""
 
     def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
-        self._record(rows, rejected, items, ahead=False)
+        self._record(rows, rejected, items, bulk=False)
 
-    def write_ahead(self, items: ItemRows) -> None:
-        self._record((), (), items, ahead=True)
+    def write_bulk(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        self._record(rows, rejected, items, bulk=True)
 
     def _record(
-        self, rows: Sequence[Row], rejected: Rejected, items: ItemRows, *, ahead: bool
+        self, rows: Sequence[Row], rejected: Rejected, items: ItemRows, *, bulk: bool
     ) -> None:
         super().write(rows, rejected, items)
-        self.ahead.append(ahead)
+        self.bulk.append(bulk)
         self.committed.append([r.id for r in rows])
         listed = [item for _, _, _, item in items]
         listed += [item for row in rows for _, _, item in row.items]
@@ -261,7 +264,7 @@ async def flooded(puts: list[StoredResponse], *, max_batch: int = 256) -> list[l
         await asyncio.gather(held, *queued)
     finally:
         await store.close()
-    durable = [ids for ids, ahead in zip(db.committed, db.ahead, strict=True) if not ahead]
+    durable = [ids for ids in db.committed if ids]
     assert durable[0] == ["resp_held"]
     return durable[1:]
 
@@ -335,65 +338,138 @@ async def test_a_response_of_many_small_items_commits_a_bounded_number_of_rows_p
 async def test_a_light_keys_commit_holds_no_chunk_and_chunks_go_one_at_a_time() -> None:
     """Issue 21 defect 5, the last 2x: B's commit waited for A's chunk under way and
     then committed a share of A's chunks with its own row (SQLite 3.0-3.7x its quiet
-    median). Now every chunk is written ahead (`Database.write_ahead`) in a batch of
-    one chunk, every commit of rows holds rows only, and A's row commits after its last
-    chunk."""
+    median). Now every chunk is written ahead in the bulk lane (`Database.write_bulk`)
+    in a batch of one chunk, every commit of rows holds rows only, and A's row commits
+    after its last chunk (in the bulk lane too: with 100 KB of input it is larger than
+    a batch of rows)."""
     db = await large_then_small(
         orjson.dumps([{"role": "user", "content": f"item {n} " + "x" * 40} for n in range(2000)])
     )
-    for ids, ahead, size in zip(db.committed, db.ahead, db.item_bytes, strict=True):
-        assert ahead == (not ids)
-        assert not ahead or size <= CHUNK_BYTES + 200
+    for ids, bulk, size in zip(db.committed, db.bulk, db.item_bytes, strict=True):
+        assert bulk == (ids != ["resp_b"])
+        assert size <= CHUNK_BYTES + 200
     assert db.committed[1] == ["resp_b"]
     assert db.committed[-1] == ["resp_a"]
 
 
-class HeldAhead(RecordingDatabase):
-    """Two writers (as PostgreSQL's): chunks written ahead wait for `gate`, rows not."""
+class HeldBulk(RecordingDatabase):
+    """Two writers (as PostgreSQL's): the bulk lane's commits wait for `bulk_gate`, the
+    rows lane's not."""
 
     writers = 2
 
     def __init__(self) -> None:
         super().__init__()
-        self.ahead_gate = threading.Event()
-        self.ahead_entered = threading.Event()
+        self.bulk_gate = threading.Event()
+        self.bulk_entered = threading.Event()
 
-    def write_ahead(self, items: ItemRows) -> None:
-        self.ahead_entered.set()
-        self.ahead_gate.wait(HANG_GUARD)
-        super().write_ahead(items)
+    def write_bulk(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        self.bulk_entered.set()
+        self.bulk_gate.wait(HANG_GUARD)
+        super().write_bulk(rows, rejected, items)
 
 
-async def test_a_light_keys_commit_never_waits_for_a_chunk_on_two_writers() -> None:
-    """Issue 21 defect 5 on PostgreSQL: B's commit waited behind A's chunk under way
-    (2.9x its quiet median). With a writer of its own for chunks, B's response commits
-    while A's chunk is still being written, and A's row only after its chunks."""
-    db = HeldAhead()
-    db.ahead_gate.clear()
+def answered(rid: str, owner: str, size: int) -> StoredResponse:
+    """A response whose output is one message of `size` bytes of text: a row that is
+    large by itself, with no item rows to cut into chunks."""
+    record = response(rid, owner=owner)
+    message = {
+        "type": "message",
+        "id": f"msg_{rid}",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "y" * size, "annotations": []}],
+    }
+    body = orjson.loads(record.response) | {"output": [message]}
+    return replace(record, response=orjson.dumps(body))
+
+
+async def test_a_key_coming_back_goes_before_the_key_whose_piece_was_just_taken() -> None:
+    """Issue 39: a key whose queue emptied lost its turn: putting again, it went behind
+    the flooding key, whose piece had just been taken, and waited for two of its large
+    rows, the one under way and the next (B's median 2.6-5.0x its quiet one on SQLite,
+    9x on PostgreSQL, under 350 KB outputs). Now the key whose piece the writer took
+    longest ago goes first: B's large response, put while A's is being written with
+    more of A's queued before it, commits next, then A's in order."""
+    db = RecordingDatabase()
     store = await BackgroundStore.open(lambda: db, commit_window=0)
     try:
-        items = orjson.dumps([{"role": "user", "content": f"item {n}"} for n in range(500)])
-        large = asyncio.create_task(store.put(response("resp_a", owner="key_a", input_json=items)))
-        loop = asyncio.get_running_loop()
-        assert await loop.run_in_executor(None, db.ahead_entered.wait, HANG_GUARD)
-        await asyncio.wait_for(store.put(response("resp_b", owner="key_b")), HANG_GUARD)
-        assert not large.done()
-        db.ahead_gate.set()
-        await large
+        await store.put(answered("resp_b0", "key_b", MAX_BATCH_BYTES))
+        db.gate.clear()
+        held = asyncio.create_task(store.put(answered("resp_a0", "key_a", MAX_BATCH_BYTES)))
+        await asyncio.get_running_loop().run_in_executor(None, db.entered.wait)
+        queued = [
+            asyncio.create_task(store.put(answered(f"resp_a{n}", "key_a", MAX_BATCH_BYTES)))
+            for n in (1, 2, 3)
+        ]
+        queued.append(asyncio.create_task(store.put(answered("resp_b1", "key_b", MAX_BATCH_BYTES))))
+        await scheduled_callbacks_ran()  # every put is queued (none can commit: the gate is shut)
+        db.gate.set()
+        await asyncio.gather(held, *queued)
     finally:
-        db.ahead_gate.set()
+        await store.close()
+    assert db.committed == [
+        ["resp_b0"],
+        ["resp_a0"],
+        ["resp_b1"],
+        ["resp_a1"],
+        ["resp_a2"],
+        ["resp_a3"],
+    ]
+
+
+def chunked() -> StoredResponse:
+    """A's response of 500 input items: committed in chunks ahead of its row."""
+    items = orjson.dumps([{"role": "user", "content": f"item {n}"} for n in range(500)])
+    return response("resp_a", owner="key_a", input_json=items)
+
+
+BULK_PIECES = [
+    pytest.param(chunked, id="chunks"),
+    pytest.param(lambda: answered("resp_a", "key_a", MAX_BATCH_BYTES), id="large-row"),
+]
+"""A's response whose bulk pieces B's commit must not wait for: chunks of item rows,
+or a row too large for a batch of rows (with no item rows to cut into chunks)."""
+
+
+@pytest.mark.parametrize("large", BULK_PIECES)
+async def test_a_light_keys_commit_never_waits_for_a_bulk_piece_on_two_writers(
+    large: Callable[[], StoredResponse],
+) -> None:
+    """Issue 21 defect 5 and issue 39 on PostgreSQL: B's commit waited behind A's
+    chunk under way (2.9x its quiet median), and behind a row too large for a batch of
+    rows (a 350 KB output) on the connection that commits everyone's rows (9x). With a
+    writer of its own for the bulk lane, B's response commits while A's piece is still
+    being written, and A's put returns only once its row committed, after its chunks."""
+    db = HeldBulk()
+    db.bulk_gate.clear()
+    store = await BackgroundStore.open(lambda: db, commit_window=0)
+    try:
+        put = asyncio.create_task(store.put(large()))
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, db.bulk_entered.wait, HANG_GUARD)
+        await asyncio.wait_for(store.put(response("resp_b", owner="key_b")), HANG_GUARD)
+        assert not put.done()
+        db.bulk_gate.set()
+        await put
+    finally:
+        db.bulk_gate.set()
         await store.close()
     assert db.committed[0] == ["resp_b"] and db.committed[-1] == ["resp_a"]
-    assert sum(db.ahead) == len(db.committed) - 2
+    assert db.bulk[0] is False and all(db.bulk[1:-1])
 
 
-async def test_a_light_keys_commit_never_waits_for_a_chunks_fsync_on_sqlite(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("large", BULK_PIECES)
+async def test_a_light_keys_commit_never_waits_for_a_bulk_pieces_fsync_on_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: Callable[[], StoredResponse]
 ) -> None:
-    """Issue 21 defect 5 on SQLite (one writer): B's commit waited behind A's chunk
-    transaction including its fsync (2.6x its quiet median). Now a chunk's fsync runs
-    outside SQLite's lock, off the store thread: B's response commits while it is held,
-    and A's row, acknowledging A, only after it."""
+    """Issue 21 defect 5 and issue 39 on SQLite (one writer): B's commit waited behind
+    A's chunk transaction including its fsync (2.6x its quiet median), and behind the
+    commit of a response too large for a batch of rows, its fsync inside SQLite's one
+    write lock too. Now a bulk piece's transaction writes its frames only and the WAL
+    is fsync'd off the store thread: B's response commits while that fsync is held,
+    and A's put, which its terminal event waits for, returns only after it (the
+    durability of `store: true` unchanged)."""
     entered, gate = threading.Event(), threading.Event()
     fsync = os.fsync
 
@@ -407,17 +483,48 @@ async def test_a_light_keys_commit_never_waits_for_a_chunks_fsync_on_sqlite(
         lambda: SQLiteDatabase.in_directory(tmp_path), commit_window=0
     )
     try:
-        items = orjson.dumps([{"role": "user", "content": f"item {n}"} for n in range(500)])
-        large = asyncio.create_task(store.put(response("resp_a", owner="key_a", input_json=items)))
+        put = asyncio.create_task(store.put(large()))
         assert await asyncio.get_running_loop().run_in_executor(None, entered.wait, HANG_GUARD)
         await asyncio.wait_for(store.put(response("resp_b", owner="key_b")), HANG_GUARD)
-        assert not large.done()
+        assert not put.done()
         gate.set()
-        await large
+        await put
         assert await store.get("resp_a", "key_a") is not None
     finally:
         gate.set()
         await store.close()
+
+
+async def test_on_postgresql_a_row_always_waits_for_the_wal_and_chunks_alone_never(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bulk lane's transactions on PostgreSQL: a large response's chunks are
+    committed without waiting for the WAL flush (the commit of their row, which
+    follows, flushes it), but its row, too large for a batch of rows and committed on
+    the bulk lane's connection too, waits for it like every other row: what a
+    terminal event waits for is durable."""
+    settings: list[tuple[bool, str]] = []
+    insert = PostgresDatabase._insert
+
+    def spied(
+        cursor: psycopg.Cursor[Any], rows: Sequence[Row], rejected: Rejected, items: ItemRows
+    ) -> None:
+        row = cursor.execute("SHOW synchronous_commit").fetchone()
+        assert row is not None
+        settings.append((bool(rows), row[0]))
+        insert(cursor, rows, rejected, items)
+
+    monkeypatch.setattr(PostgresDatabase, "_insert", staticmethod(spied))
+    items = [{"role": "user", "content": f"item {n} " + "x" * 40} for n in range(1000)]
+    store = await open_store(postgres_server.fresh_database())
+    try:
+        await store.put(response("resp_a", owner="key_a", input_json=orjson.dumps(items)))
+        await store.put(answered("resp_b", "key_b", 2 * MAX_BATCH_BYTES))
+    finally:
+        await store.close()
+    assert {setting for rows, setting in settings if rows} == {"on"}
+    assert {setting for rows, setting in settings if not rows} == {"off"}
+    assert [rows for rows, _ in settings].count(True) == 2
 
 
 class HeldSQLite(SQLiteDatabase):

@@ -501,8 +501,8 @@ class GatedDatabase:
         self.batches.append(len(rows))
         self.rows.update((r.id, r) for r in rows)
 
-    def write_ahead(self, items: ItemRows) -> None:
-        self.write((), (), items)
+    def write_bulk(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        self.write(rows, rejected, items)
 
     def probe(self) -> None:
         if self.fail is not None:

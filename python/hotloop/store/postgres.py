@@ -218,8 +218,9 @@ class PostgresDatabase:
 
     readers = READERS
     writers = 2
-    """Item rows written ahead of their response have a thread and a connection of
-    their own (`writer.py`): a light key's commit never waits for a heavy key's chunk."""
+    """Large responses' rows and the item rows written ahead of them have a thread and
+    a connection of their own (`writer.py`): a light key's commit never waits for a
+    heavy key's piece."""
 
     def __init__(
         self, url: str, *, busy_timeout: float = 5.0, durability: str = "power-loss"
@@ -328,14 +329,16 @@ class PostgresDatabase:
         with self._transaction("write") as cursor:
             self._insert(cursor, rows, rejected, items)
 
-    def write_ahead(self, items: ItemRows) -> None:
-        """Commit `items` without waiting for the WAL flush (`synchronous_commit` off
-        for this transaction): the WAL is one sequence, so the flush the response's own
-        commit waits for, which follows, covers these records too; a crash before then
-        leaves at most some of them, unreferenced."""
+    def write_bulk(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
+        """`write` on the bulk lane's connection, concurrently with `write` on another.
+        Item rows alone are committed without waiting for the WAL flush
+        (`synchronous_commit` off for the transaction): the WAL is one sequence, so the
+        flush their response's own commit waits for, which follows, covers them too; a
+        crash before then leaves at most some of them, unreferenced."""
         with self._transaction("write") as cursor:
-            cursor.execute("SET LOCAL synchronous_commit = off")
-            self._insert(cursor, (), (), items)
+            if not rows and not rejected:
+                cursor.execute("SET LOCAL synchronous_commit = off")
+            self._insert(cursor, rows, rejected, items)
 
     @staticmethod
     def _insert(

@@ -378,27 +378,31 @@ class SQLiteDatabase:
                 [q.values() for q in rejected],
             )
 
-    def write_ahead(self, items: ItemRows) -> Callable[[], None] | None:
-        """Commit `items` without their fsync (`synchronous=NORMAL` for the
+    def write_bulk(
+        self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()
+    ) -> Callable[[], None] | None:
+        """Commit like `write` without the fsync (`synchronous=NORMAL` for the
         transaction: SQLite's one write lock is held for writing the frames only) and
         return the fsync of the WAL, which the writer runs on another thread, outside
-        the lock, before the next chunk. Another key's commit thus never waits for a
-        chunk's fsync, and its own fsync finds at most one chunk's frames unsynced:
-        left for it to flush, a flood's chunks made B's two-row commit 2.9 ms instead of
-        0.39 ms (`benches/bench_store_fairness.py`). Durability is unchanged: the
-        response's row commits with `synchronous=FULL` after its chunks, and on Linux an
-        fsync writes out every dirty page of the file, whichever descriptor wrote it,
-        so that commit's own fsync also covers its chunks' frames; NORMAL in WAL mode
-        never corrupts the file (a crash loses at most unsynced commits: here chunks no
-        row references)."""
+        the lock, before it acknowledges the rows and before the next bulk piece (for
+        chunks alone, unless a commit of rows under way, whose fsync covers them).
+        Another key's commit thus never waits for a large piece's fsync, and its own
+        fsync finds at most one piece's frames unsynced: left for it to flush, a flood's
+        chunks made B's two-row commit 2.9 ms instead of 0.39 ms
+        (`benches/bench_store_fairness.py`). Durability is unchanged: the WAL holds
+        each commit whole, and on Linux an fsync writes out every dirty page of the
+        file, whichever descriptor wrote it, so a row is on disk once that fsync (or a
+        later `synchronous=FULL` commit's) returns, and so are its chunks' frames,
+        written before it; NORMAL in WAL mode never corrupts the file (a crash loses at
+        most commits not yet fsync'd, whose rows nobody was told were stored)."""
         if self._synchronous == "NORMAL":
-            self.write((), (), items)
+            self.write(rows, rejected, items)
             return None
         db = self._db
         with _failures("write to", self.path):
             db.execute("PRAGMA synchronous=NORMAL")
         try:
-            self.write((), (), items)
+            self.write(rows, rejected, items)
         finally:
             with _failures("write to", self.path):
                 db.execute(f"PRAGMA synchronous={self._synchronous}")

@@ -12,19 +12,22 @@ quarantined in the same transaction and only that response fails) or failed with
 whole transaction.
 
 Fair shares: the writer is one resource every tenant waits on, so each API key has a
-queue of its own and a batch takes one piece of work from each key in turn, up to
-`max_batch` pieces, `max_batch_bytes` bytes and `MAX_BATCH_ROWS` rows (a batch's time
-follows its bytes on SQLite, its rows on PostgreSQL). A piece is a response's row (with
-its last input item rows), or a chunk of a large response's item rows (`CHUNK_BYTES`,
-`CHUNK_ROWS`), committed ahead of the row: invisible until the row commits (every read
-starts from the row), so a large response still appears whole or not at all. The two
-kinds go in two lanes of batches (`_Lane`): rows, which acknowledge responses, in
-commits that hold no chunk; chunks, one per transaction, written ahead
-(`Database.write_ahead`). Another key's response thus waits for at most one chunk
-under way (on PostgreSQL not even that: the lanes have a connection each) and its own
-commit, which holds no one's chunks, never behind the whole of a large response. A
-large response that fails after some of its chunks committed leaves those item rows
-behind, unreferenced.
+queue of its own and a batch takes one piece of work from each key in turn, the key
+served longest ago first (a key coming back from idle goes before a flooding key, whose
+piece was taken last), up to `max_batch` pieces, `max_batch_bytes` bytes and
+`MAX_BATCH_ROWS` rows (a batch's time follows its bytes on SQLite, its rows on
+PostgreSQL). A piece is a response's row (with its last input item rows), or a chunk of
+a large response's item rows (`CHUNK_BYTES`, `CHUNK_ROWS`), committed ahead of the row:
+invisible until the row commits (every read starts from the row), so a large response
+still appears whole or not at all. The pieces go in two lanes of batches (`_Lane`):
+rows, which acknowledge responses, in group commits of rows that fit a batch, holding no
+chunk; and bulk, one piece per transaction (`Database.write_bulk`): a chunk, written
+ahead without waiting for the disk, or a row larger than a batch of rows, acknowledged
+once the database's flush ran. Another key's response thus waits for at most one bulk
+piece under way (on PostgreSQL not even that: the lanes have a connection each) and its
+own commit, which holds none of the large one's bytes, never behind the whole of a
+large response nor its fsync. A large response that fails after some of its chunks
+committed leaves those item rows behind, unreferenced.
 
 Failure isolation: nothing a record holds and no database error ends the drain task.
 Every failure is counted (`hotloop_store_errors_total{stage}`) and logged at ERROR with
@@ -83,7 +86,7 @@ class Database(Protocol):
 
     readers: int
     writers: int
-    """1: `write_ahead` runs on the store thread beside `write`; 2: on a thread (and a
+    """1: `write_bulk` runs on the store thread beside `write`; 2: on a thread (and a
     connection) of its own, concurrently with `write`."""
 
     def write(self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()) -> None:
@@ -91,13 +94,16 @@ class Database(Protocol):
         (response id, position, id, item) in one durable transaction."""
         ...
 
-    def write_ahead(self, items: ItemRows) -> Callable[[], None] | None:
-        """Commit input item rows of responses not yet committed, possibly without
-        waiting for the disk: no read reaches them before their response's row commits,
-        and that durable commit, which follows, flushes the log up to itself (each
-        database's log is one sequence). May return a flush of the log that the writer
-        runs on a thread of its own before the lane's next chunk, so that a commit
-        after it has little left to flush."""
+    def write_bulk(
+        self, rows: Sequence[Row], rejected: Rejected, items: ItemRows = ()
+    ) -> Callable[[], None] | None:
+        """Commit like `write`, possibly without waiting for the disk, and return what
+        makes the commit durable (None: it is), which the writer runs on a thread of its
+        own, outside any lock `write` takes, before it acknowledges the rows. With no
+        rows, the item rows are those of responses not yet committed: no read reaches
+        them before their response's row commits, and that durable commit, which
+        follows, flushes the log up to itself (each database's log is one sequence), so
+        the writer may skip the flush while a commit of rows is under way."""
         ...
 
     def probe(self) -> None:
@@ -139,8 +145,8 @@ CHUNK_ROWS = 16
 up to CHUNK_BYTES of them, and at most CHUNK_ROWS."""
 MAX_BATCH_BYTES = 32 * 1024
 MAX_BATCH_ROWS = 64
-"""What one batch commits at most (a single response row larger than that, alone):
-what another key's response may wait behind. Rows are bounded beside bytes because
+"""What one batch of rows commits at most (a row larger than that goes in the bulk lane,
+alone): what another key's response may wait behind. Rows are bounded beside bytes because
 PostgreSQL's time per row (a conflict check and two index entries) dwarfs its time per
 byte: 32 KiB of small items, 180 rows, took 6.8 ms to commit where one row takes 0.8 ms
 (`benches/bench_store_fairness.py`), and B's turn waited behind two such batches."""
@@ -159,7 +165,8 @@ class _Put:
     usage: Usage = field(default_factory=Usage)
     """What the whole response holds in the database, once prepared (its quota)."""
     ahead: int = 0
-    """Its chunks being written ahead: its row waits until none is (`_Lane.takes`)."""
+    """Its chunks being written ahead: its row waits until none is
+    (`BackgroundStore._takes`)."""
 
     @property
     def size(self) -> int:
@@ -213,9 +220,10 @@ def _pieces(put: _Put) -> list[_Piece]:
 @dataclass
 class _Lane:
     """A sequence of batches of one kind, committed one after another on `thread`:
-    responses' rows (durable, acknowledging) or chunks written ahead of them."""
+    rows that fit a batch (durable, acknowledging), or bulk pieces (`Database.write_bulk`:
+    chunks written ahead of their rows, and rows too large for a batch)."""
 
-    ahead: bool
+    bulk: bool
     thread: ThreadPoolExecutor
     max_bytes: int
     max_rows: int
@@ -223,11 +231,6 @@ class _Lane:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a piece it may take may have become takeable."""
     committing: bool = False
-
-    def takes(self, piece: _Piece) -> bool:
-        if self.ahead:
-            return not piece.final
-        return piece.final and not piece.put.ahead
 
 
 @dataclass
@@ -238,7 +241,7 @@ class _Outcome:
     refused: list[tuple[_Put, RecordError]] = field(default_factory=list)
     failure: StoreError | None = None
     flush: Callable[[], None] | None = None
-    """What `Database.write_ahead` left to run off its thread."""
+    """What `Database.write_bulk` left to run off its thread."""
 
 
 class BackgroundStore:
@@ -268,16 +271,19 @@ class BackgroundStore:
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="hotloop-store-flush")
         self._preparing = 0
         self._preparings: set[asyncio.Task[None]] = set()
-        # Per owner, in turn order: the next batch starts with the first key.
+        # Per owner with queued work.
         self._queues: dict[str | None, deque[_Piece]] = {}
+        # Per owner, when the writer last took a piece of it (`_take`'s turn order).
+        self._served: dict[str | None, int] = {}
+        self._taken = 0
         self._queued_pieces = 0
         self._rows = _Lane(False, thread, max_batch_bytes, MAX_BATCH_ROWS)
-        # One chunk per batch: what another key's commit may wait behind on SQLite.
-        self._ahead = _Lane(
+        # One piece per batch: what another key's commit may wait behind on SQLite.
+        self._bulk = _Lane(
             True,
             thread
             if database.writers == 1
-            else ThreadPoolExecutor(1, thread_name_prefix="hotloop-store-ahead"),
+            else ThreadPoolExecutor(1, thread_name_prefix="hotloop-store-bulk"),
             CHUNK_BYTES,
             CHUNK_ROWS,
         )
@@ -293,7 +299,7 @@ class BackgroundStore:
         self._queued = 0
         self._probing: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
-        self._drainers = [loop.create_task(self._drain(lane)) for lane in (self._rows, self._ahead)]
+        self._drainers = [loop.create_task(self._drain(lane)) for lane in (self._rows, self._bulk)]
 
     @classmethod
     async def open(
@@ -429,7 +435,7 @@ class BackgroundStore:
 
     def _arrive(self) -> None:
         self._rows.arrived.set()
-        self._ahead.arrived.set()
+        self._bulk.arrived.set()
 
     # ---------------------------------------------------------------- the drain task
 
@@ -444,7 +450,7 @@ class BackgroundStore:
                 continue
             # Let the responses finishing together join (closing: commit at once).
             deadline = loop.time() + self._window
-            while not lane.ahead and not self._closed and not self._full():
+            while not lane.bulk and not self._closed and not self._full():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -460,7 +466,17 @@ class BackgroundStore:
     def _takeable(self, lane: _Lane) -> bool:
         """Whether a key's next piece is one `lane` takes, or is left of a failed
         response (any lane drops it)."""
-        return any(lane.takes(queue[0]) or queue[0].put.settled for queue in self._queues.values())
+        return any(
+            self._takes(lane, queue[0]) or queue[0].put.settled for queue in self._queues.values()
+        )
+
+    def _takes(self, lane: _Lane, piece: _Piece) -> bool:
+        """Whether `piece` goes in `lane`: a row (or a refused record) that fits a batch
+        of rows in the rows lane, once its chunks are committed; a chunk, or a larger
+        row, in the bulk lane, alone."""
+        if not piece.final or piece.size > self._rows.max_bytes:
+            return lane.bulk
+        return not lane.bulk and not piece.put.ahead
 
     def _full(self) -> bool:
         return (
@@ -470,26 +486,28 @@ class BackgroundStore:
         )
 
     def _take(self, lane: _Lane) -> list[_Piece]:
-        """`lane`'s next batch: one piece from each key in turn (see the module
-        docstring), skipping the keys whose next piece is for the other lane (they
-        keep their place), and past its first, a key's pieces only within its share of
-        the batch (the bounds divided among the keys with queued work): the batch
-        another key's response commits in holds part of a flooding key's, not a whole
-        one. A key whose next piece does not fit goes first next time; the pieces left
-        of a response that already failed are dropped."""
+        """`lane`'s next batch: one piece from each key in turn, the key whose piece
+        the writer took longest ago first (see the module docstring), skipping the keys
+        whose next piece is for the other lane (they keep their turn), and past its
+        first, a key's pieces only within its share of the batch (the bounds divided
+        among the keys with queued work): the batch another key's response commits in
+        holds part of a flooding key's, not a whole one. A key whose next piece does
+        not fit keeps its turn: it goes first next time. The pieces left of a response
+        that already failed are dropped."""
         batch: list[_Piece] = []
         size = rows = 0
         max_bytes, max_rows = lane.max_bytes, lane.max_rows
         keys = len(self._queues)
         shares: dict[str | None, tuple[int, int]] = {}
-        took = True
-        while took and len(batch) < self._max_batch:
-            took = False
-            for owner in list(self._queues):
+        # Never taken: first, in the order they came.
+        turns = sorted(self._queues, key=lambda owner: self._served.get(owner, -1))
+        while turns:
+            more: list[str | None] = []
+            for owner in turns:
                 queue = self._queues[owner]
                 piece = queue[0]
                 failed = piece.put.settled
-                if not failed and not lane.takes(piece):
+                if not failed and not self._takes(lane, piece):
                     continue
                 over = size + piece.size > max_bytes or rows + piece.rows > max_rows
                 if owner in shares:
@@ -510,26 +528,33 @@ class BackgroundStore:
                     rows += piece.rows
                     key_size, key_rows = shares.get(owner, (0, 0))
                     shares[owner] = (key_size + piece.size, key_rows + piece.rows)
-                del self._queues[owner]
+                    # One number per key that ever stored, as the quota keeps its usage.
+                    self._taken += 1
+                    self._served[owner] = self._taken
                 if queue:
-                    self._queues[owner] = queue
-                took = True
+                    more.append(owner)
+                else:
+                    del self._queues[owner]
                 if len(batch) >= self._max_batch:
-                    break
+                    return batch
+            turns = more
         return batch
 
     async def _commit(self, lane: _Lane, batch: list[_Piece]) -> None:
         if not batch:
             return
-        if lane.ahead:
-            for piece in batch:
-                piece.put.ahead += 1
+        chunks = [piece for piece in batch if not piece.final]
+        for piece in chunks:
+            piece.put.ahead += 1
         lane.committing = True
         try:
-            outcome = await self._written(self._write, lane.ahead, batch, thread=lane.thread)
-            if outcome.flush is not None and not self._rows.committing:
-                # Off the store thread: another key's commit goes on meanwhile. A commit
-                # of rows under way needs no second fsync of the log beside its own.
+            outcome = await self._written(self._write, lane.bulk, batch, thread=lane.thread)
+            if outcome.flush is not None and (
+                len(chunks) < len(batch) or not self._rows.committing
+            ):
+                # Off the store thread: another key's commit goes on meanwhile. Rows are
+                # acknowledged only after it; chunks alone need no second fsync of the
+                # log beside that of a commit of rows under way.
                 await self._written(outcome.flush, thread=self._flusher)
         except StoreError as e:
             outcome = _Outcome(failure=e)
@@ -539,8 +564,8 @@ class BackgroundStore:
             outcome = _Outcome(failure=StoreError("store_unavailable", f"{type(e).__name__}"))
         finally:
             lane.committing = False
-        if lane.ahead:
-            for piece in batch:
+        if chunks:
+            for piece in chunks:
                 piece.put.ahead -= 1
             self._rows.arrived.set()  # a response's row may now follow its chunks
         metrics = self._metrics
@@ -581,7 +606,7 @@ class BackgroundStore:
                 ),
             )
 
-    def _write(self, ahead: bool, batch: Sequence[_Piece]) -> _Outcome:
+    def _write(self, bulk: bool, batch: Sequence[_Piece]) -> _Outcome:
         """On the lane's thread: commit the batch's pieces in one transaction."""
         outcome = _Outcome()
         rows: list[Row] = []
@@ -596,8 +621,8 @@ class BackgroundStore:
                 rejected.append(quarantined(piece.put.record, piece.refused))
                 outcome.refused.append((piece.put, piece.refused))
         try:
-            if ahead:
-                outcome.flush = self._database.write_ahead(items)
+            if bulk:
+                outcome.flush = self._database.write_bulk(rows, rejected, items)
             else:
                 self._database.write(rows, rejected, items)
         except StoreError as e:
@@ -708,8 +733,8 @@ class BackgroundStore:
         self._flusher.shutdown(wait=True)
         if self._readers is not self._thread:
             self._readers.shutdown(wait=True)
-        if self._ahead.thread is not self._thread:
-            self._ahead.thread.shutdown(wait=True)
+        if self._bulk.thread is not self._thread:
+            self._bulk.thread.shutdown(wait=True)
         await self._call(self._database.close)
         self._thread.shutdown(wait=True)
 
