@@ -263,6 +263,9 @@ HISTORICAL = {
     "large inputs were rendered off the loop, alternated",
     "peers_before_after.json": "`bench_peers.py --baseline before=DIR`: hotloop before "
     "issue 23's work (d10a9fd, its own core) beside the current code and the peers, one run",
+    "store_fairness_before_after.json": "`bench_store_fairness.py 25 --rounds 5 --baseline "
+    "before=DIR`: the store writer before issue 39's bulk lane and turn order (c724f0f) and "
+    "after, interleaved, two runs",
 }
 
 
@@ -513,6 +516,29 @@ def load_burst_before_after_table(results: dict[str, Any]) -> str:
             burst_row("after (render in a thread)", results["after"]["runs"]),
         ],
     )
+
+
+def store_fairness_before_after_table(results: dict[str, Any]) -> str:
+    """Another key's commit under one key's large responses, before and after issue 39's
+    writer, per run (interleaved): the median of the rounds' attacked/quiet ratios, and
+    after it the range of the rounds'."""
+    runs = results["runs"]
+    header = ["store", "A's responses"]
+    for n in range(1, len(runs) + 1):
+        header += [f"before, run {n}", f"after, run {n} (rounds)"]
+    stores = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+    rows = []
+    for i, first in enumerate(runs[0]["rows"]):
+        cells = [stores[first["store"]], f"`{first['shape']}`"]
+        for run in runs:
+            before, after = run["rows"][i]["before"], run["rows"][i]["current"]
+            rounds = after["rounds"]
+            cells += [
+                f"{before['ratio']:.2f}x",
+                f"{after['ratio']:.2f}x ({min(rounds):.2f}-{max(rounds):.2f}x)",
+            ]
+        rows.append(cells)
+    return markdown(header, rows)
 
 
 def load_burst_table(results: dict[str, Any]) -> str:
@@ -924,6 +950,9 @@ TABLES: dict[str, Table] = {
         BENCHMARKS, ("load_burst_before_after.json",), load_burst_before_after_table
     ),
     "load_burst": Table(BENCHMARKS, ("load_burst.json",), load_burst_table),
+    "store_fairness_before_after": Table(
+        BENCHMARKS, ("store_fairness_before_after.json",), store_fairness_before_after_table
+    ),
     "ws_turn": Table(BENCHMARKS, ("ws_turn.json",), ws_turn_table),
     "turns": Table(BENCHMARKS, ("turns.json",), turns_table),
     "peers": Table(BENCHMARKS, ("peers.json",), peers_tables),
