@@ -7,7 +7,7 @@ import asyncio
 import re
 import time
 
-from hotloop.metrics import LOOP_BUSY_BUCKETS, Metrics
+from hotloop.metrics import LOOP_BUSY_BUCKETS, LOOP_LAG_BUCKETS, LoopBusy, Metrics
 from hotloop.usage import ANONYMOUS, Usage
 
 # One sample line of the text format: name{labels} value
@@ -122,3 +122,24 @@ def test_loop_busy_counts_cpu_held_between_ticks() -> None:
     assert histogram.counts[0] == 1  # the idle window: under 10 ms of CPU
     assert sum(histogram.counts[LOOP_BUSY_BUCKETS.index(0.1) + 1 :]) == 1  # the spin
     assert 'hotloop_event_loop_busy_seconds_bucket{le="0.1"} 1' in metrics.render()
+
+
+def test_loop_lag_counts_a_callback_that_holds_the_loop() -> None:
+    """A callback that holds the loop past the tick's due time makes the tick run at
+    least that much late; the lag lands in the buckets above it."""
+    metrics = Metrics()
+    held = 3 * LoopBusy.INTERVAL
+
+    async def run() -> None:
+        metrics.loop_watch.start()
+        hold_until = time.monotonic() + held
+        while time.monotonic() < hold_until:
+            pass  # this coroutine's step holds the loop: the tick cannot run
+        await asyncio.sleep(2 * LoopBusy.INTERVAL)  # the late tick, then at least one more
+        metrics.loop_watch.stop()
+
+    asyncio.run(run())
+    histogram = metrics.loop_lag.labels()
+    # At least `held - INTERVAL` (0.1 s) late: above the 0.05 s bucket.
+    assert sum(histogram.counts[LOOP_LAG_BUCKETS.index(0.05) + 1 :]) >= 1
+    assert 'hotloop_event_loop_lag_seconds_bucket{le="+Inf"}' in metrics.render()

@@ -28,6 +28,10 @@ Instruments (all names prefixed `hotloop_`):
 - refusals_total{code}: header_timeout, body_timeout, server_overloaded, too_many_connections,
   queue_memory_exceeded, background_limit; queued_request_bytes (gauge)
 - event_loop_busy_seconds: the loop thread's CPU between ticks (`LoopBusy`)
+- event_loop_lag_seconds: how late the same tick runs (`LoopBusy`): what any ready
+  callback (a frame read, a token handed over) waits for the loop
+- turn_phase_seconds{transport,phase}: where each turn's time to its first delta goes
+  (`TurnPhases`, phases of `hotloop.turnclock`)
 - usage_tokens_total{key,kind} from `Usage`
 - node_info{node}: always 1, names the node (`hotloop serve --node-id`)
 """
@@ -36,12 +40,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from hotloop.turnclock import TurnClock
     from hotloop.usage import Usage
+
+# One line per turn at DEBUG: its phases, for a benchmark to join with its clients' times.
+phases_log = logging.getLogger("hotloop.phases")
 
 Labels = tuple[str, ...]
 
@@ -67,6 +76,8 @@ OVERHEAD_BUCKETS = (
 
 
 LOOP_BUSY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# uvloop's timers have a resolution of 1 ms: finer buckets would measure the clock.
+LOOP_LAG_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class Counter:
@@ -200,17 +211,27 @@ class StreamCpu:
 
 
 class LoopBusy:
-    """How long the event loop's thread runs without a break. A tick every `INTERVAL`
-    seconds reads the thread's CPU clock and records the CPU spent since the previous
-    tick. While nothing holds the loop a window holds at most about `INTERVAL` of CPU;
-    more is one callback (a parse, a render) that kept every other connection waiting.
-    It counts CPU, not wall time, so a loaded machine does not make a stall of it."""
+    """How long the event loop's thread runs without a break, and how late the loop
+    runs what is ready. A tick every `INTERVAL` seconds reads the thread's CPU clock and
+    records the CPU spent since the previous tick. While nothing holds the loop a window
+    holds at most about `INTERVAL` of CPU; more is one callback (a parse, a render) that
+    kept every other connection waiting. It counts CPU, not wall time, so a loaded
+    machine does not make a stall of it.
+
+    Each tick also records into `lag` how late it ran after its due time: wall time,
+    what any callback that became ready meanwhile (a frame to read, a token to hand
+    over) waited while another held the loop (a large write, a collection of the
+    garbage collector), and on a loaded machine the wait for a core too. Due times are
+    the loop's own clock (`loop.time()`, the one its timers use). One timer serves both:
+    a second one, ticking faster, cost an idle server about 1% of a core."""
 
     INTERVAL = 0.05
 
-    def __init__(self, histogram: Histogram) -> None:
+    def __init__(self, histogram: Histogram, lag: Histogram | None = None) -> None:
         self.histogram = histogram
+        self.lag = lag
         self._last = 0.0
+        self._due = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
@@ -218,20 +239,48 @@ class LoopBusy:
         if self._timer is not None:
             return
         self._last = time.thread_time()
-        self._timer = asyncio.get_running_loop().call_later(self.INTERVAL, self.tick)
+        self._schedule(asyncio.get_running_loop())
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._due = loop.time() + self.INTERVAL
+        self._timer = loop.call_at(self._due, self.tick)
 
     def tick(self) -> None:
         now = time.thread_time()
         self.histogram.observe(now - self._last)
         self._last = now
+        if self.lag is not None:
+            # time.monotonic() is the clock asyncio's and uvloop's `time()` read.
+            self.lag.observe(max(0.0, time.monotonic() - self._due))
         if self._timer is not None:
             self._timer.cancel()  # when called outside its timer: one chain of ticks only
-            self._timer = asyncio.get_running_loop().call_later(self.INTERVAL, self.tick)
+            self._schedule(asyncio.get_running_loop())
 
     def stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class TurnPhases:
+    """Each turn's phases up to its first delta (`hotloop.turnclock`), by transport: a
+    histogram per phase, and at DEBUG one line per turn on `hotloop.phases`."""
+
+    def __init__(self, family: HistogramFamily) -> None:
+        self.family = family
+
+    def record(self, transport: str, response_id: str, clock: TurnClock) -> None:
+        """The turn's first delta was just written."""
+        phases = clock.phases(time.perf_counter_ns())
+        for name, seconds in phases.items():
+            self.family.labels(transport, name).observe(seconds)
+        if phases_log.isEnabledFor(logging.DEBUG):
+            phases_log.debug(
+                "response %s first delta: %s",
+                response_id,
+                " ".join(f"{name}={seconds * 1e3:.3f}ms" for name, seconds in phases.items()),
+                extra={"response_id": response_id, "event": "response.phases"},
+            )
 
 
 class Metrics:
@@ -300,7 +349,23 @@ class Metrics:
             (),
             LOOP_BUSY_BUCKETS,
         )
-        self.loop_watch = LoopBusy(self.loop_busy.labels())
+        self.loop_lag = HistogramFamily(
+            "hotloop_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 50 ms: what any ready callback "
+            "(a frame to read, a token to hand over) waited for the loop.",
+            (),
+            LOOP_LAG_BUCKETS,
+        )
+        self.loop_watch = LoopBusy(self.loop_busy.labels(), self.loop_lag.labels())
+        self.turn_phases = TurnPhases(
+            HistogramFamily(
+                "hotloop_turn_phase_seconds",
+                "Where each turn's time to its first delta went, by transport and phase "
+                "(queued, prepare, upstream_write, upstream, handover, delta_out).",
+                ("transport", "phase"),
+                OVERHEAD_BUCKETS,
+            )
+        )
 
     def record_prompt(self, *, prompt_tokens: int, cached_tokens: int) -> None:
         """Account one turn's prompt: what came from the cache, what was rendered."""
@@ -332,6 +397,8 @@ class Metrics:
             self.store_errors,
             self.refusals,
             self.loop_busy,
+            self.loop_lag,
+            self.turn_phases.family,
         ):
             lines.extend(family.render())
         lines += _scalar(
@@ -450,4 +517,4 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-__all__ = ["OVERHEAD_BUCKETS", "Counter", "Gauge", "Histogram", "Metrics"]
+__all__ = ["OVERHEAD_BUCKETS", "Counter", "Gauge", "Histogram", "Metrics", "TurnPhases"]

@@ -25,6 +25,7 @@ from typing import cast
 from urllib.parse import urlsplit
 
 from hotloop._core import ResponseReader
+from hotloop.turnclock import TurnClock
 
 PAUSE_IDS = 256
 """Ids held for a consumer that is behind before the socket stops reading: from then on
@@ -117,6 +118,9 @@ class Link(asyncio.Protocol):
         self._silence: asyncio.TimerHandle | None = None
         self._timed_out: str | None = None
         """Why the exchange timed out: silence, or the response deadline."""
+        self.clock: TurnClock | None = None
+        """The turn this exchange serves, stamped at the first read of each batch of
+        ids (`hotloop.turnclock`); the exchange's only."""
 
     # ------------------------------------------------------------ asyncio's side
 
@@ -139,6 +143,8 @@ class Link(asyncio.Protocol):
                 held += ids
             else:
                 self._ids = held = ids
+                if self.clock is not None:
+                    self.clock.arrived()
             if len(held) >= PAUSE_IDS and not self._paused and self.transport is not None:
                 self._paused = True
                 self.transport.pause_reading()
@@ -286,6 +292,7 @@ class Link(asyncio.Protocol):
             self._silence.cancel()
             self._silence = None
         reader, self.reader = self.reader, None
+        self.clock = None
         if reader is None or self.closed or self._paused or not reader.reusable:
             self.close()
             return False

@@ -63,6 +63,7 @@ from hotloop.engines.base import (
 )
 from hotloop.engines.bodies import BodyKey, KeptBodies
 from hotloop.engines.http1 import Client, HeaderError, Link, LinkError, Origin
+from hotloop.turnclock import TURN_CLOCK
 
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Prompt, ResponseReader
@@ -570,6 +571,10 @@ class UpstreamSession:
             link = await client.send(
                 replica.origin, "POST", dialect.path, headers, body, stream=dialect.name
             )
+            clock = TURN_CLOCK.get()
+            if clock is not None:
+                clock.written()
+                link.clock = clock
             reader = link.reader
             assert reader is not None
             while True:

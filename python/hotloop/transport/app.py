@@ -318,6 +318,7 @@ class App:
             send_frames=frames is not None,
             write_frames=None if frames is None else frames.get(WRITE_FRAMES),
             stream_cpu=None if self.ledger is None else self.ledger.metrics.stream_cpu,
+            phases=None if self.ledger is None else self.ledger.metrics.turn_phases,
             commit=None if self.ledger is None else self.ledger.persist,
             warm=warm,
             coalesce=config.stream_coalesce_ms / 1000,

@@ -31,6 +31,11 @@ RECEIVE_UTF8: payload}`, its UTF-8 bytes not yet decoded, so that the app decode
 off the event loop with the parse. A payload that is not UTF-8 is the app's to close
 with 1007."""
 
+RECEIVED_NS = "hotloop.websocket.received_ns"
+"""hotloop's server stamps each `websocket.receive` message under this key with the
+`time.perf_counter_ns()` at which the message was complete in its protocol: the app
+measures how long it waited to be read (`hotloop.turnclock`, phase `queued`)."""
+
 CONNECTION_DRAIN = "hotloop.websocket.connection_drain"
 """The app puts an async callable under this scope key for each accepted WebSocket:
 called at shutdown, it ends the connection's responses that wait for tool output (they

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -40,7 +41,13 @@ from websockets.protocol import State
 
 from hotloop.protocol.parsing import PARSE_OFFLOAD_BYTES
 from hotloop.shutdown import Drain, find_drain
-from hotloop.transport.asgi import CONNECTION_DRAIN, RECEIVE_UTF8, SEND_FRAMES, WRITE_FRAMES
+from hotloop.transport.asgi import (
+    CONNECTION_DRAIN,
+    RECEIVE_UTF8,
+    RECEIVED_NS,
+    SEND_FRAMES,
+    WRITE_FRAMES,
+)
 
 log = logging.getLogger("hotloop.websocket")
 
@@ -97,8 +104,9 @@ class FrameSendingProtocol(WebSocketsSansIOProtocol):
         super().send_receive_event_to_app()
 
     def _deliver(self, message: dict[str, Any]) -> None:
-        """Hand a message to the app and stop reading until it takes it (uvicorn's flow
-        control)."""
+        """Hand a message to the app, stamped (`RECEIVED_NS`), and stop reading until it
+        takes it (uvicorn's flow control)."""
+        message[RECEIVED_NS] = time.perf_counter_ns()
         # uvicorn types its queue with the spec's messages only; ours carries an extension.
         self.queue.put_nowait(cast("Any", message))
         if not self.read_paused:

@@ -81,6 +81,7 @@ from hotloop.transport.exchange import (
 )
 from hotloop.transport.mcp import run_calls
 from hotloop.transport.websocket import persist
+from hotloop.turnclock import TURN_CLOCK, TurnClock
 
 log = logging.getLogger("hotloop.http")
 
@@ -263,6 +264,9 @@ class HttpApi:
         if self.ledger.drain.draining:
             # Only a kept-alive connection can still send one: the listener is closed.
             raise ShuttingDown
+        # Over HTTP the turn's clock starts at the request's head: reading the body
+        # (the whole history, for a stateless client) is part of `prepare`.
+        clock = TurnClock(time.perf_counter_ns())
         size, request, parse_ns, body = await self._request(scope, receive, principal)
         mcp = None
         if asks(request, body):
@@ -294,7 +298,7 @@ class HttpApi:
             await reply_refusal(send, refusal)
             return
         if request.stream:
-            await self._stream(receive, send, connection, actions)
+            await self._stream(receive, send, connection, actions, clock)
         else:
             await self._run(receive, connection, actions, _discard)
             if not connection.closed:
@@ -426,18 +430,28 @@ class HttpApi:
         await reply(send, 200, orjson.dumps(body))
 
     async def _stream(
-        self, receive: Receive, send: Send, connection: Connection, actions: list[Any]
+        self,
+        receive: Receive,
+        send: Send,
+        connection: Connection,
+        actions: list[Any],
+        clock: TurnClock | None = None,
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
 
         async def emit(frame: bytes) -> None:
             await send({"type": "http.response.body", "body": sse_frame(frame), "more_body": True})
 
-        await self._run(receive, connection, actions, emit)
+        await self._run(receive, connection, actions, emit, clock)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _run(
-        self, receive: Receive, connection: Connection, actions: list[Any], emit: Emit
+        self,
+        receive: Receive,
+        connection: Connection,
+        actions: list[Any],
+        emit: Emit,
+        clock: TurnClock | None = None,
     ) -> None:
         """Send the frames so far, then run the engine work; a client that disconnects
         cancels generation (uvicorn's `send` to a closed connection is silent), and what
@@ -445,7 +459,7 @@ class HttpApi:
         work = await self.send_actions(connection, actions, emit)
         if work is None:
             return
-        generation = asyncio.ensure_future(self.generate(connection, work, emit))
+        generation = asyncio.ensure_future(self.generate(connection, work, emit, clock))
         watcher = asyncio.ensure_future(disconnected(receive))
         try:
             await asyncio.wait((generation, watcher), return_when=asyncio.FIRST_COMPLETED)
@@ -459,27 +473,45 @@ class HttpApi:
         else:
             generation.result()
 
-    async def generate(self, connection: Connection, work: Generate, emit: Emit) -> None:
+    async def generate(
+        self, connection: Connection, work: Generate, emit: Emit, clock: TurnClock | None = None
+    ) -> None:
         """Run `work`, and the work it leads to (a compacted turn after its summary), on
-        the engine cache of the request's key."""
+        the engine cache of the request's key; `clock`: the turn's
+        (`hotloop.turnclock`), for its first engine call."""
         session = self.ledger.engine.session(self.keys.cache_salt(connection.settings.principal))
         next_work: Generate | None = work
         try:
             while next_work is not None:
-                next_work = await self._generate_one(connection, session, next_work, emit)
+                next_work = await self._generate_one(connection, session, next_work, emit, clock)
+                clock = None
         finally:
             await session.close()
 
     async def _generate_one(
-        self, connection: Connection, session: EngineSession, work: Generate, emit: Emit
+        self,
+        connection: Connection,
+        session: EngineSession,
+        work: Generate,
+        emit: Emit,
+        clock: TurnClock | None,
     ) -> Generate | None:
         """Run one engine call; return the engine work it leads to, if any."""
         stream: AsyncIterator[list[int]] | None = None
         try:
+            if clock is not None:
+                clock.start()
+                TURN_CLOCK.set(clock)
             stream = work.start(session)
             async for ids in stream:
+                if clock is not None:
+                    clock.handed()
                 more = connection.engine_output(work.key, ids)
                 await self.send_actions(connection, connection.actions(), emit)
+                if clock is not None and connection.streaming(work.key):
+                    self.ledger.metrics.turn_phases.record("http", work.serving.response_id, clock)
+                    clock = None
+                    TURN_CLOCK.set(None)
                 if not more:
                     break
             connection.engine_done(work.key, ENGINE_CACHED.get())

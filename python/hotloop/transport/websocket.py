@@ -30,7 +30,7 @@ from hotloop.engines.base import (
 )
 from hotloop.events import error_body
 from hotloop.mcp_client import McpClient, McpSettings
-from hotloop.metrics import StreamCpu
+from hotloop.metrics import StreamCpu, TurnPhases
 from hotloop.protocol import (
     Cancel,
     Close,
@@ -47,8 +47,9 @@ from hotloop.protocol import (
 )
 from hotloop.protocol.cache import ConversationStart
 from hotloop.store import StoreError
-from hotloop.transport.asgi import RECEIVE_UTF8, SEND_FRAMES, Receive, Scope, Send
+from hotloop.transport.asgi import RECEIVE_UTF8, RECEIVED_NS, SEND_FRAMES, Receive, Scope, Send
 from hotloop.transport.mcp import listed, run_calls
+from hotloop.turnclock import TURN_CLOCK, TurnClock
 
 log = logging.getLogger("hotloop.websocket")
 
@@ -126,6 +127,7 @@ class Socket:
         send_frames: bool = False,
         write_frames: WriteFrames | None = None,
         stream_cpu: StreamCpu | None = None,
+        phases: TurnPhases | None = None,
         commit: Commit | None = None,
         warm: Callable[[Parsed], Awaitable[None]] | None = None,
         coalesce: float = 0.0,
@@ -136,9 +138,11 @@ class Socket:
         `write_frames`: its plain writer (`WRITE_FRAMES`), used before the send: while
         the client keeps up, a streamed token's frame costs no message and no await.
         `stream_cpu`: where sampled streaming batches add their CPU time (the process's
-        metrics; a socket of its own otherwise). `commit`: how `Persist` work is done
-        (required when the connection is durable). `warm`: awaited with a request that names a
-        `previous_response_id` or a `conversation` before the request reaches the
+        metrics; a socket of its own otherwise). `phases`: where each turn's phases up to
+        its first delta are recorded (`hotloop.turnclock`; none: not timed). `commit`: how
+        `Persist` work is done (required when the connection is durable). `warm`: awaited
+        with a request that names a `previous_response_id` or a `conversation` before the
+        request reaches the
         connection, to rebuild it from the store when the cache misses it (`Ledger.warm`,
         `Ledger.warm_conversation`). `coalesce`: seconds
         over which a response's engine batches are merged into one (see `coalesced`;
@@ -151,6 +155,9 @@ class Socket:
         self._send_frames = send_frames or write_frames is not None
         self._write_frames = write_frames
         self._stream_cpu = stream_cpu or StreamCpu()
+        self._phases = phases
+        self._clock: TurnClock | None = None
+        """The clock of the last frame read, until the engine work it leads to starts."""
         self._session = session
         self._send = send
         self._high_water = high_water
@@ -231,6 +238,9 @@ class Socket:
             message = await receive()
             kind = message["type"]
             if kind == "websocket.receive":
+                if self._phases is not None:
+                    read = time.perf_counter_ns()
+                    self._clock = TurnClock(message.get(RECEIVED_NS, read), read)
                 text = message.get("text")
                 if text is None:
                     text = message.get(RECEIVE_UTF8)
@@ -305,7 +315,9 @@ class Socket:
                 self._outbox.append(action)
                 self._outbox_bytes += len(action)
             elif isinstance(action, Generate):
-                task = asyncio.create_task(self._generate(action))
+                # The first engine work after a frame is that frame's turn.
+                clock, self._clock = self._clock, None
+                task = asyncio.create_task(self._generate(action, clock))
                 self._generating[action.key] = task
                 self._idle.clear()
             elif isinstance(action, Render):
@@ -340,7 +352,7 @@ class Socket:
                 self.paused.set()
                 self.stalls += 1
 
-    async def _generate(self, work: Generate) -> None:
+    async def _generate(self, work: Generate, clock: TurnClock | None = None) -> None:
         connection = self.connection
         key = work.key
         stream_cpu = self._stream_cpu
@@ -348,6 +360,9 @@ class Socket:
         start = written = 0.0  # thread CPU clock: the sampled batch, the batch before it
         ids_stream: AsyncIterator[list[int]] | None = None
         try:
+            if clock is not None:
+                clock.start()
+                TURN_CLOCK.set(clock)
             ids_stream = work.start(self._session)
             if self._coalesce > 0:
                 ids_stream = coalesced(
@@ -358,9 +373,16 @@ class Socket:
                 phase = batches % StreamCpu.EVERY
                 if phase == 0:
                     start = time.thread_time()
+                if clock is not None:
+                    clock.handed()
                 more = connection.engine_output(key, ids)
                 self._dispatch()
                 await self._flush()
+                if clock is not None and connection.streaming(key):
+                    assert self._phases is not None  # a clock is started only then
+                    self._phases.record("websocket", work.serving.response_id, clock)
+                    clock = None
+                    TURN_CLOCK.set(None)
                 if phase == 0:
                     stream_cpu.add(time.thread_time() - start, start - written, len(ids))
                 elif phase == StreamCpu.EVERY - 1:
