@@ -11,8 +11,12 @@ token, several per wake above the loop's 1 ms timer):
   turn's harmony ids, one `token_ids` event each; vLLM tokenizes nothing here, and the
   turn is found by counting `<|call|>` ids (the cache keeps the model's ids verbatim).
   With `stream_options.include_usage` a usage chunk follows the finishing one, with
-  the prompt ids its prefix cache held (`PrefixCache`), as vLLM run with
-  `--enable-prompt-tokens-details` reports them.
+  the prompt ids its prefix cache held (`PrefixCache`, one per conversation, as
+  hotloop names it in `x-session-id`), as vLLM run with
+  `--enable-prompt-tokens-details` reports them. The prompt's ids are never parsed
+  into Python ints (its JSON text is compared and counted as bytes): 100k of them cost
+  the fake's one event loop milliseconds a request, which every other conversation's
+  tokens waited for, and a capacity benchmark must not measure its fake.
 - `POST /v1/responses`, stateless (agentic-api, smg): the whole history in `input`,
   answered with a reasoning item and a function call, streamed as Responses events;
 - `POST /v1/chat/completions`: the same turn as chat chunks (`reasoning_content`, one
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +45,9 @@ import orjson
 from hotloop._core import ChatFormat
 from hotloop.engines.sim import TIMER_RESOLUTION, SimScript, SimTurn
 from hotloop.lab.replica import Receive, Send, request_body, serve
+
+MAX_CONVERSATIONS = 4096
+"""Prefix caches kept (`FakeVllm.caches`): more than any benchmark runs at once."""
 
 Event = tuple[int, bytes]
 """An SSE event, and the sampled tokens it stands for (paced; 0: sent with the next)."""
@@ -68,11 +76,10 @@ def pieces(format_: ChatFormat, text: str | None) -> list[str]:
 
 class PrefixCache:
     """vLLM's automatic prefix caching, as far as its usage shows it, for one
-    conversation at a time (as the benchmarks run them): what the last request left
+    conversation (the fake keeps one per `x-session-id`): what the last request left
     (its prompt and its output but the last sampled id, which is never fed back) is
     held; a prompt's hit is the full blocks of its common prefix with that, short of
-    its own last id (vLLM always computes that one). Interleaved conversations get
-    less than vLLM would give.
+    its own last id (vLLM always computes that one).
 
     Ids are held as the request's JSON text, each followed by a comma (`id_text`), and
     compared as bytes: Python ints cost 40-60 ms a comparison at 200k ids under load,
@@ -110,12 +117,14 @@ def id_text(ids: list[int]) -> bytes:
     return b"".join(b"%d," % i for i in ids)
 
 
-def _prompt_text(body: bytes) -> bytes:
+def _prompt_text(body: bytes) -> tuple[bytes, dict[str, Any]]:
     """A completion request's `prompt` ids as `PrefixCache` holds them, cut from its
-    JSON text without a Python int each."""
+    JSON text without a Python int each, and the request's other fields."""
     start = body.index(b"[", body.index(b'"prompt"'))
-    ids = body[start + 1 : body.index(b"]", start)].replace(b" ", b"")
-    return ids + b"," if ids else b""
+    end = body.index(b"]", start)
+    ids = body[start + 1 : end].replace(b" ", b"")
+    fields = orjson.loads(body[: start + 1] + body[end:])
+    return (ids + b"," if ids else b""), fields
 
 
 def _common_prefix(a: bytes, b: bytes) -> int:
@@ -159,7 +168,8 @@ class FakeVllm:
             for turn in script.turns
         ]
         self.ids = itertools.count(1)
-        self.cache = PrefixCache(marker=self.call_id)
+        self.caches: OrderedDict[bytes, PrefixCache] = OrderedDict()
+        """One per conversation (`x-session-id`), the least recently used dropped."""
         self.render: Callable[..., list[int]] | None = None
         if render:
             from hotloop.lab.peer import harmony_renderer
@@ -185,10 +195,10 @@ class FakeVllm:
             self._render(None, _chat_tools(request), _chat_items(messages))
             await self._stream(send, self._chat_events(request, calls))
         elif path == "/v1/completions" and scope["method"] == "POST":
-            body = await request_body(receive)
-            request = orjson.loads(body)
+            text, request = _prompt_text(await request_body(receive))
             usage = bool((request.get("stream_options") or {}).get("include_usage"))
-            events = self._completion_events(request["prompt"], _prompt_text(body), usage)
+            session = dict(scope["headers"]).get(b"x-session-id", b"")
+            events = self._completion_events(self._cache(session), text, usage)
             await self._stream(send, events)
         elif path == "/health":  # the gateways wait for it before they listen
             await _json(send, 200, {"status": "ok"})
@@ -232,15 +242,26 @@ class FakeVllm:
             pending.append(event)
         await send({"type": "http.response.body", "body": b"".join(pending)})
 
-    def _completion_events(self, prompt: list[int], text: bytes, usage: bool) -> Iterator[Event]:
-        """vLLM's token-id completion stream: one event per sampled id, then the usage
-        chunk if asked."""
+    def _cache(self, session: bytes) -> PrefixCache:
+        cache = self.caches.get(session)
+        if cache is None:
+            cache = self.caches[session] = PrefixCache(marker=self.call_id)
+            if len(self.caches) > MAX_CONVERSATIONS:
+                self.caches.popitem(last=False)
+        else:
+            self.caches.move_to_end(session)
+        return cache
+
+    def _completion_events(self, cache: PrefixCache, text: bytes, usage: bool) -> Iterator[Event]:
+        """vLLM's token-id completion stream for a prompt of ids `text` (`id_text`):
+        one event per sampled id, then the usage chunk if asked."""
         # The script's turn: the calls in the prompt.
-        cached, calls = self.cache.lookup(text, len(prompt))
+        length = text.count(b",")
+        cached, calls = cache.lookup(text, length)
         sampled = self.sampled[min(calls, len(self.sampled) - 1)]
         kept = sampled[:-1]
         marks = calls + kept.count(self.call_id)
-        self.cache.add(text + id_text(kept), len(prompt) + len(kept), marks)
+        cache.add(text + id_text(kept), length + len(kept), marks)
         for token in sampled:
             choice = {"index": 0, "token_ids": [token], "finish_reason": None}
             yield 1, _data({"object": "text_completion", "choices": [choice]})
@@ -248,9 +269,9 @@ class FakeVllm:
         yield 0, _data({"object": "text_completion", "choices": [done]})
         if usage:
             counts = {
-                "prompt_tokens": len(prompt),
+                "prompt_tokens": length,
                 "completion_tokens": len(sampled),
-                "total_tokens": len(prompt) + len(sampled),
+                "total_tokens": length + len(sampled),
                 "prompt_tokens_details": {"cached_tokens": cached},
             }
             yield 0, _data({"object": "text_completion", "choices": [], "usage": counts})
