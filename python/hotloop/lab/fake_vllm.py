@@ -181,13 +181,20 @@ class FakeVllm:
             return
         path = scope["path"]
         if path == "/v1/responses" and scope["method"] == "POST":
-            request = orjson.loads(await request_body(receive))
+            body = await request_body(receive)
+            if self.render is None:
+                # Free: the turn is counted in the bytes, and only the model is read (the
+                # whole history parsed into dicts cost the fake's loop milliseconds).
+                calls = body.count(b'"type":"function_call_output"')
+                await self._stream(send, self._responses_events(_model(body), calls))
+                return
+            request = orjson.loads(body)
             items = request["input"]
             if isinstance(items, str):
                 items = [{"type": "message", "role": "user", "content": items}]
             calls = sum(1 for item in items if item.get("type") == "function_call_output")
             self._render(request.get("instructions"), request.get("tools") or [], items)
-            await self._stream(send, self._responses_events(request, calls))
+            await self._stream(send, self._responses_events(request.get("model", "sim"), calls))
         elif path == "/v1/chat/completions" and scope["method"] == "POST":
             request = orjson.loads(await request_body(receive))
             messages = request["messages"]
@@ -277,7 +284,7 @@ class FakeVllm:
             yield 0, _data({"object": "text_completion", "choices": [], "usage": counts})
         yield 0, b"data: [DONE]\n\n"
 
-    def _responses_events(self, request: dict[str, Any], calls: int) -> Iterator[Event]:
+    def _responses_events(self, model: str, calls: int) -> Iterator[Event]:
         """vLLM's Responses stream for one turn: reasoning, then a call or a message."""
         turn = self._turn(calls)
         n = next(self.ids)
@@ -285,7 +292,7 @@ class FakeVllm:
             "id": f"resp_fake{n}",
             "object": "response",
             "created_at": 0,
-            "model": request.get("model", "sim"),
+            "model": model,
             "status": "in_progress",
             "output": [],
             "usage": None,
@@ -384,6 +391,17 @@ class FakeVllm:
         else:
             yield chunk({}, "tool_calls", tokens=0)
         yield 0, b"data: [DONE]\n\n"
+
+
+def _model(body: bytes) -> str:
+    """A JSON request's top-level `model`, read without parsing the rest: the first
+    `"model":"..."` of a body whose clients write it before `input` (orjson, serde_json
+    and the OpenAI SDKs do, without spaces)."""
+    start = body.find(b'"model":"')
+    if start < 0:
+        return "sim"
+    start += len(b'"model":"')
+    return body[start : body.index(b'"', start)].decode()
 
 
 def _data(payload: dict[str, Any]) -> bytes:

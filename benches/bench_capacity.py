@@ -1,0 +1,429 @@
+"""Many agents, one gateway: capacity at a time-to-first-token target, side by side in one
+run (docs/benchmarks.md, "Capacity"):
+
+    .venv/bin/python benches/bench_capacity.py --quick      # a few minutes
+    .venv/bin/python benches/bench_capacity.py              # the full sweep
+        [--agents 4,16,64,128] [--systems hotloop,agentic-api] [--modes websocket,http_full]
+        [--window 30] [--think-scale 0.05] [--contexts agentx|agentperf] [--seed 0]
+        [--target-ms 10] [--saturation 0.7] [--phases-log DIR] [--out FILE]
+
+N agents replay coding sessions of the field's shape (`hotloop.lab.capacity`: contexts,
+tool outputs, outputs and think times, seeded) against one fake vLLM
+(`hotloop.lab.fake_vllm`, free, 1,000 tokens/s per agent), in front of which each gateway
+runs in turn, one fresh process per point: hotloop over WebSocket (`previous_response_id`,
+the new tool output only) and over HTTP with the whole history every turn, agentic-api the
+same two ways (as docs/peers.md runs it), and `direct`: the same clients posting the whole
+history to the fake's `/v1/responses` at the same concurrency, the floor every gateway's
+added time to first token is measured from (p50 over p50, p99 over p99, max over max).
+Every system runs at every number of agents given (`--agents`); past the last, the
+number doubles while some system still meets the target (added p99 at most
+`--target-ms`, no error, nothing saturated), up to 512, and only the systems that met it
+at the number before run.
+
+Per system, mode and number of agents: turns/s, time to first delta p50/p99/max and what
+the gateway added, the gateway's CPU (its process tree, per turn and in cores), its
+resident memory per agent (loaded minus idle), errors, and for hotloop where the turn
+waited (`hotloop_turn_phase_seconds`, p50 and p99 from the histogram's buckets) and the
+event loop's lag. The client (one process, one event loop, `hotloop.lab.thin_client`)
+and the fake must not be what is measured: a point where either used more than
+`--saturation` of a core, or where the client's own loop lagged more than the target, is
+marked saturated, printed as such and left out of the headline. The headline, per
+system and mode: turns per second per gateway core at the largest number of agents that
+meets the target, and agents per core at the sessions' own think times (turns/s per core
+times the mean think time, unscaled, plus the mean turn).
+
+`--phases-log DIR` runs hotloop at `--log-level debug` and keeps its logs (one line per
+turn with its phases, `hotloop.phases`) and the clients' turns in DIR, for the profile.
+Results: benches/results/capacity.json and capacity.png (or `--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from bench_peers import (
+    API_KEY,
+    MODEL,
+    Process,
+    gateway_command,
+    peer_venv,
+    started,
+    tree_cpu_ns,
+    tree_pids,
+    upstream_command,
+)
+from hotloop.lab.capacity import CONTEXTS, THINK, CapacityRun, Point, Target, Workload
+from hotloop.lab.proc import free_port, rss_bytes
+
+RATE = 1000.0
+QUICK = {"agents": "16,64", "window": 15.0}
+FULL = {"agents": "4,16,64,128", "window": 30.0}
+MAX_AGENTS = 512
+PHASE_METRIC = "hotloop_turn_phase_seconds"
+LAG_METRIC = "hotloop_event_loop_lag_seconds"
+
+
+def tree_rss(root: int) -> int:
+    return sum(rss_bytes(pid) for pid in tree_pids(root))
+
+
+def scrape(base: str) -> dict[str, float]:
+    """hotloop's histogram buckets of the phases and the lag, by sample name."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    return {
+        name: float(value)
+        for name, _, value in (line.rpartition(" ") for line in text.splitlines())
+        if name.startswith((PHASE_METRIC + "_bucket", LAG_METRIC + "_bucket"))
+    }
+
+
+def quantiles(before: dict[str, float], after: dict[str, float], prefix: str) -> dict[str, float]:
+    """p50 and p99 (ms, the upper bound of the bucket holding them) of the histogram
+    samples starting with `prefix` observed between the two scrapes."""
+    buckets = sorted(
+        (float(name.split('le="')[1].split('"')[0]), after[name] - before.get(name, 0.0))
+        for name in after
+        if name.startswith(prefix)
+    )
+    total = buckets[-1][1] if buckets else 0.0
+    found: dict[str, float] = {"count": total}
+    for q in (50, 99):
+        bound = next((b for b, count in buckets if count >= total * q / 100), float("inf"))
+        found[f"p{q}_ms"] = bound * 1e3 if total else float("nan")
+    return found
+
+
+def phases(before: dict[str, float], after: dict[str, float], mode: str) -> dict[str, Any]:
+    transport = "websocket" if mode == "websocket" else "http"
+    names = ("queued", "prepare", "upstream_write", "upstream", "handover", "delta_out")
+    found: dict[str, Any] = {
+        name: quantiles(
+            before,
+            after,
+            f'{PHASE_METRIC}_bucket{{transport="{transport}",phase="{name}",',
+        )
+        for name in names
+    }
+    found["event_loop_lag"] = quantiles(before, after, f"{LAG_METRIC}_bucket{{")
+    return found
+
+
+class Readings:
+    """The processes' figures at the window's open and close, read off the client's loop
+    (in a thread) so that reading them does not delay the agents' events."""
+
+    def __init__(self, gateway: Process | None, upstream: Process) -> None:
+        self.gateway = gateway
+        self.upstream = upstream
+        self.idle_rss = tree_rss(gateway.process.pid) if gateway else 0
+        self.at: dict[bool, dict[str, Any]] = {}
+
+    def __call__(self, opening: bool) -> None:
+        reading: dict[str, Any] = {"at": time.perf_counter(), "upstream": self.upstream.cpu_ns()}
+        if self.gateway is not None:
+            reading["gateway"] = tree_cpu_ns(self.gateway.process.pid)
+            reading["rss"] = tree_rss(self.gateway.process.pid)
+            if self.gateway.name == "hotloop":
+                reading["metrics"] = scrape(f"http://127.0.0.1:{self.gateway.port}")
+        self.at[opening] = reading
+
+    def figures(self, point: Point, mode: str) -> dict[str, Any]:
+        opened, closed = self.at[True], self.at[False]
+        seconds = closed["at"] - opened["at"]
+        found: dict[str, Any] = {
+            "upstream_cpu_cores": (closed["upstream"] - opened["upstream"]) / 1e9 / seconds
+        }
+        if self.gateway is not None:
+            cpu = (closed["gateway"] - opened["gateway"]) / 1e9
+            found.update(
+                gateway_cpu_cores=cpu / seconds,
+                gateway_cpu_ms_per_turn=1e3 * cpu / point.turns if point.turns else None,
+                rss_idle_mb=self.idle_rss / 1e6,
+                rss_loaded_mb=closed["rss"] / 1e6,
+                rss_per_agent_mb=(closed["rss"] - self.idle_rss) / 1e6 / point.agents,
+            )
+            if "metrics" in closed:
+                found["phases"] = phases(opened["metrics"], closed["metrics"], mode)
+        return found
+
+
+def measure(
+    args: argparse.Namespace,
+    workload: Workload,
+    system: str,
+    mode: str,
+    agents: int,
+    upstream: Process,
+    venv: Path | None,
+) -> dict[str, Any]:
+    """One point: a fresh gateway (none for `direct`), `agents` agents, one window."""
+    sessions = [workload.session(i) for i in range(agents)]
+    upstream_url = f"http://127.0.0.1:{upstream.port}"
+    with tempfile.TemporaryDirectory(prefix="hotloop-capacity-") as scratch:
+        if system == "direct":
+            gateway = None
+            target = Target(system, mode, upstream.base_url, upstream.ws_url, None, MODEL)
+            point = run_point(args, target, sessions, Readings(None, upstream))
+        else:
+            port = free_port()
+            command = gateway_command(system, port, upstream_url, venv)
+            if system == "hotloop":
+                command += ["--max-connections-per-key", "0"]
+                if args.phases_log:
+                    command += ["--log-level", "debug", "--log-format", "json"]
+            with started(system, command, port) as gateway:
+                target = Target(system, mode, gateway.base_url, gateway.ws_url, API_KEY, MODEL)
+                point = run_point(args, target, sessions, Readings(gateway, upstream))
+                if args.phases_log and system == "hotloop":
+                    keep = Path(args.phases_log) / f"{system}-{mode}-{agents}.log"
+                    keep.write_bytes(gateway.log.read_bytes())
+        del scratch
+    return point
+
+
+def run_point(
+    args: argparse.Namespace, target: Target, sessions: list[Any], readings: Readings
+) -> dict[str, Any]:
+    turns: list[dict[str, Any]] = []
+    keep: Callable[[dict[str, Any]], None] | None = turns.append if args.phases_log else None
+    run = CapacityRun(
+        target,
+        sessions,
+        window=args.window,
+        think_scale=args.think_scale,
+        on_window=readings,
+        on_turn=keep,
+    )
+    point = uvloop.run(run.run())
+    point.server = readings.figures(point, target.mode)
+    result = point.to_json()
+    if args.phases_log:
+        name = f"{target.system}-{target.mode}-{len(sessions)}.turns.json"
+        (Path(args.phases_log) / name).write_text(json.dumps(turns))
+    return result
+
+
+def saturated(point: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """Why this point measured the client or the fake rather than the gateway."""
+    why = []
+    if point["client_cpu_cores"] > args.saturation:
+        why.append(f"client at {point['client_cpu_cores']:.2f} core")
+    if point["server"]["upstream_cpu_cores"] > args.saturation:
+        why.append(f"fake upstream at {point['server']['upstream_cpu_cores']:.2f} core")
+    if point["client_lag_p99_ms"] > args.target_ms:
+        why.append(f"client event loop lag p99 {point['client_lag_p99_ms']:.1f} ms")
+    return why
+
+
+def added(points: list[dict[str, Any]]) -> None:
+    """Each gateway point's added time to first token over `direct` at the same N."""
+    floors = {p["agents"]: p for p in points if p["system"] == "direct"}
+    for point in points:
+        floor = floors.get(point["agents"])
+        if floor is None or point["system"] == "direct":
+            continue
+        for q in ("p50", "p99", "max"):
+            point[f"added_ttft_{q}_ms"] = point[f"ttft_{q}_ms"] - floor[f"ttft_{q}_ms"]
+        point["floor_saturated"] = floor["saturated"]
+
+
+def meets(point: dict[str, Any], args: argparse.Namespace) -> bool:
+    """A gateway point that met the target, measured by a client and a fake that kept up."""
+    return (
+        point["system"] != "direct"
+        and point["errors"] == 0
+        and not point["saturated"]
+        and not point.get("floor_saturated")
+        and point.get("added_ttft_p99_ms", float("inf")) <= args.target_ms
+    )
+
+
+def headline(points: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Per system and mode: turns/s per gateway core at the largest N meeting the
+    target, and agents per core at the sessions' own think times."""
+    think = THINK.mean()
+    found: dict[str, Any] = {}
+    for key in sorted({(p["system"], p["mode"]) for p in points if p["system"] != "direct"}):
+        meeting = [p for p in points if (p["system"], p["mode"]) == key and meets(p, args)]
+        if not meeting:
+            found[" ".join(key)] = None
+            continue
+        best = max(meeting, key=lambda p: p["agents"])
+        per_core = best["turns_per_s"] / best["server"]["gateway_cpu_cores"]
+        found[" ".join(key)] = {
+            "agents": best["agents"],
+            "turns_per_s": best["turns_per_s"],
+            "gateway_cpu_cores": best["server"]["gateway_cpu_cores"],
+            "turns_per_s_per_core": per_core,
+            "agents_per_core_at_session_think_times": per_core * (think + best["turn_mean_s"]),
+            "added_ttft_p99_ms": best["added_ttft_p99_ms"],
+        }
+    return found
+
+
+def print_point(point: dict[str, Any]) -> None:
+    server = point["server"]
+    cpu = server.get("gateway_cpu_ms_per_turn")
+    line = (
+        f"{point['system']:>12} {point['mode']:<10} N={point['agents']:<4} "
+        f"{point['turns_per_s']:6.1f} turns/s  ttft p50 {point['ttft_p50_ms']:6.1f} "
+        f"p99 {point['ttft_p99_ms']:7.1f} max {point['ttft_max_ms']:7.1f} ms"
+    )
+    if "added_ttft_p99_ms" in point:
+        line += f"  added {point['added_ttft_p50_ms']:+.1f} / {point['added_ttft_p99_ms']:+.1f}"
+    if cpu is not None:
+        line += (
+            f"  gw {server['gateway_cpu_cores']:.2f} core {cpu:.2f} ms/turn "
+            f"rss/agent {server['rss_per_agent_mb']:.2f} MB"
+        )
+    line += (
+        f"  client {point['client_cpu_cores']:.2f} fake {server['upstream_cpu_cores']:.2f}"
+        f"  ctx {point['context_mean_tokens'] / 1e3:.0f}k  errors {point['errors']}"
+    )
+    if point["saturated"]:
+        line += "  SATURATED: " + ", ".join(point["saturated"])
+    print(line, file=sys.stderr, flush=True)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    points = results["points"]
+    for key in sorted({(p["system"], p["mode"]) for p in points if p["system"] != "direct"}):
+        series = sorted(
+            (p for p in points if (p["system"], p["mode"]) == key and "added_ttft_p99_ms" in p),
+            key=lambda p: p["agents"],
+        )
+        agents = [p["agents"] for p in series]
+        left.plot(agents, [p["added_ttft_p99_ms"] for p in series], marker="o", label=" ".join(key))
+        right.plot(
+            agents,
+            [p["server"]["gateway_cpu_ms_per_turn"] or 0 for p in series],
+            marker="o",
+            label=" ".join(key),
+        )
+    left.axhline(results["target_ms"], color="grey", linestyle="--", linewidth=1)
+    for axis, title in (
+        (left, "added time to first token, p99 (ms)"),
+        (right, "gateway CPU per turn (ms)"),
+    ):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent agents")
+        axis.set_title(title)
+        axis.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    figure.suptitle(
+        f"{results['workload']['contexts']} sessions, {RATE:,.0f} tok/s per agent "
+        "(shared 2-core machine)",
+        fontsize=10,
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="16 and 64 agents, 15 s windows")
+    parser.add_argument("--agents", default=None, help="numbers of agents, comma-separated")
+    parser.add_argument("--systems", default="hotloop,agentic-api")
+    parser.add_argument("--modes", default="websocket,http_full")
+    parser.add_argument("--window", type=float, default=None, help="seconds measured per point")
+    parser.add_argument(
+        "--think-scale",
+        type=float,
+        default=0.05,
+        help="the sessions' think times are scaled by this (median 10 s -> 0.5 s)",
+    )
+    parser.add_argument("--contexts", choices=tuple(CONTEXTS), default="agentx")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target-ms", type=float, default=10.0, help="added TTFT p99 target")
+    parser.add_argument(
+        "--saturation",
+        type=float,
+        default=0.7,
+        help="client or fake CPU (cores) over this: saturated",
+    )
+    parser.add_argument("--phases-log", default="", help="keep per-turn logs here (profiling)")
+    parser.add_argument("--out", default="benches/results/capacity.json")
+    args = parser.parse_args()
+    preset = QUICK if args.quick else FULL
+    args.agents = args.agents or preset["agents"]
+    args.window = args.window or preset["window"]
+    if args.phases_log:
+        Path(args.phases_log).mkdir(parents=True, exist_ok=True)
+    systems = args.systems.split(",")
+    modes = args.modes.split(",")
+    venv = peer_venv() if any(s != "hotloop" for s in systems) else None
+    workload = Workload(args.seed, args.contexts)
+    results: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "shared": True},
+        "load_average_at_start": os.getloadavg(),
+        "workload": {
+            "seed": args.seed,
+            "contexts": args.contexts,
+            "think_scale": args.think_scale,
+            "think_mean_s_unscaled": THINK.mean(),
+            "tokens_per_second_per_agent": RATE,
+        },
+        "target_ms": args.target_ms,
+        "window_s": args.window,
+        "points": [],
+    }
+    counts = [int(n) for n in args.agents.split(",")]
+    meeting = {(system, mode) for system in systems for mode in modes}
+    with tempfile.TemporaryDirectory(prefix="hotloop-capacity-") as scratch:
+        script = Path(scratch) / "script.json"
+        script.write_text(json.dumps(workload.script_json()))
+        port = free_port()
+        with started("upstream", upstream_command(port, script, RATE, False), port) as upstream:
+            while counts:
+                agents = counts.pop(0)
+                extending = agents > int(args.agents.split(",")[-1])
+                points: list[dict[str, Any]] = []
+                for mode in modes:
+                    for system in ["direct", *systems]:
+                        if system == "direct" and mode != modes[0]:
+                            continue
+                        if extending and system != "direct" and (system, mode) not in meeting:
+                            continue
+                        # The floor is the whole history over HTTP, whatever the mode.
+                        client_mode = "http_full" if system == "direct" else mode
+                        point = measure(args, workload, system, client_mode, agents, upstream, venv)
+                        point["saturated"] = saturated(point, args)
+                        points.append(point)
+                added(points)
+                for point in points:
+                    print_point(point)
+                meeting = {(p["system"], p["mode"]) for p in points if meets(p, args)}
+                if not counts and meeting and agents < MAX_AGENTS:
+                    counts.append(2 * agents)
+                results["points"] += points
+    results["load_average_at_end"] = os.getloadavg()
+    results["headline"] = headline(results["points"], args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, out.with_suffix(".png"))
+    print(json.dumps({"headline": results["headline"]}))
+
+
+if __name__ == "__main__":
+    main()
