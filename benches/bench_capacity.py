@@ -5,7 +5,8 @@ run (docs/benchmarks.md, "Capacity"):
     .venv/bin/python benches/bench_capacity.py              # the full sweep
         [--agents 4,16,64,128] [--systems hotloop,agentic-api] [--modes websocket,http_full]
         [--window 30] [--think-scale 0.05] [--contexts agentx|agentperf] [--seed 0]
-        [--target-ms 10] [--saturation 0.7] [--phases-log DIR] [--out FILE]
+        [--target-ms 10] [--saturation 0.7] [--phases-log DIR] [--baseline NAME=DIR]
+        [--out FILE]
 
 N agents replay coding sessions of the field's shape (`hotloop.lab.capacity`: contexts,
 tool outputs, outputs and think times, seeded) against one fake vLLM
@@ -32,6 +33,7 @@ system and mode: turns per second per gateway core at the largest number of agen
 meets the target, and agents per core at the sessions' own think times (turns/s per core
 times the mean think time, unscaled, plus the mean turn).
 
+`--baseline NAME=DIR` adds the hotloop whose package is in DIR as `hotloop@NAME`.
 `--phases-log DIR` runs hotloop at `--log-level debug` and keeps its logs (one line per
 turn with its phases, `hotloop.phases`) and the clients' turns in DIR, for the profile.
 Results: benches/results/capacity.json and capacity.png (or `--out`).
@@ -57,6 +59,7 @@ from bench_peers import (
     MODEL,
     Process,
     gateway_command,
+    kind_of,
     peer_venv,
     started,
     tree_cpu_ns,
@@ -135,7 +138,7 @@ class Readings:
         if self.gateway is not None:
             reading["gateway"] = tree_cpu_ns(self.gateway.process.pid)
             reading["rss"] = tree_rss(self.gateway.process.pid)
-            if self.gateway.name == "hotloop":
+            if kind_of(self.gateway.name) == "hotloop":
                 reading["metrics"] = scrape(f"http://127.0.0.1:{self.gateway.port}")
         self.at[opening] = reading
 
@@ -178,12 +181,16 @@ def measure(
             point = run_point(args, target, sessions, Readings(None, upstream))
         else:
             port = free_port()
-            command = gateway_command(system, port, upstream_url, venv)
-            if system == "hotloop":
+            kind = kind_of(system)
+            command = gateway_command(kind, port, upstream_url, venv)
+            env = None
+            if kind == "hotloop":
                 command += ["--max-connections-per-key", "0"]
                 if args.phases_log:
                     command += ["--log-level", "debug", "--log-format", "json"]
-            with started(system, command, port) as gateway:
+                if system in args.baselines:
+                    env = {"PYTHONPATH": args.baselines[system]}
+            with started(system, command, port, env) as gateway:
                 target = Target(system, mode, gateway.base_url, gateway.ws_url, API_KEY, MODEL)
                 point = run_point(args, target, sessions, Readings(gateway, upstream))
                 if args.phases_log and system == "hotloop":
@@ -361,7 +368,20 @@ def main() -> None:
     )
     parser.add_argument("--phases-log", default="", help="keep per-turn logs here (profiling)")
     parser.add_argument("--out", default="benches/results/capacity.json")
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also run the hotloop whose package is in DIR (first on PYTHONPATH), as "
+        "system hotloop@NAME, for a before/after in one run",
+    )
     args = parser.parse_args()
+    args.baselines = {}
+    for spec in args.baseline:
+        name, _, path = spec.partition("=")
+        args.baselines[f"hotloop@{name}"] = path
+        args.systems += f",hotloop@{name}"
     preset = QUICK if args.quick else FULL
     args.agents = args.agents or preset["agents"]
     args.window = args.window or preset["window"]
@@ -369,7 +389,7 @@ def main() -> None:
         Path(args.phases_log).mkdir(parents=True, exist_ok=True)
     systems = args.systems.split(",")
     modes = args.modes.split(",")
-    venv = peer_venv() if any(s != "hotloop" for s in systems) else None
+    venv = peer_venv() if any(kind_of(s) != "hotloop" for s in systems) else None
     workload = Workload(args.seed, args.contexts)
     results: dict[str, Any] = {
         "command": " ".join(sys.argv),

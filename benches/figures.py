@@ -238,6 +238,7 @@ FIGURES = (
             "peers_history_250000.json",
         ),
     ),
+    Figure("capacity", _scripts("bench_capacity.py"), (BENCHMARKS,), writes=("capacity.json",)),
     Figure(
         "vllm",
         _scripts("bench_vllm.py --turns 20 --tokens 24"),
@@ -754,6 +755,59 @@ def vllm_tables(results: dict[str, Any]) -> str:
     return "\n\n".join(blocks)
 
 
+def capacity_tables(results: dict[str, Any]) -> str:
+    """The capacity sweep: every point, then the headline per system and mode."""
+
+    def signed(point: dict[str, Any], q: str) -> str:
+        value = point.get(f"added_ttft_{q}_ms")
+        return "" if value is None else f"{value:+.1f}"
+
+    rows = []
+    for p in sorted(results["points"], key=lambda p: (p["agents"], p["mode"], p["system"])):
+        server = p["server"]
+        cpu = server.get("gateway_cpu_ms_per_turn")
+        saturated = "; ".join(p["saturated"]) or "no"
+        rows.append(
+            (
+                str(p["agents"]),
+                f"{p['system']} {p['mode']}",
+                f"{p['context_mean_tokens'] / 1e3:.0f}k",
+                f"{p['turns_per_s']:.1f}",
+                f"{p['ttft_p50_ms']:.1f} / {p['ttft_p99_ms']:.1f}",
+                " / ".join(signed(p, q) for q in ("p50", "p99", "max")) or "(floor)",
+                "" if cpu is None else f"{server['gateway_cpu_cores']:.2f} / {cpu:.1f} ms",
+                "" if cpu is None else f"{server['rss_per_agent_mb']:.2f} MB",
+                f"{p['client_cpu_cores']:.2f} / {server['upstream_cpu_cores']:.2f}",
+                str(p["errors"]),
+                saturated,
+            )
+        )
+    header = (
+        *("agents", "system", "context", "turns/s", "TTFT p50 / p99 ms"),
+        *("added p50 / p99 / max ms", "gateway cores / CPU per turn", "RSS / agent"),
+        *("client / fake cores", "errors", "saturated"),
+    )
+    heads = []
+    for key, best in results["headline"].items():
+        if best is None:
+            heads.append((key, "never met", "", "", ""))
+            continue
+        heads.append(
+            (
+                key,
+                str(best["agents"]),
+                f"{best['added_ttft_p99_ms']:+.1f} ms",
+                f"**{best['turns_per_s_per_core']:.0f}**",
+                f"{best['agents_per_core_at_session_think_times']:,.0f}",
+            )
+        )
+    head_header = (
+        *("system", "most agents meeting the target", "added p99 there"),
+        *("turns/s per gateway core", "agents per core at the sessions' think times"),
+    )
+    return markdown(header, rows) + "\n\n" + markdown(head_header, heads)
+
+
 def prewarm_table(results: dict[str, Any]) -> str:
     (run,) = printed(results)
     return markdown(
@@ -965,6 +1019,7 @@ TABLES: dict[str, Table] = {
         peers_history_table,
     ),
     "vllm": Table(BENCHMARKS, ("vllm.json",), vllm_tables),
+    "capacity": Table(BENCHMARKS, ("capacity.json",), capacity_tables),
     "prewarm": Table(BENCHMARKS, ("prewarm.json",), prewarm_table),
     "http_turn": Table(BENCHMARKS, ("http_turn.json",), http_turn_table),
     "store_sigkill": Table(BENCHMARKS, ("store.json",), store_sigkill_table),
