@@ -326,6 +326,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
             label=" ".join(key),
         )
     left.axhline(results["target_ms"], color="grey", linestyle="--", linewidth=1)
+    left.set_yscale("symlog", linthresh=results["target_ms"])
     for axis, title in (
         (left, "added time to first token, p99 (ms)"),
         (right, "gateway CPU per turn (ms)"),

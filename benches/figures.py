@@ -763,7 +763,11 @@ def capacity_tables(results: dict[str, Any]) -> str:
         return "" if value is None else f"{value:+.1f}"
 
     rows = []
-    for p in sorted(results["points"], key=lambda p: (p["agents"], p["mode"], p["system"])):
+
+    def order(p: dict[str, Any]) -> tuple[int, bool, str, str]:
+        return (p["agents"], p["system"] != "direct", p["mode"], p["system"])
+
+    for p in sorted(results["points"], key=order):
         server = p["server"]
         cpu = server.get("gateway_cpu_ms_per_turn")
         saturated = "; ".join(p["saturated"]) or "no"
@@ -774,7 +778,9 @@ def capacity_tables(results: dict[str, Any]) -> str:
                 f"{p['context_mean_tokens'] / 1e3:.0f}k",
                 f"{p['turns_per_s']:.1f}",
                 f"{p['ttft_p50_ms']:.1f} / {p['ttft_p99_ms']:.1f}",
-                " / ".join(signed(p, q) for q in ("p50", "p99", "max")) or "(floor)",
+                "(the floor)"
+                if p["system"] == "direct"
+                else " / ".join(signed(p, q) for q in ("p50", "p99", "max")),
                 "" if cpu is None else f"{server['gateway_cpu_cores']:.2f} / {cpu:.1f} ms",
                 "" if cpu is None else f"{server['rss_per_agent_mb']:.2f} MB",
                 f"{p['client_cpu_cores']:.2f} / {server['upstream_cpu_cores']:.2f}",
