@@ -186,6 +186,18 @@ class CreateRequest:
     them (input, tools, instructions), so the server decides by them where they run."""
     skipped_tools: list[tuple[str, str | None]]
     """Tools of types this server does not run, `(type, name)`: accepted, not rendered."""
+    prefix_digest: bytes
+    """The content address (16 bytes) of what the format renders before the items:
+    instructions, function tools, namespaces, reasoning effort."""
+    def history_digests(self, start: bytes | None = None, first: int = 0) -> list[bytes]:
+        """The chained content addresses (16 bytes each) after each input item from
+        `first` on, starting from `start` (a parent state's address; `prefix_digest`
+        when None), `start` first: `input_item_count - first + 1` of them. Two requests
+        whose items parse to the same items get the same addresses, whatever their JSON
+        spelling."""
+    def text_bytes(self, first: int = 0) -> int:
+        """Bytes of text in the input items from `first` on (what rendering them costs
+        grows with)."""
     @property
     def input_json(self) -> str:
         """The input as a JSON array of items (a string input becomes one user message)."""
@@ -226,6 +238,11 @@ def parse_event(frame: str | bytes, limits: Limits | None = None) -> ClientEvent
 
 def parse_request(body: str | bytes, limits: Limits | None = None) -> CreateRequest:
     """Parse an HTTP `POST /v1/responses` body (no `type` field)."""
+
+def history_after_output(start: bytes, output_json: str) -> bytes:
+    """The content address of the state at `start` with a response's `output` (the
+    JSON array the server sent) appended: a client that replays those items, parsed to
+    the same items, reaches the same address."""
 
 def check_values(frame: str | bytes) -> None:
     """The boundary invariant alone: raises `CoreError` (`invalid_value`, at the field's
@@ -303,10 +320,13 @@ class Conversation:
     def __init__(
         self, format: ChatFormat, *, context_window: int, policy: Policy | None = None
     ) -> None: ...
-    def extend(self, request: CreateRequest) -> Turn:
+    def extend(self, request: CreateRequest, skip: int = 0) -> Turn:
         """Apply the request's prefix (instructions, tools), validate its input items
         against this chain (open calls, context budget with max_output_tokens, policy on
         new text only), render and tokenize only them, and open the assistant turn.
+        `skip`: the request's first `skip` items are already in this chain (a state
+        found by their `history_digests`): only the items after them are checked and
+        rendered (their errors still name their place in `input`).
         Raises CoreError and leaves the conversation unchanged on failure. Releases the
         GIL from 4 KB of input (so it can run in a worker thread); meanwhile another
         thread using this object gets RuntimeError ("already mutably borrowed")."""

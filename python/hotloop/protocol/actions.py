@@ -53,10 +53,12 @@ class Render:
     request: CreateRequest | Callable[[], CreateRequest]
     """The request, or how to parse it again: a request that waited in its lane's queue
     kept only its frame, and a large frame is parsed here, not on the event loop."""
+    skip: int = 0
+    """The request's first items are in `conversation` already (`history.py`)."""
 
     def run(self) -> tuple[CreateRequest, Turn]:
         request = self.request if isinstance(self.request, CreateRequest) else self.request()
-        return request, self.conversation.extend(request)
+        return request, self.conversation.extend(request, self.skip)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ of the process share one global budget in fair shares per API key, so one agent 
 starve the others. An evicted id behaves exactly like an unknown one. It does not know
 about lanes or requests; the state machine decides what to store and what to evict.
 
+An entry may carry its `Mark`, the content address of the history it holds
+(`history.py`): the cache finds the entry by it (`find`), keeps one entry per address,
+and an entry that must no longer answer to its response id can stay under its address
+alone (`unname`).
+
 One response id can be held by several caches at once (the HTTP cache of a key and
 every socket that continued the stored response, each rebuilt from the store): the
 budget therefore names an entry by (cache, response id), never by the id alone, and
@@ -20,6 +25,23 @@ from dataclasses import dataclass
 from hotloop._core import Checkpoint
 
 CONVERSATION_PREFIX = "conv_"
+HISTORY_PREFIX = "hist_"
+"""The key of an entry held under its content address only (`ConnectionCache.unname`,
+`history.History.keep_prompt`): no response id starts with it."""
+
+
+def history_key(digest: bytes) -> str:
+    return HISTORY_PREFIX + digest.hex()
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where a state stands in content (`history.py`): the address of the prefix it was
+    rendered with, and the address of its whole history (prefix, then every item, a
+    response's outputs as the server sent them)."""
+
+    prefix: bytes
+    digest: bytes
 
 
 def is_conversation(key: str) -> bool:
@@ -53,6 +75,8 @@ class CachedResponse:
     root: str
     start: ConversationStart | None = None
     """A conversation's state, put for the turn that starts from it."""
+    mark: Mark | None = None
+    """The state's content address, when it has one (`history.py`)."""
 
 
 class CacheBudget:
@@ -137,6 +161,8 @@ class ConnectionCache:
         self.owner = owner
         self._budget = budget
         self._entries: OrderedDict[str, CachedResponse] = OrderedDict()
+        self._addresses: dict[bytes, str] = {}
+        """The key of the entry holding each content address."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -161,10 +187,17 @@ class ConnectionCache:
         lane: str | None,
         root: str,
         start: ConversationStart | None = None,
+        mark: Mark | None = None,
     ) -> None:
         size = checkpoint.memory_bytes
         self.evict(response_id)  # a re-put replaces: its old size must not stay counted
-        self._entries[response_id] = CachedResponse(checkpoint, lane, size, root, start)
+        if mark is not None:
+            # The same history under another key is the same state: one entry holds it.
+            held = self._addresses.get(mark.digest)
+            if held is not None:
+                self.evict(held)
+            self._addresses[mark.digest] = response_id
+        self._entries[response_id] = CachedResponse(checkpoint, lane, size, root, start, mark)
         self.used_bytes += size
         # The newest entry always stays: the response just sent must be continuable.
         while self.used_bytes > self.max_bytes and len(self._entries) > 1:
@@ -172,6 +205,28 @@ class ConnectionCache:
             self.evictions += 1
             self._budget.evictions += 1
         self._budget.admit(self, response_id, size)
+
+    def find(self, digest: bytes) -> str | None:
+        """The key of the entry whose history has content address `digest`, if any (not
+        counted as a lookup: `get` it)."""
+        return self._addresses.get(digest)
+
+    def mark(self, response_id: str) -> Mark | None:
+        """The entry's `mark` (None when there is none), not counted as a lookup."""
+        entry = self._entries.get(response_id)
+        return None if entry is None else entry.mark
+
+    def unname(self, response_id: str) -> None:
+        """The entry no longer answers to `response_id` (a `store=false` HTTP response:
+        nothing continues it by id); one with a content address stays under that
+        address alone, in its place in the LRU order's newest end."""
+        entry = self._entries.get(response_id)
+        if entry is None:
+            return
+        self.evict(response_id)
+        if entry.mark is not None:
+            key = history_key(entry.mark.digest)
+            self.put(key, entry.checkpoint, None, entry.root, entry.start, entry.mark)
 
     def start(self, response_id: str) -> ConversationStart | None:
         """The entry's `start` (None when there is none), not counted as a lookup."""
@@ -181,6 +236,9 @@ class ConnectionCache:
     def evict(self, response_id: str) -> None:
         entry = self._entries.pop(response_id, None)
         if entry is not None:
+            mark = entry.mark
+            if mark is not None and self._addresses.get(mark.digest) == response_id:
+                del self._addresses[mark.digest]
             self.used_bytes -= entry.memory_bytes
             self._budget.release(self, response_id)
 

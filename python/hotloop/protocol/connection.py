@@ -63,6 +63,7 @@ from hotloop.protocol.actions import (
 from hotloop.protocol.cache import ConnectionCache, ConversationStart, is_conversation
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.history import NOWHERE, History, Start
 from hotloop.protocol.injection import LongRunning
 from hotloop.protocol.interrupt import interrupt
 from hotloop.protocol.lanes import Lane, Pending
@@ -121,6 +122,7 @@ class Connection:
         inject_idle_timeout: float = 300.0,
         background: bool = False,
         model_required: bool = False,
+        history: ConnectionCache | None = None,
     ) -> None:
         """`session_key`: the client's session header (`session_id`, `x-session-id`),
         which routes every turn of the connection as one conversation. `queue_memory`:
@@ -140,8 +142,13 @@ class Connection:
         `background`: `background: true` requests are served (an HTTP background
         response's own connection); refused otherwise, as over WebSocket.
         `model_required`: a request without `model` is refused (the server has no
-        `--default-model`); otherwise it is served as, and echoes, `model`."""
+        `--default-model`); otherwise it is served as, and echoes, `model`. `history`:
+        the process-wide cache of the caller's key, where states are kept under the
+        content address of their history (`history.py`; `cache` itself over HTTP): a
+        request that resends its whole history continues from the longest one; None:
+        nothing is content-addressed."""
         self.cache = cache
+        self.history = None if history is None else History(history)
         self._background = background
         self.limits = limits or ConnectionLimits()
         self.settings = Settings(
@@ -664,7 +671,11 @@ class Connection:
             self.refuse_turn(pending, chain, lane.name)
             return
         conversation, evicts_parent, root = chain
+        seen = self._content_start(pending, parent)
+        if seen.found is not None:
+            conversation, root = seen.found.checkpoint.fork(), seen.found.root
         rendering = Rendering(self, lane, pending, conversation, parent, evicts_parent, start, root)
+        rendering.seen = seen
         if parent is not None:
             rendering.conversation_start = pending.start or self.cache.start(parent)
         self._render(rendering)
@@ -682,11 +693,17 @@ class Connection:
         frame = pending.frame
         reparse = self.reparse if mcp is None else mcp.reparse
         pending.frame = None
-        if pending.size >= OFFLOAD_BYTES:
+        skip = rendering.seen.skip
+        if skip and pending.parsed is not None:
+            # Only the items after the state it continues are rendered: they decide where.
+            offload = pending.parsed.text_bytes(skip) >= OFFLOAD_BYTES
+        else:
+            offload = pending.size >= OFFLOAD_BYTES
+        if offload:
             key = self.new_key()
             lane.rendering = self._rendering[key] = rendering
             if pending.parsed is not None:
-                self.outbox.append(Render(key, conversation, pending.parsed))
+                self.outbox.append(Render(key, conversation, pending.parsed, skip))
             elif frame is not None:
                 # Parsed again with the render, off the event loop, as it was the first time.
                 self.outbox.append(Render(key, conversation, lambda: reparse(frame)))
@@ -696,7 +713,7 @@ class Connection:
             pending.parsed = reparse(frame or b"")
             pending.parse_ns += self.clock() - start
         try:
-            turn = conversation.extend(pending.request)
+            turn = conversation.extend(pending.request, skip)
         except CoreError as e:
             rendering.refused(e)
             return
@@ -726,6 +743,17 @@ class Connection:
             active.cancel()
         else:
             self._lane_freed(rendering.lane)
+
+    def _content_start(self, pending: Pending, parent: str | None) -> Start:
+        """Where the turn starts in content (`History.start`). A request that waited in
+        its lane's queue (kept as its frame, parsed again with its render) or that calls
+        MCP tools (its frame is rewritten) is not looked up: it renders everything, as a
+        miss does."""
+        request = pending.parsed
+        if self.history is None or request is None or pending.mcp is not None:
+            return NOWHERE
+        mark = None if parent is None else self.cache.mark(parent)
+        return self.history.start(request, mark, parent is not None)
 
     def reparse(self, frame: str | bytes) -> CreateRequest:
         """A `response.create` frame parsed again: a queued request's when its turn

@@ -37,9 +37,10 @@ from hotloop.events import ResponseEvents, Usage, new_id
 from hotloop.protocol.actions import Cancel, Finished, Generate, Persist, TurnSegment
 from hotloop.protocol.diagnostics import diagnose
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.history import NOWHERE, Start, end_mark
 
 if TYPE_CHECKING:
-    from hotloop.protocol.cache import ConversationStart
+    from hotloop.protocol.cache import ConversationStart, Mark
     from hotloop.protocol.compaction import Summary
     from hotloop.protocol.connection import Connection
     from hotloop.protocol.injection import Injection
@@ -110,6 +111,9 @@ class Rendering:
     cancelled: bool = False
     conversation_start: ConversationStart | None = None
     """The conversation state it starts from (`CachedResponse.start`)."""
+    seen: Start = NOWHERE
+    """Where it starts in content: the state of its history it continues, if any, and
+    its prompt's address (`history.py`)."""
 
     def refused(self, error: CoreError | ProtocolError) -> None:
         """The core refused the new items (or the approvals they answer were taken
@@ -164,6 +168,8 @@ class Rendering:
             request_id = settings.request_id
         requests_log.info("response %s request %s", events.response_id, request_id)
         response = Response.open(self, events, turn)
+        if self.seen.mark is not None and connection.history is not None:
+            connection.history.keep(self.seen.mark, conversation.checkpoint(), response.root)
         lane.active = response
         connection.generating[response.key] = response
         if not request.generate:
@@ -265,6 +271,8 @@ class Response:
     engine pass (earlier passes are in `spent`); None: it did not say."""
     mcp: McpTurn | None = None
     """The request's MCP servers: the calls of their tools run inside the response."""
+    seen: Start = NOWHERE
+    """Where it started in content (`Rendering.seen`)."""
 
     @classmethod
     def open(cls, rendering: Rendering, events: ResponseEvents, turn: Turn) -> Response:
@@ -286,6 +294,7 @@ class Response:
             root=rendering.root or events.response_id,
             conversation_start=rendering.conversation_start,
             mcp=rendering.pending.mcp,
+            seen=rendering.seen,
         )
 
     @property
@@ -462,7 +471,8 @@ class Response:
         # compacted turn runs on a new conversation too). A resumed model turn extends
         # the response's own tokens.
         spent = self.spent
-        fresh = self.resumed is None and (self.parent is None or spent is not None)
+        continued = self.parent is not None or self.seen.found is not None
+        fresh = self.resumed is None and (not continued or spent is not None)
         cached = 0 if fresh else turn.cached_tokens
         started = self.conversation_start
         if self.resumed is None and started is not None:
@@ -507,6 +517,15 @@ class Response:
                 created_at=self.events.created_at,
             )
         )
+
+    def end_mark(self) -> Mark | None:
+        """The content address of the state it ends in: its prompt's with its output
+        appended, for a response of one model turn on the prompt it was rendered with
+        (a summarized turn, or one that took input while it ran, is found by id only)."""
+        single = not (self.segments or self.injected or self.resumed or self.spent)
+        if not single or self.compaction is not None:
+            return None
+        return end_mark(self.seen.mark, self.events.output)
 
     def turn_segment(self, then: list[dict[str, object]]) -> TurnSegment:
         """The current model turn as the store keeps it, followed by `then`."""
@@ -594,9 +613,13 @@ class Ending:
         connection, events = response.connection, response.events
         connection.outbox.append(events.wrap(self.kind, self.finished.response_json))
         if self.checkpoint is not None:
+            mark = response.end_mark()
             connection.cache.put(
-                events.response_id, self.checkpoint, response.lane.name, response.root
+                events.response_id, self.checkpoint, response.lane.name, response.root, mark=mark
             )
+            history = connection.history
+            if mark is not None and history is not None and history.cache is not connection.cache:
+                history.keep(mark, self.checkpoint, response.root)
         connection.report(self.finished)
         connection.steering.after_terminal(response, self)
 

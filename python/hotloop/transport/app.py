@@ -285,10 +285,14 @@ class App:
         observer = self._observer
         books = None
         warm = None
+        history = None
         if self.ledger is not None:
             books = self.ledger.observer(key)
             observer = books
             warm = _warming(self.ledger, cache, books.owner)
+            # The key's content-addressed states outlive the socket: a client that
+            # resends its whole history on another one (Codex after a failure) finds them.
+            history = self.ledger.http_cache(books.owner)
         connection = Connection(
             chat_format=self.engine.chat_format,
             context_window=self.engine.context_window,
@@ -307,6 +311,7 @@ class App:
             sampling_defaults=self.engine.sampling_defaults,
             inject=config.inject or multi_agent(scope),
             inject_idle_timeout=config.inject_idle_timeout,
+            history=history,
         )
         frames = scope.get("extensions", {}).get(SEND_FRAMES)
         socket = Socket(

@@ -113,8 +113,12 @@ class Job:
     def final(self) -> bool:
         return self.status in TERMINAL
 
-    async def emit(self, frame: bytes) -> None:
-        """Every frame the response's connection sends, in order."""
+    async def emit(self, frames: list[bytes]) -> None:
+        """Every frame the response's connection sends, in order (`exchange.Emit`)."""
+        for frame in frames:
+            self._emitted(frame)
+
+    def _emitted(self, frame: bytes) -> None:
         if self.response_id is None and frame.startswith(b'{"type":"error"'):
             if not self.created.done():
                 self.created.set_result(frame)

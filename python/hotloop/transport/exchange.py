@@ -18,7 +18,9 @@ from hotloop.transport.asgi import Receive, Send
 from hotloop.transport.mcp import run_calls
 from hotloop.transport.websocket import render_off_loop
 
-Emit = Callable[[bytes], Awaitable[None]]
+Emit = Callable[[list[bytes]], Awaitable[None]]
+"""Where an exchange's frames go: each batch of the connection's actions, in order (an
+SSE reply writes a batch as one piece: one write per engine batch, not per event)."""
 
 JSON = b"application/json"
 SSE_HEADERS = [
@@ -30,8 +32,9 @@ SSE_HEADERS = [
 
 class Exchange:
     """The observer of one HTTP request's `Connection`: keeps the finished response
-    for the reply, drops `store=false` state from the process cache (nothing of such
-    a response outlives its request), and books the response."""
+    for the reply, unnames `store=false` state in the process cache (nothing continues
+    such a response by id; a client that resends its history finds its state by
+    content, `history.py`), and books the response."""
 
     def __init__(self, books: Books, cache: ConnectionCache) -> None:
         self._books = books
@@ -41,7 +44,7 @@ class Exchange:
     def finished(self, response: Finished) -> None:
         self.result = response
         if not response.request.store:
-            self._cache.evict(response.response_id)
+            self._cache.unname(response.response_id)
         self._books.ledger.record(response, "http")
 
 

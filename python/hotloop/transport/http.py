@@ -371,6 +371,7 @@ class HttpApi:
             compactor=self._compactor(principal),
             sampling_defaults=self.ledger.engine.sampling_defaults,
             background=background,
+            history=cache,
         )
 
     def _compactor(self, principal: str | None) -> Compactor:
@@ -395,8 +396,8 @@ class HttpApi:
         connection.receive_compact(request)
         replies: list[bytes] = []
 
-        async def keep(frame: bytes) -> None:
-            replies.append(frame)
+        async def keep(frames: list[bytes]) -> None:
+            replies.extend(frames)
 
         await self._run(receive, connection, connection.actions(), keep)
         if not replies:
@@ -439,8 +440,9 @@ class HttpApi:
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
 
-        async def emit(frame: bytes) -> None:
-            await send({"type": "http.response.body", "body": sse_frame(frame), "more_body": True})
+        async def emit(frames: list[bytes]) -> None:
+            body = b"".join(map(sse_frame, frames))
+            await send({"type": "http.response.body", "body": body, "more_body": True})
 
         await self._run(receive, connection, actions, emit, clock)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -533,15 +535,23 @@ class HttpApi:
         event), and return the engine work if there is some."""
         work = None
         while actions:
+            frames: list[bytes] = []
             for action in actions:
                 if isinstance(action, bytes):
-                    await emit(action)
+                    frames.append(action)
                 elif isinstance(action, Generate):
                     work = action
-                elif isinstance(action, Persist):
-                    await persist(connection, action, self.ledger.persist(action.finished))
-                elif isinstance(action, McpCall):
-                    await run_calls(self.mcp, connection, action)
+                else:
+                    # The frames before it go out before it is awaited.
+                    if frames:
+                        await emit(frames)
+                        frames = []
+                    if isinstance(action, Persist):
+                        await persist(connection, action, self.ledger.persist(action.finished))
+                    elif isinstance(action, McpCall):
+                        await run_calls(self.mcp, connection, action)
+            if frames:
+                await emit(frames)
             actions = connection.actions()
         return work
 
@@ -662,7 +672,7 @@ def _is_error(frame: bytes) -> bool:
     return frame.startswith(b'{"type":"error"')
 
 
-async def _discard(frame: bytes) -> None:
+async def _discard(frames: list[bytes]) -> None:
     return None
 
 

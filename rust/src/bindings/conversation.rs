@@ -217,11 +217,21 @@ impl PyConversation {
     /// Renders and tokenizes the request's new items; a large request (an agent's first
     /// request with its whole history, a large tool list or instructions) is worked on
     /// with the GIL released, so the server can run it in a worker thread while its
-    /// event loop goes on.
-    fn extend(&mut self, py: Python<'_>, request: PyRef<'_, PyCreateRequest>) -> PyResult<PyTurn> {
-        let request = &request.inner;
+    /// event loop goes on. `skip`: the request's first items are already in this
+    /// conversation (a state found by their history digests): only the rest is checked
+    /// and rendered.
+    #[pyo3(signature = (request, skip = 0))]
+    fn extend(
+        &mut self,
+        py: Python<'_>,
+        request: PyRef<'_, PyCreateRequest>,
+        skip: usize,
+    ) -> PyResult<PyTurn> {
+        let whole = &request.inner;
+        let tail = (skip > 0).then(|| whole.tail(skip));
+        let request = tail.as_ref().unwrap_or(whole);
         let (inner, policy) = (&mut self.inner, self.policy.as_deref());
-        let turn = if request.frame_bytes >= RELEASE_GIL_BYTES {
+        let turn = if whole.frame_bytes >= RELEASE_GIL_BYTES {
             py.allow_threads(|| inner.extend_request(request, policy))
         } else {
             inner.extend_request(request, policy)

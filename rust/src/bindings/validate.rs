@@ -191,6 +191,32 @@ impl PyCreateRequest {
     fn response_fields_json(&self) -> &str {
         &self.inner.response_fields_json
     }
+    /// The content address of what the format renders before the items.
+    #[getter]
+    fn prefix_digest<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        digest_bytes(py, self.inner.history.prefix)
+    }
+
+    /// The chained content addresses after each input item from `first` on, starting
+    /// from `start` (a parent state's; the prefix's when None): `start` first.
+    #[pyo3(signature = (start = None, first = 0))]
+    fn history_digests<'py>(
+        &self,
+        py: Python<'py>,
+        start: Option<&[u8]>,
+        first: usize,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let start = start.map(digest_of).transpose()?;
+        let chained = self.inner.history.chained(start, first);
+        Ok(chained.into_iter().map(|d| digest_bytes(py, d)).collect())
+    }
+
+    /// Bytes of text in the input items from `first` on.
+    #[pyo3(signature = (first = 0))]
+    fn text_bytes(&self, first: usize) -> usize {
+        self.inner.input.text_bytes(first)
+    }
+
     #[getter]
     fn skipped_tools(&self) -> Vec<(String, Option<String>)> {
         self.inner
@@ -350,6 +376,32 @@ fn parse_request(
     Ok(PyCreateRequest { inner })
 }
 
+fn digest_bytes(py: Python<'_>, digest: validate::Digest) -> Bound<'_, PyBytes> {
+    PyBytes::new(py, &digest.to_le_bytes())
+}
+
+fn digest_of(bytes: &[u8]) -> PyResult<validate::Digest> {
+    let bytes: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| Error::new(Code::InvalidValue, "a history digest is 16 bytes"))?;
+    Ok(u128::from_le_bytes(bytes))
+}
+
+/// The content address of a state after a response's output (`output_json`, the
+/// `output` array the server sent) is appended to the state at `start`.
+#[pyfunction]
+fn history_after_output<'py>(
+    py: Python<'py>,
+    start: &[u8],
+    output_json: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut at = digest_of(start)?;
+    for item in validate::output_digests(output_json)? {
+        at = validate::history::chain(at, item);
+    }
+    Ok(digest_bytes(py, at))
+}
+
 /// The boundary invariant alone (`validate::check_values`): for Python code that must
 /// load a frame with a strict parser before the core parses it (compaction's expansion).
 #[pyfunction]
@@ -369,5 +421,6 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyUnknownEvent>()?;
     m.add_function(wrap_pyfunction!(parse_event, m)?)?;
     m.add_function(wrap_pyfunction!(parse_request, m)?)?;
+    m.add_function(wrap_pyfunction!(history_after_output, m)?)?;
     m.add_function(wrap_pyfunction!(check_values, m)?)
 }

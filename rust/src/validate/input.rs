@@ -29,6 +29,35 @@ pub struct Input {
     /// The input ended with `{"type": "compaction_trigger"}` (Codex's remote compaction):
     /// the response is the conversation compacted into one `compaction` item.
     pub compaction_trigger: bool,
+    /// The place of `items[0]` in the request's `input`: not 0 in a request's `tail`.
+    pub offset: usize,
+}
+
+impl Input {
+    /// Bytes of text in the items from `first` on: what rendering them costs grows with.
+    pub fn text_bytes(&self, first: usize) -> usize {
+        let items = self.items.get(first..).unwrap_or(&[]);
+        items
+            .iter()
+            .map(|item| match item {
+                Item::Message { text, .. } | Item::Reasoning { text } => text.len(),
+                Item::FunctionCall { name, arguments, .. } => name.len() + arguments.len(),
+                Item::FunctionCallOutput { output, .. } => output.len(),
+            })
+            .sum()
+    }
+
+    /// The items from `first` on, located where they were.
+    pub fn tail(&self, first: usize) -> Input {
+        let first = first.min(self.items.len());
+        Input {
+            items: self.items[first..].to_vec(),
+            sources: self.sources[first..].to_vec(),
+            from_string: self.from_string,
+            compaction_trigger: self.compaction_trigger,
+            offset: self.offset + first,
+        }
+    }
 }
 
 /// Where an item's text came from: the field and, when it was a list of parts, where
@@ -54,6 +83,7 @@ impl TextSource {
             return "input".to_string();
         }
         let field = self.field;
+        let index = input.offset + index;
         if self.part_ends.is_empty() {
             return format!("input[{index}].{field}");
         }
@@ -122,6 +152,7 @@ pub fn parse_input(raw: Option<&RawValue>, limits: &Limits) -> Result<Input> {
                 sources: vec![TextSource::plain("content")],
                 from_string: true,
                 compaction_trigger: false,
+                offset: 0,
             });
         }
         Shape::Array(elements) => elements,
@@ -146,6 +177,7 @@ pub fn parse_input(raw: Option<&RawValue>, limits: &Limits) -> Result<Input> {
         sources: Vec::with_capacity(count),
         from_string: false,
         compaction_trigger: false,
+        offset: 0,
     };
     for (i, element) in elements.into_iter().enumerate() {
         let item_path = path.index(i);

@@ -16,6 +16,7 @@
 mod budget;
 mod event;
 mod field;
+pub mod history;
 mod input;
 mod path;
 mod policy;
@@ -28,6 +29,7 @@ mod values;
 
 pub use budget::check_context_budget;
 pub use event::{parse_event, AppendEvent, ClientEvent};
+pub use history::{output_digests, Digest, History};
 pub use input::{parse_input, Input, TextSource};
 pub use policy::Policy;
 pub use prompt_cache::{PromptCache, PromptCacheOptions};

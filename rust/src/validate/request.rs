@@ -7,6 +7,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::field::{self, invalid_value};
+use super::history::History;
 use super::input::{input_json, parse_input, Input};
 use super::path::Path;
 use super::policy::Policy;
@@ -130,6 +131,8 @@ pub struct CreateRequest {
     pub prefix: Prefix,
     /// The new items, one per `input` element.
     pub input: Input,
+    /// The content addresses of the prefix and of each input item (`history`).
+    pub history: History,
     /// Tools of types the server does not run, left out of `prefix.tools`.
     pub skipped_tools: Vec<SkippedTool>,
     pub tool_choice: ToolChoice,
@@ -173,6 +176,7 @@ impl Default for CreateRequest {
             stream: false,
             prefix: Prefix::default(),
             input: Input::default(),
+            history: History::default(),
             skipped_tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: true,
@@ -268,6 +272,7 @@ impl CreateRequest {
         self.skipped_tools = tools.skipped;
         self.input_bytes = body.input.map_or(0, |r| r.get().len());
         self.input = parse_input(body.input, limits)?;
+        self.history = History::of(&self.prefix, &self.input.items);
         self.input_json = input_json(body.input);
         let tools_echo = body
             .tools
@@ -331,6 +336,20 @@ impl CreateRequest {
         }
         out.push('}');
         out
+    }
+
+    /// The request as a continuation from its `first` input item on (the items before it
+    /// are already in the state it continues, found by their `history` digests): what
+    /// rendering reads, the JSON the server echoes or stores left out. An item's errors
+    /// still name its place in the whole `input`.
+    pub fn tail(&self, first: usize) -> CreateRequest {
+        CreateRequest {
+            error: self.error.clone(),
+            prefix: self.prefix.clone(),
+            input: self.input.tail(first),
+            max_output_tokens: self.max_output_tokens,
+            ..CreateRequest::default()
+        }
     }
 
     /// Scan the new text of this request (instructions and input items) with `policy`.
