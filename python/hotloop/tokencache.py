@@ -2,18 +2,22 @@
 
 Give it a conversation id and the conversation's new items (or more text for its last
 item); get back the prompt tokens, rendered through a chat format and tokenized, with
-only the new part rendered. The prompt is the conversation so far, without a generation
-prompt, for every format (a chat template's render with `add_generation_prompt=False`:
-a template that always writes the assistant header, as Llama 3's does, ends with it);
-`engine_prompt` adds the generation prompt: the ids an engine is given to answer.
-The format is a hand-written one (`ChatFormat.harmony()`,
-`ChatFormat.chatml(...)`) or any model's own chat template (`ChatFormat.template(...)`,
-or `TokenCache.for_model(tokenizer_path)`), whose prompt equals
-`tokenizers.encode(apply_chat_template(...), add_special_tokens=False)` (with
-`add_generation_prompt=True` for `engine_prompt`). Conversations
+only the new part rendered. Or give it a whole conversation each time, as a stateless
+front end receives it (`engine_prompt_for`): it continues from the longest conversation
+it rendered before that the new one starts with (found by the content addresses of its
+items, `hotloop.protocol.history`), with no id to manage. The prompt is the
+conversation so far, without a generation prompt, for every format (a chat template's
+render with `add_generation_prompt=False`: a template that always writes the assistant
+header, as Llama 3's does, ends with it); `engine_prompt` adds the generation prompt:
+the ids an engine is given to answer. The format is a hand-written one
+(`ChatFormat.harmony()`, `ChatFormat.chatml(...)`) or any model's own chat template
+(`ChatFormat.template(...)`, or `TokenCache.for_model(tokenizer_path)`), whose prompt
+equals `tokenizers.encode(apply_chat_template(...), add_special_tokens=False)` (with
+`add_generation_prompt=True` for `engine_prompt`). Conversations and states
 are evicted least recently used once the cache holds more than `max_bytes`.
 
-This module owns the id -> conversation map and its byte bound. Rendering, tokenization
+This module owns the id -> conversation map, the content address -> state map of whole
+conversations, and their byte bound. Rendering, tokenization
 and the chain itself are the compiled core's (`hotloop._core.Conversation`).
 """
 
@@ -25,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from hotloop._core import ChatFormat, Conversation, Prompt
+from hotloop._core import ChatFormat, Checkpoint, Conversation, Prompt, parse_request
 from hotloop.chat_template import TemplateChoice
 
 JsonItems = str | bytes | Sequence[Mapping[str, Any]]
@@ -71,9 +75,13 @@ class TokenCache:
         self._max_bytes = max_bytes
         self._context_window = context_window
         self._conversations: OrderedDict[str, tuple[Conversation, int]] = OrderedDict()
+        self._states: OrderedDict[bytes, tuple[Checkpoint, int]] = OrderedDict()
+        """Whole conversations' states by content address (`engine_prompt_for`)."""
         self._bytes = 0
         self.evictions = 0
-        """Conversations dropped to stay under `max_bytes`."""
+        """Conversations and states dropped to stay under `max_bytes`."""
+        self.reused_tokens = 0
+        """Tokens `engine_prompt_for` took from states it held instead of rendering them."""
 
     @classmethod
     def for_model(
@@ -126,6 +134,51 @@ class TokenCache:
         )
         return self._touched(conversation_id, conversation)
 
+    def engine_prompt_for(
+        self,
+        items: JsonItems,
+        *,
+        instructions: str | None = None,
+        tools: JsonItems | None = None,
+    ) -> Prompt:
+        """The engine prompt (with the generation prompt, as `engine_prompt`) of a whole
+        conversation: Responses-API input items, or chat messages with `role` and string
+        `content`, as a stateless front end receives them every turn. Only what no held
+        state covers is rendered: the longest conversation rendered before (with the same
+        instructions and tools) that this one starts with is continued, matched by each
+        item's parsed form, so a new turn renders only its new items whatever the JSON's
+        spelling. The ids are those of a full render. Raises `CoreError` for invalid items
+        or tools."""
+        body = b'{"input":' + _json(items).encode()
+        if instructions is not None:
+            body += b',"instructions":' + orjson.dumps(instructions)
+        if tools is not None:
+            body += b',"tools":' + _json(tools).encode()
+        request = parse_request(body + b"}")
+        if request.error is not None:
+            raise request.error
+        addresses = request.history_digests()
+        skip, found = 0, None
+        for at in range(len(addresses) - 1, 0, -1):
+            state = self._states.get(addresses[at])
+            if state is not None:
+                skip, found = at, state[0]
+                self._states.move_to_end(addresses[at])
+                break
+        conversation = (
+            Conversation(self._format, context_window=self._context_window)
+            if found is None
+            else found.fork()
+        )
+        turn = conversation.extend(request, skip)
+        self.reused_tokens += turn.cached_tokens
+        checkpoint = conversation.checkpoint()
+        held = self._states.pop(addresses[-1], None)
+        self._bytes += checkpoint.memory_bytes - (0 if held is None else held[1])
+        self._states[addresses[-1]] = (checkpoint, checkpoint.memory_bytes)
+        self._bound()
+        return conversation.prompt()
+
     def append_text(self, conversation_id: str, chunk: str) -> Prompt:
         """Grow the text of the conversation's last item (a streamed message, a tool output
         arriving in chunks) and return the prompt. Only the end of that text is
@@ -167,7 +220,7 @@ class TokenCache:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held by all cached conversations."""
+        """Bytes held by all cached conversations and states."""
         return self._bytes
 
     def __len__(self) -> int:
@@ -197,8 +250,17 @@ class TokenCache:
         self._bytes += size - self._conversations[conversation_id][1]
         self._conversations[conversation_id] = (conversation, size)
         self._conversations.move_to_end(conversation_id)
-        while self._bytes > self._max_bytes and len(self._conversations) > 1:
-            _, (_, dropped) = self._conversations.popitem(last=False)
+        self._bound()
+        return conversation.prompt()
+
+    def _bound(self) -> None:
+        """Evict while over `max_bytes`: whole conversations' states first (a miss only
+        renders again), least recently used first; then conversations by id, the one just
+        used always kept."""
+        while self._bytes > self._max_bytes and (self._states or len(self._conversations) > 1):
+            if self._states:
+                _, (_, dropped) = self._states.popitem(last=False)
+            else:
+                _, (_, dropped) = self._conversations.popitem(last=False)
             self._bytes -= dropped
             self.evictions += 1
-        return conversation.prompt()
