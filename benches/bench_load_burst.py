@@ -7,7 +7,7 @@ handshake time. One `hotloop serve` process, sim engine.
 
     python benches/bench_load_burst.py    # prints one JSON line
 
-`benches/results/load_burst_before_after.json` holds runs before and after the
+`benches/results/history/load_burst_before_after.json` holds runs before and after the
 offload, alternated back to back.
 """
 

@@ -240,6 +240,14 @@ FIGURES = (
     ),
     Figure("capacity", _scripts("bench_capacity.py"), (BENCHMARKS,), writes=("capacity.json",)),
     Figure(
+        "hardening_39_frames",
+        _scripts(
+            "bench_body_attack.py frames 10 1,2,4",
+            "bench_body_attack.py frames 10 1,2,4 --max-compressed-frames 100000000",
+        ),
+        (BENCHMARKS, "docs/security.md"),
+    ),
+    Figure(
         "vllm",
         _scripts("bench_vllm.py --turns 20 --tokens 24"),
         (BENCHMARKS, "docs/development.md"),
@@ -256,17 +264,46 @@ FIGURES = (
     ),
 )
 BY_NAME = {figure.name: figure for figure in FIGURES}
-# Results of code that no longer exists, kept as the other side of a before/after the
-# docs describe: `make figures` cannot rerun them, and does not touch them.
+
+
+@dataclass(frozen=True)
+class Historical:
+    """A results file of code that no longer exists, kept in `benches/results/history/` as
+    the other side of a before/after the docs describe: `make figures` cannot rerun it and
+    never touches it."""
+
+    commit: str
+    """The commit that recorded the run (the measured trees are named in `what`)."""
+    what: str
+
+
+HISTORY = "history/"
 HISTORICAL = {
-    "load_before.json": "`hotloop bench load` before large inputs were rendered off the loop",
-    "load_burst_before_after.json": "`bench_load_burst.py`, 7 runs each before and after "
-    "large inputs were rendered off the loop, alternated",
-    "peers_before_after.json": "`bench_peers.py --baseline before=DIR`: hotloop before "
-    "issue 23's work (d10a9fd, its own core) beside the current code and the peers, one run",
-    "store_fairness_before_after.json": "`bench_store_fairness.py 25 --rounds 5 --baseline "
-    "before=DIR`: the store writer before issue 39's bulk lane and turn order (c724f0f) and "
-    "after, interleaved, two runs",
+    HISTORY + "load_before.json": Historical(
+        "4dc6475",
+        "`hotloop bench load` before large inputs were rendered off the loop (24e42cb), the "
+        "last of three runs alternated with the code after it",
+    ),
+    HISTORY + "load_burst_before_after.json": Historical(
+        "4dc6475",
+        "`bench_load_burst.py`, 7 runs each before and after large inputs were rendered off "
+        "the loop (24e42cb), alternated",
+    ),
+    HISTORY + "peers_before_after.json": Historical(
+        "6c82e4a",
+        "`bench_peers.py --baseline before=DIR`: hotloop before issue 23's work (d10a9fd, its "
+        "own core) beside the code at adfc327 and the peers, one run",
+    ),
+    HISTORY + "store_fairness_before_after.json": Historical(
+        "a6280da",
+        "`bench_store_fairness.py 25 --rounds 5 --baseline before=DIR`: the store writer "
+        "before issue 39's bulk lane and turn order (c724f0f) and after, interleaved, two runs",
+    ),
+    HISTORY + "hardening_39_frames_before_after.json": Historical(
+        "d7a1250",
+        "`bench_body_attack.py frames`, by hand: the server before issue 39's bound on "
+        "compressed frames (b43205f) and after it, on the shared machine",
+    ),
 }
 
 
@@ -969,10 +1006,73 @@ def abuse_table(results: dict[str, Any]) -> str:
     return markdown((*header, "the attacker"), rows)
 
 
+def frames_tables(before: dict[str, Any], now: dict[str, Any]) -> str:
+    """Bodies of tiny compressed frames (`bench_body_attack.py frames`): the server's CPU
+    per body before issue 39's bound (the kept runs of b43205f) and now, refused and
+    decoded whole past the bound; then another key's requests during the attack."""
+    runs_before = [r["json"][-1] for r in before["runs"] if r["code"].startswith("before")]
+    refused, whole = printed(now, 0)[-1], printed(now, 1)[-1]
+
+    def decoded(run: dict[str, Any], encoding: str, mib: float) -> dict[str, Any] | None:
+        found = [d for d in run["decode"] if d["encoding"] == encoding and d["mib"] == mib]
+        return found[0] if found else None
+
+    def then(encoding: str, mib: float) -> str:
+        found = [d for r in runs_before if (d := decoded(r, encoding, mib)) is not None]
+        if not found:
+            return "not run"
+        walls = sorted(d["seconds"] for d in found)
+        wall = f"{walls[0]:.0f} s" if len(walls) == 1 else f"{walls[0]:.1f}-{walls[-1]:.0f} s"
+        cpu = [d["cpu_seconds"] for d in found if "cpu_seconds" in d]
+        return f"{cpu[0]:.1f} s ({wall})" if cpu else f"({wall})"
+
+    def cpu(run: dict[str, Any], encoding: str, mib: float) -> str:
+        found = decoded(run, encoding, mib)
+        return "" if found is None else f"{found['cpu_seconds']:.3f} s (`{found['code']}`)"
+
+    rows = [
+        (
+            f"{encoding} {mib:g} MiB",
+            then(encoding, mib),
+            cpu(refused, encoding, mib),
+            cpu(whole, encoding, mib),
+        )
+        for encoding in ("gzip", "zstd")
+        for mib in sorted({d["mib"] for d in refused["decode"]})
+    ]
+    header = (
+        *("body", "before: server CPU (wall)", "now: server CPU (refused)"),
+        *("now, `--max-compressed-frames 100000000`: decoded whole",),
+    )
+
+    def victim(label: str, run: dict[str, Any]) -> Cells:
+        quiet = run["quiet"]["post_p50_ms"]
+        return (
+            label,
+            ms(quiet),
+            f"{ms(run['uploading']['post_p50_ms'])} ({run['uploading_post_p50_ratio']:.2f}x)",
+            f"{ms(run['decoding']['post_p50_ms'])} ({run['decoding_post_p50_ratio']:.2f}x)",
+            ms(run["decoding"]["post_max_ms"], 0),
+        )
+
+    victims = [victim(f"before, run {n}", r) for n, r in enumerate(runs_before, 1)]
+    victims += [victim("now", refused), victim("now, decoded whole", whole)]
+    victim_header = (
+        *("another key's 100 KB requests, p50", "quiet", "while 1 MiB is uploaded plain"),
+        *("while it is posted as gzip members", "max, gzip"),
+    )
+    return markdown(header, rows) + "\n\n" + markdown(victim_header, victims)
+
+
 def measured(results: dict[str, Any], name: str) -> str:
     """The line under a table: where and when its results file was measured."""
     where = results.get("provenance")
     path = f"`benches/results/{name}`"
+    if name in HISTORICAL:
+        commit = ((where or {}).get("commit") or HISTORICAL[name].commit)[:7]
+        date = (where or {}).get("date") or results.get("date")
+        when = f"{date[:10]} " if date else ""
+        return f"Measured {when}(commit {commit}), historical: {path} is kept, not rerun."
     if where is not None:
         return (
             f"Measured {where['date'][:10]} (commit {where['commit'][:7]}), load average "
@@ -1007,17 +1107,19 @@ TABLES: dict[str, Table] = {
     "load": Table(BENCHMARKS, ("load.json",), load_table),
     "long_running": Table(BENCHMARKS, ("long_running/agent.json",), long_running_table),
     "load_burst_before_after": Table(
-        BENCHMARKS, ("load_burst_before_after.json",), load_burst_before_after_table
+        BENCHMARKS, (HISTORY + "load_burst_before_after.json",), load_burst_before_after_table
     ),
     "load_burst": Table(BENCHMARKS, ("load_burst.json",), load_burst_table),
     "store_fairness_before_after": Table(
-        BENCHMARKS, ("store_fairness_before_after.json",), store_fairness_before_after_table
+        BENCHMARKS,
+        (HISTORY + "store_fairness_before_after.json",),
+        store_fairness_before_after_table,
     ),
     "ws_turn": Table(BENCHMARKS, ("ws_turn.json",), ws_turn_table),
     "turns": Table(BENCHMARKS, ("turns.json",), turns_table),
     "peers": Table(BENCHMARKS, ("peers.json",), peers_tables),
     "peers_before_after": Table(
-        BENCHMARKS, ("peers_before_after.json",), peers_before_after_tables
+        BENCHMARKS, (HISTORY + "peers_before_after.json",), peers_before_after_tables
     ),
     "peers_history": Table(
         BENCHMARKS,
@@ -1026,6 +1128,11 @@ TABLES: dict[str, Table] = {
     ),
     "vllm": Table(BENCHMARKS, ("vllm.json",), vllm_tables),
     "capacity": Table(BENCHMARKS, ("capacity.json",), capacity_tables),
+    "hardening_39_frames": Table(
+        BENCHMARKS,
+        (HISTORY + "hardening_39_frames_before_after.json", "hardening_39_frames.json"),
+        frames_tables,
+    ),
     "prewarm": Table(BENCHMARKS, ("prewarm.json",), prewarm_table),
     "http_turn": Table(BENCHMARKS, ("http_turn.json",), http_turn_table),
     "store_sigkill": Table(BENCHMARKS, ("store.json",), store_sigkill_table),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,20 @@ def test_every_benchmark_script_the_docs_cite_is_run_by_make_figures() -> None:
     run = {part for figure in FIGURES for command in figure.commands for part in command}
     scripts = cited(r"benches/(?:bench|test)_\w+\.py")
     assert sorted(c for c in scripts if c[1] not in run) == []
+
+
+def test_every_kept_results_file_of_past_code_is_listed_with_the_commit_that_recorded_it() -> None:
+    """`benches/results/history/` holds runs `make figures` cannot repeat (the other side
+    of a before/after): each is in HISTORICAL, which names the commit that recorded it,
+    and no figure of the current code writes there."""
+    kept = {str(p.relative_to(RESULTS)) for p in (RESULTS / "history").rglob("*.json")}
+    assert kept == set(HISTORICAL)
+    for name, historical in HISTORICAL.items():
+        known = subprocess.run(
+            ["git", "cat-file", "-e", f"{historical.commit}^{{commit}}"], cwd=ROOT, check=False
+        )
+        assert known.returncode == 0, f"{name}: {historical.commit} is not a commit"
+    assert [f for figure in FIGURES for f in figure.files if f.startswith("history/")] == []
 
 
 @pytest.mark.parametrize("figure", FIGURES, ids=lambda figure: figure.name)
@@ -205,7 +220,7 @@ def test_the_store_tables_are_what_bench_store_printed() -> None:
 def test_the_burst_of_the_current_code_is_one_row_of_the_before_after_table() -> None:
     """bench_load_burst.py prints one JSON line per run, the shape of the before/after
     file's runs: a rerun is rendered under the same header."""
-    after = json.loads((RESULTS / "load_burst_before_after.json").read_text())["after"]
+    after = json.loads((RESULTS / "history" / "load_burst_before_after.json").read_text())["after"]
     rerun = {"runs": [{"json": [after["runs"][0]]}]}
     lines = figures.load_burst_table(rerun).splitlines()
     assert lines[0] == table_block("load_burst_before_after")[1].splitlines()[0]
