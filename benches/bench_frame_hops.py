@@ -25,13 +25,12 @@ from typing import Any
 import orjson
 import uvicorn
 from hotloop._core import ChatFormat
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimSession, SimSpeed
 from hotloop.lab.threaded import serving
 from hotloop.protocol import parsing
 from hotloop.protocol.parsing import OFFLOAD_BYTES, PARSE_OFFLOAD_BYTES
-from hotloop.transport import frames
+from hotloop.transport import App, frames
 from hotloop.transport.admission import AdmittingHttpProtocol
 from hotloop.transport.frames import FrameSendingProtocol
 from websockets.sync.client import connect
@@ -65,7 +64,7 @@ def main() -> None:
 
     SimSession.generate = timed  # type: ignore[method-assign]
     engine = SimEngine(ChatFormat.harmony(), model="sim", speed=SimSpeed(1e6, ttft=0.0))
-    app = build_app(engine, ServerConfig(engine="sim"))
+    app = App.from_config(ServerConfig(engine="sim"), engine)
     config = uvicorn.Config(
         app, loop="uvloop", ws=FrameSendingProtocol, http=AdmittingHttpProtocol, log_level="warning"
     )

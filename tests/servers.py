@@ -17,7 +17,6 @@ from typing import Any
 
 import uvicorn
 from hotloop._core import ChatFormat
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimScript, SimSpeed
 from hotloop.transport import App
@@ -130,10 +129,10 @@ def hotloop_server(
 
 @contextmanager
 def stored_server(data_dir: str, script: SimScript | None = None, **config: Any) -> Iterator[str]:
-    """`hotloop serve` as built by the CLI (`build_app`: the store in `data_dir`) over
+    """`hotloop serve` as built by the CLI (`App.from_config`: the store in `data_dir`) over
     the sim engine, served for real; on exit, asserts every frame it sent was valid."""
     settings = ServerConfig(engine="sim", data_dir=data_dir, **config)
-    checked = Validating(build_app(sim_engine(), settings))
+    checked = Validating(App.from_config(settings, sim_engine()))
     with serving(checked) as url:
         yield url
     assert checked.invalid == []

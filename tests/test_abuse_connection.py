@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.store import Chain
+from hotloop.transport import App
 from servers import serving, sim_engine
 from websockets.sync.client import connect
 
@@ -62,7 +62,7 @@ def test_a_stored_chain_is_rebuilt_off_the_event_loop(
         victim_served.wait(GUARD)
         replay(chain, *args)
 
-    with serving(build_app(sim_engine(), settings)) as base:
+    with serving(App.from_config(settings, sim_engine())) as base:
         stored = httpx.post(
             base + "/v1/responses",
             json={"model": "sim", "input": "a long history", "store": True},
@@ -93,7 +93,7 @@ def test_a_compaction_item_opens_for_its_own_key_only(tmp_path: Path) -> None:
     `input_items`. Refused now, over HTTP and WebSocket; A still continues from it."""
     settings = ServerConfig(engine="sim", api_keys=(ATTACKER, VICTIM), data_dir=str(tmp_path))
     conversation = [{"role": "user", "content": "The launch code word is slate."}]
-    with serving(build_app(sim_engine(), settings)) as base:
+    with serving(App.from_config(settings, sim_engine())) as base:
 
         def post(key: str, path: str, body: dict[str, Any]) -> httpx.Response:
             headers = {"authorization": f"Bearer {key}"}
@@ -115,7 +115,7 @@ def test_frames_nested_too_deep_keep_the_socket(tmp_path: Path) -> None:
     past the decoder's 1,024 levels dropped the socket (1006, every lane lost)."""
     settings = ServerConfig(engine="sim", api_keys=(ATTACKER,), inject=True)
     deep = "[" * 1100 + "]" * 1100
-    with serving(build_app(sim_engine(), settings)) as base:
+    with serving(App.from_config(settings, sim_engine())) as base:
         url = base.replace("http://", "ws://") + "/v1/responses"
         with connect(url, additional_headers={"authorization": f"Bearer {ATTACKER}"}) as ws:
             for kind in ("response.steer", "response.interrupt", "response.inject"):

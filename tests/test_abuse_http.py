@@ -16,10 +16,10 @@ import httpx
 import orjson
 import pytest
 from hotloop.auth import key_id
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.store import PAGE_CHUNK_BYTES
 from hotloop.store.items import listed_items, page_of
+from hotloop.transport import App
 from hotloop_process import HotloopProcess
 from servers import HANG_GUARD, serving, sim_engine
 from test_store import response
@@ -118,8 +118,8 @@ def test_an_answer_before_the_body_is_read_says_connection_close(tmp_path: Path)
 
 
 def app(tmp_path: Path, **config: object) -> object:
-    return build_app(
-        sim_engine(), ServerConfig(engine="sim", api_keys=KEYS, data_dir=str(tmp_path), **config)
+    return App.from_config(
+        ServerConfig(engine="sim", api_keys=KEYS, data_dir=str(tmp_path), **config), sim_engine()
     )
 
 

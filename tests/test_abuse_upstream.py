@@ -14,10 +14,10 @@ import orjson
 import pytest
 from fake_upstreams import FakeUpstream, Script, serving
 from hotloop._core import ChatFormat, Prompt, ResponseReader
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.base import EngineError, Sampling
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+from hotloop.transport import App
 
 PROMPT = [1, 2, 3, 4, 5]
 SAMPLING = Sampling(max_output_tokens=16, temperature=None, top_p=None, stop_tokens=(7,))
@@ -139,8 +139,8 @@ async def test_the_response_past_the_budget_ends_incomplete(chat_format: Any) ->
         config = UpstreamConfig(
             dialect="vllm", replicas=(replica.url,), model="m", context_window=1 << 16
         )
-        app = build_app(
-            UpstreamEngine(config, harmony), ServerConfig(engine="upstream", data_dir="")
+        app = App.from_config(
+            ServerConfig(engine="upstream", data_dir=""), UpstreamEngine(config, harmony)
         )
         await app.start()
         try:

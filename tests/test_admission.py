@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
+from hotloop.transport import App
 from hotloop.transport.admission import return_large_buffers
 from servers import HANG_GUARD, serving, sim_engine
 from websockets.exceptions import InvalidStatus
@@ -28,8 +28,8 @@ KEYS = ("sk-a", "sk-b")
 
 
 def app(tmp_path: Path, **config: object) -> object:
-    return build_app(
-        sim_engine(), ServerConfig(engine="sim", api_keys=KEYS, data_dir=str(tmp_path), **config)
+    return App.from_config(
+        ServerConfig(engine="sim", api_keys=KEYS, data_dir=str(tmp_path), **config), sim_engine()
     )
 
 
@@ -92,7 +92,7 @@ def test_a_late_pipelined_request_never_cuts_the_response_before_it(tmp_path: Pa
     slow = SimSpeed(tokens_per_second=100.0, ttft=0.0, prefill_tokens_per_second=1e9)
     text = " ".join(f"word{i}" for i in range(100))  # about a second at this speed
     config = ServerConfig(engine="sim", api_keys=KEYS, data_dir=str(tmp_path), header_timeout=0.2)
-    with serving(build_app(sim_engine(SimScript(text=text), slow), config)) as url:
+    with serving(App.from_config(config, sim_engine(SimScript(text=text), slow))) as url:
         body = b'{"model":"sim","input":"hi","stream":true,"store":false}'
         with raw(url) as sock:
             sock.sendall(

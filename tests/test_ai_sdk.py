@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript
+from hotloop.transport import App
 from node_clients import installed, run
 from servers import serving, sim_engine
 
@@ -28,7 +28,7 @@ def script() -> Path:
 @pytest.fixture
 def url(tmp_path: Path) -> Iterator[str]:
     config = ServerConfig(engine="sim", api_keys=("sk-aisdk",), data_dir=str(tmp_path))
-    with serving(build_app(sim_engine(SCRIPT), config)) as base:
+    with serving(App.from_config(config, sim_engine(SCRIPT))) as base:
         yield base + "/v1"
 
 

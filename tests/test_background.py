@@ -24,7 +24,6 @@ import openai
 import orjson
 import pytest
 from hotloop.auth import key_id
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
 from hotloop.store.sqlite import SCHEMA_VERSION, SQLiteDatabase
@@ -54,7 +53,7 @@ def background_app(
     store: dict[str, str], text: str = TEXT, speed: SimSpeed = STEADY, **config: Any
 ) -> App:
     settings = ServerConfig(engine="sim", api_keys=(KEY, OTHER_KEY, THIRD_KEY), **store, **config)
-    return build_app(sim_engine(SimScript(text=text), speed), settings)
+    return App.from_config(settings, sim_engine(SimScript(text=text), speed))
 
 
 @contextmanager

@@ -12,9 +12,9 @@ import httpx
 import orjson
 import pytest
 from connection_driver import FORMAT, ConnectionDriver
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.protocol import CacheBudget, Connection, ConnectionCache, Finished
+from hotloop.transport import App
 from servers import serving, sim_engine
 from websockets.sync.client import connect
 
@@ -113,7 +113,7 @@ def test_accepted_values_at_the_edge_round_trip_into_the_record() -> None:
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data_dir = tmp_path_factory.mktemp("store")
     settings = ServerConfig(engine="sim", api_keys=(KEY,), data_dir=str(data_dir))
-    with serving(build_app(sim_engine(), settings)) as base:
+    with serving(App.from_config(settings, sim_engine())) as base:
         yield base
 
 

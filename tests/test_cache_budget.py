@@ -15,9 +15,9 @@ import httpx
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Checkpoint, Conversation, parse_request
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.protocol import CacheBudget, ConnectionCache
+from hotloop.transport import App
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sdk_events import validate
@@ -166,7 +166,7 @@ def ws_turn(ws: Any, **body: Any) -> dict[str, Any]:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
     settings_ = ServerConfig(engine="sim", api_keys=(KEY,), data_dir=str(tmp_path))
-    with serving(build_app(sim_engine(), settings_)) as base:
+    with serving(App.from_config(settings_, sim_engine())) as base:
         yield base
 
 

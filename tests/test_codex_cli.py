@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript
+from hotloop.transport import App
 from hotloop.transport.asgi import RECEIVE_UTF8, Message, Receive, Scope, Send
 from hotloop.transport.encoding import decoded
 from node_clients import installed
@@ -45,9 +45,9 @@ def test_codex_runs_a_tool_loop_over_the_websocket(codex: Path, tmp_path: Path) 
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    app = build_app(
-        sim_engine(SCRIPT),
+    app = App.from_config(
         ServerConfig(engine="sim", api_keys=("sk-codex",), data_dir=str(tmp_path / "data")),
+        sim_engine(SCRIPT),
     )
     checked = Validating(app)
     with serving(checked) as url:
@@ -86,9 +86,9 @@ def test_codex_calls_a_function_of_its_namespace_tool(codex: Path, tmp_path: Pat
         tool_arguments='{"target":"nope"}',
     )
     recorded = Recording(
-        build_app(
-            sim_engine(script),
+        App.from_config(
             ServerConfig(engine="sim", api_keys=("sk-codex",), data_dir=str(tmp_path / "data")),
+            sim_engine(script),
         )
     )
     checked = Validating(recorded)
@@ -155,9 +155,9 @@ def signed_in(tmp_path: Path, script: SimScript) -> tuple[Path, Path, Recording]
     home.mkdir()
     work.mkdir()
     key = chatgpt_sign_in(home)
-    app = build_app(
-        sim_engine(script),
+    app = App.from_config(
         ServerConfig(engine="sim", api_keys=(key,), data_dir=str(tmp_path / "data")),
+        sim_engine(script),
     )
     return home, work, Recording(app)
 

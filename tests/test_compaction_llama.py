@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.llama import LlamaConfig, LlamaEngine
+from hotloop.transport import App
 from sdk_events import validate
 from servers import serving
 from websockets.sync.client import ClientConnection, connect
@@ -41,7 +41,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         # SmolLM2 writes about 15 tokens/s on one thread: short summaries keep it quick.
         compaction_summary_tokens=48,
     )
-    with serving(build_app(engine, config)) as url:
+    with serving(App.from_config(config, engine)) as url:
         yield url
 
 

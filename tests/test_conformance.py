@@ -20,10 +20,10 @@ import httpx
 import orjson
 import pytest
 from hotloop._core import ChatFormat
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimScript
 from hotloop.protocol.compaction import SUMMARY_HEADER
+from hotloop.transport import App
 from open_responses import check_compaction, check_event, check_response
 from openai import OpenAI
 from openai.types.responses import CompactedResponse, Response
@@ -57,7 +57,7 @@ def server(
         ChatFormat.harmony(), model="sim", speed=FAST, script=script, modalities=modalities
     )
     config = ServerConfig(engine="sim", api_keys=(KEY,), data_dir=str(data_dir))
-    return serving(build_app(engine, config))
+    return serving(App.from_config(config, engine))
 
 
 @pytest.fixture(scope="module")
@@ -564,7 +564,7 @@ def test_websocket_request_ids(base: str, caplog: pytest.LogCaptureFixture) -> N
 def test_a_limit_that_refuses_work_says_when_to_retry(tmp_path: Path) -> None:
     engine = SimEngine(ChatFormat.harmony(), model="sim", speed=FAST)
     config = ServerConfig(engine="sim", data_dir=str(tmp_path), max_queued_bytes=256)
-    with serving(build_app(engine, config)) as url:
+    with serving(App.from_config(config, engine)) as url:
         reply = httpx.post(
             url + "/v1/responses", json={"model": "sim", "input": "x" * 300}, timeout=30
         )

@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 import zstandard
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.protocol.errors import ProtocolError
+from hotloop.transport import App
 from hotloop.transport import encoding as encodings
 from hotloop.transport.asgi import ASGIApp, Message, Receive, Scope, Send
 from hotloop.transport.encoding import decoded
@@ -64,7 +64,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = ServerConfig(
         engine="sim", api_keys=(KEY,), data_dir=str(data_dir), max_frame_bytes=LIMIT
     )
-    with serving(build_app(sim_engine(), config)) as base:
+    with serving(App.from_config(config, sim_engine())) as base:
         yield base
 
 
@@ -296,7 +296,7 @@ async def test_one_keys_decodes_leave_another_keys_requests_served(
     holds = Holds(asyncio.get_running_loop())
     monkeypatch.setattr(encodings, "_gzip_member", lambda: HeldMember(holds))
     config = ServerConfig(engine="sim", api_keys=("sk-a", "sk-b"), data_dir=str(tmp_path))
-    served = build_app(sim_engine(), config)
+    served = App.from_config(config, sim_engine())
     # More of sk-a's decodes than the default pool's threads (Python's default size).
     attackers = min(32, (os.cpu_count() or 1) + 4) + 2
     app = BodiesRead(served, "sk-a", attackers)

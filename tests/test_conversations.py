@@ -19,7 +19,6 @@ import httpx
 import orjson
 import pytest
 from hotloop._core import parse_request
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
 from hotloop.store import conversations as tables
@@ -28,6 +27,7 @@ from hotloop.store.conversations import POSTGRES_TABLES, SQLITE_TABLES, Conversa
 from hotloop.store.postgres import MIGRATIONS as POSTGRES_MIGRATIONS
 from hotloop.store.postgres import SCHEMA_VERSION as POSTGRES_VERSION
 from hotloop.store.sqlite import FILE_NAME, MIGRATIONS, SCHEMA_VERSION
+from hotloop.transport import App
 from openai import BadRequestError, NotFoundError, OpenAI, RateLimitError
 from openai.types.conversations import (
     Conversation,
@@ -71,7 +71,7 @@ def served(script: SimScript = SCRIPT, speed: SimSpeed = FAST, **config: Any) ->
     """The whole server (HTTP routes, WebSocket mode, the store) over the sim engine;
     every WebSocket frame it sent valid for the SDK."""
     engine = sim_engine(script, speed)
-    checked = Validating(build_app(engine, ServerConfig(engine="sim", **config)))
+    checked = Validating(App.from_config(ServerConfig(engine="sim", **config), engine))
     with serving(checked) as url:
         yield url
     assert checked.invalid == []

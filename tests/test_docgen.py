@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 from hotloop import native_deps
-from hotloop.cli import ENGINES, argument_parser, main
+from hotloop.cli import argument_parser, main
 from hotloop.config import ServerConfig
 from hotloop.docgen import configuration_page
+from hotloop.engines import ENGINES
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.base import Sampling
 from hotloop.engines.sim import SimScript, SimSession, SimSpeed
@@ -56,7 +55,7 @@ class Served:
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
     settings = ServerConfig(engine="sim", api_keys=(KEY,))
-    app = build_app(sim_engine(LONG, SLOW), settings)
+    app = App.from_config(settings, sim_engine(LONG, SLOW))
     ledger = app.ledger
     assert ledger is not None
     with serving(app) as base:
@@ -123,7 +122,7 @@ def test_a_plain_http_client_that_leaves_mid_turn_is_booked(served: Served) -> N
 
 def test_a_compaction_is_booked() -> None:
     settings = ServerConfig(engine="sim", api_keys=(KEY,))
-    with serving(build_app(sim_engine(), settings)) as base:
+    with serving(App.from_config(settings, sim_engine())) as base:
         conversation = [{"role": "user", "content": "We launch on Tuesday."}]
         reply = httpx.post(
             base + "/v1/responses/compact",
@@ -143,7 +142,7 @@ def test_a_prewarm_is_booked() -> None:
     """`prompt_cache_options.prewarm`: the engine prefilled the prompt, so the key is
     booked its input tokens (it booked none when a warm-up never reached the engine)."""
     settings = ServerConfig(engine="sim", api_keys=(KEY,))
-    with serving(build_app(sim_engine(), settings)) as base:
+    with serving(App.from_config(settings, sim_engine())) as base:
         body = {"model": "sim", "input": "Warm me.", "prompt_cache_options": {"prewarm": True}}
         reply = httpx.post(base + "/v1/responses", json=body, headers=HEADERS)
         assert reply.status_code == 200, reply.text

@@ -14,12 +14,12 @@ import pytest
 from fake_upstreams import FakeUpstream, Script, serving
 from hotloop._core import ChatFormat
 from hotloop.chat_template import load_tokenizer
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
 from hotloop.events import Usage
 from hotloop.native_deps import smollm2_gguf_path
+from hotloop.transport import App
 from servers import Validating
 from servers import serving as serving_hotloop
 from websockets.sync.client import connect
@@ -55,7 +55,7 @@ async def test_the_engines_figure_rides_beside_hotloops_own(
             dialect="vllm", replicas=(upstream.url,), model="smollm2", context_window=4096
         )
         engine = UpstreamEngine(config, format_)
-        app = Validating(build_app(engine, ServerConfig(engine="upstream", data_dir="")))
+        app = Validating(App.from_config(ServerConfig(engine="upstream", data_dir=""), engine))
         with serving_hotloop(app) as url:
             usages = await asyncio.to_thread(turns, url)
     assert app.invalid == []
@@ -69,7 +69,7 @@ async def test_the_engines_figure_rides_beside_hotloops_own(
 
 def test_an_engine_that_says_nothing_reports_nothing(chatml: ChatFormat) -> None:
     engine = SimEngine(chatml, model="smollm2")
-    app = build_app(engine, ServerConfig(engine="sim", data_dir=""))
+    app = App.from_config(ServerConfig(engine="sim", data_dir=""), engine)
     with serving_hotloop(app) as url:
         usages = turns(url)
     for usage in usages:
@@ -130,7 +130,7 @@ async def test_no_key_is_served_or_told_another_keys_prefix(
             api_keys=("a:sk-a", "b:sk-b", "c:sk-c"),
             engine_cache_scope=scope,
         )
-        app = Validating(build_app(engine, server))
+        app = Validating(App.from_config(server, engine))
         with serving_hotloop(app) as url:
             first = await asyncio.to_thread(engine_cached, url, "sk-a", "http")
             others = [

@@ -16,7 +16,6 @@ import openai
 import orjson
 import pytest
 from hotloop._core import ChatFormat
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
 from hotloop.store.sqlite import SQLiteDatabase
@@ -38,7 +37,7 @@ def hotloop_app(data_dir: Path, script: SimScript | None = None, **config: Any) 
     settings = ServerConfig(
         engine="sim", api_keys=(KEY, OTHER_KEY), data_dir=str(data_dir), **config
     )
-    return build_app(sim_engine(script), settings)
+    return App.from_config(settings, sim_engine(script))
 
 
 @pytest.fixture(scope="module")
@@ -460,7 +459,7 @@ def test_a_client_that_disconnects_mid_stream_cancels_generation(tmp_path: Path)
     slow = SimSpeed(tokens_per_second=50.0, ttft=0.0, prefill_tokens_per_second=1e9)
     text = " ".join(f"word{i}" for i in range(500))  # about 20 s at this speed
     settings = ServerConfig(engine="sim", api_keys=(KEY,), data_dir=str(tmp_path))
-    app = build_app(sim_engine(SimScript(text=text), slow), settings)
+    app = App.from_config(settings, sim_engine(SimScript(text=text), slow))
     assert app.ledger is not None
     drain = app.ledger.drain
     ended = threading.Event()

@@ -14,7 +14,6 @@ from urllib.parse import quote
 
 import orjson
 import pytest
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.transport import App
 from hypothesis import HealthCheck, given, settings
@@ -29,7 +28,7 @@ class Served:
 
     def __init__(self, data_dir: Path) -> None:
         config = ServerConfig(engine="sim", api_keys=(KEY,), data_dir=str(data_dir))
-        self.app: App = build_app(sim_engine(), config)
+        self.app: App = App.from_config(config, sim_engine())
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self.app.start())
 

@@ -13,11 +13,10 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.llama import LlamaConfig, LlamaEngine
 from hotloop.engines.sim import SimScript, SimTurn
-from hotloop.transport.app import App
+from hotloop.transport import App
 from mcp_server import NOTES, SEEN_HEADERS, SEEN_PATHS, hostile_server, mcp_server
 from openai import OpenAI
 from openai.types.responses import Response
@@ -186,7 +185,7 @@ def test_allowed_tools_limits_what_is_offered(mcp_url: str) -> None:
 
 def http_app(data_dir: Path, script: SimScript, **config: Any) -> Any:
     settings = ServerConfig(engine="sim", api_keys=("sk-test",), data_dir=str(data_dir), **config)
-    return build_app(sim_engine(script), settings)
+    return App.from_config(settings, sim_engine(script))
 
 
 def test_http_json_and_sse_with_a_stored_response_shown_redacted(

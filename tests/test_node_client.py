@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
+from hotloop.transport import App
 from node_clients import installed, run
 from servers import serving, sim_engine
 
@@ -22,7 +22,7 @@ def node_client() -> Path:
 @pytest.fixture
 def url(tmp_path: Path) -> Iterator[str]:
     config = ServerConfig(engine="sim", api_keys=("sk-node",), data_dir=str(tmp_path))
-    with serving(build_app(sim_engine(), config)) as base:
+    with serving(App.from_config(config, sim_engine())) as base:
         yield base + "/v1"
 
 

@@ -20,7 +20,6 @@ import orjson
 import pytest
 from connection_driver import FORMAT, ConnectionDriver
 from hotloop._core import Conversation, CreateRequest, parse_request
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, SimSpeed
 from hotloop.protocol import (
@@ -30,6 +29,7 @@ from hotloop.protocol import (
     ConnectionCache,
 )
 from hotloop.protocol.parsing import OFFLOAD_BYTES, PARSE_OFFLOAD_BYTES
+from hotloop.transport import App
 from sdk_events import validate
 from servers import FAST, hotloop_server, serving
 from websockets.exceptions import ConnectionClosed
@@ -291,7 +291,7 @@ def test_http_renders_a_full_history_off_the_loop_and_refuses_a_failed_one(
     config = ServerConfig(engine="sim", data_dir=str(tmp_path))
     for context_window in (1 << 20, 4096):
         engine = SimEngine(FORMAT, model="sim", speed=FAST, context_window=context_window)
-        with serving(build_app(engine, config)) as base:
+        with serving(App.from_config(config, engine)) as base:
             reply = httpx.post(base + "/v1/responses", json=body, timeout=60)
             short = httpx.post(base + "/v1/responses", json={"model": "sim", "input": "hi"})
         assert short.status_code == 200
@@ -364,7 +364,9 @@ def test_large_frames_are_parsed_off_the_event_loop_thread(
     monkeypatch.setattr(parsing_module, "parse_event", spying(parsing_module.parse_event))
     monkeypatch.setattr(http_module, "parse_request", spying(http_module.parse_request))
     engine = SimEngine(FORMAT, model="sim", speed=FAST)
-    with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
+    with serving(
+        App.from_config(ServerConfig(engine="sim", data_dir=str(tmp_path)), engine)
+    ) as base:
         with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
             for fields in (
                 {"model": "sim", "input": "hi"},
@@ -397,7 +399,9 @@ def test_a_large_text_message_is_decoded_off_the_event_loop_thread(
 
     monkeypatch.setattr(Socket, "_decode_and_parse", spy)
     engine = SimEngine(FORMAT, model="sim", speed=FAST)
-    with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
+    with serving(
+        App.from_config(ServerConfig(engine="sim", data_dir=str(tmp_path)), engine)
+    ) as base:
         url = base.replace("http://", "ws://") + "/v1/responses"
         with connect(url) as ws:
             for fields in (
@@ -433,7 +437,9 @@ def test_a_queued_large_frame_is_parsed_again_off_the_event_loop_thread(
     monkeypatch.setattr(parsing_module, "parse_event", spy)
     # A slow first response: the large frame arrives while it runs, and waits.
     engine = SimEngine(FORMAT, model="sim", speed=SimSpeed(tokens_per_second=50.0, ttft=0.0))
-    with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
+    with serving(
+        App.from_config(ServerConfig(engine="sim", data_dir=str(tmp_path)), engine)
+    ) as base:
         with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
             ws.send(
                 orjson.dumps({"type": "response.create", "model": "sim", "input": "hi"}).decode()
@@ -466,7 +472,9 @@ def test_a_frame_of_32_to_64_kb_takes_one_thread_hop(
     ).decode()
     assert OFFLOAD_BYTES <= len(frame) < PARSE_OFFLOAD_BYTES
     engine = SimEngine(FORMAT, model="sim", speed=FAST)
-    with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
+    with serving(
+        App.from_config(ServerConfig(engine="sim", data_dir=str(tmp_path)), engine)
+    ) as base:
         with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
             ws.send(frame)
             assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
@@ -480,7 +488,9 @@ def test_a_tool_list_above_its_byte_limit_is_refused_with_a_clear_error(tmp_path
     assert (error["error"]["code"], error["error"]["param"]) == ("array_above_max_bytes", "tools")
     assert driver.renders == {} and driver.generating == {}
     engine = SimEngine(FORMAT, model="sim", speed=FAST)
-    with serving(build_app(engine, ServerConfig(engine="sim", data_dir=str(tmp_path)))) as base:
+    with serving(
+        App.from_config(ServerConfig(engine="sim", data_dir=str(tmp_path)), engine)
+    ) as base:
         body = {"model": "sim", "input": "hi", "tools": too_many}
         reply = httpx.post(base + "/v1/responses", json=body, timeout=60)
     assert reply.status_code == 400

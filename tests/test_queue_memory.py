@@ -13,7 +13,6 @@ import httpx
 import pytest
 from connection_driver import FORMAT, ConnectionDriver
 from hotloop._core import Limits
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.protocol import (
     CacheBudget,
@@ -22,6 +21,7 @@ from hotloop.protocol import (
     ConnectionLimits,
     QueueMemory,
 )
+from hotloop.transport import App
 from servers import serving, sim_engine
 from test_protocol_connection import CALL, TOOLS
 
@@ -102,7 +102,7 @@ def test_http_bodies_count_against_the_key(tmp_path: Path) -> None:
         data_dir=str(tmp_path),
         max_queued_bytes_per_key=10_000,
     )
-    with serving(build_app(sim_engine(), config)) as base:
+    with serving(App.from_config(config, sim_engine())) as base:
         auth = {"authorization": "Bearer sk-a"}
         big = httpx.post(
             base + "/v1/responses", json={"model": "sim", "input": "y" * 20_000}, headers=auth

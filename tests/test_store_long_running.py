@@ -21,7 +21,6 @@ import orjson
 import pytest
 from connection_driver import ANSWER, FORMAT, ConnectionDriver, sim_connection
 from hotloop._core import ChatFormat, Checkpoint, Conversation, parse_request
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SIM_FORMATS, from_config
 from hotloop.ledger import Ledger
@@ -29,6 +28,7 @@ from hotloop.protocol import CacheBudget, ConnectionCache, Finished
 from hotloop.protocol.compaction import Compactor
 from hotloop.store import ModelTurn, StoredResponse
 from hotloop.store.records import RecordError, prepare
+from hotloop.transport import App
 from openai.types.responses import ResponseItemList
 from servers import HANG_GUARD, Validating, serving, sim_engine
 from test_protocol_connection import CALL, TOOLS, Recorder
@@ -215,7 +215,7 @@ def test_a_long_running_response_survives_a_restart(tmp_path: Path) -> None:
     text, and `input_items` lists the injected output."""
     config = ServerConfig(engine="sim", data_dir=str(tmp_path), inject=True)
     warm = RecordingEngine(sim_engine(SCRIPT))
-    with serving(checked := Validating(build_app(warm, config))) as base:
+    with serving(checked := Validating(App.from_config(config, warm))) as base:
         with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
             ws.send(create(input="List files", tools=TOOLS))
             created = orjson.loads(ws.recv())
@@ -238,7 +238,7 @@ def test_a_long_running_response_survives_a_restart(tmp_path: Path) -> None:
     assert len(warm.prompts) == 3  # the two model turns of the response, the continuation
 
     rebuilt = RecordingEngine(sim_engine(SCRIPT))
-    with serving(build_app(rebuilt, config)) as base:
+    with serving(App.from_config(config, rebuilt)) as base:
         reply = httpx.post(base + "/v1/responses", json={"model": "sim", **then}, timeout=60)
         assert reply.status_code == 200, reply.text
         metrics = httpx.get(base + "/metrics").text
@@ -267,7 +267,7 @@ def test_a_dropped_socket_leaves_a_waiting_response_continuable(tmp_path: Path) 
     committed as it stands, and the client continues it from a new connection with the
     call's output."""
     config = ServerConfig(engine="sim", data_dir=str(tmp_path), inject=True)
-    with serving(build_app(sim_engine(SCRIPT), config)) as base:
+    with serving(App.from_config(config, sim_engine(SCRIPT))) as base:
         url = base.replace("http://", "ws://") + "/v1/responses"
         dropped = connect(url)
         dropped.send(create(input="List files", tools=TOOLS))

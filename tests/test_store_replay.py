@@ -19,11 +19,11 @@ import httpx
 import orjson
 import pytest
 from hotloop._core import ChatFormat, Conversation, Prompt, Tokenizer, parse_request
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimEngine, from_config
 from hotloop.protocol.compaction import Compactor
 from hotloop.store import Chain, StoredResponse, format_fingerprint
+from hotloop.transport import App
 from missing import missing
 from servers import serving
 from shell_tool import TOOLS
@@ -203,7 +203,7 @@ def test_a_rebuilt_continuation_sends_the_engine_the_warm_prompt(
     first = {"model": "sim", "input": "list the files", "instructions": "Be terse.", "tools": TOOLS}
 
     warm_engine = RecordingEngine(from_config(config))
-    with serving(build_app(warm_engine, config)) as base:  # type: ignore[arg-type]
+    with serving(App.from_config(config, warm_engine)) as base:  # type: ignore[arg-type]
         url = base.replace("http://", "ws://") + "/v1/responses"
         with connect(url) as ws:
             ws.send(orjson.dumps({"type": "response.create", **first}).decode())
@@ -215,7 +215,7 @@ def test_a_rebuilt_continuation_sends_the_engine_the_warm_prompt(
                 pass
 
     rebuilt_engine = RecordingEngine(from_config(config))
-    with serving(build_app(rebuilt_engine, config)) as base:  # type: ignore[arg-type]
+    with serving(App.from_config(config, rebuilt_engine)) as base:  # type: ignore[arg-type]
         reply = httpx.post(base + "/v1/responses", json=then, timeout=60)
         assert reply.status_code == 200, reply.text
         assert "hotloop_store_rebuilds_total 1" in httpx.get(base + "/metrics").text

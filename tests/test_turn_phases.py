@@ -13,9 +13,9 @@ import orjson
 import pytest
 from fake_upstreams import FakeUpstream, Script, serving
 from hotloop._core import ChatFormat
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
+from hotloop.transport import App
 from hotloop.turnclock import PHASES, TurnClock
 from servers import serving as serving_hotloop
 from websockets.sync.client import connect
@@ -45,7 +45,7 @@ async def test_a_streamed_turn_records_each_phase_its_transport_measures(
         config = UpstreamConfig(
             dialect="vllm", replicas=(upstream.url,), model="sim", context_window=4096
         )
-        app = build_app(UpstreamEngine(config, format_), ServerConfig(engine="upstream"))
+        app = App.from_config(ServerConfig(engine="upstream"), UpstreamEngine(config, format_))
         with caplog.at_level(logging.DEBUG, logger="hotloop.phases"), serving_hotloop(app) as url:
             text = await asyncio.to_thread(one_turn_each, url)
     counts = {

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hotloop.cli import argument_parser, config_env, load_engine, main
+from hotloop.cli import argument_parser, config_env, main
 from hotloop.config import ServerConfig
+from hotloop.engines import load_engine
 
 
 def test_every_option_has_a_flag_and_an_env_var(capsys: pytest.CaptureFixture[str]) -> None:

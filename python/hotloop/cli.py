@@ -22,19 +22,15 @@ import secrets
 import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
 from hotloop import logs, native_deps
-from hotloop.auth import ApiKeys, parse_entry
-from hotloop.chat_template import TemplateChoice
+from hotloop.auth import parse_entry
 from hotloop.config import ServerConfig
-from hotloop.engines.base import Engine, EngineError
-from hotloop.ledger import Ledger
-from hotloop.mcp_client import McpClient, McpSettings
-from hotloop.protocol import QueueMemory
-from hotloop.protocol.compaction import Compactor
+from hotloop.engines import ENGINES
+from hotloop.engines.base import EngineError
 from hotloop.transport import App
 from hotloop.transport.admission import (
     AdmittingHttpProtocol,
@@ -42,188 +38,13 @@ from hotloop.transport.admission import (
     raise_open_files_limit,
     return_large_buffers,
 )
-from hotloop.transport.app import connection_limits
-from hotloop.transport.background import BackgroundLimits, BackgroundWork
 from hotloop.transport.frames import FrameSendingProtocol
-from hotloop.transport.http import HttpApi
-
-
-def sim_engine(config: ServerConfig) -> Engine:
-    from hotloop.engines.sim import SIM_FORMATS, from_config
-
-    if config.sim_format not in SIM_FORMATS:
-        raise SystemExit(
-            f"hotloop: unknown --sim-format {config.sim_format!r}; "
-            f"choose one of {', '.join(SIM_FORMATS)}"
-        )
-    return from_config(config)
-
-
-def template_choice(
-    config: ServerConfig, template: str | None, verbatim: bool
-) -> TemplateChoice | None:
-    """The model's own chat template as configured (`template` None: not used);
-    `verbatim` is the engine's default for `--chat-template-verbatim`."""
-    if template is None:
-        return None
-    return TemplateChoice(
-        template=template,
-        tool_parser=config.tool_parser,
-        kwargs_json=config.chat_template_kwargs,
-        special_tokens_in_content=config.special_tokens_in_content,
-        verbatim=verbatim
-        if config.chat_template_verbatim is None
-        else config.chat_template_verbatim,
-    )
-
-
-def llama_engine(config: ServerConfig) -> Engine:
-    from hotloop.engines.llama import LlamaConfig, LlamaEngine
-
-    # A GGUF of the operator's comes with its own template; the built-in SmolLM2 keeps the
-    # hand-written ChatML unless a template is asked for (both give the same ids).
-    template = config.chat_template or ("auto" if config.llama_model_path else None)
-    options: dict[str, Any] = {
-        "model_path": config.llama_model_path,
-        "n_ctx": config.llama_context,
-        # The engine keeps each sequence's sampled ids in its KV cache: verbatim by default.
-        "template": template_choice(config, template, verbatim=True),
-    }
-    if config.model:
-        options["model"] = config.model
-    engine: Engine = LlamaEngine(LlamaConfig(**options))
-    return engine
-
-
-def upstream_engine(config: ServerConfig) -> Engine:
-    if not config.upstream_replicas and not config.upstream_router:
-        raise SystemExit(
-            "hotloop: --engine upstream needs --upstream-replicas URL[,URL...] "
-            "or --upstream-router URL"
-        )
-    from hotloop.engines.upstream import UpstreamConfig, UpstreamEngine
-
-    engine: Engine = UpstreamEngine(
-        UpstreamConfig(
-            dialect=config.upstream_dialect,
-            replicas=config.upstream_replicas,
-            model=config.model or config.upstream_served_model or "default",
-            served_model=config.upstream_served_model,
-            context_window=config.upstream_context_window,
-            chat_format=config.upstream_format,
-            tokenizer=config.upstream_tokenizer,
-            default_system=config.upstream_default_system,
-            template=template_choice(config, config.chat_template, verbatim=False),
-            routing=config.upstream_routing,
-            router=config.upstream_router,
-            response_timeout=config.upstream_response_timeout,
-            max_line_bytes=config.upstream_max_line_bytes,
-        )
-    )
-    return engine
-
-
-# Engines are imported only when chosen: llama needs llama-cpp-python, sim needs nothing.
-ENGINES: dict[str, Callable[[ServerConfig], Engine]] = {
-    "sim": sim_engine,
-    "llama": llama_engine,
-    "upstream": upstream_engine,
-}
-
-
-def load_engine(config: ServerConfig) -> Engine:
-    build = ENGINES.get(config.engine)
-    if build is None:
-        raise SystemExit(
-            f"hotloop: unknown engine {config.engine!r}; choose one of {', '.join(ENGINES)}"
-        )
-    return build(config)
 
 
 def create_app() -> App:
     """The application a uvicorn worker builds (configuration from the environment)."""
     return_large_buffers()  # in every worker process
-    config = ServerConfig.from_env()
-    return build_app(load_engine(config), config)
-
-
-def build_app(engine: Engine, config: ServerConfig) -> App:
-    """The whole server around `engine`: WebSocket mode, the HTTP routes, and the
-    ledger (the store at `config.store` or in `config.data_dir`, usage, metrics, shutdown
-    drain)."""
-    compactor = compactor_for(config)
-    keys = ApiKeys(
-        config.api_keys,
-        config.tenant_label_secret,
-        cache_scope=config.engine_cache_scope,
-        cache_secret=compactor.cache_secret,
-    )
-    ledger = Ledger(
-        engine,
-        keys=keys,
-        cache_memory_bytes=config.cache_memory_bytes,
-        max_cached_bytes=config.max_cached_bytes,
-        # An empty data directory means no durable store: store=true is then a no-op.
-        data_dir=config.store or config.data_dir or None,
-        commit_window=config.store_commit_window,
-        busy_timeout=config.store_busy_timeout,
-        durability=config.store_durability,
-        cache=config.store_cache,
-        quota_bytes=config.store_quota_bytes,
-        quota_rows=config.store_quota_rows,
-        compactor=compactor,
-    )
-    ledger.metrics.node = config.node
-    queue_memory = QueueMemory(
-        config.max_queued_bytes_total,
-        config.max_queued_bytes_per_key,
-        ledger.metrics.refusals.labels("queue_memory_exceeded").inc,
-    )
-    ledger.metrics.queued_bytes = lambda: queue_memory.used_bytes
-    # One per process: its bounds hold across both transports.
-    mcp = McpClient(McpSettings.of(config))
-    http = HttpApi(
-        ledger,
-        model=config.model or engine.model,
-        keys=keys,
-        limits=connection_limits(config, engine),
-        queue_memory=queue_memory,
-        compactor=compactor,
-        reads_per_key=config.max_reads_per_key,
-        background=BackgroundWork(
-            BackgroundLimits(
-                config.max_background_per_key,
-                config.max_background,
-                config.background_event_bytes,
-                config.background_lease,
-            ),
-            config.node,
-        ),
-        default_model=config.default_model,
-        mcp=mcp,
-        max_compressed_frames=config.max_compressed_frames,
-    )
-    return App(
-        ledger.engine,
-        config,
-        http=http,
-        ledger=ledger,
-        keys=keys,
-        queue_memory=queue_memory,
-        compactor=compactor,
-        mcp=mcp,
-    )
-
-
-def compactor_for(config: ServerConfig) -> Compactor:
-    """The key that seals compaction items: the operator's secret, else the one kept in
-    the data directory (so restarts and workers agree), else this process's own."""
-    tokens = config.compaction_summary_tokens
-    if config.compaction_key:
-        return Compactor.from_secret(config.compaction_key, tokens)
-    if config.data_dir:
-        return Compactor.in_directory(config.data_dir, tokens)
-    return Compactor.ephemeral(tokens)
+    return App.from_config(ServerConfig.from_env())
 
 
 LAB_COMMANDS = {"bench": "measure the server (docs/benchmarks.md)"}

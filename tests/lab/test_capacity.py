@@ -9,10 +9,10 @@ import asyncio
 import statistics
 
 import pytest
-from hotloop.cli import build_app
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimTurn
 from hotloop.lab.capacity import CONTEXTS, OUTPUT, CapacityRun, Target, Workload
+from hotloop.transport import App
 from servers import serving, sim_engine
 
 
@@ -48,7 +48,7 @@ def test_agents_turns_are_answered_and_timed(workload: Workload, mode: str) -> N
         for t in workload.script
     )
     sessions = [workload.session(agent) for agent in range(2)]
-    app = build_app(sim_engine(SimScript(turns=turns)), ServerConfig(engine="sim"))
+    app = App.from_config(ServerConfig(engine="sim"), sim_engine(SimScript(turns=turns)))
     with serving(app) as url:
         target = Target(
             "hotloop",

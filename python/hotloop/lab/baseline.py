@@ -20,8 +20,9 @@ import os
 from collections.abc import AsyncIterator, Sequence
 
 from hotloop._core import Prompt
-from hotloop.cli import argument_parser, build_app, load_engine, serve, server_config
+from hotloop.cli import argument_parser, serve, server_config
 from hotloop.config import ServerConfig
+from hotloop.engines import load_engine
 from hotloop.engines.base import SERVING, Engine, EngineSession, Sampling, WrappedEngine
 from hotloop.lab.peer import SIM_FORMAT, Peer
 from hotloop.transport import App
@@ -59,9 +60,9 @@ class PeerSession:
 
 
 def with_peer(engine: Engine, config: ServerConfig, peer: Peer) -> App:
-    """The whole server around `engine` (`build_app`), `peer` installed."""
-    app = build_app(PeerEngine(engine, peer), config)
-    assert app.ledger is not None, "build_app gives the app its ledger"
+    """The whole server around `engine` (`App.from_config`), `peer` installed."""
+    app = App.from_config(config, PeerEngine(engine, peer))
+    assert app.ledger is not None, "from_config gives the app its ledger"
     app.ledger.watchers.append(peer)
     return app
 

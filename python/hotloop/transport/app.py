@@ -2,10 +2,12 @@
 
 `App` is a raw ASGI callable (no framework on the hot path). It serves WebSocket mode
 on `GET /v1/responses` and hands every HTTP request to the HTTP routes it was given
-(`transport/http.py`). It can run on its own (`hotloop serve`, uvicorn) or be mounted
-inside an existing Starlette/FastAPI application; when mounted, the host's lifespan
-must call `start()` and `close()` (Starlette does not forward lifespan events to
-mounted apps).
+(`transport/http.py`). `App.from_config` builds the whole server, as `hotloop serve`
+runs it (the HTTP routes, the ledger: store, usage, metrics, shutdown drain); the
+constructor only assembles parts, and without `http=` serves WebSocket mode alone. It
+can run on its own (`hotloop serve`, uvicorn) or be mounted inside an existing
+Starlette/FastAPI application; when mounted, the host's lifespan must call `start()`
+and `close()` (Starlette does not forward lifespan events to mounted apps).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hotloop import logs
 from hotloop._core import CreateRequest, Limits, Policy
 from hotloop.auth import ApiKeys, AuthError
 from hotloop.config import ServerConfig
+from hotloop.engines import load_engine
 from hotloop.engines.base import Engine, EngineError
 from hotloop.events import error_body
 from hotloop.ledger import Ledger
@@ -45,6 +48,7 @@ from hotloop.transport.asgi import (
     Scope,
     Send,
 )
+from hotloop.transport.background import BackgroundLimits, BackgroundWork
 from hotloop.transport.http import HttpApi, header, session_key, with_request_id
 from hotloop.transport.websocket import Socket, deny
 
@@ -92,11 +96,11 @@ class App:
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
-        # Shared with the HTTP routes when `build_app` hands both the same one.
+        # Shared with the HTTP routes when `from_config` hands both the same one.
         self.mcp = mcp or McpClient(McpSettings.of(self.config))
         # Without one (an app built by hand), items sealed here open only in this process.
         self.compactor = compactor or Compactor.ephemeral()
-        # The same check as the HTTP routes (`build_app` hands both one `ApiKeys`).
+        # The same check as the HTTP routes (`from_config` hands both one `ApiKeys`).
         self.keys = keys or ApiKeys(
             self.config.api_keys,
             self.config.tenant_label_secret,
@@ -123,9 +127,80 @@ class App:
         self._denial_headers = (
             [(b"x-hotloop-node", self.config.node_id.encode())] if self.config.node_id else []
         )
-        # Shared with the HTTP routes when `build_app` hands both the same one.
+        # Shared with the HTTP routes when `from_config` hands both the same one.
         self.queue_memory = queue_memory or QueueMemory(
             self.config.max_queued_bytes_total, self.config.max_queued_bytes_per_key
+        )
+
+    @classmethod
+    def from_config(cls, config: ServerConfig, engine: Engine | None = None) -> App:
+        """The whole server, as `hotloop serve` runs it: WebSocket mode, every HTTP route
+        (Responses, Chat Completions, conversations, models, usage, health, metrics) and
+        the ledger (the store at `config.store` or in `config.data_dir`, usage, metrics,
+        shutdown drain), around `engine` (by default the one `config.engine` names)."""
+        if engine is None:
+            engine = load_engine(config)
+        compactor = compactor_for(config)
+        keys = ApiKeys(
+            config.api_keys,
+            config.tenant_label_secret,
+            cache_scope=config.engine_cache_scope,
+            cache_secret=compactor.cache_secret,
+        )
+        ledger = Ledger(
+            engine,
+            keys=keys,
+            cache_memory_bytes=config.cache_memory_bytes,
+            max_cached_bytes=config.max_cached_bytes,
+            # An empty data directory means no durable store: store=true is then a no-op.
+            data_dir=config.store or config.data_dir or None,
+            commit_window=config.store_commit_window,
+            busy_timeout=config.store_busy_timeout,
+            durability=config.store_durability,
+            cache=config.store_cache,
+            quota_bytes=config.store_quota_bytes,
+            quota_rows=config.store_quota_rows,
+            compactor=compactor,
+        )
+        ledger.metrics.node = config.node
+        queue_memory = QueueMemory(
+            config.max_queued_bytes_total,
+            config.max_queued_bytes_per_key,
+            ledger.metrics.refusals.labels("queue_memory_exceeded").inc,
+        )
+        ledger.metrics.queued_bytes = lambda: queue_memory.used_bytes
+        # One per process: its bounds hold across both transports.
+        mcp = McpClient(McpSettings.of(config))
+        http = HttpApi(
+            ledger,
+            model=config.model or engine.model,
+            keys=keys,
+            limits=connection_limits(config, engine),
+            queue_memory=queue_memory,
+            compactor=compactor,
+            reads_per_key=config.max_reads_per_key,
+            background=BackgroundWork(
+                BackgroundLimits(
+                    config.max_background_per_key,
+                    config.max_background,
+                    config.background_event_bytes,
+                    config.background_lease,
+                ),
+                config.node,
+            ),
+            default_model=config.default_model,
+            mcp=mcp,
+            max_compressed_frames=config.max_compressed_frames,
+        )
+        return cls(
+            ledger.engine,
+            config,
+            http=http,
+            ledger=ledger,
+            keys=keys,
+            queue_memory=queue_memory,
+            compactor=compactor,
+            mcp=mcp,
         )
 
     @property
@@ -163,7 +238,13 @@ class App:
 
     async def _serve_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._http is None:
-            await _reply_error(with_request_id(send, logs.bound_request_id()), 404, "not_found")
+            await _reply_error(
+                with_request_id(send, logs.bound_request_id()),
+                404,
+                "not_found",
+                "This App serves WebSocket mode only (built without HTTP routes): "
+                "App.from_config(config) builds the whole server.",
+            )
             return
         try:
             credential = self.keys.authenticate(header(scope, b"authorization"))
@@ -344,6 +425,17 @@ class App:
                 self.ledger.metrics.connections.dec()
 
 
+def compactor_for(config: ServerConfig) -> Compactor:
+    """The key that seals compaction items: the operator's secret, else the one kept in
+    the data directory (so restarts and workers agree), else this process's own."""
+    tokens = config.compaction_summary_tokens
+    if config.compaction_key:
+        return Compactor.from_secret(config.compaction_key, tokens)
+    if config.data_dir:
+        return Compactor.in_directory(config.data_dir, tokens)
+    return Compactor.ephemeral(tokens)
+
+
 def multi_agent(scope: Scope) -> bool:
     """The upgrade asked for the long-running response (`OpenAI-Beta` lists
     `responses_multi_agent=v1` among its comma-separated values)."""
@@ -369,7 +461,7 @@ def _warming(
 
 
 async def _reply_error(
-    send: Send, status: int, code: str, message: str = "Not found.", retry_after: int | None = None
+    send: Send, status: int, code: str, message: str, retry_after: int | None = None
 ) -> None:
     body = error_body(code, message, None, status, retry_after)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
