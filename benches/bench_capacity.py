@@ -1,5 +1,5 @@
 """Many agents, one gateway: capacity at a time-to-first-token target, side by side in one
-run (docs/benchmarks.md, "Capacity"):
+run (docs/benchmarks-capacity.md, "Capacity"):
 
     .venv/bin/python benches/bench_capacity.py --quick      # a few minutes
     .venv/bin/python benches/bench_capacity.py              # the full sweep

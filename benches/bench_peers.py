@@ -1,4 +1,4 @@
-"""hotloop beside the open gateways (docs/benchmarks.md, "Side by side"), in one run:
+"""hotloop beside the open gateways (docs/benchmarks-gateways.md, "Side by side"), in one run:
 
     .venv/bin/python benches/bench_peers.py [--speeds 1000,4000] [--upstreams free,render]
         [--rounds 3] [--tool-calls 40] [--history-tokens 60000]

@@ -1,4 +1,4 @@
-"""The durable store's figures (docs/operations.md), each printed as one JSON line:
+"""The durable store's figures (docs/benchmarks-store.md), each printed as one JSON line:
 
 python benches/bench_store.py sigkill [--runs 5] [--tree DIR]
     SIGKILL `hotloop serve --engine sim` 0-50 ms after clients (3 WebSocket, 1 HTTP

@@ -1,5 +1,5 @@
 """Encode throughput of hotloop's tokenizers against their references, and growth on
-pathological inputs. Figures are ratios measured in one run (docs/benchmarks.md, "Tokenizers";
+pathological inputs. Figures are ratios measured in one run (docs/benchmarks-core.md, "Tokenizers";
 docs/tokenizers-and-formats.md for the open-model families: against Hugging Face `tokenizers` on one
 thread, and against tiktoken running the same vocabulary for the regex-BPE families).
 

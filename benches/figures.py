@@ -54,11 +54,10 @@ HOTLOOP = ".venv/bin/hotloop"
 
 @dataclass(frozen=True)
 class Figure:
-    """The commands behind one results file, and the pages that cite it."""
+    """The commands behind one results file (`list` names the pages that cite it)."""
 
     name: str
     commands: tuple[tuple[str, ...], ...]
-    cited_in: tuple[str, ...]
     writes: tuple[str, ...] = ()
     """Results files the commands write themselves (relative to benches/results);
     empty: their output is kept in `<name>.json`."""
@@ -83,12 +82,10 @@ def _benchmarks(*names: str) -> tuple[tuple[str, ...], ...]:
     return _commands(*(f".venv/bin/pytest benches/{n} --benchmark-only -q -s" for n in names))
 
 
-BENCHMARKS = "docs/benchmarks.md"
 FIGURES = (
     Figure(
         "agent",
         _commands("hotloop bench agent --speeds 1000,4000,65 --tool-calls 50 --baseline harmony"),
-        ("README.md", BENCHMARKS),
         writes=("agent.json",),
     ),
     Figure(
@@ -97,13 +94,11 @@ FIGURES = (
             "hotloop bench agent --speeds 1000,4000 --tool-calls 50 --format smollm2 "
             "--baseline open-model"
         ),
-        (BENCHMARKS,),
         writes=("agent_smollm2.json",),
     ),
     Figure(
         "agent_qwen3",
         _commands("hotloop bench agent --format qwen3 --speeds 1000,4000 --tool-calls 50"),
-        (BENCHMARKS,),
         writes=("agent_qwen3.json",),
     ),
     Figure(
@@ -112,17 +107,15 @@ FIGURES = (
             "hotloop bench agent --speeds 1000,4000 --tool-calls 50 --modes "
             "websocket,long_running --baseline '' --out benches/results/long_running"
         ),
-        (BENCHMARKS,),
         writes=("long_running/agent.json",),
     ),
     Figure(
         "load",
         _commands("hotloop bench load --agents 10,100,250,500 --workers 1,2 --window 15"),
-        (BENCHMARKS,),
         writes=("load.json",),
     ),
-    Figure("load_burst", _scripts("bench_load_burst.py"), (BENCHMARKS,)),
-    Figure("ws_turn", _scripts("bench_ws_turn.py"), (BENCHMARKS,)),
+    Figure("load_burst", _scripts("bench_load_burst.py")),
+    Figure("ws_turn", _scripts("bench_ws_turn.py")),
     Figure(
         "turn_costs",
         _scripts(
@@ -130,10 +123,9 @@ FIGURES = (
             "bench_frame_hops.py",
             "bench_turn_logs.py",
         ),
-        (BENCHMARKS,),
     ),
-    Figure("http_turn", _scripts("bench_http_turn.py"), (BENCHMARKS,)),
-    Figure("ws_stream", _scripts("bench_ws_stream.py --rounds 7"), (BENCHMARKS,)),
+    Figure("http_turn", _scripts("bench_http_turn.py")),
+    Figure("ws_stream", _scripts("bench_ws_stream.py --rounds 7")),
     Figure(
         "upstream_stream",
         _scripts(
@@ -141,25 +133,21 @@ FIGURES = (
             "bench_upstream_stream.py --streams 64 --per-event 1,4 --rounds 2 --turns 1 "
             "--ramp 16,24,32,48",
         ),
-        (BENCHMARKS, "docs/upstream-streaming.md"),
     ),
     Figure(
         "upstream_client",
         _scripts("bench_upstream_client.py --streams 8 --turns 1 --rounds 3"),
-        ("docs/upstream-streaming.md",),
     ),
-    Figure("engines", _scripts("bench_engines.py --rounds 7 --tokens 64"), (BENCHMARKS,)),
-    Figure("prewarm", _scripts("bench_prewarm.py --rounds 5 --words 150"), (BENCHMARKS,)),
-    Figure("mcp_loop", _scripts("bench_mcp_loop.py --loops 7"), (BENCHMARKS,)),
+    Figure("engines", _scripts("bench_engines.py --rounds 7 --tokens 64")),
+    Figure("prewarm", _scripts("bench_prewarm.py --rounds 5 --words 150")),
+    Figure("mcp_loop", _scripts("bench_mcp_loop.py --loops 7")),
     Figure(
         "turns",
         _scripts("bench_turns.py --rounds 3 --turns 10 --tokens 32 --output-lines 6"),
-        (BENCHMARKS,),
     ),
     Figure(
         "microbenchmarks",
         _benchmarks("bench_append.py", "bench_format.py", "bench_validate.py", "bench_tokenize.py"),
-        (BENCHMARKS, "docs/tokenizers-and-formats.md"),
     ),
     Figure(
         "ratios",
@@ -167,9 +155,8 @@ FIGURES = (
             ".venv/bin/pytest benches/test_ratios.py benches/test_store_ratios.py "
             "benches/test_peers_ratios.py -q -s --benchmark-disable"
         ),
-        (BENCHMARKS,),
     ),
-    Figure("abuse", _scripts("bench_abuse.py 6"), ("docs/hardening.md",)),
+    Figure("abuse", _scripts("bench_abuse.py 6")),
     Figure(
         "hardening",
         _scripts(
@@ -178,12 +165,10 @@ FIGURES = (
             "bench_loop_busy.py",
             "bench_queue_memory.py",
         ),
-        ("docs/hardening.md",),
     ),
     Figure(
         "tool_schema",
         _scripts("bench_tool_schema.py", "bench_tool_stall.py --turns 30"),
-        ("docs/hardening.md",),
     ),
     Figure(
         "store",
@@ -192,15 +177,13 @@ FIGURES = (
             "bench_store.py commit",
             "bench_store.py dedup",
         ),
-        ("docs/operations.md", BENCHMARKS),
     ),
     Figure(
         "failover",
         _scripts("bench_failover.py --runs 2 --samples 3"),
-        ("docs/operations.md", BENCHMARKS),
         writes=("failover.json",),
     ),
-    Figure("steer", _scripts("bench_steer.py"), ("docs/steering.md",)),
+    Figure("steer", _scripts("bench_steer.py")),
     Figure(
         "hardening_21",
         _scripts(
@@ -212,7 +195,6 @@ FIGURES = (
             "bench_rebuild_attack.py 6",
             "bench_store_fairness.py 15",
         ),
-        (BENCHMARKS, "docs/security.md", "docs/operations.md"),
     ),
     Figure(
         "peers",
@@ -230,7 +212,6 @@ FIGURES = (
             )
             for tokens in (10000, 60000, 250000)
         ),
-        (BENCHMARKS,),
         writes=(
             "peers.json",
             "peers_history_10000.json",
@@ -238,29 +219,25 @@ FIGURES = (
             "peers_history_250000.json",
         ),
     ),
-    Figure("capacity", _scripts("bench_capacity.py"), (BENCHMARKS,), writes=("capacity.json",)),
+    Figure("capacity", _scripts("bench_capacity.py"), writes=("capacity.json",)),
     Figure(
         "hardening_39_frames",
         _scripts(
             "bench_body_attack.py frames 10 1,2,4",
             "bench_body_attack.py frames 10 1,2,4 --max-compressed-frames 100000000",
         ),
-        (BENCHMARKS, "docs/security.md"),
     ),
     Figure(
         "vllm",
         _scripts("bench_vllm.py --turns 20 --tokens 24"),
-        (BENCHMARKS, "docs/development.md"),
     ),
     Figure(
         "templates",
         _scripts("bench_template_append.py", "bench_tool_call_stream.py"),
-        ("docs/tokenizers-and-formats.md",),
     ),
     Figure(
         "ws_deflate",
         _scripts("bench_ws_deflate.py --steps 30 --rounds 7"),
-        ("docs/protocol-conformance.md",),
     ),
 )
 BY_NAME = {figure.name: figure for figure in FIGURES}
@@ -500,7 +477,7 @@ def long_running_table(results: dict[str, Any]) -> str:
 
 
 def load_table(results: dict[str, Any]) -> str:
-    """docs/benchmarks.md's concurrency table, per worker count and number of agents."""
+    """docs/benchmarks-capacity.md's concurrency table, per worker count and number of agents."""
     header = (
         *("workers", "agents", "turns/s", "streamed tok/s", "TTFT p50", "TTFT p99"),
         *("server CPU", "client CPU", "RSS / connection"),
@@ -681,7 +658,7 @@ def ws_deflate_table(results: dict[str, Any]) -> str:
     return markdown(("this machine", f"{run['steps']} steps, {run['rounds']} rounds"), rows)
 
 
-# bench_peers.py's name for a configuration -> the docs' (see benchmarks.md's legend)
+# bench_peers.py's name for a configuration -> the docs' (see benchmarks-gateways.md's legend)
 PEER_SYSTEMS = {
     "hotloop+nofsync": "hotloop, process-crash",
     "hotloop+coalesce5": "hotloop, `--stream-coalesce-ms 5`,",
@@ -1093,66 +1070,75 @@ def measured(results: dict[str, Any], name: str) -> str:
 @dataclass(frozen=True)
 class Table:
     """A block of a page between `<!-- figures:NAME -->` markers, rendered from its
-    results files (the renderer takes each file's document, in order)."""
+    results files (the renderer takes each file's document, in order). The block may sit
+    on any page: `tables` finds it by its marker."""
 
-    page: str
     files: tuple[str, ...]
     render: Callable[..., str]
 
 
 TABLES: dict[str, Table] = {
-    "agent": Table(BENCHMARKS, ("agent.json",), agent_table),
-    "agent_smollm2": Table(BENCHMARKS, ("agent_smollm2.json",), agent_table),
-    "agent_qwen3": Table(BENCHMARKS, ("agent_qwen3.json",), agent_table),
-    "load": Table(BENCHMARKS, ("load.json",), load_table),
-    "long_running": Table(BENCHMARKS, ("long_running/agent.json",), long_running_table),
+    "agent": Table(("agent.json",), agent_table),
+    "agent_smollm2": Table(("agent_smollm2.json",), agent_table),
+    "agent_qwen3": Table(("agent_qwen3.json",), agent_table),
+    "load": Table(("load.json",), load_table),
+    "long_running": Table(("long_running/agent.json",), long_running_table),
     "load_burst_before_after": Table(
-        BENCHMARKS, (HISTORY + "load_burst_before_after.json",), load_burst_before_after_table
+        (HISTORY + "load_burst_before_after.json",), load_burst_before_after_table
     ),
-    "load_burst": Table(BENCHMARKS, ("load_burst.json",), load_burst_table),
+    "load_burst": Table(("load_burst.json",), load_burst_table),
     "store_fairness_before_after": Table(
-        BENCHMARKS,
         (HISTORY + "store_fairness_before_after.json",),
         store_fairness_before_after_table,
     ),
-    "ws_turn": Table(BENCHMARKS, ("ws_turn.json",), ws_turn_table),
-    "turns": Table(BENCHMARKS, ("turns.json",), turns_table),
-    "peers": Table(BENCHMARKS, ("peers.json",), peers_tables),
-    "peers_before_after": Table(
-        BENCHMARKS, (HISTORY + "peers_before_after.json",), peers_before_after_tables
-    ),
+    "ws_turn": Table(("ws_turn.json",), ws_turn_table),
+    "turns": Table(("turns.json",), turns_table),
+    "peers": Table(("peers.json",), peers_tables),
+    "peers_before_after": Table((HISTORY + "peers_before_after.json",), peers_before_after_tables),
     "peers_history": Table(
-        BENCHMARKS,
         tuple(f"peers_history_{n}.json" for n in (10000, 60000, 250000)),
         peers_history_table,
     ),
-    "vllm": Table(BENCHMARKS, ("vllm.json",), vllm_tables),
-    "capacity": Table(BENCHMARKS, ("capacity.json",), capacity_tables),
+    "vllm": Table(("vllm.json",), vllm_tables),
+    "capacity": Table(("capacity.json",), capacity_tables),
     "hardening_39_frames": Table(
-        BENCHMARKS,
         (HISTORY + "hardening_39_frames_before_after.json", "hardening_39_frames.json"),
         frames_tables,
     ),
-    "prewarm": Table(BENCHMARKS, ("prewarm.json",), prewarm_table),
-    "http_turn": Table(BENCHMARKS, ("http_turn.json",), http_turn_table),
-    "store_sigkill": Table(BENCHMARKS, ("store.json",), store_sigkill_table),
-    "store_commit": Table(BENCHMARKS, ("store.json",), store_commit_table),
-    "failover_faults": Table(BENCHMARKS, ("failover.json",), failover_faults_table),
-    "failover_continuation": Table(BENCHMARKS, ("failover.json",), failover_continuation_table),
-    "failover_prefix_cache": Table(BENCHMARKS, ("failover.json",), failover_prefix_cache_table),
-    "mcp_loop": Table(BENCHMARKS, ("mcp_loop.json",), printed_table),
-    "templates": Table(BENCHMARKS, ("templates.json",), printed_table),
-    "abuse": Table("docs/hardening.md", ("abuse.json",), abuse_table),
-    "steer": Table("docs/steering.md", ("steer.json",), steer_table),
-    "ws_deflate": Table("docs/protocol-conformance.md", ("ws_deflate.json",), ws_deflate_table),
+    "prewarm": Table(("prewarm.json",), prewarm_table),
+    "http_turn": Table(("http_turn.json",), http_turn_table),
+    "store_sigkill": Table(("store.json",), store_sigkill_table),
+    "store_commit": Table(("store.json",), store_commit_table),
+    "failover_faults": Table(("failover.json",), failover_faults_table),
+    "failover_continuation": Table(("failover.json",), failover_continuation_table),
+    "failover_prefix_cache": Table(("failover.json",), failover_prefix_cache_table),
+    "mcp_loop": Table(("mcp_loop.json",), printed_table),
+    "templates": Table(("templates.json",), printed_table),
+    "abuse": Table(("abuse.json",), abuse_table),
+    "steer": Table(("steer.json",), steer_table),
+    "ws_deflate": Table(("ws_deflate.json",), ws_deflate_table),
 }
+
+
+def pages() -> list[Path]:
+    """The pages whose figures `tables` writes and tests/test_figures.py checks."""
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def block_page(name: str) -> Path:
+    """The one page holding table `name`'s block."""
+    marker = f"<!-- figures:{name} -->\n"
+    found = [page for page in pages() if marker in page.read_text()]
+    if len(found) != 1:
+        raise ValueError(f"figures:{name} is on {len(found)} pages, not one")
+    return found[0]
 
 
 def table_block(name: str) -> tuple[Path, str, str | None]:
     """Table `name`'s page, the block the page holds now and the block its results
     files give (None while one of them is missing: nothing measured it yet)."""
     table = TABLES[name]
-    doc = ROOT / table.page
+    doc = block_page(name)
     start, end = f"<!-- figures:{name} -->\n", f"<!-- /figures:{name} -->"
     held = doc.read_text().split(start, 1)[1].split(end, 1)[0]
     paths = [RESULTS / f for f in table.files]
@@ -1165,12 +1151,13 @@ def table_block(name: str) -> tuple[Path, str, str | None]:
 
 def write_tables() -> None:
     for path in sorted(RESULTS.rglob("agent*.json")):
-        resummarise(path)
+        if not path.relative_to(RESULTS).as_posix().startswith(HISTORY):
+            resummarise(path)
     for name in TABLES:
         doc, held, written = table_block(name)
         if written is None:
             missing = ", ".join(f for f in TABLES[name].files if not (RESULTS / f).exists())
-            print(f"{TABLES[name].page}: figures:{name} left as it is ({missing} missing)")
+            print(f"{doc.relative_to(ROOT)}: figures:{name} left as it is ({missing} missing)")
             continue
         marker = f"<!-- figures:{name} -->\n"
         doc.write_text(doc.read_text().replace(marker + held, marker + written, 1))
@@ -1234,11 +1221,12 @@ def changes(revision: str) -> None:
 def main(argv: list[str]) -> None:
     command, names = (argv[0] if argv else "list"), argv[1:]
     if command == "list":
+        texts = {page.relative_to(ROOT).as_posix(): page.read_text() for page in pages()}
         for figure in FIGURES:
-            cited = ", ".join(figure.cited_in)
-            print(f"{figure.name:16} {', '.join(figure.files):40} {cited}")
-        for name, what in HISTORICAL.items():
-            print(f"{'(not rerun)':16} {name:40} {what}")
+            cited = [p for p, text in texts.items() if any(f in text for f in figure.files)]
+            print(f"{figure.name:20} {', '.join(figure.files):40} {', '.join(cited)}")
+        for name, kept in HISTORICAL.items():
+            print(f"{'(kept, ' + kept.commit + ')':20} {name:40} {kept.what}")
     elif command == "run":
         unknown = [n for n in names if n not in BY_NAME]
         if unknown:

@@ -2,7 +2,7 @@
 in front of one free fake vLLM at 4,000 tokens/s, a short agent conversation, two
 interleaved rounds (benches/bench_peers.py's `--quick`). Only ratios measured in the same
 run are asserted, each bound about twice the highest value measured
-(docs/benchmarks.md, "CI microbenchmarks"):
+(docs/benchmarks-core.md, "CI microbenchmarks"):
 
 - hotloop's whole-process CPU per turn is at most 1.6x agentic-api's (measured 0.51-0.86x);
 - hotloop's loop time over ideal is at most 1.25x agentic-api's (measured 1.01-1.08x).

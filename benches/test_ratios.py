@@ -3,7 +3,7 @@ one run (never absolute times: CI machines differ and are shared).
 
 Each check times two things on the same data in the same process and asserts how many
 times faster one is than the other. Each bound is about half the lowest value measured
-on the 2-core dev machine under load (docs/benchmarks.md has the runs), so a regression
+on the 2-core dev machine under load (docs/benchmarks-core.md has the runs), so a regression
 of 2x fails, not only one of 50x:
 
 - append vs full re-render: extending a 100k-token conversation by one tool output, vs

@@ -11,7 +11,7 @@ own `raise_exception`); any other failure on either side is a difference, never 
 fails if one of them starts to match (remove it) or another one stops.
 
 Run `python tests/test_chat_templates.py` for the per-template table
-(docs/tokenizers-and-formats.md).
+(docs/chat-templates.md).
 """
 
 from __future__ import annotations

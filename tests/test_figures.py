@@ -138,9 +138,21 @@ def test_the_docs_tables_are_written_from_their_results(name: str) -> None:
     assert held == written
 
 
+def test_every_figures_block_has_a_renderer_and_is_on_one_page() -> None:
+    """`tables` finds a block by its marker on any page: one block per renderer."""
+    names = [
+        name
+        for page in figures.pages()
+        for name in re.findall(r"^<!-- figures:(\w+) -->$", page.read_text(), re.MULTILINE)
+    ]
+    assert sorted(names) == sorted(TABLES)
+
+
 def copy_of_the_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """docs/ and benches/results/ copied, and figures.py pointed at the copy."""
+    """The pages and benches/results/ copied, and figures.py pointed at the copy."""
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    for page in ("README.md", "CHANGELOG.md"):
+        shutil.copy(ROOT / page, tmp_path / page)
     shutil.copytree(RESULTS, tmp_path / "results")
     monkeypatch.setattr(figures, "ROOT", tmp_path)
     monkeypatch.setattr(figures, "RESULTS", tmp_path / "results")
@@ -159,6 +171,8 @@ def test_writing_the_tables_changes_no_committed_file(
         for path in sorted(p for p in tree.rglob("*") if p.is_file()):
             written = under / path.relative_to(tree)
             assert written.read_bytes() == path.read_bytes(), path.relative_to(ROOT)
+    for page in ("README.md", "CHANGELOG.md"):
+        assert (copy / page).read_bytes() == (ROOT / page).read_bytes(), page
 
 
 def test_a_table_whose_results_file_is_missing_is_left_as_it_is(
@@ -169,7 +183,7 @@ def test_a_table_whose_results_file_is_missing_is_left_as_it_is(
     copy = copy_of_the_tree(tmp_path, monkeypatch)
     (copy / "results" / "ws_turn.json").unlink(missing_ok=True)
     monkeypatch.setattr(figures, "TABLES", {"ws_turn": TABLES["ws_turn"]})
-    page = copy / TABLES["ws_turn"].page
+    page = figures.block_page("ws_turn")
     before = page.read_text()
     write_tables()
     assert page.read_text() == before
@@ -186,10 +200,11 @@ def test_a_renderer_takes_every_results_file_of_its_table(
 ) -> None:
     monkeypatch.setattr(figures, "ROOT", tmp_path)
     monkeypatch.setattr(figures, "RESULTS", tmp_path)
-    (tmp_path / "page.md").write_text("<!-- figures:both -->\nold\n<!-- /figures:both -->\n")
+    (tmp_path / "README.md").write_text("<!-- figures:both -->\nold\n<!-- /figures:both -->\n")
+    (tmp_path / "CHANGELOG.md").write_text("")
     for name, value in (("a.json", 1), ("b.json", 2)):
         (tmp_path / name).write_text(json.dumps({"v": value}))
-    both = Table("page.md", ("a.json", "b.json"), lambda a, b: f"{a['v']} then {b['v']}")
+    both = Table(("a.json", "b.json"), lambda a, b: f"{a['v']} then {b['v']}")
     monkeypatch.setattr(figures, "TABLES", {"both": both})
     _, held, written = table_block("both")
     assert held == "old\n"
@@ -234,26 +249,31 @@ def test_the_burst_of_the_current_code_is_one_row_of_the_before_after_table() ->
 NO_JSON = "its script prints no JSON line and no results file holds a run of it yet"
 HISTORY = "a history of runs at other commits; a results file holds one run"
 HAND_TABLES = {
-    ("benchmarks.md", "| 1,000 tok/s | added TTFT, median |"): "ranges read off per-turn "
+    (
+        "benchmarks-agent-loop.md",
+        "| 1,000 tok/s | added TTFT, median |",
+    ): "ranges read off per-turn "
     "plots of agent.json (agent_per_turn.png), not fields of its summaries",
-    ("benchmarks.md", "| run | load avg |"): HISTORY,
-    ("benchmarks.md", "| per streamed token at 4,000 tokens/s |"): NO_JSON + " (ws_stream)",
-    ("benchmarks.md", "| tokens/s (tokens per wake-up) |"): NO_JSON + " (ws_stream)",
-    ("benchmarks.md", "| per streamed token | 8 streams |"): NO_JSON + " (upstream_stream)",
-    ("benchmarks.md", "| history | append 2 KB |"): NO_JSON + " (microbenchmarks)",
-    ("benchmarks.md", "| frame | parse + validate |"): NO_JSON + " (microbenchmarks)",
-    ("benchmarks.md", "| encode | hotloop |"): NO_JSON + " (microbenchmarks)",
-    ("benchmarks.md", "| input | o200k_base |"): NO_JSON + " (microbenchmarks)",
-    ("benchmarks.md", "| engine | cold TTFT |"): NO_JSON + " (engines)",
-    ("benchmarks.md", "| check (rollout seed 2, 50 calls) |"): HISTORY,
-    ("benchmarks.md", "| check | measured |"): "two ratios of the JSON line "
+    ("benchmarks-capacity.md", "| run | load avg |"): HISTORY,
+    ("benchmarks-agent-loop.md", "| per streamed token at 4,000 tokens/s |"): NO_JSON
+    + " (ws_stream)",
+    ("benchmarks-agent-loop.md", "| tokens/s (tokens per wake-up) |"): NO_JSON + " (ws_stream)",
+    ("benchmarks-gateways.md", "| per streamed token | 8 streams |"): NO_JSON
+    + " (upstream_stream)",
+    ("benchmarks-core.md", "| history | append 2 KB |"): NO_JSON + " (microbenchmarks)",
+    ("benchmarks-core.md", "| frame | parse + validate |"): NO_JSON + " (microbenchmarks)",
+    ("benchmarks-core.md", "| encode | hotloop |"): NO_JSON + " (microbenchmarks)",
+    ("benchmarks-core.md", "| input | o200k_base |"): NO_JSON + " (microbenchmarks)",
+    ("benchmarks-core.md", "| engine | cold TTFT |"): NO_JSON + " (engines)",
+    ("benchmarks-core.md", "| check (rollout seed 2, 50 calls) |"): HISTORY,
+    ("benchmarks-core.md", "| check | measured |"): "two ratios of the JSON line "
     "test_peers_ratios.py prints (ratios.json), beside the bounds it asserts",
-    ("benchmarks.md", "| family (source) | hotloop |"): NO_JSON + " (microbenchmarks)",
-    ("benchmarks.md", "| check | before (8c2e08d) |"): HISTORY,
-    ("benchmarks.md", "| run (load average) | power-loss, before |"): "an A/B against the "
+    ("benchmarks-core.md", "| family (source) | hotloop |"): NO_JSON + " (microbenchmarks)",
+    ("benchmarks-hardening.md", "| check | before (8c2e08d) |"): HISTORY,
+    ("benchmarks-store.md", "| run (load average) | power-loss, before |"): "an A/B against the "
     "commit before (--baseline before=DIR), by hand; make figures runs the current code "
     "only (turn_costs)",
-    ("benchmarks.md", "| | another key's `GET` median"): NO_JSON + " (hardening_21)",
+    ("benchmarks-hardening.md", "| | another key's `GET` median"): NO_JSON + " (hardening_21)",
     ("development.md", "| first run | after (this version) |"): "first runs of a clean "
     "clone by hand (benches/first_run.py), no figure of `make figures`",
     ("hardening.md", "| properties (frame) | before |"): HISTORY,
@@ -313,7 +333,7 @@ def test_a_figure_records_what_its_command_printed_where_and_how_long(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(figures, "RESULTS", tmp_path)
-    figures.run(Figure("printed", python("print('{\"ratio\": 2.5}')"), ()))
+    figures.run(Figure("printed", python("print('{\"ratio\": 2.5}')")))
     recorded = json.loads((tmp_path / "printed.json").read_text())
     assert recorded["runs"][0]["json"] == [{"ratio": 2.5}]
     assert recorded["provenance"]["seconds"] >= 0
@@ -329,7 +349,7 @@ def test_a_results_file_its_commands_did_not_write_is_never_stamped(
     old = '{"before": 1}'
     (tmp_path / "stale.json").write_text(old)
     with pytest.raises(FigureFailed, match=r"did not write stale\.json"):
-        figures.run(Figure("stale", python("pass"), (), writes=("stale.json",)))
+        figures.run(Figure("stale", python("pass"), writes=("stale.json",)))
     assert (tmp_path / "stale.json").read_text() == old
 
 
@@ -341,5 +361,5 @@ def test_a_results_file_its_commands_wrote_is_never_replaced_by_their_output(
     monkeypatch.setattr(figures, "RESULTS", tmp_path)
     own = tmp_path / "own.json"
     with pytest.raises(FigureFailed, match=r"wrote own\.json"):
-        figures.run(Figure("own", python(f"open({str(own)!r}, 'w').write('{{}}')"), ()))
+        figures.run(Figure("own", python(f"open({str(own)!r}, 'w').write('{{}}')")))
     assert own.read_text() == "{}"

@@ -1,4 +1,4 @@
-"""Remote MCP tools run by the server inside one response (protocol.md "MCP tools"):
+"""Remote MCP tools run by the server inside one response (docs/tools.md, "MCP tools"):
 the tests' MCP server (tests/mcp_server.py, the `mcp` package's server over streamable
 HTTP on loopback), the sim engine scripted to call its tools, the openai SDK over
 WebSocket, every frame validated strictly with the SDK's models (the server fixture

@@ -2,7 +2,7 @@
 (`benches/bench_capacity.py` starts the processes and sweeps).
 
 The workload is coding-agent sessions of the shape the field measures (docs/workloads.md;
-docs/benchmarks.md, "Capacity", says where each figure comes from). Every number is
+docs/benchmarks-capacity.md, "Capacity", says where each figure comes from). Every number is
 drawn from a seeded generator, so a run is reproducible; each distribution is a
 log-normal cut to a range (`Shape`):
 

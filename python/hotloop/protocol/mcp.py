@@ -1,4 +1,4 @@
-"""Remote MCP tools inside one response (protocol.md "MCP tools"): a request's `mcp`
+"""Remote MCP tools inside one response (docs/tools.md, "MCP tools"): a request's `mcp`
 tools are checked against `--mcp-allow` and listed before the turn starts (`rewritten`,
 awaited by the transport like a store read), their tools offered to the model as
 function tools; a model turn that ends calling them hands the calls out (`McpCall`),
