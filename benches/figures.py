@@ -219,6 +219,29 @@ FIGURES = (
             "peers_history_250000.json",
         ),
     ),
+    Figure(
+        "peers_whole_history",
+        _scripts(
+            "bench_peers.py --speeds 4000,1000 --upstreams free --systems hotloop,agentic-api "
+            "--modes websocket,http_full --rounds 3 --out benches/results/peers_whole_history.json"
+        )
+        + tuple(
+            (
+                PYTHON,
+                "benches/bench_peers.py",
+                *shlex.split("--speeds 4000 --upstreams free --systems hotloop,agentic-api"),
+                *("--modes", "websocket,http_full", "--rounds", "3"),
+                *("--history-tokens", str(tokens)),
+                *("--out", f"benches/results/peers_whole_history_{tokens}.json"),
+            )
+            for tokens in (10000, 250000)
+        ),
+        writes=(
+            "peers_whole_history.json",
+            "peers_whole_history_10000.json",
+            "peers_whole_history_250000.json",
+        ),
+    ),
     Figure("capacity", _scripts("bench_capacity.py"), writes=("capacity.json",)),
     Figure(
         "hardening_39_frames",
