@@ -1,12 +1,7 @@
-"""README.md's measured numbers against the results files they come from.
-
-A measured number in README.md is written as a link to its value: the results file and a
-JSON pointer (RFC 6901) in the fragment, `[1.016x](benches/results/agent.json#/speeds/0/
-runs/websocket/summary/ratio_to_ideal)`. Each must show the value at that pointer at the
-precision shown, and every number with a unit of time or size, a ratio sign or a load
-average in the README's prose must be so marked: a figure nobody can trace to a committed
-run fails CI. Every results file README.md and docs/ cite is one `make figures` writes
-(benches/figures.py).
+"""The registry of figures (benches/figures.py) against the docs and the results files:
+every results file the pages cite is one `make figures` writes (or a kept run of past
+code), stamped with where and when it ran; every table of measured numbers is a figures
+block its renderer rewrites as it is. The numbers in prose: tests/test_figures_in_prose.py.
 """
 
 from __future__ import annotations
@@ -17,7 +12,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -36,59 +30,14 @@ from figures import (  # noqa: E402
     write_tables,
 )
 
-README = ROOT / "README.md"
-MEASURED = re.compile(r"\[([^\]]*)\]\((benches/results/[^)#]+\.json)#([^)]*)\)")
-NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
-# A number followed by a unit of time or size, or a ratio sign: a measurement, in prose.
-WITH_UNIT = re.compile(
-    r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?\s?"
-    r"(?:x|ms|us|µs|s|min|minutes?|seconds?|hours?|[KMG]i?B|%)(?!\w)"
-)
-# The load a figure was measured under is a measurement too.
-LOAD = re.compile(r"load average\s+\d[\d.]*")
-
-
-def prose(text: str) -> str:
-    """The text outside fenced code blocks and inline code."""
-    outside = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
-    return re.sub(r"`[^`]*`", "", outside)
-
-
-def resolve(document: Any, pointer: str) -> Any:
-    """RFC 6901: `/a/0/b`, with `~1` for `/` and `~0` for `~`."""
-    for token in pointer.split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        document = document[int(token)] if isinstance(document, list) else document[token]
-    return document
-
-
-def marked() -> list[tuple[str, str, str]]:
-    return MEASURED.findall(README.read_text())
-
-
-def test_the_readme_marks_its_measured_numbers() -> None:
-    assert len(marked()) >= 4
-
-
-@pytest.mark.parametrize("shown, path, pointer", marked(), ids=lambda v: str(v)[-40:])
-def test_a_marked_number_is_the_value_in_its_results_file(
-    shown: str, path: str, pointer: str
-) -> None:
-    value = resolve(json.loads((ROOT / path).read_text()), pointer)
-    (number,) = NUMBER.findall(shown)
-    decimals = len(number.split(".")[1]) if "." in number else 0
-    assert f"{value:,.{decimals}f}" == number, f"{shown} but {path}#{pointer} is {value}"
-
-
-def test_every_number_with_a_unit_in_the_readme_is_marked() -> None:
-    text = MEASURED.sub("", prose(README.read_text()))
-    assert WITH_UNIT.findall(text) + LOAD.findall(text) == []
-
 
 def cited(pattern: str) -> set[tuple[str, str]]:
-    """(page, match) for every match of `pattern` in README.md and docs/."""
-    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
-    return {(page.name, found) for page in pages for found in re.findall(pattern, page.read_text())}
+    """(page, match) for every match of `pattern` in the pages figures.py writes."""
+    return {
+        (page.name, found)
+        for page in figures.pages()
+        for found in re.findall(pattern, page.read_text())
+    }
 
 
 def test_every_cited_results_file_is_written_by_make_figures() -> None:
@@ -148,6 +97,9 @@ def test_every_figures_block_has_a_renderer_and_is_on_one_page() -> None:
     assert sorted(names) == sorted(TABLES)
 
 
+STAMP = {"commit": "0" * 40, "date": "2026-12-04T00:00:00Z", "load_average": [0.5, 1.5, 2]}
+
+
 def copy_of_the_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The pages and benches/results/ copied, and figures.py pointed at the copy."""
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
@@ -189,7 +141,7 @@ def test_a_table_whose_results_file_is_missing_is_left_as_it_is(
     assert page.read_text() == before
     assert "figures:ws_turn left as it is (ws_turn.json missing)" in capsys.readouterr().out
     rows = [{"history_tokens": 1619, "ws_p50_ms": 0.2305, "full_p50_ms": 0.5417}]
-    printed = {"runs": [{"json": [rows]}]}
+    printed = {"provenance": STAMP, "runs": [{"json": [rows]}]}
     (copy / "results" / "ws_turn.json").write_text(json.dumps(printed))
     write_tables()
     assert "| 1.6k | 0.231 ms | 0.54 ms | 2x |" in page.read_text()
@@ -203,12 +155,12 @@ def test_a_renderer_takes_every_results_file_of_its_table(
     (tmp_path / "README.md").write_text("<!-- figures:both -->\nold\n<!-- /figures:both -->\n")
     (tmp_path / "CHANGELOG.md").write_text("")
     for name, value in (("a.json", 1), ("b.json", 2)):
-        (tmp_path / name).write_text(json.dumps({"v": value}))
+        (tmp_path / name).write_text(json.dumps({"provenance": STAMP, "v": value}))
     both = Table(("a.json", "b.json"), lambda a, b: f"{a['v']} then {b['v']}")
     monkeypatch.setattr(figures, "TABLES", {"both": both})
     _, held, written = table_block("both")
     assert held == "old\n"
-    assert written is not None and written.startswith("1 then 2\n\nMeasured before")
+    assert written is not None and written.startswith("1 then 2\n\nMeasured 2026-12-04")
     assert "`benches/results/a.json`.\nMeasured" in written
 
 
