@@ -17,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benches"))
-import figures  # noqa: E402 - benches/ is not a package
+import figure_tables  # noqa: E402 - benches/ is not a package
+import figures  # noqa: E402
 from figures import (  # noqa: E402
     FIGURES,
     HISTORICAL,
@@ -167,7 +168,7 @@ def test_a_renderer_takes_every_results_file_of_its_table(
 def test_the_abuse_table_is_one_row_per_scenario_bench_abuse_printed() -> None:
     committed = json.loads((RESULTS / "abuse.json").read_text())
     scenarios = committed["runs"][0]["json"][-1]
-    lines = figures.abuse_table(committed).splitlines()
+    lines = figure_tables.abuse_table(committed).splitlines()
     assert [line.split(" | ")[0].strip("| ") for line in lines[2:]] == [
         s["attack"] for s in scenarios
     ]
@@ -177,10 +178,10 @@ def test_the_abuse_table_is_one_row_per_scenario_bench_abuse_printed() -> None:
 def test_the_store_tables_are_what_bench_store_printed() -> None:
     """One JSON line per command (sigkill, commit on SQLite, dedup)."""
     committed = json.loads((RESULTS / "store.json").read_text())
-    sigkill = figures.store_sigkill_table(committed).splitlines()
+    sigkill = figure_tables.store_sigkill_table(committed).splitlines()
     assert sigkill[2].startswith("| commit before acknowledge |")
     assert sigkill[2].endswith("| **0** |")  # what the docs claim: no acknowledged loss
-    commit = figures.store_commit_table(committed).splitlines()
+    commit = figure_tables.store_commit_table(committed).splitlines()
     assert len(commit) == 2 + len(committed["runs"][1]["json"][-1]["runs"])
 
 
@@ -189,7 +190,7 @@ def test_the_burst_of_the_current_code_is_one_row_of_the_before_after_table() ->
     file's runs: a rerun is rendered under the same header."""
     after = json.loads((RESULTS / "history" / "load_burst_before_after.json").read_text())["after"]
     rerun = {"runs": [{"json": [after["runs"][0]]}]}
-    lines = figures.load_burst_table(rerun).splitlines()
+    lines = figure_tables.load_burst_table(rerun).splitlines()
     assert lines[0] == table_block("load_burst_before_after")[1].splitlines()[0]
     assert lines[2:] == ["| this commit, one run | 0.82 s | 137 ms | 90 ms | 104 / 228 ms |"]
 

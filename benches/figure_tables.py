@@ -1,0 +1,652 @@
+"""The tables the docs print, one renderer per figures block: a results document (or
+several) in, markdown out. benches/figures.py registers each in TABLES and writes it
+between its page's `<!-- figures:NAME -->` markers; the values a script printed as text
+only are read back by benches/figure_printed.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from statistics import median
+from typing import Any
+
+Cells = Sequence[str]
+
+
+def markdown(header: Cells, rows: Iterable[Cells]) -> str:
+    """A markdown table, as docs/ writes them."""
+    line = "| {} |".format
+    return "\n".join(
+        [line(" | ".join(header)), "|" + "---|" * len(header)]
+        + [line(" | ".join(row)) for row in rows]
+    )
+
+
+def printed(results: dict[str, Any], command: int = 0) -> list[Any]:
+    """The JSON lines one of a figure's commands printed (`run` keeps them)."""
+    found: list[Any] = results["runs"][command]["json"]
+    return found
+
+
+def ms(value: float, decimals: int = 1) -> str:
+    return f"{value:,.{decimals}f} ms"
+
+
+def mode_label(mode: str) -> str:
+    """`peer_open-model_http_full` -> `peer (open-model), http_full`."""
+    if not mode.startswith("peer_"):
+        return mode
+    peer, rest = mode.removeprefix("peer_").split("_", 1)
+    return f"peer ({peer}), {rest}"
+
+
+def agent_table(results: dict[str, Any]) -> str:
+    """The agent-loop tables: time / ideal, server CPU per turn, time to first token
+    and what the server added to it, per speed and mode."""
+    rows = []
+    for speed in results["speeds"]:
+        for mode, run in speed["runs"].items():
+            s = run["summary"]
+            ratio = f"{s['ratio_to_ideal']:.3f}"
+            rows.append(
+                (
+                    f"{speed['tokens_per_second']:,.0f}",
+                    mode_label(mode),
+                    f"**{ratio}**" if mode == "websocket" else ratio,
+                    ms(s["server_cpu_per_turn_ms_median"]),
+                    ms(s["ttft_p50_ms"], 0),
+                    ms(s["added_ttft_p50_ms"]),
+                )
+            )
+    header = ("tok/s", "mode", "time / ideal", "server CPU / turn", "TTFT p50")
+    return markdown((*header, "added TTFT p50"), rows)
+
+
+def long_running_table(results: dict[str, Any]) -> str:
+    """The long-running response against the `previous_response_id` chain, per speed."""
+    rows = []
+    for speed in results["speeds"]:
+        chain = speed["runs"]["websocket"]["summary"]
+        for mode, run in speed["runs"].items():
+            s = run["summary"]
+            versus = s["wall_s"] / chain["wall_s"]
+            rows.append(
+                (
+                    f"{speed['tokens_per_second']:,.0f}",
+                    "websocket (chain)" if mode == "websocket" else mode,
+                    f"{s['ratio_to_ideal']:.3f}",
+                    "1" if mode == "websocket" else f"**{versus:.4f}**",
+                    ms(s["server_cpu_per_turn_ms_median"], 2),
+                    ms(s["ttft_p50_ms"], 0),
+                    f"{s['new_prompt_tokens_per_turn']:,.1f}",
+                )
+            )
+    header = (
+        *("tok/s", "mode", "time / ideal", "vs chain", "server CPU / round trip"),
+        *("TTFT p50", "new prompt tokens / round trip"),
+    )
+    return markdown(header, rows)
+
+
+def load_table(results: dict[str, Any]) -> str:
+    """docs/benchmarks-capacity.md's concurrency table, per worker count and number of agents."""
+    header = (
+        *("workers", "agents", "turns/s", "streamed tok/s", "TTFT p50", "TTFT p99"),
+        *("server CPU", "client CPU", "RSS / connection"),
+    )
+    rows = [
+        (
+            str(p["workers"]),
+            str(p["agents"]),
+            f"{p['turns_per_s']:.1f}",
+            f"{p['tokens_per_s']:,.0f}",
+            ms(p["ttft_p50_ms"], 0),
+            ms(p["ttft_p99_ms"], 0),
+            f"{p['server_cpu_cores']:.2f} cores",
+            f"{p['client_cpu_cores']:.2f}",
+            f"{p['rss_per_connection_kb']:.0f} KB",
+        )
+        for series in results["series"]
+        for p in series["points"]
+    ]
+    return markdown(header, rows)
+
+
+BURST_HEADER = (
+    *("", "burst done", "probe's worst wait for `response.created`", "probe p50"),
+    *("handshake p50 / max",),
+)
+
+
+def burst_row(label: str, runs: list[dict[str, float]]) -> Cells:
+    """bench_load_burst.py's figures, medians over `runs`."""
+
+    def m(field: str) -> float:
+        return median(r[field] for r in runs)
+
+    return (
+        label,
+        f"{m('burst_s'):.2f} s",
+        ms(m("probe_created_max_ms"), 0),
+        ms(m("probe_created_p50_ms"), 0),
+        f"{m('handshake_p50_ms'):.0f} / {ms(m('handshake_max_ms'), 0)}",
+    )
+
+
+def load_burst_before_after_table(results: dict[str, Any]) -> str:
+    """The burst of large first requests, before and after they were rendered off the
+    loop: medians of the alternated runs."""
+    return markdown(
+        BURST_HEADER,
+        [
+            burst_row("before (render on the loop)", results["before"]["runs"]),
+            burst_row("after (render in a thread)", results["after"]["runs"]),
+        ],
+    )
+
+
+def store_fairness_before_after_table(results: dict[str, Any]) -> str:
+    """Another key's commit under one key's large responses, before and after issue 39's
+    writer, per run (interleaved): the median of the rounds' attacked/quiet ratios, and
+    after it the range of the rounds'."""
+    runs = results["runs"]
+    header = ["store", "A's responses"]
+    for n in range(1, len(runs) + 1):
+        header += [f"before, run {n}", f"after, run {n} (rounds)"]
+    stores = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+    rows = []
+    for i, first in enumerate(runs[0]["rows"]):
+        cells = [stores[first["store"]], f"`{first['shape']}`"]
+        for run in runs:
+            before, after = run["rows"][i]["before"], run["rows"][i]["current"]
+            rounds = after["rounds"]
+            cells += [
+                f"{before['ratio']:.2f}x",
+                f"{after['ratio']:.2f}x ({min(rounds):.2f}-{max(rounds):.2f}x)",
+            ]
+        rows.append(cells)
+    return markdown(header, rows)
+
+
+def load_burst_table(results: dict[str, Any]) -> str:
+    """The same burst, one run of the current code (`make figures`)."""
+    return markdown(BURST_HEADER, [burst_row("this commit, one run", printed(results))])
+
+
+def ws_turn_table(results: dict[str, Any]) -> str:
+    """A `response.create` up to the engine call against history length, in process."""
+
+    def tokens(n: int) -> str:
+        return f"{n / 1e6:.1f}M" if n >= 1_000_000 else f"{n / 1000:.1f}k".replace(".0k", "k")
+
+    (rows,) = printed(results)
+    header = ("history (tokens)", "WebSocket continuation", "full history on a fresh connection")
+    return markdown(
+        (*header, "ratio"),
+        [
+            (
+                tokens(r["history_tokens"]),
+                ms(r["ws_p50_ms"], 3),
+                ms(r["full_p50_ms"], 2),
+                f"{r['full_p50_ms'] / r['ws_p50_ms']:.0f}x",
+            )
+            for r in rows
+        ],
+    )
+
+
+# bench_turns.py's engine -> the docs' row
+TURNS_ENGINES = {
+    "llama (SmolLM2-135M)": "`llama` (SmolLM2-135M)",
+    "sim at 1,000 tok/s": "`sim` at 1,000 tok/s",
+}
+
+
+def turns_table(results: dict[str, Any]) -> str:
+    """A tool-replay conversation over WebSocket and over stateless HTTP, per engine."""
+    (medians,) = printed(results)
+    rows = [
+        (
+            TURNS_ENGINES.get(name, name),
+            f"{m['websocket_s']:.2f} s",
+            f"{m['http_s']:.2f} s",
+            f"{m['http_s'] / m['websocket_s']:.2f}",
+        )
+        for name, m in medians.items()
+    ]
+    return markdown(("engine", "WebSocket", "HTTP (full history)", "HTTP/WS"), rows)
+
+
+STEER_PATHS = {
+    "steer": "steer (steer frame to the successor's `Generate`)",
+    "append": "2 KB append (`response.create` continuation to its `Generate`)",
+    "re-render": "re-render of the whole history + 2 KB",
+}
+
+
+def steer_table(results: dict[str, Any]) -> str:
+    """A steer against an append and a re-render, in process (bench_steer.py)."""
+    (run,) = printed(results)
+    medians = run["median_ms"]
+    rows = [
+        (STEER_PATHS.get(path, path), f"{v:.3f} ms" if v < 1 else ms(v))
+        for path, v in medians.items()
+    ]
+    rows += [
+        ("steer / append", f"{medians['steer'] / medians['append']:.2f}"),
+        ("re-render / steer", f"{medians['re-render'] / medians['steer']:.0f}"),
+    ]
+    return markdown(("path", "median"), rows)
+
+
+def ws_deflate_table(results: dict[str, Any]) -> str:
+    """permessage-deflate on a coding agent's traffic, then the whole server A/B."""
+    (run,) = printed(results)
+    server, client, cpu = run["server_bytes"], run["client_bytes"], run["server_us_per_token"]
+    frames = run["server_frames"]
+    per_frame = f"{server['raw'] / frames:.0f} B -> {server['deflated'] / frames:.0f} B per frame"
+    client_raw = f"{client['raw'] / run['client_frames'] / 1024:.0f} KB per frame raw"
+    rows = [
+        (
+            "server -> client bytes, deflated / raw",
+            f"{server['deflated'] / server['raw']:.2f} ({per_frame})",
+        ),
+        (
+            "client -> server bytes, deflated / raw",
+            f"{client['deflated'] / client['raw']:.2f} ({client_raw})",
+        ),
+        ("CPU to deflate one server frame", f"{run['deflate_us_per_server_frame']:.1f} us"),
+        (
+            "CPU to inflate one client frame (a `response.create` with a tool output)",
+            f"{run['inflate_us_per_client_frame']:.0f} us",
+        ),
+        ("deflate + inflate per streamed token", f"{run['deflate_inflate_us_per_token']:.2f} us"),
+        (
+            "whole server at 4,000 tokens/s, CPU per token, deflate off / on (median of "
+            "per-round ratios)",
+            f"{cpu['off']:.1f} / {cpu['on']:.1f} us ({cpu['on_over_off']:.2f}x)",
+        ),
+    ]
+    return markdown(("this machine", f"{run['steps']} steps, {run['rounds']} rounds"), rows)
+
+
+# bench_peers.py's name for a configuration -> the docs' (see benchmarks-gateways.md's legend)
+PEER_SYSTEMS = {
+    "hotloop+nofsync": "hotloop, process-crash",
+    "hotloop+coalesce5": "hotloop, `--stream-coalesce-ms 5`,",
+}
+
+
+def peers_tables(results: dict[str, Any], labels: dict[str, str] | None = None) -> str:
+    """The side-by-side tables, one per speed and upstream (`labels`: names for systems
+    beyond `PEER_SYSTEMS`')."""
+    names = {**PEER_SYSTEMS, **(labels or {})}
+    header = (
+        *("system, mode", "loop / ideal", "TTFT, last 10 turns", "TTFT - floor"),
+        *("gateway CPU / turn", "upstream CPU / turn", "last token -> terminal"),
+    )
+    blocks = []
+    for c in results["configurations"]:
+        rows = []
+        for key, r in c["systems"].items():
+            system, mode = key.rsplit(" ", 1)
+            rows.append(
+                (
+                    f"{names.get(system, system)} {mode}",
+                    f"{r['loop_over_ideal']:.3f}",
+                    ms(r["ttft_ms"]),
+                    f"{r['ttft_over_floor_ms']:+.1f} ms",
+                    ms(r["gateway_cpu_ms_per_turn"], 2),
+                    ms(r["upstream_cpu_ms_per_turn"], 2),
+                    ms(r["tail_ms"], 2),
+                )
+            )
+        title = f"**{c['tokens_per_second']:g} tok/s, upstream {c['upstream']}"
+        blocks.append(f"{title} (ideal {c['ideal_s']:.2f} s)**\n\n{markdown(header, rows)}")
+    return "\n\n".join(blocks)
+
+
+def peers_before_after_tables(results: dict[str, Any]) -> str:
+    """The side-by-side tables of the run with the code before issue 23 as `before`."""
+    return peers_tables(results, {"hotloop@before": "hotloop before issue 23 (d10a9fd),"})
+
+
+def peers_history_table(*runs: dict[str, Any]) -> str:
+    """Per-turn cost against history length: one results file per length."""
+    systems = [r["configurations"][0]["systems"] for r in runs]
+    tokens = [s["hotloop websocket"]["input_tokens_last"] for s in systems]
+    spread = f"{tokens[-1] // 1000}k / {tokens[0] // 1000}k"
+    rows = []
+    for label, key, field in (
+        ("hotloop, CPU per turn", "hotloop websocket", "gateway_cpu_ms_per_turn"),
+        ("before, CPU per turn", "hotloop@before websocket", "gateway_cpu_ms_per_turn"),
+        (
+            "floor (the client's own request, upstream side)",
+            "floor http_full",
+            "gateway_cpu_ms_per_turn",
+        ),
+        ("hotloop, time to first token (last 10 turns)", "hotloop websocket", "ttft_ms"),
+        ("before, time to first token", "hotloop@before websocket", "ttft_ms"),
+        ("floor, time to first token", "floor http_full", "ttft_ms"),
+    ):
+        if not all(key in s for s in systems):
+            continue  # a run without `--baseline before=DIR` has no "before" rows
+        values = [s[key][field] for s in systems]
+        cpu = field.startswith("gateway")
+        growth = f"**{values[-1] / values[0]:.2f}x**" if cpu else ""
+        rows.append((label, *(ms(v, 2 if cpu else 1) for v in values), growth))
+    return markdown(("history at the last turn", *(f"{t:,}" for t in tokens), spread), rows)
+
+
+# bench_vllm.py's path -> (the medians' row, the per-turn rows)
+VLLM_PATHS = {
+    "hotloop": ("hotloop WebSocket (token ids)", "hotloop"),
+    "agentic-api": ("agentic-api WebSocket (vLLM `/v1/responses`)", "agentic-api"),
+    "vllm": ("vLLM `POST /v1/responses` (whole history)", "vLLM"),
+}
+
+
+def vllm_tables(results: dict[str, Any]) -> str:
+    """One real vLLM, three paths: the medians, then every turn's time to first token."""
+    (run,) = printed(results)
+    paths = run["paths"]
+    rows = []
+    for name, p in paths.items():
+        before = f"**{ms(median(p['before_engine_ms']))}**"
+        if p["own_overhead_ms"]:
+            before += f" (`hotloop_turn_overhead_seconds`: {ms(median(p['own_overhead_ms']))})"
+        rows.append(
+            (
+                VLLM_PATHS.get(name, (name,))[0],
+                f"{p['total_s']:.1f} s",
+                ms(median(p["ttft_ms"]), 0),
+                ms(median(p["engine_ttft_ms"]), 0),
+                before,
+            )
+        )
+    header = ("path", f"total, {run['turns']} turns", "median TTFT", "median engine TTFT")
+    blocks = [
+        markdown((*header, "median before the engine"), rows),
+        "Per turn (time to first token, ms; the prompt is the same for the three):",
+    ]
+    turns = range(run["turns"])
+    for first in turns[::10]:
+        shown = turns[first : first + 10]
+        prompt = ("prompt", *(str(paths["hotloop"]["prompt_tokens"][t]) for t in shown))
+        ttft = [
+            (VLLM_PATHS.get(name, (name, name))[1], *(f"{p['ttft_ms'][t]:.0f}" for t in shown))
+            for name, p in paths.items()
+        ]
+        blocks.append(markdown(("turn", *(str(t + 1) for t in shown)), [prompt, *ttft]))
+    return "\n\n".join(blocks)
+
+
+def capacity_tables(results: dict[str, Any]) -> str:
+    """The capacity sweep: every point, then the headline per system and mode."""
+
+    def signed(point: dict[str, Any], q: str) -> str:
+        value = point.get(f"added_ttft_{q}_ms")
+        return "" if value is None else f"{value:+.1f}"
+
+    rows = []
+
+    def order(p: dict[str, Any]) -> tuple[int, bool, str, str]:
+        return (p["agents"], p["system"] != "direct", p["mode"], p["system"])
+
+    for p in sorted(results["points"], key=order):
+        server = p["server"]
+        cpu = server.get("gateway_cpu_ms_per_turn")
+        saturated = "; ".join(p["saturated"]) or "no"
+        rows.append(
+            (
+                str(p["agents"]),
+                f"{p['system']} {p['mode']}",
+                f"{p['context_mean_tokens'] / 1e3:.0f}k",
+                f"{p['turns_per_s']:.1f}",
+                f"{p['ttft_p50_ms']:.1f} / {p['ttft_p99_ms']:.1f}",
+                "(the floor)"
+                if p["system"] == "direct"
+                else " / ".join(signed(p, q) for q in ("p50", "p99", "max")),
+                "" if cpu is None else f"{server['gateway_cpu_cores']:.2f} / {cpu:.1f} ms",
+                "" if cpu is None else f"{server['rss_per_agent_mb']:.2f} MB",
+                f"{p['client_cpu_cores']:.2f} / {server['upstream_cpu_cores']:.2f}",
+                str(p["errors"]),
+                saturated,
+            )
+        )
+    header = (
+        *("agents", "system", "context", "turns/s", "TTFT p50 / p99 ms"),
+        *("added p50 / p99 / max ms", "gateway cores / CPU per turn", "RSS / agent"),
+        *("client / fake cores", "errors", "saturated"),
+    )
+    heads = []
+    for key, best in results["headline"].items():
+        if best is None:
+            heads.append((key, "never met", "", "", ""))
+            continue
+        heads.append(
+            (
+                key,
+                str(best["agents"]),
+                f"{best['added_ttft_p99_ms']:+.1f} ms",
+                f"**{best['turns_per_s_per_core']:.0f}**",
+                f"{best['agents_per_core_at_session_think_times']:,.0f}",
+            )
+        )
+    head_header = (
+        *("system", "most agents meeting the target", "added p99 there"),
+        *("turns/s per gateway core", "agents per core at the sessions' think times"),
+    )
+    return markdown(header, rows) + "\n\n" + markdown(head_header, heads)
+
+
+def prewarm_table(results: dict[str, Any]) -> str:
+    (run,) = printed(results)
+    return markdown(
+        ("turn", "TTFT"),
+        [
+            ("cold (the whole prompt evaluated)", ms(run["cold_ttft_ms"], 0)),
+            ("after a prewarm (one id evaluated)", ms(run["prewarmed_ttft_ms"], 0)),
+            ("ratio cold/prewarmed", f"{run['ratio_cold_over_prewarmed']:.0f}"),
+        ],
+    )
+
+
+def http_turn_table(results: dict[str, Any]) -> str:
+    (run,) = printed(results)
+    return markdown(
+        ("sent as", "server time to the engine, p50", "p50 of the last 10 turns"),
+        [
+            (
+                "`previous_response_id`",
+                ms(run["previous_p50_ms"], 2),
+                ms(run["previous_last10_p50_ms"], 2),
+            ),
+            ("full history", ms(run["full_p50_ms"]), ms(run["full_last10_p50_ms"])),
+            ("full / previous (last 10)", "", f"{run['full_over_previous_last10']:.1f}x"),
+        ],
+    )
+
+
+def store_sigkill_table(results: dict[str, Any]) -> str:
+    """bench_store.py sigkill's JSON line: responses acknowledged and lost to SIGKILL."""
+    section = printed(results, 0)[-1]
+    runs = section["runs"]
+    acknowledged = sum(r["acknowledged"] for r in runs)
+    lost = sum(r["lost"] for r in runs)
+    per_run = ", ".join(str(r["lost"]) for r in runs)
+    shown = f"{lost} ({lost / acknowledged:.1%}; {per_run} per run)" if lost else "**0**"
+    label = (
+        "commit before acknowledge"
+        if section["tree"] == "this"
+        else f"before (put after the terminal event, `--tree {section['tree']}`)"
+    )
+    return markdown(("code", "acknowledged", "lost"), [(label, f"{acknowledged:,}", shown)])
+
+
+STORES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+
+
+def store_commit_table(results: dict[str, Any]) -> str:
+    """bench_store.py commit's JSON line: group commit per window and concurrency."""
+    section = printed(results, 1)[-1]
+    rows = [
+        (
+            f"{STORES[section['store']]}, {r['window_ms']:g} ms",
+            str(r["together"]),
+            ms(r["wait_p50_ms"]),
+            ms(r["wait_p99_ms"]),
+            f"{r['commits_per_s']:,.0f}",
+            f"{r['responses_per_s']:,.0f}",
+        )
+        for r in section["runs"]
+    ]
+    header = ("store, window", "N at once", "wait p50", "wait p99", "commits/s", "responses/s")
+    return markdown(header, rows)
+
+
+FAULTS = {"kill": "SIGKILL", "hang": "SIGSTOP", "drain": "drain", "store": "PostgreSQL stopped"}
+
+
+def failover_faults_table(results: dict[str, Any]) -> str:
+    rows = []
+    for kind, f in results["faults"].items():
+        detected = f["detection_s"]
+        rows.append(
+            (
+                FAULTS.get(kind, kind),
+                str(f["acknowledged"]),
+                f"**{f['acknowledged_lost']}**",
+                str(f["failed_responses"]),
+                f"{f['conversations_finished']}/{f['conversations']}",
+                f"{f['prompts_identical_to_control']}/{f['runs']} runs",
+                f"{f['failover_p50_s']:.2f} s / {f['failover_p99_s']:.2f} s",
+                f"{min(detected):.2f}-{max(detected):.2f} s" if detected else "",
+            )
+        )
+    header = (
+        *("fault", "acknowledged", "acknowledged lost", "failed responses"),
+        *("conversations finished", "prompts identical to the undisturbed run"),
+        *("failover p50 / p99 (fault to the first delta of the retried turn)",),
+        *("HAProxy took the node out after",),
+    )
+    return markdown(header, rows)
+
+
+def failover_continuation_table(results: dict[str, Any]) -> str:
+    rows = [
+        (
+            f"{c['history_tokens'] // 1000}k tokens",
+            ms(c["same_node_ms"], 0),
+            ms(c["other_node_ms"], 0),
+            str(c["samples"]),
+        )
+        for c in results["continuation"]
+    ]
+    return markdown(("history", "same node", "other node", "chains (median)"), rows)
+
+
+def failover_prefix_cache_table(results: dict[str, Any]) -> str:
+    rows = [
+        (
+            p["routing"],
+            f"{round(p['history_hits'] * p['turns_after_a_node_change'])}/"
+            f"{p['turns_after_a_node_change']} ({p['history_hits']:.0%})",
+            f"{p['prefill_tokens_per_turn']:,.0f}",
+            f"{p['cached_share']:.0%}",
+        )
+        for p in results["prefix_cache"]
+    ]
+    header = ("routing", "history hits", "prefill tokens per turn", "prompt tokens cached")
+    return markdown(header, rows)
+
+
+def printed_table(results: dict[str, Any]) -> str:
+    """The table a figure's first command prints as markdown, with no JSON line
+    (bench_mcp_loop.py, bench_template_append.py): its recorded rows, as they are."""
+    lines = results["runs"][0]["stdout"].splitlines()
+    return "\n".join(line for line in lines if line.startswith("|"))
+
+
+def attacker(figures: dict[str, Any]) -> str:
+    """What an abuse scenario's attacker did, `{"refused": {"x": 8}}` -> `refused x 8`."""
+    return ", ".join(
+        f"{key} {attacker(value) if isinstance(value, dict) else value}"
+        for key, value in figures.items()
+    )
+
+
+def abuse_table(results: dict[str, Any]) -> str:
+    """The abuse suite's victim per scenario, from the rows bench_abuse.py prints as one
+    JSON list after its text lines."""
+    rows = [
+        (
+            r["attack"],
+            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} ms",
+            f"{r['peak_rss_mib']} MiB",
+            str(r["loop_stalls"]),
+            attacker(
+                {**r["attacker"], **{k[9:]: v for k, v in r.items() if k.startswith("attacker_")}}
+            ),
+        )
+        for r in printed(results)[-1]
+    ]
+    header = ("scenario (in run order)", "victim p50 / p99", "peak RSS", "loop stalls")
+    return markdown((*header, "the attacker"), rows)
+
+
+def frames_tables(before: dict[str, Any], now: dict[str, Any]) -> str:
+    """Bodies of tiny compressed frames (`bench_body_attack.py frames`): the server's CPU
+    per body before issue 39's bound (the kept runs of b43205f) and now, refused and
+    decoded whole past the bound; then another key's requests during the attack."""
+    runs_before = [r["json"][-1] for r in before["runs"] if r["code"].startswith("before")]
+    refused, whole = printed(now, 0)[-1], printed(now, 1)[-1]
+
+    def decoded(run: dict[str, Any], encoding: str, mib: float) -> dict[str, Any] | None:
+        found = [d for d in run["decode"] if d["encoding"] == encoding and d["mib"] == mib]
+        return found[0] if found else None
+
+    def then(encoding: str, mib: float) -> str:
+        found = [d for r in runs_before if (d := decoded(r, encoding, mib)) is not None]
+        if not found:
+            return "not run"
+        walls = sorted(d["seconds"] for d in found)
+        wall = f"{walls[0]:.0f} s" if len(walls) == 1 else f"{walls[0]:.1f}-{walls[-1]:.0f} s"
+        cpu = [d["cpu_seconds"] for d in found if "cpu_seconds" in d]
+        return f"{cpu[0]:.1f} s ({wall})" if cpu else f"({wall})"
+
+    def cpu(run: dict[str, Any], encoding: str, mib: float) -> str:
+        found = decoded(run, encoding, mib)
+        return "" if found is None else f"{found['cpu_seconds']:.3f} s (`{found['code']}`)"
+
+    rows = [
+        (
+            f"{encoding} {mib:g} MiB",
+            then(encoding, mib),
+            cpu(refused, encoding, mib),
+            cpu(whole, encoding, mib),
+        )
+        for encoding in ("gzip", "zstd")
+        for mib in sorted({d["mib"] for d in refused["decode"]})
+    ]
+    header = (
+        *("body", "before: server CPU (wall)", "now: server CPU (refused)"),
+        *("now, `--max-compressed-frames 100000000`: decoded whole",),
+    )
+
+    def victim(label: str, run: dict[str, Any]) -> Cells:
+        quiet = run["quiet"]["post_p50_ms"]
+        return (
+            label,
+            ms(quiet),
+            f"{ms(run['uploading']['post_p50_ms'])} ({run['uploading_post_p50_ratio']:.2f}x)",
+            f"{ms(run['decoding']['post_p50_ms'])} ({run['decoding_post_p50_ratio']:.2f}x)",
+            ms(run["decoding"]["post_max_ms"], 0),
+        )
+
+    victims = [victim(f"before, run {n}", r) for n, r in enumerate(runs_before, 1)]
+    victims += [victim("now", refused), victim("now, decoded whole", whole)]
+    victim_header = (
+        *("another key's 100 KB requests, p50", "quiet", "while 1 MiB is uploaded plain"),
+        *("while it is posted as gzip members", "max, gzip"),
+    )
+    return markdown(header, rows) + "\n\n" + markdown(victim_header, victims)
