@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import figure_tables as render  # benches/ is the import root: `python benches/figures.py`
+from figure_printed import PRINTED
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benches" / "results"
@@ -485,6 +486,15 @@ TABLES: dict[str, Table] = {
         render.frames_tables,
     ),
     "prewarm": Table(("prewarm.json",), render.prewarm_table),
+    "append": Table(("microbenchmarks.json",), render.append_table),
+    "validate": Table(("microbenchmarks.json",), render.validate_table),
+    "encode": Table(("microbenchmarks.json",), render.encode_table),
+    "family_encode": Table(("microbenchmarks.json",), render.family_encode_table),
+    "linear_time": Table(("microbenchmarks.json",), render.linear_time_table),
+    "incremental_append": Table(("microbenchmarks.json",), render.incremental_append_table),
+    "parsers": Table(("microbenchmarks.json",), render.parsers_table),
+    "engines": Table(("engines.json",), render.engines_table),
+    "ratios": Table(("ratios.json",), render.ratios_table),
     "http_turn": Table(("http_turn.json",), render.http_turn_table),
     "store_sigkill": Table(("store.json",), render.store_sigkill_table),
     "store_commit": Table(("store.json",), render.store_commit_table),
@@ -568,10 +578,13 @@ DERIVED: dict[str, Callable[[Any], float]] = {}
 
 def figure_value(name: str, fragment: str) -> float | str:
     """The value a figure link points at, in `benches/results/NAME`: a number, or the
-    text of a run's commit or date."""
+    text of a run's commit or date. Under `/printed/`, what a script printed as text
+    (figure_printed.PRINTED)."""
     document = json.loads((RESULTS / name).read_text())
     if not fragment.startswith("/"):
         return float(DERIVED[fragment](document))
+    if fragment.startswith("/printed/"):
+        document, fragment = {"printed": PRINTED[name](document)}, fragment
     value = resolve(document, fragment)
     return value if isinstance(value, str) else float(value)
 

@@ -90,7 +90,6 @@ UNCONVERTED: dict[str, int] = {
     "CHANGELOG.md": 21,
     "benchmarks-agent-loop.md": 198,
     "benchmarks-capacity.md": 100,
-    "benchmarks-core.md": 325,
     "benchmarks-gateways.md": 259,
     "benchmarks-hardening.md": 94,
     "benchmarks-store.md": 70,
