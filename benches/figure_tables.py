@@ -912,3 +912,67 @@ def ratios_table(results: dict[str, Any]) -> str:
         ),
     ]
     return markdown(("check", "measured"), rows)
+
+
+# ---------------------------------------------------------------- one agent's loop
+
+
+def span(values: Sequence[float], unit: str = "ms") -> str:
+    low, high = min(values), max(values)
+    return f"{low:.0f}-{high:.0f} {unit}" if round(low) != round(high) else f"{low:.0f} {unit}"
+
+
+def agent_last_turns_table(results: dict[str, Any]) -> str:
+    """The agent loop at its first speed as the conversation grows: per mode, the median
+    of what the server added to the first token, then over the last five turns (the
+    longest history) that and the server's CPU per turn."""
+    from hotloop.lab.agent import TurnRecord
+    from hotloop.lab.report import SimParameters, added_ttft_ms, usage_of
+
+    speed = results["speeds"][0]
+    sim = SimParameters(**speed["sim"])
+    rows = []
+    for mode, run in speed["runs"].items():
+        turns = [TurnRecord(**t) for t in run["turns"]]
+        added = added_ttft_ms(turns, sim, usage_of(speed["runs"], mode))
+        rows.append(
+            (
+                mode_label(mode),
+                ms(median(added)),
+                span(added[-5:]),
+                span([t.server_cpu_ns / 1e6 for t in turns[-5:]]),
+            )
+        )
+    header = (f"{speed['tokens_per_second']:,.0f} tok/s", "added TTFT, median")
+    return markdown((*header, "added TTFT, last 5 turns", "server CPU, last 5 turns"), rows)
+
+
+STREAM_ROWS = {
+    "whole_us": "whole server process, user + system, sim engine included",
+    "send_us": "of which the kernel's loopback send of the frames",
+    "own_us": "**server's own, measured in the server** (sampled: a batch's ids to its frames "
+    "written)",
+    "own_per_frame_us": "server's own, per frame",
+    "between_us": "between batches, measured in the server (the engine's hand-over: loop "
+    "wake-up, the sim's code)",
+    "pacing_us": "the sim's pacing alone, measured in the bench's own process",
+}
+
+
+def ws_stream_table(results: dict[str, Any]) -> str:
+    """`bench_ws_stream.py`: CPU per streamed token against `hotloop serve --engine sim`
+    at each rate, and its parts."""
+    found = printed.ws_stream(results)
+    speeds = [k for k in found if k.isdigit()]
+    header = [
+        "per streamed token",
+        *(
+            f"{int(s):,} tokens/s ({found[s]['tokens_per_wakeup']:g} tokens per wake-up)"
+            for s in speeds
+        ),
+    ]
+    rows = [
+        (label, *(f"{found[s][field]:.1f} us" for s in speeds))
+        for field, label in STREAM_ROWS.items()
+    ]
+    return markdown(header, rows)

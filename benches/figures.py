@@ -413,16 +413,15 @@ def run(figure: Figure) -> None:
 def resummarise(path: Path) -> dict[str, Any]:
     """An agent-loop results file with each run's summary recomputed from its turns."""
     from hotloop.lab.agent import AgentRun, TurnRecord
-    from hotloop.lab.report import SimParameters, summarise
+    from hotloop.lab.report import SimParameters, summarise, usage_of
 
     results: dict[str, Any] = json.loads(path.read_text())
     for speed in results["speeds"]:
         sim = SimParameters(**speed["sim"])
-        for run in speed["runs"].values():
+        for name, run in speed["runs"].items():
             kept = {k: v for k, v in run.items() if k != "summary"}
             agent_run = AgentRun(**{**kept, "turns": [TurnRecord(**t) for t in run["turns"]]})
-            ideal = run["summary"]["ideal_s"]
-            run["summary"] = summarise(agent_run, sim, ideal)
+            run["summary"] = summarise(agent_run, sim, usage_of(speed["runs"], name))
     path.write_text(json.dumps(results, indent=1) + "\n")
     return results
 
@@ -457,6 +456,8 @@ class Table:
 
 TABLES: dict[str, Table] = {
     "agent": Table(("agent.json",), render.agent_table),
+    "agent_last_turns": Table(("agent.json",), render.agent_last_turns_table),
+    "ws_stream": Table(("ws_stream.json",), render.ws_stream_table),
     "agent_smollm2": Table(("agent_smollm2.json",), render.agent_table),
     "agent_qwen3": Table(("agent_qwen3.json",), render.agent_table),
     "load": Table(("load.json",), render.load_table),
@@ -571,9 +572,19 @@ def resolve(document: Any, pointer: str) -> Any:
     return document
 
 
+def _wall_over(results: dict[str, Any], speed: str, mode: str, under: str) -> float:
+    """An agent-loop file's run `mode` over run `under`, in wall time, at speed index
+    `speed`: `#wall_over/0/peer_harmony_http_full/websocket`."""
+    runs = results["speeds"][int(speed)]["runs"]
+    return float(runs[mode]["summary"]["wall_s"] / runs[under]["summary"]["wall_s"])
+
+
 # Quantities the docs cite that are no single field of their results file (a ratio of two
-# fields, a unit changed), by name: `[1.37x](../benches/results/agent.json#NAME)`.
-DERIVED: dict[str, Callable[[Any], float]] = {}
+# fields, a unit changed), by name and arguments, `/`-separated, in the fragment:
+# `[1.37x](../benches/results/agent.json#wall_over/0/peer_harmony_http_full/websocket)`.
+DERIVED: dict[str, Callable[..., float]] = {
+    "wall_over": _wall_over,
+}
 
 
 def figure_value(name: str, fragment: str) -> float | str:
@@ -582,9 +593,10 @@ def figure_value(name: str, fragment: str) -> float | str:
     (figure_printed.PRINTED)."""
     document = json.loads((RESULTS / name).read_text())
     if not fragment.startswith("/"):
-        return float(DERIVED[fragment](document))
+        derived, *arguments = unquote(fragment).split("/")
+        return float(DERIVED[derived](document, *arguments))
     if fragment.startswith("/printed/"):
-        document, fragment = {"printed": PRINTED[name](document)}, fragment
+        document = {"printed": PRINTED[name](document)}
     value = resolve(document, fragment)
     return value if isinstance(value, str) else float(value)
 

@@ -222,15 +222,7 @@ HISTORY = "a history of runs at other commits; a results file holds one run"
 HAND_TABLES = {
     ("benchmarks-whole-history.md", "| ~68k tokens at the last turn |"): "a before/after of "
     "issue 38 in one run: its `before` side is a baseline `make figures` cannot rerun",
-    (
-        "benchmarks-agent-loop.md",
-        "| 1,000 tok/s | added TTFT, median |",
-    ): "ranges read off per-turn "
-    "plots of agent.json (agent_per_turn.png), not fields of its summaries",
     ("benchmarks-capacity.md", "| run | load avg |"): HISTORY,
-    ("benchmarks-agent-loop.md", "| per streamed token at 4,000 tokens/s |"): NO_JSON
-    + " (ws_stream)",
-    ("benchmarks-agent-loop.md", "| tokens/s (tokens per wake-up) |"): NO_JSON + " (ws_stream)",
     ("benchmarks-gateways.md", "| per streamed token | 8 streams |"): NO_JSON
     + " (upstream_stream)",
     ("benchmarks-hardening.md", "| check | before (8c2e08d) |"): HISTORY,

@@ -88,7 +88,6 @@ def unmarked(page: Path) -> list[str]:
 # this many, fewer as each page is rewritten. A page not listed holds none.
 UNCONVERTED: dict[str, int] = {
     "CHANGELOG.md": 21,
-    "benchmarks-agent-loop.md": 198,
     "benchmarks-capacity.md": 100,
     "benchmarks-gateways.md": 259,
     "benchmarks-hardening.md": 94,
@@ -166,22 +165,22 @@ def test_a_figure_link_is_rewritten_from_its_file_at_the_precision_it_shows(
     (results / "run.json").write_text(json.dumps(run))
     monkeypatch.setattr(figures, "ROOT", tmp_path)
     monkeypatch.setattr(figures, "RESULTS", results)
-    monkeypatch.setitem(DERIVED, "twice", lambda d: 2 * d["a"]["b c"][0])
+    monkeypatch.setitem(DERIVED, "times", lambda d, n: int(n) * d["a"]["b c"][0])
     link = "[{}](../benches/results/run.json#{})".format
     page = tmp_path / "docs" / "page.md"
     page.write_text(
         f"{link('**1.0x**', '/a/b%20c/0')}, {link('+9 ms', '/a/b%20c/1')}, "
-        f"{link('7 ms', 'twice')} at {link('0000000', '/provenance/commit')}"
+        f"{link('7 ms', 'times/2')} at {link('0000000', '/provenance/commit')}"
     )
     figures.write_figures_in_prose()
     assert page.read_text() == (
         f"{link('**1,234.6x**', '/a/b%20c/0')}, {link('-3 ms', '/a/b%20c/1')}, "
-        f"{link('2,469 ms', 'twice')} at {link('abcdef0', '/provenance/commit')}"
+        f"{link('2,469 ms', 'times/2')} at {link('abcdef0', '/provenance/commit')}"
     )
 
 
 def test_every_derived_quantity_is_cited() -> None:
-    cited = {fragment for *_, fragment in links()}
+    cited = {fragment.split("/")[0] for *_, fragment in links()}
     assert sorted(set(DERIVED) - cited) == []
 
 

@@ -4,7 +4,14 @@ the 50 ms crossing."""
 import pytest
 from hotloop.lab.agent import AgentRun, Reply, TurnRecord, _observe
 from hotloop.lab.load import LoadPoint, crossing
-from hotloop.lab.report import SimParameters, ideal_time, new_tokens, percentile, summarise
+from hotloop.lab.report import (
+    SimParameters,
+    ideal_time,
+    new_tokens,
+    percentile,
+    summarise,
+    usage_of,
+)
 
 
 def _turn(index: int, input_tokens: int, output_tokens: int, ttft: float = 0.03) -> TurnRecord:
@@ -82,3 +89,28 @@ def test_a_reply_times_its_first_and_last_token_not_its_terminal_event() -> None
     assert _observe(reply, {"type": "response.completed", "response": {"id": "resp_a"}})
     assert reply.last_token_at == last
     assert reply.done_at >= last
+
+
+def test_a_long_running_response_has_the_prefill_of_its_chains_turns_subtracted() -> None:
+    """A long-running response reports usage once, at its end: its turns carry none, so
+    the prefill of each turn's new tokens was not subtracted and its "added" time to
+    first token was the whole prefill (125 ms of 130 at the median in f935583's run).
+    The chain's turns, the same conversation, stand for its usage."""
+    sim = SimParameters(tokens_per_second=100.0, ttft=0.02, prefill_tokens_per_second=10_000.0)
+    chain = [_turn(0, 1000, 51, ttft=0.125), _turn(1, 2051, 11, ttft=0.126)]
+    unreported = [_turn(0, 0, 0, ttft=0.125), _turn(1, 0, 0, ttft=0.126)]
+    runs = {
+        mode: AgentRun(mode, turns, wall=2.0, tool_time=0.5, client_cpu_ns=0, server_cpu_ns=0)
+        for mode, turns in (("websocket", chain), ("long_running", unreported))
+    }
+    recorded = {mode: {"turns": [vars(t) for t in run.turns]} for mode, run in runs.items()}
+    usage = usage_of(recorded, "long_running")
+    assert usage == chain and usage_of(recorded, "websocket") is None
+    long_running = summarise(runs["long_running"], sim, usage)
+    assert long_running["added_ttft_p50_ms"] == pytest.approx(5.5)  # 5 and 6 ms
+    assert long_running == {
+        **summarise(runs["websocket"], sim),
+        "mode": "long_running",
+        "final_context_tokens": 0,
+        "new_prompt_tokens_per_turn": 0.0,
+    }

@@ -171,7 +171,7 @@ def _agent_speeds(
     args: argparse.Namespace, rollout: Rollout, script: Path, peers: list[str]
 ) -> dict[str, Any]:
     from hotloop.lab.proc import BASELINE, HOTLOOP, ServerProcess
-    from hotloop.lab.report import SimParameters, summarise
+    from hotloop.lab.report import SimParameters, summarise, usage_of
 
     modes = args.modes.split(",")
     if "long_running" in modes and "websocket" not in modes:
@@ -205,8 +205,7 @@ def _agent_speeds(
             label = f"{speed:g} tok/s {f'peer:{peer} ' if peer else ''}{mode}"
             with ServerProcess.start(flags, command=command) as server:
                 run = _run(_agent_run(server, rollout, mode, args.tool_time, label))
-            chain = entry["runs"].get("websocket") if mode == "long_running" else None
-            summary = summarise(run, sim, None if chain is None else chain["summary"]["ideal_s"])
+            summary = summarise(run, sim, usage_of(entry["runs"], mode))
             name = f"peer_{peer}_{mode}" if peer else mode
             entry["runs"][name] = {"summary": summary, **run.to_json()}
             print(

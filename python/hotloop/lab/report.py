@@ -1,4 +1,4 @@
-"""Turning measured runs into the figures docs/benchmarks.md quotes: the ideal time of a run,
+"""Turning measured runs into the figures docs/benchmarks-*.md quote: the ideal time of a run,
 summaries (medians and ratios), the results JSON and the PNG plots.
 
 The ideal of a run is what the simulated engine alone would take for the same
@@ -42,22 +42,35 @@ def new_tokens(turns: list[TurnRecord]) -> list[int]:
     return found
 
 
-def added_ttft_ms(turns: list[TurnRecord], sim: SimParameters) -> list[float]:
+def added_ttft_ms(
+    turns: list[TurnRecord], sim: SimParameters, usage: list[TurnRecord] | None = None
+) -> list[float]:
     """What the server added before each turn's first token, in ms: the measured time to
     first token (over the real socket or HTTP) minus the engine's own (its time to first
-    token plus the prefill of the turn's new tokens)."""
+    token plus the prefill of the turn's new tokens, from `usage`'s turns: see
+    `summarise`)."""
     return [
         1e3 * (t.ttft - sim.ttft - new / sim.prefill_tokens_per_second)
-        for t, new in zip(turns, new_tokens(turns), strict=True)
+        for t, new in zip(turns, new_tokens(usage or turns), strict=True)
     ]
 
 
-def ideal_time(run: AgentRun, sim: SimParameters) -> float:
+def ideal_time(run: AgentRun, sim: SimParameters, usage: list[TurnRecord] | None = None) -> float:
+    turns = usage or run.turns
     inference = sum(
         sim.turn_time(new, turn.output_tokens)
-        for new, turn in zip(new_tokens(run.turns), run.turns, strict=True)
+        for new, turn in zip(new_tokens(turns), turns, strict=True)
     )
-    return inference + run.tool_time * (len(run.turns) - 1)
+    return inference + run.tool_time * (len(turns) - 1)
+
+
+def usage_of(runs: dict[str, Any], mode: str) -> list[TurnRecord] | None:
+    """The turns whose usage stands for `mode`'s in one speed's recorded runs: a
+    long-running response reports its usage once, at its end, so its turns carry none
+    and the chain's (`websocket`, the same conversation turn for turn) serve."""
+    if mode != "long_running" or "websocket" not in runs:
+        return None
+    return [TurnRecord(**t) for t in runs["websocket"]["turns"]]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -69,12 +82,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[int(rank) - 1]
 
 
-def summarise(run: AgentRun, sim: SimParameters, ideal: float | None = None) -> dict[str, Any]:
-    """`ideal`: the run's ideal time when its turns do not carry their own usage (a
-    long-running response reports usage once, at its end: the chain's ideal serves, the
-    conversation being the same)."""
-    if ideal is None:
-        ideal = ideal_time(run, sim)
+def summarise(
+    run: AgentRun, sim: SimParameters, usage: list[TurnRecord] | None = None
+) -> dict[str, Any]:
+    """`usage`: the turns whose usage stands for `run`'s when its own carry none (see
+    `usage_of`): the ideal time and each turn's prefill come from them. Without it a
+    long-running response's added time to first token kept the whole prefill of each
+    turn (125 ms of it at the median in the run of f935583)."""
+    ideal = ideal_time(run, sim, usage)
     ttfts = [t.ttft for t in run.turns]
     cpu_ms = [t.server_cpu_ns / 1e6 for t in run.turns]
     return {
@@ -86,7 +101,7 @@ def summarise(run: AgentRun, sim: SimParameters, ideal: float | None = None) -> 
         "overhead_s": run.wall - ideal,
         "ttft_p50_ms": 1e3 * statistics.median(ttfts),
         "ttft_p99_ms": 1e3 * percentile(ttfts, 99),
-        "added_ttft_p50_ms": statistics.median(added_ttft_ms(run.turns, sim)),
+        "added_ttft_p50_ms": statistics.median(added_ttft_ms(run.turns, sim, usage)),
         "server_cpu_per_turn_ms_median": statistics.median(cpu_ms),
         "server_cpu_per_turn_ms_mean": statistics.fmean(cpu_ms),
         "server_cpu_s": run.server_cpu_ns / 1e9,
@@ -136,10 +151,11 @@ def plot_agent_runs(results: dict[str, Any], out: Path, name: str = "agent") -> 
     sim = SimParameters(**fastest["sim"])
     fig, (cpu, ttft) = plt.subplots(1, 2, figsize=(13, 4.8))
     for mode in modes:
-        turns = fastest["runs"][mode]["turns"]
-        context = [t["input_tokens"] / 1000 for t in turns]
-        cpu.plot(context, [t["server_cpu_ns"] / 1e6 for t in turns], marker=".", label=mode)
-        added = added_ttft_ms([TurnRecord(**t) for t in turns], sim)
+        turns = [TurnRecord(**t) for t in fastest["runs"][mode]["turns"]]
+        usage = usage_of(fastest["runs"], mode)
+        context = [t.input_tokens / 1000 for t in usage or turns]
+        cpu.plot(context, [t.server_cpu_ns / 1e6 for t in turns], marker=".", label=mode)
+        added = added_ttft_ms(turns, sim, usage)
         ttft.plot(context, added, marker=".", label=mode)
     cpu.set_ylabel("server CPU per turn (ms)")
     cpu.set_yscale("log")
