@@ -976,3 +976,58 @@ def ws_stream_table(results: dict[str, Any]) -> str:
         for field, label in STREAM_ROWS.items()
     ]
     return markdown(header, rows)
+
+
+# ---------------------------------------------------------------- beside other gateways
+
+UPSTREAM_ROWS = {
+    "sim_{n}_streams": "`--engine sim`, the same rate",
+    "upstream_{n}_streams_1_event": "upstream, 1 token per SSE event",
+    "upstream_{n}_streams_4_event": "upstream, 4 tokens per SSE event",
+    "upstream_{n}_streams_1_event_coalesce_1_ms": "upstream, 1 per event, `--stream-coalesce-ms 1`",
+    "upstream_{n}_streams_1_event_coalesce_2_ms": "upstream, 1 per event, `--stream-coalesce-ms 2`",
+    "upstream_{n}_streams_1_event_coalesce_5_ms": "upstream, 1 per event, `--stream-coalesce-ms 5`",
+}
+
+
+def upstream_stream_tables(results: dict[str, Any]) -> str:
+    """`bench_upstream_stream.py`: whole-process CPU per streamed token in front of a
+    paced fake vLLM at each number of streams, and what the server added to each token
+    and to the first; then the ramp of streams, one token per event."""
+    found = printed.upstream_stream(results)
+    streams = sorted({int(k.split("_")[1]) for k in found if k.startswith("sim_")})
+
+    def cell(key: str) -> str:
+        if key not in found:
+            return ""
+        f = found[key]
+        text = f"{f['whole_us']:.1f} us"
+        if "token_p50_ms" in f:
+            text += (
+                f"; added per token {f['token_p50_ms']:.2f} / {f['token_p99_ms']:.2f} ms, "
+                f"first token {f['ttft_p50_ms']:.1f} / {f['ttft_p99_ms']:.1f} ms"
+            )
+        return text
+
+    rows = [
+        (label, *(cell(key.format(n=n)) for n in streams))
+        for key, label in UPSTREAM_ROWS.items()
+        if any(key.format(n=n) in found for n in streams)
+    ]
+    header = ("CPU per streamed token (added p50 / p99)", *(f"{n} streams" for n in streams))
+    ramp = sorted(
+        (int(k.split("_")[2]), f) for k, f in found.items() if k.startswith("ramp_upstream_")
+    )
+    ramp_rows = [
+        (
+            str(n),
+            f"{f['tokens_per_s']:,.0f}",
+            f"{f['whole_us']:.1f} us",
+            f"{f['token_p50_ms']:.2f} / {f['token_p99_ms']:.2f} ms",
+            f"{f['ttft_p50_ms']:.1f} / {f['ttft_p99_ms']:.1f} ms",
+        )
+        for n, f in ramp
+    ]
+    ramp_header = ("ramp: streams", "tokens/s", "CPU per token", "added per token p50 / p99")
+    ramp_header += ("added first token p50 / p99",)
+    return markdown(header, rows) + "\n\n" + markdown(ramp_header, ramp_rows)

@@ -473,6 +473,7 @@ TABLES: dict[str, Table] = {
     "ws_turn": Table(("ws_turn.json",), render.ws_turn_table),
     "turns": Table(("turns.json",), render.turns_table),
     "peers": Table(("peers.json",), render.peers_tables),
+    "upstream_stream": Table(("upstream_stream.json",), render.upstream_stream_tables),
     "peers_before_after": Table(
         (HISTORY + "peers_before_after.json",), render.peers_before_after_tables
     ),
@@ -579,11 +580,45 @@ def _wall_over(results: dict[str, Any], speed: str, mode: str, under: str) -> fl
     return float(runs[mode]["summary"]["wall_s"] / runs[under]["summary"]["wall_s"])
 
 
+def _over(results: dict[str, Any], *pointers: str) -> float:
+    """One value over another, each a JSON pointer, the two joined by `by`:
+    `#over/printed/a/whole_us/by/printed/b/whole_us`."""
+    cut = pointers.index("by")
+    above, below = ("/" + "/".join(p) for p in (pointers[:cut], pointers[cut + 1 :]))
+    return float(resolve(results, above) / resolve(results, below))
+
+
+def _peers(configuration: dict[str, Any]) -> dict[str, Any]:
+    """The systems of a side-by-side configuration that are neither hotloop nor the
+    client's own request (the floor)."""
+    return {
+        k: v for k, v in configuration["systems"].items() if not k.startswith(("hotloop", "floor"))
+    }
+
+
+def _peers_loop_over_hotloop(results: dict[str, Any], configuration: str, bound: str) -> float:
+    """The peers' loop / ideal over hotloop's WebSocket loop in one configuration of a
+    side-by-side run: the `min` or the `max` over every peer and mode."""
+    found = results["configurations"][int(configuration)]
+    ours = found["systems"]["hotloop websocket"]["loop_over_ideal"]
+    ratios = [p["loop_over_ideal"] / ours for p in _peers(found).values()]
+    return float(min(ratios) if bound == "min" else max(ratios))
+
+
+def _per_core(results: dict[str, Any], *pointer: str) -> float:
+    """What one core carries at a CPU cost in microseconds per unit: 1e6 / the value."""
+    return float(1e6 / resolve(results, "/" + "/".join(pointer)))
+
+
 # Quantities the docs cite that are no single field of their results file (a ratio of two
 # fields, a unit changed), by name and arguments, `/`-separated, in the fragment:
 # `[1.37x](../benches/results/agent.json#wall_over/0/peer_harmony_http_full/websocket)`.
+# They read the same document as a pointer does (`printed` included).
 DERIVED: dict[str, Callable[..., float]] = {
     "wall_over": _wall_over,
+    "over": _over,
+    "peers_loop_over_hotloop": _peers_loop_over_hotloop,
+    "per_core": _per_core,
 }
 
 
@@ -592,11 +627,11 @@ def figure_value(name: str, fragment: str) -> float | str:
     text of a run's commit or date. Under `/printed/`, what a script printed as text
     (figure_printed.PRINTED)."""
     document = json.loads((RESULTS / name).read_text())
+    if name in PRINTED:
+        document["printed"] = PRINTED[name](document)
     if not fragment.startswith("/"):
         derived, *arguments = unquote(fragment).split("/")
         return float(DERIVED[derived](document, *arguments))
-    if fragment.startswith("/printed/"):
-        document = {"printed": PRINTED[name](document)}
     value = resolve(document, fragment)
     return value if isinstance(value, str) else float(value)
 

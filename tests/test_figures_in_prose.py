@@ -89,7 +89,6 @@ def unmarked(page: Path) -> list[str]:
 UNCONVERTED: dict[str, int] = {
     "CHANGELOG.md": 21,
     "benchmarks-capacity.md": 100,
-    "benchmarks-gateways.md": 259,
     "benchmarks-hardening.md": 94,
     "benchmarks-store.md": 70,
     "benchmarks-whole-history.md": 41,
