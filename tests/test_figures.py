@@ -222,7 +222,6 @@ HISTORY = "a history of runs at other commits; a results file holds one run"
 HAND_TABLES = {
     ("benchmarks-whole-history.md", "| ~68k tokens at the last turn |"): "a before/after of "
     "issue 38 in one run: its `before` side is a baseline `make figures` cannot rerun",
-    ("benchmarks-capacity.md", "| run | load avg |"): HISTORY,
     ("benchmarks-hardening.md", "| check | before (8c2e08d) |"): HISTORY,
     ("benchmarks-store.md", "| run (load average) | power-loss, before |"): "an A/B against the "
     "commit before (--baseline before=DIR), by hand; make figures runs the current code "
