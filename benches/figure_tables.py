@@ -1031,3 +1031,47 @@ def upstream_stream_tables(results: dict[str, Any]) -> str:
     ramp_header = ("ramp: streams", "tokens/s", "CPU per token", "added per token p50 / p99")
     ramp_header += ("added first token p50 / p99",)
     return markdown(header, rows) + "\n\n" + markdown(ramp_header, ramp_rows)
+
+
+# ---------------------------------------------------------------- storage and several nodes
+
+
+def turn_costs_table(results: dict[str, Any]) -> str:
+    """`bench_commit_tail.py`, `bench_frame_hops.py`, `bench_turn_logs.py`: the commit
+    tail per durability setting, a large continuation frame's hops, the log lines."""
+    tail = printed_json(results, 0)[-1]["median_ms"]
+    hops = printed_json(results, 1)[-1]
+    logs = printed_json(results, 2)[-1]
+    rows = [
+        (
+            f"last delta -> `response.completed`, `store: true`, `{setting}` (median)",
+            ms(tail[f"hotloop {setting}"], 2),
+        )
+        for setting in ("power-loss", "process-crash")
+    ]
+    rows += [
+        (
+            f"a `{hops['kb']} KB` continuation frame to the engine call, {label} (median / p90)",
+            f"{ms(hops['median_us'][side] / 1000, 2)} / {ms(hops['p90_us'][side] / 1000, 2)}",
+        )
+        for side, label in (
+            ("before", "parsed off the loop (two thread hops)"),
+            ("after", "parsed on the loop, rendered off it (one hop)"),
+        )
+    ]
+    rows.append(("the two log lines of a turn (median)", f"{logs['median_us']['current']:.1f} us"))
+    return markdown(("per turn", "measured"), rows)
+
+
+def store_dedup_table(results: dict[str, Any]) -> str:
+    """`bench_store.py dedup`: the SQLite file of one session with its tool list stored
+    in every response, and stored once."""
+    dedup = printed_json(results, 2)[-1]
+    inline, once = dedup["file_bytes_list_inline"], dedup["file_bytes_list_once"]
+    rows = [
+        ("the list in every response (the first release's schema)", f"{inline:,}"),
+        ("the list kept once", f"{once:,}"),
+        ("every response / once", f"{inline / once:.1f}x"),
+    ]
+    header = (f"{dedup['turns']} turns, a {dedup['tool_list_bytes']:,}-byte tool list", "bytes")
+    return markdown(header, rows)

@@ -500,6 +500,8 @@ TABLES: dict[str, Table] = {
     "http_turn": Table(("http_turn.json",), render.http_turn_table),
     "store_sigkill": Table(("store.json",), render.store_sigkill_table),
     "store_commit": Table(("store.json",), render.store_commit_table),
+    "store_dedup": Table(("store.json",), render.store_dedup_table),
+    "turn_costs": Table(("turn_costs.json",), render.turn_costs_table),
     "failover_faults": Table(("failover.json",), render.failover_faults_table),
     "failover_continuation": Table(("failover.json",), render.failover_continuation_table),
     "failover_prefix_cache": Table(("failover.json",), render.failover_prefix_cache_table),

@@ -89,7 +89,6 @@ def unmarked(page: Path) -> list[str]:
 UNCONVERTED: dict[str, int] = {
     "CHANGELOG.md": 21,
     "benchmarks-hardening.md": 94,
-    "benchmarks-store.md": 70,
     "benchmarks-whole-history.md": 41,
     "chat-templates.md": 29,
     "development.md": 36,
