@@ -1075,3 +1075,111 @@ def store_dedup_table(results: dict[str, Any]) -> str:
     ]
     header = (f"{dedup['turns']} turns, a {dedup['tool_list_bytes']:,}-byte tool list", "bytes")
     return markdown(header, rows)
+
+
+# ---------------------------------------------------------------- hardening fixes
+
+
+def hardening_15_table(results: dict[str, Any]) -> str:
+    """`bench_hardening.py` and `bench_queue_memory.py` on the current code: issue 15's
+    items 3, 4, 6 and 7 (each test named on the page fails on the code before them)."""
+    found = printed.hardening(results)
+    checks, queue = found["checks"], found["queue"]
+    soft, hard = checks["4_server_open_files_soft_hard"]
+    rows = [
+        (
+            "3: HTTP continuation after a socket continued the same response and closed",
+            ", ".join(str(s) for s in checks["3_http_continuations_after_the_socket_closed"]),
+        ),
+        (
+            "3: the other of two sockets continuing one stored response, after the first closes",
+            f"`{checks['3_the_other_socket_continues']}`",
+        ),
+        (
+            "4: a legitimate request while `1,100` connections hold half a request",
+            checks["4_legitimate_request"],
+        ),
+        (
+            "4: half-open connections answered or closed by the server",
+            checks["4_half_open_closed_by_the_server"],
+        ),
+        ("4: the server's soft / hard open-files limit", f"{soft} / {hard}"),
+        (
+            "7: `GET .../input_items?limit=%C2%B2`, `limit=` 5,000 digits",
+            f"{checks['7_limit_sup2']}, {checks['7_limit_5000_digits']}",
+        ),
+        (
+            "7: continuing a response on its socket after `DELETE` over HTTP",
+            f"`{checks['7_continue_after_delete']}`",
+        ),
+        (
+            "7: `/metrics` labels a key with its SHA-256 prefix",
+            "yes" if checks["7_metrics_label_is_sha256_of_key"] else "no",
+        ),
+        ("6: RSS per queued byte", f"{queue['rss_per_queued_byte']:.2f}"),
+    ]
+    return markdown(("check", "this code"), rows)
+
+
+def hardening_21_table(results: dict[str, Any]) -> str:
+    """The issue 21 scripts on the current code, one row per defect they reproduce."""
+    body, flood, reads, booking, leak, rebuild = (printed_json(results, i)[-1] for i in range(6))
+    fairness = printed_json(results, 6)[:2]
+    bounded = reads["max_reads_per_key=2"]
+    unbounded = reads["max_reads_per_key=1000"]
+    read_ms = flood["median_256k_read_ms"]
+    booked = "; ".join(
+        f"{path} {b['responses']} responses, {b['input_tokens']:,} in, {b['output_tokens']:,} out"
+        for path, b in booking.items()
+        if isinstance(b, dict)
+    )
+    rows = [
+        (
+            f"defect 1: `GET /health` on new connections while {body['cap']} keyless clients "
+            f"hold every place of `--max-connections {body['cap']}`",
+            f"{body['health_200']} of {body['health_total']} answered 200",
+        ),
+        (
+            "defect 8: RSS growth for a `512 MiB` event line without a newline",
+            f"{flood['endless_line_rss_growth_mib']['bounded_16mib']} MiB "
+            "(`--upstream-max-line-bytes`), then `upstream_protocol`",
+        ),
+        (
+            "minor: loop time of one `256 KiB` read of comments / empty `data:` events / "
+            "one-token events",
+            f"{read_ms['comments']:.2f} / {read_ms['empty_events']:.2f} / "
+            f"{read_ms['token_events']:.2f} ms",
+        ),
+        (
+            "minor: another key's `GET` median while one key runs `16` readers of a `6 MB` "
+            "`input_items` page, quiet / attacked",
+            f"{bounded['quiet_ms']:.2f} / {bounded['attacked_ms']:.2f} ms "
+            f"({bounded['ratio']:.1f}x; {unbounded['attacked_ms']:.2f} ms with "
+            "`--max-reads-per-key 1000`)",
+        ),
+        (
+            f"defect 2: engine work booked for clients that leave ({booking['requests']} each)",
+            booked,
+        ),
+        (
+            f"defect 6: {leak['sockets']} idle sockets of one key, refused steered continuations",
+            f"{', '.join(f'{n} `{code}`' for code, n in leak['refusals'].items())}; "
+            f"{leak['queued_mib']:.1f} MiB held",
+        ),
+        (
+            "defect 9: another tenant's median turn while a 1M-token chain is rebuilt, quiet / "
+            "attacked",
+            f"{rebuild['victim_quiet_p50_ms']:.1f} / {rebuild['victim_attacked_p50_ms']:.1f} ms "
+            f"({rebuild['ratio']:.2f}x; a rebuild {rebuild['rebuild_median_ms']:.0f} ms)",
+        ),
+        *(
+            (
+                f"target: another key's `store: true` commit while one key writes large "
+                f"responses ({STORES[f['store']]}), quiet / attacked",
+                f"{f['quiet']['p50_ms']:.2f} / {f['attacked']['p50_ms']:.2f} ms "
+                f"({f['ratio']:.2f}x)",
+            )
+            for f in fairness
+        ),
+    ]
+    return markdown(("check", "this code"), rows)

@@ -508,6 +508,8 @@ TABLES: dict[str, Table] = {
     "mcp_loop": Table(("mcp_loop.json",), render.printed_table),
     "templates": Table(("templates.json",), render.printed_table),
     "abuse": Table(("abuse.json",), render.abuse_table),
+    "hardening_15": Table(("hardening.json",), render.hardening_15_table),
+    "hardening_21": Table(("hardening_21.json",), render.hardening_21_table),
     "steer": Table(("steer.json",), render.steer_table),
     "ws_deflate": Table(("ws_deflate.json",), render.ws_deflate_table),
 }

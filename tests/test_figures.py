@@ -222,8 +222,6 @@ HISTORY = "a history of runs at other commits; a results file holds one run"
 HAND_TABLES = {
     ("benchmarks-whole-history.md", "| ~68k tokens at the last turn |"): "a before/after of "
     "issue 38 in one run: its `before` side is a baseline `make figures` cannot rerun",
-    ("benchmarks-hardening.md", "| check | before (8c2e08d) |"): HISTORY,
-    ("benchmarks-hardening.md", "| | another key's `GET` median"): NO_JSON + " (hardening_21)",
     ("development.md", "| first run | after (this version) |"): "first runs of a clean "
     "clone by hand (benches/first_run.py), no figure of `make figures`",
     ("hardening.md", "| properties (frame) | before |"): HISTORY,
