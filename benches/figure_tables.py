@@ -1183,3 +1183,54 @@ def hardening_21_table(results: dict[str, Any]) -> str:
         ),
     ]
     return markdown(("check", "this code"), rows)
+
+
+# ---------------------------------------------------------------- whole-history clients
+
+WHOLE_HISTORY_ROWS = {
+    "hotloop websocket": "hotloop, WebSocket",
+    "hotloop http_full": "hotloop, whole history",
+    "hotloop@before http_full": "hotloop before, whole history",
+    "agentic-api http_full": "agentic-api, whole history",
+    "floor http_full": "client straight to the upstream",
+}
+
+
+def whole_history_tables(main: dict[str, Any], short: dict[str, Any], long: dict[str, Any]) -> str:
+    """Clients that resend their whole history (`bench_peers.py`, `http_full`) beside the
+    same loop over WebSocket: CPU per turn and loop / ideal per speed, then CPU per turn
+    from the shortest history to the longest."""
+    configurations = main["configurations"]
+    last = configurations[0]["systems"]["hotloop websocket"]["input_tokens_last"]
+    header = [f"~{tokens(last)} tokens at the last turn"]
+    for c in configurations:
+        speed = f"{c['tokens_per_second']:,.0f} tok/s"
+        header += [f"gateway CPU / turn, {speed}", "loop / ideal"]
+    rows = []
+    for key, label in WHOLE_HISTORY_ROWS.items():
+        if key not in configurations[0]["systems"]:
+            continue  # a run without `--baseline before=DIR` has no "before" rows
+        cells = [label]
+        for c in configurations:
+            r = c["systems"][key]
+            cells += [
+                "-" if key.startswith("floor") else ms(r["gateway_cpu_ms_per_turn"], 2),
+                f"{r['loop_over_ideal']:.3f}",
+            ]
+        rows.append(cells)
+    lengths = [run["configurations"][0]["systems"] for run in (short, long)]
+    first, last = (s["hotloop websocket"]["input_tokens_last"] for s in lengths)
+    growth_header = (
+        f"CPU / turn, {short['configurations'][0]['tokens_per_second']:,.0f} tok/s",
+        *(tokens(n) for n in (first, last)),
+        f"{tokens(last)} / {tokens(first)}",
+    )
+    growth = [
+        (
+            WHOLE_HISTORY_ROWS[key],
+            *(ms(s[key]["gateway_cpu_ms_per_turn"], 2) for s in lengths),
+            f"{lengths[1][key]['gateway_cpu_ms_per_turn'] / lengths[0][key]['gateway_cpu_ms_per_turn']:.2f}x",  # noqa: E501
+        )
+        for key in ("hotloop websocket", "hotloop http_full", "agentic-api http_full")
+    ]
+    return markdown(header, rows) + "\n\n" + markdown(growth_header, growth)

@@ -305,6 +305,12 @@ HISTORICAL = {
         "`bench_store_fairness.py 25 --rounds 5 --baseline before=DIR`: the store writer "
         "before issue 39's bulk lane and turn order (c724f0f) and after, interleaved, two runs",
     ),
+    HISTORY + "peers_whole_history_before_after.json": Historical(
+        "1329b12",
+        "`bench_peers.py --baseline before=DIR`: clients resending their whole history, "
+        "hotloop before issue 38 (5f6d1ee, its own core) beside the code at eae519d and "
+        "agentic-api, one run",
+    ),
     HISTORY + "hardening_39_frames_before_after.json": Historical(
         "d7a1250",
         "`bench_body_attack.py frames`, by hand: the server before issue 39's bound on "
@@ -474,6 +480,10 @@ TABLES: dict[str, Table] = {
     "turns": Table(("turns.json",), render.turns_table),
     "peers": Table(("peers.json",), render.peers_tables),
     "upstream_stream": Table(("upstream_stream.json",), render.upstream_stream_tables),
+    "whole_history": Table(
+        tuple(f"peers_whole_history{n}.json" for n in ("", "_10000", "_250000")),
+        render.whole_history_tables,
+    ),
     "peers_before_after": Table(
         (HISTORY + "peers_before_after.json",), render.peers_before_after_tables
     ),
