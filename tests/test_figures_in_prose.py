@@ -89,12 +89,9 @@ def unmarked(page: Path) -> list[str]:
 UNCONVERTED: dict[str, int] = {
     "chat-templates.md": 29,
     "development.md": 36,
-    "engines.md": 23,
     "hardening.md": 160,
-    "operations.md": 24,
     "protocol-conformance.md": 15,
     "security.md": 52,
-    "steering.md": 23,
     "storage.md": 100,
     "tokenizers-and-formats.md": 23,
     "upstream-streaming.md": 178,
