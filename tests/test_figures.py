@@ -220,8 +220,6 @@ def test_the_burst_of_the_current_code_is_one_row_of_the_before_after_table() ->
 NO_JSON = "its script prints no JSON line and no results file holds a run of it yet"
 HISTORY = "a history of runs at other commits; a results file holds one run"
 HAND_TABLES = {
-    ("development.md", "| first run | after (this version) |"): "first runs of a clean "
-    "clone by hand (benches/first_run.py), no figure of `make figures`",
     ("hardening.md", "| properties (frame) | before |"): HISTORY,
     ("hardening.md", "| victim's turn (sim engine, default speed) |"): HISTORY,
     ("hardening.md", "| | RSS per queued byte |"): HISTORY,
