@@ -79,6 +79,10 @@ def microbenchmarks(results: dict[str, Any]) -> dict[str, Any]:
 WS_STREAM_STEP = re.compile(
     rf"(?P<tokens>\d+) token\(s\) per engine step:\s+(?P<us>{NUMBER}) us/token"
 )
+WS_STREAM_SEND = re.compile(
+    rf"1 token per engine step, send_frames: message\s+(?P<message_us>{NUMBER}) us/token, "
+    rf"write\s+(?P<write_us>{NUMBER}) us/token"
+)
 WS_STREAM_SPEED = re.compile(
     rf"(?P<speed>\d+) tokens/s \(achieved (?P<achieved>\d+)\):\s+(?P<whole_us>{NUMBER}) us "
     rf"\((?P<user_pct>\d+)% user\), (?P<frames_per_token>{NUMBER}) frames/token"
@@ -109,6 +113,8 @@ def ws_stream(results: dict[str, Any]) -> dict[str, Any]:
     for line in (line.strip() for line in run["stdout"].splitlines()):
         if m := WS_STREAM_STEP.match(line):
             found["in_process_us"][m["tokens"]] = number(m["us"])
+        elif m := WS_STREAM_SEND.match(line):
+            found["send_frames_us"] = {k: number(v) for k, v in m.groupdict().items()}
         elif m := WS_STREAM_SPEED.match(line):
             fields = {k: number(v) for k, v in m.groupdict().items()}
             speed = found[m["speed"]] = fields

@@ -1234,3 +1234,21 @@ def whole_history_tables(main: dict[str, Any], short: dict[str, Any], long: dict
         for key in ("hotloop websocket", "hotloop http_full", "agentic-api http_full")
     ]
     return markdown(header, rows) + "\n\n" + markdown(growth_header, growth)
+
+
+CLIENTS = {
+    "httpx": "httpx (`AsyncClient.stream().aiter_raw()`, before)",
+    "streams": "asyncio streams",
+    "protocol": "**asyncio protocol (`hotloop.engines.http1`, chosen)**",
+}
+
+
+def upstream_client_table(results: dict[str, Any]) -> str:
+    """`bench_upstream_client.py`: the client designs' CPU per token received."""
+    found = printed.upstream_client(results)
+    rows = [
+        (label, f"{found[k]['us']:.2f} us", f"{found[k]['over_protocol']:.2f}x")
+        for k, label in CLIENTS.items()
+        if k in found
+    ]
+    return markdown(("client", "CPU per token received", "vs the protocol"), rows)

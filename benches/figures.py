@@ -480,6 +480,7 @@ TABLES: dict[str, Table] = {
     "turns": Table(("turns.json",), render.turns_table),
     "peers": Table(("peers.json",), render.peers_tables),
     "upstream_stream": Table(("upstream_stream.json",), render.upstream_stream_tables),
+    "upstream_client": Table(("upstream_client.json",), render.upstream_client_table),
     "whole_history": Table(
         tuple(f"peers_whole_history{n}.json" for n in ("", "_10000", "_250000")),
         render.whole_history_tables,

@@ -223,7 +223,6 @@ HAND_TABLES = {
     ("hardening.md", "| properties (frame) | before |"): HISTORY,
     ("hardening.md", "| victim's turn (sim engine, default speed) |"): HISTORY,
     ("hardening.md", "| | RSS per queued byte |"): HISTORY,
-    ("upstream-streaming.md", "| option | client CPU us/token |"): NO_JSON + " (upstream_client)",
 }
 # What marks a table as measured: the text since the previous table or heading cites a
 # results file, a benchmark script, or says "measured".
