@@ -1252,3 +1252,58 @@ def upstream_client_table(results: dict[str, Any]) -> str:
         if k in found
     ]
     return markdown(("client", "CPU per token received", "vs the protocol"), rows)
+
+
+def tool_schema_tables(results: dict[str, Any]) -> str:
+    """`bench_tool_schema.py`: CPU per property of one tool's schema against its size;
+    `bench_tool_stall.py`: another connection's turns while one sends huge tool lists."""
+    found = printed.tool_schema(results)
+    per_property = found["us_per_property"]
+    rows = [(f"{int(n):,}", f"{us:.2f} us") for n, us in per_property.items()]
+    first, last = next(iter(per_property)), list(per_property)[-1]
+    rows.append((f"ratio {int(last):,} / {int(first):,}", f"{found['growth']:.2f}x"))
+    quiet, attacked, attacker = found["quiet"], found["under_attack"], found["attacker"]
+    stall = [
+        ("quiet: median / worst", f"{quiet['median_ms']:.1f} / {quiet['worst_ms']:.1f} ms"),
+        (
+            "during the attack: median / worst",
+            f"{attacked['median_ms']:.1f} / {attacked['worst_ms']:.1f} ms",
+        ),
+        (
+            f"the attacker's {found['attacker_frame_mb']:.1f} MB frames",
+            f"{attacker['frames']:.0f} answered `array_above_max_bytes`, "
+            f"{attacker['median_ms']:.0f} ms each (median)",
+        ),
+    ]
+    return (
+        markdown(("required string properties", "CPU per property"), rows)
+        + "\n\n"
+        + markdown(("victim's turn (sim engine, default speed)", "this code"), stall)
+    )
+
+
+def large_requests_table(results: dict[str, Any]) -> str:
+    """`bench_large_requests.py`, `bench_loop_busy.py`, `bench_queue_memory.py`: the
+    server's CPU for large requests, the event loop's long windows under huge tool
+    lists, and the memory a queued byte costs."""
+    found = printed.hardening(results)
+    large, busy, queue = found["large"], found["loop_busy"], found["queue"]
+    rows = [
+        (
+            f"server CPU for one {large['tool_list']['size']:g} MB tool list (refused by its "
+            f"size) / one {large['history']['size']:g} KB history (medians)",
+            f"{large['tool_list']['cpu_ms']:.1f} / {large['history']['cpu_ms']:.1f} ms",
+        ),
+        (
+            f"event-loop windows of more than `0.05 s` / `0.1 s` of CPU, over "
+            f"{busy['windows']:.0f} windows of huge tool lists",
+            f"{busy['over_50ms']:.0f} / {busy['over_100ms']:.0f} (loop CPU "
+            f"{busy['loop_cpu_s']:.2f} s)",
+        ),
+        (
+            f"RSS per queued byte ({queue['sockets']} socket, {queue['queued_mib']:.1f} MiB "
+            "queued)",
+            f"{queue['rss_per_queued_byte']:.2f} (+{queue['rss_growth_mib']:.1f} MiB)",
+        ),
+    ]
+    return markdown(("check", "this code"), rows)

@@ -311,6 +311,11 @@ HISTORICAL = {
         "hotloop before issue 38 (5f6d1ee, its own core) beside the code at eae519d and "
         "agentic-api, one run",
     ),
+    HISTORY + "abuse_before_after.json": Historical(
+        "83f2e46",
+        "`bench_abuse.py 6` on 8c2e08d's server (before issue 15's admission control and "
+        "queue bounds) and on the code of 83f2e46, back to back on the shared machine",
+    ),
     HISTORY + "hardening_39_frames_before_after.json": Historical(
         "d7a1250",
         "`bench_body_attack.py frames`, by hand: the server before issue 39's bound on "
@@ -520,6 +525,8 @@ TABLES: dict[str, Table] = {
     "templates": Table(("templates.json",), render.printed_table),
     "abuse": Table(("abuse.json",), render.abuse_table),
     "hardening_15": Table(("hardening.json",), render.hardening_15_table),
+    "tool_schema": Table(("tool_schema.json",), render.tool_schema_tables),
+    "large_requests": Table(("hardening.json",), render.large_requests_table),
     "hardening_21": Table(("hardening_21.json",), render.hardening_21_table),
     "steer": Table(("steer.json",), render.steer_table),
     "ws_deflate": Table(("ws_deflate.json",), render.ws_deflate_table),

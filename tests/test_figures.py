@@ -213,17 +213,6 @@ def test_the_burst_of_the_current_code_is_one_row_of_the_before_after_table() ->
     assert lines[2:] == ["| this commit, one run | 0.82 s | 137 ms | 90 ms | 104 / 228 ms |"]
 
 
-# Hand tables whose text cites a benchmark or a results file, and why no figures block
-# holds them. NO_JSON: the script prints text only (no JSON line a renderer could
-# read) and has no results file yet; HISTORY: rows of several runs (other commits,
-# other days) side by side, one results file holds one run.
-NO_JSON = "its script prints no JSON line and no results file holds a run of it yet"
-HISTORY = "a history of runs at other commits; a results file holds one run"
-HAND_TABLES = {
-    ("hardening.md", "| properties (frame) | before |"): HISTORY,
-    ("hardening.md", "| victim's turn (sim engine, default speed) |"): HISTORY,
-    ("hardening.md", "| | RSS per queued byte |"): HISTORY,
-}
 # What marks a table as measured: the text since the previous table or heading cites a
 # results file, a benchmark script, or says "measured".
 CITES_A_MEASUREMENT = re.compile(r"benches/results/|[Mm]easured|benches/(?:bench|test)_\w+\.py")
@@ -252,20 +241,11 @@ def hand_tables() -> list[tuple[str, str]]:
 
 
 def test_every_measured_docs_table_sits_in_a_figures_block() -> None:
-    """Or is one of HAND_TABLES, with why; a new hand table of measured numbers fails
-    here until a renderer writes it (or it is listed)."""
-    unexplained = [
-        (page, header)
-        for page, header in hand_tables()
-        if not any(page == p and header.startswith(h) for p, h in HAND_TABLES)
-    ]
-    assert unexplained == []
-
-
-def test_every_listed_hand_table_still_exists() -> None:
-    found = hand_tables()
-    gone = [k for k in HAND_TABLES if not any(k[0] == p and h.startswith(k[1]) for p, h in found)]
-    assert gone == []
+    """A table of measured numbers is written by a renderer from its results file; a hand
+    table beside a measurement (a run's figures copied by hand, runs of several commits
+    side by side) fails here until a renderer writes it. Tables of bounds, settings and
+    what a check found stay by hand: their text cites no measurement."""
+    assert hand_tables() == []
 
 
 def python(code: str) -> tuple[tuple[str, ...], ...]:

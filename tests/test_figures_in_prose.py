@@ -84,26 +84,9 @@ def unmarked(page: Path) -> list[str]:
     return found
 
 
-# Pages whose prose still holds figures from before this test (issue 35, part 8): at most
-# this many, fewer as each page is rewritten. A page not listed holds none.
-UNCONVERTED: dict[str, int] = {
-    "hardening.md": 160,
-}
-
-
 @pytest.mark.parametrize("page", CHECKED, ids=lambda page: page.name)
 def test_every_figure_in_prose_is_linked_to_its_results_or_is_code(page: Path) -> None:
-    found = unmarked(page)
-    if page.name in UNCONVERTED:
-        assert len(found) <= UNCONVERTED[page.name], "a figure added: link it, or code it"
-        return
-    assert found == []
-
-
-def test_the_unconverted_counts_are_what_the_pages_hold() -> None:
-    """So that a page rewritten drops out of UNCONVERTED, and no count hides a new one."""
-    held = {page.name: len(unmarked(page)) for page in CHECKED if page.name in UNCONVERTED}
-    assert held == UNCONVERTED
+    assert unmarked(page) == []
 
 
 def links() -> Iterator[tuple[str, str, str, str]]:
