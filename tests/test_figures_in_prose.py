@@ -146,6 +146,30 @@ def test_a_figure_link_is_rewritten_from_its_file_at_the_precision_it_shows(
     )
 
 
+def test_a_link_its_rerun_no_longer_answers_is_left_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rerun that no longer writes a linked field must not stop `tables` (the other
+    pages' figures are still rewritten); the link stays, and the test above fails on it."""
+    (tmp_path / "docs").mkdir()
+    for page in ("README.md", "CHANGELOG.md"):
+        (tmp_path / page).write_text("")
+    results = tmp_path / "benches" / "results"
+    results.mkdir(parents=True)
+    (results / "run.json").write_text(json.dumps({"kept": 2.0}))
+    monkeypatch.setattr(figures, "ROOT", tmp_path)
+    monkeypatch.setattr(figures, "RESULTS", results)
+    page = tmp_path / "docs" / "page.md"
+    gone, kept = (
+        "[1.0x](../benches/results/run.json#/gone)",
+        "[1.0x](../benches/results/run.json#/kept)",
+    )
+    page.write_text(f"{gone} {kept}")
+    figures.write_figures_in_prose()
+    assert page.read_text() == f"{gone} [2.0x](../benches/results/run.json#/kept)"
+    assert f"docs/page.md: {gone} left as it is" in capsys.readouterr().out
+
+
 def test_every_derived_quantity_is_cited() -> None:
     cited = {fragment.split("/")[0] for *_, fragment in links()}
     assert sorted(set(DERIVED) - cited) == []
