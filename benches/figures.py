@@ -747,12 +747,22 @@ def changes(revision: str) -> None:
         text=True,
         check=True,
     ).stdout.split()
+
+    def numbers(name: str, text: str) -> dict[str, float]:
+        """The file's numbers, with what its script printed as text only read back."""
+        document = json.loads(text)
+        results = Path(name).relative_to("benches/results").as_posix()
+        if results in PRINTED:
+            document["printed"] = PRINTED[results](document)
+        return leaves(document)
+
     for name in (n for n in listed if n.endswith(".json")):
         shown = subprocess.run(
             ["git", "show", f"{revision}:{name}"], cwd=ROOT, capture_output=True, text=True
         )
-        old = leaves(json.loads(shown.stdout)) if shown.returncode == 0 else {}
-        new = leaves(json.loads((ROOT / name).read_text())) if (ROOT / name).exists() else {}
+        old = numbers(name, shown.stdout) if shown.returncode == 0 else {}
+        path = ROOT / name
+        new = numbers(name, path.read_text()) if path.exists() else {}
         print(f"\n{name}" + ("" if old else " (new)"))
         if not old:
             continue
