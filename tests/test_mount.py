@@ -1,6 +1,6 @@
 """hotloop mounted inside a FastAPI application exactly as the README shows it: the
 host owns its routes and the lifespan, and every route of `hotloop serve` (HTTP, SSE,
-WebSocket mode, health, metrics) answers under the mount."""
+Chat Completions, WebSocket mode, health, metrics) answers under the mount."""
 
 from __future__ import annotations
 
@@ -59,6 +59,9 @@ def test_the_readme_mount_serves_the_whole_api(
             with http.stream("POST", llm + "/v1/responses", json=body) as stream:
                 events = [line for line in stream.iter_lines() if line.startswith("event: ")]
             assert events[-1] == "event: response.completed"
+            chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+            completion = http.post(llm + "/v1/chat/completions", json=chat)
+            assert completion.json()["object"] == "chat.completion", completion.text
             conversation = http.post(llm + "/v1/conversations", json={})
             assert conversation.json()["object"] == "conversation"
             assert "hotloop_turns_total" in http.get(llm + "/metrics").text

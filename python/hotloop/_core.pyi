@@ -239,6 +239,21 @@ def parse_event(frame: str | bytes, limits: Limits | None = None) -> ClientEvent
 def parse_request(body: str | bytes, limits: Limits | None = None) -> CreateRequest:
     """Parse an HTTP `POST /v1/responses` body (no `type` field)."""
 
+class ChatRequest:
+    """A `POST /v1/chat/completions` body parsed (`parse_chat_request`)."""
+
+    request: CreateRequest
+    """The request it is served as: its messages as items (a leading system or
+    developer message as the instructions), tools and sampling as a Responses body's."""
+    include_usage: bool
+    """`stream_options.include_usage`: the stream ends with a chunk of usage."""
+
+def parse_chat_request(body: str | bytes, limits: Limits | None = None) -> ChatRequest:
+    """Parse a Chat Completions body into the `CreateRequest` it is served as. What the
+    server cannot honour (`n` above 1, `stop`, `seed`, `logprobs`, a structured
+    `response_format`, `store: true`, ...) is `request.error`, code
+    `unsupported_parameter`. Raises CoreError `invalid_json` as `parse_request` does."""
+
 def history_after_output(start: bytes, output_json: str) -> bytes:
     """The content address of the state at `start` with a response's `output` (the
     JSON array the server sent) appended: a client that replays those items, parsed to

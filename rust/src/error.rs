@@ -25,6 +25,8 @@ pub enum Code {
     InvalidTemplate,
     TemplateError,
     SpecialTokenInContent,
+    /// A request field this server cannot honour (Chat Completions' `n` above 1, `stop`, ...).
+    UnsupportedParameter,
 }
 
 impl Code {
@@ -48,6 +50,7 @@ impl Code {
             Code::InvalidTemplate => "invalid_template",
             Code::TemplateError => "template_error",
             Code::SpecialTokenInContent => "special_token_in_content",
+            Code::UnsupportedParameter => "unsupported_parameter",
         }
     }
 }

@@ -9,6 +9,9 @@ Routes (each also without the `/v1` prefix, and below any mount point):
   `Connection` as WebSocket mode, with the process-wide cache of the caller's key as
   its cache, so `previous_response_id` continues warm state without re-rendering; a
   miss rebuilds the chain from the store first.
+- `POST /v1/chat/completions`: a Chat Completions request, parsed by the core into the
+  `CreateRequest` it is served as and run as `POST /v1/responses` runs one (same key,
+  bounds, cache and engines); `chat.py` writes its reply (chunks or a completion)
 - `GET` / `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`
 - `GET /v1/models`, `GET /v1/models/{id}`, `GET /v1/usage` (the caller's token usage)
 - `GET /health` (503 while draining or while the store cannot commit, so load balancers
@@ -31,14 +34,22 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 import orjson
 
 from hotloop import logs
-from hotloop._core import CoreError, CreateRequest, Policy, parse_request
+from hotloop._core import (
+    ChatRequest,
+    CoreError,
+    CreateRequest,
+    Policy,
+    parse_chat_request,
+    parse_request,
+)
 from hotloop.auth import ApiKeys, AuthError, key_id
 from hotloop.config import ServerConfig
 from hotloop.engines.base import ENGINE_CACHED, EngineError, EngineSession, close_stream
@@ -59,13 +70,14 @@ from hotloop.protocol import (
 )
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.mcp import asks, rewritten
+from hotloop.protocol.mcp import McpTurn, asks, rewritten
 from hotloop.protocol.parsing import OFFLOAD_BYTES
 from hotloop.protocol.response import STORE_UNAVAILABLE
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
 from hotloop.transport.asgi import Message, Receive, Scope, Send
 from hotloop.transport.background import BackgroundRoutes, BackgroundWork
+from hotloop.transport.chat import ChatStream, completion
 from hotloop.transport.conversations import ConversationsApi
 from hotloop.transport.encoding import PER_KEY, Decoder
 from hotloop.transport.exchange import (
@@ -171,7 +183,7 @@ class HttpApi:
             _allow(method, "GET")
             await reply(send, 200, self.ledger.metrics.render().encode(), METRICS_TYPE)
             return
-        if not parts or parts[0] not in ("responses", "models", "usage", "conversations"):
+        if not parts or parts[0] not in ("responses", "models", "usage", "conversations", "chat"):
             raise ProtocolError("not_found", f"No route for {method} {scope['path']}.", status=404)
         credential = self.keys.authenticate(header(scope, b"authorization"))
         # The protocol layer names callers by key (it hashes them into ids itself).
@@ -199,6 +211,9 @@ class HttpApi:
             case ["responses"]:
                 _allow(method, "POST")
                 await self._create(scope, receive, send, principal, request_id)
+            case ["chat", "completions"]:
+                _allow(method, "POST")
+                await self._chat(scope, receive, send, principal, request_id)
             case ["responses", "compact"]:
                 _allow(method, "POST")
                 await self._compact(scope, receive, send, principal, request_id)
@@ -267,7 +282,7 @@ class HttpApi:
         # Over HTTP the turn's clock starts at the request's head: reading the body
         # (the whole history, for a stateless client) is part of `prepare`.
         clock = TurnClock(time.perf_counter_ns())
-        size, request, parse_ns, body = await self._request(scope, receive, principal)
+        size, request, parse_ns, body = await self._request(scope, receive, principal, self._parse)
         mcp = None
         if asks(request, body):
 
@@ -286,35 +301,68 @@ class HttpApi:
                 receive, send, principal, connect, request, size, parse_ns, mcp
             )
             return
+        turn = _Turn(request, size, parse_ns, clock, mcp)
+        await self._respond(scope, receive, send, principal, request_id, turn, RESPONSES)
+
+    async def _chat(
+        self, scope: Scope, receive: Receive, send: Send, principal: str | None, request_id: str
+    ) -> None:
+        """`POST /v1/chat/completions`: the request as the core parsed it, run as a
+        Responses request; its reply in Chat Completions' form (`chat.py`)."""
+        if self.ledger.drain.draining:
+            raise ShuttingDown
+        clock = TurnClock(time.perf_counter_ns())
+        size, chat, parse_ns, _ = await self._request(scope, receive, principal, self._parse_chat)
+        turn = _Turn(chat.request, size, parse_ns, clock, None)
+        wire = _Wire(ChatStream(chat.include_usage).sse, completion)
+        await self._respond(scope, receive, send, principal, request_id, turn, wire)
+
+    async def _respond(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        principal: str | None,
+        request_id: str,
+        turn: _Turn,
+        wire: _Wire,
+    ) -> None:
+        """Run a parsed request's turn on the key's cache and reply in `wire`'s form:
+        a refusal as its error envelope, else SSE frames or the finished body."""
+        request = turn.request
         books = self.ledger.observer(principal, "http")
         cache = self.ledger.http_cache(books.owner)
         await self.ledger.warm_request(cache, request, books.owner)
         exchange = Exchange(books, cache)
         connection = self._connection(scope, cache, principal, request_id, exchange)
-        connection.receive_request(request, size, parse_ns, mcp)
+        connection.receive_request(request, turn.size, turn.parse_ns, turn.mcp)
         actions = await rendered(connection, self.mcp)
         refusal = next((a for a in actions if isinstance(a, bytes) and _is_error(a)), None)
         if refusal is not None:
             await reply_refusal(send, refusal)
             return
         if request.stream:
-            await self._stream(receive, send, connection, actions, clock)
+            await self._stream(receive, send, connection, actions, turn.clock, wire.sse)
         else:
             await self._run(receive, connection, actions, _discard)
             if not connection.closed:
-                await _reply_final(send, exchange.result)
+                await _reply_final(send, exchange.result, wire.body)
 
     async def _request(
-        self, scope: Scope, receive: Receive, principal: str | None
-    ) -> tuple[int, CreateRequest, int, bytes]:
-        """The body's size, the body parsed (compaction items expanded first), the
-        parse time and the body. The body counts in the process's queue memory until it
-        is parsed (a body of up to 16 MiB need not live as long as the response: callers
+        self,
+        scope: Scope,
+        receive: Receive,
+        principal: str | None,
+        parser: Callable[[bytes, str | None], Parsed],
+    ) -> tuple[int, Parsed, int, bytes]:
+        """The body's size, the body parsed by `parser` (as `principal`'s), the parse
+        time and the body. The body counts in the process's queue memory until it is
+        parsed (a body of up to 16 MiB need not live as long as the response: callers
         drop it)."""
         reserved = _Reservation(self.queue_memory, principal)
 
-        def parse(body: bytes) -> CreateRequest:
-            return self._parse(body, principal)
+        def parse(body: bytes) -> Parsed:
+            return parser(body, principal)
 
         try:
             body = await self._body(scope, receive, principal, reserved)
@@ -342,6 +390,14 @@ class HttpApi:
         """Parse a body, its compaction items expanded first. Raises ProtocolError."""
         try:
             return parse_request(self._compactor(principal).expand(body), self.limits.request)
+        except CoreError as e:
+            raise ProtocolError.from_core(e) from e
+
+    def _parse_chat(self, body: bytes, principal: str | None) -> ChatRequest:
+        """Parse a Chat Completions body (it holds no compaction items). Raises
+        ProtocolError."""
+        try:
+            return parse_chat_request(body, self.limits.request)
         except CoreError as e:
             raise ProtocolError.from_core(e) from e
 
@@ -385,7 +441,7 @@ class HttpApi:
     ) -> None:
         """`POST /v1/responses/compact`: the engine summarizes the conversation into a
         sealed `compaction` item (`Connection.receive_compact`)."""
-        _, request, _, _ = await self._request(scope, receive, principal)
+        _, request, _, _ = await self._request(scope, receive, principal, self._parse)
         if request.model is None and self.default_model is None:
             raise ProtocolError.missing_model()
         # The summary is engine work: booked to the key like a response.
@@ -413,7 +469,7 @@ class HttpApi:
         """`POST /v1/responses/input_tokens`: the prompt tokens of the request, in the
         model's format and tokenizer, rendered as a turn would be (from the cached
         chain when `previous_response_id` hits: only the new items)."""
-        _, request, _, _ = await self._request(scope, receive, principal)
+        _, request, _, _ = await self._request(scope, receive, principal, self._parse)
         owner = self.ledger.observer(principal, "http").owner
         cache = self.ledger.http_cache(owner)
         await self.ledger.warm_request(cache, request, owner)
@@ -436,12 +492,13 @@ class HttpApi:
         send: Send,
         connection: Connection,
         actions: list[Any],
-        clock: TurnClock | None = None,
+        clock: TurnClock | None,
+        sse: Callable[[list[bytes]], bytes],
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
 
         async def emit(frames: list[bytes]) -> None:
-            body = b"".join(map(sse_frame, frames))
+            body = sse(frames)
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
         await self._run(receive, connection, actions, emit, clock)
@@ -789,7 +846,11 @@ async def _error(send: Send, error: ProtocolError) -> None:
     await reply(send, error.status, body, retry_after=error.retry_after)
 
 
-async def _reply_final(send: Send, finished: Finished | None) -> None:
+async def _reply_final(
+    send: Send, finished: Finished | None, body: Callable[[bytes], bytes]
+) -> None:
+    """The reply to a request that did not stream: its finished Response as `body`
+    writes it, or the error of one that failed."""
     if finished is None:
         # The engine stopped without a terminal event: only a disconnect does that,
         # and then nobody is listening.
@@ -807,7 +868,42 @@ async def _reply_final(send: Send, finished: Finished | None) -> None:
             ),
         )
         return
-    await reply(send, 200, finished.response_json)
+    await reply(send, 200, body(finished.response_json))
+
+
+Parsed = TypeVar("Parsed")
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """A parsed request, with what its exchange counts and times."""
+
+    request: CreateRequest
+    size: int
+    parse_ns: int
+    clock: TurnClock
+    mcp: McpTurn | None
+
+
+@dataclass(frozen=True)
+class _Wire:
+    """How an exchange writes its reply: the SSE bytes of a batch of events, and the
+    body of a finished Response (a refusal is the same error envelope in both APIs)."""
+
+    sse: Callable[[list[bytes]], bytes]
+    body: Callable[[bytes], bytes]
+
+
+def _sse(frames: list[bytes]) -> bytes:
+    return b"".join(map(sse_frame, frames))
+
+
+def _as_is(response_json: bytes) -> bytes:
+    return response_json
+
+
+RESPONSES = _Wire(_sse, _as_is)
+"""The Responses API's: every event as an SSE frame, the Response object as is."""
 
 
 __all__ = ["HttpApi", "sse_frame", "with_request_id"]

@@ -1,5 +1,6 @@
 //! Requests: the client events and request bodies parsed and checked on their raw
-//! bytes (`parse_event`, `parse_request`), their limits and the content policy.
+//! bytes (`parse_event`, `parse_request`, `parse_chat_request`), their limits and the
+//! content policy.
 
 use std::sync::Arc;
 
@@ -402,6 +403,29 @@ fn history_after_output<'py>(
     Ok(digest_bytes(py, at))
 }
 
+/// A Chat Completions request: the [`PyCreateRequest`] it is served as, and what its
+/// reply needs beside it.
+#[pyclass(name = "ChatRequest", module = "hotloop._core", frozen, get_all)]
+pub(crate) struct PyChatRequest {
+    request: Py<PyCreateRequest>,
+    include_usage: bool,
+}
+
+#[pyfunction]
+#[pyo3(signature = (body, limits = None))]
+fn parse_chat_request(
+    py: Python<'_>,
+    body: &Bound<'_, PyAny>,
+    limits: Option<&PyLimits>,
+) -> PyResult<PyChatRequest> {
+    let limits = limits.map(|l| l.inner).unwrap_or_default();
+    let chat = parse_frame(py, body, |b| validate::parse_chat_request(b, &limits))?;
+    Ok(PyChatRequest {
+        request: Py::new(py, PyCreateRequest { inner: chat.request })?,
+        include_usage: chat.options.include_usage,
+    })
+}
+
 /// The boundary invariant alone (`validate::check_values`): for Python code that must
 /// load a frame with a strict parser before the core parses it (compaction's expansion).
 #[pyfunction]
@@ -415,12 +439,14 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLimits>()?;
     m.add_class::<PyPolicy>()?;
     m.add_class::<PyCreateRequest>()?;
+    m.add_class::<PyChatRequest>()?;
     m.add_class::<PyCancelEvent>()?;
     m.add_class::<PyProcessedEvent>()?;
     m.add_class::<PyAppendEvent>()?;
     m.add_class::<PyUnknownEvent>()?;
     m.add_function(wrap_pyfunction!(parse_event, m)?)?;
     m.add_function(wrap_pyfunction!(parse_request, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_chat_request, m)?)?;
     m.add_function(wrap_pyfunction!(history_after_output, m)?)?;
     m.add_function(wrap_pyfunction!(check_values, m)?)
 }

@@ -67,13 +67,25 @@ pub struct TextSource {
     field: &'static str,
     /// End offset of each part in the joined text; empty when the field was a plain string.
     part_ends: Vec<usize>,
+    /// The field's whole path, for an item that is not one element of `input` (a Chat
+    /// Completions message becomes several items: `messages[3].tool_calls[0].function.arguments`).
+    located: Option<String>,
 }
 
 impl TextSource {
-    fn plain(field: &'static str) -> Self {
+    pub(super) fn plain(field: &'static str) -> Self {
         TextSource {
             field,
             part_ends: Vec::new(),
+            located: None,
+        }
+    }
+
+    /// The same source, located at `path` in the request whatever the item's index.
+    pub(super) fn at(self, path: &Path) -> Self {
+        TextSource {
+            located: Some(path.to_string()),
+            ..self
         }
     }
 
@@ -84,15 +96,19 @@ impl TextSource {
         }
         let field = self.field;
         let index = input.offset + index;
+        let path = self
+            .located
+            .clone()
+            .unwrap_or_else(|| format!("input[{index}].{field}"));
         if self.part_ends.is_empty() {
-            return format!("input[{index}].{field}");
+            return path;
         }
         let part = self
             .part_ends
             .iter()
             .position(|&end| offset < end)
             .unwrap_or(self.part_ends.len() - 1);
-        format!("input[{index}].{field}[{part}].text")
+        format!("{path}[{part}].text")
     }
 }
 
@@ -122,7 +138,7 @@ struct RawItem<'a> {
 }
 
 #[derive(Deserialize)]
-struct RawPart<'a> {
+pub(super) struct RawPart<'a> {
     #[serde(borrow, rename = "type")]
     kind: Option<Shape<'a, IgnoredAny>>,
     #[serde(borrow)]
@@ -130,7 +146,7 @@ struct RawPart<'a> {
 }
 
 /// Type and role names are checked against their few valid values, not sized.
-const NO_LIMIT: usize = usize::MAX;
+pub(super) const NO_LIMIT: usize = usize::MAX;
 
 const ITEM_TYPES: &str =
     "'message', 'function_call', 'function_call_output', 'reasoning', 'compaction_trigger' (last)";
@@ -211,13 +227,13 @@ pub fn input_json(raw: Option<&RawValue>) -> String {
 }
 
 /// A required string field of at most `max` bytes.
-fn required_text(shape: Option<Shape<IgnoredAny>>, path: &Path, max: usize) -> Result<String> {
+pub(super) fn required_text(shape: Option<Shape<IgnoredAny>>, path: &Path, max: usize) -> Result<String> {
     let shape = shape.ok_or_else(|| field::missing(path))?;
     Ok(shape.text(path, max)?.into_owned())
 }
 
 /// A required string field that must not be empty (ids, names).
-fn required_name(shape: Option<Shape<IgnoredAny>>, path: &Path, max: usize) -> Result<String> {
+pub(super) fn required_name(shape: Option<Shape<IgnoredAny>>, path: &Path, max: usize) -> Result<String> {
     let name = required_text(shape, path, max)?;
     if name.is_empty() {
         return Err(invalid_value(path, format!("'{path}' must not be empty.")));
@@ -345,7 +361,7 @@ fn parse_reasoning(item: RawItem, path: &Path, max: usize) -> Result<(Item, Text
 }
 
 /// A field that is a string or a list of text parts.
-fn text_or_parts(
+pub(super) fn text_or_parts(
     shape: Shape<RawPart>,
     path: &Path,
     field_name: &'static str,
@@ -389,7 +405,7 @@ fn parts(
         if j > 0 {
             text.push_str(separator);
         }
-        if kind == IMAGE_PART {
+        if IMAGE_PARTS.contains(&kind.as_str()) {
             text.push_str(IMAGE_PLACEHOLDER);
         } else {
             let text_path = part_path.key("text");
@@ -413,6 +429,7 @@ fn parts(
         TextSource {
             field: field_name,
             part_ends,
+            located: None,
         },
     ))
 }
@@ -420,6 +437,10 @@ fn parts(
 /// An image part of a user message, accepted when the model takes images
 /// ([`Limits::images`]).
 const IMAGE_PART: &str = "input_image";
+
+/// Image parts in either API's spelling (Chat Completions: `image_url`), where a
+/// message's `allowed` part types list one.
+const IMAGE_PARTS: [&str; 2] = [IMAGE_PART, "image_url"];
 
 /// What an accepted image renders as: the engine's vision input is out of the text, so
 /// the prompt marks where it stood.
@@ -448,7 +469,7 @@ fn part_type_error(part_path: &Path, kind: &str, allowed: &[&str]) -> Error {
             format!("Invalid value for '{path}': '{kind}'. Supported values here are {supported}."),
         )
     } else {
-        let modalities = if allowed.contains(&IMAGE_PART) {
+        let modalities = if allowed.iter().any(|a| IMAGE_PARTS.contains(a)) {
             "text and images"
         } else {
             "text only"

@@ -14,6 +14,7 @@
 //! This module owns no state of a connection or a conversation and renders nothing.
 
 mod budget;
+mod chat;
 mod event;
 mod field;
 pub mod history;
@@ -28,13 +29,14 @@ mod tools;
 mod values;
 
 pub use budget::check_context_budget;
+pub use chat::{parse_chat_request, ChatOptions, ChatRequest};
 pub use event::{parse_event, AppendEvent, ClientEvent};
 pub use history::{output_digests, Digest, History};
 pub use input::{parse_input, Input, TextSource};
 pub use policy::Policy;
 pub use prompt_cache::{PromptCache, PromptCacheOptions};
 pub use request::{parse_request, CreateRequest};
-pub use tools::{SkippedTool, ToolChoice, Tools};
+pub use tools::{SkippedTool, ToolChoice, ToolForm, Tools};
 pub use values::check_values;
 
 /// Per-request bounds checked while parsing.

@@ -12,7 +12,7 @@ use super::input::{input_json, parse_input, Input};
 use super::path::Path;
 use super::policy::Policy;
 use super::prompt_cache::PromptCache;
-use super::tools::{parse_tool_choice, parse_tools, SkippedTool, ToolChoice};
+use super::tools::{parse_tool_choice, parse_tools, SkippedTool, ToolChoice, ToolForm};
 use super::values::check_values;
 use super::Limits;
 use crate::error::{Code, Error, Result};
@@ -32,64 +32,64 @@ pub(super) struct Body<'a> {
     #[serde(borrow)]
     pub stream_id: Option<&'a RawValue>,
     #[serde(borrow)]
-    model: Option<&'a RawValue>,
+    pub(super) model: Option<&'a RawValue>,
     #[serde(borrow)]
     pub input: Option<&'a RawValue>,
     #[serde(borrow)]
-    instructions: Option<&'a RawValue>,
+    pub(super) instructions: Option<&'a RawValue>,
     #[serde(borrow)]
-    previous_response_id: Option<&'a RawValue>,
+    pub(super) previous_response_id: Option<&'a RawValue>,
     #[serde(borrow)]
-    conversation: Option<&'a RawValue>,
+    pub(super) conversation: Option<&'a RawValue>,
     #[serde(borrow)]
-    store: Option<&'a RawValue>,
+    pub(super) store: Option<&'a RawValue>,
     #[serde(borrow)]
-    generate: Option<&'a RawValue>,
+    pub(super) generate: Option<&'a RawValue>,
     #[serde(borrow)]
-    background: Option<&'a RawValue>,
+    pub(super) background: Option<&'a RawValue>,
     #[serde(borrow)]
-    stream: Option<&'a RawValue>,
+    pub(super) stream: Option<&'a RawValue>,
     #[serde(borrow)]
-    tools: Option<&'a RawValue>,
+    pub(super) tools: Option<&'a RawValue>,
     #[serde(borrow)]
-    tool_choice: Option<&'a RawValue>,
+    pub(super) tool_choice: Option<&'a RawValue>,
     #[serde(borrow)]
-    parallel_tool_calls: Option<&'a RawValue>,
+    pub(super) parallel_tool_calls: Option<&'a RawValue>,
     #[serde(borrow)]
-    max_output_tokens: Option<&'a RawValue>,
+    pub(super) max_output_tokens: Option<&'a RawValue>,
     #[serde(borrow)]
-    temperature: Option<&'a RawValue>,
+    pub(super) temperature: Option<&'a RawValue>,
     #[serde(borrow)]
-    top_p: Option<&'a RawValue>,
+    pub(super) top_p: Option<&'a RawValue>,
     #[serde(borrow)]
-    reasoning: Option<&'a RawValue>,
+    pub(super) reasoning: Option<&'a RawValue>,
     #[serde(borrow)]
-    metadata: Option<&'a RawValue>,
+    pub(super) metadata: Option<&'a RawValue>,
     #[serde(borrow)]
-    text: Option<&'a RawValue>,
+    pub(super) text: Option<&'a RawValue>,
     #[serde(borrow)]
-    truncation: Option<&'a RawValue>,
+    pub(super) truncation: Option<&'a RawValue>,
     // Echoed only (Open Responses requires them in a Response with a value).
     #[serde(borrow)]
-    frequency_penalty: Option<&'a RawValue>,
+    pub(super) frequency_penalty: Option<&'a RawValue>,
     #[serde(borrow)]
-    presence_penalty: Option<&'a RawValue>,
+    pub(super) presence_penalty: Option<&'a RawValue>,
     #[serde(borrow)]
-    top_logprobs: Option<&'a RawValue>,
+    pub(super) top_logprobs: Option<&'a RawValue>,
     #[serde(borrow)]
-    max_tool_calls: Option<&'a RawValue>,
+    pub(super) max_tool_calls: Option<&'a RawValue>,
     #[serde(borrow)]
-    service_tier: Option<&'a RawValue>,
+    pub(super) service_tier: Option<&'a RawValue>,
     #[serde(borrow)]
-    safety_identifier: Option<&'a RawValue>,
+    pub(super) safety_identifier: Option<&'a RawValue>,
     #[serde(borrow)]
-    prompt_cache_key: Option<&'a RawValue>,
+    pub(super) prompt_cache_key: Option<&'a RawValue>,
     #[serde(borrow)]
-    prompt_cache_retention: Option<&'a RawValue>,
+    pub(super) prompt_cache_retention: Option<&'a RawValue>,
     #[serde(borrow)]
-    prompt_cache_options: Option<&'a RawValue>,
+    pub(super) prompt_cache_options: Option<&'a RawValue>,
     #[serde(borrow)]
-    context_management: Option<&'a RawValue>,
+    pub(super) context_management: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -193,13 +193,32 @@ impl Default for CreateRequest {
     }
 }
 
-const EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+/// What a Chat Completions request spells apart from a Responses body, parsed by
+/// `chat.rs`: the instructions (its leading system or developer message) and the items
+/// its other messages become.
+pub(super) struct ChatParts {
+    pub instructions: Option<String>,
+    pub input: Input,
+    /// The items as a Responses `input` array.
+    pub input_json: String,
+    /// Bytes of the raw `messages` field.
+    pub input_bytes: usize,
+}
+
+pub(super) const EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
 
 impl CreateRequest {
-    /// Parse the fields of `body`; `outer_stream_id` is the envelope's, for the nested form.
-    pub(super) fn from_body(body: &Body, outer_stream_id: Option<&RawValue>, limits: &Limits) -> Self {
+    /// Parse the fields of `body`; `outer_stream_id` is the envelope's, for the nested
+    /// form. `chat`: the parts a Chat Completions request spells its own way, parsed
+    /// (`chat.rs`); its `tools` and `tool_choice` are in the body, in the chat form.
+    pub(super) fn from_body(
+        body: &Body,
+        outer_stream_id: Option<&RawValue>,
+        limits: &Limits,
+        chat: Option<ChatParts>,
+    ) -> Self {
         let mut request = CreateRequest::default();
-        if let Err(e) = request.fill(body, outer_stream_id, limits) {
+        if let Err(e) = request.fill(body, outer_stream_id, limits, chat) {
             request.error = Some(e);
             request.response_fields_json = "{}".to_string();
         }
@@ -216,7 +235,13 @@ impl CreateRequest {
         }
     }
 
-    fn fill(&mut self, body: &Body, outer_stream_id: Option<&RawValue>, limits: &Limits) -> Result<()> {
+    fn fill(
+        &mut self,
+        body: &Body,
+        outer_stream_id: Option<&RawValue>,
+        limits: &Limits,
+        chat: Option<ChatParts>,
+    ) -> Result<()> {
         let max = limits.max_text_bytes;
         // The lane first, so that an error about anything else can still name it.
         self.stream_id =
@@ -262,18 +287,40 @@ impl CreateRequest {
         }
         let text = text_config(body.text)?;
         let truncation = truncation(body.truncation)?;
-        self.prefix.instructions = field::opt_string(body.instructions, &Path::root("instructions"), max)?;
         self.prefix.reasoning_effort = reasoning_effort(body.reasoning)?;
         let reasoning = reasoning_echo(body.reasoning)?;
-        let tools = parse_tools(body.tools, limits)?;
-        self.tool_choice = parse_tool_choice(body.tool_choice, &tools.functions)?;
+        let form = if chat.is_some() {
+            ToolForm::Chat
+        } else {
+            ToolForm::Responses
+        };
+        let tools = parse_tools(body.tools, limits, form)?;
+        self.tool_choice = parse_tool_choice(body.tool_choice, &tools.functions, form)?;
+        let tool_choice_echo = match (&self.tool_choice, form) {
+            (ToolChoice::Function(name), ToolForm::Chat) => {
+                serde_json::json!({"type": "function", "name": name}).to_string()
+            }
+            _ => body.tool_choice.map_or(r#""auto""#, RawValue::get).to_string(),
+        };
         self.prefix.tools = tools.functions;
         self.prefix.namespaces = tools.namespaces;
         self.skipped_tools = tools.skipped;
-        self.input_bytes = body.input.map_or(0, |r| r.get().len());
-        self.input = parse_input(body.input, limits)?;
+        match chat {
+            Some(chat) => {
+                self.prefix.instructions = chat.instructions;
+                self.input_bytes = chat.input_bytes;
+                self.input = chat.input;
+                self.input_json = chat.input_json;
+            }
+            None => {
+                self.prefix.instructions =
+                    field::opt_string(body.instructions, &Path::root("instructions"), max)?;
+                self.input_bytes = body.input.map_or(0, |r| r.get().len());
+                self.input = parse_input(body.input, limits)?;
+                self.input_json = input_json(body.input);
+            }
+        }
         self.history = History::of(&self.prefix, &self.input.items);
-        self.input_json = input_json(body.input);
         let tools_echo = body
             .tools
             .map_or_else(|| "[]".to_string(), |_| tools.echo_json.clone());
@@ -284,6 +331,7 @@ impl CreateRequest {
                 truncation,
                 reasoning,
                 tools: tools_echo,
+                tool_choice: tool_choice_echo,
                 settings: echoed,
             },
         );
@@ -312,7 +360,7 @@ impl CreateRequest {
             ("store", self.store.to_string()),
             ("temperature", number(self.temperature.unwrap_or(1.0))),
             ("text", echo.text.clone()),
-            ("tool_choice", raw_or(body.tool_choice, r#""auto""#)),
+            ("tool_choice", echo.tool_choice.clone()),
             ("tools", echo.tools.clone()),
             ("top_logprobs", settings.top_logprobs.to_string()),
             ("top_p", number(self.top_p.unwrap_or(1.0))),
@@ -367,6 +415,7 @@ struct Echo {
     truncation: &'static str,
     reasoning: String,
     tools: String,
+    tool_choice: String,
     settings: EchoedSettings,
 }
 
@@ -489,7 +538,7 @@ pub fn parse_request(body: &[u8], limits: &Limits) -> Result<CreateRequest> {
     let text = std::str::from_utf8(body).map_err(|_| not_utf8())?;
     let fields: Body = parse_object(text, "The request body")?;
     let mut request = match check_values(text) {
-        Ok(()) => CreateRequest::from_body(&fields, None, limits),
+        Ok(()) => CreateRequest::from_body(&fields, None, limits, None),
         Err(e) => CreateRequest::refused(e, None),
     };
     request.frame_bytes = body.len();

@@ -38,6 +38,10 @@ impl<'a, T> Shape<'a, T> {
         }
     }
 
+    pub fn is_null(&self) -> bool {
+        matches!(self, Shape::Other("null"))
+    }
+
     /// A string of at most `max_bytes`.
     pub fn text(self, path: &Path, max_bytes: usize) -> Result<Cow<'a, str>> {
         match self {

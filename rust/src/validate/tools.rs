@@ -75,6 +75,19 @@ struct RawTool<'a> {
     /// A `namespace` tool's tools.
     #[serde(borrow)]
     tools: Option<&'a RawValue>,
+    /// A Chat Completions function tool's function ([`ToolForm::Chat`]).
+    #[serde(borrow)]
+    function: Option<&'a RawValue>,
+}
+
+/// How a request spells its function tools and `tool_choice`: the Responses API's flat
+/// `{"type": "function", "name", ...}`, or Chat Completions' `{"type": "function",
+/// "function": {"name", ...}}` (whose `strict` defaults to false, and which has no
+/// namespaces). Either parses to the same [`Tool`]s; the echo is in the Responses form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolForm {
+    Responses,
+    Chat,
 }
 
 /// The namespace harmony renders the request's plain function tools in: a `namespace`
@@ -87,6 +100,8 @@ struct RawToolChoice<'a> {
     kind: Option<&'a RawValue>,
     #[serde(borrow)]
     name: Option<&'a RawValue>,
+    #[serde(borrow)]
+    function: Option<&'a RawValue>,
 }
 
 /// Function names as the API accepts them: `^[a-zA-Z0-9_-]{1,64}$`.
@@ -100,7 +115,7 @@ fn valid_function_name(name: &str) -> bool {
 /// Parse and check `tools`. Agents send the same tool list with every turn, and checking
 /// it costs far more than the rest of a small delta (a 46 KB list: ~190 us, against ~6 us
 /// for a 2 KB tool result), so successful parses are remembered by their exact bytes.
-pub fn parse_tools(raw: Option<&RawValue>, limits: &Limits) -> Result<Tools> {
+pub fn parse_tools(raw: Option<&RawValue>, limits: &Limits, form: ToolForm) -> Result<Tools> {
     let Some(raw) = raw else {
         return Ok(Tools::default());
     };
@@ -116,11 +131,11 @@ pub fn parse_tools(raw: Option<&RawValue>, limits: &Limits) -> Result<Tools> {
         )
         .at("tools"));
     }
-    if let Some(tools) = TOOL_CACHE.get(raw.get(), limits) {
+    if let Some(tools) = TOOL_CACHE.get(raw.get(), limits, form) {
         return Ok(tools);
     }
-    let tools = parse_uncached(raw, limits)?;
-    TOOL_CACHE.insert(raw.get(), limits, &tools);
+    let tools = parse_uncached(raw, limits, form)?;
+    TOOL_CACHE.insert(raw.get(), limits, form, &tools);
     Ok(tools)
 }
 
@@ -133,6 +148,7 @@ struct ToolCache {
 struct CachedTools {
     raw: Box<str>,
     limits: Limits,
+    form: ToolForm,
     tools: Tools,
 }
 
@@ -146,11 +162,11 @@ static TOOL_CACHE: ToolCache = ToolCache {
 };
 
 impl ToolCache {
-    fn get(&self, raw: &str, limits: &Limits) -> Option<Tools> {
+    fn get(&self, raw: &str, limits: &Limits, form: ToolForm) -> Option<Tools> {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = entries
-            .iter()
-            .position(|e| e.raw.len() == raw.len() && e.limits == *limits && *e.raw == *raw)?;
+        let at = entries.iter().position(|e| {
+            e.raw.len() == raw.len() && e.limits == *limits && e.form == form && *e.raw == *raw
+        })?;
         let entry = entries.remove(at)?;
         entries.push_front(Arc::clone(&entry));
         // Clone outside the lock: other threads may parse meanwhile.
@@ -158,13 +174,14 @@ impl ToolCache {
         Some(entry.tools.clone())
     }
 
-    fn insert(&self, raw: &str, limits: &Limits, tools: &Tools) {
+    fn insert(&self, raw: &str, limits: &Limits, form: ToolForm, tools: &Tools) {
         if raw.len() > TOOL_CACHE_MAX_BYTES || tools.functions.is_empty() {
             return;
         }
         let entry = Arc::new(CachedTools {
             raw: raw.into(),
             limits: *limits,
+            form,
             tools: tools.clone(),
         });
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
@@ -173,7 +190,7 @@ impl ToolCache {
     }
 }
 
-fn parse_uncached(raw: &RawValue, limits: &Limits) -> Result<Tools> {
+fn parse_uncached(raw: &RawValue, limits: &Limits, form: ToolForm) -> Result<Tools> {
     let path = Path::root("tools");
     let mut tools = Tools::default();
     let elements = field::bounded_array(raw, &path, limits.max_tools)?;
@@ -187,6 +204,10 @@ fn parse_uncached(raw: &RawValue, limits: &Limits) -> Result<Tools> {
         if i > 0 {
             tools.echo_json.push(',');
         }
+        if form == ToolForm::Chat {
+            parse_chat_tool(&tool, &tool_path, i, kind, limits, &mut tools)?;
+            continue;
+        }
         echo_tool(&mut tools.echo_json, element, &tool, kind == "function");
         if kind == "namespace" {
             parse_namespace(&tool, &tool_path, i, limits, &mut tools)?;
@@ -198,11 +219,46 @@ fn parse_uncached(raw: &RawValue, limits: &Limits) -> Result<Tools> {
             tools.skipped.push(SkippedTool { index: i, kind, name });
             continue;
         }
-        let function = parse_function(&tool, &tool_path, limits)?;
+        let function = parse_function(&tool, &tool_path, limits, true)?;
         add_function(&mut tools, function, &tool_path, limits)?;
     }
     tools.echo_json.push(']');
     Ok(tools)
+}
+
+/// A Chat Completions tool: a `function` tool's definition is its `function` object
+/// (located there in errors), echoed in the Responses form; other types are skipped.
+fn parse_chat_tool(
+    tool: &RawTool,
+    path: &Path,
+    index: usize,
+    kind: String,
+    limits: &Limits,
+    tools: &mut Tools,
+) -> Result<()> {
+    if kind != "function" {
+        let name = tool.name.and_then(|n| field::string(n, path).ok());
+        tools.echo_json.push_str(r#"{"type":"#);
+        tools
+            .echo_json
+            .push_str(&serde_json::to_string(&kind).unwrap_or_default());
+        tools.echo_json.push('}');
+        tools.skipped.push(SkippedTool { index, kind, name });
+        return Ok(());
+    }
+    let function_path = path.key("function");
+    let raw = field::required(tool.function, &function_path)?;
+    let inner: RawTool = field::object(raw, &function_path)?;
+    let function = parse_function(&inner, &function_path, limits, false)?;
+    let echo = serde_json::json!({
+        "type": "function",
+        "name": function.name,
+        "description": function.description,
+        "parameters": function.parameters,
+        "strict": function.strict,
+    });
+    tools.echo_json.push_str(&echo.to_string());
+    add_function(tools, function, &function_path, limits)
 }
 
 /// Add a function tool, unique by its (qualified) name; namespaces count towards the
@@ -271,7 +327,7 @@ fn parse_namespace(
         let kind = field::string(field::required(inner.kind, &type_path)?, &type_path)?;
         match kind.as_str() {
             "function" => {
-                let mut function = parse_function(&inner, &inner_path, limits)?;
+                let mut function = parse_function(&inner, &inner_path, limits, true)?;
                 function.name = format!("{name}{NAMESPACE_SEPARATOR}{}", function.name);
                 add_function(tools, function, &inner_path, limits)?;
             }
@@ -334,7 +390,9 @@ fn checked_name(raw: Option<&RawValue>, name_path: &Path) -> Result<String> {
     Ok(name)
 }
 
-fn parse_function(tool: &RawTool, path: &Path, limits: &Limits) -> Result<Tool> {
+/// A function tool's definition; `strict` unless it says (`strict_default`: the API's
+/// default, true in the Responses API and false in Chat Completions).
+fn parse_function(tool: &RawTool, path: &Path, limits: &Limits, strict_default: bool) -> Result<Tool> {
     let name = checked_name(tool.name, &path.key("name"))?;
     let description = field::opt_string(tool.description, &path.key("description"), limits.max_text_bytes)?;
     let params_path = path.key("parameters");
@@ -349,7 +407,7 @@ fn parse_function(tool: &RawTool, path: &Path, limits: &Limits) -> Result<Tool> 
             schema
         }
     };
-    let strict = field::opt_bool(tool.strict, &path.key("strict"), true)?;
+    let strict = field::opt_bool(tool.strict, &path.key("strict"), strict_default)?;
     Ok(Tool {
         name,
         description,
@@ -358,9 +416,10 @@ fn parse_function(tool: &RawTool, path: &Path, limits: &Limits) -> Result<Tool> 
     })
 }
 
-/// `tool_choice`: `none`/`auto`/`required`, or an object naming a tool; a named
-/// function must be one of the request's function tools.
-pub fn parse_tool_choice(raw: Option<&RawValue>, functions: &[Tool]) -> Result<ToolChoice> {
+/// `tool_choice`: `none`/`auto`/`required`, or an object naming a tool (a function's
+/// name in its `function` object in the Chat form); a named function must be one of the
+/// request's function tools.
+pub fn parse_tool_choice(raw: Option<&RawValue>, functions: &[Tool], form: ToolForm) -> Result<ToolChoice> {
     let path = Path::root("tool_choice");
     let Some(raw) = raw else {
         return Ok(ToolChoice::Auto);
@@ -392,8 +451,16 @@ pub fn parse_tool_choice(raw: Option<&RawValue>, functions: &[Tool]) -> Result<T
     if kind != "function" {
         return Ok(ToolChoice::Other(kind));
     }
-    let name_path = path.key("name");
-    let name = field::string(field::required(choice.name, &name_path)?, &name_path)?;
+    let function_path = path.key("function");
+    let (raw_name, name_path) = match form {
+        ToolForm::Responses => (choice.name, path.key("name")),
+        ToolForm::Chat => {
+            let function: RawToolChoice =
+                field::object(field::required(choice.function, &function_path)?, &function_path)?;
+            (function.name, function_path.key("name"))
+        }
+    };
+    let name = field::string(field::required(raw_name, &name_path)?, &name_path)?;
     if !functions.iter().any(|t| t.name == name) {
         return Err(invalid_value(
             &name_path,
@@ -412,7 +479,7 @@ mod tests {
     }
 
     fn tools(json: &str) -> Result<Tools> {
-        parse_tools(Some(raw(json)), &Limits::default())
+        parse_tools(Some(raw(json)), &Limits::default(), ToolForm::Responses)
     }
 
     fn assert_refused(json: &str, code: Code, param: &str) {
@@ -496,7 +563,8 @@ mod tests {
         assert_eq!(
             parse_tool_choice(
                 Some(raw(r#"{"type":"function","name":"multi_agent_v1.wait"}"#)),
-                &t.functions
+                &t.functions,
+                ToolForm::Responses
             )
             .unwrap(),
             ToolChoice::Function("multi_agent_v1.wait".into())
@@ -579,12 +647,12 @@ mod tests {
             ..Limits::default()
         };
         let json = ns(r#"{"type":"function","name":"f"},{"type":"function","name":"g"}"#);
-        assert!(parse_tools(Some(raw(&json)), &two).is_ok());
+        assert!(parse_tools(Some(raw(&json)), &two, ToolForm::Responses).is_ok());
         let json = format!(
             r#"[{{"type":"function","name":"h"}},{}"#,
             &ns(r#"{"type":"function","name":"f"},{"type":"function","name":"g"}"#)[1..]
         );
-        let e = parse_tools(Some(raw(&json)), &two).unwrap_err();
+        let e = parse_tools(Some(raw(&json)), &two, ToolForm::Responses).unwrap_err();
         assert_eq!(
             (e.code, e.param.as_deref()),
             (Code::ArrayAboveMaxLength, Some("tools[1].tools[1]"))
@@ -648,6 +716,7 @@ mod tests {
         let e = parse_tools(
             Some(raw(r#"[{"type":"web_search"},{"type":"web_search"}]"#)),
             &small,
+            ToolForm::Responses,
         )
         .unwrap_err();
         assert_eq!(
@@ -656,9 +725,13 @@ mod tests {
         );
         // Refused before it is parsed: not even its syntax as a tool list is looked at.
         assert_eq!(
-            parse_tools(Some(raw(&format!("[{}]", "1,".repeat(30) + "1"))), &small)
-                .unwrap_err()
-                .code,
+            parse_tools(
+                Some(raw(&format!("[{}]", "1,".repeat(30) + "1"))),
+                &small,
+                ToolForm::Responses
+            )
+            .unwrap_err()
+            .code,
             Code::ArrayAboveMaxBytes
         );
     }
@@ -669,27 +742,36 @@ mod tests {
         let first = tools(json).unwrap();
         let again = tools(json).unwrap();
         assert_eq!(first, again);
-        assert!(TOOL_CACHE.get(json, &Limits::default()).is_some());
+        assert!(TOOL_CACHE
+            .get(json, &Limits::default(), ToolForm::Responses)
+            .is_some());
         // Checked with other limits, the same bytes are parsed again.
         let one = Limits {
             max_tools: 1,
             ..Limits::default()
         };
         assert_eq!(
-            parse_tools(Some(raw(json)), &one).unwrap_err().code,
+            parse_tools(Some(raw(json)), &one, ToolForm::Responses)
+                .unwrap_err()
+                .code,
             Code::ArrayAboveMaxLength
         );
         // Failures are not remembered.
         let bad = r#"[{"type":"function","name":"cached bad"}]"#;
         assert!(tools(bad).is_err());
-        assert!(TOOL_CACHE.get(bad, &Limits::default()).is_none());
+        assert!(TOOL_CACHE
+            .get(bad, &Limits::default(), ToolForm::Responses)
+            .is_none());
     }
 
     #[test]
     fn tool_choice() {
         let fns = tools(r#"[{"type":"function","name":"f"}]"#).unwrap().functions;
-        let choice = |s: &str| parse_tool_choice(Some(raw(s)), &fns);
-        assert_eq!(parse_tool_choice(None, &fns).unwrap(), ToolChoice::Auto);
+        let choice = |s: &str| parse_tool_choice(Some(raw(s)), &fns, ToolForm::Responses);
+        assert_eq!(
+            parse_tool_choice(None, &fns, ToolForm::Responses).unwrap(),
+            ToolChoice::Auto
+        );
         assert_eq!(choice(r#""none""#).unwrap(), ToolChoice::None);
         assert_eq!(choice(r#""required""#).unwrap(), ToolChoice::Required);
         assert_eq!(
