@@ -22,7 +22,8 @@ of them take minutes and load both cores: run them on a quiet machine, one at a 
 each block ending with its files' provenance), then every figure in prose: a link to its
 value, the results file and a JSON pointer (or a DERIVED quantity) in the fragment,
 `[6.0 ms](../benches/results/agent.json#/speeds/0/runs/websocket/summary/
-added_ttft_p50_ms)`, whose number is rewritten at the precision it shows. It first
+added_ttft_p50_ms)`, whose number is rewritten at the precision it shows (what a script
+printed as text only is read back by benches/figure_printed.py, under `/printed/`). It first
 recomputes the summaries of the agent-loop results from their recorded turns (so a
 summary field added later exists for earlier runs too). A block whose results file does
 not exist yet is left as it is, and `tables` says so.
