@@ -1,0 +1,135 @@
+"""The tables of capacity (docs/benchmarks-capacity.md): many agents on one process, an
+arrival burst, the capacity sweep."""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import Any
+
+from figure_tables.common import (
+    Cells,
+    markdown,
+    ms,
+    printed_json,
+)
+
+
+def load_table(results: dict[str, Any]) -> str:
+    """docs/benchmarks-capacity.md's concurrency table, per worker count and number of agents."""
+    header = (
+        *("workers", "agents", "turns/s", "streamed tok/s", "TTFT p50", "TTFT p99"),
+        *("server CPU", "client CPU", "RSS / connection"),
+    )
+    rows = [
+        (
+            str(p["workers"]),
+            str(p["agents"]),
+            f"{p['turns_per_s']:.1f}",
+            f"{p['tokens_per_s']:,.0f}",
+            ms(p["ttft_p50_ms"], 0),
+            ms(p["ttft_p99_ms"], 0),
+            f"{p['server_cpu_cores']:.2f} cores",
+            f"{p['client_cpu_cores']:.2f}",
+            f"{p['rss_per_connection_kb']:.0f} KB",
+        )
+        for series in results["series"]
+        for p in series["points"]
+    ]
+    return markdown(header, rows)
+
+
+BURST_HEADER = (
+    *("", "burst done", "probe's worst wait for `response.created`", "probe p50"),
+    *("handshake p50 / max",),
+)
+
+
+def burst_row(label: str, runs: list[dict[str, float]]) -> Cells:
+    """bench_load_burst.py's figures, medians over `runs`."""
+
+    def m(field: str) -> float:
+        return median(r[field] for r in runs)
+
+    return (
+        label,
+        f"{m('burst_s'):.2f} s",
+        ms(m("probe_created_max_ms"), 0),
+        ms(m("probe_created_p50_ms"), 0),
+        f"{m('handshake_p50_ms'):.0f} / {ms(m('handshake_max_ms'), 0)}",
+    )
+
+
+def load_burst_before_after_table(results: dict[str, Any]) -> str:
+    """The burst of large first requests, before and after they were rendered off the
+    loop: medians of the alternated runs."""
+    return markdown(
+        BURST_HEADER,
+        [
+            burst_row("before (render on the loop)", results["before"]["runs"]),
+            burst_row("after (render in a thread)", results["after"]["runs"]),
+        ],
+    )
+
+
+def load_burst_table(results: dict[str, Any]) -> str:
+    """The same burst, one run of the current code (`make figures`)."""
+    return markdown(BURST_HEADER, [burst_row("this commit, one run", printed_json(results))])
+
+
+def capacity_tables(results: dict[str, Any]) -> str:
+    """The capacity sweep: every point, then the headline per system and mode."""
+
+    def signed(point: dict[str, Any], q: str) -> str:
+        value = point.get(f"added_ttft_{q}_ms")
+        return "" if value is None else f"{value:+.1f}"
+
+    rows = []
+
+    def order(p: dict[str, Any]) -> tuple[int, bool, str, str]:
+        return (p["agents"], p["system"] != "direct", p["mode"], p["system"])
+
+    for p in sorted(results["points"], key=order):
+        server = p["server"]
+        cpu = server.get("gateway_cpu_ms_per_turn")
+        saturated = "; ".join(p["saturated"]) or "no"
+        rows.append(
+            (
+                str(p["agents"]),
+                f"{p['system']} {p['mode']}",
+                f"{p['context_mean_tokens'] / 1e3:.0f}k",
+                f"{p['turns_per_s']:.1f}",
+                f"{p['ttft_p50_ms']:.1f} / {p['ttft_p99_ms']:.1f}",
+                "(the floor)"
+                if p["system"] == "direct"
+                else " / ".join(signed(p, q) for q in ("p50", "p99", "max")),
+                "" if cpu is None else f"{server['gateway_cpu_cores']:.2f} / {cpu:.1f} ms",
+                "" if cpu is None else f"{server['rss_per_agent_mb']:.2f} MB",
+                f"{p['client_cpu_cores']:.2f} / {server['upstream_cpu_cores']:.2f}",
+                str(p["errors"]),
+                saturated,
+            )
+        )
+    header = (
+        *("agents", "system", "context", "turns/s", "TTFT p50 / p99 ms"),
+        *("added p50 / p99 / max ms", "gateway cores / CPU per turn", "RSS / agent"),
+        *("client / fake cores", "errors", "saturated"),
+    )
+    heads = []
+    for key, best in results["headline"].items():
+        if best is None:
+            heads.append((key, "never met", "", "", ""))
+            continue
+        heads.append(
+            (
+                key,
+                str(best["agents"]),
+                f"{best['added_ttft_p99_ms']:+.1f} ms",
+                f"**{best['turns_per_s_per_core']:.0f}**",
+                f"{best['agents_per_core_at_session_think_times']:,.0f}",
+            )
+        )
+    head_header = (
+        *("system", "most agents meeting the target", "added p99 there"),
+        *("turns/s per gateway core", "agents per core at the sessions' think times"),
+    )
+    return markdown(header, rows) + "\n\n" + markdown(head_header, heads)
