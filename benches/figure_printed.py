@@ -2,7 +2,7 @@
 output: a results file of `make figures` keeps every command's stdout, and one parser per
 script turns its lines into a document. Figure links address it under `/printed/`
 (`../benches/results/ws_stream.json#/printed/4000/own_us`) and the renderers of
-benches/figure_tables.py read it. A parser reads the script's output as the script prints
+benches/figure_tables/ read it. A parser reads the script's output as the script prints
 it today: change one with the other."""
 
 from __future__ import annotations
