@@ -200,7 +200,12 @@ class Recording:
             messages.append(await receive())
         body = b"".join(m.get("body", b"") for m in messages)
         encoding = headers.get("content-encoding", "").encode()
-        self.turns.append((headers, orjson.loads(decoded(encoding, body, 1 << 26))))
+        self.turns.append(
+            (
+                headers,
+                orjson.loads(decoded(encoding, body, 1 << 26, ServerConfig.max_compressed_frames)),
+            )
+        )
         replay = iter(messages)
 
         async def replayed() -> Message:

@@ -158,9 +158,15 @@ def test_sessions_share_one_tls_context(mcp_url: str, monkeypatch: pytest.Monkey
     monkeypatch.setattr(ssl, "create_default_context", counted)
     client = McpClient(McpSettings(allow=(mcp_url,)))
 
+    async def call() -> None:
+        assert await client.call(server(mcp_url), "add", '{"a": 1, "b": 1}', None, 5) == "2.0"
+
     async def calls() -> None:
-        for _ in range(3):
-            assert await client.call(server(mcp_url), "add", '{"a": 1, "b": 1}', None, 5) == "2.0"
+        # The first calls start together (each made its own before any had one), then
+        # one after another.
+        await asyncio.gather(*(call() for _ in range(4)))
+        for _ in range(2):
+            await call()
 
     asyncio.run(calls())
     assert len(made) == 1

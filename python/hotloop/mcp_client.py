@@ -17,6 +17,7 @@ import asyncio
 import ipaddress
 import logging
 import ssl
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -260,8 +261,10 @@ class McpClient:
         self.approvals = Approvals()
         self.listings = Listings()
         self._tls: ssl.SSLContext | None = None
-        """One TLS context for every session: making one loads the CA certificates,
-        about 0.2 s of CPU that would stall the event loop at each call."""
+        """One TLS context for every session, made once on a thread (`_tls_context`):
+        making one loads the CA certificates, about 0.2 s of CPU that would stall the
+        event loop at each call."""
+        self._making_tls = threading.Lock()
 
     async def list_tools(self, server: McpServer, principal: str | None) -> Listing:
         """The tools `server` offers (only its `allowed_tools`), within the call
@@ -377,20 +380,27 @@ class McpClient:
         async with self._session(server) as client:
             return await client.call_tool(name, arguments)
 
+    def _tls_context(self) -> ssl.SSLContext:
+        # Sessions that start together wait here for the first one's context instead of
+        # each making its own (a stampede of CA loads at the first calls).
+        with self._making_tls:
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            return self._tls
+
     @asynccontextmanager
     async def _session(self, server: McpServer) -> AsyncIterator[Client]:
         """A session with `server`; a failure the session's `GuardedHttp` caused is raised
         as its own McpError (the `mcp` transport turns a failed request into errors of
         its own, some of them a bare "stream ended")."""
-        if self._tls is None:
-            self._tls = await asyncio.to_thread(ssl.create_default_context)
+        tls = self._tls or await asyncio.to_thread(self._tls_context)
         # Redirects: the transport follows one only within the server's own origin, the
         # guard only to a URL the allow list admits.
         http = GuardedHttp(
             self.settings,
             headers={**server.headers, "Accept-Encoding": "identity"},
             timeout=self.settings.call_timeout,
-            verify=self._tls,
+            verify=tls,
         )
         try:
             async with http:
