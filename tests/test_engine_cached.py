@@ -34,12 +34,15 @@ def chatml() -> ChatFormat:
 
 
 def turns(url: str) -> list[dict[str, Any]]:
-    """The usage of one response over WebSocket and one over HTTP."""
+    """The usage of one response over WebSocket and one over HTTP, with other input (the
+    same input would continue the WebSocket's rendered conversation, issue 38: hotloop's
+    own figure would then count what it had cached)."""
     with connect(url.replace("http", "ws", 1) + "/v1/responses") as socket:
         socket.send(orjson.dumps({"type": "response.create", **REQUEST}).decode())
         while (event := orjson.loads(socket.recv(HANG_GUARD)))["type"] != "response.completed":
             assert event["type"] not in ("response.failed", "error"), event
-    over_http = httpx.post(url + "/v1/responses", json=REQUEST, timeout=HANG_GUARD).json()
+    other = {**REQUEST, "input": "Hello"}
+    over_http = httpx.post(url + "/v1/responses", json=other, timeout=HANG_GUARD).json()
     return [event["response"]["usage"], over_http["usage"]]
 
 
