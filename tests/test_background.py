@@ -26,8 +26,11 @@ import pytest
 from hotloop.auth import key_id
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
+from hotloop.protocol import Connection
 from hotloop.store.sqlite import SCHEMA_VERSION, SQLiteDatabase
 from hotloop.transport import App
+from hotloop.transport.driver import Driver
+from hotloop.transport.exchange import Emit
 from hotloop.transport.http import HttpApi
 from hotloop_process import HotloopProcess
 from openai import OpenAI
@@ -394,10 +397,21 @@ def test_a_run_that_breaks_without_its_terminal_event_is_recorded_failed(
     http = app._http
     assert isinstance(http, HttpApi)
 
-    async def broken(*_: object) -> None:
-        raise RuntimeError("a bug in the turn")
+    drive = http.driver
 
-    http.generate = broken  # type: ignore[method-assign]
+    def broken(connection: Connection, emit: Emit) -> Driver:
+        # Rewritten to the one driver's seam (issue 35): the turn breaks once its
+        # response exists.
+        driver = drive(connection, emit)
+
+        async def settle() -> None:
+            await driver.flush()
+            raise RuntimeError("a bug in the turn")
+
+        driver.settle = settle  # type: ignore[method-assign]
+        return driver
+
+    http.driver = broken  # type: ignore[method-assign]
     with served(app) as url:
         sdk = client(url)
         created = create(sdk, input="hi")

@@ -191,6 +191,7 @@ class App:
             default_model=config.default_model,
             mcp=mcp,
             max_compressed_frames=config.max_compressed_frames,
+            send_buffer_bytes=config.send_buffer_bytes,
         )
         return cls(
             ledger.engine,

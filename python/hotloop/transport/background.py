@@ -37,7 +37,7 @@ from hotloop._core import CreateRequest
 from hotloop.events import new_id
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient
-from hotloop.protocol import Connection, ConnectionCache, Generate, Observer
+from hotloop.protocol import Connection, ConnectionCache, Observer
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.mcp import McpTurn
 from hotloop.store import Store, StoreError, may_read
@@ -50,6 +50,7 @@ from hotloop.store.background import (
 )
 from hotloop.transport import exchange
 from hotloop.transport.asgi import Receive, Send
+from hotloop.transport.driver import Driver
 
 log = logging.getLogger("hotloop.background")
 
@@ -102,7 +103,8 @@ class Job:
         self._kept = 0
         self._overflowed = False
         self.connection: Connection | None = None
-        self.generation: asyncio.Future[None] | None = None
+        self.driver: Driver | None = None
+        """Runs the connection's actions while the response runs."""
         self.cancelled = False
         self.created: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         """None once the response exists; an error frame if it was refused."""
@@ -169,8 +171,10 @@ class Job:
             running = self.connection.running(self.response_id)
         if running is not None:
             running.cancel()
-            if self.generation is not None:
-                self.generation.cancel()
+            if self.driver is not None:
+                # Its engine work stops (`Cancel`); its ending is sent and committed.
+                self.driver.dispatch()
+                self.driver.wake()
 
     async def changed(self) -> None:
         """Return at the next frame (or at once if the job ended)."""
@@ -370,9 +374,7 @@ class BackgroundWork:
                 continue
             if job.connection is not None:
                 job.connection.abandon()  # books what the engine did for it
-            if job.generation is not None:
-                job.generation.cancel()
-            task.cancel()
+            task.cancel()  # and with it the job's driver
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.records is None:
             return
@@ -391,19 +393,13 @@ class BackgroundWork:
 
 
 class Turns(Protocol):
-    """How the HTTP API runs a response's actions and engine work (`http.py`): a
-    background response's turn runs the same way, with no client watching it."""
+    """How the HTTP API runs a response's actions (`http.py`): a background response's
+    turn runs the same way, with no client watching it."""
 
     mcp: McpClient
     """Where the MCP calls a request approved run before its turn."""
 
-    async def send_actions(
-        self, connection: Connection, actions: list[Any], emit: exchange.Emit
-    ) -> Generate | None: ...
-
-    async def generate(
-        self, connection: Connection, work: Generate, emit: exchange.Emit
-    ) -> None: ...
+    def driver(self, connection: Connection, emit: exchange.Emit) -> Driver: ...
 
 
 Connect = Callable[[ConnectionCache, Observer], Connection]
@@ -472,17 +468,17 @@ class BackgroundRoutes:
 
     async def _run(self, connection: Connection, job: Job) -> None:
         """A background response's whole turn, in the job's task: no client watches it.
-        A cancel (`Job.cancel`) ends the response and cancels its generation; its
-        cancelled ending is then sent and committed from here."""
+        A cancel (`Job.cancel`) ends the response and stops its engine work through the
+        job's driver, which then sends and commits its cancelled ending."""
         actions = await exchange.rendered(connection, self.turns.mcp)
-        work = await self.turns.send_actions(connection, actions, job.emit)
-        if work is not None and not job.cancelled:
-            generation = asyncio.ensure_future(self.turns.generate(connection, work, job.emit))
-            job.generation = generation
-            await asyncio.wait((generation,))
-            if not generation.cancelled():
-                generation.result()
-        await self.turns.send_actions(connection, connection.actions(), job.emit)
+        driver = self.turns.driver(connection, job.emit)
+        job.driver = driver
+        try:
+            driver.dispatch(actions)
+            await driver.settle()
+        finally:
+            job.driver = None
+            await driver.close()
 
     async def _follow(self, receive: Receive, send: Send, job: Job, after: int) -> None:
         """SSE: `job`'s events after sequence number `after`, then the live ones until

@@ -15,8 +15,8 @@ from hotloop.mcp_client import McpClient
 from hotloop.protocol import Connection, ConnectionCache, Finished, McpCall, Render
 from hotloop.protocol.errors import ProtocolError
 from hotloop.transport.asgi import Receive, Send
+from hotloop.transport.driver import render_off_loop
 from hotloop.transport.mcp import run_calls
-from hotloop.transport.websocket import render_off_loop
 
 Emit = Callable[[list[bytes]], Awaitable[None]]
 """Where an exchange's frames go: each batch of the connection's actions, in order (an

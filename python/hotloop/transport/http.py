@@ -52,7 +52,6 @@ from hotloop._core import (
 )
 from hotloop.auth import ApiKeys, AuthError, key_id
 from hotloop.config import ServerConfig
-from hotloop.engines.base import ENGINE_CACHED, EngineError, EngineSession, close_stream
 from hotloop.events import error_body
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
@@ -61,10 +60,7 @@ from hotloop.protocol import (
     ConnectionCache,
     ConnectionLimits,
     Finished,
-    Generate,
-    McpCall,
     Observer,
-    Persist,
     QueueMemory,
     offloads,
 )
@@ -79,6 +75,7 @@ from hotloop.transport.asgi import Message, Receive, Scope, Send
 from hotloop.transport.background import BackgroundRoutes, BackgroundWork
 from hotloop.transport.chat import ChatStream, completion
 from hotloop.transport.conversations import ConversationsApi
+from hotloop.transport.driver import Driver, Outlet
 from hotloop.transport.encoding import PER_KEY, Decoder
 from hotloop.transport.exchange import (
     SSE_HEADERS,
@@ -91,9 +88,7 @@ from hotloop.transport.exchange import (
     reply_refusal,
     sse_frame,
 )
-from hotloop.transport.mcp import run_calls
-from hotloop.transport.websocket import persist
-from hotloop.turnclock import TURN_CLOCK, TurnClock
+from hotloop.turnclock import TurnClock
 
 log = logging.getLogger("hotloop.http")
 
@@ -125,6 +120,7 @@ class HttpApi:
         default_model: str | None = None,
         mcp: McpClient | None = None,
         max_compressed_frames: int = ServerConfig.max_compressed_frames,
+        send_buffer_bytes: int = ServerConfig.send_buffer_bytes,
     ) -> None:
         self.ledger = ledger
         self.model = model
@@ -145,6 +141,8 @@ class HttpApi:
         self.background_routes = BackgroundRoutes(self.background, ledger, self.reads.slot, self)
         self.mcp = mcp or McpClient(McpSettings())
         """Lists and calls the `mcp` tools of requests (none allowed without one)."""
+        self.send_buffer_bytes = send_buffer_bytes
+        """Bytes of events queued for a slow client before its generation pauses."""
         self.decoder = Decoder(
             self.limits.max_frame_bytes, max_compressed_frames, KeyedSlots(PER_KEY).slot
         )
@@ -512,105 +510,47 @@ class HttpApi:
         emit: Emit,
         clock: TurnClock | None = None,
     ) -> None:
-        """Send the frames so far, then run the engine work; a client that disconnects
-        cancels generation (uvicorn's `send` to a closed connection is silent), and what
-        the engine did until then is booked (`Connection.abandon`)."""
-        work = await self.send_actions(connection, actions, emit)
-        if work is None:
-            return
-        generation = asyncio.ensure_future(self.generate(connection, work, emit, clock))
-        watcher = asyncio.ensure_future(disconnected(receive))
+        """Run the connection's actions until it is idle; a client that disconnects
+        stops them (uvicorn's `send` to a closed connection is silent), and what the
+        engine did until then is booked (`Connection.abandon`)."""
+        driver = self.driver(connection, emit, clock)
         try:
-            await asyncio.wait((generation, watcher), return_when=asyncio.FIRST_COMPLETED)
+            driver.dispatch(actions)
+            await driver.flush()
+            if not driver.working:
+                return
+            settled = asyncio.ensure_future(driver.settle())
+            watcher = asyncio.ensure_future(disconnected(receive))
+            try:
+                await asyncio.wait((settled, watcher), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watcher.cancel()
+                settled.cancel()
+                await asyncio.gather(settled, watcher, return_exceptions=True)
+            if driver.working:
+                await driver.close()
+                connection.abandon()
         finally:
-            watcher.cancel()
-            if not generation.done():
-                generation.cancel()
-            await asyncio.gather(generation, watcher, return_exceptions=True)
-        if generation.cancelled():
-            connection.abandon()
-        else:
-            generation.result()
+            await driver.close()
 
-    async def generate(
-        self, connection: Connection, work: Generate, emit: Emit, clock: TurnClock | None = None
-    ) -> None:
-        """Run `work`, and the work it leads to (a compacted turn after its summary), on
-        the engine cache of the request's key; `clock`: the turn's
+    def driver(self, connection: Connection, emit: Emit, clock: TurnClock | None = None) -> Driver:
+        """The driver of one exchange's connection (`driver.py`): its frames to `emit`,
+        its engine work on the engine cache of the request's key, a stored response
+        committed before its terminal event. `clock`: the turn's
         (`hotloop.turnclock`), for its first engine call."""
         session = self.ledger.engine.session(self.keys.cache_salt(connection.settings.principal))
-        next_work: Generate | None = work
-        try:
-            while next_work is not None:
-                next_work = await self._generate_one(connection, session, next_work, emit, clock)
-                clock = None
-        finally:
-            await session.close()
-
-    async def _generate_one(
-        self,
-        connection: Connection,
-        session: EngineSession,
-        work: Generate,
-        emit: Emit,
-        clock: TurnClock | None,
-    ) -> Generate | None:
-        """Run one engine call; return the engine work it leads to, if any."""
-        stream: AsyncIterator[list[int]] | None = None
-        try:
-            if clock is not None:
-                clock.start()
-                TURN_CLOCK.set(clock)
-            stream = work.start(session)
-            async for ids in stream:
-                if clock is not None:
-                    clock.handed()
-                more = connection.engine_output(work.key, ids)
-                await self.send_actions(connection, connection.actions(), emit)
-                if clock is not None and connection.streaming(work.key):
-                    self.ledger.metrics.turn_phases.record("http", work.serving.response_id, clock)
-                    clock = None
-                    TURN_CLOCK.set(None)
-                if not more:
-                    break
-            connection.engine_done(work.key, ENGINE_CACHED.get())
-        except EngineError as e:
-            connection.engine_failed(work.key, e)
-        except Exception as e:
-            # A bug in an engine must still end the response with a terminal event.
-            log.exception("engine failed on an HTTP response")
-            connection.engine_failed(work.key, EngineError("engine_crashed", repr(e)))
-        finally:
-            if stream is not None:
-                await close_stream(stream)
-        return await self.send_actions(connection, connection.actions(), emit)
-
-    async def send_actions(
-        self, connection: Connection, actions: list[Any], emit: Emit
-    ) -> Generate | None:
-        """Emit the frames, commit a `Persist` before the frames after it (the terminal
-        event), and return the engine work if there is some."""
-        work = None
-        while actions:
-            frames: list[bytes] = []
-            for action in actions:
-                if isinstance(action, bytes):
-                    frames.append(action)
-                elif isinstance(action, Generate):
-                    work = action
-                else:
-                    # The frames before it go out before it is awaited.
-                    if frames:
-                        await emit(frames)
-                        frames = []
-                    if isinstance(action, Persist):
-                        await persist(connection, action, self.ledger.persist(action.finished))
-                    elif isinstance(action, McpCall):
-                        await run_calls(self.mcp, connection, action)
-            if frames:
-                await emit(frames)
-            actions = connection.actions()
-        return work
+        driver = Driver(
+            connection,
+            session,
+            Outlet(emit),
+            mcp=self.mcp,
+            commit=self.ledger.persist,
+            high_water=self.send_buffer_bytes,
+            phases=self.ledger.metrics.turn_phases,
+            transport="http",
+        )
+        driver.clock = clock
+        return driver
 
     # ---------------------------------------------------------------- stored responses
 
