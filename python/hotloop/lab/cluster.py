@@ -474,6 +474,9 @@ class Cluster:
         self.store = config.store or (None if self.postgres is None else self.postgres.url())
         self.replicas = [self._replica(i) for i in range(config.replicas)]
         self.replica_urls = [f"http://{LOOPBACK}:{port}" for port, _ in self.replicas]
+        self.route_keys: dict[str, str] = {}
+        """Whose conversation each routing key the replicas saw named, as the runs on
+        this cluster recorded it (`failover.run_scenario`)."""
         self.node_ports = {f"node{i + 1}": free_port() for i in range(config.nodes)}
         self.nodes = {name: self._node(name, port) for name, port in self.node_ports.items()}
         self.haproxy = HAProxy(

@@ -281,12 +281,15 @@ async def replica_prompts(replica_urls: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def prompt_sequences(
-    records: Sequence[dict[str, Any]], results: Sequence[AgentResult]
+    records: Sequence[dict[str, Any]], results: Sequence[AgentResult], owner: dict[str, str]
 ) -> dict[str, list[str]]:
     """Per agent, the distinct prompt hashes its conversation sent to the replicas, in
     order of first appearance (a retried turn sends the same prompt again, which is
-    counted once; a retried turn rendered differently adds a hash)."""
-    owner = {key: result.name for result in results for key in result.keys}
+    counted once; a retried turn rendered differently adds a hash). `records` are the
+    run's, `owner` names the agent of each routing key: the run's own, and those of
+    earlier runs on the cluster, since an agent that resends the items an agent of its
+    name sent before continues that one's rendered state on a node that still holds it,
+    and its routing key with it (docs/protocol.md, "Whole history")."""
     sequences: dict[str, list[str]] = {result.name: [] for result in results}
     for record in records:
         name = owner.get(record["session"])
@@ -353,6 +356,7 @@ async def run_scenario(
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r} (known: {', '.join(FAULTS)})")
     names = [f"agent{i}" for i in range(agents)]
+    started = time.time()
     run = asyncio.ensure_future(run_agents(cluster.url, names, tag, **options))
     outcome = Outcome(fault, [], [], {})
     if fault == "store":
@@ -365,8 +369,9 @@ async def run_scenario(
         await _inject(cluster, fault, run, faults, random.Random(seed), outcome, hang_for)
     outcome.results = await run
     outcome.lost = await check_acknowledged(cluster.url, outcome.results)
-    records = await replica_prompts(cluster.replica_urls)
-    outcome.sequences = prompt_sequences(records, outcome.results)
+    records = [r for r in await replica_prompts(cluster.replica_urls) if r["at"] >= started]
+    cluster.route_keys.update((key, r.name) for r in outcome.results for key in r.keys)
+    outcome.sequences = prompt_sequences(records, outcome.results, cluster.route_keys)
     return outcome
 
 
