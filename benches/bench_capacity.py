@@ -75,6 +75,7 @@ FULL = {"agents": "4,16,64,128", "window": 30.0}
 MAX_AGENTS = 512
 PHASE_METRIC = "hotloop_turn_phase_seconds"
 LAG_METRIC = "hotloop_event_loop_lag_seconds"
+GC_METRIC = "hotloop_gc_pause_seconds"
 
 
 def tree_rss(root: int) -> int:
@@ -82,13 +83,15 @@ def tree_rss(root: int) -> int:
 
 
 def scrape(base: str) -> dict[str, float]:
-    """hotloop's histogram buckets of the phases and the lag, by sample name."""
+    """hotloop's histogram buckets of the phases and the lag, and its garbage
+    collections (buckets, count and sum; a hotloop without them has none), by sample
+    name."""
     with urllib.request.urlopen(base + "/metrics", timeout=30) as reply:
         text = reply.read().decode()
     return {
         name: float(value)
         for name, _, value in (line.rpartition(" ") for line in text.splitlines())
-        if name.startswith((PHASE_METRIC + "_bucket", LAG_METRIC + "_bucket"))
+        if name.startswith((PHASE_METRIC + "_bucket", LAG_METRIC + "_bucket", GC_METRIC))
     }
 
 
@@ -120,6 +123,12 @@ def phases(before: dict[str, float], after: dict[str, float], mode: str) -> dict
         for name in names
     }
     found["event_loop_lag"] = quantiles(before, after, f"{LAG_METRIC}_bucket{{")
+    for generation in range(3):
+        label = f'{{generation="{generation}"}}'
+        pauses = quantiles(before, after, f'{GC_METRIC}_bucket{{generation="{generation}",')
+        total = f"{GC_METRIC}_sum{label}"
+        pauses["sum_ms"] = 1e3 * (after.get(total, 0.0) - before.get(total, 0.0))
+        found[f"gc_{generation}"] = pauses
     return found
 
 
@@ -367,6 +376,12 @@ def main() -> None:
         default=0.7,
         help="client or fake CPU (cores) over this: saturated",
     )
+    parser.add_argument(
+        "--max-agents",
+        type=int,
+        default=MAX_AGENTS,
+        help="do not double past this many agents (the given numbers only: their largest)",
+    )
     parser.add_argument("--phases-log", default="", help="keep per-turn logs here (profiling)")
     parser.add_argument("--out", default="benches/results/capacity.json")
     parser.add_argument(
@@ -388,7 +403,8 @@ def main() -> None:
     args.window = args.window or preset["window"]
     if args.phases_log:
         Path(args.phases_log).mkdir(parents=True, exist_ok=True)
-    systems = args.systems.split(",")
+    # Empty names dropped: `--systems ""` runs only the `--baseline`s, in their order.
+    systems = [system for system in args.systems.split(",") if system]
     modes = args.modes.split(",")
     venv = peer_venv() if any(kind_of(s) != "hotloop" for s in systems) else None
     workload = Workload(args.seed, args.contexts)
@@ -434,7 +450,7 @@ def main() -> None:
                 for point in points:
                     print_point(point)
                 meeting = {(p["system"], p["mode"]) for p in points if meets(p, args)}
-                if not counts and meeting and agents < MAX_AGENTS:
+                if not counts and meeting and 2 * agents <= args.max_agents:
                     counts.append(2 * agents)
                 results["points"] += points
     results["load_average_at_end"] = os.getloadavg()

@@ -203,6 +203,12 @@ class ServerConfig:
     )
     mcp_max_servers: int = _option(8, "`mcp` tools (MCP servers listed) per request")
     max_frame_bytes: int = _option(16 * MIB, "largest client frame accepted")
+    gc_young: int = _option(
+        5000,
+        "after start-up, freeze what is alive (full collections skip it) and collect the "
+        "garbage collector's youngest generation every this many new objects (0: Python's "
+        "own settings, nothing frozen)",
+    )
     max_compressed_frames: int = _option(
         1024,
         "gzip members or zstd frames (skippable ones too) one compressed request body may "

@@ -127,6 +127,7 @@ class Ledger:
         """Open the durable store (when a data directory is configured) and start
         watching the event loop for stalls."""
         self.metrics.loop_watch.start()
+        self.metrics.gc_pauses.start()
         if self._data_dir is not None and self.store is None:
             self.store = await open_store(
                 self._data_dir, metrics=self.metrics, **self._store_options
@@ -148,6 +149,7 @@ class Ledger:
         """Book what is left and close the store (every acknowledged response was
         committed before its terminal event). Called after the last response ended."""
         self.metrics.loop_watch.stop()
+        self.metrics.gc_pauses.stop()
         self._book_all()
         if self.store is not None:
             await self.store.close()

@@ -25,6 +25,7 @@ from hotloop.engines.base import Engine, EngineError
 from hotloop.events import error_body
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
+from hotloop.metrics import settle_heap
 from hotloop.protocol import (
     CacheBudget,
     Connection,
@@ -214,6 +215,8 @@ class App:
             await self.ledger.start()
             if isinstance(self._http, HttpApi):
                 await self._http.background.start(self.ledger.store)
+        if self.config.gc_young:
+            settle_heap(self.config.gc_young)
 
     async def close(self) -> None:
         if isinstance(self._http, HttpApi):
