@@ -318,6 +318,12 @@ HISTORICAL = {
         "`bench_abuse.py 6` on 8c2e08d's server (before issue 15's admission control and "
         "queue bounds) and on the code of 83f2e46, back to back on the shared machine",
     ),
+    HISTORY + "capacity_gc_before_after.json": Historical(
+        "2519ada",
+        "`bench_capacity.py --quick --modes websocket` with three hotloops as baselines: "
+        "47a523d, and 2519ada with Python's collector settings and with its own (frozen "
+        "after start-up, youngest generation every 5000 objects), two runs, order reversed",
+    ),
     HISTORY + "hardening_39_frames_before_after.json": Historical(
         "d7a1250",
         "`bench_body_attack.py frames`, by hand: the server before issue 39's bound on "
