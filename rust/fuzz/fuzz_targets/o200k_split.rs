@@ -1,5 +1,5 @@
 //! o200k's split, decided without the regex where the text is ASCII
-//! (`pretokenizer::o200k_ascii_piece`), finds bpe-openai's regex pieces in any text.
+//! (`tokenizer::scanner`), finds bpe-openai's regex pieces in any text.
 #![no_main]
 
 use hotloop_core::tokenizer::openai;

@@ -41,6 +41,7 @@ use regex_syntax::is_word_character;
 use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 use super::agenda::Agenda;
+use super::piece_map::{packed, PieceCache, PieceMap};
 use super::pretokenizer::PreTokenizer;
 use super::Tokenizer;
 use crate::error::{Code, Error, Result};
@@ -204,7 +205,7 @@ pub struct BpeModel {
     added: Option<(AhoCorasick, Vec<(u32, AddedRule)>)>,
     /// Pieces answered by one lookup instead of the merge loop: every token with
     /// `ignore_merges`, else the tokens whose own bytes encode to exactly themselves.
-    whole: FastMap<Box<[u8]>, u32>,
+    whole: PieceMap<u32>,
     unk: Option<u32>,
     /// Chars: characters that precede a space inside some token (no cut after them).
     joins_space: FastSet<char>,
@@ -313,7 +314,7 @@ impl BpeModel {
             merges,
             specials,
             added,
-            whole: FastMap::default(),
+            whole: PieceMap::default(),
             unk: v.unk,
             joins_space,
             strip_leading_space: v.strip_leading_space,
@@ -325,8 +326,8 @@ impl BpeModel {
     /// Mergeable tokens of two bytes or more that a piece equal to them encodes to: all
     /// of them with `ignore_merges`; otherwise usually all, but a vocabulary may hold
     /// tokens no merge sequence reaches, so each is encoded once here rather than assumed.
-    fn whole_tokens(&self, ignore_merges: bool) -> FastMap<Box<[u8]>, u32> {
-        let mut whole = FastMap::default();
+    fn whole_tokens(&self, ignore_merges: bool) -> PieceMap<u32> {
+        let mut whole = PieceMap::default();
         let mut work = Work::default();
         let mut ids = Vec::new();
         for id in 0..self.kinds.len() as u32 {
@@ -344,7 +345,7 @@ impl BpeModel {
                     continue;
                 }
             }
-            whole.insert(bytes.into(), id);
+            whole.insert(bytes, id);
         }
         whole
     }
@@ -469,14 +470,23 @@ impl BpeModel {
         });
     }
 
-    /// Split a normalized section and encode its pieces.
+    /// Split a normalized section and encode its pieces: a piece that is a token by one
+    /// lookup, a short piece seen before in this call from the cache, others by BPE.
     fn encode_split(&self, section: &str, work: &mut Work, out: &mut Vec<u32>) {
         self.split(section, &mut |r| {
             let piece = &section[r];
-            match self.whole.get(piece.as_bytes()) {
-                Some(&id) => out.push(id),
-                None => self.encode_piece(piece, work, out),
+            if let Some(id) = self.whole.get(piece.as_bytes()) {
+                return out.push(id);
             }
+            let Some(key) = packed(piece.as_bytes()) else {
+                return self.encode_piece(piece, work, out);
+            };
+            if let Some(ids) = work.cache.get(key) {
+                return out.extend_from_slice(ids);
+            }
+            let at = out.len();
+            self.encode_piece(piece, work, out);
+            work.cache.insert(key, &out[at..]);
         });
     }
 
@@ -527,6 +537,9 @@ impl BpeModel {
         work.syms.clear();
         self.symbols(piece, &mut work.syms);
         let n = work.syms.len() as u32;
+        if n as usize <= SHORT {
+            return self.encode_short(&work.syms, out);
+        }
         if n > 1 {
             work.agenda.start(n as usize);
             for i in 0..n - 1 {
@@ -544,6 +557,46 @@ impl BpeModel {
             }
             i = sym.next;
         }
+    }
+
+    /// BPE on a piece of at most [`SHORT`] symbols: ids and pair ranks in arrays, the
+    /// lowest rank (leftmost on ties) found by a scan, two neighbours looked up again
+    /// after each merge. The same merges as the agenda, without its bookkeeping.
+    fn encode_short(&self, syms: &[Sym], out: &mut Vec<u32>) {
+        let mut ids = [0u32; SHORT];
+        let n = syms.len();
+        for (id, sym) in ids.iter_mut().zip(syms) {
+            *id = sym.id;
+        }
+        let pair = |l: u32, r: u32| self.merges.get(&pair_key(l, r)).copied().unwrap_or((NONE, NONE));
+        // (rank, merged) of each pair (ids[i], ids[i + 1]); NONE for no merge.
+        let mut pairs = [(NONE, NONE); SHORT];
+        for i in 0..n.saturating_sub(1) {
+            pairs[i] = pair(ids[i], ids[i + 1]);
+        }
+        let mut len = n;
+        while len > 1 {
+            let (mut best, mut at) = (NONE, 0);
+            for (i, &(rank, _)) in pairs[..len - 1].iter().enumerate() {
+                if rank < best {
+                    (best, at) = (rank, i);
+                }
+            }
+            if best == NONE {
+                break;
+            }
+            ids[at] = pairs[at].1;
+            ids.copy_within(at + 2..len, at + 1);
+            pairs.copy_within(at + 1..len - 1, at);
+            len -= 1;
+            if at + 1 < len {
+                pairs[at] = pair(ids[at], ids[at + 1]);
+            }
+            if at > 0 {
+                pairs[at - 1] = pair(ids[at - 1], ids[at]);
+            }
+        }
+        out.extend(ids[..len].iter().copied().filter(|&id| id != MISSING));
     }
 
     fn merge_all(&self, work: &mut Work) {
@@ -649,9 +702,14 @@ struct Sym {
     next: u32,
 }
 
+/// Pieces of up to this many symbols take [`BpeModel::encode_short`].
+const SHORT: usize = 16;
+
 /// Scratch buffers reused across the pieces of one `encode` call.
 #[derive(Default)]
 struct Work {
+    /// Ids of the short pieces encoded so far in this call.
+    cache: PieceCache,
     syms: Vec<Sym>,
     /// Candidate merges as (rank, left symbol), popped smallest first.
     agenda: Agenda,
@@ -862,7 +920,7 @@ pub(crate) mod tests {
     #[test]
     fn sentencepiece_prefix_fallback_and_words() {
         let t = tiny_spm();
-        let word = |w: &str| t.whole.get(w.as_bytes()).copied().unwrap();
+        let word = |w: &str| t.whole.get(w.as_bytes()).unwrap();
         assert_eq!(encode(&t, "hello"), [word(" hello")]);
         let mut ids = Vec::new();
         t.encode_continuation("hello", &mut ids);

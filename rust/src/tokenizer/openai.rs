@@ -4,7 +4,7 @@
 //!
 //! Encoding is the pre-tokenizer split of `bpe-openai` (its regexes reproduce tiktoken's
 //! `pat_str`; o200k's is decided without the regex where the text is ASCII, see
-//! [`o200k_ascii_piece`]), then BPE per piece. A piece that is itself a token (most
+//! [`Scanner`]), then BPE per piece. A piece that is itself a token (most
 //! words) is one hash lookup; the others take the linear-time backtracking encoder of
 //! the `bpe` crate (same ids as tiktoken's merge loop, without its quadratic worst case;
 //! it also measured faster than that loop on our corpus).
@@ -12,60 +12,24 @@
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
-use foldhash::HashMap as FastMap;
-
-use super::pretokenizer::o200k_ascii_piece;
+use super::piece_map::PieceMap;
+use super::scanner::Scanner;
 use super::Tokenizer;
 
-/// Token bytes -> id (= rank) for the ordinary vocabulary. Tokens of up to 15 bytes
-/// (nearly all) are keyed by their bytes packed into a u128 with the length, so a lookup
-/// hashes two words and compares one integer instead of calling `memcmp`.
-struct Ranks {
-    short: FastMap<u128, u32>,
-    long: FastMap<&'static [u8], u32>,
-}
-
-impl Ranks {
-    fn new(bpe: &'static bpe::byte_pair_encoding::BytePairEncoding) -> Self {
-        let mut ranks = Ranks {
-            short: FastMap::default(),
-            long: FastMap::default(),
-        };
-        for id in 0..bpe.num_tokens() as u32 {
-            let bytes = bpe.token_bytes(id);
-            match packed(bytes) {
-                Some(key) => ranks.short.insert(key, id),
-                None => ranks.long.insert(bytes, id),
-            };
-        }
-        ranks
+/// Token bytes -> id (= rank) for the ordinary vocabulary.
+fn ranks(bpe: &bpe::byte_pair_encoding::BytePairEncoding) -> PieceMap<u32> {
+    let mut ranks = PieceMap::default();
+    for id in 0..bpe.num_tokens() as u32 {
+        ranks.insert(bpe.token_bytes(id), id);
     }
-
-    #[inline]
-    fn get(&self, bytes: &[u8]) -> Option<u32> {
-        match packed(bytes) {
-            Some(key) => self.short.get(&key).copied(),
-            None => self.long.get(bytes).copied(),
-        }
-    }
-}
-
-#[inline]
-fn packed(bytes: &[u8]) -> Option<u128> {
-    if bytes.len() > 15 {
-        return None;
-    }
-    let mut buf = [0u8; 16];
-    buf[..bytes.len()].copy_from_slice(bytes);
-    buf[15] = bytes.len() as u8;
-    Some(u128::from_le_bytes(buf))
+    ranks
 }
 
 pub struct OpenAiTokenizer {
     name: &'static str,
     inner: &'static bpe_openai::Tokenizer,
     /// The ordinary vocabulary by bytes: the single-token fast path and the merge loop.
-    ranks: Ranks,
+    ranks: PieceMap<u32>,
     /// id -> literal text, for special and reserved tokens (ids above the ordinary vocabulary).
     specials: HashMap<u32, String>,
     /// literal text -> id; may hold aliases (two names for one id).
@@ -94,7 +58,7 @@ impl OpenAiTokenizer {
         OpenAiTokenizer {
             name,
             inner,
-            ranks: Ranks::new(&inner.bpe),
+            ranks: ranks(&inner.bpe),
             by_text,
             specials: specials.into_iter().map(|(t, id)| (id, t)).collect(),
             vocab_size: ordinary.max(top),
@@ -114,7 +78,7 @@ impl OpenAiTokenizer {
             if start >= text.len() {
                 return None;
             }
-            let end = match o200k_ascii_piece(text.as_bytes(), start) {
+            let end = match Scanner::O200k.piece(text.as_bytes(), start) {
                 Some(end) => end,
                 None => {
                     let rest = &text[start..];

@@ -6,7 +6,9 @@
 //! Qwen2/3, DeepSeek V3, Mistral tekken. The one construct the regex engine lacks,
 //! `\s+(?!\S)`, is rewritten as bpe-openai does (a pattern `\s+\s` whose last character is
 //! given back, and `\s+$`), which finds the same pieces as a backtracking engine.
-//! Any other look-around is refused when the vocabulary loads.
+//! Any other look-around is refused when the vocabulary loads. The splits of these
+//! families are decided without the regex where the text is ASCII (`scanner`), the regex
+//! answering for each piece whose end depends on a character outside ASCII.
 //!
 //! And the GPT-2 scanner: llama.cpp does not run the GPT-2 regex through a regex engine: it hand-codes it
 //! (`unicode_regex_split_custom_gpt2`), with its own corners (contractions are
@@ -25,6 +27,7 @@ use regex_automata::meta::Regex;
 use regex_automata::{Anchored, Input};
 use regex_syntax::hir::{Class, HirKind};
 
+use super::scanner::Scanner;
 use crate::error::{Code, Error, Result};
 
 const LETTER: u8 = 1;
@@ -198,6 +201,9 @@ pub struct RegexSplit {
     regex: Regex,
     lookahead: Vec<bool>,
     behavior: Behavior,
+    /// Decides pieces without the regex where the text is ASCII (`Isolated` splits by a
+    /// pattern [`Scanner::for_pattern`] knows).
+    scanner: Option<Scanner>,
 }
 
 /// `\s+(?!\S)`, as a top-level alternative: the only look-around we rewrite.
@@ -206,6 +212,15 @@ const WHITESPACE_LOOKAHEAD: &str = r"\s+(?!\S)";
 impl RegexSplit {
     /// Compile `pattern` (Oniguruma / PCRE syntax as tokenizer.json and llama.cpp write it).
     pub fn new(pattern: &str, behavior: Behavior) -> Result<Self> {
+        let mut split = Self::without_scanner(pattern, behavior)?;
+        if behavior == Behavior::Isolated {
+            split.scanner = Scanner::for_pattern(pattern);
+        }
+        Ok(split)
+    }
+
+    /// The split by the regex alone (what the scanners are checked against).
+    pub fn without_scanner(pattern: &str, behavior: Behavior) -> Result<Self> {
         let alternatives = top_level_alternatives(pattern);
         let mut patterns: Vec<(String, bool)> = Vec::new();
         let mut head: Vec<&str> = Vec::new();
@@ -242,6 +257,7 @@ impl RegexSplit {
             regex,
             lookahead,
             behavior,
+            scanner: None,
         })
     }
 
@@ -250,45 +266,77 @@ impl RegexSplit {
         Self::new(&regex_syntax::escape(text), behavior)
     }
 
-    fn split(&self, text: &str, range: Range<usize>, out: &mut dyn FnMut(Range<usize>)) {
-        let hay = &text[range.clone()];
-        let base = range.start;
-        let mut at = 0;
-        let mut gap_start = 0;
+    /// The first match in `hay` at or after `at` that is not empty once a look-ahead
+    /// pattern gave its last character back: (start, end).
+    #[inline]
+    fn next_match(&self, hay: &str, mut at: usize) -> Option<(usize, usize)> {
         while at < hay.len() {
             // These regexes match at almost every position: an anchored search (no scan
             // for a start) finds the next piece; only a gap takes the unanchored search.
             let input = Input::new(hay).range(at..);
-            let found = self
+            let m = self
                 .regex
                 .search(&input.clone().anchored(Anchored::Yes))
-                .or_else(|| self.regex.search(&input));
-            let Some(m) = found else {
-                break;
-            };
+                .or_else(|| self.regex.search(&input))?;
             let mut end = m.end();
             if self.lookahead[m.pattern().as_usize()] {
                 end -= hay[..end].chars().next_back().map_or(0, char::len_utf8);
             }
-            if end == m.start() {
-                // Empty matches cut nothing.
-                at = m.start() + hay[m.start()..].chars().next().map_or(1, char::len_utf8);
-                continue;
+            if end > m.start() {
+                return Some((m.start(), end));
             }
+            // Empty matches cut nothing.
+            at = m.start() + hay[m.start()..].chars().next().map_or(1, char::len_utf8);
+        }
+        None
+    }
+
+    fn split(&self, text: &str, range: Range<usize>, out: &mut dyn FnMut(Range<usize>)) {
+        let hay = &text[range.clone()];
+        let base = range.start;
+        if let Some(scanner) = self.scanner {
+            return Self::split_scanned(scanner, hay, base, out, |at| self.next_match(hay, at));
+        }
+        let mut at = 0;
+        while let Some((start, end)) = self.next_match(hay, at) {
             match self.behavior {
                 Behavior::Isolated => {
-                    if m.start() > gap_start {
-                        out(base + gap_start..base + m.start());
+                    if start > at {
+                        out(base + at..base + start);
                     }
-                    out(base + m.start()..base + end);
+                    out(base + start..base + end);
                 }
-                Behavior::MergedWithPrevious => out(base + gap_start..base + end),
+                Behavior::MergedWithPrevious => out(base + at..base + end),
             }
-            gap_start = end;
             at = end;
         }
-        if gap_start < hay.len() {
-            out(base + gap_start..base + hay.len());
+        if at < hay.len() {
+            out(base + at..base + hay.len());
+        }
+    }
+
+    /// An `Isolated` split, piece by piece: the scanner's answer where it has one, else
+    /// the piece the regex finds from there (a match, or the gap before the next one).
+    fn split_scanned(
+        scanner: Scanner,
+        hay: &str,
+        base: usize,
+        out: &mut dyn FnMut(Range<usize>),
+        next_match: impl Fn(usize) -> Option<(usize, usize)>,
+    ) {
+        let bytes = hay.as_bytes();
+        let mut at = 0;
+        while at < hay.len() {
+            let end = match scanner.piece(bytes, at) {
+                Some(end) => end,
+                None => match next_match(at) {
+                    Some((start, end)) if start == at => end,
+                    Some((start, _)) => start,
+                    None => hay.len(),
+                },
+            };
+            out(base + at..base + end);
+            at = end;
         }
     }
 }
@@ -426,148 +474,6 @@ fn split_gpt2(text: &str, range: Range<usize>, out: &mut impl FnMut(Range<usize>
         };
         out(start..pos);
     }
-}
-
-/// The ASCII classes o200k_base's pattern tells apart.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Ascii {
-    Upper,
-    Lower,
-    Digit,
-    /// `\r` or `\n`.
-    Newline,
-    /// The other whitespace: space, tab, vertical tab, form feed.
-    Space,
-    /// Neither letter, digit nor whitespace: punctuation, symbols, controls.
-    Other,
-    /// Past the end of the text.
-    End,
-}
-
-/// The class of `text[i]`; None for a byte outside ASCII.
-#[inline]
-fn ascii_class(text: &[u8], i: usize) -> Option<Ascii> {
-    Some(match text.get(i) {
-        None => Ascii::End,
-        Some(&b) if b >= 0x80 => return None,
-        Some(b'A'..=b'Z') => Ascii::Upper,
-        Some(b'a'..=b'z') => Ascii::Lower,
-        Some(b'0'..=b'9') => Ascii::Digit,
-        Some(b'\r' | b'\n') => Ascii::Newline,
-        Some(b' ' | b'\t' | 0x0b | 0x0c) => Ascii::Space,
-        Some(_) => Ascii::Other,
-    })
-}
-
-/// The end of the run of `class` from `i`; None when a byte outside ASCII ends it (it
-/// might belong to the class).
-#[inline]
-fn ascii_run(text: &[u8], mut i: usize, class: Ascii) -> Option<usize> {
-    while ascii_class(text, i)? == class {
-        i += 1;
-    }
-    Some(i)
-}
-
-/// o200k_base's split (tiktoken's `pat_str`, which bpe-openai runs as a regex with the
-/// look-ahead emulated) decided byte by byte where the text is ASCII: the end of the
-/// piece that starts at `start`, or None when the answer depends on a character outside
-/// ASCII (the caller asks the regex for that one piece). The same pieces as the regex,
-/// at about a tenth of its cost on ASCII, with no automaton tables to bring into cache.
-/// The pattern's alternatives, first match wins:
-///
-/// 1. `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+` and
-/// 2. `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*`,
-///    each with `(?i:'s|'t|'re|'ve|'m|'ll|'d)?`: in ASCII, an optional leading
-///    character, upper-case letters, then lower-case ones;
-/// 3. `\p{N}{1,3}`;
-/// 4. ` ?[^\s\p{L}\p{N}]+[\r\n/]*`;
-/// 5. `\s*[\r\n]+`: whitespace up to its last newline;
-/// 6. `\s+$`, `\s+(?!\S)` (a run but its last character), `\s+`.
-pub fn o200k_ascii_piece(text: &[u8], start: usize) -> Option<usize> {
-    use Ascii::*;
-    let first = ascii_class(text, start)?;
-    let lead = |want: fn(Ascii) -> bool| -> Option<Option<usize>> {
-        let next = ascii_class(text, start + 1)?;
-        Some(want(next).then_some(start + 1))
-    };
-    // 1 and 2: a word, after at most one character that is no letter, digit or newline.
-    let word = match first {
-        Upper | Lower => Some(start),
-        Space | Other => lead(|c| matches!(c, Upper | Lower))?,
-        _ => None,
-    };
-    if let Some(at) = word {
-        let upper = ascii_run(text, at, Upper)?;
-        let end = ascii_run(text, upper, Lower)?;
-        return contraction(text, end);
-    }
-    // 3: up to three digits.
-    if first == Digit {
-        let mut end = start + 1;
-        while end < start + 3 && ascii_class(text, end)? == Digit {
-            end += 1;
-        }
-        return Some(end);
-    }
-    // 4: punctuation after at most one space, then any newlines and slashes.
-    let punctuation = match first {
-        Other => Some(start),
-        Space if text[start] == b' ' => lead(|c| c == Other)?,
-        _ => None,
-    };
-    if let Some(at) = punctuation {
-        let mut end = ascii_run(text, at, Other)?;
-        while matches!(text.get(end), Some(b'\r' | b'\n' | b'/')) {
-            end += 1;
-        }
-        return Some(end);
-    }
-    // 5 and 6: a whitespace run.
-    let mut end = start;
-    let mut after_newline = None;
-    loop {
-        match ascii_class(text, end)? {
-            Space => end += 1,
-            Newline => {
-                end += 1;
-                after_newline = Some(end);
-            }
-            _ => break,
-        }
-    }
-    Some(match after_newline {
-        Some(at) => at,
-        None if end == text.len() || end - start == 1 => end,
-        None => end - 1,
-    })
-}
-
-/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` at `end`, in ASCII (`ſ` also matches `(?i:s)`).
-#[inline]
-fn contraction(text: &[u8], end: usize) -> Option<usize> {
-    if text.get(end) != Some(&b'\'') {
-        return Some(end);
-    }
-    let lower = |i: usize| -> Option<Option<u8>> {
-        match text.get(i) {
-            None => Some(None),
-            Some(&b) if b >= 0x80 => None,
-            Some(&b) => Some(Some(b.to_ascii_lowercase())),
-        }
-    };
-    Some(match lower(end + 1)? {
-        Some(b's' | b't' | b'm' | b'd') => end + 2,
-        Some(c @ (b'r' | b'v' | b'l')) => {
-            let want = if c == b'l' { b'l' } else { b'e' };
-            if lower(end + 2)? == Some(want) {
-                end + 3
-            } else {
-                end
-            }
-        }
-        _ => end,
-    })
 }
 
 #[cfg(test)]
