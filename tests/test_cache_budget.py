@@ -17,6 +17,7 @@ import pytest
 from hotloop._core import ChatFormat, Checkpoint, Conversation, parse_request
 from hotloop.config import ServerConfig
 from hotloop.protocol import CacheBudget, ConnectionCache
+from hotloop.protocol.cache import Mark, history_key
 from hotloop.transport import App
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,6 +87,24 @@ def test_evict_everywhere_only_touches_the_owners_caches() -> None:
     assert budget.evict_everywhere("resp_1", "key_a") == 2
     assert all("resp_1" not in held for held in mine) and "resp_1" in theirs
     assert budget.used_bytes == checkpoints()[0].memory_bytes
+
+
+def test_evict_everywhere_drops_the_copies_held_by_content() -> None:
+    """A socket's response is kept in its key's HTTP cache by content too (for a
+    whole-history retry): deleting the response drops that copy, and the raw addresses
+    naming it (`ConnectionCache.seen`)."""
+    budget = CacheBudget(1 << 30)
+    socket, http, theirs = (ConnectionCache(1 << 30, budget, key) for key in ("a", "a", "b"))
+    body = b'{"input":[{"role":"user","content":"hi"}]}'
+    request = parse_request(body, None, http.seen)
+    mark = Mark(request.prefix_digest, request.history_digests()[-1])
+    socket.put("resp_1", checkpoints()[0], None, "resp_1", mark=mark)
+    for held in (http, theirs):
+        held.put(history_key(mark.digest), checkpoints()[1], None, "resp_1", mark=mark)
+    assert http.seen.remember(request) and len(http.seen) == 1
+    assert budget.evict_everywhere("resp_1", "a") == 1
+    assert http.find(mark.digest) is None and len(http.seen) == 0
+    assert theirs.find(mark.digest) is not None
 
 
 OPS = st.lists(

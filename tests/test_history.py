@@ -8,7 +8,12 @@ client saw). A whole-history request's prompt must be that chain's prompt; a req
 that differs from the history (an item edited in the middle, tools or instructions
 changed, a replayed output cut short, a history cut short) must be the reference state at
 the longest boundary it still matches, extended with the rest (or a full render when it
-matches none)."""
+matches none).
+
+The client parses each body as the HTTP server does, with its key's raw addresses
+(`ConnectionCache.seen`): the history it sent before, byte for byte, is recognized
+without being parsed; the same properties hold, and the usage is the same, as for a
+client whose bodies are matched by their parsed items only (`raw=False`)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from typing import Any
 
 import orjson
 from connection_driver import FORMAT, ConnectionDriver, sim_connection
-from hotloop._core import Checkpoint, Conversation, parse_request
+from hotloop._core import Checkpoint, Conversation, CreateRequest, parse_request
 from hotloop.protocol import CacheBudget, ConnectionCache, Finished
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -60,9 +65,12 @@ class WholeHistoryClient(ConnectionDriver):
     """A stateless client over HTTP: one `Connection` per request on its key's cache, its
     `store=false` responses unnamed after each (as `Exchange` does)."""
 
-    def __init__(self, cache: ConnectionCache) -> None:
+    def __init__(self, cache: ConnectionCache, raw: bool = True) -> None:
         self.cache = cache
+        self.raw = raw
         self.observer = Recorder()
+        self.parsed: list[CreateRequest] = []
+        """Each turn's request as parsed (`seen_items`: how many were not)."""
         super().__init__(self._connection())
 
     def _connection(self) -> Any:
@@ -71,7 +79,11 @@ class WholeHistoryClient(ConnectionDriver):
     def turn(self, request: dict[str, Any], ids: list[int]) -> tuple[list[int], dict[str, Any]]:
         """The prompt the engine got, and the terminal Response."""
         self.conn = self._connection()
-        self.create(**{k: v for k, v in request.items() if k != "model"})
+        frame = orjson.dumps(request)
+        parsed = parse_request(frame, None, self.cache.seen if self.raw else None)
+        self.parsed.append(parsed)
+        self.conn.receive_request(parsed, len(frame))
+        self.pump()
         if self.renders:
             self.render()
         work = self.generating[min(self.generating)]
@@ -155,11 +167,39 @@ def play(
 
 def test_a_whole_history_loop_renders_only_what_is_new() -> None:
     client = WholeHistoryClient(key_cache())
-    _, counts = play(client, Reference(), [True, True, False, True, True])
+    calls = [True, True, False, True, True]
+    _, counts = play(client, Reference(), calls)
     assert counts[0][0] == 0
     for cached, prompt in counts[1:]:
         # Everything but the turn's new items and the generation header came cached.
         assert 0 < prompt - cached < 120
+    # And only those were parsed: what the previous request sent was recognized.
+    sent = [parsed.input_item_count for parsed in client.parsed]
+    assert [parsed.seen_items for parsed in client.parsed] == [0, *sent[:-1]]
+    # The usage is the one of a client matched by its parsed items.
+    _, by_items = play(WholeHistoryClient(key_cache(), raw=False), Reference(), calls)
+    assert counts == by_items
+
+
+def test_a_state_gone_since_the_parse_renders_whole() -> None:
+    """The state its recognized items name was evicted between the parse and the turn's
+    start: the request is parsed again whole and matched by its parsed items."""
+    cache = key_cache()
+    client = WholeHistoryClient(cache)
+    reference = Reference()
+    history, _ = play(client, reference, [True])
+    request = body(history, store=False)
+    parsed = parse_request(orjson.dumps(request), None, cache.seen)
+    assert parsed.seen_items == 1
+    for key in list(cache._entries):
+        cache.evict(key)
+    assert len(cache.seen) == 0
+    client.conn = client._connection()
+    client.conn.receive_request(parsed, 0)
+    client.pump()
+    work = client.generating[min(client.generating)]
+    assert work.prompt.tokens() == reference.expected(request, None)
+    assert parsed.parse_whole() is None  # settled: its body is gone
 
 
 def test_a_spelling_of_its_own_matches() -> None:
@@ -208,7 +248,7 @@ def test_a_websocket_state_is_found_by_a_retry_with_the_whole_history() -> None:
 
 
 EDITABLE = ("function_call_output", "message")
-MUTATIONS = ("none", "edit", "tools", "instructions", "no_reasoning", "cut")
+MUTATIONS = ("none", "edit", "tools", "instructions", "no_reasoning", "cut", "respell")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -252,6 +292,12 @@ def test_a_request_continues_the_longest_state_it_matches(
             matched = max(b for b in boundaries if b <= last)
         else:
             matched = boundaries[-1]
+    elif mutation == "respell":
+        # The same items in other bytes from one on (key order): recognized up to it,
+        # matched by their parsed form after.
+        at = int(where * len(items))
+        items[at:] = [dict(reversed(list(item.items()))) for item in items[at:]]
+        matched = boundaries[-1]
     else:
         cut = 1 + int(where * len(items))
         items = items[:cut]
@@ -259,3 +305,6 @@ def test_a_request_continues_the_longest_state_it_matches(
     request["input"] = items
     prompt, _ = client.turn(request, reply_ids(False, 99))
     assert prompt == reference.expected(request, matched)
+    if mutation == "none":
+        # What the previous request sent was recognized, not parsed.
+        assert client.parsed[-1].seen_items == client.parsed[-2].input_item_count

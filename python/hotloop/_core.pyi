@@ -189,15 +189,24 @@ class CreateRequest:
     prefix_digest: bytes
     """The content address (16 bytes) of what the format renders before the items:
     instructions, function tools, namespaces, reasoning effort."""
-    def history_digests(self, start: bytes | None = None, first: int = 0) -> list[bytes]:
-        """The chained content addresses (16 bytes each) after each input item from
-        `first` on, starting from `start` (a parent state's address; `prefix_digest`
-        when None), `start` first: `input_item_count - first + 1` of them. Two requests
-        whose items parse to the same items get the same addresses, whatever their JSON
-        spelling."""
+    seen_items: int
+    """The leading input items recognized by their bytes (`parse_request`'s `seen`), not
+    parsed: `history_digests` starts after them, and the request renders only on a
+    state that holds them (else `parse_whole`)."""
+    def history_digests(self, start: bytes | None = None) -> list[bytes]:
+        """The chained content addresses (16 bytes each) after each parsed input item,
+        starting from `start` (a parent state's address; when None, the address after
+        the `seen_items`, `prefix_digest` when there are none), `start` first:
+        `input_item_count - seen_items + 1` of them. Two requests whose items parse to
+        the same items get the same addresses, whatever their JSON spelling."""
+    def parse_whole(self) -> CreateRequest | None:
+        """The request parsed again whole (no state is left of its `seen_items`); None
+        when it has none or was settled."""
+    def settle(self) -> None:
+        """Where the request starts is settled: the body kept for `parse_whole` goes."""
     def text_bytes(self, first: int = 0) -> int:
-        """Bytes of text in the input items from `first` on (what rendering them costs
-        grows with)."""
+        """Bytes of text in the input items from item `first` on (what rendering them
+        costs grows with)."""
     @property
     def input_json(self) -> str:
         """The input as a JSON array of items (a string input becomes one user message)."""
@@ -236,8 +245,27 @@ def parse_event(frame: str | bytes, limits: Limits | None = None) -> ClientEvent
     """Parse one client frame. Raises CoreError `invalid_json` for malformed JSON or a
     frame that is not an object with a string `type`."""
 
-def parse_request(body: str | bytes, limits: Limits | None = None) -> CreateRequest:
-    """Parse an HTTP `POST /v1/responses` body (no `type` field)."""
+def parse_request(
+    body: str | bytes, limits: Limits | None = None, seen: SeenItems | None = None
+) -> CreateRequest:
+    """Parse an HTTP `POST /v1/responses` body (no `type` field). With `seen` (the API
+    key's), a request that continues no response or conversation has the leading `input`
+    elements a request the key sent (and `seen` remembered) had, byte for byte, hashed
+    and not parsed (`CreateRequest.seen_items`)."""
+
+class SeenItems:
+    """One API key's raw addresses: each remembered request's `input` elements hashed as
+    sent, chained after its prefix, naming the history digest of its items."""
+
+    def __init__(self) -> None: ...
+    def remember(self, request: CreateRequest) -> bool:
+        """Remember the raw address of `request` (parsed with this map), naming the state
+        of its whole input. Returns whether it had one."""
+    def forget(self, digest: bytes) -> None:
+        """Forget the raw addresses naming history digest `digest` (its state left the
+        cache)."""
+    def clear(self) -> None: ...
+    def __len__(self) -> int: ...
 
 class ChatRequest:
     """A `POST /v1/chat/completions` body parsed (`parse_chat_request`)."""

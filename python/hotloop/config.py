@@ -275,6 +275,15 @@ class ServerConfig:
         _positive,
     )
     max_cached_bytes: int = _option(512 * MIB, "cached conversation state per connection")
+    whole_history: str = _option(
+        "bytes",
+        "a request that resends its whole history (no previous_response_id) continues the "
+        "longest state the key's cache holds of it: bytes (its items sent before byte for "
+        "byte are recognized by a hash of their JSON, not parsed again; others by their "
+        "parsed form), items (by their parsed form only) or off (every such request "
+        "renders whole)",
+        _one_of("bytes", "items", "off"),
+    )
     cache_memory_bytes: int = _option(
         4096 * MIB, "cached conversation state across all connections"
     )

@@ -24,7 +24,14 @@ from typing import Any
 import orjson
 
 from hotloop import logs
-from hotloop._core import Checkpoint, Conversation, CoreError, CreateRequest, Policy
+from hotloop._core import (
+    Checkpoint,
+    Conversation,
+    CoreError,
+    CreateRequest,
+    Policy,
+    SeenItems,
+)
 from hotloop.auth import ApiKeys, key_id
 from hotloop.engines.base import Engine
 from hotloop.metrics import Metrics
@@ -80,12 +87,15 @@ class Ledger:
         quota_bytes: int = 2**62,
         quota_rows: int = 2**62,
         compactor: Compactor | None = None,
+        whole_history: str = "bytes",
     ) -> None:
         """`data_dir`: where the store lives, a directory (SQLite) or a PostgreSQL URL;
         None for no durable store (`store=true` is then a no-op). `commit_window`,
         `busy_timeout`, `durability`, `cache`, `quota_bytes` and `quota_rows`: see `open_store`.
         `compactor`: the server's compaction key, to rebuild chains that hold compaction
-        items (one of the ledger's own otherwise)."""
+        items (one of the ledger's own otherwise). `whole_history`: how a request that
+        resends its whole history finds the state it continues (`history_cache`,
+        `seen_items`): bytes, items or off (`Config.whole_history`)."""
         # Usage and metrics name a key by its tenant label, never by its store id.
         self.keys = keys or ApiKeys()
         self.usage = Usage()
@@ -114,6 +124,7 @@ class Ledger:
             self.budget.evictions,
         )
         self._max_cached_bytes = max_cached_bytes
+        self.whole_history = whole_history
         self._policy = policy
         self.compactor = compactor or Compactor.ephemeral()
         self._http_caches: dict[str | None, ConnectionCache] = {}
@@ -164,6 +175,18 @@ class Ledger:
             cache = ConnectionCache(self._max_cached_bytes, self.budget, owner)
             self._http_caches[owner] = cache
         return cache
+
+    def history_cache(self, owner: str | None) -> ConnectionCache | None:
+        """The cache whose states API key id `owner`'s whole-history requests continue
+        (`hotloop.protocol.history`): its HTTP cache; None when `whole_history` is off."""
+        return None if self.whole_history == "off" else self.http_cache(owner)
+
+    def seen_items(self, principal: str | None) -> SeenItems | None:
+        """What a request of API key `principal` is parsed with (`parse_request`'s
+        `seen`): its HTTP cache's raw addresses, when `whole_history` is bytes."""
+        if self.whole_history != "bytes":
+            return None
+        return self.http_cache(None if principal is None else key_id(principal)).seen
 
     async def restore(self, response_id: str, owner: str | None) -> tuple[Checkpoint, str] | None:
         """Rebuild a stored chain into a checkpoint (the slow, correct path of a cache

@@ -9,7 +9,8 @@ about lanes or requests; the state machine decides what to store and what to evi
 An entry may carry its `Mark`, the content address of the history it holds
 (`history.py`): the cache finds the entry by it (`find`), keeps one entry per address,
 and an entry that must no longer answer to its response id can stay under its address
-alone (`unname`).
+alone (`unname`). The raw addresses of the requests whose states it holds (`seen`, the
+core's `SeenItems`) are forgotten with the entry that holds the state.
 
 One response id can be held by several caches at once (the HTTP cache of a key and
 every socket that continued the stored response, each rebuilt from the store): the
@@ -22,12 +23,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from hotloop._core import Checkpoint
+from hotloop._core import Checkpoint, SeenItems
 
 CONVERSATION_PREFIX = "conv_"
 HISTORY_PREFIX = "hist_"
 """The key of an entry held under its content address only (`ConnectionCache.unname`,
-`history.History.keep_prompt`): no response id starts with it."""
+`history.History.keep`): no response id starts with it."""
 
 
 def history_key(digest: bytes) -> str:
@@ -143,10 +144,16 @@ class CacheBudget:
 
     def evict_everywhere(self, response_id: str, owner: str | None) -> int:
         """Drop `response_id` from every cache of API key id `owner` (a deleted
-        response must not stay continuable on any socket). Returns how many held it."""
+        response must not stay continuable on any socket), with the copies of its state
+        held by content (`history.History.keep`). Returns how many held it."""
         holders = [c for c in self._holders.get(response_id, ()) if c.owner == owner]
+        marks = {mark for cache in holders if (mark := cache.mark(response_id)) is not None}
         for cache in holders:
             cache.evict(response_id)
+        for mark in marks:
+            key = history_key(mark.digest)
+            for cache in [c for c in self._holders.get(key, ()) if c.owner == owner]:
+                cache.evict(key)
         return len(holders)
 
 
@@ -163,6 +170,8 @@ class ConnectionCache:
         self._entries: OrderedDict[str, CachedResponse] = OrderedDict()
         self._addresses: dict[bytes, str] = {}
         """The key of the entry holding each content address."""
+        self.seen = SeenItems()
+        """The raw addresses of requests whose prompt states it holds (`history.py`)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -239,6 +248,7 @@ class ConnectionCache:
             mark = entry.mark
             if mark is not None and self._addresses.get(mark.digest) == response_id:
                 del self._addresses[mark.digest]
+                self.seen.forget(mark.digest)
             self.used_bytes -= entry.memory_bytes
             self._budget.release(self, response_id)
 

@@ -753,7 +753,10 @@ class Connection:
         if self.history is None or request is None or pending.mcp is not None:
             return NOWHERE
         mark = None if parent is None else self.cache.mark(parent)
-        return self.history.start(request, mark, parent is not None)
+        start = self.history.start(request, mark, parent is not None)
+        if start.whole is not None:
+            pending.parsed = start.whole
+        return start
 
     def reparse(self, frame: str | bytes) -> CreateRequest:
         """A `response.create` frame parsed again: a queued request's when its turn

@@ -12,6 +12,14 @@ the items after it, so the prompt is the one `previous_response_id` would have g
 the items a full render would give, except that a replayed output that parses to the
 output the server sent is the model's sampled ids verbatim.
 
+The part of the history a key sent before is not even parsed again: the core hashes the
+raw bytes of each `input` element while it parses (`parse_request` with the key's
+`ConnectionCache.seen`), and the leading elements that are, byte for byte, those of a
+request whose prompt state the cache holds (`History.remember`) are recognized as that
+state's items; `CreateRequest.seen_items` of them, whose digests the request does not
+have. Such a request is looked up from there on; when no state is left there (evicted
+between the parse and the lookup), it is parsed again whole (`Start.whole`).
+
 The states live in one API key's process-wide cache (`Ledger.http_cache`): a key finds
 only its own, under the cache budget, and an evicted state is a miss that renders
 everything. This module owns the addresses and the lookup; the cache owns the memory.
@@ -20,7 +28,7 @@ It renders nothing and never sees a socket.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -37,6 +45,9 @@ class Start:
     found: CachedResponse | None
     skip: int
     mark: Mark | None
+    whole: CreateRequest | None = None
+    """The request parsed again whole: its items recognized by their bytes had no state
+    left (the turn runs this one instead)."""
 
 
 NOWHERE = Start(None, 0, None)
@@ -66,11 +77,24 @@ class History:
         digests = request.history_digests()
         mark = Mark(request.prefix_digest, digests[-1])
         cache = self.cache
-        for skip in range(len(digests) - 1, 0, -1):
-            key = cache.find(digests[skip])
+        # With items recognized by their bytes, the digests start after them (a state
+        # holding them all is a hit); otherwise at the prefix (no state holds it alone).
+        seen = request.seen_items
+        for at in range(len(digests) - 1, -1 if seen else 0, -1):
+            key = cache.find(digests[at])
             if key is not None:
-                return Start(cache.get(key), skip, mark)
+                request.settle()
+                return Start(cache.get(key), seen + at, mark)
+        whole = request.parse_whole()
+        if whole is not None:
+            return replace(self.start(whole, parent, continues), whole=whole)
         return Start(None, 0, mark)
+
+    def remember(self, request: CreateRequest) -> None:
+        """`request`'s prompt state was just kept (`keep`): its raw address names it, so
+        that a request resending the same bytes and more is not parsed again up to
+        there."""
+        self.cache.seen.remember(request)
 
     def keep(self, mark: Mark, checkpoint: Checkpoint, root: str) -> None:
         """A state under its address: a turn's prompt (its items rendered, before

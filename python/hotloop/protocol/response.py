@@ -170,6 +170,7 @@ class Rendering:
         response = Response.open(self, events, turn)
         if self.seen.mark is not None and connection.history is not None:
             connection.history.keep(self.seen.mark, conversation.checkpoint(), response.root)
+            connection.history.remember(request)
         lane.active = response
         connection.generating[response.key] = response
         if not request.generate:

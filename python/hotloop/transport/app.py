@@ -153,6 +153,7 @@ class App:
             keys=keys,
             cache_memory_bytes=config.cache_memory_bytes,
             max_cached_bytes=config.max_cached_bytes,
+            whole_history=config.whole_history,
             # An empty data directory means no durable store: store=true is then a no-op.
             data_dir=config.store or config.data_dir or None,
             commit_window=config.store_commit_window,
@@ -377,7 +378,7 @@ class App:
             warm = _warming(self.ledger, cache, books.owner)
             # The key's content-addressed states outlive the socket: a client that
             # resends its whole history on another one (Codex after a failure) finds them.
-            history = self.ledger.http_cache(books.owner)
+            history = self.ledger.history_cache(books.owner)
         connection = Connection(
             chat_format=self.engine.chat_format,
             context_window=self.engine.context_window,

@@ -387,7 +387,8 @@ class HttpApi:
     def _parse(self, body: str | bytes, principal: str | None) -> CreateRequest:
         """Parse a body, its compaction items expanded first. Raises ProtocolError."""
         try:
-            return parse_request(self._compactor(principal).expand(body), self.limits.request)
+            expanded = self._compactor(principal).expand(body)
+            return parse_request(expanded, self.limits.request, self.ledger.seen_items(principal))
         except CoreError as e:
             raise ProtocolError.from_core(e) from e
 
@@ -425,7 +426,7 @@ class HttpApi:
             compactor=self._compactor(principal),
             sampling_defaults=self.ledger.engine.sampling_defaults,
             background=background,
-            history=cache,
+            history=self.ledger.history_cache(cache.owner),
         )
 
     def _compactor(self, principal: str | None) -> Compactor:

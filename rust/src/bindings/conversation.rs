@@ -12,6 +12,7 @@ use super::RELEASE_GIL_BYTES;
 use crate::conversation::{
     Checkpoint, Conversation, Prompt, SegmentBuilder, TemplateBuilder, Turn, TurnParser,
 };
+use crate::error::{Code, Error};
 use crate::format::{Outcome, ParseEvent};
 use crate::validate::Policy;
 
@@ -228,6 +229,14 @@ impl PyConversation {
         skip: usize,
     ) -> PyResult<PyTurn> {
         let whole = &request.inner;
+        if skip < whole.history.seen.items {
+            // Its first items were not parsed: only a state holding them can take it.
+            return Err(Error::new(
+                Code::InvalidValue,
+                "the request's first items were recognized, not parsed: it continues a state holding them",
+            )
+            .into());
+        }
         let tail = (skip > 0).then(|| whole.tail(skip));
         let request = tail.as_ref().unwrap_or(whole);
         let (inner, policy) = (&mut self.inner, self.policy.as_deref());

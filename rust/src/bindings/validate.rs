@@ -2,7 +2,7 @@
 //! bytes (`parse_event`, `parse_request`, `parse_chat_request`), their limits and the
 //! content policy.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::exceptions::PyBaseException;
 use pyo3::prelude::*;
@@ -88,6 +88,67 @@ impl PyPolicy {
 #[pyclass(name = "CreateRequest", module = "hotloop._core", frozen)]
 pub(crate) struct PyCreateRequest {
     pub(crate) inner: validate::CreateRequest,
+    /// The body and limits of a request whose leading items were recognized by their
+    /// bytes, until its start is settled: parsed again whole when no state is left of
+    /// them (`parse_whole`).
+    body: Mutex<Option<(Py<PyAny>, validate::Limits)>>,
+}
+
+impl PyCreateRequest {
+    pub(crate) fn new(inner: validate::CreateRequest) -> Self {
+        PyCreateRequest {
+            inner,
+            body: Mutex::new(None),
+        }
+    }
+
+    fn body(&self) -> MutexGuard<'_, Option<(Py<PyAny>, validate::Limits)>> {
+        self.body.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One API key's raw addresses (`validate::SeenItems`): what `parse_request` recognizes
+/// a resent history by. The server forgets a state's addresses when its cache drops the
+/// state.
+#[pyclass(name = "SeenItems", module = "hotloop._core", frozen)]
+pub(crate) struct PySeenItems {
+    inner: Mutex<validate::SeenItems>,
+}
+
+impl PySeenItems {
+    fn lock(&self) -> MutexGuard<'_, validate::SeenItems> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[pymethods]
+impl PySeenItems {
+    #[new]
+    fn new() -> Self {
+        PySeenItems {
+            inner: Mutex::new(validate::SeenItems::default()),
+        }
+    }
+
+    /// Remember `request`'s raw address, naming the state of its whole input (kept by
+    /// the caller). Returns whether it had one (an `input` array parsed with this map).
+    fn remember(&self, request: &PyCreateRequest) -> bool {
+        self.lock().remember(&request.inner.history)
+    }
+
+    /// Forget the raw addresses of the state at history digest `digest`.
+    fn forget(&self, digest: &[u8]) -> PyResult<()> {
+        self.lock().forget(digest_of(digest)?);
+        Ok(())
+    }
+
+    fn clear(&self) {
+        self.lock().clear();
+    }
+
+    fn __len__(&self) -> usize {
+        self.lock().len()
+    }
 }
 
 #[pymethods]
@@ -174,7 +235,13 @@ impl PyCreateRequest {
     }
     #[getter]
     fn input_item_count(&self) -> usize {
-        self.inner.input.items.len()
+        self.inner.input.offset + self.inner.input.items.len()
+    }
+    /// The leading input items recognized by their bytes and not parsed
+    /// (`parse_request`'s `seen`): `history_digests` starts after them.
+    #[getter]
+    fn seen_items(&self) -> usize {
+        self.inner.history.seen.items
     }
     #[getter]
     fn input_bytes(&self) -> usize {
@@ -198,18 +265,33 @@ impl PyCreateRequest {
         digest_bytes(py, self.inner.history.prefix)
     }
 
-    /// The chained content addresses after each input item from `first` on, starting
-    /// from `start` (a parent state's; the prefix's when None): `start` first.
-    #[pyo3(signature = (start = None, first = 0))]
+    /// The chained content addresses after each parsed input item, starting from
+    /// `start` (a parent state's; when None, the address after the `seen_items`, the
+    /// prefix's when there are none): `start` first.
+    #[pyo3(signature = (start = None))]
     fn history_digests<'py>(
         &self,
         py: Python<'py>,
         start: Option<&[u8]>,
-        first: usize,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let start = start.map(digest_of).transpose()?;
-        let chained = self.inner.history.chained(start, first);
+        let chained = self.inner.history.chained(start);
         Ok(chained.into_iter().map(|d| digest_bytes(py, d)).collect())
+    }
+
+    /// The request parsed again whole, its items recognized by their bytes too (no state
+    /// of them is left to continue); None when it has no such items or was settled.
+    fn parse_whole(&self, py: Python<'_>) -> PyResult<Option<PyCreateRequest>> {
+        let Some((body, limits)) = self.body().take() else {
+            return Ok(None);
+        };
+        let inner = parse_frame(py, body.bind(py), |b| validate::parse_request(b, &limits))?;
+        Ok(Some(PyCreateRequest::new(inner)))
+    }
+
+    /// Where the request starts is settled: its body is no longer kept.
+    fn settle(&self) {
+        self.body().take();
     }
 
     /// Bytes of text in the input items from `first` on.
@@ -345,7 +427,7 @@ fn parse_event(py: Python<'_>, frame: &Bound<'_, PyAny>, limits: Option<&PyLimit
     let limits = limits.map(|l| l.inner).unwrap_or_default();
     let event = parse_frame(py, frame, |b| validate::parse_event(b, &limits))?;
     Ok(match event {
-        ClientEvent::Create(request) => Py::new(py, PyCreateRequest { inner: *request })?.into_any(),
+        ClientEvent::Create(request) => Py::new(py, PyCreateRequest::new(*request))?.into_any(),
         ClientEvent::Cancel {
             response_id,
             stream_id,
@@ -365,16 +447,24 @@ fn parse_event(py: Python<'_>, frame: &Bound<'_, PyAny>, limits: Option<&PyLimit
     })
 }
 
+/// `seen`: the key's raw addresses, for a request that may resend its whole history.
 #[pyfunction]
-#[pyo3(signature = (body, limits = None))]
+#[pyo3(signature = (body, limits = None, seen = None))]
 fn parse_request(
     py: Python<'_>,
     body: &Bound<'_, PyAny>,
     limits: Option<&PyLimits>,
+    seen: Option<&PySeenItems>,
 ) -> PyResult<PyCreateRequest> {
     let limits = limits.map(|l| l.inner).unwrap_or_default();
-    let inner = parse_frame(py, body, |b| validate::parse_request(b, &limits))?;
-    Ok(PyCreateRequest { inner })
+    let inner = parse_frame(py, body, |b| {
+        validate::parse_request_seen(b, &limits, seen.map(|s| s.lock()).as_deref())
+    })?;
+    let request = PyCreateRequest::new(inner);
+    if request.inner.history.seen.items > 0 {
+        *request.body() = Some((body.clone().unbind(), limits));
+    }
+    Ok(request)
 }
 
 fn digest_bytes(py: Python<'_>, digest: validate::Digest) -> Bound<'_, PyBytes> {
@@ -421,7 +511,7 @@ fn parse_chat_request(
     let limits = limits.map(|l| l.inner).unwrap_or_default();
     let chat = parse_frame(py, body, |b| validate::parse_chat_request(b, &limits))?;
     Ok(PyChatRequest {
-        request: Py::new(py, PyCreateRequest { inner: chat.request })?,
+        request: Py::new(py, PyCreateRequest::new(chat.request))?,
         include_usage: chat.options.include_usage,
     })
 }
@@ -439,6 +529,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLimits>()?;
     m.add_class::<PyPolicy>()?;
     m.add_class::<PyCreateRequest>()?;
+    m.add_class::<PySeenItems>()?;
     m.add_class::<PyChatRequest>()?;
     m.add_class::<PyCancelEvent>()?;
     m.add_class::<PyProcessedEvent>()?;

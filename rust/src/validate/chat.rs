@@ -151,7 +151,7 @@ pub fn parse_chat_request(body: &[u8], limits: &Limits) -> Result<ChatRequest> {
                 prompt_cache_retention: chat.prompt_cache_retention,
                 ..Body::default()
             };
-            CreateRequest::from_body(&body, None, limits, Some(parts))
+            CreateRequest::from_body(&body, None, limits, Some(parts), None)
         }
         Err(e) => CreateRequest::refused(e, None),
     };

@@ -109,7 +109,7 @@ fn read_event(frame: &[u8], limits: &Limits) -> Result<ClientEvent> {
 
 fn create(body: &Body, limits: &Limits) -> CreateRequest {
     let Some(nested) = body.response else {
-        return CreateRequest::from_body(body, None, limits, None);
+        return CreateRequest::from_body(body, None, limits, None, None);
     };
     let path = Path::root("response");
     if !field::is_object(nested) {
@@ -119,7 +119,7 @@ fn create(body: &Body, limits: &Limits) -> CreateRequest {
         );
     }
     match field::object::<Body>(nested, &path) {
-        Ok(inner) => CreateRequest::from_body(&inner, body.stream_id, limits, None),
+        Ok(inner) => CreateRequest::from_body(&inner, body.stream_id, limits, None, None),
         Err(e) => CreateRequest::refused(e, id(body.stream_id)),
     }
 }

@@ -11,16 +11,26 @@
 //! that produced it when it parses to the item that response's `output` holds
 //! ([`output_digests`] of that `output`).
 //!
+//! The part of a resent history the key has seen is recognized before it is parsed: the
+//! raw bytes of each `input` element are hashed too, chained the same way from the
+//! prefix's digest ([`raw_chain`]), and a key's [`SeenItems`] maps the raw address of a
+//! request it served to the parsed address of the same items. A request whose leading
+//! elements are, byte for byte, those of a request the key sent before has only the
+//! elements after them decoded into items; the same items spelled another way miss here
+//! and are matched by their parsed form, as before.
+//!
 //! The hash is XXH3-128 seeded once per process: the digests never leave the process, and
 //! an item crafted to collide would have to guess the seed.
 
 use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::OnceLock;
 
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
+use super::input::{parse_elements, parse_input, Input};
 use super::{parse_request, Limits};
 use crate::error::{Code, Error, Result};
 use crate::item::{Item, Prefix};
@@ -28,35 +38,176 @@ use crate::item::{Item, Prefix};
 /// A 128-bit content address.
 pub type Digest = u128;
 
-/// The digests of a request's history: its prefix's, and each input item's own (not yet
-/// chained: a continuation chains them after its parent's digest).
+/// The digests of a request's history: its prefix's, and each parsed input item's own
+/// (not yet chained: a continuation chains them after its parent's digest).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct History {
     pub prefix: Digest,
+    /// The items the key's [`SeenItems`] recognized by their bytes: the request's first
+    /// `seen.items` items, not parsed (none when `seen.items` is 0).
+    pub seen: Seen,
+    /// The digests of the items after those.
     pub items: Vec<Digest>,
+    /// The raw address of the whole input ([`raw_chain`]'s last) and its count of
+    /// elements, when it was computed (an `input` array parsed with a [`SeenItems`]):
+    /// what [`SeenItems::remember`] keeps.
+    pub raw: Option<(Digest, usize)>,
 }
 
 impl History {
     pub fn of(prefix: &Prefix, items: &[Item]) -> History {
+        let prefix = prefix_digest(prefix);
         History {
-            prefix: prefix_digest(prefix),
+            prefix,
+            seen: Seen::nothing(prefix),
             items: items.iter().map(item_digest).collect(),
+            raw: None,
         }
     }
 
-    /// The chained digests after each item from `first` on, starting from `start` (the
-    /// prefix's digest when None): `len - first + 1` digests, `start` first.
-    pub fn chained(&self, start: Option<Digest>, first: usize) -> Vec<Digest> {
-        let mut at = start.unwrap_or(self.prefix);
-        let rest = self.items.get(first..).unwrap_or(&[]);
-        let mut out = Vec::with_capacity(rest.len() + 1);
+    /// The chained digests after each parsed item, starting from `start` (when None: the
+    /// digest after the items seen, the prefix's when none were): `items + 1` digests,
+    /// `start` first.
+    pub fn chained(&self, start: Option<Digest>) -> Vec<Digest> {
+        let mut at = start.unwrap_or(self.seen.digest);
+        let mut out = Vec::with_capacity(self.items.len() + 1);
         out.push(at);
-        for item in rest {
+        for item in &self.items {
             at = chain(at, *item);
             out.push(at);
         }
         out
     }
+}
+
+/// What the leading elements of an `input` (or `messages`) array stand for once parsed:
+/// how many elements, how many items they became, and the digest after those items.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Seen {
+    pub elements: usize,
+    pub items: usize,
+    pub digest: Digest,
+}
+
+impl Seen {
+    /// No element: the prefix alone.
+    pub fn nothing(prefix: Digest) -> Seen {
+        Seen {
+            elements: 0,
+            items: 0,
+            digest: prefix,
+        }
+    }
+}
+
+/// Raw addresses the key remembers at most; past it they are all forgotten (a miss
+/// parses everything, as without them).
+const MAX_SEEN: usize = 1 << 16;
+
+/// One API key's raw addresses: the raw address of each request whose prompt state the
+/// key's cache holds, with what its elements stand for parsed. Only requests that were
+/// served are remembered (their items parsed and checked then, under the same limits:
+/// the same bytes would parse and check the same), and an address is forgotten with the
+/// state it names ([`SeenItems::forget`]), so a hit names a state the cache held when the
+/// request was parsed.
+#[derive(Debug, Default)]
+pub struct SeenItems {
+    raw: HashMap<Digest, Seen>,
+    /// The raw addresses naming each parsed address.
+    states: HashMap<Digest, Vec<Digest>>,
+}
+
+impl SeenItems {
+    /// Remember a served request's raw address (when it has one, see [`History::raw`]).
+    /// Returns whether it did.
+    pub fn remember(&mut self, history: &History) -> bool {
+        let Some((raw, elements)) = history.raw else {
+            return false;
+        };
+        if self.raw.len() >= MAX_SEEN {
+            self.raw.clear();
+            self.states.clear();
+        }
+        let seen = Seen {
+            elements,
+            items: history.seen.items + history.items.len(),
+            digest: *history.chained(None).last().expect("the start is first"),
+        };
+        if let Some(old) = self.raw.insert(raw, seen) {
+            if old.digest != seen.digest {
+                self.unlink(old.digest, raw);
+            }
+        }
+        let names = self.states.entry(seen.digest).or_default();
+        if !names.contains(&raw) {
+            names.push(raw);
+        }
+        true
+    }
+
+    fn unlink(&mut self, digest: Digest, raw: Digest) {
+        if let Some(names) = self.states.get_mut(&digest) {
+            names.retain(|name| *name != raw);
+            if names.is_empty() {
+                self.states.remove(&digest);
+            }
+        }
+    }
+
+    /// Forget every raw address of the state at parsed address `digest` (it left the
+    /// cache).
+    pub fn forget(&mut self, digest: Digest) {
+        for raw in self.states.remove(&digest).unwrap_or_default() {
+            self.raw.remove(&raw);
+        }
+    }
+
+    /// The longest run of leading elements remembered: `chain` is [`raw_chain`]'s.
+    pub fn longest(&self, chain: &[Digest]) -> Option<Seen> {
+        chain
+            .iter()
+            .enumerate()
+            .skip(1)
+            .rev()
+            .find_map(|(elements, raw)| self.raw.get(raw).filter(|seen| seen.elements == elements))
+            .copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.raw.clear();
+        self.states.clear();
+    }
+}
+
+/// The raw addresses of an array's elements after a prefix with digest `prefix`: one
+/// after each element (its bytes as sent, hashed, not parsed), `elements.len() + 1`
+/// digests, the start first. `kind` keeps a Responses `input` and a chat `messages` apart.
+pub fn raw_chain(kind: u8, prefix: Digest, elements: &[&RawValue]) -> Vec<Digest> {
+    let mut start = Xxh3::with_seed(seed());
+    start.update(&[6, kind]);
+    start.update(&prefix.to_le_bytes());
+    let mut at = start.digest128();
+    let mut out = Vec::with_capacity(elements.len() + 1);
+    out.push(at);
+    for element in elements {
+        let bytes = element.get().as_bytes();
+        let mut hasher = Xxh3::with_seed(seed());
+        hasher.update(&[7]);
+        hasher.update(&at.to_le_bytes());
+        hasher.update(&(bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+        at = hasher.digest128();
+        out.push(at);
+    }
+    out
 }
 
 fn seed() -> u64 {
@@ -143,6 +294,54 @@ pub fn chain(at: Digest, item: Digest) -> Digest {
     hasher.digest128()
 }
 
+/// [`raw_chain`]'s kind of a Responses `input` array.
+const INPUT: u8 = 1;
+
+/// A request's `input` parsed with its history's digests. With `seen` (the key's, for a
+/// request that continues no response or conversation), an `input` array's leading
+/// elements that a request the key sent before had, byte for byte, are recognized and
+/// not parsed (the module's docs); anything else is parsed whole, as without it.
+pub(super) fn parse_history(
+    raw: Option<&RawValue>,
+    prefix: &Prefix,
+    limits: &Limits,
+    seen: Option<&SeenItems>,
+) -> Result<(Input, History)> {
+    let whole = || -> Result<(Input, History)> {
+        let input = parse_input(raw, limits)?;
+        let history = History::of(prefix, &input.items);
+        Ok((input, history))
+    };
+    let (Some(seen), Some(raw)) = (seen, raw) else {
+        return whole();
+    };
+    // A string input (or anything else that is not an array) has no elements.
+    let Ok(elements) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
+        return whole();
+    };
+    let prefix_digest = prefix_digest(prefix);
+    let chain = raw_chain(INPUT, prefix_digest, &elements);
+    let found = seen.longest(&chain).filter(|found| found.items == found.elements);
+    // The elements after those seen, parsed on their own; an error is the whole parse's
+    // (the same message and place a request never seen gets).
+    let tail = found.and_then(|found| Some((found, parse_elements(&elements, found.elements, limits).ok()?)));
+    let (input, mut history) = match tail {
+        Some((found, input)) => {
+            let items = input.items.iter().map(item_digest).collect();
+            let history = History {
+                prefix: prefix_digest,
+                seen: found,
+                items,
+                raw: None,
+            };
+            (input, history)
+        }
+        None => whole()?,
+    };
+    history.raw = chain.last().map(|raw| (*raw, elements.len()));
+    Ok((input, history))
+}
+
 /// The digests of a response's `output` items (a JSON array, as the server sent it),
 /// parsed as input items are: what a client replaying that output must match.
 pub fn output_digests(output_json: &str) -> Result<Vec<Digest>> {
@@ -206,7 +405,7 @@ mod tests {
         let a = request(r#"{"instructions":"x","input":"hi"}"#);
         let b = request(r#"{"instructions":"y","input":"hi"}"#);
         assert_eq!(a.history.items, b.history.items);
-        assert_ne!(a.history.chained(None, 0), b.history.chained(None, 0));
+        assert_ne!(a.history.chained(None), b.history.chained(None));
         let tools = request(r#"{"instructions":"x","input":"hi","tools":[{"type":"function","name":"f"}]}"#);
         assert_ne!(a.history.prefix, tools.history.prefix);
     }
@@ -216,12 +415,12 @@ mod tests {
         let first = request(r#"{"input":[{"role":"user","content":"a"}]}"#);
         let both = request(r#"{"input":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}"#);
         let second = request(r#"{"input":[{"role":"user","content":"b"}]}"#);
-        let parent = *first.history.chained(None, 0).last().unwrap();
+        let parent = *first.history.chained(None).last().unwrap();
         assert_eq!(
-            second.history.chained(Some(parent), 0).last(),
-            both.history.chained(None, 0).last()
+            second.history.chained(Some(parent)).last(),
+            both.history.chained(None).last()
         );
-        assert_eq!(both.history.chained(None, 1)[0], both.history.prefix);
+        assert_eq!(both.history.chained(None)[0], both.history.prefix);
     }
 
     #[test]
@@ -233,5 +432,101 @@ mod tests {
             {"type":"function_call","call_id":"call_1","name":"f","arguments":"{}"}]}"#,
         );
         assert_eq!(output_digests(output).unwrap(), replayed.history.items);
+    }
+    fn seen_request(body: &str, seen: &SeenItems) -> crate::validate::CreateRequest {
+        let request =
+            crate::validate::parse_request_seen(body.as_bytes(), &Limits::default(), Some(seen)).unwrap();
+        assert!(request.error.is_none(), "{:?}", request.error);
+        request
+    }
+
+    fn last(request: &crate::validate::CreateRequest) -> Digest {
+        *request.history.chained(None).last().unwrap()
+    }
+
+    const TWO: &str = r#"{"instructions":"x","input":[{"role":"user","content":"a"}, {"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]}"#;
+    const THREE: &str = r#"{"instructions":"x","input":[{"role":"user","content":"a"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},
+        {"type":"function_call_output","call_id":"c","output":"ok"}]}"#;
+
+    #[test]
+    fn leading_elements_seen_before_are_not_parsed() {
+        let mut seen = SeenItems::default();
+        let first = seen_request(TWO, &seen);
+        assert_eq!(first.history.seen.items, 0);
+        assert!(seen.remember(&first.history));
+        let again = seen_request(TWO, &seen);
+        assert_eq!((again.history.seen.items, again.input.items.len()), (2, 0));
+        assert_eq!(last(&again), last(&request(TWO)));
+        let longer = seen_request(THREE, &seen);
+        assert_eq!((longer.history.seen.items, longer.input.items.len()), (2, 1));
+        assert_eq!(longer.input.offset, 2);
+        assert_eq!(last(&longer), last(&request(THREE)));
+        assert_eq!(longer.tail(2).input.items, request(THREE).input.items[2..]);
+    }
+
+    #[test]
+    fn other_bytes_or_another_prefix_are_parsed_whole() {
+        let mut seen = SeenItems::default();
+        seen.remember(&seen_request(TWO, &seen).history);
+        // The same items spelled another way (whitespace, key order), another prefix:
+        // parsed whole, with the same digests as a full parse.
+        for body in [
+            TWO.replace(r#""content":"a""#, r#""content": "a""#),
+            TWO.replace(
+                r#"{"role":"user","content":"a"}"#,
+                r#"{"content":"a","role":"user"}"#,
+            ),
+            TWO.replace(r#""instructions":"x""#, r#""instructions":"y""#),
+            TWO.replace(
+                r#""instructions":"x","#,
+                r#""instructions":"x","tools":[{"type":"function","name":"f"}],"#,
+            ),
+        ] {
+            let request_seen = seen_request(&body, &seen);
+            assert_eq!(request_seen.history.seen.items, 0, "{body}");
+            assert_eq!(last(&request_seen), last(&request(&body)));
+        }
+        // Only the whitespace between elements differs: the elements are the same bytes.
+        let spaced = seen_request(&TWO.replace("}, {", "},\n  {"), &seen);
+        assert_eq!(spaced.history.seen.items, 2);
+    }
+
+    #[test]
+    fn a_forgotten_state_is_parsed_whole() {
+        let mut seen = SeenItems::default();
+        let first = seen_request(TWO, &seen);
+        seen.remember(&first.history);
+        seen.forget(last(&first));
+        assert!(seen.is_empty());
+        assert_eq!(seen_request(THREE, &seen).history.seen.items, 0);
+    }
+
+    #[test]
+    fn an_error_after_the_seen_items_is_a_full_parse_error() {
+        let mut seen = SeenItems::default();
+        seen.remember(&seen_request(TWO, &seen).history);
+        for bad in [r#"{"type":"nope"}"#, "3", r#"{"role":"user","content":7}"#] {
+            let body = THREE.replace(
+                r#"{"type":"function_call_output","call_id":"c","output":"ok"}"#,
+                bad,
+            );
+            let limits = Limits::default();
+            let with = crate::validate::parse_request_seen(body.as_bytes(), &limits, Some(&seen)).unwrap();
+            let without = parse_request(body.as_bytes(), &limits).unwrap();
+            assert!(with.error.is_some());
+            assert_eq!(with.error, without.error, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_continuation_is_never_recognized() {
+        let mut seen = SeenItems::default();
+        seen.remember(&seen_request(TWO, &seen).history);
+        let body = TWO.replace(
+            r#"{"instructions""#,
+            r#"{"previous_response_id":"resp_1","instructions""#,
+        );
+        let continued = seen_request(&body, &seen);
+        assert_eq!((continued.history.seen.items, continued.history.raw), (0, None));
     }
 }

@@ -35,8 +35,9 @@ pub struct Input {
 
 impl Input {
     /// Bytes of text in the items from `first` on: what rendering them costs grows with.
+    /// `first` counts from the request's first item (`offset` of them are not here).
     pub fn text_bytes(&self, first: usize) -> usize {
-        let items = self.items.get(first..).unwrap_or(&[]);
+        let items = self.items.get(first.saturating_sub(self.offset)..).unwrap_or(&[]);
         items
             .iter()
             .map(|item| match item {
@@ -47,9 +48,9 @@ impl Input {
             .sum()
     }
 
-    /// The items from `first` on, located where they were.
+    /// The items from the request's item `first` on, located where they were.
     pub fn tail(&self, first: usize) -> Input {
-        let first = first.min(self.items.len());
+        let first = first.saturating_sub(self.offset).min(self.items.len());
         Input {
             items: self.items[first..].to_vec(),
             sources: self.sources[first..].to_vec(),
@@ -180,24 +181,53 @@ pub fn parse_input(raw: Option<&RawValue>, limits: &Limits) -> Result<Input> {
             ))
         }
     };
-    if elements.len() > limits.max_items {
+    let count = count_checked(elements.len(), limits)?;
+    items_of(elements.into_iter().map(Ok), 0, count, limits)
+}
+
+/// The items of an `input` array's elements from element `first` on, each read from its
+/// own bytes (`elements` is the whole array): where the elements before it are the key's
+/// seen ones (`history::SeenItems`). Errors name each item's place in the whole array;
+/// an element that does not read as a JSON value of an item is refused with the path of
+/// the element (the caller parses the whole input again for the error of a full parse).
+pub(super) fn parse_elements(elements: &[&RawValue], first: usize, limits: &Limits) -> Result<Input> {
+    let count = count_checked(elements.len(), limits)?;
+    let path = Path::root("input");
+    let rest = elements.get(first..).unwrap_or(&[]).iter().enumerate();
+    let read = rest.map(|(i, element)| shape::read::<RawItem>(element.get(), &path.index(first + i)));
+    items_of(read, first, count, limits)
+}
+
+fn count_checked(count: usize, limits: &Limits) -> Result<usize> {
+    if count > limits.max_items {
         return Err(field::array_above_max_length(
-            &path,
-            elements.len(),
+            &Path::root("input"),
+            count,
             limits.max_items,
         ));
     }
-    let count = elements.len();
+    Ok(count)
+}
+
+/// The items of `elements`, the array's from element `first` on (it has `count`).
+fn items_of<'a>(
+    elements: impl Iterator<Item = Result<Shape<'a, RawItem<'a>>>>,
+    first: usize,
+    count: usize,
+    limits: &Limits,
+) -> Result<Input> {
+    let path = Path::root("input");
     let mut input = Input {
-        items: Vec::with_capacity(count),
-        sources: Vec::with_capacity(count),
+        items: Vec::with_capacity(count - first.min(count)),
+        sources: Vec::with_capacity(count - first.min(count)),
         from_string: false,
         compaction_trigger: false,
-        offset: 0,
+        offset: first,
     };
-    for (i, element) in elements.into_iter().enumerate() {
+    for (i, element) in elements.enumerate() {
+        let i = first + i;
         let item_path = path.index(i);
-        match parse_item(element.object(&item_path)?, &item_path, limits)? {
+        match parse_item(element?.object(&item_path)?, &item_path, limits)? {
             Some((item, source)) => {
                 input.items.push(item);
                 input.sources.push(source);

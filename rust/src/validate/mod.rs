@@ -31,11 +31,11 @@ mod values;
 pub use budget::check_context_budget;
 pub use chat::{parse_chat_request, ChatOptions, ChatRequest};
 pub use event::{parse_event, AppendEvent, ClientEvent};
-pub use history::{output_digests, Digest, History};
+pub use history::{output_digests, Digest, History, Seen, SeenItems};
 pub use input::{parse_input, Input, TextSource};
 pub use policy::Policy;
 pub use prompt_cache::{PromptCache, PromptCacheOptions};
-pub use request::{parse_request, CreateRequest};
+pub use request::{parse_request, parse_request_seen, CreateRequest};
 pub use tools::{SkippedTool, ToolChoice, ToolForm, Tools};
 pub use values::check_values;
 

@@ -7,8 +7,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::field::{self, invalid_value};
-use super::history::History;
-use super::input::{input_json, parse_input, Input};
+use super::history::{parse_history, History, SeenItems};
+use super::input::{input_json, Input};
 use super::path::Path;
 use super::policy::Policy;
 use super::prompt_cache::PromptCache;
@@ -211,14 +211,17 @@ impl CreateRequest {
     /// Parse the fields of `body`; `outer_stream_id` is the envelope's, for the nested
     /// form. `chat`: the parts a Chat Completions request spells its own way, parsed
     /// (`chat.rs`); its `tools` and `tool_choice` are in the body, in the chat form.
+    /// `seen`: the key's raw addresses, which a request that continues no response or
+    /// conversation is recognized by (`history::parse_history`).
     pub(super) fn from_body(
         body: &Body,
         outer_stream_id: Option<&RawValue>,
         limits: &Limits,
         chat: Option<ChatParts>,
+        seen: Option<&SeenItems>,
     ) -> Self {
         let mut request = CreateRequest::default();
-        if let Err(e) = request.fill(body, outer_stream_id, limits, chat) {
+        if let Err(e) = request.fill(body, outer_stream_id, limits, chat, seen) {
             request.error = Some(e);
             request.response_fields_json = "{}".to_string();
         }
@@ -241,6 +244,7 @@ impl CreateRequest {
         outer_stream_id: Option<&RawValue>,
         limits: &Limits,
         chat: Option<ChatParts>,
+        seen: Option<&SeenItems>,
     ) -> Result<()> {
         let max = limits.max_text_bytes;
         // The lane first, so that an error about anything else can still name it.
@@ -311,16 +315,18 @@ impl CreateRequest {
                 self.input_bytes = chat.input_bytes;
                 self.input = chat.input;
                 self.input_json = chat.input_json;
+                self.history = History::of(&self.prefix, &self.input.items);
             }
             None => {
                 self.prefix.instructions =
                     field::opt_string(body.instructions, &Path::root("instructions"), max)?;
                 self.input_bytes = body.input.map_or(0, |r| r.get().len());
-                self.input = parse_input(body.input, limits)?;
+                let seen =
+                    seen.filter(|_| self.previous_response_id.is_none() && self.conversation.is_none());
+                (self.input, self.history) = parse_history(body.input, &self.prefix, limits, seen)?;
                 self.input_json = input_json(body.input);
             }
         }
-        self.history = History::of(&self.prefix, &self.input.items);
         let tools_echo = body
             .tools
             .map_or_else(|| "[]".to_string(), |_| tools.echo_json.clone());
@@ -535,10 +541,16 @@ fn compact_threshold(raw: Option<&RawValue>) -> Result<Option<u64>> {
 /// Parse an HTTP `POST /v1/responses` body. Malformed JSON or a body that is not an
 /// object is an `invalid_json` error; anything else lands in `CreateRequest::error`.
 pub fn parse_request(body: &[u8], limits: &Limits) -> Result<CreateRequest> {
+    parse_request_seen(body, limits, None)
+}
+
+/// [`parse_request`] with the key's raw addresses (`history::SeenItems`): the leading
+/// input elements a request of the key had, byte for byte, are not parsed again.
+pub fn parse_request_seen(body: &[u8], limits: &Limits, seen: Option<&SeenItems>) -> Result<CreateRequest> {
     let text = std::str::from_utf8(body).map_err(|_| not_utf8())?;
     let fields: Body = parse_object(text, "The request body")?;
     let mut request = match check_values(text) {
-        Ok(()) => CreateRequest::from_body(&fields, None, limits, None),
+        Ok(()) => CreateRequest::from_body(&fields, None, limits, None, seen),
         Err(e) => CreateRequest::refused(e, None),
     };
     request.frame_bytes = body.len();
