@@ -96,3 +96,19 @@ async def test_a_poisoned_record_fails_its_commit_alone(tmp_path: Path) -> None:
         assert books.drain.in_flight == 0
     finally:
         await books.close()
+
+
+def test_whole_history_settings_choose_what_a_key_is_matched_by() -> None:
+    """`whole_history`: bytes (the key's cache and its raw addresses), items (the cache,
+    no raw addresses) or off (neither: every whole-history request renders whole)."""
+    principal = "sk-a"
+    owner = key_id(principal)
+    on = ledger()
+    assert on.history_cache(owner) is on.http_cache(owner)
+    assert on.seen_items(principal) is on.http_cache(owner).seen
+    assert on.seen_items("sk-b") is not on.seen_items(principal)
+    items = ledger(whole_history="items")
+    assert items.history_cache(owner) is items.http_cache(owner)
+    assert items.seen_items(principal) is None
+    off = ledger(whole_history="off")
+    assert off.history_cache(owner) is None and off.seen_items(principal) is None

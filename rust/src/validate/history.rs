@@ -190,7 +190,7 @@ impl SeenItems {
 /// The raw addresses of an array's elements after a prefix with digest `prefix`: one
 /// after each element (its bytes as sent, hashed, not parsed), `elements.len() + 1`
 /// digests, the start first. `kind` keeps a Responses `input` and a chat `messages` apart.
-pub fn raw_chain(kind: u8, prefix: Digest, elements: &[&RawValue]) -> Vec<Digest> {
+pub fn raw_chain(kind: u8, prefix: Digest, elements: &[&str]) -> Vec<Digest> {
     let mut start = Xxh3::with_seed(seed());
     start.update(&[6, kind]);
     start.update(&prefix.to_le_bytes());
@@ -198,7 +198,7 @@ pub fn raw_chain(kind: u8, prefix: Digest, elements: &[&RawValue]) -> Vec<Digest
     let mut out = Vec::with_capacity(elements.len() + 1);
     out.push(at);
     for element in elements {
-        let bytes = element.get().as_bytes();
+        let bytes = element.as_bytes();
         let mut hasher = Xxh3::with_seed(seed());
         hasher.update(&[7]);
         hasher.update(&at.to_le_bytes());
@@ -319,6 +319,7 @@ pub(super) fn parse_history(
     let Ok(elements) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
         return whole();
     };
+    let elements: Vec<&str> = elements.iter().map(|element| element.get()).collect();
     let prefix_digest = prefix_digest(prefix);
     let chain = raw_chain(INPUT, prefix_digest, &elements);
     let found = seen.longest(&chain).filter(|found| found.items == found.elements);

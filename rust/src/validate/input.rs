@@ -190,11 +190,11 @@ pub fn parse_input(raw: Option<&RawValue>, limits: &Limits) -> Result<Input> {
 /// seen ones (`history::SeenItems`). Errors name each item's place in the whole array;
 /// an element that does not read as a JSON value of an item is refused with the path of
 /// the element (the caller parses the whole input again for the error of a full parse).
-pub(super) fn parse_elements(elements: &[&RawValue], first: usize, limits: &Limits) -> Result<Input> {
+pub(super) fn parse_elements(elements: &[&str], first: usize, limits: &Limits) -> Result<Input> {
     let count = count_checked(elements.len(), limits)?;
     let path = Path::root("input");
     let rest = elements.get(first..).unwrap_or(&[]).iter().enumerate();
-    let read = rest.map(|(i, element)| shape::read::<RawItem>(element.get(), &path.index(first + i)));
+    let read = rest.map(|(i, element)| shape::read::<RawItem>(element, &path.index(first + i)));
     items_of(read, first, count, limits)
 }
 
