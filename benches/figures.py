@@ -229,20 +229,23 @@ FIGURES = (
     ),
     Figure(
         "peers_whole_history",
-        _scripts(
-            "bench_peers.py --speeds 4000,1000 --upstreams free --systems hotloop,agentic-api "
-            "--modes websocket,http_full --rounds 3 --out benches/results/peers_whole_history.json"
-        )
-        + tuple(
+        # Each run also holds the whole-history requests matched by their parsed items
+        # only (`--whole-history items`, as before the raw bytes were recognized).
+        tuple(
             (
                 PYTHON,
                 "benches/bench_peers.py",
-                *shlex.split("--speeds 4000 --upstreams free --systems hotloop,agentic-api"),
+                *shlex.split(f"--speeds {speeds} --upstreams free --systems hotloop,agentic-api"),
                 *("--modes", "websocket,http_full", "--rounds", "3"),
-                *("--history-tokens", str(tokens)),
-                *("--out", f"benches/results/peers_whole_history_{tokens}.json"),
+                *("--variant", "items=--whole-history items", "--variant-modes", "http_full"),
+                *(("--history-tokens", tokens) if tokens else ()),
+                *("--out", f"benches/results/peers_whole_history{suffix}.json"),
             )
-            for tokens in (10000, 250000)
+            for speeds, tokens, suffix in (
+                ("4000,1000", "", ""),
+                ("4000", "10000", "_10000"),
+                ("4000", "250000", "_250000"),
+            )
         ),
         writes=(
             "peers_whole_history.json",

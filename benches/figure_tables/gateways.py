@@ -200,6 +200,7 @@ def upstream_client_table(results: dict[str, Any]) -> str:
 WHOLE_HISTORY_ROWS = {
     "hotloop websocket": "hotloop, WebSocket",
     "hotloop http_full": "hotloop, whole history",
+    "hotloop+items http_full": "hotloop, whole history, items parsed (`--whole-history items`)",
     "hotloop@before http_full": "hotloop before, whole history",
     "agentic-api http_full": "agentic-api, whole history",
     "floor http_full": "client straight to the upstream",
@@ -219,7 +220,7 @@ def whole_history_tables(main: dict[str, Any], short: dict[str, Any], long: dict
     rows = []
     for key, label in WHOLE_HISTORY_ROWS.items():
         if key not in configurations[0]["systems"]:
-            continue  # a run without `--baseline before=DIR` has no "before" rows
+            continue  # a run without `--baseline before=DIR` or the variant has no row
         cells = [label]
         for c in configurations:
             r = c["systems"][key]
@@ -241,6 +242,7 @@ def whole_history_tables(main: dict[str, Any], short: dict[str, Any], long: dict
             *(ms(s[key]["gateway_cpu_ms_per_turn"], 2) for s in lengths),
             f"{lengths[1][key]['gateway_cpu_ms_per_turn'] / lengths[0][key]['gateway_cpu_ms_per_turn']:.2f}x",  # noqa: E501
         )
-        for key in ("hotloop websocket", "hotloop http_full", "agentic-api http_full")
+        for key in WHOLE_HISTORY_ROWS
+        if not key.startswith("floor") and all(key in s for s in lengths)
     ]
     return markdown(header, rows) + "\n\n" + markdown(growth_header, growth)
