@@ -77,6 +77,7 @@ from hotloop.protocol.parsing import (
 )
 from hotloop.protocol.queue_memory import RETRY_AFTER_SECONDS, QueueMemory
 from hotloop.protocol.response import Ending, Rendering, Response, Settings
+from hotloop.protocol.state import State
 from hotloop.protocol.steering import Steering
 from hotloop.protocol.summarization import Summarization
 
@@ -271,7 +272,7 @@ class Connection:
         """Sampled ids for response `key`. Returns whether the engine should go on
         (False once the model sampled a stop token or the response was abandoned)."""
         response = self.generating.get(key)
-        if response is None or response.cut:
+        if response is None or response.state is State.CUT_FOR_STEER:
             return False
         return response.feed(ids)
 
@@ -387,12 +388,14 @@ class Connection:
         for response in self.generating.values():
             self.outbox.append(Cancel(response.key))
             usage = response.usage()
+            response.enter(State.DONE)
             response.book(response.events.response_json("cancelled", usage=usage), usage)
         self.generating.clear()
         self.long_running.waiting.clear()
         # Commits in progress finish on their own; their usage is booked now, as their
         # generation ended.
         for ending in self.ending.values():
+            ending.response.enter(State.DONE)
             self.report(ending.finished)
         self.ending.clear()
         # A render still running in a worker thread finishes on its own; its result

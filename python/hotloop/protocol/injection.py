@@ -20,6 +20,7 @@ import orjson
 from hotloop._core import AppendEvent, Checkpoint, CoreError, CreateRequest, Turn, parse_event
 from hotloop.protocol.actions import Cancel, TurnSegment, Wait
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.state import State
 from hotloop.protocol.steering import Steered, inherited
 
 if TYPE_CHECKING:
@@ -133,6 +134,7 @@ class LongRunning:
             self.end_waiting(response, CONNECTION_CLOSING)
             return
         self.waiting[response.key] = response
+        response.enter(State.WAITING_FOR_TOOLS)
         if not response.waiting:
             # Every call was answered while the turn still sampled: it resumes at once.
             try:
@@ -217,7 +219,7 @@ class LongRunning:
             return
         assert target is not None, "found above, or refused"
         target.injected.append(injection)
-        if target.key not in self.waiting:
+        if target.state is not State.WAITING_FOR_TOOLS:
             # Its model turn still samples: held until the turn ends calling (`wait`).
             connection.outbox.append(self._created(target))
             return
@@ -244,7 +246,7 @@ class LongRunning:
         """The calls an injection may answer now: the ones the response waits for; while
         its model turn still samples, the calls it completed so far that no held
         injection answers (a client may answer a call as soon as its item is done)."""
-        if target.key in self.waiting:
+        if target.state is State.WAITING_FOR_TOOLS:
             return target.waiting
         held = self._held_answers(target)
         return {
@@ -319,6 +321,7 @@ class LongRunning:
         response.injected, response.steers = [], []
         if self.waiting.pop(response.key, None) is not None:
             connection.outbox.append(Cancel(response.key))  # its idle timer
+        response.enter(State.SAMPLING)
         response.key = connection.new_key()
         connection.generating[response.key] = response
         response.spent, response.resumed = spent, turn

@@ -14,6 +14,7 @@ import orjson
 from hotloop._core import Checkpoint, CoreError
 from hotloop.events import qualified_name
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.state import State
 
 if TYPE_CHECKING:
     from hotloop.protocol.connection import Connection
@@ -42,7 +43,7 @@ def interrupt(connection: Connection, event: dict[str, Any]) -> None:
         # never silence, so a client waiting for an answer does not hang.
         connection.refuse(connection.not_running(response_id))
         return
-    waiting = target.key in connection.long_running.waiting
+    waiting = target.state is State.WAITING_FOR_TOOLS
     target.stop()
     events = target.events
     connection.outbox.append(events.event("response.interrupt.accepted", response_id=response_id))

@@ -43,6 +43,7 @@ from hotloop.protocol.actions import McpCall, McpRequest
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.injection import Injection
 from hotloop.protocol.parsing import offloads
+from hotloop.protocol.state import State
 
 if TYPE_CHECKING:
     from hotloop.protocol.connection import Connection
@@ -445,6 +446,7 @@ class McpLoop:
             ends = ends or refusal is not None
             server = turn.tools[item["name"]]
             requests.append(McpRequest(server, item["name"], item["arguments"], refusal))
+        response.enter(State.CALLING_MCP)
         key = connection.new_key()
         response.key = key
         connection.generating[key] = response

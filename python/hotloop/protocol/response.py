@@ -38,6 +38,7 @@ from hotloop.protocol.actions import Cancel, Finished, Generate, Persist, TurnSe
 from hotloop.protocol.diagnostics import diagnose
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.history import NOWHERE, Start, end_mark
+from hotloop.protocol.state import State, advance
 
 if TYPE_CHECKING:
     from hotloop.protocol.cache import ConversationStart, Mark
@@ -207,6 +208,7 @@ class Rendering:
             summarization.summarize(response, summary[0], summary[1], resume=resume)
             return
         response.overhead_ns = pending.parse_ns + connection.clock() - start
+        response.enter(State.SAMPLING)
         response.generate(conversation.prompt())
 
 
@@ -241,13 +243,13 @@ class Response:
     evicts_parent: bool
     overhead_ns: int
     root: str
+    state: State = State.OPENED
+    """Where it is in its life; it moves only by `enter` (`state.py`'s table)."""
     steers: list[Steer] = field(default_factory=list)
     """Accepted steers: sampling stops at the next item boundary, a successor follows."""
-    cut: bool = False
-    """Sampling stopped at an item boundary for a steer."""
     compaction: Summary | None = None
-    """Set while the engine writes a summary (`conversation`, `parser` and `turn` are
-    the summarization's); the turn proper starts from it afterwards."""
+    """The summary the engine writes while `SUMMARIZING` (`conversation`, `parser` and
+    `turn` are the summarization's); the turn proper starts from it afterwards."""
     spent: Usage | None = None
     """The engine passes before the current one, added to its usage: a compacted
     turn's summarization, a long-running response's earlier model turns."""
@@ -265,8 +267,6 @@ class Response:
     conversation_start: ConversationStart | None = None
     """The conversation state it started from: its tokens rendered for this turn are
     not served from the cache, and its items are appended to what it read."""
-    prefill: bool = False
-    """A prewarm: the engine fills its cache with the prompt and samples nothing."""
     engine_cached: int | None = None
     """The prompt ids the engine said it served from its own KV cache in the current
     engine pass (earlier passes are in `spent`); None: it did not say."""
@@ -298,6 +298,10 @@ class Response:
             seen=rendering.seen,
         )
 
+    def enter(self, state: State) -> None:
+        """Move to `state`; raises `ImpossibleTransition` where the table leads nowhere."""
+        self.state = advance(self.state, state)
+
     @property
     def current_turn(self) -> Turn:
         """The model turn sampling now (or last)."""
@@ -318,7 +322,7 @@ class Response:
         """`generate: false` (or `prompt_cache_options.prewarm`): the engine evaluates
         `prompt` into its cache and samples nothing (`max_output_tokens` 0, each engine's
         way: docs/engines.md); `done` then completes it with an empty output."""
-        self.prefill = True
+        self.enter(State.PREFILLING)
         self.connection.outbox.append(self.events.lifecycle("response.created", "in_progress"))
         self.generate(prompt, 0)
 
@@ -344,7 +348,8 @@ class Response:
 
     def feed(self, ids: list[int]) -> bool:
         """Sampled ids; returns whether the engine should go on."""
-        if self.compaction is not None:
+        if self.state is State.SUMMARIZING:
+            assert self.compaction is not None, "the summary it writes"
             self.compaction.feed(self.parser.feed(ids))
             return not self.parser.stopped
         if self.steers:
@@ -368,7 +373,7 @@ class Response:
             parsed = self.parser.feed([token])
             self.events.feed(parsed, emit)
             if any(event[0] in ITEM_DONE for event in parsed):
-                self.cut = True
+                self.enter(State.CUT_FOR_STEER)
                 return False
             if self.parser.stopped:
                 return False
@@ -380,16 +385,17 @@ class Response:
         connection = self.connection
         # Set, not added: an earlier pass's figure is in `spent` already.
         self.engine_cached = engine_cached
-        if self.compaction is not None:
+        if self.state is State.SUMMARIZING:
+            assert self.compaction is not None, "the summary it writes"
             connection.summarization.summarized(self, self.compaction)
             return
-        if self.prefill:
+        if self.state is State.PREFILLING:
             # Nothing sampled, nothing committed: the next turn extends exactly the
             # prompt the engine now holds.
             checkpoint = self.conversation.checkpoint()
             self.terminal("response.completed", "completed", self.usage(), checkpoint)
             return
-        if self.cut and not self.parser.stopped:
+        if self.state is State.CUT_FOR_STEER and not self.parser.stopped:
             self._end_steered()
             return
         parsed, outcome, message = self.parser.finish()
@@ -438,10 +444,12 @@ class Response:
     def failed(self, error: EngineError) -> None:
         """The engine failed."""
         message = f"The engine failed ({error.code}): {error.message}"
-        if self.compaction is not None and not self.compaction.resume:
+        summary = self.compaction
+        if self.state is State.SUMMARIZING and summary is not None and not summary.resume:
             # /responses/compact has no response to fail: its request gets the error.
+            self.enter(State.DONE)
             self.connection.refuse(ProtocolError("server_error", message, status=500))
-            self.book(b"", self.usage(), "failed", self.compaction.item_id)
+            self.book(b"", self.usage(), "failed", summary.item_id)
             self.connection.release(self.lane)
             return
         self.fail(message, self.usage())
@@ -583,6 +591,7 @@ class Response:
             ),
         )
         if stored:
+            self.enter(State.ENDING)
             self.lane.active = None
             self.lane.ending = connection.ending[self.key] = ending
             connection.outbox.append(Persist(self.key, ending.finished))
@@ -611,6 +620,7 @@ class Ending:
         """Send the terminal event (the Response as committed), cache the new state and
         report it."""
         response = self.response
+        response.enter(State.DONE)
         connection, events = response.connection, response.events
         connection.outbox.append(events.wrap(self.kind, self.finished.response_json))
         if self.checkpoint is not None:

@@ -21,6 +21,7 @@ from hotloop._core import CoreError, CreateRequest, parse_event
 from hotloop.events import ResponseEvents, new_id
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.lanes import Pending
+from hotloop.protocol.state import State
 
 if TYPE_CHECKING:
     from hotloop.protocol.connection import Connection
@@ -223,10 +224,9 @@ class Steering:
         connection.outbox.append(events.event("response.steer.accepted", steer=steer.wire()))
         if running is not None:
             running.steers.append(steer)
-            long_running = connection.long_running
-            if running.key in long_running.waiting:
+            if running.state is State.WAITING_FOR_TOOLS:
                 # Long-running mode: it goes into the turn the injected output resumes.
-                self.announce_pending(events, [steer], long_running.required(running))
+                self.announce_pending(events, [steer], connection.long_running.required(running))
         elif awaiting is not None:
             self._pending(awaiting, [steer])
 

@@ -24,6 +24,7 @@ from hotloop.protocol.compaction import (
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.lanes import Pending
 from hotloop.protocol.response import Rendering, Response
+from hotloop.protocol.state import State
 
 if TYPE_CHECKING:
     from hotloop.protocol.connection import Connection
@@ -86,6 +87,7 @@ class Summarization:
         compaction = Summary(new_id("cmp_"), resume)
         if resume:
             compaction.before = response.conversation, response.turn
+        response.enter(State.SUMMARIZING)
         response.compaction = compaction
         response.conversation, response.parser = conversation, conversation.parser()
         response.turn = turn
@@ -114,6 +116,7 @@ class Summarization:
         if not compaction.resume:
             resource = compacted_resource(item, spent)
             connection.outbox.append(resource)
+            response.enter(State.DONE)
             response.book(resource, spent, "completed", compaction.item_id)
             connection.release(response.lane)
             return
@@ -131,6 +134,7 @@ class Summarization:
             return
         response.conversation, response.parser = conversation, conversation.parser()
         response.turn, response.spent = turn, spent
+        response.enter(State.SAMPLING)
         # New engine work, under a key of its own: the transport forgets the summary's
         # key when that task ends, which would leave this one out of a cancel's reach.
         response.key = connection.new_key()
