@@ -209,6 +209,13 @@ class ServerConfig:
         "garbage collector's youngest generation every this many new objects (0: Python's "
         "own settings, nothing frozen)",
     )
+    heap_trim_interval: float = _option(
+        5.0,
+        "seconds between handing the heap's freed pages back to the operating system "
+        "(glibc's malloc_trim, in a worker thread): what large requests left behind stops "
+        "counting in the process's resident memory (0: never)",
+        _non_negative,
+    )
     max_compressed_frames: int = _option(
         1024,
         "gzip members or zstd frames (skippable ones too) one compressed request body may "

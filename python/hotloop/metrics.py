@@ -295,18 +295,6 @@ class GcPauses:
             self._started = 0
 
 
-def settle_heap(young: int) -> None:
-    """After start-up: collect once, move every object alive now out of the collector's
-    reach (`gc.freeze`: the modules, the engine, the tokenizer tables are never garbage,
-    and a full collection no longer traverses them), and collect the youngest generation
-    once per `young` new container objects instead of Python's 700 (fewer collections,
-    each of the objects of a few turns)."""
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(young, middle, old)
-
-
 class TurnPhases:
     """Each turn's phases up to its first delta (`hotloop.turnclock`), by transport: a
     histogram per phase, and at DEBUG one line per turn on `hotloop.phases`."""

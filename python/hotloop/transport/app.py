@@ -23,9 +23,9 @@ from hotloop.config import ServerConfig
 from hotloop.engines import load_engine
 from hotloop.engines.base import Engine, EngineError
 from hotloop.events import error_body
+from hotloop.heap import HeapTrim, settle_heap
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
-from hotloop.metrics import settle_heap
 from hotloop.protocol import (
     CacheBudget,
     Connection,
@@ -97,6 +97,8 @@ class App:
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
+        self._heap = HeapTrim(self.config.heap_trim_interval)
+        """Hands what large requests freed back to the operating system (`hotloop.heap`)."""
         # Shared with the HTTP routes when `from_config` hands both the same one.
         self.mcp = mcp or McpClient(McpSettings.of(self.config))
         # Without one (an app built by hand), items sealed here open only in this process.
@@ -218,8 +220,10 @@ class App:
                 await self._http.background.start(self.ledger.store)
         if self.config.gc_young:
             settle_heap(self.config.gc_young)
+        self._heap.start()
 
     async def close(self) -> None:
+        await self._heap.stop()
         if isinstance(self._http, HttpApi):
             await self._http.close()
         if self.ledger is not None:
