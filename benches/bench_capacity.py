@@ -76,6 +76,7 @@ MAX_AGENTS = 512
 PHASE_METRIC = "hotloop_turn_phase_seconds"
 LAG_METRIC = "hotloop_event_loop_lag_seconds"
 GC_METRIC = "hotloop_gc_pause_seconds"
+TRIM_METRIC = "hotloop_heap_trim_seconds"
 
 
 def tree_rss(root: int) -> int:
@@ -84,14 +85,16 @@ def tree_rss(root: int) -> int:
 
 def scrape(base: str) -> dict[str, float]:
     """hotloop's histogram buckets of the phases and the lag, and its garbage
-    collections (buckets, count and sum; a hotloop without them has none), by sample
-    name."""
+    collections and heap trims (buckets, count and sum; a hotloop without them has
+    none), by sample name."""
     with urllib.request.urlopen(base + "/metrics", timeout=30) as reply:
         text = reply.read().decode()
     return {
         name: float(value)
         for name, _, value in (line.rpartition(" ") for line in text.splitlines())
-        if name.startswith((PHASE_METRIC + "_bucket", LAG_METRIC + "_bucket", GC_METRIC))
+        if name.startswith(
+            (PHASE_METRIC + "_bucket", LAG_METRIC + "_bucket", GC_METRIC, TRIM_METRIC)
+        )
     }
 
 
@@ -129,6 +132,10 @@ def phases(before: dict[str, float], after: dict[str, float], mode: str) -> dict
         total = f"{GC_METRIC}_sum{label}"
         pauses["sum_ms"] = 1e3 * (after.get(total, 0.0) - before.get(total, 0.0))
         found[f"gc_{generation}"] = pauses
+    trims = quantiles(before, after, f"{TRIM_METRIC}_bucket{{")
+    total = f"{TRIM_METRIC}_sum"
+    trims["sum_ms"] = 1e3 * (after.get(total, 0.0) - before.get(total, 0.0))
+    found["heap_trim"] = trims
     return found
 
 

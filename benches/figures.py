@@ -254,6 +254,7 @@ FIGURES = (
         ),
     ),
     Figure("capacity", _scripts("bench_capacity.py"), writes=("capacity.json",)),
+    Figure("memory_per_agent", _scripts("bench_memory_per_agent.py")),
     Figure(
         "hardening_39_frames",
         _scripts(

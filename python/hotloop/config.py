@@ -210,10 +210,12 @@ class ServerConfig:
         "own settings, nothing frozen)",
     )
     heap_trim_interval: float = _option(
-        5.0,
+        0.0,
         "seconds between handing the heap's freed pages back to the operating system "
         "(glibc's malloc_trim, in a worker thread): what large requests left behind stops "
-        "counting in the process's resident memory (0: never)",
+        "counting in resident memory, but each trim holds the allocator for up to tens of "
+        "milliseconds on a heap of hundreds of MB, every thread's allocations waiting (0: "
+        "never)",
         _non_negative,
     )
     max_compressed_frames: int = _option(

@@ -15,7 +15,10 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
+import time
 from collections.abc import Callable
+
+from hotloop.metrics import Histogram
 
 
 def settle_heap(young: int) -> None:
@@ -48,9 +51,11 @@ class HeapTrim:
     in a worker thread (ctypes releases the GIL; the allocator's locks are held for about
     a millisecond per 50 MB of heap). 0: never."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, timed: Histogram | None = None) -> None:
+        """`timed`: where each trim's wall time goes (`hotloop_heap_trim_seconds`)."""
         self.interval = interval
         self._trim = _malloc_trim() if interval > 0 else None
+        self._timed = timed
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -68,4 +73,10 @@ class HeapTrim:
         assert trim is not None
         while True:
             await asyncio.sleep(self.interval)  # a period, not synchronisation
-            await asyncio.to_thread(trim)
+            await asyncio.to_thread(self._timed_trim, trim)
+
+    def _timed_trim(self, trim: Callable[[], object]) -> None:
+        start = time.perf_counter()
+        trim()
+        if self._timed is not None:
+            self._timed.observe(time.perf_counter() - start)

@@ -32,6 +32,7 @@ Instruments (all names prefixed `hotloop_`):
   callback (a frame read, a token handed over) waits for the loop
 - gc_pause_seconds{generation}: each collection of the garbage collector, which holds
   every thread that needs the GIL (`GcPauses`)
+- heap_trim_seconds: each hand-back of the heap's free pages (`hotloop.heap.HeapTrim`)
 - turn_phase_seconds{transport,phase}: where each turn's time to its first delta goes
   (`TurnPhases`, phases of `hotloop.turnclock`)
 - usage_tokens_total{key,kind} from `Usage`
@@ -398,6 +399,13 @@ class Metrics:
                 GC_PAUSE_BUCKETS,
             )
         )
+        self.heap_trims = HistogramFamily(
+            "hotloop_heap_trim_seconds",
+            "Each hand-back of the heap's free pages to the OS (--heap-trim-interval), "
+            "in a worker thread; the allocator's locks are held meanwhile.",
+            (),
+            GC_PAUSE_BUCKETS,
+        )
         self.turn_phases = TurnPhases(
             HistogramFamily(
                 "hotloop_turn_phase_seconds",
@@ -440,6 +448,7 @@ class Metrics:
             self.loop_busy,
             self.loop_lag,
             self.gc_pauses.family,
+            self.heap_trims,
             self.turn_phases.family,
         ):
             lines.extend(family.render())

@@ -97,7 +97,10 @@ class App:
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
-        self._heap = HeapTrim(self.config.heap_trim_interval)
+        self._heap = HeapTrim(
+            self.config.heap_trim_interval,
+            None if ledger is None else ledger.metrics.heap_trims.labels(),
+        )
         """Hands what large requests freed back to the operating system (`hotloop.heap`)."""
         # Shared with the HTTP routes when `from_config` hands both the same one.
         self.mcp = mcp or McpClient(McpSettings.of(self.config))
