@@ -328,6 +328,12 @@ HISTORICAL = {
         "47a523d, and 2519ada with Python's collector settings and with its own (frozen "
         "after start-up, youngest generation every 5000 objects), two runs, order reversed",
     ),
+    HISTORY + "capacity_heap_trim_before_after.json": Historical(
+        "17d2513",
+        "`bench_capacity.py --quick --modes websocket,http_full` with two hotloops as "
+        "baselines: 2519ada and 17d2513 (the heap trimmed every 5 s), two runs, order "
+        "reversed; then the trims' own time at 64 agents",
+    ),
     HISTORY + "hardening_39_frames_before_after.json": Historical(
         "d7a1250",
         "`bench_body_attack.py frames`, by hand: the server before issue 39's bound on "
