@@ -334,6 +334,11 @@ HISTORICAL = {
         "baselines: 2519ada and 17d2513 (the heap trimmed every 5 s), two runs, order "
         "reversed; then the trims' own time at 64 agents",
     ),
+    HISTORY + "capacity_driver_before_after.json": Historical(
+        "47a523d",
+        "`bench_capacity.py --quick --modes websocket,http_full` with two hotloops as "
+        "baselines: 6d4c378 and 47a523d (the one action driver), two runs, order reversed",
+    ),
     HISTORY + "hardening_39_frames_before_after.json": Historical(
         "d7a1250",
         "`bench_body_attack.py frames`, by hand: the server before issue 39's bound on "
