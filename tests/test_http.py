@@ -488,3 +488,49 @@ def test_a_client_that_disconnects_mid_stream_cancels_generation(tmp_path: Path)
         )
         assert quick.json()["status"] == "incomplete"
         assert httpx.get(base + "/v1/usage", headers=headers).json()["responses"] == 2
+
+
+@pytest.mark.parametrize("whole_history", ["bytes", "items", "off"])
+def test_a_resent_history_is_recognized_by_its_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole_history: str
+) -> None:
+    """Over HTTP, on both APIs, the second whole-history request of a key has what the
+    first sent recognized, not parsed (`whole_history` bytes); with items or off it is
+    parsed whole. The usage is the same either way but off, where nothing is cached;
+    another key's request is never recognized."""
+    import hotloop.transport.http as http
+
+    parsed: list[Any] = []
+    for name in ("parse_request", "parse_chat_request"):
+
+        def recording(*args: Any, _parse: Any = getattr(http, name)) -> Any:
+            result = _parse(*args)
+            parsed.append(getattr(result, "request", result))
+            return result
+
+        monkeypatch.setattr(http, name, recording)
+    headers = {"authorization": f"Bearer {KEY}"}
+    first = [{"role": "user", "content": "hello"}]
+    chat = [{"role": "system", "content": "Be terse."}, *first]
+    with serving(hotloop_app(tmp_path, whole_history=whole_history)) as base:
+        usage = []
+        for path, field, history in (
+            ("responses", "input", first),
+            ("chat/completions", "messages", chat),
+        ):
+            body: dict[str, Any] = {"model": "sim", field: history, "store": False}
+            reply = httpx.post(f"{base}/v1/{path}", json=body, headers=headers).json()
+            answer = reply["output"] if path == "responses" else [reply["choices"][0]["message"]]
+            body[field] = [*history, *answer, {"role": "user", "content": "more"}]
+            reply = httpx.post(f"{base}/v1/{path}", json=body, headers=headers).json()
+            usage.append(reply["usage"])
+            other = {"authorization": f"Bearer {OTHER_KEY}"}
+            httpx.post(f"{base}/v1/{path}", json=body, headers=other).raise_for_status()
+    recognized = [request.seen_items for request in parsed]
+    expected = {"bytes": [0, 1, 0, 0, 1, 0]}.get(whole_history, [0] * 6)
+    assert recognized == expected
+    cached = [
+        u.get("input_tokens_details", u.get("prompt_tokens_details"))["cached_tokens"]
+        for u in usage
+    ]
+    assert all(cached) == (whole_history != "off")

@@ -276,8 +276,11 @@ class ChatRequest:
     include_usage: bool
     """`stream_options.include_usage`: the stream ends with a chunk of usage."""
 
-def parse_chat_request(body: str | bytes, limits: Limits | None = None) -> ChatRequest:
-    """Parse a Chat Completions body into the `CreateRequest` it is served as. What the
+def parse_chat_request(
+    body: str | bytes, limits: Limits | None = None, seen: SeenItems | None = None
+) -> ChatRequest:
+    """Parse a Chat Completions body into the `CreateRequest` it is served as (with
+    `seen`, its leading messages recognized by their bytes as `parse_request` does). What the
     server cannot honour (`n` above 1, `stop`, `seed`, `logprobs`, a structured
     `response_format`, `store: true`, ...) is `request.error`, code
     `unsupported_parameter`. Raises CoreError `invalid_json` as `parse_request` does."""

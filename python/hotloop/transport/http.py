@@ -396,7 +396,7 @@ class HttpApi:
         """Parse a Chat Completions body (it holds no compaction items). Raises
         ProtocolError."""
         try:
-            return parse_chat_request(body, self.limits.request)
+            return parse_chat_request(body, self.limits.request, self.ledger.seen_items(principal))
         except CoreError as e:
             raise ProtocolError.from_core(e) from e
 

@@ -88,10 +88,17 @@ impl PyPolicy {
 #[pyclass(name = "CreateRequest", module = "hotloop._core", frozen)]
 pub(crate) struct PyCreateRequest {
     pub(crate) inner: validate::CreateRequest,
-    /// The body and limits of a request whose leading items were recognized by their
-    /// bytes, until its start is settled: parsed again whole when no state is left of
-    /// them (`parse_whole`).
-    body: Mutex<Option<(Py<PyAny>, validate::Limits)>>,
+    /// The body of a request whose leading items were recognized by their bytes, until
+    /// its start is settled: parsed again whole when no state is left of them
+    /// (`parse_whole`).
+    body: Mutex<Option<Kept>>,
+}
+
+/// A body kept for parsing again whole: its bytes, limits and API.
+struct Kept {
+    body: Py<PyAny>,
+    limits: validate::Limits,
+    chat: bool,
 }
 
 impl PyCreateRequest {
@@ -102,8 +109,20 @@ impl PyCreateRequest {
         }
     }
 
-    fn body(&self) -> MutexGuard<'_, Option<(Py<PyAny>, validate::Limits)>> {
+    fn body(&self) -> MutexGuard<'_, Option<Kept>> {
         self.body.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Keep `body` when the request has items recognized by their bytes.
+    fn kept(self, body: &Bound<'_, PyAny>, limits: validate::Limits, chat: bool) -> Self {
+        if self.inner.history.seen.items > 0 {
+            *self.body() = Some(Kept {
+                body: body.clone().unbind(),
+                limits,
+                chat,
+            });
+        }
+        self
     }
 }
 
@@ -282,10 +301,16 @@ impl PyCreateRequest {
     /// The request parsed again whole, its items recognized by their bytes too (no state
     /// of them is left to continue); None when it has no such items or was settled.
     fn parse_whole(&self, py: Python<'_>) -> PyResult<Option<PyCreateRequest>> {
-        let Some((body, limits)) = self.body().take() else {
+        let Some(Kept { body, limits, chat }) = self.body().take() else {
             return Ok(None);
         };
-        let inner = parse_frame(py, body.bind(py), |b| validate::parse_request(b, &limits))?;
+        let inner = parse_frame(py, body.bind(py), |b| {
+            if chat {
+                validate::parse_chat_request(b, &limits).map(|chat| chat.request)
+            } else {
+                validate::parse_request(b, &limits)
+            }
+        })?;
         Ok(Some(PyCreateRequest::new(inner)))
     }
 
@@ -460,11 +485,7 @@ fn parse_request(
     let inner = parse_frame(py, body, |b| {
         validate::parse_request_seen(b, &limits, seen.map(|s| s.lock()).as_deref())
     })?;
-    let request = PyCreateRequest::new(inner);
-    if request.inner.history.seen.items > 0 {
-        *request.body() = Some((body.clone().unbind(), limits));
-    }
-    Ok(request)
+    Ok(PyCreateRequest::new(inner).kept(body, limits, false))
 }
 
 fn digest_bytes(py: Python<'_>, digest: validate::Digest) -> Bound<'_, PyBytes> {
@@ -501,17 +522,21 @@ pub(crate) struct PyChatRequest {
     include_usage: bool,
 }
 
+/// `seen`: the key's raw addresses, as for `parse_request`.
 #[pyfunction]
-#[pyo3(signature = (body, limits = None))]
+#[pyo3(signature = (body, limits = None, seen = None))]
 fn parse_chat_request(
     py: Python<'_>,
     body: &Bound<'_, PyAny>,
     limits: Option<&PyLimits>,
+    seen: Option<&PySeenItems>,
 ) -> PyResult<PyChatRequest> {
     let limits = limits.map(|l| l.inner).unwrap_or_default();
-    let chat = parse_frame(py, body, |b| validate::parse_chat_request(b, &limits))?;
+    let chat = parse_frame(py, body, |b| {
+        validate::parse_chat_request_seen(b, &limits, seen.map(|s| s.lock()).as_deref())
+    })?;
     Ok(PyChatRequest {
-        request: Py::new(py, PyCreateRequest::new(chat.request))?,
+        request: Py::new(py, PyCreateRequest::new(chat.request).kept(body, limits, true))?,
         include_usage: chat.options.include_usage,
     })
 }

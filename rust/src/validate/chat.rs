@@ -27,6 +27,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::field::{self, invalid_value};
+use super::history::{raw_chain, raw_fields_digest, Seen, SeenItems};
 use super::input::{required_name, required_text, text_or_parts, Input, RawPart, TextSource, NO_LIMIT};
 use super::path::Path;
 use super::request::{not_utf8, parse_object, Body, ChatParts, EFFORTS};
@@ -125,10 +126,21 @@ pub struct ChatRequest {
 /// Parse a `POST /v1/chat/completions` body. Malformed JSON or a body that is not an
 /// object is an `invalid_json` error; anything else lands in `request.error`.
 pub fn parse_chat_request(body: &[u8], limits: &Limits) -> Result<ChatRequest> {
+    parse_chat_request_seen(body, limits, None)
+}
+
+/// [`parse_chat_request`] with the key's raw addresses (`history::SeenItems`): the leading
+/// messages a request of the key had, byte for byte, are not parsed again.
+pub fn parse_chat_request_seen(
+    body: &[u8],
+    limits: &Limits,
+    seen: Option<&SeenItems>,
+) -> Result<ChatRequest> {
     let text = std::str::from_utf8(body).map_err(|_| not_utf8())?;
     let chat: ChatBody = parse_object(text, "The request body")?;
     let mut options = ChatOptions::default();
-    let mut request = match check_values(text).and_then(|()| chat_parts(&chat, limits, &mut options)) {
+    let parts = check_values(text).and_then(|()| chat_parts(&chat, limits, &mut options, seen));
+    let mut request = match parts {
         Ok(parts) => {
             let reasoning = chat.reasoning_effort.map(reasoning_of);
             let body = Body {
@@ -173,7 +185,12 @@ fn reasoning_of(effort: &RawValue) -> Box<RawValue> {
 
 /// The chat-only fields checked, and the messages parsed: what the Responses body reader
 /// does not read.
-fn chat_parts(chat: &ChatBody, limits: &Limits, options: &mut ChatOptions) -> Result<ChatParts> {
+fn chat_parts(
+    chat: &ChatBody,
+    limits: &Limits,
+    options: &mut ChatOptions,
+    seen: Option<&SeenItems>,
+) -> Result<ChatParts> {
     let stream = field::opt_bool(chat.stream, &Path::root("stream"), false)?;
     options.include_usage = include_usage(chat.stream_options, stream)?;
     refuse_unsupported(chat)?;
@@ -199,7 +216,10 @@ fn chat_parts(chat: &ChatBody, limits: &Limits, options: &mut ChatOptions) -> Re
         }
     }
     let messages = field::required(chat.messages, &Path::root("messages"))?;
-    parse_messages(messages, limits)
+    match seen {
+        Some(seen) => parse_messages_seen(chat, messages, limits, seen),
+        None => parse_messages(messages, limits),
+    }
 }
 
 fn is_null(raw: &RawValue) -> bool {
@@ -409,97 +429,186 @@ fn parse_messages(raw: &RawValue, limits: &Limits) -> Result<ChatParts> {
         Shape::Array(elements) => elements,
         other => return Err(field::type_error(&path, "an array of messages", other.kind())),
     };
-    if elements.is_empty() {
+    let count = message_count(elements.len(), limits)?;
+    let mut parts = ChatParts {
+        instructions: None,
+        input: Input {
+            items: Vec::with_capacity(count),
+            sources: Vec::with_capacity(count),
+            ..Input::default()
+        },
+        input_json: String::new(),
+        input_bytes: raw.get().len(),
+        seen: None,
+        raw: None,
+    };
+    for (i, element) in elements.into_iter().enumerate() {
+        add_message(element.object(&path.index(i))?, i, limits, &mut parts)?;
+    }
+    finish(parts, 0, limits)
+}
+
+fn message_count(count: usize, limits: &Limits) -> Result<usize> {
+    let path = Path::root("messages");
+    if count == 0 {
         return Err(invalid_value(&path, "'messages' must hold at least one message."));
     }
-    if elements.len() > limits.max_items {
+    if count > limits.max_items {
+        return Err(field::array_above_max_length(&path, count, limits.max_items));
+    }
+    Ok(count)
+}
+
+/// The parts complete: the items' bound (`seen` items before them) and their JSON.
+fn finish(mut parts: ChatParts, seen: usize, limits: &Limits) -> Result<ChatParts> {
+    let count = seen + parts.input.items.len();
+    if count > limits.max_items {
         return Err(field::array_above_max_length(
-            &path,
-            elements.len(),
+            &Path::root("messages"),
+            count,
             limits.max_items,
         ));
     }
-    let mut input = Input {
-        items: Vec::with_capacity(elements.len()),
-        sources: Vec::with_capacity(elements.len()),
-        ..Input::default()
+    parts.input_json = items_json(&parts.input.items);
+    Ok(parts)
+}
+
+/// [`raw_chain`]'s kind of a chat `messages` array.
+const MESSAGES: u8 = 2;
+
+/// The messages parsed with the key's raw addresses (`history::parse_history` for a chat
+/// request): the leading messages a request of the key had, byte for byte, after the
+/// same `tools` and `reasoning_effort` bytes, are recognized, not parsed (a leading
+/// system or developer message is read again for the instructions); anything else is
+/// parsed whole. The raw chain starts from those fields' bytes (the instructions are the
+/// first message's), so the same bytes stand for the same prefix.
+fn parse_messages_seen(
+    chat: &ChatBody,
+    raw: &RawValue,
+    limits: &Limits,
+    seen: &SeenItems,
+) -> Result<ChatParts> {
+    let Ok(elements) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
+        return parse_messages(raw, limits);
     };
-    let mut instructions = None;
-    for (i, element) in elements.into_iter().enumerate() {
+    let elements: Vec<&str> = elements.iter().map(|element| element.get()).collect();
+    let fields: [Option<&RawValue>; 2] = [chat.tools, chat.reasoning_effort];
+    let start = raw_fields_digest(&fields.map(|f| f.map(RawValue::get)));
+    let chain = raw_chain(MESSAGES, start, &elements);
+    let raw_end = chain.last().map(|digest| (*digest, elements.len()));
+    let recognized = seen
+        .longest(&chain)
+        .and_then(|found| Some((found, parse_after(&elements, found, raw, limits).ok()?)));
+    let mut parts = match recognized {
+        Some((found, parts)) => ChatParts {
+            seen: Some(found),
+            ..parts
+        },
+        None => parse_messages(raw, limits)?,
+    };
+    parts.raw = raw_end;
+    Ok(parts)
+}
+
+/// The messages after the `found` ones, each read from its bytes (and the first, for the
+/// instructions it may be).
+fn parse_after(elements: &[&str], found: Seen, raw: &RawValue, limits: &Limits) -> Result<ChatParts> {
+    let path = Path::root("messages");
+    message_count(elements.len(), limits)?;
+    let mut parts = ChatParts {
+        instructions: None,
+        input: Input {
+            offset: found.items,
+            ..Input::default()
+        },
+        input_json: String::new(),
+        input_bytes: raw.get().len(),
+        seen: None,
+        raw: None,
+    };
+    let read = |i: usize| -> Result<RawMessage> {
         let message_path = path.index(i);
-        let mut message = element.object(&message_path)?;
-        let role_path = message_path.key("role");
-        let role = required_text(message.role.take(), &role_path, NO_LIMIT)?;
-        let max = limits.max_text_bytes;
-        match role.as_str() {
-            "system" | "developer" => {
-                let role = if role == "system" {
-                    Role::System
-                } else {
-                    Role::Developer
-                };
-                let (text, source) = content(message.content, &message_path, &["text"], max)?;
-                if i == 0 {
-                    instructions = Some(text);
-                } else {
-                    push(&mut input, Item::Message { role, text }, source);
-                }
-            }
-            "user" => {
-                let allowed: &[&str] = if limits.images {
-                    &["text", "image_url"]
-                } else {
-                    &["text"]
-                };
-                let (text, source) = content(message.content, &message_path, allowed, max)?;
-                push(
-                    &mut input,
-                    Item::Message {
-                        role: Role::User,
-                        text,
-                    },
-                    source,
-                );
-            }
-            "assistant" => assistant(message, &message_path, max, &mut input)?,
-            "tool" => {
-                let call_id = required_name(message.tool_call_id, &message_path.key("tool_call_id"), max)?;
-                let (output, source) = content(message.content, &message_path, &["text"], max)?;
-                push(&mut input, Item::FunctionCallOutput { call_id, output }, source);
-            }
-            "function" => {
-                return Err(invalid_value(
-                    &role_path,
-                    format!(
-                        "Invalid value for '{role_path}': 'function' messages are deprecated and \
-                         not supported; answer a tool call with a 'tool' message."
-                    ),
-                ))
-            }
-            other => {
-                return Err(invalid_value(
-                    &role_path,
-                    format!(
-                        "Invalid value for '{role_path}': '{other}'. Supported values are 'system', \
-                         'developer', 'user', 'assistant' and 'tool'."
-                    ),
-                ))
-            }
+        shape::read::<RawMessage>(elements[i], &message_path)?.object(&message_path)
+    };
+    if found.elements > 0 {
+        let mut first = read(0)?;
+        let role = required_text(first.role.take(), &path.index(0).key("role"), NO_LIMIT)?;
+        if matches!(role.as_str(), "system" | "developer") {
+            let (text, _) = content(first.content, &path.index(0), &["text"], limits.max_text_bytes)?;
+            parts.instructions = Some(text);
         }
     }
-    if input.items.len() > limits.max_items {
-        return Err(field::array_above_max_length(
-            &path,
-            input.items.len(),
-            limits.max_items,
-        ));
+    for i in found.elements..elements.len() {
+        add_message(read(i)?, i, limits, &mut parts)?;
     }
-    Ok(ChatParts {
-        instructions,
-        input_json: items_json(&input.items),
-        input_bytes: raw.get().len(),
-        input,
-    })
+    finish(parts, found.items, limits)
+}
+
+/// Message `i`'s items (or the instructions, a leading system or developer message).
+fn add_message(mut message: RawMessage, i: usize, limits: &Limits, parts: &mut ChatParts) -> Result<()> {
+    let input = &mut parts.input;
+    let instructions = &mut parts.instructions;
+    let messages = Path::root("messages");
+    let message_path = messages.index(i);
+    let role_path = message_path.key("role");
+    let role = required_text(message.role.take(), &role_path, NO_LIMIT)?;
+    let max = limits.max_text_bytes;
+    match role.as_str() {
+        "system" | "developer" => {
+            let role = if role == "system" {
+                Role::System
+            } else {
+                Role::Developer
+            };
+            let (text, source) = content(message.content, &message_path, &["text"], max)?;
+            if i == 0 {
+                *instructions = Some(text);
+            } else {
+                push(input, Item::Message { role, text }, source);
+            }
+        }
+        "user" => {
+            let allowed: &[&str] = if limits.images {
+                &["text", "image_url"]
+            } else {
+                &["text"]
+            };
+            let (text, source) = content(message.content, &message_path, allowed, max)?;
+            push(
+                input,
+                Item::Message {
+                    role: Role::User,
+                    text,
+                },
+                source,
+            );
+        }
+        "assistant" => assistant(message, &message_path, max, input)?,
+        "tool" => {
+            let call_id = required_name(message.tool_call_id, &message_path.key("tool_call_id"), max)?;
+            let (output, source) = content(message.content, &message_path, &["text"], max)?;
+            push(input, Item::FunctionCallOutput { call_id, output }, source);
+        }
+        "function" => {
+            return Err(invalid_value(
+                &role_path,
+                format!(
+                    "Invalid value for '{role_path}': 'function' messages are deprecated and \
+                     not supported; answer a tool call with a 'tool' message."
+                ),
+            ))
+        }
+        other => {
+            return Err(invalid_value(
+                &role_path,
+                format!(
+                    "Invalid value for '{role_path}': '{other}'. Supported values are 'system', \
+                     'developer', 'user', 'assistant' and 'tool'."
+                ),
+            ))
+        }
+    }
+    Ok(())
 }
 
 fn push(input: &mut Input, item: Item, source: TextSource) {

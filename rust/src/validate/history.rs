@@ -187,6 +187,16 @@ impl SeenItems {
     }
 }
 
+/// The raw address of the fields a chat request's prefix is read from beside its first
+/// message (`tools`, `reasoning_effort`), as sent (None: absent): [`raw_chain`]'s start.
+pub fn raw_fields_digest(fields: &[Option<&str>]) -> Digest {
+    let mut hasher = Fields::new(8);
+    for field in fields {
+        hasher.optional(*field);
+    }
+    hasher.digest()
+}
+
 /// The raw addresses of an array's elements after a prefix with digest `prefix`: one
 /// after each element (its bytes as sent, hashed, not parsed), `elements.len() + 1`
 /// digests, the start first. `kind` keeps a Responses `input` and a chat `messages` apart.
@@ -529,5 +539,57 @@ mod tests {
         );
         let continued = seen_request(&body, &seen);
         assert_eq!((continued.history.seen.items, continued.history.raw), (0, None));
+    }
+    fn chat(body: &str, seen: &SeenItems) -> crate::validate::CreateRequest {
+        let limits = Limits::default();
+        let request = crate::validate::parse_chat_request_seen(body.as_bytes(), &limits, Some(seen))
+            .unwrap()
+            .request;
+        assert!(request.error.is_none(), "{:?}", request.error);
+        let whole = crate::validate::parse_chat_request(body.as_bytes(), &limits)
+            .unwrap()
+            .request;
+        assert_eq!(last(&request), last(&whole));
+        assert_eq!(request.prefix, whole.prefix);
+        assert_eq!(
+            request.input.items,
+            whole.input.items[request.history.seen.items..]
+        );
+        request
+    }
+
+    #[test]
+    fn chat_messages_seen_before_are_not_parsed() {
+        let tools = r#""tools":[{"type":"function","function":{"name":"f","parameters":{}}}]"#;
+        let first = format!(
+            r#"{{{tools},"messages":[{{"role":"system","content":"x"}},{{"role":"user","content":"a"}}]}}"#
+        );
+        let reply = r#"{"role":"assistant","content":null,"reasoning":"r","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}"#;
+        let second = first.replace(
+            r#""content":"a"}]"#,
+            &format!(r#""content":"a"}},{reply},{{"role":"tool","tool_call_id":"c","content":"ok"}}]"#),
+        );
+        let mut seen = SeenItems::default();
+        seen.remember(&chat(&first, &seen).history);
+        let continued = chat(&second, &seen);
+        // Two messages (the system one is the instructions): one item; the reply is two.
+        assert_eq!(
+            (continued.history.seen.items, continued.input.items.len()),
+            (1, 3)
+        );
+        assert_eq!(continued.prefix.instructions.as_deref(), Some("x"));
+        seen.remember(&continued.history);
+        assert_eq!(chat(&second, &seen).history.seen.items, 4);
+        // Other tools, another system message, another spelling: parsed whole.
+        for other in [
+            second.replace(r#""name":"f","parameters""#, r#""name":"g","parameters""#),
+            second.replace(r#""content":"x""#, r#""content":"y""#),
+            second.replace(
+                r#"{"role":"user","content":"a"}"#,
+                r#"{"content":"a","role":"user"}"#,
+            ),
+        ] {
+            assert_eq!(chat(&other, &seen).history.seen.items, 0, "{other}");
+        }
     }
 }

@@ -29,7 +29,7 @@ mod tools;
 mod values;
 
 pub use budget::check_context_budget;
-pub use chat::{parse_chat_request, ChatOptions, ChatRequest};
+pub use chat::{parse_chat_request, parse_chat_request_seen, ChatOptions, ChatRequest};
 pub use event::{parse_event, AppendEvent, ClientEvent};
 pub use history::{output_digests, Digest, History, Seen, SeenItems};
 pub use input::{parse_input, Input, TextSource};

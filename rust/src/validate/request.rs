@@ -7,7 +7,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::field::{self, invalid_value};
-use super::history::{parse_history, History, SeenItems};
+use super::history::{parse_history, Digest, History, Seen, SeenItems};
 use super::input::{input_json, Input};
 use super::path::Path;
 use super::policy::Policy;
@@ -199,10 +199,15 @@ impl Default for CreateRequest {
 pub(super) struct ChatParts {
     pub instructions: Option<String>,
     pub input: Input,
-    /// The items as a Responses `input` array.
+    /// The items as a Responses `input` array (those after the `seen` ones).
     pub input_json: String,
     /// Bytes of the raw `messages` field.
     pub input_bytes: usize,
+    /// The leading messages recognized by their bytes (`chat::parse_messages_seen`):
+    /// what they stand for, parsed; `input` holds the items after them.
+    pub seen: Option<Seen>,
+    /// The raw address of the whole `messages` and its count of messages (`History::raw`).
+    pub raw: Option<(Digest, usize)>,
 }
 
 pub(super) const EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
@@ -316,6 +321,10 @@ impl CreateRequest {
                 self.input = chat.input;
                 self.input_json = chat.input_json;
                 self.history = History::of(&self.prefix, &self.input.items);
+                self.history.raw = chat.raw;
+                if let Some(seen) = chat.seen {
+                    self.history.seen = seen;
+                }
             }
             None => {
                 self.prefix.instructions =
