@@ -501,14 +501,17 @@ def test_a_resent_history_is_recognized_by_its_bytes(
     import hotloop.transport.http as http
 
     parsed: list[Any] = []
-    for name in ("parse_request", "parse_chat_request"):
 
-        def recording(*args: Any, _parse: Any = getattr(http, name)) -> Any:
-            result = _parse(*args)
+    def recorded(parse: Any) -> Any:
+        def recording(*args: Any) -> Any:
+            result = parse(*args)
             parsed.append(getattr(result, "request", result))
             return result
 
-        monkeypatch.setattr(http, name, recording)
+        return recording
+
+    for name in ("parse_request", "parse_chat_request"):
+        monkeypatch.setattr(http, name, recorded(getattr(http, name)))
     headers = {"authorization": f"Bearer {KEY}"}
     first = [{"role": "user", "content": "hello"}]
     chat = [{"role": "system", "content": "Be terse."}, *first]
