@@ -234,15 +234,18 @@ def test_a_whole_conversation_renders_only_what_is_new() -> None:
 @settings(max_examples=40, deadline=None)
 @given(
     turns=st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=6),
-    edit=st.sampled_from(["none", "middle", "instructions", "cut"]),
+    edit=st.sampled_from(["none", "middle", "instructions", "cut", "respell"]),
     where=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+    small=st.booleans(),
 )
 def test_any_whole_conversation_gets_the_ids_of_a_full_render(
-    turns: list[str], edit: str, where: float
+    turns: list[str], edit: str, where: float, small: bool
 ) -> None:
-    """Hits, partial hits (a cut history), edits in the middle and changed instructions
-    all give the ids of a full render."""
-    cache = TokenCache(HARMONY)
+    """Hits (the items sent before recognized by their bytes), partial hits (a cut
+    history), edits in the middle, other bytes for the same items and changed
+    instructions all give the ids of a full render; so do they in a cache too small to
+    keep the states its raw addresses named (`small`)."""
+    cache = TokenCache(HARMONY, max_bytes=1) if small else TokenCache(HARMONY)
     history: list[dict[str, Any]] = []
     for text in turns:
         history += [user(text), {"role": "assistant", "content": text[::-1]}]
@@ -255,5 +258,8 @@ def test_any_whole_conversation_gets_the_ids_of_a_full_render(
         instructions = "B"
     elif edit == "cut":
         history = history[: 1 + int(where * len(history))]
+    elif edit == "respell":
+        at = int(where * len(history))
+        history[at:] = [dict(reversed(list(item.items()))) for item in history[at:]]
     ids = cache.engine_prompt_for(history, instructions=instructions).tokens()
     assert ids == full_engine_prompt(history, instructions=instructions)

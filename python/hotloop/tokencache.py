@@ -29,8 +29,16 @@ from typing import Any
 
 import orjson
 
-from hotloop._core import ChatFormat, Checkpoint, Conversation, Prompt, parse_request
+from hotloop._core import (
+    ChatFormat,
+    Checkpoint,
+    Conversation,
+    Prompt,
+    SeenItems,
+    parse_request,
+)
 from hotloop.chat_template import TemplateChoice
+from hotloop.protocol.history import longest
 
 JsonItems = str | bytes | Sequence[Mapping[str, Any]]
 
@@ -76,6 +84,9 @@ class TokenCache:
         self._context_window = context_window
         self._conversations: OrderedDict[str, tuple[Conversation, int]] = OrderedDict()
         self._states: OrderedDict[bytes, tuple[Checkpoint, int]] = OrderedDict()
+        self._seen = SeenItems()
+        """The raw addresses of the conversations whose states `_states` holds: their
+        items sent again byte for byte are not parsed again (`hotloop.protocol.history`)."""
         """Whole conversations' states by content address (`engine_prompt_for`)."""
         self._bytes = 0
         self.evictions = 0
@@ -154,28 +165,29 @@ class TokenCache:
             body += b',"instructions":' + orjson.dumps(instructions)
         if tools is not None:
             body += b',"tools":' + _json(tools).encode()
-        request = parse_request(body + b"}")
+        request = parse_request(body + b"}", None, self._seen)
         if request.error is not None:
             raise request.error
-        addresses = request.history_digests()
-        skip, found = 0, None
-        for at in range(len(addresses) - 1, 0, -1):
-            state = self._states.get(addresses[at])
-            if state is not None:
-                skip, found = at, state[0]
-                self._states.move_to_end(addresses[at])
-                break
-        conversation = (
-            Conversation(self._format, context_window=self._context_window)
-            if found is None
-            else found.fork()
-        )
+        skip, address, state = longest(request, self._states.get)
+        whole = None if state is not None else request.parse_whole()
+        if whole is not None:
+            # What its bytes were recognized as was evicted meanwhile: parsed whole.
+            request = whole
+            skip, address, state = longest(request, self._states.get)
+        request.settle()
+        if state is None:
+            conversation = Conversation(self._format, context_window=self._context_window)
+        else:
+            self._states.move_to_end(address)
+            conversation = state[0].fork()
         turn = conversation.extend(request, skip)
         self.reused_tokens += turn.cached_tokens
         checkpoint = conversation.checkpoint()
-        held = self._states.pop(addresses[-1], None)
+        end = request.history_digests()[-1]
+        held = self._states.pop(end, None)
         self._bytes += checkpoint.memory_bytes - (0 if held is None else held[1])
-        self._states[addresses[-1]] = (checkpoint, checkpoint.memory_bytes)
+        self._states[end] = (checkpoint, checkpoint.memory_bytes)
+        self._seen.remember(request)
         self._bound()
         return conversation.prompt()
 
@@ -259,7 +271,8 @@ class TokenCache:
         used always kept."""
         while self._bytes > self._max_bytes and (self._states or len(self._conversations) > 1):
             if self._states:
-                _, (_, dropped) = self._states.popitem(last=False)
+                address, (_, dropped) = self._states.popitem(last=False)
+                self._seen.forget(address)
             else:
                 _, (_, dropped) = self._conversations.popitem(last=False)
             self._bytes -= dropped

@@ -28,12 +28,16 @@ It renders nothing and never sees a socket.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import orjson
 
 from hotloop._core import Checkpoint, CoreError, CreateRequest, history_after_output
 from hotloop.protocol.cache import CachedResponse, ConnectionCache, Mark, history_key
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -74,17 +78,11 @@ class History:
                 return NOWHERE
             digest = request.history_digests(parent.digest)[-1]
             return Start(None, 0, Mark(parent.prefix, digest))
-        digests = request.history_digests()
-        mark = Mark(request.prefix_digest, digests[-1])
-        cache = self.cache
-        # With items recognized by their bytes, the digests start after them (a state
-        # holding them all is a hit); otherwise at the prefix (no state holds it alone).
-        seen = request.seen_items
-        for at in range(len(digests) - 1, -1 if seen else 0, -1):
-            key = cache.find(digests[at])
-            if key is not None:
-                request.settle()
-                return Start(cache.get(key), seen + at, mark)
+        mark = Mark(request.prefix_digest, request.history_digests()[-1])
+        skip, _, key = longest(request, self.cache.find)
+        if key is not None:
+            request.settle()
+            return Start(self.cache.get(key), skip, mark)
         whole = request.parse_whole()
         if whole is not None:
             return replace(self.start(whole, parent, continues), whole=whole)
@@ -106,6 +104,23 @@ class History:
         self.cache.put(history_key(mark.digest), checkpoint, None, root, mark=mark)
 
 
+def longest(
+    request: CreateRequest, find: Callable[[bytes], T | None]
+) -> tuple[int, bytes, T | None]:
+    """The longest state `find` holds of `request`'s history, by address: how many of its
+    items it holds, its address, and what `find` gave (None, 0 and the prefix's address
+    when it holds none). With items recognized by their bytes (`seen_items`), the
+    addresses start after them, and a state holding them all is a hit; otherwise they
+    start at the prefix, which no state holds alone."""
+    digests = request.history_digests()
+    seen = request.seen_items
+    for at in range(len(digests) - 1, -1 if seen else 0, -1):
+        found = find(digests[at])
+        if found is not None:
+            return seen + at, digests[at], found
+    return 0, digests[0], None
+
+
 def end_mark(prompt: Mark | None, output: list[dict[str, object]]) -> Mark | None:
     """The address of a response's end state: its prompt's, with its `output` items (as
     sent) appended. None when the prompt has none or an item is not one a client can
@@ -119,4 +134,4 @@ def end_mark(prompt: Mark | None, output: list[dict[str, object]]) -> Mark | Non
     return Mark(prompt.prefix, digest)
 
 
-__all__ = ["NOWHERE", "History", "Start", "end_mark"]
+__all__ = ["NOWHERE", "History", "Start", "end_mark", "longest"]
