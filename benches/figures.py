@@ -148,6 +148,7 @@ FIGURES = (
     ),
     Figure("engines", _scripts("bench_engines.py --rounds 7 --tokens 64")),
     Figure("prewarm", _scripts("bench_prewarm.py --rounds 5 --words 150")),
+    Figure("cold_encode", _scripts("bench_cold_encode.py")),
     Figure("mcp_loop", _scripts("bench_mcp_loop.py --loops 7")),
     Figure(
         "turns",
@@ -531,6 +532,7 @@ TABLES: dict[str, Table] = {
     "validate": Table(("microbenchmarks.json",), render.validate_table),
     "encode": Table(("microbenchmarks.json",), render.encode_table),
     "family_encode": Table(("microbenchmarks.json",), render.family_encode_table),
+    "cold_encode": Table(("cold_encode.json",), render.cold_encode_table),
     "linear_time": Table(("microbenchmarks.json",), render.linear_time_table),
     "incremental_append": Table(("microbenchmarks.json",), render.incremental_append_table),
     "parsers": Table(("microbenchmarks.json",), render.parsers_table),

@@ -12,6 +12,7 @@ from figure_tables.capacity import (
 )
 from figure_tables.core import (
     append_table,
+    cold_encode_table,
     encode_table,
     engines_table,
     family_encode_table,
@@ -71,6 +72,7 @@ __all__ = [
     "attacker",
     "burst_row",
     "capacity_tables",
+    "cold_encode_table",
     "encode_table",
     "engines_table",
     "failover_continuation_table",

@@ -292,3 +292,53 @@ def ratios_table(results: dict[str, Any]) -> str:
         ),
     ]
     return markdown(("check", "measured"), rows)
+
+
+COLD_ENCODE_FAMILIES = {
+    "qwen3": "Qwen3 (tokenizer.json)",
+    "llama3_1": "Llama 3.1 (tokenizer.json)",
+    "deepseek_v3": "DeepSeek V3 (tokenizer.json)",
+    "tekken": "Mistral tekken (`tekken.json`)",
+    "o200k_base": "o200k_base",
+}
+
+
+def cold_encode_table(results: dict[str, Any]) -> str:
+    """bench_cold_encode.py: 1 MB of fresh Python source, a fresh tokenizer per run,
+    hotloop against fastokens (MB/s wall, MB per CPU-second), Hugging Face `tokenizers`
+    and tiktoken; then hotloop's CPU time per byte at 10 MB over 1 MB, on the source
+    and on the adversarial input that grew most."""
+    (run,) = printed_json(results)
+
+    def speed(lib: dict[str, Any] | None) -> str:
+        return f"{lib['wall_mb_s']:.1f} / {lib['cpu_mb_s']:.1f}" if lib else ""
+
+    rows = []
+    for family, label in COLD_ENCODE_FAMILIES.items():
+        if family not in run:
+            continue
+        f = run[family]
+        libs, ratio = f["libraries"], f["hotloop_over_fastokens"]
+        kind, growth = max(f["adversarial_10mb_over_1mb"].items(), key=lambda kv: kv[1])
+        source = f["linearity_10mb_over_1mb"]["hotloop"]
+        rows.append(
+            (
+                label,
+                speed(libs["hotloop"]),
+                speed(libs["fastokens"]),
+                speed(libs.get("tokenizers")),
+                speed(libs.get("tiktoken")),
+                f"**{ratio['cpu']:.2f}x** / **{ratio['wall']:.2f}x**",
+                f"{source:.2f} ({PATHOLOGICAL[kind]}: {growth:.2f})",
+            )
+        )
+    header = (
+        "family",
+        "hotloop",
+        "fastokens",
+        "HF `tokenizers`",
+        "tiktoken",
+        "hotloop / fastokens per CPU-s / wall",
+        "hotloop 10 MB / 1 MB per byte (worst adversarial)",
+    )
+    return markdown(header, rows)

