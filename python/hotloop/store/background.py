@@ -35,7 +35,7 @@ from typing import TypeVar
 
 import orjson
 
-from hotloop.store import Store, may_read
+from hotloop.store.interface import Store, may_read
 from hotloop.store.quota import Usage, owned_usage
 from hotloop.store.sql import Sql
 

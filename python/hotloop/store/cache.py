@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from hotloop.store import (
+from hotloop.store.interface import (
     Chain,
     InputItemPage,
     ModelTurn,

@@ -22,8 +22,9 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from hotloop.store import InputItemPage, Order, StoredResponse, StoreError, background, may_read
+from hotloop.store import background
 from hotloop.store.conversations import POSTGRES_TABLES
+from hotloop.store.interface import InputItemPage, Order, StoredResponse, StoreError, may_read
 from hotloop.store.quota import Usage
 from hotloop.store.records import (
     FREED_QUERY,

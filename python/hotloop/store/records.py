@@ -22,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from hotloop.store import InputItemPage, ModelTurn, StoredResponse, background, conversations
+from hotloop.store import background, conversations
+from hotloop.store.interface import InputItemPage, ModelTurn, StoredResponse
 from hotloop.store.items import listed_items
 from hotloop.store.quota import Usage
 

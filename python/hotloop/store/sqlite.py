@@ -33,15 +33,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from hotloop.store import (
-    InputItemPage,
-    Order,
-    StoredResponse,
-    StoreError,
-    background,
-    may_read,
-)
+from hotloop.store import background
 from hotloop.store.conversations import SQLITE_TABLES
+from hotloop.store.interface import InputItemPage, Order, StoredResponse, StoreError, may_read
 from hotloop.store.quota import Usage
 from hotloop.store.records import (
     FREED_QUERY,

@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from hotloop.store import (
+from hotloop.store.interface import (
     COMMIT_WINDOW,
     Chain,
     InputItemPage,
