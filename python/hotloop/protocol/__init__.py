@@ -2,6 +2,7 @@
 (`Connection`), its connection cache of checkpoints, and the protocol's error type."""
 
 from hotloop.protocol.actions import (
+    OFFLOAD_BYTES,
     Action,
     Cancel,
     Close,
@@ -13,11 +14,12 @@ from hotloop.protocol.actions import (
     Render,
     TurnSegment,
     Wait,
+    offloads,
 )
 from hotloop.protocol.cache import CacheBudget, ConnectionCache
 from hotloop.protocol.connection import Connection, ConnectionLimits
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.parsing import OFFLOAD_BYTES, Parsed, offloads
+from hotloop.protocol.parsing import Parsed
 from hotloop.protocol.queue_memory import QueueMemory
 
 __all__ = [

@@ -12,9 +12,12 @@ across lanes, `lanes.py`) and the queue with its byte bounds, the in-flight cap,
 the lifetime and closing, error envelopes and the connection cache of checkpoints. Each
 running response is a unit of its own (`response.py`) that the connection hands engine
 results to by key; steering (`steering.py`), the long-running response (`injection.py`),
-interrupt (`interrupt.py`) and compaction (`summarization.py`) own their state and
-transitions, and reach the connection through the services below (`outbox`, `hold`,
-`dequeued`, `new_key`, `refuse`, `release`, `running`, ...).
+interrupt (`interrupt.py`), compaction (`summarization.py`) and the MCP loop
+(`mcp_loop.py`) own their state and transitions, and reach the connection only through
+its port (`port.Port` and the ports beside each unit: `emit`, `hold`, `dequeued`,
+`new_key`, `refuse`, `release`, `running`, ...), which this class implements. None of
+them imports this module: the connection hands a response to the unit whose state its
+model turn ended in (`State`).
 
 A turn: parse the frame -> look up `previous_response_id` (connection cache, then the
 `Observer`'s fallback) -> fork the checkpoint (before `response.in_progress`, so a
@@ -53,6 +56,7 @@ from hotloop.engines.base import API_SAMPLING, EngineError
 from hotloop.events import error_event
 from hotloop.mcp_client import McpError
 from hotloop.protocol.actions import (
+    OFFLOAD_BYTES,
     Action,
     Cancel,
     Close,
@@ -67,16 +71,12 @@ from hotloop.protocol.history import NOWHERE, History, Start
 from hotloop.protocol.injection import LongRunning
 from hotloop.protocol.interrupt import interrupt
 from hotloop.protocol.lanes import Lane, Pending
-from hotloop.protocol.mcp import McpLoop, McpTurn
-from hotloop.protocol.parsing import (
-    INJECTS,
-    OFFLOAD_BYTES,
-    PASSED_THROUGH,
-    FrameParser,
-    Parsed,
-)
+from hotloop.protocol.mcp import McpTurn
+from hotloop.protocol.mcp_loop import McpLoop
+from hotloop.protocol.parsing import INJECTS, PASSED_THROUGH, FrameParser, Parsed
+from hotloop.protocol.port import Settings
 from hotloop.protocol.queue_memory import RETRY_AFTER_SECONDS, QueueMemory
-from hotloop.protocol.response import Ending, Rendering, Response, Settings
+from hotloop.protocol.response import Ending, Rendering, Response
 from hotloop.protocol.state import State
 from hotloop.protocol.steering import Steering
 from hotloop.protocol.summarization import Summarization
@@ -152,6 +152,7 @@ class Connection:
         self.history = None if history is None else History(history)
         self._background = background
         self.limits = limits or ConnectionLimits()
+        self.request_limits = self.limits.request
         self.settings = Settings(
             chat_format=chat_format,
             context_window=context_window,
@@ -176,15 +177,18 @@ class Connection:
         self._observer = observer
         self.outbox: list[Action] = []
         """Actions since the last `actions()` call, in order."""
+        self.emit = self.outbox.append
         self.generating: dict[int, Response] = {}
-        """Responses the engine samples, by the key of their engine work."""
+        """Responses the engine samples (or whose MCP calls run), by the key of their work."""
+        self.waiting: dict[int, Response] = {}
+        """Responses waiting, open, for tool output, by the key of their last model turn."""
         self.ending: dict[int, Ending] = {}
         """Responses whose terminal event waits for their `Persist` work."""
         self._rendering: dict[int, Rendering] = {}
         self.steering = Steering(self)
-        self.long_running = LongRunning(self, inject_idle_timeout)
+        self.long_running = LongRunning(self, self.steering, inject_idle_timeout)
         self.summarization = Summarization(self, self._compactor)
-        self.mcp = McpLoop(self)
+        self.mcp = McpLoop(self, self.long_running)
         self._lanes: dict[str | None, Lane] = {None: Lane(None)}
         self._ready: deque[Lane] = deque()
         self._unreadable: dict[str, ProtocolError] = {}
@@ -274,7 +278,17 @@ class Connection:
         response = self.generating.get(key)
         if response is None or response.state is State.CUT_FOR_STEER:
             return False
-        return response.feed(ids)
+        more = response.feed(ids)
+        if (
+            self.settings.inject
+            and response.parser.stopped
+            and response.state is not State.SUMMARIZING
+        ):
+            # The model stopped: a response that called a tool waits from now on, so an
+            # injection sent on its call item finds it waiting (the engine's own end,
+            # which `engine_done` then ignores, may come after that frame).
+            self.engine_done(key)
+        return more
 
     def streaming(self, key: int) -> bool:
         """Whether response `key` has streamed a delta event yet (True once it is no
@@ -286,8 +300,17 @@ class Connection:
         """The engine finished response `key` (stop token or max_output_tokens);
         `engine_cached`: the prompt ids it said it had in its own cache (`ENGINE_CACHED`)."""
         response = self.generating.pop(key, None)
-        if response is not None:
-            response.done(engine_cached)
+        if response is None:
+            return
+        response.done(engine_cached)
+        # The state its model turn ended in says which unit goes on with it.
+        state = response.state
+        if state is State.SUMMARIZING:
+            self.summarization.summarized(response)
+        elif state is State.CALLING_MCP:
+            self.mcp.call(response)
+        elif state is State.WAITING_FOR_TOOLS:
+            self.long_running.wait(response)
 
     def mcp_done(self, key: int, results: list[str | McpError]) -> None:
         """The `McpCall` work `key` finished: the calls a request approved (it renders
@@ -391,7 +414,7 @@ class Connection:
             response.enter(State.DONE)
             response.book(response.events.response_json("cancelled", usage=usage), usage)
         self.generating.clear()
-        self.long_running.waiting.clear()
+        self.waiting.clear()
         # Commits in progress finish on their own; their usage is booked now, as their
         # generation ended.
         for ending in self.ending.values():
@@ -414,12 +437,14 @@ class Connection:
 
     def actions(self) -> list[Action]:
         """Everything to do since the last call, in order."""
-        out, self.outbox = self.outbox, []
+        # Copied and cleared, not replaced: `emit` is bound to this very list.
+        out = self.outbox.copy()
+        self.outbox.clear()
         return out
 
     @property
     def in_flight(self) -> int:
-        waiting = len(self.long_running.waiting)
+        waiting = len(self.waiting)
         return len(self.generating) + len(self._rendering) + len(self.ending) + waiting
 
     @property
@@ -495,9 +520,14 @@ class Connection:
         if self._observer is not None:
             self._observer.finished(finished)
 
+    def concluded(self, response: Response, ending: Ending) -> None:
+        """`response`'s terminal event went out: the steers it accepted start the
+        automatic successor, or stay queued while it waits for client tool output."""
+        self.steering.after_terminal(response, ending)
+
     def running(self, response_id: str) -> Response | None:
         """The response sampling, or waiting open for tool output, with this id."""
-        for responses in (self.generating, self.long_running.waiting):
+        for responses in (self.generating, self.waiting):
             for response in responses.values():
                 if response.events.response_id == response_id:
                     return response
@@ -732,10 +762,27 @@ class Connection:
             rendering.refused(e)
             return
         if work is None:
-            rendering.rendered(turn)
+            self._opened(rendering, rendering.rendered(turn))
             return
         rendering.lane.rendering = self._rendering[work.key] = rendering
         self.outbox.append(work)
+
+    def _opened(self, rendering: Rendering, response: Response) -> None:
+        """The response of a rendered turn opened: the engine is handed its prompt (a
+        prewarm's, a summary's first, or the turn's)."""
+        request = response.request
+        if not request.generate:
+            response.overhead_ns = rendering.overhead_ns()
+            response.prewarm(response.conversation.prompt())
+            return
+        response.announce()
+        if response.mcp is not None:
+            self.mcp.start(response)
+        if self.summarization.begins(response, rendering):
+            return
+        response.overhead_ns = rendering.overhead_ns()
+        response.enter(State.SAMPLING)
+        response.generate(response.conversation.prompt())
 
     def _render_ended(self, rendering: Rendering) -> None:
         """Work a rendering waited for ended (a `Render`, approved MCP calls)."""

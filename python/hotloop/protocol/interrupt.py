@@ -1,55 +1,51 @@
 """Codex's `response.interrupt` (protocol.md section 8): the response stops at once, its
 partial items are discarded (`response.output_item.interrupted`), and it stays
 continuable with only its completed items, rendered as the model would have sampled
-them. A stateless transition of one running response; finding it is the connection's.
+them. A stateless transition of one running response, over the port of the responses
+(`ResponsePort`: finding it, refusing).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from hotloop._core import Checkpoint, CoreError
 from hotloop.events import qualified_name
 from hotloop.protocol.errors import ProtocolError
+from hotloop.protocol.response import Response, ResponsePort
 from hotloop.protocol.state import State
-
-if TYPE_CHECKING:
-    from hotloop.protocol.connection import Connection
-    from hotloop.protocol.response import Response
 
 log = logging.getLogger("hotloop.protocol")
 
 
-def interrupt(connection: Connection, event: dict[str, Any]) -> None:
+def interrupt(port: ResponsePort, event: dict[str, Any]) -> None:
     """`response.interrupt` (decoded): the running (or waiting) response it names ends
     `response.incomplete` (reason `interrupted`); an error when there is none."""
     response_id = event.get("response_id")
     if not isinstance(response_id, str):
-        connection.refuse(
+        port.refuse(
             ProtocolError("missing_required_parameter", "response_id is required.", "response_id")
         )
         return
     if event.get("mode", "discard_partial_items") != "discard_partial_items":
-        connection.refuse(
-            ProtocolError("invalid_value", "mode must be 'discard_partial_items'.", "mode")
-        )
+        port.refuse(ProtocolError("invalid_value", "mode must be 'discard_partial_items'.", "mode"))
         return
-    target = connection.running(response_id)
+    target = port.running(response_id)
     if target is None:
         # Crossed its terminal event on the wire, or never existed here: an error,
         # never silence, so a client waiting for an answer does not hang.
-        connection.refuse(connection.not_running(response_id))
+        port.refuse(port.not_running(response_id))
         return
     waiting = target.state is State.WAITING_FOR_TOOLS
     target.stop()
     events = target.events
-    connection.outbox.append(events.event("response.interrupt.accepted", response_id=response_id))
+    port.emit(events.event("response.interrupt.accepted", response_id=response_id))
     completed = {item["id"] for item in events.output}
     for index, item_id in sorted(events.open_items(completed)):
-        connection.outbox.append(
+        port.emit(
             events.event("response.output_item.interrupted", output_index=index, item_id=item_id)
         )
     usage = target.usage()
@@ -82,7 +78,7 @@ def completed_checkpoint(response: Response) -> Checkpoint | None:
             texts[item["type"]].append(item["content"][0]["text"])
     # Several items of one kind (a preamble, then more text) become one.
     text, reasoning = ("\n\n".join(texts[kind]) or None for kind in ("message", "reasoning"))
-    chat_format = response.connection.settings.chat_format
+    chat_format = response.port.settings.chat_format
     try:
         response.conversation.commit_items(
             orjson.dumps(completed).decode(),

@@ -3,22 +3,37 @@ one response it runs at a time (rendering, sampling or committing). FIFO within 
 concurrent across lanes; the `Connection` starts the head of a free lane's queue.
 
 Plain state: the connection moves requests through it, the response that holds a lane
-frees it.
+frees it. A lane knows what holds it only as far as it acts on it (`Holder`,
+`Waiting`): the responses and their units sit above it.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hotloop._core import CreateRequest
 
 if TYPE_CHECKING:
     from hotloop.protocol.cache import ConversationStart
     from hotloop.protocol.mcp import McpTurn
-    from hotloop.protocol.response import Ending, Rendering, Response
-    from hotloop.protocol.steering import Steered
+    from hotloop.protocol.steers import Steered
+
+
+class Holder(Protocol):
+    """The response running on a lane (`response.Response`)."""
+
+    def cancel(self) -> None:
+        """`response.cancel`: it stops where it is."""
+        ...
+
+
+class Waiting(Protocol):
+    """A turn holding its lane while work it waits for runs (`response.Rendering`)."""
+
+    cancelled: bool
+    """A cancel came meanwhile: the turn is cancelled once the work ended."""
 
 
 @dataclass
@@ -72,9 +87,10 @@ class Pending:
 class Lane:
     name: str | None
     queue: deque[Pending] = field(default_factory=deque)
-    active: Response | None = None
-    rendering: Rendering | None = None
-    ending: Ending | None = None
+    active: Holder | None = None
+    rendering: Waiting | None = None
+    ending: object | None = None
+    """The response whose terminal event waits for its commit (`response.Ending`)."""
 
     @property
     def free(self) -> bool:

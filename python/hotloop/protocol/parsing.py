@@ -1,6 +1,7 @@
 """A WebSocket connection's client text frames parsed: the core's event or the refusal,
-which frames leave the event loop to be parsed (`offloads`), and the decoding of the
-events the core passes through (`decode_passed_through`).
+and the decoding of the events the core passes through (`decode_passed_through`).
+Which frames leave the event loop to be parsed or rendered (`offloads`, `OFFLOAD_BYTES`)
+is decided with the work they become (`actions.py`), and read here too.
 
 A `FrameParser` reads no state that changes, so the transport may run it in a worker
 thread (the core releases the GIL for a large frame); `Connection` dispatches what it
@@ -16,41 +17,28 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from hotloop._core import AppendEvent, CoreError, CreateRequest, Limits, UnknownEvent, parse_event
+from hotloop.protocol.actions import OFFLOAD_BYTES, PARSE_OFFLOAD_BYTES, offloads
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.injection import as_append
+from hotloop.protocol.tool_outputs import as_append
 
 if TYPE_CHECKING:
     from hotloop._core import ClientEvent
     from hotloop.protocol.compaction import Compactor
     from hotloop.protocol.mcp import McpTurn
 
-# Frames at least this large are rendered off the event loop (`Render`).
-# Rendering text costs about 13 ns a byte (tokenization), checking and rendering tool
-# schemas up to about 0.2 us a byte, a hop to a worker thread and back about 45 us (all
-# measured on the 2-core dev machine): at 32 KB the hop adds a tenth to a 0.4 ms render,
-# and an inline parse and render stall the loop for at most a few milliseconds. The
-# frame's size decides, not one field's: a large tool list, instructions or input all
-# leave the loop. An agent's tool output (a few KB) stays inline; a resumed history or
-# an MCP-sized tool list no longer stalls every other connection's frames and handshakes.
-OFFLOAD_BYTES = 32 * 1024
-# Frames at least this large are also parsed off the event loop (`offloads`); smaller
-# ones are parsed on it, so a frame of 32-64 KB takes one thread hop (its render), not
-# two (a parse's, then a render's). The parse is the cheaper half: just under 64 KB it
-# held the loop 0.09 ms for text and 0.62 ms for a tool list, against 0.58 and 1.17 ms
-# for the inline parse and render of a frame just under `OFFLOAD_BYTES` (medians, 2-core
-# dev machine, load 3), so no frame holds the loop longer than one under 32 KB already
-# did, and none parses megabytes on it.
-PARSE_OFFLOAD_BYTES = 2 * OFFLOAD_BYTES
 INJECTS = frozenset(("response.inject", "response.append"))
 """The long-running response's events (refused on a connection without it)."""
 PASSED_THROUGH = frozenset(("response.interrupt", "response.steer", *INJECTS))
 """Events the connection decodes itself (`decode_passed_through`)."""
-
-
-def offloads(frame: str | bytes) -> bool:
-    """Whether `frame` is parsed off the event loop (`Connection.parse` in a worker
-    thread). A str's length in characters is a lower bound of its bytes."""
-    return len(frame) >= PARSE_OFFLOAD_BYTES
+__all__ = [
+    "INJECTS",
+    "OFFLOAD_BYTES",
+    "PARSE_OFFLOAD_BYTES",
+    "PASSED_THROUGH",
+    "FrameParser",
+    "Parsed",
+    "offloads",
+]
 
 
 @dataclass(frozen=True)

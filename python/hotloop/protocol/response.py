@@ -2,35 +2,36 @@
 commit: `Rendering` (its start: the new items rendered, inline or off the event loop,
 then `response.created`), `Response` (the engine samples it: parser events, the end of
 its output, its usage, its terminal Response) and `Ending` (its terminal event waits for
-the store's commit). `Settings` are what every turn of a connection is served with.
+the store's commit). What every turn of a connection is served with is `port.py`'s `Settings`.
 
 A response holds its lane from its start to its terminal event. The connection hands
 it engine results and client events by key; what a response does to the connection
 goes through the connection's own services (its actions, its byte bounds, its cache,
-its lanes). Steering, the long-running response and compaction change a response
-through their units (`steering.py`, `injection.py`, `summarization.py`); this module
-does not know their rules, only where they join a response's life.
+its lanes), a `ResponsePort`: it never holds the connection. Where it is in its life is
+its `state` (`state.py`'s table). Steering, the long-running response, compaction and
+the MCP loop change a response through their units (`steering.py`, `injection.py`,
+`summarization.py`, `mcp_loop.py`); this module does not know their rules: when a model
+turn ends in one of their states (`SUMMARIZING`, `CALLING_MCP`, `WAITING_FOR_TOOLS`),
+the connection hands the response to the unit that owns it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from hotloop._core import (
-    ChatFormat,
     Checkpoint,
     Conversation,
     CoreError,
     CreateRequest,
     OutputParser,
-    Policy,
     Prompt,
     Turn,
+    parse_event,
 )
 from hotloop.engines.base import API_SAMPLING, EngineError, Sampling, Serving
 from hotloop.events import ResponseEvents, Usage, new_id
@@ -38,69 +39,60 @@ from hotloop.protocol.actions import Cancel, Finished, Generate, Persist, TurnSe
 from hotloop.protocol.diagnostics import diagnose
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.history import NOWHERE, Start, end_mark
+from hotloop.protocol.port import Port
 from hotloop.protocol.state import State, advance
+from hotloop.protocol.tool_outputs import resume_frame
 
 if TYPE_CHECKING:
     from hotloop.protocol.cache import ConversationStart, Mark
     from hotloop.protocol.compaction import Summary
-    from hotloop.protocol.connection import Connection
-    from hotloop.protocol.injection import Injection
     from hotloop.protocol.lanes import Lane, Pending
     from hotloop.protocol.mcp import McpTurn
-    from hotloop.protocol.steering import Steer
+    from hotloop.protocol.steers import Steer
+    from hotloop.protocol.tool_outputs import Injection
 
 # One line per response: its id and the request id the client saw, to match reports.
 requests_log = logging.getLogger("hotloop.requests")
+log = logging.getLogger("hotloop.protocol")
 
 STORE_UNAVAILABLE = "store_unavailable"
 ITEM_DONE = frozenset(("message_done", "reasoning_done", "call_done"))
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What every turn on a connection is served with, fixed at the upgrade."""
+class ResponsePort(Port, Protocol):
+    """What a response (and a unit that moves responses) may ask of its connection,
+    besides the services of every unit: the running responses by the key of their work,
+    and what the connection does when a turn is refused or a response concluded."""
 
-    chat_format: ChatFormat
-    context_window: int
-    model: str
-    policy: Policy | None
-    principal: str | None
-    """The API key the connection authenticated with."""
-    session_key: str | None
-    request_id: str | None
-    sampling_defaults: tuple[float, float]
-    durable: bool
-    storage_refusal: Callable[[str | None], str | None] | None
-    """Why a key may store no more (`Ledger.storage_refusal`), or None."""
-    inject: bool
-    stop_tokens: tuple[int, ...]
-    model_required: bool = False
-    """A request without `model` is refused (no `--default-model`)."""
+    generating: dict[int, Response]
+    """Responses with engine work (or MCP calls) out, by its key."""
+    waiting: dict[int, Response]
+    """Responses waiting, open, for client tool output, by their last model turn's key."""
+    ending: dict[int, Ending]
+    """Responses whose terminal event waits for their `Persist` work."""
 
-    def over_quota(self, request: CreateRequest) -> ProtocolError | None:
-        """The refusal of a `store=true` request (a warm-up too: it is stored like any
-        other), or of a turn on a conversation (it appends to it), from a key at its
-        storage quota."""
-        stores = request.store or request.conversation is not None
-        if not (stores and self.durable and self.storage_refusal is not None):
-            return None
-        message = self.storage_refusal(self.principal)
-        if message is None:
-            return None
-        return ProtocolError("insufficient_quota", message, "store", status=429)
+    def running(self, response_id: str) -> Response | None:
+        """The response sampling, or waiting open for tool output, with this id."""
+        ...
 
-    def conversation(self) -> Conversation:
-        """A new conversation in the connection's format."""
-        return Conversation(
-            self.chat_format, context_window=self.context_window, policy=self.policy
-        )
+    def not_running(self, response_id: str) -> ProtocolError:
+        """Why `response_id` cannot be steered, interrupted or injected into."""
+        ...
+
+    def refuse_turn(self, pending: Pending, error: ProtocolError, name: str | None) -> None:
+        """A turn refused before generation (the steering input it carried returned)."""
+        ...
+
+    def concluded(self, response: Response, ending: Ending) -> None:
+        """`response`'s terminal event went out (what its steers start follows)."""
+        ...
 
 
 @dataclass
 class Rendering:
     """A turn waiting for its `Render` work; it holds its lane like an active turn."""
 
-    connection: Connection
+    port: ResponsePort
     lane: Lane
     pending: Pending
     conversation: Conversation
@@ -120,17 +112,22 @@ class Rendering:
         """The core refused the new items (or the approvals they answer were taken
         meanwhile): the request is refused."""
         if self.evicts_parent and self.parent is not None:
-            self.connection.cache.evict(self.parent)
+            self.port.cache.evict(self.parent)
         if isinstance(error, CoreError):
             error = ProtocolError.from_core(error)
-        self.connection.refuse_turn(self.pending, error, self.lane.name)
+        self.port.refuse_turn(self.pending, error, self.lane.name)
 
-    def rendered(self, turn: Turn) -> None:
-        """The new items are in the conversation: the response starts (its
-        `response.created`), and the engine is handed its prompt."""
-        connection, settings = self.connection, self.connection.settings
+    def overhead_ns(self) -> int:
+        """The time the turn took before its engine work: its parse and its render."""
+        return self.pending.parse_ns + self.port.clock() - self.start
+
+    def rendered(self, turn: Turn) -> Response:
+        """The new items are in the conversation: the response opens, holding the lane,
+        among the connection's running responses (it announces itself, `announce`, once
+        the connection decided what it runs first)."""
+        port, settings = self.port, self.port.settings
         lane, pending, conversation = self.lane, self.pending, self.conversation
-        request, start = pending.request, self.start
+        request = pending.request
         fields = request.response_fields_json
         if request.model is None:
             fields = fields.replace(
@@ -144,7 +141,7 @@ class Rendering:
 
         compared_id = request.comparison_response_id
         if compared_id is not None:
-            cached = connection.cache.get(compared_id)
+            cached = port.cache.get(compared_id)
             diagnostics = diagnose(
                 settings.conversation(),
                 request,
@@ -169,47 +166,12 @@ class Rendering:
             request_id = settings.request_id
         requests_log.info("response %s request %s", events.response_id, request_id)
         response = Response.open(self, events, turn)
-        if self.seen.mark is not None and connection.history is not None:
-            connection.history.keep(self.seen.mark, conversation.checkpoint(), response.root)
-            connection.history.remember(request)
+        if self.seen.mark is not None and port.history is not None:
+            port.history.keep(self.seen.mark, conversation.checkpoint(), response.root)
+            port.history.remember(request)
         lane.active = response
-        connection.generating[response.key] = response
-        if not request.generate:
-            response.overhead_ns = pending.parse_ns + connection.clock() - start
-            response.prewarm(conversation.prompt())
-            return
-        if background:
-            # As OpenAI streams a background response: created and queued, then it runs.
-            connection.outbox.append(events.lifecycle("response.created", "queued"))
-            connection.outbox.append(events.lifecycle("response.queued", "queued"))
-        else:
-            connection.outbox.append(events.lifecycle("response.created", "in_progress"))
-        connection.outbox.append(events.lifecycle("response.in_progress", "in_progress"))
-        if response.mcp is not None:
-            connection.mcp.start(response)
-        threshold = request.compact_threshold
-        over = threshold is not None and turn.prompt_tokens > threshold
-        if over or request.compaction_trigger:
-            # The prompt passed the client's threshold: the engine summarizes first, and
-            # the turn then runs on the summary (`Summarization.summarized`). Or the
-            # client asked for compaction (a `compaction_trigger` item): the summary is
-            # the response.
-            summarization = connection.summarization
-            summary = summarization.summary_turn(request, lane)
-            if isinstance(summary, ProtocolError):
-                # No engine work started: it leaves the running responses (in flight
-                # otherwise, the connection would never be idle again).
-                del connection.generating[response.key]
-                message = f"The conversation could not be compacted: {summary.message}"
-                response.fail(message, Usage())
-                return
-            response.overhead_ns = pending.parse_ns + connection.clock() - start
-            resume = not request.compaction_trigger
-            summarization.summarize(response, summary[0], summary[1], resume=resume)
-            return
-        response.overhead_ns = pending.parse_ns + connection.clock() - start
-        response.enter(State.SAMPLING)
-        response.generate(conversation.prompt())
+        port.generating[response.key] = response
+        return response
 
 
 def engine_sampling(request: CreateRequest, fields: str, defaults: tuple[float, float]) -> str:
@@ -231,7 +193,7 @@ def engine_sampling(request: CreateRequest, fields: str, defaults: tuple[float, 
 class Response:
     """A response the engine samples (or that waits, open, for tool output)."""
 
-    connection: Connection
+    port: ResponsePort
     key: int
     lane: Lane
     request: CreateRequest
@@ -281,8 +243,8 @@ class Response:
         key."""
         conversation = rendering.conversation
         return cls(
-            connection=rendering.connection,
-            key=rendering.connection.new_key(),
+            port=rendering.port,
+            key=rendering.port.new_key(),
             lane=rendering.lane,
             request=rendering.pending.request,
             events=events,
@@ -312,39 +274,63 @@ class Response:
         """The response is committed to the store before its terminal event."""
         request = self.request
         # A conversation's turn appends its items in the same commit.
-        return self.connection.settings.durable and (
-            request.store or request.conversation is not None
-        )
+        return self.port.settings.durable and (request.store or request.conversation is not None)
+
+    def client_calls(self) -> list[dict[str, Any]]:
+        """The client function calls of the current model turn."""
+        return [
+            item
+            for item in self.events.output[self.first_item :]
+            if item["type"] == "function_call"
+        ]
+
+    def required_input(self) -> list[dict[str, str]]:
+        """The tool outputs it waits for, as `required_input`."""
+        return [
+            {"type": "function_call_output", "call_id": call_id, "name": name}
+            for call_id, name in self.waiting.items()
+        ]
 
     # ---------------------------------------------------------------- sampling
+
+    def announce(self) -> None:
+        """`response.created` and `response.in_progress`: a background response, as
+        OpenAI streams one, is created and queued first, then runs."""
+        emit, events = self.port.emit, self.events
+        if self.request.background:
+            emit(events.lifecycle("response.created", "queued"))
+            emit(events.lifecycle("response.queued", "queued"))
+        else:
+            emit(events.lifecycle("response.created", "in_progress"))
+        emit(events.lifecycle("response.in_progress", "in_progress"))
 
     def prewarm(self, prompt: Prompt) -> None:
         """`generate: false` (or `prompt_cache_options.prewarm`): the engine evaluates
         `prompt` into its cache and samples nothing (`max_output_tokens` 0, each engine's
         way: docs/engines.md); `done` then completes it with an empty output."""
         self.enter(State.PREFILLING)
-        self.connection.outbox.append(self.events.lifecycle("response.created", "in_progress"))
+        self.port.emit(self.events.lifecycle("response.created", "in_progress"))
         self.generate(prompt, 0)
 
     def generate(self, prompt: Prompt, limit: int | None = None) -> None:
         """Hand the engine `prompt`, routed by the session header, `prompt_cache_key` or
         the chain's root so every
         turn of a conversation (its summarization too) lands where its cache is."""
-        connection = self.connection
+        settings = self.port.settings
         request = self.request
-        budget = connection.settings.context_window - len(prompt)
+        budget = settings.context_window - len(prompt)
         max_tokens = request.max_output_tokens if limit is None else limit
         sampling = Sampling(
             max_output_tokens=budget if max_tokens is None else min(max_tokens, budget),
             temperature=request.temperature,
             top_p=request.top_p,
-            stop_tokens=connection.settings.stop_tokens,
+            stop_tokens=settings.stop_tokens,
         )
         # The client's names for the conversation first (as HAProxy hashes them:
         # deploy/haproxy.cfg), then the chain's first response.
-        route_key = connection.settings.session_key or request.prompt_cache_key or self.root
+        route_key = settings.session_key or request.prompt_cache_key or self.root
         serving = Serving(self.events.response_id, request)
-        connection.outbox.append(Generate(self.key, prompt, sampling, route_key, serving))
+        self.port.emit(Generate(self.key, prompt, sampling, route_key, serving))
 
     def feed(self, ids: list[int]) -> bool:
         """Sampled ids; returns whether the engine should go on."""
@@ -353,22 +339,15 @@ class Response:
             self.compaction.feed(self.parser.feed(ids))
             return not self.parser.stopped
         if self.steers:
-            more = self._feed_to_boundary(ids)
-        else:
-            self.events.feed(self.parser.feed(ids), self.connection.outbox.append)
-            more = not self.parser.stopped
-        if self.connection.settings.inject and self.parser.stopped:
-            # The model stopped: a response that called a tool waits from now on, so an
-            # injection sent on its call item finds it waiting (the engine's own end,
-            # which `engine_done` then ignores, may come after that frame).
-            self.connection.engine_done(self.key)
-        return more
+            return self._feed_to_boundary(ids)
+        self.events.feed(self.parser.feed(ids), self.port.emit)
+        return not self.parser.stopped
 
     def _feed_to_boundary(self, ids: list[int]) -> bool:
         """A steered response: tokens one at a time, up to the end of the item being
         sampled; what the engine sampled beyond it is dropped unseen, so the parser (and
         the history it commits) holds whole items only."""
-        emit = self.connection.outbox.append
+        emit = self.port.emit
         for token in ids:
             parsed = self.parser.feed([token])
             self.events.feed(parsed, emit)
@@ -381,13 +360,13 @@ class Response:
 
     def done(self, engine_cached: int | None = None) -> None:
         """The engine finished (stop token or max_output_tokens): the output is
-        committed and the response ends, or waits for tool output."""
-        connection = self.connection
+        committed and the response ends; or its state says which unit goes on with it
+        (the connection hands it over): `SUMMARIZING` (the summary is written),
+        `CALLING_MCP` (the turn called MCP tools), `WAITING_FOR_TOOLS` (client tools,
+        long-running)."""
         # Set, not added: an earlier pass's figure is in `spent` already.
         self.engine_cached = engine_cached
         if self.state is State.SUMMARIZING:
-            assert self.compaction is not None, "the summary it writes"
-            connection.summarization.summarized(self, self.compaction)
             return
         if self.state is State.PREFILLING:
             # Nothing sampled, nothing committed: the next turn extends exactly the
@@ -399,7 +378,7 @@ class Response:
             self._end_steered()
             return
         parsed, outcome, message = self.parser.finish()
-        self.events.feed(parsed, connection.outbox.append)
+        self.events.feed(parsed, self.port.emit)
         usage = self.usage()
         if outcome == "malformed":
             self.fail(f"The model's output could not be parsed: {message}", usage)
@@ -409,16 +388,11 @@ class Response:
         except CoreError as e:
             self.fail(f"The model's output could not be recorded: {e.message}", usage)
             return
-        calls = [
-            item
-            for item in self.events.output[self.first_item :]
-            if item["type"] == "function_call"
-        ]
         if (self.events.mcp_calls or self.events.mcp_approvals) and outcome == "stopped":
-            connection.mcp.call(self, client_calls=bool(calls))
+            self.enter(State.CALLING_MCP)
             return
-        if connection.settings.inject and outcome == "stopped" and calls:
-            connection.long_running.wait(self, calls)
+        if self.port.settings.inject and outcome == "stopped" and self.client_calls():
+            self.enter(State.WAITING_FOR_TOOLS)
             return
         checkpoint = self.conversation.checkpoint()
         if outcome == "truncated":
@@ -448,9 +422,9 @@ class Response:
         if self.state is State.SUMMARIZING and summary is not None and not summary.resume:
             # /responses/compact has no response to fail: its request gets the error.
             self.enter(State.DONE)
-            self.connection.refuse(ProtocolError("server_error", message, status=500))
+            self.port.refuse(ProtocolError("server_error", message, status=500))
             self.book(b"", self.usage(), "failed", summary.item_id)
-            self.connection.release(self.lane)
+            self.port.release(self.lane)
             return
         self.fail(message, self.usage())
 
@@ -459,10 +433,10 @@ class Response:
     def stop(self) -> None:
         """The response leaves the running responses: its engine work (or its idle
         timer, if it waits for tool output) stops."""
-        connection = self.connection
-        if connection.generating.pop(self.key, None) is None:
-            del connection.long_running.waiting[self.key]
-        connection.outbox.append(Cancel(self.key))
+        port = self.port
+        if port.generating.pop(self.key, None) is None:
+            del port.waiting[self.key]
+        port.emit(Cancel(self.key))
 
     def cancel(self) -> None:
         """`response.cancel`: it stops where it is."""
@@ -498,7 +472,7 @@ class Response:
 
     def fail(self, message: str, usage: Usage) -> None:
         if self.evicts_parent and self.parent is not None:
-            self.connection.cache.evict(self.parent)
+            self.port.cache.evict(self.parent)
         error = {"code": "server_error", "message": message}
         self.terminal("response.failed", "failed", usage, None, error=error)
 
@@ -512,14 +486,14 @@ class Response:
         """Engine work that ends without a terminal event (a client gone mid-turn, a
         `/responses/compact` summary) is booked all the same, to the key that asked:
         the prompt was prefilled and the tokens sampled. Nothing is cached or stored."""
-        self.connection.report(
+        self.port.report(
             Finished(
                 response_id or self.events.response_id,
                 self.request,
                 response_json,
                 None,
                 usage,
-                self.connection.settings.principal,
+                self.port.settings.principal,
                 self.overhead_ns,
                 self.turn,
                 status=status,
@@ -536,10 +510,48 @@ class Response:
             return None
         return end_mark(self.seen.mark, self.events.output)
 
-    def turn_segment(self, then: list[dict[str, object]]) -> TurnSegment:
+    def turn_segment(self, then: list[dict[str, Any]]) -> TurnSegment:
         """The current model turn as the store keeps it, followed by `then`."""
         ids = self.conversation.prompt().tokens_from(self.current_turn.prompt_tokens)
         return TurnSegment(len(self.events.output), ids, then)
+
+    def stored_segment(self, then: list[dict[str, Any]]) -> TurnSegment | None:
+        """`turn_segment`, when the response is stored (None otherwise)."""
+        return self.turn_segment(then) if self.stored else None
+
+    def commit_input(self, items: list[dict[str, Any]], max_output_tokens: int | None) -> Turn:
+        """Append `items` (tool outputs, steering input) to the conversation after the last
+        model turn, validated as delta input and rendered alone, under the response's own
+        settings (`max_output_tokens`: what is left of its budget). Raises CoreError,
+        the conversation unchanged."""
+        frame = resume_frame(self.request.response_fields_json, items, max_output_tokens)
+        request = parse_event(frame, self.port.request_limits)
+        assert isinstance(request, CreateRequest), "a response.create with new input"
+        if request.error is not None:
+            raise request.error
+        return self.conversation.extend(request)
+
+    def commit_held(self, checkpoint: Checkpoint | None) -> tuple[Checkpoint | None, bool]:
+        """It ends holding injected outputs it acknowledged (answers to calls it
+        completed, while other calls waited or its turn still sampled): they are
+        committed after its last model turn, so the calls it is continued with are
+        answered. Not when it cannot be continued (`checkpoint` None): they end with it.
+        Returns the checkpoint to end with, and whether the outputs closed the turn."""
+        held = [item for injection in self.injected for item in injection.items]
+        self.port.dequeued(sum(injection.size for injection in self.injected))
+        self.injected = []
+        if checkpoint is None:
+            return None, False
+        segment = self.stored_segment(held)
+        try:
+            self.commit_input(held, None)
+        except CoreError as e:
+            # Checked against the core when they arrived: only the context can refuse them.
+            log.warning("outputs held by %s not committed: %s", self.events.response_id, e.message)
+            return checkpoint, False
+        if segment is not None:
+            self.segments.append(segment)
+        return self.conversation.checkpoint(), True
 
     def terminal(
         self,
@@ -553,10 +565,10 @@ class Response:
     ) -> None:
         """The response ends: its terminal event goes out, after the store's commit
         when it is stored."""
-        connection = self.connection
+        port = self.port
         closed = False
         if self.injected:
-            checkpoint, closed = connection.long_running.commit_held(self, checkpoint)
+            checkpoint, closed = self.commit_held(checkpoint)
         stored = self.stored
         if stored and self.segments and not closed:
             # The last model turn of a response that took input while it ran.
@@ -579,7 +591,7 @@ class Response:
                 final,
                 checkpoint,
                 usage,
-                connection.settings.principal,
+                port.settings.principal,
                 self.overhead_ns,
                 self.turn,
                 status=status,
@@ -593,13 +605,13 @@ class Response:
         if stored:
             self.enter(State.ENDING)
             self.lane.active = None
-            self.lane.ending = connection.ending[self.key] = ending
-            connection.outbox.append(Persist(self.key, ending.finished))
+            self.lane.ending = port.ending[self.key] = ending
+            port.emit(Persist(self.key, ending.finished))
             return
         ending.conclude()
         # A response refused before the engine never took its lane: nothing to free.
         if self.lane.active is self:
-            connection.release(self.lane)
+            port.release(self.lane)
 
 
 @dataclass
@@ -621,25 +633,25 @@ class Ending:
         report it."""
         response = self.response
         response.enter(State.DONE)
-        connection, events = response.connection, response.events
-        connection.outbox.append(events.wrap(self.kind, self.finished.response_json))
+        port, events = response.port, response.events
+        port.emit(events.wrap(self.kind, self.finished.response_json))
         if self.checkpoint is not None:
             mark = response.end_mark()
-            connection.cache.put(
+            port.cache.put(
                 events.response_id, self.checkpoint, response.lane.name, response.root, mark=mark
             )
-            history = connection.history
-            if mark is not None and history is not None and history.cache is not connection.cache:
+            history = port.history
+            if mark is not None and history is not None and history.cache is not port.cache:
                 history.keep(mark, self.checkpoint, response.root)
-        connection.report(self.finished)
-        connection.steering.after_terminal(response, self)
+        port.report(self.finished)
+        port.concluded(response, self)
 
     def store_failed(self, message: str) -> None:
         """The commit failed: the response ends as `response.failed` (`error.message`
         starting with `store_unavailable:`), never acknowledged."""
         response = self.response
         if response.evicts_parent and response.parent is not None:
-            response.connection.cache.evict(response.parent)
+            response.port.cache.evict(response.parent)
         error = {"code": "server_error", "message": f"{STORE_UNAVAILABLE}: {message}"}
         replace(
             self,

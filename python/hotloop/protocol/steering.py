@@ -1,9 +1,7 @@
-"""`response.steer` (protocol.md section 8): what a steer frame may hold, the
-submissions a connection has accepted, the `response.create` frames steering turns into
-(the automatic successor, and the client's continuation of a response that stopped for
-tool output, with the queued input prepended), and a connection's steering state
-(`Steering`): steers accepted by a running response, pending for a response that waits
-for tool output, failed with their input returned, and the successors they start.
+"""`response.steer` (protocol.md section 8): a connection's steering state (`Steering`,
+over a `SteeringPort`): steers accepted by a running response, pending for a response
+that waits for tool output, failed with their input returned, and the successors they
+start. What a steer frame may hold and the frames steering turns into are `steers.py`'s.
 
 Refusals are `ProtocolError`s whose `code` is one of the SDK's steer error codes, sent
 as `response.steer.failed` with the input returned. Where a steered response stops (its
@@ -13,151 +11,35 @@ item boundary) is the response's own (`response.py`); this module says what foll
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
 from hotloop._core import CoreError, CreateRequest, parse_event
-from hotloop.events import ResponseEvents, new_id
+from hotloop.events import ResponseEvents
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.lanes import Pending
+from hotloop.protocol.response import Ending, Response, ResponsePort
 from hotloop.protocol.state import State
-
-if TYPE_CHECKING:
-    from hotloop.protocol.connection import Connection
-    from hotloop.protocol.response import Ending, Response
+from hotloop.protocol.steers import (
+    Steer,
+    Steered,
+    parse_steer,
+    successor_frame,
+    with_steering,
+)
 
 MAX_PENDING_STEERS = 8
 """Accepted steers one response may hold before `too_many_pending_steers`."""
-STEER_FIELDS = {"type", "previous_response_id", "input"}
-MESSAGE_FIELDS = {"type", "role", "content"}
-# The request fields an automatic successor inherits from its target: the ones a
-# Response echoes and a request accepts (`previous_response_id` is the target's id).
-INHERITED = (
-    "instructions",
-    "max_output_tokens",
-    "metadata",
-    "model",
-    "parallel_tool_calls",
-    "reasoning",
-    "store",
-    "temperature",
-    "text",
-    "tool_choice",
-    "tools",
-    "top_p",
-    "truncation",
-)
 
 
-@dataclass(frozen=True)
-class Steer:
-    """An accepted steering submission: `input` as the client sent it (returned in
-    `response.steer.failed`), `items` its user messages as input items."""
+class SteeringPort(ResponsePort, Protocol):
+    """A connection's services, and how it parses a `response.create` frame again."""
 
-    id: str
-    previous_response_id: str
-    input: Any
-    items: tuple[dict[str, Any], ...]
-    size: int = 0
-    """The frame's bytes, held in the queue memory while the steer waits."""
-
-    def wire(self) -> dict[str, str]:
-        return {"id": self.id, "previous_response_id": self.previous_response_id}
-
-
-def invalid(message: str) -> ProtocolError:
-    return ProtocolError("invalid_input", message, "input")
-
-
-def parse_steer(event: dict[str, Any], size: int = 0) -> Steer:
-    """Validate a `response.steer` frame (decoded, `size` bytes) and mint its steer id.
-    Raises `ProtocolError` `invalid_input`."""
-    extra = sorted(set(event) - STEER_FIELDS)
-    if extra:
-        # `stream_id` among them: the target fixes the lane.
-        raise invalid(
-            f"response.steer takes only type, previous_response_id and input; got {extra}."
-        )
-    target = event.get("previous_response_id")
-    if not isinstance(target, str) or not target:
-        raise invalid("previous_response_id must be a response id.")
-    raw = event.get("input")
-    return Steer(new_id("steer_"), target, raw, tuple(_messages(raw)), size)
-
-
-def _messages(raw: Any) -> list[dict[str, Any]]:
-    if isinstance(raw, str):
-        return [{"type": "message", "role": "user", "content": raw}]
-    if not isinstance(raw, list) or not raw:
-        raise invalid("input must be a string or a non-empty list of user messages.")
-    items = []
-    for n, item in enumerate(raw):
-        if not isinstance(item, dict) or set(item) - MESSAGE_FIELDS:
-            raise invalid(f"input[{n}] must be a message of only type, role and content.")
-        if item.get("type", "message") != "message" or item.get("role") != "user":
-            raise invalid(f"input[{n}]: steering takes user messages only.")
-        content = item.get("content")
-        texts = isinstance(content, list) and all(
-            isinstance(part, dict)
-            and part.get("type") == "input_text"
-            and isinstance(part.get("text"), str)
-            for part in content
-        )
-        if not isinstance(content, str) and not (texts and content):
-            raise invalid(f"input[{n}].content must be a string or input_text parts.")
-        items.append({"type": "message", "role": "user", "content": content})
-    return items
-
-
-def inherited(fields_json: str) -> dict[str, Any]:
-    """The request fields of a response (`CreateRequest.response_fields_json`) that a
-    request continuing it on the server's initiative carries over."""
-    fields = orjson.loads(fields_json)
-    return {key: fields[key] for key in INHERITED if key in fields}
-
-
-def successor_frame(
-    request: CreateRequest, target: str, steers: list[Steer], stream_id: str | None
-) -> bytes:
-    """The `response.create` of the automatic successor: the target's settings
-    (`request` is the target's), the target as its parent, the steering input in
-    submission order as its input, and the target's conversation: the successor
-    continues it (its items are appended after the target's)."""
-    frame = inherited(request.response_fields_json)
-    frame.update(
-        type="response.create",
-        previous_response_id=target,
-        input=[item for steer in steers for item in steer.items],
-    )
-    if request.conversation is not None:
-        frame["conversation"] = request.conversation
-    if stream_id is not None:
-        frame["stream_id"] = stream_id
-    return orjson.dumps(frame)
-
-
-def with_steering(frame: str | bytes, steers: list[Steer]) -> bytes:
-    """The client's `response.create` (flat or nested form) with the queued steering
-    input prepended to its own, in submission order."""
-    event = orjson.loads(frame)
-    body = event["response"] if isinstance(event.get("response"), dict) else event
-    own = body.get("input")
-    if isinstance(own, str):
-        own = [{"type": "message", "role": "user", "content": own}]
-    # `"input": null` is no input, as the core parses it.
-    body["input"] = [item for steer in steers for item in steer.items] + (own or [])
-    return orjson.dumps(event)
-
-
-@dataclass
-class Steered:
-    """Steering input carried by a turn, with the events of the response it steered
-    (its steer events continue that response's `sequence_number`)."""
-
-    target: ResponseEvents
-    steers: list[Steer]
-    automatic: bool
+    def reparse(self, frame: str | bytes) -> CreateRequest:
+        """A `response.create` frame parsed as the connection parses one; raises what
+        its parse refuses with."""
+        ...
 
 
 @dataclass
@@ -176,8 +58,8 @@ class Steering:
     their input returned. Their bytes count in the connection's queue bounds until a
     request takes them."""
 
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
+    def __init__(self, port: SteeringPort) -> None:
+        self.port = port
         self.awaiting: dict[str | None, Awaiting] = {}
         """Each lane's latest response, when it stopped for client tool output."""
 
@@ -186,14 +68,14 @@ class Steering:
         stops at its next item boundary, a successor follows) or one waiting for tool
         output (queued for the client's continuation); refused with
         `response.steer.failed` otherwise."""
-        connection = self.connection
+        port = self.port
         target, raw_input = event.get("previous_response_id"), event.get("input")
         try:
             steer = parse_steer(event, size)
         except ProtocolError as e:
             self._failed(None, target, raw_input, e)
             return
-        running = connection.running(steer.previous_response_id)
+        running = port.running(steer.previous_response_id)
         awaiting = next(
             (
                 a
@@ -205,7 +87,7 @@ class Steering:
         held = running.steers if running is not None else awaiting.steers if awaiting else None
         events = running.events if running is not None else awaiting.events if awaiting else None
         if held is None or events is None:
-            error = connection.not_running(steer.previous_response_id)
+            error = port.not_running(steer.previous_response_id)
             self._failed(None, target, raw_input, error)
             return
         if len(held) >= MAX_PENDING_STEERS:
@@ -217,16 +99,16 @@ class Steering:
             self._failed(events, target, raw_input, error)
             return
         try:
-            connection.hold(steer.size)
+            port.hold(steer.size)
         except ProtocolError as e:
             self._failed(events, target, raw_input, e)
             return
-        connection.outbox.append(events.event("response.steer.accepted", steer=steer.wire()))
+        port.emit(events.event("response.steer.accepted", steer=steer.wire()))
         if running is not None:
             running.steers.append(steer)
             if running.state is State.WAITING_FOR_TOOLS:
                 # Long-running mode: it goes into the turn the injected output resumes.
-                self.announce_pending(events, [steer], connection.long_running.required(running))
+                self.announce_pending(events, [steer], running.required_input())
         elif awaiting is not None:
             self._pending(awaiting, [steer])
 
@@ -246,7 +128,7 @@ class Steering:
             return None
         try:
             steered_frame = with_steering(frame, awaiting.steers)
-            steered = self.connection.reparse(steered_frame)
+            steered = self.port.reparse(steered_frame)
         except orjson.JSONDecodeError as e:
             return ProtocolError.undecodable(e)
         except CoreError as e:
@@ -293,7 +175,7 @@ class Steering:
             frame = successor_frame(
                 response.request, events.response_id, response.steers, lane.name
             )
-            successor = parse_event(frame, self.connection.limits.request)
+            successor = parse_event(frame, self.port.request_limits)
             steered = Steered(events, response.steers, True)
             if not isinstance(successor, CreateRequest) or successor.error is not None:
                 self.failed(
@@ -310,7 +192,7 @@ class Steering:
 
     def release(self, steers: list[Steer]) -> None:
         """Steers leave the queue: started in a request, or refused."""
-        self.connection.dequeued(sum(steer.size for steer in steers))
+        self.port.dequeued(sum(steer.size for steer in steers))
 
     def _pending(self, awaiting: Awaiting, steers: list[Steer]) -> None:
         awaiting.steers.extend(steers)
@@ -321,7 +203,7 @@ class Steering:
     ) -> None:
         """`response.steer.pending`: the steers wait for the client's tool output."""
         for steer in steers:
-            self.connection.outbox.append(
+            self.port.emit(
                 events.event(
                     "response.steer.pending",
                     steer=steer.wire(),
@@ -364,8 +246,8 @@ class Steering:
         }
         if events is None:
             # No response to number it within: it is the first event of its own.
-            self.connection.outbox.append(
+            self.port.emit(
                 orjson.dumps({"type": "response.steer.failed", **fields, "sequence_number": 0})
             )
         else:
-            self.connection.outbox.append(events.event("response.steer.failed", **fields))
+            self.port.emit(events.event("response.steer.failed", **fields))

@@ -5,15 +5,16 @@ the summary), and `context_management`, whose turn summarizes
 first when its prompt passed the client's threshold and then runs on a new conversation
 holding the summary in place of the history. `Summarization` owns those transitions of a
 response; sealing and opening summaries, and the requests they derive, are
-`compaction.py`'s.
+`compaction.py`'s. It holds no connection: a `SummarizationPort` (the responses'
+port, and where a request's chain starts).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hotloop._core import Conversation, CoreError, CreateRequest, Turn
-from hotloop.events import ResponseEvents, new_id
+from hotloop.events import ResponseEvents, Usage, new_id
 from hotloop.protocol.compaction import (
     Compactor,
     Summary,
@@ -22,21 +23,28 @@ from hotloop.protocol.compaction import (
     summarizing,
 )
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.lanes import Pending
-from hotloop.protocol.response import Rendering, Response
+from hotloop.protocol.lanes import Lane, Pending
+from hotloop.protocol.response import Rendering, Response, ResponsePort
 from hotloop.protocol.state import State
 
-if TYPE_CHECKING:
-    from hotloop.protocol.connection import Connection
-    from hotloop.protocol.lanes import Lane
+
+class SummarizationPort(ResponsePort, Protocol):
+    """A connection's services, and the conversation a request continues."""
+
+    def continued(
+        self, request: CreateRequest, lane: Lane
+    ) -> tuple[Conversation, bool, str | None] | ProtocolError:
+        """The conversation `request` continues (a fork of its parent's, or a new
+        one), whether a failure evicts the parent, and the chain's root; or why not."""
+        ...
 
 
 class Summarization:
     """A connection's summaries: the engine writes one for `/responses/compact` or for a
     turn over its compaction threshold, sealed with the server's key (`compactor`)."""
 
-    def __init__(self, connection: Connection, compactor: Compactor) -> None:
-        self.connection = connection
+    def __init__(self, port: SummarizationPort, compactor: Compactor) -> None:
+        self.port = port
         self.compactor = compactor
 
     def receive_compact(self, request: CreateRequest, lane: Lane) -> None:
@@ -44,23 +52,46 @@ class Summarization:
         summarizes the conversation (the chain of `previous_response_id`, then the
         input) on `lane`; the one frame out is the `response.compaction` object, or an
         error."""
-        connection = self.connection
+        port = self.port
         if request.error is not None:
-            connection.refuse(ProtocolError.from_core(request.error))
+            port.refuse(ProtocolError.from_core(request.error))
             return
         parent = request.previous_response_id or request.conversation
         summary = self.summary_turn(request, lane)
         if isinstance(summary, ProtocolError):
-            connection.refuse(summary)
+            port.refuse(summary)
             return
         conversation, turn, root = summary
         rendered = Rendering(
-            connection, lane, Pending(request, 0, 0), conversation, parent, False, 0, root
+            port, lane, Pending(request, 0, 0), conversation, parent, False, 0, root
         )
         response = Response.open(rendered, ResponseEvents(request.response_fields_json), turn)
         lane.active = response
-        connection.generating[response.key] = response
+        port.generating[response.key] = response
         self.summarize(response, conversation, turn, resume=False)
+
+    def begins(self, response: Response, rendering: Rendering) -> bool:
+        """Whether a rendered turn starts with a summary, which then starts: its prompt
+        passed the client's threshold (the engine summarizes first, and the turn then
+        runs on the summary: `summarized`), or the client asked for compaction (a
+        `compaction_trigger` item: the summary is the response)."""
+        request, turn = response.request, response.turn
+        threshold = request.compact_threshold
+        over = threshold is not None and turn.prompt_tokens > threshold
+        if not (over or request.compaction_trigger):
+            return False
+        summary = self.summary_turn(request, rendering.lane)
+        if isinstance(summary, ProtocolError):
+            # No engine work started: it leaves the running responses (in flight
+            # otherwise, the connection would never be idle again).
+            del self.port.generating[response.key]
+            message = f"The conversation could not be compacted: {summary.message}"
+            response.fail(message, Usage())
+            return True
+        response.overhead_ns = rendering.overhead_ns()
+        resume = not request.compaction_trigger
+        self.summarize(response, summary[0], summary[1], resume=resume)
+        return True
 
     def summary_turn(
         self, request: CreateRequest, lane: Lane
@@ -68,14 +99,14 @@ class Summarization:
         """The summarization of `request`'s conversation (its parent's chain and its
         input, then the instruction to summarize) rendered for the engine, and the
         chain's root; or why not."""
-        connection = self.connection
-        chain = connection.continued(request, lane)
+        port = self.port
+        chain = port.continued(request, lane)
         if isinstance(chain, ProtocolError):
             return chain
         conversation, _, root = chain
         try:
             summary_tokens = self.compactor.summary_tokens
-            summarize = summarizing(request, summary_tokens, connection.limits.request)
+            summarize = summarizing(request, summary_tokens, port.request_limits)
             return conversation, conversation.extend(summarize), root
         except CoreError as e:
             return ProtocolError.from_core(e)
@@ -92,41 +123,44 @@ class Summarization:
         response.conversation, response.parser = conversation, conversation.parser()
         response.turn = turn
         if resume:
-            self.connection.outbox.append(
+            self.port.emit(
                 response.events.event(
                     "response.compaction.compacting", item_id=compaction.item_id, output_index=0
                 )
             )
         response.generate(conversation.prompt(), self.compactor.summary_tokens)
 
-    def summarized(self, response: Response, compaction: Summary) -> None:
-        """The engine wrote the summary: seal it; then either answer /compact, or run
-        the turn on a new conversation holding the summary in place of the history."""
-        connection = self.connection
+    def summarized(self, response: Response) -> None:
+        """The engine wrote the summary (its model turn ended `SUMMARIZING`): seal it;
+        then either answer /compact, or run the turn on a new conversation holding the
+        summary in place of the history."""
+        port = self.port
+        compaction = response.compaction
+        assert compaction is not None, "the summary it wrote"
         compaction.feed(response.parser.finish()[0])
         spent = response.usage()
         item = compaction.item(self.compactor)
         response.compaction = None
         if response.request.compaction_trigger:
             # Remote compaction (Codex): a response whose one output is the item.
-            connection.outbox.append(response.events.item_added(0, item))
-            connection.outbox.append(response.events.item_done(0, item))
+            port.emit(response.events.item_added(0, item))
+            port.emit(response.events.item_done(0, item))
             response.terminal("response.completed", "completed", spent, None)
             return
         if not compaction.resume:
             resource = compacted_resource(item, spent)
-            connection.outbox.append(resource)
+            port.emit(resource)
             response.enter(State.DONE)
             response.book(resource, spent, "completed", compaction.item_id)
-            connection.release(response.lane)
+            port.release(response.lane)
             return
         events = response.events
-        connection.outbox.append(events.item_added(0, item))
-        connection.outbox.append(events.item_done(0, item))
+        port.emit(events.item_added(0, item))
+        port.emit(events.item_done(0, item))
         events.index_offset = 1
         # The model turn's own items follow (an interrupt keeps them, a wait looks there).
         response.first_item = len(events.output)
-        conversation = connection.settings.conversation()
+        conversation = port.settings.conversation()
         try:
             turn = conversation.extend(resumed(response.request, compaction.text))
         except CoreError as e:
@@ -137,6 +171,6 @@ class Summarization:
         response.enter(State.SAMPLING)
         # New engine work, under a key of its own: the transport forgets the summary's
         # key when that task ends, which would leave this one out of a cancel's reach.
-        response.key = connection.new_key()
-        connection.generating[response.key] = response
+        response.key = port.new_key()
+        port.generating[response.key] = response
         response.generate(conversation.prompt())
