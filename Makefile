@@ -128,7 +128,7 @@ docs: develop
 # with RUSTC_BOOTSTRAP=1. No sanitizer (-s none): the core is safe Rust, libFuzzer
 # catches its panics, and runs are about twice as many per second. The targets are built
 # once and run side by side (each for FUZZ_SECONDS; their logs are printed in order).
-FUZZ_TARGETS := parse_event parse_request tools o200k_split split_scanners
+FUZZ_TARGETS := parse_event parse_request tools o200k_split split_scanners line_cuts
 FUZZ_SECONDS ?= 60
 FUZZ_CARGO := $(if $(shell rustup toolchain list 2>/dev/null | grep '^nightly'),cargo +nightly,RUSTC_BOOTSTRAP=1 cargo)
 

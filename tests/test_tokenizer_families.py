@@ -85,6 +85,20 @@ def test_tekken_matches_mistral_common_on_corpus(path: Path) -> None:
         )
 
 
+@pytest.mark.parametrize("name", ["llama3_1", "qwen3", "deepseek_v3", "tekken"])
+def test_a_large_text_encoded_on_threads_matches_the_reference(name: str) -> None:
+    """The whole corpus as one text (`5 MB`, past `PARALLEL_BYTES`): cut at line starts
+    and encoded in parts on every CPU (two here and in CI), the ids the reference gives
+    the whole text."""
+    text = "\n".join(text for _, text in corpus.documents())
+    ours = references.family(name)
+    if name == "tekken":
+        theirs = Tekkenizer.from_file(str(references.tekken_files()[-1])).encode(text, False, False)
+    else:
+        theirs = references.hf_family(name).encode(text, add_special_tokens=False).ids
+    _assert_same(name, ours, ours.encode(text), theirs)
+
+
 @pytest.mark.parametrize("path", references.sentencepiece_models(), ids=lambda p: p.name)
 def test_sentencepiece_model_matches_mistral_common_on_corpus(path: Path) -> None:
     ours, ref = Tokenizer.from_sentencepiece_model(path.read_bytes()), SentencePieceTokenizer(path)

@@ -4,9 +4,11 @@
 //! [`Renderer::text`] continues the current *run*: consecutive runs are encoded as one
 //! string, exactly as a template engine's output would be tokenized (ChatML). Text passed
 //! to [`Renderer::fragment`] is encoded on its own (harmony encodes every fragment
-//! separately). A special token always ends the run.
+//! separately). A special token always ends the run. A run or fragment of
+//! [`PARALLEL_BYTES`](crate::tokenizer::PARALLEL_BYTES) or more (a large first message, a pasted file) is encoded in parts
+//! on every CPU ([`encode_parallel`]), with the ids of one encode.
 
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{encode_parallel, threads, Tokenizer};
 
 pub struct Renderer<'t> {
     tokenizer: &'t dyn Tokenizer,
@@ -51,7 +53,11 @@ impl<'t> Renderer<'t> {
     /// Append text encoded on its own, not merged with neighbouring text.
     pub fn fragment(&mut self, text: &str) {
         self.flush();
-        self.tokenizer.encode(text, &mut self.tokens);
+        self.encode(text);
+    }
+
+    fn encode(&mut self, text: &str) {
+        encode_parallel(self.tokenizer, text, threads(), &mut self.tokens);
     }
 
     /// Append ids verbatim (sampled model output).
@@ -63,7 +69,9 @@ impl<'t> Renderer<'t> {
     /// Encode the open run, if any.
     pub fn flush(&mut self) {
         if !self.run.is_empty() {
-            self.tokenizer.encode(&self.run, &mut self.tokens);
+            let run = std::mem::take(&mut self.run);
+            self.encode(&run);
+            self.run = run;
             self.run.clear();
         }
     }

@@ -99,7 +99,9 @@ impl PyTokenizer {
     fn encode(&self, py: Python<'_>, text: &str) -> Vec<u32> {
         let mut ids = Vec::new();
         if text.len() >= RELEASE_GIL_BYTES {
-            py.allow_threads(|| self.inner.encode(text, &mut ids));
+            // A text of `PARALLEL_BYTES` or more is encoded on every CPU.
+            let parts = tokenizer::threads();
+            py.allow_threads(|| tokenizer::encode_parallel(&*self.inner, text, parts, &mut ids));
         } else {
             self.inner.encode(text, &mut ids);
         }

@@ -209,6 +209,8 @@ pub struct BpeModel {
     unk: Option<u32>,
     /// Chars: characters that precede a space inside some token (no cut after them).
     joins_space: FastSet<char>,
+    /// See [`Tokenizer::cuts_at_lines`].
+    cuts_at_lines: bool,
     strip_leading_space: bool,
 }
 
@@ -301,6 +303,14 @@ impl BpeModel {
                 .map(|(_, id)| (*id, rules.get(id).copied().unwrap_or_default()));
             Some((automaton, ids.collect()))
         };
+        // A line start begins a piece of the split; no added token may reach across it
+        // (one holding a newline, or one that takes the whitespace before it), and no
+        // normalization may add a prefix to a part or read `▁` as a space.
+        let cuts_at_lines = v.pre.cuts_at_lines()
+            && v.normalizer.prepend == Prepend::Never
+            && !v.normalizer.metaspace
+            && !v.added.iter().any(|(text, _)| text.contains('\n'))
+            && !v.added_rules.iter().any(|(_, rule)| rule.lstrip);
         let mut model = BpeModel {
             name: v.name,
             pre: v.pre,
@@ -317,6 +327,7 @@ impl BpeModel {
             whole: PieceMap::default(),
             unk: v.unk,
             joins_space,
+            cuts_at_lines,
             strip_leading_space: v.strip_leading_space,
         };
         model.whole = model.whole_tokens(v.ignore_merges);
@@ -726,6 +737,10 @@ impl Tokenizer for BpeModel {
 
     fn encode_continuation(&self, text: &str, out: &mut Vec<u32>) {
         self.encode_text(text, false, out);
+    }
+
+    fn cuts_at_lines(&self) -> bool {
+        self.cuts_at_lines
     }
 
     fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {

@@ -13,7 +13,7 @@
 //! formats insert special tokens, by id.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use crate::error::Result;
 
@@ -55,6 +55,13 @@ pub trait Tokenizer: Send + Sync {
         false
     }
 
+    /// True when a text cut at a line start ([`pretokenizer::line_cut`]) encodes, part by
+    /// part (each after the first with [`Tokenizer::encode_continuation`]), to the ids of
+    /// the whole: what [`encode_parallel`] needs.
+    fn cuts_at_lines(&self) -> bool {
+        false
+    }
+
     /// The pre-tokenizer pieces of `text`, in order; they concatenate to `text`.
     /// BPE never merges across a piece boundary, which is what makes incremental
     /// re-tokenization (re-encode from two pieces before a join) exact.
@@ -87,6 +94,53 @@ pub trait Tokenizer: Send + Sync {
             out.remove(start);
         }
     }
+}
+
+/// Texts of this many bytes or more are worth encoding on several threads.
+pub const PARALLEL_BYTES: usize = 256 * 1024;
+
+/// The threads [`encode_parallel`] uses: one per CPU the process may run on.
+pub fn threads() -> usize {
+    static THREADS: LazyLock<usize> =
+        LazyLock::new(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    *THREADS
+}
+
+/// Encode `text` as [`Tokenizer::encode`] does, in up to `parts` parts cut at line
+/// starts, each on a thread of its own, when the tokenizer allows the cut and the text
+/// is long enough for each part to hold at least half of [`PARALLEL_BYTES`]; the parts'
+/// ids concatenated are the whole text's.
+pub fn encode_parallel(tokenizer: &dyn Tokenizer, text: &str, parts: usize, out: &mut Vec<u32>) {
+    let parts = parts.min(text.len() / (PARALLEL_BYTES / 2));
+    if parts < 2 || !tokenizer.cuts_at_lines() {
+        return tokenizer.encode(text, out);
+    }
+    let mut cuts = vec![0];
+    for i in 1..parts {
+        let from = (text.len() * i / parts).max(cuts[cuts.len() - 1] + 1);
+        match pretokenizer::line_cut(text.as_bytes(), from) {
+            Some(cut) => cuts.push(cut),
+            None => break,
+        }
+    }
+    cuts.push(text.len());
+    std::thread::scope(|scope| {
+        let rest: Vec<_> = cuts[1..]
+            .windows(2)
+            .map(|w| {
+                let part = &text[w[0]..w[1]];
+                scope.spawn(move || {
+                    let mut ids = Vec::new();
+                    tokenizer.encode_continuation(part, &mut ids);
+                    ids
+                })
+            })
+            .collect();
+        tokenizer.encode(&text[..cuts[1]], out);
+        for part in rest {
+            out.extend(part.join().expect("an encoding thread does not panic"));
+        }
+    });
 }
 
 /// The OpenAI encodings embedded in the build, by name:

@@ -189,6 +189,13 @@ impl Tokenizer for OpenAiTokenizer {
         }
     }
 
+    /// o200k's split cuts at line starts as the scanned open-model splits do (its pattern
+    /// is tekken's with contractions and digits in threes); special tokens are never
+    /// matched in text.
+    fn cuts_at_lines(&self) -> bool {
+        self.o200k_split
+    }
+
     fn pieces<'a>(&'a self, text: &'a str) -> Box<dyn Iterator<Item = &'a str> + 'a> {
         Box::new(self.split(text))
     }
@@ -267,6 +274,37 @@ mod tests {
                     "{tail:?}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_text_encoded_in_parts_on_threads_has_the_ids_of_the_whole() {
+        // This crate's sources, three times: code with line starts of every kind.
+        let mut text = String::new();
+        for _ in 0..3 {
+            for dir in ["src", "src/tokenizer", "src/validate", "src/format"] {
+                let mut paths: Vec<_> = std::fs::read_dir(dir)
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .collect();
+                paths.sort();
+                for path in paths.iter().filter(|p| p.extension().is_some_and(|e| e == "rs")) {
+                    text += &std::fs::read_to_string(path).unwrap();
+                }
+            }
+        }
+        assert!(
+            text.len() >= 4 * crate::tokenizer::PARALLEL_BYTES,
+            "{}",
+            text.len()
+        );
+        let t = by_name("o200k_base").unwrap();
+        let mut whole = Vec::new();
+        t.encode(&text, &mut whole);
+        for parts in [2, 3, 8] {
+            let mut ids = Vec::new();
+            crate::tokenizer::encode_parallel(&*t, &text, parts, &mut ids);
+            assert_eq!(ids, whole, "{parts} parts");
         }
     }
 

@@ -144,6 +144,23 @@ impl PreTokenizer {
         }
     }
 
+    /// True when a line start (a byte after `\n` that is ASCII and not whitespace) always
+    /// begins a piece, and the pieces of the text before it do not depend on the text
+    /// after it: the splits whose every stage is scanned (Llama 3, Qwen2/3, DeepSeek V3,
+    /// tekken). Their patterns look behind nothing, and every alternative that can take a
+    /// `\n` takes what follows it only if it is whitespace (`\s*[\r\n]+`), another newline
+    /// or, after punctuation, a `/` (`[\r\n/]*`): a text cut there splits, part by part,
+    /// into the pieces of the whole ([`line_cut`], the `line_cuts` fuzz target).
+    pub fn cuts_at_lines(&self) -> bool {
+        match self {
+            PreTokenizer::Regex(splits) => splits
+                .stages
+                .iter()
+                .all(|s| s.scanner.is_some() && s.behavior == Behavior::Isolated),
+            _ => false,
+        }
+    }
+
     /// Call `out` with the byte range of each piece of `text[range]`, in order (a
     /// callback, not a vector: a 1 MB text has ~300k pieces, and streaming them keeps
     /// the working set in cache).
@@ -341,6 +358,35 @@ impl RegexSplit {
     }
 }
 
+/// The first line start at or after `from`: a byte after `\n` that is ASCII, not
+/// whitespace and not `/` (where [`PreTokenizer::cuts_at_lines`] splits always cut).
+pub fn line_cut(text: &[u8], from: usize) -> Option<usize> {
+    let mut at = from.max(1);
+    while at < text.len() {
+        let newline = at - 1 + memchr::memchr(b'\n', &text[at - 1..])?;
+        let cut = newline + 1;
+        if text.get(cut).is_some_and(|&b| b.is_ascii_graphic() && b != b'/') {
+            return Some(cut);
+        }
+        at = cut + 1;
+    }
+    None
+}
+
+/// Assert that `text` cut at each of its line starts splits, part by part, into the
+/// pieces of the whole (`pieces` gives a text's pieces): the property
+/// [`PreTokenizer::cuts_at_lines`] claims, checked by tests and the `line_cuts` fuzz target.
+pub fn assert_line_cuts_exact<'a>(pieces: impl Fn(&'a str) -> Vec<&'a str>, text: &'a str) {
+    let whole = pieces(text);
+    let mut at = 0;
+    while let Some(cut) = line_cut(text.as_bytes(), at + 1) {
+        let mut parts = pieces(&text[..cut]);
+        parts.extend(pieces(&text[cut..]));
+        assert_eq!(parts, whole, "cut at {cut} of {text:?}");
+        at = cut;
+    }
+}
+
 /// The top-level `|`-separated alternatives of a regex (not inside groups or classes).
 fn top_level_alternatives(pattern: &str) -> Vec<&str> {
     let mut out = Vec::new();
@@ -478,6 +524,8 @@ fn split_gpt2(text: &str, range: Range<usize>, out: &mut impl FnMut(Range<usize>
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::Strategy;
+
     use super::*;
 
     fn pieces<'a>(pre: &PreTokenizer, text: &'a str) -> Vec<&'a str> {
@@ -549,6 +597,45 @@ mod tests {
         let mut out = Vec::new();
         split.split(text, 0..text.len(), &mut |r| out.push(&text[r]));
         assert_eq!(out, ["a ", "b ", " ", "c"]);
+    }
+
+    /// Texts of lines that start with each kind of character, after each kind of line end.
+    fn lines() -> impl Strategy<Value = String> {
+        let line = proptest::sample::select(
+            &[
+                "x", "Ab", "'s", "'ll", "12345", "{", "}", "/", "//c", "#!", "  ", "\t", "é", "中", "٣",
+                "\u{1}", " y", "a\r", "a/", "}/", "\r", "\u{a0}", "\u{301}", "\u{85}",
+            ][..],
+        );
+        proptest::collection::vec(proptest::collection::vec(line, 0..4), 0..8)
+            .prop_map(|lines| lines.iter().map(|l| l.concat()).collect::<Vec<_>>().join("\n"))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+        #[test]
+        fn splits_cut_at_line_starts_find_the_pieces_of_the_whole(text in lines()) {
+            for name in ["llama-bpe", "qwen2", "deepseek-v3", "tekken"] {
+                let p = PreTokenizer::from_llama_pre(name).unwrap().unwrap();
+                assert!(p.cuts_at_lines(), "{name}");
+                assert_line_cuts_exact(|t| pieces(&p, t), &text);
+            }
+        }
+    }
+
+    #[test]
+    fn only_scanned_splits_cut_at_line_starts() {
+        for name in ["gpt2", "qwen35", "deepseek-llm", "falcon"] {
+            assert!(
+                !PreTokenizer::from_llama_pre(name)
+                    .unwrap()
+                    .unwrap()
+                    .cuts_at_lines(),
+                "{name}"
+            );
+        }
+        assert_eq!(line_cut(b"a\n b\n/\nc", 0), Some(7));
+        assert_eq!(line_cut(b"a\nb", 3), None);
     }
 
     #[test]
