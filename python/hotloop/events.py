@@ -197,7 +197,7 @@ class ResponseEvents:
         """Output items emitted before the parser's (a compaction item)."""
         self.mcp_labels: dict[str, str] = {}
         """Function names the server runs as MCP tools, and their server's label: their
-        calls are `mcp_call` items (`hotloop.protocol.mcp`)."""
+        calls are `mcp_call` items (`hotloop.protocol.mcp_tools`)."""
         self.mcp_calls: list[tuple[int, dict[str, Any], str]] = []
         """MCP calls whose arguments are done, not yet run: output index, item, call id."""
         self.mcp_gated: frozenset[str] = frozenset()
@@ -399,7 +399,7 @@ class ResponseEvents:
             emit(self.item_done(index, item))
         elif kind == "call_start" and ev[2] in self.mcp_labels:
             # The call id in the item's id: a chain rebuilt from the store renders the
-            # call as the model made it (`hotloop.protocol.mcp.replayable`).
+            # call as the model made it (`hotloop.protocol.mcp_tools.replayable`).
             item_id = MCP_CALL + ev[3]
             self._ids[key] = item_id
             head = self.delta_head("response.mcp_call_arguments.delta", item_id, index, None)

@@ -71,8 +71,8 @@ from hotloop.protocol.history import NOWHERE, History, Start
 from hotloop.protocol.injection import LongRunning
 from hotloop.protocol.interrupt import interrupt
 from hotloop.protocol.lanes import Lane, Pending
-from hotloop.protocol.mcp import McpTurn
 from hotloop.protocol.mcp_loop import McpLoop
+from hotloop.protocol.mcp_tools import McpTurn
 from hotloop.protocol.parsing import INJECTS, PASSED_THROUGH, FrameParser, Parsed
 from hotloop.protocol.port import Settings
 from hotloop.protocol.queue_memory import RETRY_AFTER_SECONDS, QueueMemory

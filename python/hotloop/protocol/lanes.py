@@ -17,7 +17,7 @@ from hotloop._core import CreateRequest
 
 if TYPE_CHECKING:
     from hotloop.protocol.cache import ConversationStart
-    from hotloop.protocol.mcp import McpTurn
+    from hotloop.protocol.mcp_tools import McpTurn
     from hotloop.protocol.steers import Steered
 
 
@@ -52,7 +52,7 @@ class Pending:
     """The steering input this turn carries (an automatic successor, or a continuation
     with queued steers prepended): returned in `response.steer.failed` if it fails."""
     mcp: McpTurn | None = None
-    """The request's MCP servers, listed before it was queued (`hotloop.protocol.mcp`)."""
+    """The request's MCP servers, listed before it was queued (`hotloop.protocol.mcp_tools`)."""
     start: ConversationStart | None = None
     """The state of its conversation it starts from, when the transport did not put it
     in the cache (an automatic successor continues its target's: `Ending.continued`)."""

@@ -4,7 +4,7 @@ are appended to the conversation's cached tokens as the family's tool output, th
 engine going on from its prefix cache (`McpLoop`); the calls a request approves run
 once the connection accepted it (`McpLoop.answer`), before its turn renders.
 
-How a request's MCP servers are checked, listed and offered is `mcp.py`'s; the calls
+How a request's MCP servers are checked, listed and offered is `mcp_tools.py`'s; the calls
 themselves are `hotloop.mcp_client`'s. A failed call is an item with an `error`, never a
 failed response: the model sees the error and goes on.
 """

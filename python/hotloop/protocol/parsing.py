@@ -24,7 +24,7 @@ from hotloop.protocol.tool_outputs import as_append
 if TYPE_CHECKING:
     from hotloop._core import ClientEvent
     from hotloop.protocol.compaction import Compactor
-    from hotloop.protocol.mcp import McpTurn
+    from hotloop.protocol.mcp_tools import McpTurn
 
 INJECTS = frozenset(("response.inject", "response.append"))
 """The long-running response's events (refused on a connection without it)."""
@@ -53,7 +53,7 @@ class Parsed:
     """The frame's text: kept by a request that has to wait (`Pending.frame`), read
     by the events the core passes through (`response.steer`, `response.interrupt`)."""
     mcp: McpTurn | None = None
-    """A request's MCP servers, listed by the transport (`hotloop.protocol.mcp`)."""
+    """A request's MCP servers, listed by the transport (`hotloop.protocol.mcp_tools`)."""
 
     @property
     def previous_response_id(self) -> str | None:

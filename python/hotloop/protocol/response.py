@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from hotloop.protocol.cache import ConversationStart, Mark
     from hotloop.protocol.compaction import Summary
     from hotloop.protocol.lanes import Lane, Pending
-    from hotloop.protocol.mcp import McpTurn
+    from hotloop.protocol.mcp_tools import McpTurn
     from hotloop.protocol.steers import Steer
     from hotloop.protocol.tool_outputs import Injection
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 import orjson
 
 from hotloop.protocol.compaction import compacted
-from hotloop.protocol.mcp import replayable
+from hotloop.protocol.mcp_tools import replayable
 
 if TYPE_CHECKING:
     from hotloop._core import ChatFormat, Conversation

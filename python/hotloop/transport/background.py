@@ -39,7 +39,7 @@ from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient
 from hotloop.protocol import Connection, ConnectionCache, Observer
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.mcp import McpTurn
+from hotloop.protocol.mcp_tools import McpTurn
 from hotloop.store import Store, StoreError, may_read
 from hotloop.store.background import (
     TERMINAL,

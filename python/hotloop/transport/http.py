@@ -66,7 +66,7 @@ from hotloop.protocol import (
 )
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.mcp import McpTurn, asks, rewritten
+from hotloop.protocol.mcp_tools import McpTurn, asks, rewritten
 from hotloop.protocol.parsing import OFFLOAD_BYTES
 from hotloop.protocol.response import STORE_UNAVAILABLE
 from hotloop.shutdown import ShuttingDown

@@ -13,7 +13,7 @@ from hotloop.mcp_client import McpClient, McpError
 from hotloop.protocol.actions import McpCall, McpRequest
 from hotloop.protocol.connection import Connection
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.mcp import asks, rewritten
+from hotloop.protocol.mcp_tools import asks, rewritten
 from hotloop.protocol.parsing import Parsed
 
 
