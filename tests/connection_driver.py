@@ -24,7 +24,7 @@ from hotloop.protocol import (
     Render,
     Wait,
 )
-from hotloop.protocol.cache import ConversationStart
+from hotloop.protocol.connection_cache import ConversationStart
 from sdk_events import validate
 
 FORMAT = ChatFormat.harmony()

@@ -17,7 +17,7 @@ import pytest
 from hotloop._core import ChatFormat, Checkpoint, Conversation, parse_request
 from hotloop.config import ServerConfig
 from hotloop.protocol import CacheBudget, ConnectionCache
-from hotloop.protocol.cache import Mark, history_key
+from hotloop.protocol.connection_cache import Mark, history_key
 from hotloop.transport import App
 from hypothesis import given, settings
 from hypothesis import strategies as st

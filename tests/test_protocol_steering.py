@@ -9,7 +9,7 @@ from typing import Any
 from connection_driver import ANSWER, FORMAT, ConnectionDriver, sim_connection
 from hotloop._core import Conversation, Limits
 from hotloop.protocol import CacheBudget, ConnectionCache
-from hotloop.protocol.cache import ConversationStart
+from hotloop.protocol.connection_cache import ConversationStart
 from hotloop.protocol.steering import MAX_PENDING_STEERS
 from test_protocol_connection import CALL, TOOLS, Client, Recorder
 

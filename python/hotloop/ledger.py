@@ -43,8 +43,8 @@ from hotloop.protocol import (
     ProtocolError,
     TurnSegment,
 )
-from hotloop.protocol.cache import ConversationStart
 from hotloop.protocol.compaction import Compactor
+from hotloop.protocol.connection_cache import ConversationStart
 from hotloop.shutdown import Drain
 from hotloop.store import (
     COMMIT_WINDOW,

@@ -16,8 +16,8 @@ from hotloop.protocol.actions import (
     Wait,
     offloads,
 )
-from hotloop.protocol.cache import CacheBudget, ConnectionCache
 from hotloop.protocol.connection import Connection, ConnectionLimits
+from hotloop.protocol.connection_cache import CacheBudget, ConnectionCache
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.parsing import Parsed
 from hotloop.protocol.queue_memory import QueueMemory

@@ -17,7 +17,7 @@ from hotloop._core import Checkpoint, Conversation, CreateRequest, Prompt, Turn
 from hotloop.engines.base import SERVING, EngineSession, Sampling, Serving
 from hotloop.events import Usage
 from hotloop.mcp_client import McpError, McpServer
-from hotloop.protocol.cache import ConversationStart
+from hotloop.protocol.connection_cache import ConversationStart
 
 # Frames at least this large are rendered off the event loop (`Render`).
 # Rendering text costs about 13 ns a byte (tokenization), checking and rendering tool

@@ -64,8 +64,8 @@ from hotloop.protocol.actions import (
     Observer,
     Render,
 )
-from hotloop.protocol.cache import ConnectionCache, ConversationStart, is_conversation
 from hotloop.protocol.compaction import Compactor
+from hotloop.protocol.connection_cache import ConnectionCache, ConversationStart, is_conversation
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.history import NOWHERE, History, Start
 from hotloop.protocol.injection import LongRunning

@@ -35,7 +35,7 @@ from typing import TypeVar
 import orjson
 
 from hotloop._core import Checkpoint, CoreError, CreateRequest, history_after_output
-from hotloop.protocol.cache import CachedResponse, ConnectionCache, Mark, history_key
+from hotloop.protocol.connection_cache import CachedResponse, ConnectionCache, Mark, history_key
 
 T = TypeVar("T")
 

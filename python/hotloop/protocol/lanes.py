@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from hotloop._core import CreateRequest
 
 if TYPE_CHECKING:
-    from hotloop.protocol.cache import ConversationStart
+    from hotloop.protocol.connection_cache import ConversationStart
     from hotloop.protocol.mcp_tools import McpTurn
     from hotloop.protocol.steers import Steered
 

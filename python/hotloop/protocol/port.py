@@ -17,7 +17,7 @@ from typing import Protocol
 
 from hotloop._core import ChatFormat, Conversation, CreateRequest, Limits, Policy
 from hotloop.protocol.actions import Action, Finished
-from hotloop.protocol.cache import ConnectionCache
+from hotloop.protocol.connection_cache import ConnectionCache
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.history import History
 from hotloop.protocol.lanes import Lane

@@ -44,8 +44,8 @@ from hotloop.protocol.state import State, advance
 from hotloop.protocol.tool_outputs import resume_frame
 
 if TYPE_CHECKING:
-    from hotloop.protocol.cache import ConversationStart, Mark
     from hotloop.protocol.compaction import Summary
+    from hotloop.protocol.connection_cache import ConversationStart, Mark
     from hotloop.protocol.lanes import Lane, Pending
     from hotloop.protocol.mcp_tools import McpTurn
     from hotloop.protocol.steers import Steer

@@ -51,7 +51,7 @@ from hotloop.protocol import (
     Wait,
 )
 from hotloop.protocol.actions import Action
-from hotloop.protocol.cache import ConversationStart
+from hotloop.protocol.connection_cache import ConversationStart
 from hotloop.store import StoreError
 from hotloop.transport.mcp import run_calls
 from hotloop.turnclock import TURN_CLOCK, TurnClock
