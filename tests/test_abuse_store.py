@@ -22,9 +22,9 @@ import orjson
 import psycopg
 import pytest
 from hotloop.store import Store, StoredResponse, StoreError, open_store
-from hotloop.store.cache import CachedStore
 from hotloop.store.postgres import PostgresDatabase
 from hotloop.store.records import ItemRows, Rejected, Row
+from hotloop.store.redis_cache import CachedStore
 from hotloop.store.sqlite import SQLiteDatabase
 from hotloop.store.writer import CHUNK_BYTES, MAX_BATCH_BYTES, MAX_BATCH_ROWS, BackgroundStore
 from hotloop_process import (

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 from hotloop.store import open_store
-from hotloop.store.cache import CachedStore
+from hotloop.store.redis_cache import CachedStore
 from pg_server import PostgresServer
 from redis_server import RedisServer
 from test_store import long_running, response

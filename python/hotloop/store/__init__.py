@@ -62,7 +62,7 @@ async def open_store(
     finds the database locked retries for up to `busy_timeout` seconds, and a commit,
     read or delete the database has not answered within it fails. Each API key may
     store up to `quota_bytes` and `quota_rows` (`quota.py`). `cache`: a
-    `redis://` URL of a read cache in front (`cache.py`).
+    `redis://` URL of a read cache in front (`redis_cache.py`).
 
     Raises StoreError `store_damaged` / `store_unavailable` with a message naming the
     database and what to do when it cannot be opened as a sound, writable store."""
@@ -92,7 +92,7 @@ async def open_store(
         quota_rows=quota_rows,
     )
     if cache is not None:
-        from hotloop.store.cache import CachedStore
+        from hotloop.store.redis_cache import CachedStore
 
         store = CachedStore(store, cache)
     return store

@@ -2,7 +2,7 @@
 `ModelTurn`, pages of input items, a stored chain replayed into a fresh `Conversation`),
 its error (`StoreError`), who may read a record (`may_read`), and the async `Store`
 protocol every backend implements. The backends (`sqlite.py`, `postgres.py`, behind
-`writer.py`; `cache.py` in front) import this module; `open_store`, in the package,
+`writer.py`; `redis_cache.py` in front) import this module; `open_store`, in the package,
 picks one of them.
 """
 

@@ -44,7 +44,7 @@ from hotloop.store.quota import Usage
 if TYPE_CHECKING:
     from hotloop.store.sql import Work
 
-log = logging.getLogger("hotloop.store.cache")
+log = logging.getLogger("hotloop.store.redis_cache")
 
 T = TypeVar("T")
 
