@@ -1,4 +1,4 @@
-"""Background responses' tables (`store/background.py`) on SQLite and PostgreSQL: what
+"""Background responses' tables (`store/background_tables.py`) on SQLite and PostgreSQL: what
 a key keeps there (each row's Response object and each kept event) counts in its
 storage quota exactly as the database holds it, through every write (the row saved
 again, events flushed twice, a dead process's response failed by the sweep), after a
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 from hotloop.store import Store
-from hotloop.store.background import BackgroundRecord, BackgroundRecords
+from hotloop.store.background_tables import BackgroundRecord, BackgroundRecords
 from hotloop.store.quota import Usage
 from hotloop.store.writer import BackgroundStore
 from test_store import Backend, backend, response

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from hotloop.store import background
+from hotloop.store import background_tables
 from hotloop.store.conversations import POSTGRES_TABLES
 from hotloop.store.interface import InputItemPage, Order, StoredResponse, StoreError, may_read
 from hotloop.store.quota import Usage
@@ -412,7 +412,7 @@ class PostgresDatabase:
             # A background response's row and events go with it; alone (its process
             # stopped before it finished), they are deleted as the response.
             sql = Sql(cursor, named)
-            kept = background.deleted(sql, response_id, owner, stored=freed is not None)
+            kept = background_tables.deleted(sql, response_id, owner, stored=freed is not None)
             cursor.execute(
                 "DELETE FROM responses AS r"
                 f" WHERE r.id = %(id)s AND {_OWNED.format(table='r')} RETURNING r.tools_hash",

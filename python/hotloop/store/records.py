@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from hotloop.store import background, conversations
+from hotloop.store import background_tables, conversations
 from hotloop.store.interface import InputItemPage, ModelTurn, StoredResponse
 from hotloop.store.items import listed_items
 from hotloop.store.quota import Usage
@@ -43,7 +43,7 @@ SELECT owner, sum(bytes), sum(rows) FROM (
     FROM input_items AS i JOIN responses AS r ON r.id = i.response_id
     WHERE r.owner IS NOT NULL
     {conversations.USAGE_PARTS}
-    {background.USAGE_PARTS}
+    {background_tables.USAGE_PARTS}
 ) AS usage GROUP BY owner
 """
 # What deleting one response frees (its id twice).

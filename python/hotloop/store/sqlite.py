@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from hotloop.store import background
+from hotloop.store import background_tables
 from hotloop.store.conversations import SQLITE_TABLES
 from hotloop.store.interface import InputItemPage, Order, StoredResponse, StoreError, may_read
 from hotloop.store.quota import Usage
@@ -458,7 +458,7 @@ class SQLiteDatabase:
                 return None
             # A background response's row and events go with it; alone (its process
             # stopped before it finished), they are deleted as the response.
-            kept = background.deleted(Sql(db), response_id, owner, stored=row is not None)
+            kept = background_tables.deleted(Sql(db), response_id, owner, stored=row is not None)
             if row is None:
                 return kept
             db.execute("DELETE FROM responses WHERE id = ?", (response_id,))

@@ -7,7 +7,7 @@ nothing). It watches the frames its response emits: the lifecycle events give it
 status and Response object, and a streamed one keeps every event in memory (up to
 `--background-event-bytes`; past that the response fails) for `GET
 /v1/responses/{id}?stream=true&starting_after=N` to replay and follow. When it ends,
-its row and events go to the store (`store/background.py`) and the job is forgotten:
+its row and events go to the store (`store/background_tables.py`) and the job is forgotten:
 the store answers from then on.
 
 `BackgroundWork` is the process's registry: the bounds (per key and per process, 429
@@ -41,7 +41,7 @@ from hotloop.protocol import Connection, ConnectionCache, Observer
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.mcp_tools import McpTurn
 from hotloop.store import Store, StoreError, may_read
-from hotloop.store.background import (
+from hotloop.store.background_tables import (
     TERMINAL,
     BackgroundRecord,
     BackgroundRecords,
