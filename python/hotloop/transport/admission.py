@@ -39,6 +39,7 @@ import ctypes.util
 import logging
 import resource
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -46,6 +47,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from hotloop.config import ServerConfig
 from hotloop.events import error_body
 from hotloop.ledger import Ledger
+from hotloop.metrics import Metrics
 from hotloop.transport.asgi import find_inner
 
 log = logging.getLogger("hotloop.admission")
@@ -135,19 +137,81 @@ _LINGERING: weakref.WeakKeyDictionary[Any, dict[AdmittingHttpProtocol, None]] = 
 )
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """What every connection of an app reads from its config and ledger: looked up
+    once per app (a connection per request is common), not per connection."""
+
+    metrics: Metrics | None
+    header_timeout: float
+    body_timeout: float
+    min_body_rate: float
+    max_connections: int
+
+
+_SETTINGS: weakref.WeakKeyDictionary[Any, _Settings] = weakref.WeakKeyDictionary()
+
+
+def _settings_of(app: Any) -> _Settings:
+    settings = _SETTINGS.get(app)
+    if settings is None:
+        config = find_inner(app, "config", ServerConfig) or ServerConfig()
+        ledger = find_inner(app, "ledger", Ledger)
+        settings = _Settings(
+            None if ledger is None else ledger.metrics,
+            config.header_timeout,
+            config.body_timeout,
+            config.min_body_rate,
+            connection_cap(config),
+        )
+        _SETTINGS[app] = settings
+    return settings
+
+
+class _Corked:
+    """A response's transport while its head is written: the head uvicorn writes is
+    kept until the first piece of its body, and both go out in one write (one syscall
+    and one packet, not two); a close, or `uncork`, writes a head still kept."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._head is None:
+            self._head = data
+            return
+        head, self._head = self._head, b""
+        if head:
+            self.transport.writelines((head, data))
+        else:
+            self.transport.write(data)
+
+    def uncork(self) -> None:
+        if self._head:
+            self.transport.write(self._head)
+        self._head = b""
+
+    def close(self) -> None:
+        self.uncork()
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
 class AdmittingHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header deadline, a body deadline, a lingering
     close after an unread body and a connection cap."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        config = find_inner(self.app, "config", ServerConfig) or ServerConfig()
-        ledger = find_inner(self.app, "ledger", Ledger)
-        self._metrics = None if ledger is None else ledger.metrics
-        self._header_timeout = config.header_timeout
-        self._body_timeout = config.body_timeout
-        self._min_body_rate = config.min_body_rate
-        self._max_connections = connection_cap(config)
+        settings = _settings_of(self.app)
+        self._metrics = settings.metrics
+        self._header_timeout = settings.header_timeout
+        self._body_timeout = settings.body_timeout
+        self._min_body_rate = settings.min_body_rate
+        self._max_connections = settings.max_connections
         self._deadline: asyncio.TimerHandle | None = None
         self._body_deadline: asyncio.TimerHandle | None = None
         self._body_started = 0.0
@@ -182,7 +246,7 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.parser.should_upgrade() and self._should_upgrade():
             return  # a WebSocket: its own protocol takes the connection over
-        self._say_close_when_answered_early()
+        self._take_send()
         self._reading_body = True
         self._body_started = self.loop.time()
         self._body_bytes = 0
@@ -263,23 +327,39 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
             f"at {self._min_body_rate:g} bytes per second.",
         )
 
-    def _say_close_when_answered_early(self) -> None:
-        """A response that starts while its request's body is unread (401, 413, 429
-        from the headers) ends the connection (`_linger`): it carries `connection:
-        close`, so that a client does not send its next request on it. The ASGI task
-        has not started yet, so it takes this `send`."""
+    def _take_send(self) -> None:
+        """The request's `send` (the ASGI task has not started yet, so it takes this
+        one): a response's head goes out with the first piece of its body (`_Corked`);
+        a response that starts while its request's body is unread (401, 413, 429 from
+        the headers) ends the connection (`_linger`): it carries `connection: close`, so
+        that a client does not send its next request on it."""
         cycle = self.cycle
         answer = cycle.send
+        transport = cycle.transport
+        corked: list[_Corked] = []
+        # A HEAD's response writes no body: its head goes out on its own.
+        head = cycle.scope["method"] != "HEAD"
 
         async def send(message: Any) -> None:
+            start = message["type"] == "http.response.start"
             # `_reading_body` is the latest request's: an earlier pipelined one's answer
             # is not early.
-            early = message["type"] == "http.response.start" and (
-                self._reading_body and self.cycle is cycle
-            )
+            early = start and self._reading_body and self.cycle is cycle
             if early:
                 cycle.keep_alive = False  # uvicorn writes `connection: close`
-            await answer(message)
+            if (start and head) or corked:
+                # The head waits for the first piece of the body (`_Corked`).
+                if not corked:
+                    corked.append(_Corked(transport))
+                cycle.transport = corked[0]  # type: ignore[assignment]
+                try:
+                    await answer(message)
+                finally:
+                    cycle.transport = transport
+                if not start:
+                    corked.pop().uncork()
+            else:
+                await answer(message)
             if early:
                 # ... and would close the socket once the response is written, the body
                 # unread: a reset, which can cost the client the response. `_linger`

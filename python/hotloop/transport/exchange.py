@@ -5,7 +5,7 @@ protocol built; SSE frames), until the client goes away."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
@@ -106,8 +106,16 @@ def not_found(response_id: str) -> ProtocolError:
 
 def sse_frame(frame: bytes) -> bytes:
     """One server event as an SSE frame: `event: <type>`, `data: <payload>`."""
-    kind = event_type(frame) or str(orjson.loads(frame).get("type", "message")).encode()
-    return b"event: " + kind + b"\ndata: " + frame + b"\n\n"
+    return sse_frames((frame,))
+
+
+def sse_frames(frames: Iterable[bytes]) -> bytes:
+    """Server events as SSE frames (`sse_frame`), joined in one copy of each event."""
+    parts: list[bytes] = []
+    for frame in frames:
+        kind = event_type(frame) or str(orjson.loads(frame).get("type", "message")).encode()
+        parts += (b"event: ", kind, b"\ndata: ", frame, b"\n\n")
+    return b"".join(parts)
 
 
 def event_type(frame: bytes) -> bytes:
@@ -136,4 +144,5 @@ __all__ = [
     "reply",
     "reply_refusal",
     "sse_frame",
+    "sse_frames",
 ]

@@ -87,6 +87,7 @@ from hotloop.transport.exchange import (
     reply,
     reply_refusal,
     sse_frame,
+    sse_frames,
 )
 from hotloop.turnclock import TurnClock
 
@@ -835,15 +836,11 @@ class _Wire:
     body: Callable[[bytes], bytes]
 
 
-def _sse(frames: list[bytes]) -> bytes:
-    return b"".join(map(sse_frame, frames))
-
-
 def _as_is(response_json: bytes) -> bytes:
     return response_json
 
 
-RESPONSES = _Wire(_sse, _as_is)
+RESPONSES = _Wire(sse_frames, _as_is)
 """The Responses API's: every event as an SSE frame, the Response object as is."""
 
 
