@@ -64,7 +64,6 @@ LIFECYCLE = frozenset(
         b"response.incomplete",
     )
 )
-ENDINGS = frozenset((b"response.completed", b"response.failed", b"response.incomplete"))
 RETRY_AFTER = 1
 CANCEL_POLL = 1.0
 """Seconds between a process's reads of the cancels other processes asked of it."""

@@ -22,6 +22,8 @@ Emit = Callable[[list[bytes]], Awaitable[None]]
 """Where an exchange's frames go: each batch of the connection's actions, in order (an
 SSE reply writes a batch as one piece: one write per engine batch, not per event)."""
 
+ENDINGS = frozenset((b"response.completed", b"response.failed", b"response.incomplete"))
+"""The events that end a response (`event_type`): nothing of it streams after them."""
 JSON = b"application/json"
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -133,6 +135,7 @@ async def disconnected(receive: Receive) -> None:
 
 
 __all__ = [
+    "ENDINGS",
     "JSON",
     "SSE_HEADERS",
     "Emit",

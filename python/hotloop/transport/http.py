@@ -78,10 +78,12 @@ from hotloop.transport.conversations import ConversationsApi
 from hotloop.transport.driver import Driver, Outlet
 from hotloop.transport.encoding import PER_KEY, Decoder
 from hotloop.transport.exchange import (
+    ENDINGS,
     SSE_HEADERS,
     Emit,
     Exchange,
     disconnected,
+    event_type,
     not_found,
     rendered,
     reply,
@@ -496,13 +498,23 @@ class HttpApi:
         sse: Callable[[list[bytes]], bytes],
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        # The batch that ends the response waits for the end of the body, so that both
+        # go out in one write (one syscall and one packet, not two); were anything to
+        # follow it, it would go first.
+        ending: list[bytes] = []
 
         async def emit(frames: list[bytes]) -> None:
+            if ending:
+                await send({"type": "http.response.body", "body": ending.pop(), "more_body": True})
             body = sse(frames)
+            if frames and event_type(frames[-1]) in ENDINGS:
+                ending.append(body)
+                return
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
         await self._run(receive, connection, actions, emit, clock)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        end = ending.pop() if ending else b""
+        await send({"type": "http.response.body", "body": end, "more_body": False})
 
     async def _run(
         self,
