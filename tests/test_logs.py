@@ -155,6 +155,35 @@ def test_a_line_of_ids_and_counts_is_passed_through_untouched() -> None:
     assert logs.redact("sent BeArEr abc") == "sent BeArEr [redacted]"
 
 
+@pytest.mark.parametrize("colors", [True, False])
+def test_human_lines_are_uvicorns(colors: bool) -> None:
+    """The `human` format's formatters (a cheaper copy of the record) write exactly
+    uvicorn's lines, at every level, with and without colours, and leave the record as
+    it was."""
+    from uvicorn.logging import AccessFormatter, DefaultFormatter
+
+    ours = {
+        kind: logs._formatter(kind, "human", ()).inner  # type: ignore[attr-defined]
+        for kind in ("default", "access")
+    }
+    access = ("1.2.3.4:5", "POST", "/v1/x?a=1", "1.1", 404)
+    for kind, theirs_class, args, message in (
+        ("default", DefaultFormatter, ("resp_1", "req_2"), "response %s request %s"),
+        ("access", AccessFormatter, access, '%s - "%s %s HTTP/%s" %d'),
+    ):
+        formatter = ours[kind]
+        formatter.use_colors = colors
+        theirs = theirs_class(formatter._fmt, use_colors=colors)
+        for level in (5, 10, 20, 30, 40, 50):
+            record = logging.LogRecord("hotloop.x", level, "", 0, message, args, None)
+            record.node = "node-1"
+            record.color_message = "coloured " + message
+            before = dict(record.__dict__)
+            assert formatter.format(record) == theirs.format(record)
+            record.__dict__.pop("message")  # what `Formatter.format` adds, as uvicorn's does
+            assert record.__dict__ == before
+
+
 def test_a_request_id_header_is_kept_only_when_tame() -> None:
     assert logs.request_id(b"lb-7f.3:a") == "lb-7f.3:a"
     assert logs.request_id(b"evil\nINFO: forged line").startswith("req_")
