@@ -64,8 +64,9 @@ from hotloop.protocol.actions import (
     Observer,
     Render,
 )
+from hotloop.protocol.chains import Chains
 from hotloop.protocol.compaction import Compactor
-from hotloop.protocol.connection_cache import ConnectionCache, ConversationStart, is_conversation
+from hotloop.protocol.connection_cache import ConnectionCache, ConversationStart
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.history import NOWHERE, History, Start
 from hotloop.protocol.injection import LongRunning
@@ -185,15 +186,13 @@ class Connection:
         self.ending: dict[int, Ending] = {}
         """Responses whose terminal event waits for their `Persist` work."""
         self._rendering: dict[int, Rendering] = {}
+        self.chains = Chains(cache, self.settings)
         self.steering = Steering(self)
         self.long_running = LongRunning(self, self.steering, inject_idle_timeout)
-        self.summarization = Summarization(self, self._compactor)
+        self.summarization = Summarization(self, self.chains, self._compactor)
         self.mcp = McpLoop(self, self.long_running)
         self._lanes: dict[str | None, Lane] = {None: Lane(None)}
         self._ready: deque[Lane] = deque()
-        self._unreadable: dict[str, ProtocolError] = {}
-        """Parent ids the transport could not rebuild (`store_unavailable`,
-        `cannot_continue`), and the refusal of the request that continues one."""
         self._next_key = 0
         self._queued_bytes = 0
         self._expiring = False
@@ -376,12 +375,12 @@ class Connection:
         """The transport could not read `response_id` from the store for the next
         request that continues it: if the cache misses it, that request is refused with
         `store_unavailable` (503, retry later), not `previous_response_not_found`."""
-        self._unreadable[response_id] = ProtocolError.store_unavailable(message)
+        self.chains.unreadable[response_id] = ProtocolError.store_unavailable(message)
 
     def cannot_continue(self, parent: str, error: ProtocolError) -> None:
         """The transport could not rebuild `parent` (a conversation whose items no
         longer render): the next request that continues it is refused with `error`."""
-        self._unreadable[parent] = error
+        self.chains.unreadable[parent] = error
 
     def lifetime_reached(self) -> None:
         """The connection's lifetime is over: finish what is in flight, refuse the
@@ -551,53 +550,13 @@ class Connection:
             "response_id",
         )
 
-    def chain(
-        self, parent: str | None, lane: Lane, conversation: bool = False
-    ) -> tuple[Conversation, bool, str | None] | ProtocolError:
-        """The conversation a request continues (a fork of `parent`'s checkpoint, or a
-        new one), whether a failure evicts the parent, and the root of the parent's
-        chain (its routing key; None for a new conversation); or why it cannot.
-        `conversation`: `parent` is a conversation's id (its state as
-        `Ledger.warm_conversation` put it in the cache)."""
-        if parent is None:
-            return self.settings.conversation(), False, None
-        # The transport already tried the store (`Ledger.warm`): a miss here is final,
-        # unless the store could not be read. A response id never names a
-        # conversation's state, nor the other way round.
-        cached = None if conversation != is_conversation(parent) else self.cache.get(parent)
-        checkpoint = cached.checkpoint if cached is not None else None
-        unreadable = self._unreadable.pop(parent, None)
-        if cached is None or checkpoint is None:
-            if unreadable is None and conversation:
-                return ProtocolError(
-                    "not_found",
-                    f"Conversation with id '{parent}' not found.",
-                    "conversation",
-                    status=404,
-                )
-            if unreadable is None:
-                return ProtocolError.not_found(parent)
-            return unreadable
-        # A continuation on the lane that made the parent consumes it on failure; a
-        # fork from another lane must leave the parent to its own lane.
-        return checkpoint.fork(), cached.lane == lane.name, cached.root
-
-    def continued(
-        self, request: CreateRequest, lane: Lane
-    ) -> tuple[Conversation, bool, str | None] | ProtocolError:
-        """`chain` of what `request` continues: its `previous_response_id` or its
-        `conversation`."""
-        conversation = request.conversation
-        parent = request.previous_response_id or conversation
-        return self.chain(parent, lane, conversation is not None)
-
     def conversation_for(self, request: CreateRequest) -> Conversation:
         """The conversation `request` would extend (`POST /v1/responses/input_tokens`
         counts its prompt there: on a cached chain, only the new items are rendered).
         Raises ProtocolError for a refused request or a missed `previous_response_id`."""
         if request.error is not None:
             raise ProtocolError.from_core(request.error)
-        chain = self.continued(request, self._lanes[None])
+        chain = self.chains.continued(request, self._lanes[None])
         if isinstance(chain, ProtocolError):
             raise chain
         return chain[0]
@@ -699,7 +658,7 @@ class Connection:
         """Run the turn up to the engine call; errors end the request here."""
         start = self.clock()
         parent = pending.parent
-        chain = self.chain(parent, lane, pending.conversation)
+        chain = self.chains.chain(parent, lane, pending.conversation)
         if isinstance(chain, ProtocolError):
             self.refuse_turn(pending, chain, lane.name)
             return

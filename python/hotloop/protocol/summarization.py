@@ -5,16 +5,15 @@ the summary), and `context_management`, whose turn summarizes
 first when its prompt passed the client's threshold and then runs on a new conversation
 holding the summary in place of the history. `Summarization` owns those transitions of a
 response; sealing and opening summaries, and the requests they derive, are
-`compaction.py`'s. It holds no connection: a `SummarizationPort` (the responses'
-port, and where a request's chain starts).
+`compaction.py`'s. It holds no connection: the responses' port, and where a
+request's chain starts (`chains.py`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from hotloop._core import Conversation, CoreError, CreateRequest, Turn
 from hotloop.events import ResponseEvents, Usage, new_id
+from hotloop.protocol.chains import Chains
 from hotloop.protocol.compaction import (
     Compactor,
     Summary,
@@ -28,23 +27,13 @@ from hotloop.protocol.response import Rendering, Response, ResponsePort
 from hotloop.protocol.state import State
 
 
-class SummarizationPort(ResponsePort, Protocol):
-    """A connection's services, and the conversation a request continues."""
-
-    def continued(
-        self, request: CreateRequest, lane: Lane
-    ) -> tuple[Conversation, bool, str | None] | ProtocolError:
-        """The conversation `request` continues (a fork of its parent's, or a new
-        one), whether a failure evicts the parent, and the chain's root; or why not."""
-        ...
-
-
 class Summarization:
     """A connection's summaries: the engine writes one for `/responses/compact` or for a
     turn over its compaction threshold, sealed with the server's key (`compactor`)."""
 
-    def __init__(self, port: SummarizationPort, compactor: Compactor) -> None:
+    def __init__(self, port: ResponsePort, chains: Chains, compactor: Compactor) -> None:
         self.port = port
+        self.chains = chains
         self.compactor = compactor
 
     def receive_compact(self, request: CreateRequest, lane: Lane) -> None:
@@ -100,7 +89,7 @@ class Summarization:
         input, then the instruction to summarize) rendered for the engine, and the
         chain's root; or why not."""
         port = self.port
-        chain = port.continued(request, lane)
+        chain = self.chains.continued(request, lane)
         if isinstance(chain, ProtocolError):
             return chain
         conversation, _, root = chain
