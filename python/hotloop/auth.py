@@ -15,6 +15,7 @@ when keys are configured.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -35,10 +36,12 @@ class AuthError(Exception):
         self.message = message
 
 
+@functools.lru_cache(maxsize=1024)
 def key_id(key: str) -> str:
     """The owner name of an API key in the store: `key_` + 12 hex digits of its SHA-256.
     Stable across restarts (stored rows keep their owner); never rendered on
-    `/metrics` or any response, where the tenant label stands instead."""
+    `/metrics` or any response, where the tenant label stands instead. Remembered for
+    the configured keys (several lookups per HTTP request)."""
     return "key_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 

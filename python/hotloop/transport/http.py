@@ -135,6 +135,7 @@ class HttpApi:
         self.queue_memory = queue_memory or QueueMemory(1 << 62, 1 << 62)
         """Request bodies count in the process's queue memory while read and parsed."""
         self.compactor = compactor or Compactor.ephemeral()
+        self._compactors: dict[str | None, Compactor] = {}
         self.reads = KeyedSlots(reads_per_key)
         """Store reads in progress per key: one key's reads of 15 MB pages take a
         bounded share of the store's reader threads, never all of them."""
@@ -433,8 +434,13 @@ class HttpApi:
         )
 
     def _compactor(self, principal: str | None) -> Compactor:
-        """The compaction key as `principal`'s: it opens that key's items only."""
-        return self.compactor.bound(None if principal is None else key_id(principal))
+        """The compaction key as `principal`'s: it opens that key's items only. Bound
+        once per key (the keys are the configured ones), not twice per request."""
+        bound = self._compactors.get(principal)
+        if bound is None:
+            bound = self.compactor.bound(None if principal is None else key_id(principal))
+            self._compactors[principal] = bound
+        return bound
 
     # ---------------------------------------------------------------- compact, input_tokens
 
