@@ -4,7 +4,7 @@
 //! - [`super::segments::SegmentBuilder`]: item by item through a [`ChatFormat`]
 //!   (harmony, ChatML), each item a segment rendered and tokenized once;
 //! - [`super::template::TemplateBuilder`]: a model's own chat template, rendered and
-//!   tokenized by difference (`format::template::cache`).
+//!   tokenized by difference (`format::template::prompt`).
 //!
 //! A builder is the part of a conversation's state that depends on how the prompt is
 //! built; [`super::Conversation`] holds one and does everything else the same way for

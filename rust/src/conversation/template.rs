@@ -2,7 +2,7 @@
 //! tokenized by difference.
 //!
 //! The state is one [`TemplatePrompt`] (incremental by difference, see
-//! `format::template::cache`) and the request prefix it was rendered with. A clone of it
+//! `format::template::prompt`) and the request prefix it was rendered with. A clone of it
 //! shares the text and ids (persistent chunks) and the messages. A committed model turn
 //! becomes messages (its parsed items) and is rendered as the template renders it, so the
 //! next prompt equals `tokenizers.encode(render(...))`; in verbatim mode the sampled ids
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::builder::{same_kind, Appended, PromptBuilder};
 use super::{OpenCall, Prompt};
 use crate::error::{Code, Error, Result};
-use crate::format::template::cache::TemplatePrompt;
+use crate::format::template::prompt::TemplatePrompt;
 use crate::format::template::TemplateFormat;
 use crate::format::OutputParser;
 use crate::item::{Item, Prefix};

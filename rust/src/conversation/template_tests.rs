@@ -7,7 +7,7 @@ use serde_json::{Map, Value as Json};
 
 use super::*;
 use crate::conversation::Conversation;
-use crate::format::template::cache::Policy as RenderPolicy;
+use crate::format::template::prompt::Policy as RenderPolicy;
 use crate::format::template::specials::ContentSpecials;
 use crate::format::template::ChatTemplate;
 use crate::format::transcript::marker_vocab;

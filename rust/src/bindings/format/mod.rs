@@ -11,7 +11,7 @@ use super::json_arg;
 use super::tokenizer::PyTokenizer;
 use crate::format::chatml::ChatMl;
 use crate::format::harmony::Harmony;
-use crate::format::template::cache::Policy as TemplatePolicy;
+use crate::format::template::prompt::Policy as TemplatePolicy;
 use crate::format::template::specials::ContentSpecials;
 use crate::format::template::TemplateFormat;
 use crate::format::ChatFormat;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
-use super::cache::Policy as RenderPolicy;
 use super::messages::tool_definitions;
+use super::prompt::Policy as RenderPolicy;
 use super::specials::{ContentSpecials, Specials};
 use super::{ChatTemplate, RenderOptions};
 use crate::error::{Code, Error, Result};

@@ -11,7 +11,7 @@
 //! - [`specials`]: the rendered text tokenized as `tokenizers.encode(text,
 //!   add_special_tokens=False)` does: special tokens matched in the text, the text
 //!   between them encoded as plain text.
-//! - [`cache`]: the incremental prompt: render, find the first changed byte, keep the
+//! - [`prompt`]: the incremental prompt: render, find the first changed byte, keep the
 //!   tokens before it, tokenize the rest; render only the tail for append-stable templates.
 //! - [`TemplateFormat`]: a template with its vocabulary, kwargs and tool-call parser, the
 //!   generic chat format a conversation is built under (`conversation::template`).
@@ -19,10 +19,10 @@
 //! This module owns rendering; it never decides what a model's output means (that is
 //! the tool-call parsers in `format::toolcall`).
 
-pub mod cache;
 mod env;
 mod format;
 pub mod messages;
+pub mod prompt;
 pub mod pyjson;
 pub mod specials;
 
@@ -432,6 +432,6 @@ fn render_error(name: &str, e: &minijinja::Error) -> String {
 }
 
 #[cfg(test)]
-mod cache_tests;
+mod prompt_tests;
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use serde_json::json;
 
-use super::cache::{Policy, TemplatePrompt};
+use super::prompt::{Policy, TemplatePrompt};
 use super::specials::{ContentSpecials, Specials};
 use super::{ChatTemplate, RenderOptions};
 use crate::format::transcript::marker_vocab;
