@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use hotloop_core::conversation::Conversation;
+use hotloop_core::conversation::{Conversation, SegmentBuilder};
 use hotloop_core::format::harmony::Harmony;
 use hotloop_core::format::ChatFormat;
 use hotloop_core::validate::{parse_event, ClientEvent, Limits};
@@ -27,7 +27,7 @@ fuzz_target!(|tools: &[u8]| {
     };
     hotloop_fuzz::assert_accepted_request(&frame, &request);
     if request.error.is_none() {
-        let mut conversation = Conversation::new(harmony(), 1 << 20);
+        let mut conversation = Conversation::new(SegmentBuilder::new(harmony()), 1 << 20);
         let _ = conversation.extend_request(&request, None);
     }
 });
