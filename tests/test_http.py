@@ -537,3 +537,23 @@ def test_a_resent_history_is_recognized_by_its_bytes(
         for u in usage
     ]
     assert all(cached) == (whole_history != "off")
+
+
+@pytest.mark.parametrize("path", ["responses/compact", "responses/input_tokens", "trigger"])
+def test_a_resent_history_is_compacted_and_counted_whole(tmp_path: Path, path: str) -> None:
+    """compact, input_tokens and a turn ending in `compaction_trigger` render a request's
+    whole input anew: a history the key sent before is parsed whole for them, not left
+    recognized by its bytes (only a turn continuing the state holding it can take that:
+    Codex's remote compaction and input_tokens got 400 invalid_value)."""
+    headers = {"authorization": f"Bearer {KEY}"}
+    history: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
+    with serving(hotloop_app(tmp_path, whole_history="bytes")) as base:
+        body = {"model": "sim", "input": history, "store": False}
+        reply = httpx.post(f"{base}/v1/responses", json=body, headers=headers).json()
+        history = [*history, *reply["output"], {"role": "user", "content": "more"}]
+        body = {"model": "sim", "input": history, "store": False}
+        httpx.post(f"{base}/v1/responses", json=body, headers=headers).raise_for_status()
+        if path == "trigger":
+            path, body = "responses", {**body, "input": [*history, {"type": "compaction_trigger"}]}
+        again = httpx.post(f"{base}/v1/{path}", json=body, headers=headers)
+    assert again.status_code == 200, again.text

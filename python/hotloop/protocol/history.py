@@ -69,8 +69,13 @@ class History:
         from the store, a conversation): then its prompt's address extends the parent's
         when the prefix is the same, and nothing is looked up. Otherwise the longest
         cached state of its history is looked up."""
-        if request.error is not None or request.compaction_trigger:
+        if request.error is not None:
             return NOWHERE
+        if request.compaction_trigger:
+            # A compaction summarizes the whole input anew, from no state: what was
+            # recognized by its bytes is parsed.
+            whole = request.parse_whole()
+            return NOWHERE if whole is None else replace(NOWHERE, whole=whole)
         if continues:
             if parent is None or parent.prefix != request.prefix_digest:
                 # A changed prefix re-renders the chain: its address would need every

@@ -47,6 +47,7 @@ from hotloop._core import (
     CoreError,
     CreateRequest,
     Policy,
+    SeenItems,
     parse_chat_request,
     parse_request,
 )
@@ -389,10 +390,22 @@ class HttpApi:
         return body
 
     def _parse(self, body: str | bytes, principal: str | None) -> CreateRequest:
-        """Parse a body, its compaction items expanded first. Raises ProtocolError."""
+        """Parse a turn's body, its compaction items expanded first; the leading items a
+        request of the key sent before are recognized by their bytes, not parsed (only a
+        turn continues from the state holding them). Raises ProtocolError."""
+        return self._parse_items(body, principal, self.ledger.seen_items(principal))
+
+    def _parse_whole(self, body: str | bytes, principal: str | None) -> CreateRequest:
+        """Parse every item of a body whose whole input is rendered anew (compact,
+        input_tokens). Raises ProtocolError."""
+        return self._parse_items(body, principal, None)
+
+    def _parse_items(
+        self, body: str | bytes, principal: str | None, seen: SeenItems | None
+    ) -> CreateRequest:
         try:
             expanded = self._compactor(principal).expand(body)
-            return parse_request(expanded, self.limits.request, self.ledger.seen_items(principal))
+            return parse_request(expanded, self.limits.request, seen)
         except CoreError as e:
             raise ProtocolError.from_core(e) from e
 
@@ -449,7 +462,7 @@ class HttpApi:
     ) -> None:
         """`POST /v1/responses/compact`: the engine summarizes the conversation into a
         sealed `compaction` item (`Connection.receive_compact`)."""
-        _, request, _, _ = await self._request(scope, receive, principal, self._parse)
+        _, request, _, _ = await self._request(scope, receive, principal, self._parse_whole)
         if request.model is None and self.default_model is None:
             raise ProtocolError.missing_model()
         # The summary is engine work: booked to the key like a response.
@@ -477,7 +490,7 @@ class HttpApi:
         """`POST /v1/responses/input_tokens`: the prompt tokens of the request, in the
         model's format and tokenizer, rendered as a turn would be (from the cached
         chain when `previous_response_id` hits: only the new items)."""
-        _, request, _, _ = await self._request(scope, receive, principal, self._parse)
+        _, request, _, _ = await self._request(scope, receive, principal, self._parse_whole)
         owner = self.ledger.observer(principal, "http").owner
         cache = self.ledger.http_cache(owner)
         await self.ledger.warm_request(cache, request, owner)
