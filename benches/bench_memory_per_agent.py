@@ -26,17 +26,14 @@ import ctypes.util
 import gc
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 import tracemalloc
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import orjson
 import uvicorn
+from bench_peers import started, upstream_command
 from hotloop._core import Conversation, parse_request
 from hotloop.config import ServerConfig
 from hotloop.lab.capacity import Workload
@@ -178,20 +175,9 @@ def main() -> None:
         script = Path(scratch) / "script.json"
         script.write_text(json.dumps(workload.script_json()))
         port = free_port()
-        command = [sys.executable, "-m", "hotloop.lab.fake_vllm", "--port", str(port)]
-        fake = subprocess.Popen([*command, "--script", str(script), "--rate", "100000"])
-        upstream = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(300):
-                try:
-                    urllib.request.urlopen(upstream + "/v1/models", timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.1)  # polling the fake's start, not synchronisation
-            result = asyncio.run(measured(args, upstream))
-        finally:
-            fake.terminate()
-            fake.wait()
+        command = upstream_command(port, script, 100000.0, render=False)
+        with started("upstream", command, port):
+            result = asyncio.run(measured(args, f"http://127.0.0.1:{port}"))
     print(json.dumps(result))
 
 
