@@ -16,7 +16,7 @@ from hotloop.protocol import (
     ConnectionLimits,
     Finished,
 )
-from hotloop.protocol.connection import MAX_IN_FLIGHT, MAX_NAMED_LANES
+from hotloop.protocol.request_queue import MAX_IN_FLIGHT, MAX_NAMED_LANES
 
 CALL = FORMAT.completion_tokens(calls=[("exec_command", '{"cmd":"ls"}')])
 TOOLS = [

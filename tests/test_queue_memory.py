@@ -135,7 +135,7 @@ def test_a_waiting_request_keeps_its_frame_not_its_parse() -> None:
     client.create("first")
     queued = client.create(FILLER, instructions="Be brief.", metadata={"n": "2"}, store=False)
     assert queued == []
-    waiting = client.conn._lanes[None].queue[0]
+    waiting = client.conn.queue.lanes[None].queue[0]
     assert waiting.parsed is None and isinstance(waiting.frame, str)
     frames = client.finish()
     created = next(f for f in frames if f["type"] == "response.created")["response"]

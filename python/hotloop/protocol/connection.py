@@ -7,17 +7,19 @@ answers with `actions()`: server frames (bytes) to send in order, `Generate` /
 `Cancel` work for the engine, and at most one `Close`. It performs no I/O and never
 awaits: the transport pumps frames in and out, and runs the engine work it is handed.
 
-It owns what is per connection: frame dispatch, lanes (FIFO within a lane, concurrent
-across lanes, `lanes.py`) and the queue with its byte bounds, the in-flight cap, cancel,
-the lifetime and closing, error envelopes and the connection cache of checkpoints. Each
-running response is a unit of its own (`response.py`) that the connection hands engine
-results to by key; steering (`steering.py`), the long-running response (`injection.py`),
-interrupt (`interrupt.py`), compaction (`summarization.py`) and the MCP loop
-(`mcp_loop.py`) own their state and transitions, and reach the connection only through
-its port (`port.Port` and the ports beside each unit: `emit`, `hold`, `dequeued`,
-`new_key`, `refuse`, `release`, `running`, ...), which this class implements. None of
-them imports this module: the connection hands a response to the unit whose state its
-model turn ended in (`State`).
+It owns what is per connection: frame dispatch, a turn's start (its chain, its render,
+off the event loop for a large request), the running responses by key, the lifetime and
+closing, and the connection cache of checkpoints. A request before its turn starts is
+the `RequestQueue`'s (`request_queue.py`: admission and refusals, lanes, the byte
+bounds, the in-flight cap, cancel). Each running response is a unit of its own
+(`response.py`) that the connection hands engine results to by key; steering
+(`steering.py`), the long-running response (`injection.py`), interrupt
+(`interrupt.py`), compaction (`summarization.py`) and the MCP loop (`mcp_loop.py`) own
+their state and transitions, and reach the connection only through its port
+(`port.Port` and the ports beside each unit: `emit`, `hold`, `dequeued`, `new_key`,
+`refuse`, `release`, `running`, ...), which this class implements. None of them imports
+this module: the connection hands a response to the unit whose state its model turn
+ended in (`State`).
 
 A turn: parse the frame -> look up `previous_response_id` (connection cache, then the
 `Observer`'s fallback) -> fork the checkpoint (before `response.in_progress`, so a
@@ -32,10 +34,7 @@ it into `response.failed` with code `store_unavailable`) -> terminal.
 
 from __future__ import annotations
 
-import logging
-import re
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,7 +52,6 @@ from hotloop._core import (
     UnknownEvent,
 )
 from hotloop.engines.base import API_SAMPLING, EngineError
-from hotloop.events import error_event
 from hotloop.mcp_client import McpError
 from hotloop.protocol.actions import (
     OFFLOAD_BYTES,
@@ -76,17 +74,12 @@ from hotloop.protocol.mcp_loop import McpLoop
 from hotloop.protocol.mcp_tools import McpTurn
 from hotloop.protocol.parsing import INJECTS, PASSED_THROUGH, FrameParser, Parsed
 from hotloop.protocol.port import Settings
-from hotloop.protocol.queue_memory import RETRY_AFTER_SECONDS, QueueMemory
+from hotloop.protocol.queue_memory import QueueMemory
+from hotloop.protocol.request_queue import RequestQueue, echoed
 from hotloop.protocol.response import Ending, Rendering, Response
 from hotloop.protocol.state import State
 from hotloop.protocol.steering import Steering
 from hotloop.protocol.summarization import Summarization
-
-log = logging.getLogger("hotloop.protocol")
-
-STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
-MAX_IN_FLIGHT = 16
-MAX_NAMED_LANES = 32
 
 
 @dataclass(frozen=True)
@@ -151,7 +144,6 @@ class Connection:
         nothing is content-addressed."""
         self.cache = cache
         self.history = None if history is None else History(history)
-        self._background = background
         self.limits = limits or ConnectionLimits()
         self.request_limits = self.limits.request
         self.settings = Settings(
@@ -170,7 +162,6 @@ class Connection:
             model_required=model_required,
         )
         self.clock = clock
-        self._queue_memory = queue_memory
         self._compactor = compactor or Compactor.ephemeral()
         self._parser = FrameParser(
             self._compactor, self.limits.max_frame_bytes, self.limits.request, clock
@@ -191,13 +182,14 @@ class Connection:
         self.long_running = LongRunning(self, self.steering, inject_idle_timeout)
         self.summarization = Summarization(self, self.chains, self._compactor)
         self.mcp = McpLoop(self, self.long_running)
-        self._lanes: dict[str | None, Lane] = {None: Lane(None)}
-        self._ready: deque[Lane] = deque()
+        self.queue = RequestQueue(
+            self, self.steering, self.limits.max_queued_bytes, queue_memory, background
+        )
+        self.hold = self.queue.hold
+        self.dequeued = self.queue.dequeued
+        self.refuse_turn = self.queue.refuse_turn
         self._next_key = 0
-        self._queued_bytes = 0
-        self._expiring = False
         self._draining = False
-        self._skipped_tools: set[tuple[str, str | None]] = set()
         self.closed = False
 
     # ---------------------------------------------------------------- inputs
@@ -221,15 +213,15 @@ class Connection:
         if isinstance(event, ProtocolError):
             self.refuse(event)
         elif isinstance(event, CreateRequest):
-            self._create(event, parsed.size, parsed.parse_ns, parsed.frame, parsed.mcp)
+            self.queue.admit(event, parsed.size, parsed.parse_ns, parsed.frame, parsed.mcp)
         elif isinstance(event, CancelEvent):
-            self._cancel(event)
+            self.queue.cancel(event)
         elif isinstance(event, ProcessedEvent):
             pass  # Codex acknowledges each response; an error here breaks its next turn.
         elif event.type in PASSED_THROUGH and (self.settings.inject or event.type not in INJECTS):
             self._passed_through(event, parsed)
         elif isinstance(event, UnknownEvent) and event.type not in INJECTS:
-            self.refuse(ProtocolError.unknown_event(event.type), self._echo(event.stream_id))
+            self.refuse(ProtocolError.unknown_event(event.type), echoed(event.stream_id))
         else:
             # response.inject / response.append: the long-running response is off.
             self.refuse(ProtocolError.unknown_event(event.type, needs_long_running=True))
@@ -258,13 +250,13 @@ class Connection:
         bytes, parsed in `parse_ns`, its MCP servers listed): the same turn as a
         `response.create` frame."""
         if not self.closed:
-            self._create(request, size, parse_ns, mcp=mcp)
+            self.queue.admit(request, size, parse_ns, mcp=mcp)
 
     def receive_compact(self, request: CreateRequest) -> None:
         """`POST /v1/responses/compact` (its body parsed as a request): see
         `Summarization.receive_compact`."""
         if not self.closed:
-            self.summarization.receive_compact(request, self._lanes[None])
+            self.summarization.receive_compact(request, self.queue.lanes[None])
 
     def receive_bytes(self, frame: bytes) -> None:
         """One binary frame: refused, the socket stays open."""
@@ -385,7 +377,7 @@ class Connection:
     def lifetime_reached(self) -> None:
         """The connection's lifetime is over: finish what is in flight, refuse the
         rest, then close with 1000. Never cuts a response in the middle."""
-        self._expiring = True
+        self.queue.expiring = True
         self.long_running.closing()
         self._finish_expiry()
 
@@ -423,13 +415,7 @@ class Connection:
         # A render still running in a worker thread finishes on its own; its result
         # finds no turn and is dropped.
         self._rendering.clear()
-        for lane in self._lanes.values():
-            lane.queue.clear()
-            lane.active = None
-            lane.rendering = None
-            lane.ending = None
-        self._ready.clear()
-        self.dequeued(self._queued_bytes)
+        self.queue.clear()
         self.steering.awaiting.clear()
 
     # ---------------------------------------------------------------- outputs
@@ -449,13 +435,13 @@ class Connection:
     @property
     def busy(self) -> bool:
         """Something is rendering, generating or waiting in a queue."""
-        return self.in_flight > 0 or self._queued_bytes > 0 or bool(self._ready)
+        return self.in_flight > 0 or self.queue.busy
 
     @property
     def retiring(self) -> bool:
         """The connection reached its lifetime or the server drains: what is in flight
         finishes, nothing waits on it for more input."""
-        return self._expiring or self._draining
+        return self.queue.expiring or self._draining
 
     # ---------------------------------------------------------------- services
 
@@ -467,47 +453,7 @@ class Connection:
 
     def refuse(self, error: ProtocolError, stream_id: str | None = None) -> None:
         """An `error` event."""
-        self.outbox.append(
-            error_event(
-                error.code,
-                error.message,
-                error.param,
-                status=error.status,
-                stream_id=stream_id,
-                retry_after=error.retry_after,
-            )
-        )
-
-    def refuse_turn(self, pending: Pending, error: ProtocolError, name: str | None) -> None:
-        """A turn refused before generation. An automatic successor, which no client
-        request asked for, gets no `error` event; steering input it carried is returned
-        (`Steering.successor_failed`)."""
-        if not pending.automatic:
-            self.refuse(error, name)
-        if pending.steered is not None:
-            self.steering.successor_failed(pending.steered, error)
-
-    def hold(self, size: int) -> None:
-        """Count `size` bytes of input waiting on this connection (queued requests,
-        accepted steers, injected tool outputs) in its bound and the process's; raise the
-        `ProtocolError` that refuses them past either."""
-        if self._queued_bytes + size > self.limits.max_queued_bytes:
-            raise ProtocolError.limit(
-                "websocket_queue_limit_reached",
-                f"{self._queued_bytes} bytes of input are already queued on this "
-                f"connection (limit {self.limits.max_queued_bytes}); wait for responses "
-                "to finish before sending more.",
-                RETRY_AFTER_SECONDS,
-            )
-        if self._queue_memory is not None:
-            self._queue_memory.reserve(self.settings.principal, size)
-        self._queued_bytes += size
-
-    def dequeued(self, size: int) -> None:
-        """`size` held bytes leave the queue."""
-        self._queued_bytes -= size
-        if self._queue_memory is not None:
-            self._queue_memory.release(self.settings.principal, size)
+        self.outbox.append(error.event(stream_id))
 
     def release(self, lane: Lane) -> None:
         """The response that held `lane` ended: the lane takes its next request."""
@@ -556,106 +502,16 @@ class Connection:
         Raises ProtocolError for a refused request or a missed `previous_response_id`."""
         if request.error is not None:
             raise ProtocolError.from_core(request.error)
-        chain = self.chains.continued(request, self._lanes[None])
+        chain = self.chains.continued(request, self.queue.lanes[None])
         if isinstance(chain, ProtocolError):
             raise chain
         return chain[0]
 
     # ---------------------------------------------------------------- requests
 
-    def _echo(self, stream_id: str | None) -> str | None:
-        # Only a well-formed name is echoed: an invalid one may be anything at all.
-        return stream_id if stream_id is not None and STREAM_ID.fullmatch(stream_id) else None
-
-    def _create(
-        self,
-        request: CreateRequest,
-        size: int,
-        parse_ns: int,
-        frame: str | bytes | None = None,
-        mcp: McpTurn | None = None,
-    ) -> None:
-        name = request.stream_id
-        if name is not None and not STREAM_ID.fullmatch(name):
-            self.refuse(ProtocolError.invalid_stream_id())
-            return
-        if request.error is not None:
-            self.refuse(ProtocolError.from_core(request.error), name)
-            return
-        if request.model is None and self.settings.model_required:
-            self.refuse(ProtocolError.missing_model(), name)
-            return
-        if request.skipped_tools:
-            self._note_skipped(request.skipped_tools)
-        if request.background and not self._background:
-            self.refuse(ProtocolError.background(), name)
-            return
-        if request.conversation is not None and request.previous_response_id is not None:
-            self.refuse(ProtocolError.conversation_and_previous_response(), name)
-            return
-        if self._expiring:
-            self.refuse(ProtocolError.lifetime_reached(), name)
-            return
-        over_quota = self.settings.over_quota(request)
-        if over_quota is not None:
-            self.refuse(over_quota, name)
-            return
-        lane = self._lanes.get(name)
-        if lane is None:
-            if len(self._lanes) - 1 >= MAX_NAMED_LANES:
-                self.refuse(ProtocolError.stream_limit(MAX_NAMED_LANES), name)
-                return
-            lane = self._lanes[name] = Lane(name)
-        try:
-            self.hold(size)
-        except ProtocolError as e:
-            self.refuse(e, name)
-            return
-        pending = Pending(request, size, parse_ns, mcp=mcp)
-        if frame is not None:
-            steered = self.steering.continuation(request, frame, name)
-            if isinstance(steered, ProtocolError):
-                # Refused with the steers (over the item limit, say): its bytes leave
-                # the bounds; the steers stay queued for the next continuation.
-                self.dequeued(size)
-                self.refuse(steered, name)
-                return
-            if steered is not None:
-                request, frame, carried = steered
-                pending = Pending(request, size, parse_ns, steered=carried, mcp=mcp)
-                if mcp is not None and mcp.checks:
-                    mcp.frame = frame  # approved calls' outputs go into the steered frame
-        lane.queue.append(pending)
-        if lane.free and len(lane.queue) == 1:
-            self._ready.append(lane)
-        self._pump()
-        if not pending.started and frame is not None:
-            pending.parsed, pending.frame = None, frame  # it waits: keep the smaller form
-
-    def _note_skipped(self, tools: list[tuple[str, str | None]]) -> None:
-        # Codex sends tool types no local model runs (web_search, custom, ...): they are
-        # accepted and left out of the prompt. Said once per connection, not per turn.
-        for tool in tools:
-            if tool not in self._skipped_tools:
-                self._skipped_tools.add(tool)
-                log.info(
-                    "tool %s (type %s) is not rendered: this server cannot run it", tool[1], tool[0]
-                )
-
-    def _pump(self) -> None:
-        """Start queued requests while lanes are free and the in-flight cap allows."""
-        closing = self._expiring or self.closed
-        while self._ready and self.in_flight < MAX_IN_FLIGHT and not closing:
-            lane = self._ready.popleft()
-            pending = lane.queue.popleft()
-            pending.started = True
-            self.dequeued(pending.size)
-            self._start(lane, pending)
-            if lane.free and lane.queue:
-                self._ready.append(lane)
-
-    def _start(self, lane: Lane, pending: Pending) -> None:
-        """Run the turn up to the engine call; errors end the request here."""
+    def start(self, lane: Lane, pending: Pending) -> None:
+        """Run the turn up to the engine call (`RequestQueue.pump` took it off its
+        lane's queue); errors end the request here."""
         start = self.clock()
         parent = pending.parent
         chain = self.chains.chain(parent, lane, pending.conversation)
@@ -781,40 +637,16 @@ class Connection:
             rendering.lane.rendering = None
         return rendering
 
-    def _cancel(self, event: CancelEvent) -> None:
-        """`response.cancel` of a response by id, or of a lane's current one. Nothing
-        running: the cancel crossed the terminal event on the wire."""
-        if event.response_id is not None:
-            target = self.running(event.response_id)
-            if target is not None:
-                target.cancel()
-            return
-        lane = self._lanes.get(event.stream_id)
-        if lane is not None and lane.active is not None:
-            lane.active.cancel()
-        elif lane is not None and lane.rendering is not None:
-            lane.rendering.cancelled = True  # `render_done` cancels it
-
     # ---------------------------------------------------------------- lifetime
 
     def _lane_freed(self, lane: Lane) -> None:
-        if lane.free and lane.queue:
-            self._ready.append(lane)
-        self._pump()
+        self.queue.freed(lane)
         self._finish_expiry()
 
     def _finish_expiry(self) -> None:
-        if not self._expiring or self.in_flight or self.closed:
+        if not self.queue.expiring or self.in_flight or self.closed:
             return
-        refused = False
-        for lane in self._lanes.values():
-            while lane.queue:
-                pending = lane.queue.popleft()
-                self.refuse_turn(pending, ProtocolError.lifetime_reached(), lane.name)
-                refused = refused or not pending.automatic
-        if not refused:
+        if not self.queue.refuse_queued(ProtocolError.lifetime_reached()):
             self.refuse(ProtocolError.lifetime_reached())
-        self._ready.clear()
-        self.dequeued(self._queued_bytes)
         self.closed = True
         self.outbox.append(Close(1000, "connection lifetime reached"))

@@ -10,6 +10,7 @@ formats wire errors.
 from __future__ import annotations
 
 from hotloop._core import CoreError
+from hotloop.events import error_event
 
 
 class ProtocolError(Exception):
@@ -70,6 +71,17 @@ class ProtocolError(Exception):
             f"The stored conversation cannot be read right now ({message}); retry.",
             "previous_response_id",
             status=503,
+        )
+
+    def event(self, stream_id: str | None = None) -> bytes:
+        """The WebSocket `error` event that refuses it, echoing `stream_id`."""
+        return error_event(
+            self.code,
+            self.message,
+            self.param,
+            status=self.status,
+            stream_id=stream_id,
+            retry_after=self.retry_after,
         )
 
     # The connection's own refusals (frames, lanes, lifetime).

@@ -1,8 +1,9 @@
 """A connection's lanes (protocol.md section 5): each one's queue of requests and the
 one response it runs at a time (rendering, sampling or committing). FIFO within a lane,
-concurrent across lanes; the `Connection` starts the head of a free lane's queue.
+concurrent across lanes; the `RequestQueue` (`request_queue.py`) starts the head of a
+free lane's queue.
 
-Plain state: the connection moves requests through it, the response that holds a lane
+Plain state: the queue moves requests through it, the response that holds a lane
 frees it. A lane knows what holds it only as far as it acts on it (`Holder`,
 `Waiting`): the responses and their units sit above it.
 """
@@ -74,7 +75,7 @@ class Pending:
 
     @property
     def request(self) -> CreateRequest:
-        assert self.parsed is not None, "parsed again by Connection._start"
+        assert self.parsed is not None, "parsed again by Connection.start"
         return self.parsed
 
     @property

@@ -5,8 +5,8 @@ can open many connections: `QueueMemory` bounds the bytes of every queued
 `response.create` of the process, and of each API key, shared by all connections and
 by HTTP bodies while they are read and parsed. A request over a bound is refused with
 429 `rate_limit_error`, code `queue_memory_exceeded` and a `retry-after`, never
-dropped. It knows nothing of lanes or sockets; the `Connection` and the HTTP routes
-reserve and release.
+dropped. It knows nothing of lanes or sockets; a connection's `RequestQueue` and the
+HTTP routes reserve and release.
 """
 
 from __future__ import annotations
