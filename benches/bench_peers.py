@@ -3,18 +3,19 @@
     .venv/bin/python benches/bench_peers.py [--speeds 1000,4000] [--upstreams free,render]
         [--rounds 3] [--tool-calls 40] [--history-tokens 60000]
         [--systems hotloop,agentic-api,smg] [--baseline NAME=DIR] [--variant NAME=FLAGS]
-        [--variant-modes websocket]
+        [--variant-modes websocket] [--modes websocket,http_full,chat]
 
 Set-up: agentic-api 0.9.0 and smg 1.13.0 are installed into their own virtualenv under
 the per-user cache (`~/.cache/hotloop/peers/`, never into hotloop's). One fake vLLM per
 speed and upstream kind (`hotloop.lab.fake_vllm`: token-id `/v1/completions` for
-hotloop, stateless `/v1/responses` for the peers, paced; `render`: it renders and
-tokenizes the whole input of a responses request as vLLM's gpt-oss path does, `free`:
-it does not), every gateway in front of it, and a 40-call agent rollout sized to about
-60k tokens
-(`hotloop.lab.rollout`) replayed against each gateway in each mode it serves
-(`websocket`, `http_full`, `http_previous`) and by the client straight to the upstream's
-`/v1/responses` (`floor`: what the model alone costs), rounds interleaved.
+hotloop, stateless `/v1/responses` and `/v1/chat/completions` for the peers, paced;
+`render`: it renders and tokenizes the whole input of a responses or chat request as
+vLLM's gpt-oss path does, `free`: it does not), every gateway in front of it, and a
+40-call agent rollout sized to about 60k tokens (`hotloop.lab.rollout`) replayed
+against each gateway in each mode it serves (`websocket`, `http_full`, `http_previous`,
+and `chat`: the whole history every turn on `/v1/chat/completions`, which smg passes
+through to the upstream's) and by the client straight to the upstream's `/v1/responses`
+and `/v1/chat/completions` (`floor`: what the model alone costs), rounds interleaved.
 
 Per system and mode, medians over the rounds: loop time / ideal (the ideal: the sampled
 tokens at the set speed), time to first token over the last 10 turns and its excess over
@@ -51,7 +52,7 @@ from typing import Any
 
 import uvloop
 from hotloop._core import ChatFormat
-from hotloop.lab.agent import Agent, AgentRun, HttpTransport, WebSocketTransport
+from hotloop.lab.agent import Agent, AgentRun, open_transport
 from hotloop.lab.proc import HOTLOOP, Loopback, free_port, serve_command, stop_process
 from hotloop.lab.rollout import Rollout, build_rollout
 
@@ -60,12 +61,16 @@ PEER_VENV = Path.home() / ".cache" / "hotloop" / "peers" / "venv-agentic-0.9.0-s
 MODEL = "sim"
 API_KEY = "bench"
 MODES = {
-    "floor": ("http_full",),
-    "hotloop": ("websocket", "http_full", "http_previous"),
+    "floor": ("http_full", "chat"),
+    "hotloop": ("websocket", "http_full", "http_previous", "chat"),
     "agentic-api": ("websocket", "http_full", "http_previous"),
-    # smg's WebSocket mode needs gRPC workers: with HTTP ones the upgrade gets 405.
-    "smg": ("http_full", "http_previous"),
+    # smg's WebSocket mode needs gRPC workers: with HTTP ones the upgrade gets 405. Its
+    # /v1/chat/completions is a pass-through to the upstream's.
+    "smg": ("http_full", "http_previous", "chat"),
 }
+FLOOR = "floor http_full"
+"""The client's own request, run whatever `--modes` says: every time to first token is
+also read over it (over `floor MODE` where that ran too)."""
 LAST_TURNS = 10
 COLUMNS = (
     "loop_over_ideal",
@@ -264,10 +269,7 @@ def ideal_seconds(rollout: Rollout, rate: float) -> float:
 
 
 async def converse(rollout: Rollout, mode: str, server: Process) -> AgentRun:
-    if mode == "websocket":
-        transport: Any = await WebSocketTransport.open(server.ws_url, API_KEY)
-    else:
-        transport = HttpTransport(server.base_url, API_KEY)
+    transport = await open_transport(mode, server.base_url, server.ws_url, API_KEY)
     try:
         agent = Agent(rollout, mode, transport, model=MODEL, server_cpu_ns=server.cpu_ns)
         return await agent.run()
@@ -320,12 +322,12 @@ def run_configuration(
         for _ in range(args.rounds):
             for system in systems:
                 for mode in MODES[kind_of(system)]:
-                    if args.modes and mode not in args.modes.split(",") and system != "floor":
+                    key = f"{system} {mode}"
+                    if args.modes and mode not in args.modes.split(",") and key != FLOOR:
                         continue
                     if system in args.variants and args.variant_modes:
                         if mode not in args.variant_modes.split(","):
                             continue
-                    key = f"{system} {mode}"
                     sample = measure(rollout, mode, servers[system], upstream)
                     samples.setdefault(key, []).append(sample)
                     print(
@@ -333,13 +335,14 @@ def run_configuration(
                         file=sys.stderr,
                     )
     ideal = ideal_seconds(rollout, rate)
-    floor_ttft = statistics.median(s["ttft_ms"] for s in samples["floor http_full"])
     results: dict[str, Any] = {"ideal_s": ideal, "systems": {}}
     for key, runs in samples.items():
         medians = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
         medians["loop_over_ideal"] = medians["wall_s"] / ideal
-        medians["ttft_over_floor_ms"] = medians["ttft_ms"] - floor_ttft
         results["systems"][key] = medians
+    for key, medians in results["systems"].items():
+        floor = results["systems"].get(f"floor {key.rsplit(' ', 1)[1]}", results["systems"][FLOOR])
+        medians["ttft_over_floor_ms"] = medians["ttft_ms"] - floor["ttft_ms"]
     return results
 
 

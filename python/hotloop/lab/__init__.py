@@ -17,6 +17,6 @@ template renderer (`hf_template`), and the in-process drivers of the server (`th
 `scripted`).
 """
 
-MODES = ("http_full", "http_previous", "websocket", "long_running")
+MODES = ("http_full", "http_previous", "websocket", "long_running", "chat")
 """The client modes an agent replays a rollout in (`agent`), as the command line names
 them (`command`): here, so that neither imports the other."""

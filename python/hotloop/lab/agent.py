@@ -1,7 +1,10 @@
-"""One agent replaying a rollout against a live server, in one of three client modes.
+"""One agent replaying a rollout against a live server, in one of five client modes.
 
 - `http_full`: stateless HTTP; every request carries the whole history (what most agent
   frameworks send to a Chat-Completions-style endpoint, and what Codex falls back to).
+- `chat`: the same on `POST /v1/chat/completions`: the whole history as chat messages
+  every turn (earlier reasoning as `reasoning_content`, calls as `tool_calls`, outputs
+  as `tool` messages), streamed with `stream_options.include_usage`.
 - `http_previous`: HTTP with `previous_response_id` and `store: true`.
 - `websocket`: one socket for the whole task, each turn a `response.create` carrying only
   the new tool output and `previous_response_id` (`store: false`, as Codex does).
@@ -39,6 +42,8 @@ TERMINAL = frozenset({"response.completed", "response.failed", "response.incompl
 WAITING = "waiting"
 """A long-running response's turn that ended calling a tool: it waits, open."""
 MULTI_AGENT = {"OpenAI-Beta": "responses_multi_agent=v1"}
+WHOLE_HISTORY = frozenset({"http_full", "chat"})
+"""The modes whose every request carries the whole history."""
 
 
 class BenchError(Exception):
@@ -150,6 +155,8 @@ class LongRunningTransport(WebSocketTransport):
 class HttpTransport:
     """`POST /v1/responses` with `stream: true` over one keep-alive connection."""
 
+    path = "/responses"
+
     def __init__(self, base_url: str, api_key: str) -> None:
         self._client = httpx.AsyncClient(
             base_url=base_url,
@@ -158,20 +165,174 @@ class HttpTransport:
             limits=httpx.Limits(max_connections=1),
         )
 
+    def _request(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "stream": True}
+
+    def _reader(self) -> Callable[[Reply, str], bool]:
+        """Folds one SSE `data:` line into a reply; True once the response is over."""
+        return lambda reply, data: _observe(reply, orjson.loads(data))
+
     async def create(self, body: dict[str, Any]) -> Reply:
         reply = Reply()
-        payload = orjson.dumps({**body, "stream": True})
-        async with self._client.stream("POST", "/responses", content=payload) as response:
+        observe = self._reader()
+        payload = orjson.dumps(self._request(body))
+        async with self._client.stream("POST", self.path, content=payload) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")
                 raise BenchError(f"HTTP {response.status_code}: {detail[:500]}")
             async for line in response.aiter_lines():
-                if line.startswith("data: ") and _observe(reply, orjson.loads(line[6:])):
+                if line.startswith("data: ") and observe(reply, line[6:]):
                     return reply
         raise BenchError("the server ended the SSE stream without a terminal event")
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+class ChatTransport(HttpTransport):
+    """`POST /v1/chat/completions`, streamed with usage, over one keep-alive connection:
+    a Responses body (instructions, tools, the whole history as items) is sent as chat
+    messages, and the streamed chunks read back as the Responses output they stand for
+    (reasoning and function-call items, usage in Responses' names), so the agent keeps
+    one history whatever the endpoint."""
+
+    path = "/chat/completions"
+
+    def _request(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = [{"role": "system", "content": body["instructions"]}]
+        messages += chat_messages(body["input"])
+        tools = [
+            {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+            for t in body["tools"]
+        ]
+        return {
+            "model": body["model"],
+            "messages": messages,
+            "tools": tools,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+    def _reader(self) -> Callable[[Reply, str], bool]:
+        return ChatReading().observe
+
+
+def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses items as the chat messages a Chat Completions client sends: a reasoning
+    item goes into the next assistant message (`reasoning_content`), consecutive calls
+    into one message's `tool_calls`, each output into a `tool` message."""
+    messages: list[dict[str, Any]] = []
+    reasoning: str | None = None
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "reasoning":
+            reasoning = "".join(part["text"] for part in item.get("content") or ())
+            continue
+        if kind == "function_call_output":
+            messages.append(
+                {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+            )
+            continue
+        if kind == "function_call":
+            call = {"name": item["name"], "arguments": item["arguments"]}
+            calls = [{"id": item["call_id"], "type": "function", "function": call}]
+            last = messages[-1] if messages else {}
+            if reasoning is None and last.get("tool_calls"):
+                last["tool_calls"] += calls
+                continue
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
+        else:
+            content = item["content"]
+            if not isinstance(content, str):
+                content = "".join(part["text"] for part in content)
+            message = {"role": item["role"], "content": content}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+            reasoning = None
+        messages.append(message)
+    return messages
+
+
+class ChatReading:
+    """One streamed chat completion read as a Response: its deltas (content, reasoning,
+    tool-call arguments) time the tokens, `[DONE]` ends it, and what was said becomes
+    the Response's output items and usage (`Reply.response`)."""
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.reasoning: list[str] = []
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish: str | None = None
+        self.usage: dict[str, Any] = {}
+
+    def observe(self, reply: Reply, data: str) -> bool:
+        reply.events += 1
+        if data == "[DONE]":
+            reply.done_at = time.perf_counter()
+            reply.terminal = "response.completed" if self.finish else "error"
+            reply.response = self.response()
+            return True
+        chunk = orjson.loads(data)
+        if "error" in chunk:
+            raise BenchError(f"the chat stream failed: {chunk['error']}")
+        self.id = chunk.get("id", self.id)
+        self.usage = chunk.get("usage") or self.usage
+        for choice in chunk.get("choices") or ():
+            self.finish = choice.get("finish_reason") or self.finish
+            if self._said(choice.get("delta") or {}):
+                reply.last_token_at = time.perf_counter()
+                if reply.first_token_at is None:
+                    reply.first_token_at = reply.last_token_at
+        return False
+
+    def _said(self, delta: dict[str, Any]) -> bool:
+        """Fold a delta in; True if it carried a sampled token."""
+        said = False
+        # hotloop sends both names with the same text; vLLM and smg one of them.
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if reasoning:
+            self.reasoning.append(reasoning)
+            said = True
+        if delta.get("content"):
+            self.text.append(delta["content"])
+            said = True
+        for part in delta.get("tool_calls") or ():
+            call = self.calls.setdefault(part["index"], {"arguments": []})
+            call.setdefault("id", part.get("id"))
+            function = part.get("function") or {}
+            call.setdefault("name", function.get("name"))
+            if function.get("arguments"):
+                call["arguments"].append(function["arguments"])
+                said = True
+        return said
+
+    def response(self) -> dict[str, Any]:
+        """The Responses object the chat completion stands for."""
+        output: list[dict[str, Any]] = []
+        if self.reasoning:
+            text = "".join(self.reasoning)
+            output.append(
+                {"type": "reasoning", "content": [{"type": "reasoning_text", "text": text}]}
+            )
+        if self.text:
+            content = [{"type": "output_text", "text": "".join(self.text)}]
+            output.append({"type": "message", "role": "assistant", "content": content})
+        for call in self.calls.values():
+            output.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": call["name"],
+                    "arguments": "".join(call["arguments"]),
+                }
+            )
+        usage = {
+            "input_tokens": self.usage.get("prompt_tokens", 0),
+            "input_tokens_details": self.usage.get("prompt_tokens_details") or {},
+            "output_tokens": self.usage.get("completion_tokens", 0),
+        }
+        return {"id": self.id, "output": output, "usage": usage}
 
 
 @dataclass
@@ -252,7 +413,7 @@ class Agent:
             "tools": self.rollout.tools,
             "store": self.mode == "http_previous",
         }
-        if self.mode == "http_full":
+        if self.mode in WHOLE_HISTORY:
             self.history.extend(new_items)
             body["input"] = self.history
         else:
@@ -311,7 +472,7 @@ class Agent:
             turns.append(record)
             if index == len(rollout.steps) or not calls:
                 break
-            if self.mode == "http_full":
+            if self.mode in WHOLE_HISTORY:
                 # A stateless client replays the model's output items verbatim.
                 self.history.extend(output)
             previous = response["id"]
@@ -342,4 +503,6 @@ async def open_transport(mode: str, base_url: str, ws_url: str, api_key: str) ->
         return await WebSocketTransport.open(ws_url, api_key)
     if mode == "long_running":
         return await LongRunningTransport.open(ws_url, api_key, MULTI_AGENT)
+    if mode == "chat":
+        return ChatTransport(base_url, api_key)
     return HttpTransport(base_url, api_key)

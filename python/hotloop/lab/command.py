@@ -350,7 +350,9 @@ def configure(bench: argparse.ArgumentParser) -> None:
     agent = kinds.add_parser("agent", help="one agent rollout in every client mode")
     agent.add_argument("--speeds", default="65,1000,4000", help="sim tokens/s, comma-separated")
     agent.add_argument(
-        "--modes", default=",".join(MODES), help="client modes to run, comma-separated"
+        "--modes",
+        default="http_full,http_previous,websocket,long_running",
+        help=f"client modes to run, comma-separated (of {', '.join(MODES)})",
     )
     agent.add_argument("--tool-calls", type=int, default=50, help="tool calls in the rollout")
     agent.add_argument(

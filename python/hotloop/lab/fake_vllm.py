@@ -20,7 +20,8 @@ token, several per wake above the loop's 1 ms timer):
 - `POST /v1/responses`, stateless (agentic-api, smg): the whole history in `input`,
   answered with a reasoning item and a function call, streamed as Responses events;
 - `POST /v1/chat/completions`: the same turn as chat chunks (`reasoning_content`, one
-  tool call).
+  tool call), and a usage chunk with `stream_options.include_usage` (the turn counted
+  in the bytes, `"role":"tool"`, when the upstream is free).
 
 With `--render`, a responses or chat request's whole input is rendered and tokenized
 before the first token as vLLM's gpt-oss path does (openai-harmony,
@@ -196,11 +197,20 @@ class FakeVllm:
             self._render(request.get("instructions"), request.get("tools") or [], items)
             await self._stream(send, self._responses_events(request.get("model", "sim"), calls))
         elif path == "/v1/chat/completions" and scope["method"] == "POST":
-            request = orjson.loads(await request_body(receive))
+            body = await request_body(receive)
+            # `include_usage` read in the bytes: serde_json and orjson write no spaces.
+            usage = b'"include_usage":true' in body
+            if self.render is None:
+                # Free: the turn counted in the bytes, as for /v1/responses.
+                calls = body.count(b'"role":"tool"')
+                await self._stream(send, self._chat_events(_model(body), calls, usage))
+                return
+            request = orjson.loads(body)
             messages = request["messages"]
             calls = sum(1 for message in messages if message.get("role") == "tool")
             self._render(None, _chat_tools(request), _chat_items(messages))
-            await self._stream(send, self._chat_events(request, calls))
+            events = self._chat_events(request.get("model", "sim"), calls, usage)
+            await self._stream(send, events)
         elif path == "/v1/completions" and scope["method"] == "POST":
             text, request = _prompt_text(await request_body(receive))
             usage = bool((request.get("stream_options") or {}).get("include_usage"))
@@ -364,12 +374,13 @@ class FakeVllm:
         content = [{"type": "output_text", "text": said, "annotations": []}]
         return {**item, "status": "completed", "content": content}
 
-    def _chat_events(self, request: dict[str, Any], calls: int) -> Iterator[Event]:
-        """vLLM's chat stream for one turn: `reasoning_content`, then one tool call."""
+    def _chat_events(self, model: str, calls: int, usage: bool) -> Iterator[Event]:
+        """vLLM's chat stream for one turn: `reasoning_content`, then one tool call,
+        then (`usage`: `stream_options.include_usage`) a usage chunk without choices."""
         turn = self._turn(calls)
         n = next(self.ids)
         head = {"id": f"chatcmpl-fake{n}", "object": "chat.completion.chunk", "created": 0}
-        head["model"] = request.get("model", "sim")
+        head["model"] = model
 
         def chunk(delta: dict[str, Any], finish: str | None = None, tokens: int = 1) -> Event:
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
@@ -390,6 +401,11 @@ class FakeVllm:
             yield chunk({}, "stop", tokens=turn.headers[1])
         else:
             yield chunk({}, "tool_calls", tokens=0)
+        if usage:
+            generated = len(turn.reasoning) + len(turn.arguments) + len(turn.text)
+            counts = {"prompt_tokens": 0, "completion_tokens": generated}
+            counts["total_tokens"] = generated
+            yield 0, _data({**head, "choices": [], "usage": counts})
         yield 0, b"data: [DONE]\n\n"
 
 
