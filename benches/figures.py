@@ -209,6 +209,7 @@ FIGURES = (
         "peers",
         _scripts(
             "bench_peers.py --speeds 1000,4000 --upstreams free,render --rounds 3 "
+            "--modes websocket,http_full,http_previous "
             "--variant 'coalesce5=--stream-coalesce-ms 5' --variant-modes websocket"
         )
         + tuple(
