@@ -28,6 +28,7 @@ from hotloop.protocol import (
     Connection,
     ConnectionCache,
 )
+from hotloop.protocol.actions import RESENT_PARSE_OFFLOAD_BYTES
 from hotloop.protocol.parsing import OFFLOAD_BYTES, PARSE_OFFLOAD_BYTES
 from hotloop.transport import App
 from sdk_events import validate
@@ -348,7 +349,9 @@ def test_large_frames_are_parsed_off_the_event_loop_thread(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The parse of a large frame (a tool list here) runs where no event loop runs: a
-    worker thread, over WebSocket and HTTP; a small frame's runs on the loop."""
+    worker thread, over WebSocket and HTTP; a small frame's runs on the loop, and so
+    does a body under 1 MiB whose key resends histories (most of it hashed, not
+    parsed: `RESENT_PARSE_OFFLOAD_BYTES`)."""
     import hotloop.protocol.parsing as parsing_module
     import hotloop.transport.http as http_module
 
@@ -374,12 +377,18 @@ def test_large_frames_are_parsed_off_the_event_loop_thread(
             ):
                 ws.send(orjson.dumps({"type": "response.create", **fields}).decode())
                 assert recv_until(ws, "response.completed")[-1]["type"] == "response.completed"
-        body = {"model": "sim", "input": "hi", "tools": HUGE_TOOLS}
+        history = [{"role": "user", "content": "hi"}]
+        body = {"model": "sim", "input": history, "tools": HUGE_TOOLS}
+        reply = httpx.post(base + "/v1/responses", json=body, timeout=60)
+        assert reply.status_code == 200
+        # The key has sent a history: its next whole-history body is parsed on the loop.
+        body["input"] = [*history, *reply.json()["output"], {"role": "user", "content": "?"}]
         assert httpx.post(base + "/v1/responses", json=body, timeout=60).status_code == 200
-    (small, on_loop), *large = parsed_on_loop
+    (small, on_loop), *large, (resent, resent_on_loop) = parsed_on_loop
     assert small < OFFLOAD_BYTES and on_loop
     off_loop = [(size >= PARSE_OFFLOAD_BYTES, on_loop) for size, on_loop in large]
     assert off_loop == [(True, False)] * 2
+    assert PARSE_OFFLOAD_BYTES <= resent < RESENT_PARSE_OFFLOAD_BYTES and resent_on_loop
 
 
 def test_a_large_text_message_is_decoded_off_the_event_loop_thread(

@@ -36,12 +36,20 @@ OFFLOAD_BYTES = 32 * 1024
 # dev machine, load 3), so no frame holds the loop longer than one under 32 KB already
 # did, and none parses megabytes on it.
 PARSE_OFFLOAD_BYTES = 2 * OFFLOAD_BYTES
+# A body that resends a history its key has sent before (the key's raw addresses hold
+# some: `SeenItems`) is parsed on the loop up to this size. Its leading elements are
+# hashed, not parsed: 0.2-0.5 ms for the 270-600 KB bodies of 60k-130k-token sessions
+# (2-core dev machine, load 4-7), less than the thread hop it saves, which with 64 agents
+# on the loop waited for a worker and then for the GIL, often for milliseconds (the
+# `prepare` phase's tail over HTTP, docs/benchmarks-capacity.md).
+RESENT_PARSE_OFFLOAD_BYTES = 1 << 20
 
 
-def offloads(frame: str | bytes) -> bool:
+def offloads(frame: str | bytes, resent: bool = False) -> bool:
     """Whether `frame` is parsed off the event loop (`Connection.parse` in a worker
-    thread). A str's length in characters is a lower bound of its bytes."""
-    return len(frame) >= PARSE_OFFLOAD_BYTES
+    thread); `resent`: a body whose key's raw addresses may recognize most of it. A
+    str's length in characters is a lower bound of its bytes."""
+    return len(frame) >= (RESENT_PARSE_OFFLOAD_BYTES if resent else PARSE_OFFLOAD_BYTES)
 
 
 @dataclass(frozen=True)

@@ -370,8 +370,14 @@ class HttpApi:
         try:
             body = await self._body(scope, receive, principal, reserved)
             start = time.perf_counter_ns()
-            # A large body (input, tools or instructions): parsed in a worker thread.
-            request = await asyncio.to_thread(parse, body) if offloads(body) else parse(body)
+            # A large body (input, tools or instructions): parsed in a worker thread,
+            # unless its key resends histories (most of it is hashed, not parsed).
+            seen = self.ledger.seen_items(principal)
+            resent = seen is not None and len(seen) > 0
+            if offloads(body, resent):
+                request = await asyncio.to_thread(parse, body)
+            else:
+                request = parse(body)
         finally:
             reserved.release()
         return len(body), request, time.perf_counter_ns() - start, body
