@@ -101,12 +101,13 @@ class McpTurn:
 
 def asks(request: CreateRequest, frame: str | bytes) -> bool:
     """Whether a request has `mcp` tools (the core skips them in rendering) or answers
-    approval requests (the core does not know the item: its parse is refused)."""
+    approval requests (the core does not know the item: its parse is refused, so only a
+    refused frame is searched for one; a history resent each turn is not)."""
+    if request.error is None:
+        return any(kind == "mcp" for kind, _ in request.skipped_tools)
     if isinstance(frame, str):
         frame = frame.encode()
-    if b'"mcp_approval_response"' in frame:
-        return True
-    return request.error is None and any(kind == "mcp" for kind, _ in request.skipped_tools)
+    return b'"mcp_approval_response"' in frame
 
 
 async def rewritten(

@@ -410,7 +410,15 @@ class HttpApi:
         self, body: str | bytes, principal: str | None, seen: SeenItems | None
     ) -> CreateRequest:
         try:
+            request = parse_request(body, self.limits.request, seen)
+            if request.error is None:
+                return request
+            # A compaction item is no input item the core knows: only a refused body is
+            # searched for them (a history resent each turn is not), expanded and parsed
+            # again.
             expanded = self._compactor(principal).expand(body)
+            if expanded is body:
+                return request
             return parse_request(expanded, self.limits.request, seen)
         except CoreError as e:
             raise ProtocolError.from_core(e) from e
