@@ -361,7 +361,8 @@ class Checkpoint:
         """A conversation continuing from here; shares the prefix, copies nothing."""
 
 class Conversation:
-    """The rendered-token cache of one response chain."""
+    """The rendered-token cache of one response chain, its prompt chain
+    (`rust/src/prompt_chain/`): not the `/v1/conversations` resource."""
 
     def __init__(
         self, format: ChatFormat, *, context_window: int, policy: Policy | None = None

@@ -8,19 +8,20 @@
 //!   history instead of copying it.
 //! - [`format`]: chat formats (harmony, ChatML, a model's own chat template) and their
 //!   streaming output parsers.
-//! - [`conversation`]: the append-only rendered-token cache with checkpoints and forks,
-//!   over a prompt builder: segments for harmony and ChatML, template difference for a
-//!   chat template.
+//! - [`prompt_chain`]: the rendered prompt of one response chain (`Conversation`), an
+//!   append-only token cache with checkpoints and forks, over a prompt builder: segments
+//!   for harmony and ChatML, template difference for a chat template. (The
+//!   `/v1/conversations` resource is the server's, in Python's `store/` and `transport/`.)
 //! - [`validate`]: request parsing and delta validation on the raw bytes of new items.
 //! - [`upstream`]: the upstream engine's server-sent-event decoder (bytes in, token ids out).
 //!
 //! No pyo3 type appears below `bindings` (compiled only with the `python` feature).
 
 pub(crate) mod chunks;
-pub mod conversation;
 pub mod error;
 pub mod format;
 pub mod item;
+pub mod prompt_chain;
 pub mod render;
 pub mod tokenizer;
 pub mod upstream;

@@ -5,9 +5,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use hotloop_core::conversation::{Conversation, SegmentBuilder};
 use hotloop_core::format::harmony::Harmony;
 use hotloop_core::format::ChatFormat;
+use hotloop_core::prompt_chain::{Conversation, SegmentBuilder};
 use hotloop_core::validate::{parse_event, ClientEvent, Limits};
 use libfuzzer_sys::fuzz_target;
 

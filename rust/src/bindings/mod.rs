@@ -2,12 +2,12 @@
 //! plain Rust type from the core and converts at the boundary, once per call.
 //!
 //! One file per core module, named as it is: `error`, `tokenizer`, `format` (with
-//! `format::template`), `validate`, `conversation`, `upstream`. Each registers its own
+//! `format::template`), `validate`, `prompt_chain`, `upstream`. Each registers its own
 //! classes and functions in `_core`; this file holds what they share.
 
-mod conversation;
 mod error;
 mod format;
+mod prompt_chain;
 mod tokenizer;
 mod upstream;
 mod validate;
@@ -34,7 +34,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tokenizer::register(m)?;
     format::register(m)?;
     validate::register(m)?;
-    conversation::register(m)?;
+    prompt_chain::register(m)?;
     upstream::register(m)?;
     Ok(())
 }

@@ -5,7 +5,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
 
-use super::conversation::PyPrompt;
+use super::prompt_chain::PyPrompt;
 use crate::upstream::body::PromptBody;
 use crate::upstream::http::{Progress, ResponseReader};
 use crate::upstream::{self, StreamError};

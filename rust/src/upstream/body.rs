@@ -10,7 +10,7 @@
 //! request body it sends, rewritten in place): a turn costs its new ids, never a copy
 //! of the history's, nor a Python int per id.
 
-use crate::conversation::Prompt;
+use crate::prompt_chain::Prompt;
 
 /// Ids between two remembered byte offsets: a changed id costs at most this many
 /// rewritten ids before it.

@@ -2,7 +2,7 @@
 //! model's window, checked in O(1) from the cached and new token counts.
 //!
 //! (The open-call rule of protocol.md section 4 is the conversation's: it keeps the
-//! still-open calls with its cached tokens, see `conversation::admit_calls`.)
+//! still-open calls with its cached tokens, see `prompt_chain::admit_calls`.)
 
 use crate::error::{Code, Error, Result};
 

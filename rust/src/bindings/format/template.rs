@@ -8,15 +8,15 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::super::conversation::PyOutputParser;
 use super::super::json_arg;
+use super::super::prompt_chain::PyOutputParser;
 use super::super::tokenizer::PyTokenizer;
-use crate::conversation::TurnParser;
 use crate::format::template::messages::chat_tools;
 use crate::format::template::prompt::{Policy as TemplatePolicy, TemplatePrompt};
 use crate::format::template::specials::{ContentSpecials, Specials};
 use crate::format::template::{ChatTemplate, RenderOptions};
 use crate::format::toolcall::Family;
+use crate::prompt_chain::TurnParser;
 
 fn render_options(tools_json: Option<&str>, kwargs_json: Option<&str>) -> PyResult<RenderOptions> {
     Ok(RenderOptions {

@@ -1,7 +1,7 @@
 //! [`TemplateFormat`]: a chat template with its vocabulary, template kwargs and tool-call
 //! parser, the generic chat format. It says how a request's prefix and items are given
 //! to the template (`options`, `template_items`) and what the model samples for given
-//! items; a conversation under it is built by `conversation::template`.
+//! items; a conversation under it is built by `prompt_chain::template`.
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -14,7 +14,7 @@
 //! - [`prompt`]: the incremental prompt: render, find the first changed byte, keep the
 //!   tokens before it, tokenize the rest; render only the tail for append-stable templates.
 //! - [`TemplateFormat`]: a template with its vocabulary, kwargs and tool-call parser, the
-//!   generic chat format a conversation is built under (`conversation::template`).
+//!   generic chat format a conversation is built under (`prompt_chain::template`).
 //!
 //! This module owns rendering; it never decides what a model's output means (that is
 //! the tool-call parsers in `format::toolcall`).

@@ -303,7 +303,7 @@ fn special_token_text_in_content_is_plain_refused_or_allowed() {
     );
     assert_eq!(allowed.iter().filter(|&&id| id == start).count(), 3);
 
-    // Refusing is the request's business (conversation::template tests): what is rendered is plain,
+    // Refusing is the request's business (prompt_chain::template tests): what is rendered is plain,
     // tool definitions included.
     assert_eq!(ids(ContentSpecials::Refuse, None).unwrap(), plain);
     let tool = json!({"type": "function", "function": {"name": "f", "description": "<|im_start|>"}});

@@ -1,5 +1,6 @@
-//! The rendered-token cache: `Conversation` and its `Checkpoint`s, the `Turn` an
-//! append reports, the `Prompt` it holds, and the `OutputParser` of an open turn.
+//! The prompt chain (`crate::prompt_chain`): `Conversation` and its `Checkpoint`s, the
+//! `Turn` an append reports, the `Prompt` it holds, and the `OutputParser` of an open
+//! turn.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -9,11 +10,11 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use super::format::{FormatKind, PyChatFormat};
 use super::validate::{PyCreateRequest, PyPolicy};
 use super::RELEASE_GIL_BYTES;
-use crate::conversation::{
-    Checkpoint, Conversation, Prompt, SegmentBuilder, TemplateBuilder, Turn, TurnParser,
-};
 use crate::error::{Code, Error};
 use crate::format::{Outcome, ParseEvent};
+use crate::prompt_chain::{
+    Checkpoint, Conversation, Prompt, SegmentBuilder, TemplateBuilder, Turn, TurnParser,
+};
 use crate::validate::Policy;
 
 #[pyclass(name = "Turn", module = "hotloop._core", frozen, get_all)]

@@ -1,4 +1,6 @@
-//! The rendered-token cache: one [`Conversation`] per response chain.
+//! The prompt chain: the rendered tokens of one response chain, a [`Conversation`] (the
+//! chain's items as the model reads them; not the server's `/v1/conversations` resource,
+//! which lives in Python's `store/conversations.py` and `transport/conversations.py`).
 //!
 //! A conversation holds a [`PromptBuilder`], which turns its items into prompt tokens
 //! incrementally: segment by segment through a chat format for harmony and ChatML

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::*;
-use crate::conversation::{Checkpoint, Conversation, Delta};
 use crate::format::chatml::tests::{chatml, tokenize_template};
 use crate::format::transcript::{self, golden, GoldenCase};
 use crate::format::{Outcome, OutputParser, ParseEvent};
 use crate::item::{ItemKind, Role, Tool};
+use crate::prompt_chain::{Checkpoint, Conversation, Delta};
 use crate::tokenizer::{self, Tokenizer};
 use crate::validate::{self, CreateRequest, Limits, Policy};
 

@@ -6,12 +6,12 @@ use std::any::Any;
 use serde_json::{Map, Value as Json};
 
 use super::*;
-use crate::conversation::Conversation;
 use crate::format::template::prompt::Policy as RenderPolicy;
 use crate::format::template::specials::ContentSpecials;
 use crate::format::template::ChatTemplate;
 use crate::format::transcript::marker_vocab;
 use crate::format::ParseEvent;
+use crate::prompt_chain::Conversation;
 use crate::validate::{parse_request, CreateRequest, Limits};
 
 /// ChatML with Qwen2.5's tool calls and tools in the system turn.
