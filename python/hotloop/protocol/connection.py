@@ -7,11 +7,12 @@ answers with `actions()`: server frames (bytes) to send in order, `Generate` /
 `Cancel` work for the engine, and at most one `Close`. It performs no I/O and never
 awaits: the transport pumps frames in and out, and runs the engine work it is handed.
 
-It owns what is per connection: frame dispatch, a turn's start (its chain, its render,
-off the event loop for a large request), the running responses by key, the lifetime and
-closing, and the connection cache of checkpoints. A request before its turn starts is
-the `RequestQueue`'s (`request_queue.py`: admission and refusals, lanes, the byte
-bounds, the in-flight cap, cancel). Each running response is a unit of its own
+It owns what is per connection: frame dispatch, the running responses by key, the
+lifetime and closing, and the connection cache of checkpoints. A request before its
+turn starts is the `RequestQueue`'s (`request_queue.py`: admission and refusals, lanes,
+the byte bounds, the in-flight cap, cancel); a turn from its lane to its engine call is
+the `TurnStart`'s (`turn_start.py`: its chain, its render, off the event loop for a
+large request). Each running response is a unit of its own
 (`response.py`) that the connection hands engine results to by key; steering
 (`steering.py`), the long-running response (`injection.py`), interrupt
 (`interrupt.py`), compaction (`summarization.py`) and the MCP loop (`mcp_loop.py`) own
@@ -53,33 +54,26 @@ from hotloop._core import (
 )
 from hotloop.engines.base import API_SAMPLING, EngineError
 from hotloop.mcp_client import McpError
-from hotloop.protocol.actions import (
-    OFFLOAD_BYTES,
-    Action,
-    Cancel,
-    Close,
-    Finished,
-    Observer,
-    Render,
-)
+from hotloop.protocol.actions import Action, Cancel, Close, Finished, Observer
 from hotloop.protocol.chains import Chains
 from hotloop.protocol.compaction import Compactor
 from hotloop.protocol.connection_cache import ConnectionCache, ConversationStart
 from hotloop.protocol.errors import ProtocolError
-from hotloop.protocol.history import NOWHERE, History, Start
+from hotloop.protocol.history import History
 from hotloop.protocol.injection import LongRunning
 from hotloop.protocol.interrupt import interrupt
-from hotloop.protocol.lanes import Lane, Pending
+from hotloop.protocol.lanes import Lane
 from hotloop.protocol.mcp_loop import McpLoop
 from hotloop.protocol.mcp_tools import McpTurn
 from hotloop.protocol.parsing import INJECTS, PASSED_THROUGH, FrameParser, Parsed
 from hotloop.protocol.port import Settings
 from hotloop.protocol.queue_memory import QueueMemory
 from hotloop.protocol.request_queue import RequestQueue, echoed
-from hotloop.protocol.response import Ending, Rendering, Response
+from hotloop.protocol.response import Ending, Response
 from hotloop.protocol.state import State
 from hotloop.protocol.steering import Steering
 from hotloop.protocol.summarization import Summarization
+from hotloop.protocol.turn_start import TurnStart
 
 
 @dataclass(frozen=True)
@@ -176,12 +170,13 @@ class Connection:
         """Responses waiting, open, for tool output, by the key of their last model turn."""
         self.ending: dict[int, Ending] = {}
         """Responses whose terminal event waits for their `Persist` work."""
-        self._rendering: dict[int, Rendering] = {}
         self.chains = Chains(cache, self.settings)
         self.steering = Steering(self)
         self.long_running = LongRunning(self, self.steering, inject_idle_timeout)
         self.summarization = Summarization(self, self.chains, self._compactor)
         self.mcp = McpLoop(self, self.long_running)
+        self.turns = TurnStart(self, self.chains, self.mcp, self.summarization)
+        self.start = self.turns.start
         self.queue = RequestQueue(
             self, self.steering, self.limits.max_queued_bytes, queue_memory, background
         )
@@ -305,14 +300,9 @@ class Connection:
 
     def mcp_done(self, key: int, results: list[str | McpError]) -> None:
         """The `McpCall` work `key` finished: the calls a request approved (it renders
-        with their outputs, see `McpLoop.approved`), or a response's (`McpLoop.done`)."""
-        rendering = self._end_render(key)
-        if rendering is None:
+        with their outputs, `TurnStart.approved`), or a response's (`McpLoop.done`)."""
+        if not self.turns.approved(key, results):
             self.mcp.done(key, results)
-            return
-        self.mcp.approved(rendering.pending, results)
-        self._render(rendering)
-        self._render_ended(rendering)
 
     def engine_failed(self, key: int, error: EngineError) -> None:
         response = self.generating.pop(key, None)
@@ -322,19 +312,11 @@ class Connection:
     def render_done(self, key: int, turn: Turn, request: CreateRequest) -> None:
         """The `Render` work `key` finished (`Render.run` returned `request`, `turn`): the
         turn goes on to the engine."""
-        rendering = self._end_render(key)
-        if rendering is None:
-            return
-        rendering.pending.parsed = request
-        self._rendered(rendering, turn)
-        self._render_ended(rendering)
+        self.turns.render_done(key, turn, request)
 
     def render_failed(self, key: int, error: CoreError) -> None:
         """The `Render` work `key` raised: the request is refused, the lane goes on."""
-        rendering = self._end_render(key)
-        if rendering is not None:
-            rendering.refused(error)
-            self._lane_freed(rendering.lane)
+        self.turns.render_failed(key, error)
 
     def persist_done(self, key: int, continued: ConversationStart | None = None) -> None:
         """The `Persist` work `key` committed: the terminal event goes out. `continued`:
@@ -346,7 +328,7 @@ class Connection:
             lane.ending = None
             ending.continued = continued
             ending.conclude()
-            self._lane_freed(lane)
+            self.freed(lane)
 
     def persist_failed(self, key: int, message: str) -> None:
         """The `Persist` work `key` was not committed: the response ends as
@@ -357,7 +339,7 @@ class Connection:
             lane = ending.response.lane
             lane.ending = None
             ending.store_failed(message)
-            self._lane_freed(lane)
+            self.freed(lane)
 
     def wait_expired(self, key: int) -> None:
         """The idle timeout of `Wait(key)` (see `LongRunning.expired`)."""
@@ -414,7 +396,7 @@ class Connection:
         self.ending.clear()
         # A render still running in a worker thread finishes on its own; its result
         # finds no turn and is dropped.
-        self._rendering.clear()
+        self.turns.rendering.clear()
         self.queue.clear()
         self.steering.awaiting.clear()
 
@@ -430,7 +412,7 @@ class Connection:
     @property
     def in_flight(self) -> int:
         waiting = len(self.waiting)
-        return len(self.generating) + len(self._rendering) + len(self.ending) + waiting
+        return len(self.generating) + len(self.turns.rendering) + len(self.ending) + waiting
 
     @property
     def busy(self) -> bool:
@@ -458,7 +440,7 @@ class Connection:
     def release(self, lane: Lane) -> None:
         """The response that held `lane` ended: the lane takes its next request."""
         lane.active = None
-        self._lane_freed(lane)
+        self.freed(lane)
 
     def report(self, finished: Finished) -> None:
         """`finished` to the observer (usage, metrics, the store)."""
@@ -507,122 +489,6 @@ class Connection:
             raise chain
         return chain[0]
 
-    # ---------------------------------------------------------------- requests
-
-    def start(self, lane: Lane, pending: Pending) -> None:
-        """Run the turn up to the engine call (`RequestQueue.pump` took it off its
-        lane's queue); errors end the request here."""
-        start = self.clock()
-        parent = pending.parent
-        chain = self.chains.chain(parent, lane, pending.conversation)
-        if isinstance(chain, ProtocolError):
-            self.refuse_turn(pending, chain, lane.name)
-            return
-        conversation, evicts_parent, root = chain
-        seen = self._content_start(pending, parent)
-        if seen.found is not None:
-            conversation, root = seen.found.checkpoint.fork(), seen.found.root
-        rendering = Rendering(self, lane, pending, conversation, parent, evicts_parent, start, root)
-        rendering.seen = seen
-        if parent is not None:
-            rendering.conversation_start = pending.start or self.cache.start(parent)
-        self._render(rendering)
-
-    def _render(self, rendering: Rendering) -> None:
-        """Render the turn's new items, off the event loop for a large request; one whose
-        frame waits (queued, or with approved MCP calls' outputs put in) is parsed again
-        first, with the render. Errors end the request here."""
-        lane, pending = rendering.lane, rendering.pending
-        conversation = rendering.conversation
-        mcp = pending.mcp
-        if mcp is not None and mcp.checks:
-            # The calls it approves run once it is accepted: a copy is rendered first.
-            conversation = conversation.checkpoint().fork()
-        frame = pending.frame
-        reparse = self.reparse if mcp is None else mcp.reparse
-        pending.frame = None
-        skip = rendering.seen.skip
-        if skip and pending.parsed is not None:
-            # Only the items after the state it continues are rendered: they decide where.
-            offload = pending.parsed.text_bytes(skip) >= OFFLOAD_BYTES
-        else:
-            offload = pending.size >= OFFLOAD_BYTES
-        if offload:
-            key = self.new_key()
-            lane.rendering = self._rendering[key] = rendering
-            if pending.parsed is not None:
-                self.outbox.append(Render(key, conversation, pending.parsed, skip))
-            elif frame is not None:
-                # Parsed again with the render, off the event loop, as it was the first time.
-                self.outbox.append(Render(key, conversation, lambda: reparse(frame)))
-            return
-        if pending.parsed is None:
-            start = self.clock()
-            pending.parsed = reparse(frame or b"")
-            pending.parse_ns += self.clock() - start
-        try:
-            turn = conversation.extend(pending.request, skip)
-        except CoreError as e:
-            rendering.refused(e)
-            return
-        self._rendered(rendering, turn)
-
-    def _rendered(self, rendering: Rendering, turn: Turn) -> None:
-        """The turn rendered: the response starts; or, a request answering MCP approval
-        requests, they are taken first and the calls it approved run, the rendering
-        holding its lane (`McpLoop.answer`)."""
-        try:
-            work = self.mcp.answer(rendering.pending)
-        except ProtocolError as e:
-            rendering.refused(e)
-            return
-        if work is None:
-            self._opened(rendering, rendering.rendered(turn))
-            return
-        rendering.lane.rendering = self._rendering[work.key] = rendering
-        self.outbox.append(work)
-
-    def _opened(self, rendering: Rendering, response: Response) -> None:
-        """The response of a rendered turn opened: the engine is handed its prompt (a
-        prewarm's, a summary's first, or the turn's)."""
-        request = response.request
-        if not request.generate:
-            response.overhead_ns = rendering.overhead_ns()
-            response.prewarm(response.conversation.prompt())
-            return
-        response.announce()
-        if response.mcp is not None:
-            self.mcp.start(response)
-        if self.summarization.begins(response, rendering):
-            return
-        response.overhead_ns = rendering.overhead_ns()
-        response.enter(State.SAMPLING)
-        response.generate(response.conversation.prompt())
-
-    def _render_ended(self, rendering: Rendering) -> None:
-        """Work a rendering waited for ended (a `Render`, approved MCP calls)."""
-        active = rendering.lane.active
-        if rendering.cancelled and active is not None:
-            # The cancel came while rendering: the same frames as a cancel right after
-            # `response.in_progress` of an inline render.
-            active.cancel()
-        else:
-            self._lane_freed(rendering.lane)
-
-    def _content_start(self, pending: Pending, parent: str | None) -> Start:
-        """Where the turn starts in content (`History.start`). A request that waited in
-        its lane's queue (kept as its frame, parsed again with its render) or that calls
-        MCP tools (its frame is rewritten) is not looked up: it renders everything, as a
-        miss does."""
-        request = pending.parsed
-        if self.history is None or request is None or pending.mcp is not None:
-            return NOWHERE
-        mark = None if parent is None else self.cache.mark(parent)
-        start = self.history.start(request, mark, parent is not None)
-        if start.whole is not None:
-            pending.parsed = start.whole
-        return start
-
     def reparse(self, frame: str | bytes) -> CreateRequest:
         """A `response.create` frame parsed again: a queued request's when its turn
         comes (it reads no state that changes, so it may run in a worker thread; the
@@ -630,16 +496,11 @@ class Connection:
         steering input added. Raises what `parse` refuses with."""
         return self._parser.reparse(frame)
 
-    def _end_render(self, key: int) -> Rendering | None:
-        # None when the client went away meanwhile.
-        rendering = self._rendering.pop(key, None)
-        if rendering is not None:
-            rendering.lane.rendering = None
-        return rendering
-
     # ---------------------------------------------------------------- lifetime
 
-    def _lane_freed(self, lane: Lane) -> None:
+    def freed(self, lane: Lane) -> None:
+        """What held `lane` (a response, its render or its commit) let go of it: its next
+        request starts when it can, or the connection closes at its lifetime."""
         self.queue.freed(lane)
         self._finish_expiry()
 

@@ -75,7 +75,7 @@ class Pending:
 
     @property
     def request(self) -> CreateRequest:
-        assert self.parsed is not None, "parsed again by Connection.start"
+        assert self.parsed is not None, "parsed again by TurnStart.start"
         return self.parsed
 
     @property
