@@ -3,13 +3,17 @@
 
     .venv/bin/python benches/bench_memory_per_agent.py [--agents 8] [--turns 3]
 
-hotloop runs in this process (uvicorn on this event loop, in front of the fake vLLM,
-`hotloop.lab.fake_vllm`, in a subprocess); `--agents` agents of the capacity benchmark's
-sessions (`hotloop.lab.capacity`, contexts of AgentX's shape) each open a socket, send
-their history, then `--turns - 1` tool outputs with `previous_response_id`, and stay
-connected. Measured, per agent: the process's resident memory grown since before the
-first request (`rss_per_agent_mb`), the same after glibc handed the heap's free pages back
-(`malloc_trim`, what `--heap-trim-interval` does: `rss_per_agent_trimmed_mb`), and what
+hotloop runs in this process (uvicorn on this event loop, uvloop's as `hotloop serve`
+runs, in front of the fake vLLM, `hotloop.lab.fake_vllm`, in a subprocess); `--agents`
+agents of the capacity benchmark's sessions (`hotloop.lab.capacity`, contexts of
+AgentX's shape) each open a socket, send their history, then `--turns - 1` tool outputs
+with `previous_response_id`, and stay connected. Measured, per agent: the process's
+resident memory grown since before the first request (`rss_per_agent_mb`), the same
+after glibc handed the heap's free pages back (`malloc_trim`, what
+`--heap-trim-interval` does: `rss_per_agent_trimmed_mb`), the C allocator's blocks in
+use and free in its heap (`malloc_in_use_per_agent_mb`, `malloc_free_per_agent_mb`:
+glibc's `mallinfo2`, before the trim), the server's cached conversations
+(`cached_per_agent_mb`: its cache budget's bytes, `Checkpoint.memory_bytes`), and what
 the core holds for the conversation (`Conversation.memory_bytes` of each agent's history
 rendered on its own: the token ids and the items' text); then, the same agents again in
 front of a second server, the Python objects still alive that their turns allocated
@@ -33,7 +37,9 @@ from typing import Any
 
 import orjson
 import uvicorn
+import uvloop
 from bench_peers import started, upstream_command
+from hotloop import heap
 from hotloop._core import Conversation, parse_request
 from hotloop.config import ServerConfig
 from hotloop.lab.capacity import Workload
@@ -57,6 +63,12 @@ def malloc_trim() -> None:
     trim = None if name is None else getattr(ctypes.CDLL(name), "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+def malloc_blocks() -> tuple[int, int]:
+    """The C allocator's bytes in use and free in its heap (zeros but with glibc)."""
+    found = heap.malloc_blocks()
+    return (0, 0) if found is None else (found.in_heap + found.own_pages, found.free_in_heap)
 
 
 def core_bytes(workload: Workload, agents: int) -> tuple[float, float]:
@@ -111,9 +123,10 @@ async def measure(args: argparse.Namespace, upstream: str, trace: bool) -> dict[
         port=port,
         heap_trim_interval=0.0,  # trimmed below, once, to see what it gives back
     )
+    app = App.from_config(config)
     server = uvicorn.Server(
         uvicorn.Config(
-            App.from_config(config),
+            app,
             host="127.0.0.1",
             port=port,
             ws=FrameSendingProtocol,
@@ -139,9 +152,13 @@ async def measure(args: argparse.Namespace, upstream: str, trace: bool) -> dict[
         found["python_largest_site"] = f"{Path(frame.filename).relative_to(ROOT)}:{frame.lineno}"
         found["python_largest_site_per_agent_mb"] = alive[0].size_diff / agents / 1e6
     else:
-        base = rss()
+        base, (in_use, free) = rss(), malloc_blocks()
         sockets = await agents_turns(args, workload, ws_url)
         found["rss_per_agent_mb"] = (rss() - base) / agents / 1e6
+        in_use_now, free_now = malloc_blocks()
+        found["malloc_in_use_per_agent_mb"] = (in_use_now - in_use) / agents / 1e6
+        found["malloc_free_per_agent_mb"] = (free_now - free) / agents / 1e6
+        found["cached_per_agent_mb"] = app.budget.used_bytes / agents / 1e6
         malloc_trim()
         found["rss_per_agent_trimmed_mb"] = (rss() - base) / agents / 1e6
     for socket in sockets:
@@ -177,7 +194,7 @@ def main() -> None:
         port = free_port()
         command = upstream_command(port, script, 100000.0, render=False)
         with started("upstream", command, port):
-            result = asyncio.run(measured(args, f"http://127.0.0.1:{port}"))
+            result = uvloop.run(measured(args, f"http://127.0.0.1:{port}"))
     print(json.dumps(result))
 
 

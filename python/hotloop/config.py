@@ -209,6 +209,13 @@ class ServerConfig:
         "garbage collector's youngest generation every this many new objects (0: Python's "
         "own settings, nothing frozen)",
     )
+    heap_mmap_threshold: int = _option(
+        128 * 1024,
+        "blocks of at least this many bytes get memory pages of their own, handed back to "
+        "the operating system when freed (glibc's M_MMAP_THRESHOLD, fixed: glibc's own "
+        "rises to the largest block freed, and a 100k-token request's buffers then stay in "
+        "the heap; 0: glibc's own)",
+    )
     heap_trim_interval: float = _option(
         0.0,
         "seconds between handing the heap's freed pages back to the operating system "

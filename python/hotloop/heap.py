@@ -5,8 +5,11 @@ A 100k-token first request (or a stateless client's whole history) allocates sev
 MB for a moment: the frame, its parse, the render, the upstream body. Freed, most of it
 stays in the C allocator's arenas (glibc returns only the top of an arena, and only
 above its trim threshold), so the process's resident memory grows by what the largest
-moments left behind, not by what it holds. `HeapTrim` asks glibc (`malloc_trim`) every
-few seconds, in a worker thread; with another C library it does nothing.
+moments left behind, not by what it holds. Two remedies, glibc's, with another C library
+they do nothing: `fix_mmap_threshold` (on by default) gives every block of at least a
+fixed size pages of its own, returned when it is freed; `HeapTrim` (off by default) asks
+glibc (`malloc_trim`) every few seconds, in a worker thread, for the free pages of the
+rest.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import ctypes.util
 import gc
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from hotloop.metrics import Histogram
 
@@ -33,16 +37,73 @@ def settle_heap(young: int) -> None:
     gc.set_threshold(young, middle, old)
 
 
-def _malloc_trim() -> Callable[[], object] | None:
-    """glibc's `malloc_trim(0)`, or None where the C library has none (musl, macOS)."""
+def _glibc(function: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """A function of glibc's allocator, or None where the C library has none (musl,
+    macOS)."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    found = getattr(ctypes.CDLL(name), function, None)
+    if found is not None:
+        found.restype = ctypes.c_int
+    return found
+
+
+M_MMAP_THRESHOLD = -3
+"""`mallopt`'s parameter (glibc's malloc.h)."""
+
+
+def fix_mmap_threshold(size: int) -> bool:
+    """Blocks of at least `size` bytes get pages of their own from the operating system,
+    handed back when freed (glibc's `M_MMAP_THRESHOLD`, fixed). glibc's own threshold
+    starts there but rises to the largest such block freed: after the first 100k-token
+    request, every buffer of a request, a parse or an upstream body below its size comes
+    from the heap and stays there once freed (issue 36: 0.4 MB an agent at ~90k tokens;
+    docs/benchmarks-capacity.md). Returns whether the C library took it."""
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return bool(mallopt(M_MMAP_THRESHOLD, size))
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+        ).split()
+    ]
+
+
+@dataclass(frozen=True)
+class MallocBlocks:
+    """The C allocator's bytes, from glibc's `mallinfo2`."""
+
+    in_heap: int
+    """In use in its heaps (every thread's arena)."""
+    own_pages: int
+    """In use in blocks of pages of their own (`fix_mmap_threshold`)."""
+    free_in_heap: int
+    """Free in its heaps: resident once touched, until trimmed or reused."""
+
+
+def malloc_blocks() -> MallocBlocks | None:
+    """The C allocator's bytes now, or None where the C library is not glibc."""
+    info = _glibc("mallinfo2")
+    if info is None:
+        return None
+    info.restype = _MallInfo2
+    found = info()
+    return MallocBlocks(found.uordblks, found.hblkhd, found.fordblks)
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    """glibc's `malloc_trim(0)`, or None where the C library has none."""
+    trim = _glibc("malloc_trim")
     if trim is None:
         return None
     trim.argtypes = (ctypes.c_size_t,)
-    trim.restype = ctypes.c_int
     return lambda: trim(0)
 
 

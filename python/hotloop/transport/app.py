@@ -23,7 +23,7 @@ from hotloop.config import ServerConfig
 from hotloop.engines import load_engine
 from hotloop.engines.base import Engine, EngineError
 from hotloop.events import error_body
-from hotloop.heap import HeapTrim, settle_heap
+from hotloop.heap import HeapTrim, fix_mmap_threshold, settle_heap
 from hotloop.ledger import Ledger
 from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import (
@@ -223,6 +223,8 @@ class App:
                 await self._http.background.start(self.ledger.store)
         if self.config.gc_young:
             settle_heap(self.config.gc_young)
+        if self.config.heap_mmap_threshold:
+            fix_mmap_threshold(self.config.heap_mmap_threshold)
         self._heap.start()
 
     async def close(self) -> None:
