@@ -205,14 +205,18 @@ def test_bodies_rewritten_in_place_equal_fresh_writes() -> None:
 
 
 def test_kept_bodies_are_bounded_dropping_the_least_recently_left() -> None:
-    kept = KeptBodies(limit=2)
-    bodies = [PromptBody() for _ in range(3)]
-    for key, body in zip(("a", "b", "c"), bodies, strict=True):
-        kept.keep((None, key), body)
-    assert len(kept) == 2
-    assert kept.take((None, "a")) is None
-    assert kept.take((None, "c")) is bodies[2]
-    assert len(kept) == 1
+    for kept in (KeptBodies(limit=2), KeptBodies(limit_bytes=250)):
+        bodies = [PromptBody() for _ in range(3)]
+        for key, body in zip(("a", "b", "c"), bodies, strict=True):
+            kept.keep((None, key), body, 100)
+        assert len(kept) == 2
+        assert kept.take((None, "a")) is None
+        assert kept.take((None, "c")) is bodies[2]
+        assert len(kept) == 1
+        # Its bytes left with it: two more fit beside "b", the least recently left.
+        kept.keep((None, "c"), bodies[2], 100)
+        kept.keep((None, "b"), bodies[1], 100)
+        assert kept.take((None, "b")) is bodies[1] and kept.take((None, "c")) is bodies[2]
 
 
 async def test_vllm_model_name_is_asked_once_per_replica(chat_format: Any) -> None:
@@ -513,7 +517,7 @@ async def test_a_conversations_kept_body_is_its_own_tenants(chat_format: Any) ->
         await first.close()
         kept = engine.kept_bodies.take(("a", "shared-name"))
         assert kept is not None
-        engine.kept_bodies.keep(("a", "shared-name"), kept)
+        engine.kept_bodies.keep(("a", "shared-name"), kept, 0)
         other = engine.session("b")
         await collect_routed(other, "shared-name")
         assert other.body is not kept

@@ -419,6 +419,8 @@ class UpstreamSession:
         own, or the one its conversation's last session left (`bodies.py`)."""
         self._body_key: BodyKey | None = None
         """The salt and conversation `body` was last written for."""
+        self._body_bytes = 0
+        """The size of `body`'s last request."""
 
     async def generate(
         self, prompt: Prompt, sampling: Sampling, route_key: str | None = None
@@ -568,6 +570,7 @@ class UpstreamSession:
             rest = orjson.dumps(fields)
             assert self.body is not None, "generate chose the body"
             body = request_body(dialect, self.body, prompt, rest)
+            self._body_bytes = len(body)
             link = await client.send(
                 replica.origin, "POST", dialect.path, headers, body, stream=dialect.name
             )
@@ -655,7 +658,7 @@ class UpstreamSession:
             self.engine.unpin(self.replica)
             self.replica = None
         if self.body is not None and self._body_key is not None:
-            self.engine.kept_bodies.keep(self._body_key, self.body)
+            self.engine.kept_bodies.keep(self._body_key, self.body, self._body_bytes)
             self.body = None
 
 
