@@ -17,12 +17,14 @@
 //! This module does not know any chat format beyond the `ChatFormat` trait.
 
 mod growth;
+mod kept;
 pub(crate) mod segment;
 
 use std::mem::size_of;
 use std::sync::Arc;
 
 use growth::{Change, Continuation, Position, Recorder, Recording};
+use kept::KeptItem;
 use segment::{Body, PrefixEntry, Rendering, Segment, Step};
 
 use super::builder::{same_kind, Appended, PromptBuilder};
@@ -161,7 +163,7 @@ impl SegmentBuilder {
         (0..self.segments.len())
             .rev()
             .find_map(|i| match &self.segment(i).body {
-                Body::Item(item) => named(item),
+                Body::Item(item) => item.plain().and_then(named),
                 Body::Output(items) => items.iter().rev().find_map(named),
                 _ => None,
             })
@@ -174,7 +176,7 @@ impl SegmentBuilder {
                 let seg = self.segment(i);
                 match &seg.body {
                     Body::Prefix(entry) => Step::Prefix(Arc::clone(entry)),
-                    Body::Item(item) => Step::Item(Arc::clone(item)),
+                    Body::Item(item) => Step::Item(item.item()),
                     Body::Header => Step::Header,
                     Body::Output(items) => {
                         let (end, run_after) = if i + 1 < self.segments.len() {
@@ -338,7 +340,8 @@ impl SegmentBuilder {
         }
         self.segments.truncate(last);
         self.segments.push(Segment {
-            body: Body::Item(Arc::clone(new)),
+            // Kept as it is: a text that grows again is read again.
+            body: Body::Item(KeptItem::Plain(Arc::clone(new))),
             ..seg
         });
         self.hint = Some(GrowthHint {
@@ -425,8 +428,9 @@ impl PromptBuilder for SegmentBuilder {
                 "append_text grows the last input item, and the conversation does not end with one",
             ));
         };
-        let new = Arc::new(grown(old, chunk));
-        match self.regrow_last(last, old, &new, calls) {
+        let old = old.item();
+        let new = Arc::new(grown(&old, chunk));
+        match self.regrow_last(last, &old, &new, calls) {
             Regrowth::Done(kept) => {
                 self.stats.segments_rendered += 1;
                 self.stats.tokens_reused += kept as u64;

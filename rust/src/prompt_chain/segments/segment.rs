@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::mem::size_of;
 use std::sync::Arc;
 
+use super::kept::KeptItem;
 use crate::chunks::Element;
 use crate::format::{ChatFormat, Context};
 use crate::item::{Item, ItemKind, Prefix, Role};
@@ -46,7 +47,7 @@ impl PrefixEntry {
 #[derive(Clone)]
 pub(crate) enum Body {
     Prefix(Arc<PrefixEntry>),
-    Item(Arc<Item>),
+    Item(KeptItem),
     /// The tokens that open an assistant turn; the last segment while the turn is open.
     Header,
     /// One turn's sampled ids (the segment's tokens, verbatim) and the items parsed from them.
@@ -86,7 +87,7 @@ impl Element for Segment {
             + ARC_HEADER
             + match &self.body {
                 Body::Prefix(p) => p.bytes,
-                Body::Item(item) => item_bytes(item),
+                Body::Item(item) => item.heap_bytes(),
                 Body::Header => 0,
                 Body::Output(items) => items.iter().map(item_bytes).sum(),
             }
@@ -95,7 +96,7 @@ impl Element for Segment {
     fn shares_heap(&self, other: &Self) -> bool {
         let body = match (&self.body, &other.body) {
             (Body::Prefix(a), Body::Prefix(b)) => Arc::ptr_eq(a, b),
-            (Body::Item(a), Body::Item(b)) => Arc::ptr_eq(a, b),
+            (Body::Item(a), Body::Item(b)) => a.same(b),
             (Body::Output(a), Body::Output(b)) => Arc::ptr_eq(a, b),
             (Body::Header, Body::Header) => true,
             _ => false,
@@ -208,7 +209,7 @@ impl<'a> Rendering<'a> {
                 self.format.render_item(&ctx, &item, &mut self.renderer);
                 self.prev = Some(item.kind());
                 self.remember_calls(std::slice::from_ref(&item));
-                Body::Item(item)
+                Body::Item(KeptItem::new(item))
             }
             Step::Header => {
                 self.format.render_generation_header(&ctx, &mut self.renderer);

@@ -298,7 +298,9 @@ fn text() -> impl Strategy<Value = String> {
         "[0-9]{1,7}",
         "[ !-/:-@]{1,4}",
     ];
-    prop::collection::vec(atoms, 0..10).prop_map(|v| v.concat())
+    let short = prop::collection::vec(atoms, 0..10).prop_map(|v| v.concat());
+    // Some long enough to be kept deflated (`kept::PACK_FROM`), read back on re-renders.
+    prop_oneof![4 => short.clone(), 1 => short.prop_map(|t| t.repeat(80))]
 }
 
 /// Items before open calls are known; `Answer` becomes a tool output for an open call.

@@ -1,0 +1,165 @@
+//! [`KeptItem`]: an input item as its segment keeps it once rendered.
+//!
+//! A segment's tokens are final once rendered; its item is read again only when history
+//! is re-rendered (a changed prefix, a grown last item) or a call's name is looked up.
+//! Most of a long conversation's bytes besides its ids are the texts of its tool outputs
+//! and messages (about 4 bytes a token): a text of at least [`PACK_FROM`] bytes is kept
+//! deflated (about a quarter of its size on code and logs) and inflated when read. A
+//! function call stays as it is (its name is looked up by call id).
+
+use std::mem::size_of;
+use std::sync::Arc;
+
+use miniz_oxide::deflate::compress_to_vec;
+use miniz_oxide::inflate::decompress_to_vec;
+
+use crate::item::{Item, ItemKind};
+
+/// Texts shorter than this stay as they are: deflating them saves little.
+pub(crate) const PACK_FROM: usize = 512;
+
+/// Deflate's fastest level: a turn's tool output of a few KB costs tens of microseconds.
+const LEVEL: u8 = 1;
+
+#[derive(Clone)]
+pub(crate) enum KeptItem {
+    Plain(Arc<Item>),
+    Packed(Arc<Packed>),
+}
+
+/// An item whose text is deflated: the item with that text emptied, and the text.
+pub(crate) struct Packed {
+    shell: Item,
+    text: Box<[u8]>,
+}
+
+/// The text an item may be kept deflated by (not a function call's arguments).
+fn text_of(item: &mut Item) -> Option<&mut String> {
+    match item {
+        Item::Message { text, .. } | Item::Reasoning { text } => Some(text),
+        Item::FunctionCallOutput { output, .. } => Some(output),
+        Item::FunctionCall { .. } => None,
+    }
+}
+
+impl KeptItem {
+    /// `item` kept: its text deflated when it is long.
+    pub fn new(item: Arc<Item>) -> KeptItem {
+        let mut shell = Arc::unwrap_or_clone(item);
+        match text_of(&mut shell) {
+            Some(text) if text.len() >= PACK_FROM => {
+                let text = compress_to_vec(std::mem::take(text).as_bytes(), LEVEL).into_boxed_slice();
+                KeptItem::Packed(Arc::new(Packed { shell, text }))
+            }
+            _ => KeptItem::Plain(Arc::new(shell)),
+        }
+    }
+
+    /// The item as it was given.
+    pub fn item(&self) -> Arc<Item> {
+        match self {
+            KeptItem::Plain(item) => Arc::clone(item),
+            KeptItem::Packed(packed) => {
+                let mut item = packed.shell.clone();
+                let bytes = decompress_to_vec(&packed.text).expect("a text this module deflated");
+                if let Some(text) = text_of(&mut item) {
+                    *text = String::from_utf8(bytes).expect("a text this module deflated");
+                }
+                Arc::new(item)
+            }
+        }
+    }
+
+    /// The item when it is kept as it is (a function call always is).
+    pub fn plain(&self) -> Option<&Item> {
+        match self {
+            KeptItem::Plain(item) => Some(item),
+            KeptItem::Packed(_) => None,
+        }
+    }
+
+    pub fn kind(&self) -> ItemKind {
+        match self {
+            KeptItem::Plain(item) => item.kind(),
+            KeptItem::Packed(packed) => packed.shell.kind(),
+        }
+    }
+
+    /// Heap bytes held (the item, its strings, the deflated text).
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            KeptItem::Plain(item) => super::segment::item_bytes(item),
+            KeptItem::Packed(packed) => {
+                size_of::<Packed>() + super::segment::item_bytes(&packed.shell) + packed.text.len()
+            }
+        }
+    }
+
+    /// Both share their storage.
+    pub fn same(&self, other: &KeptItem) -> bool {
+        match (self, other) {
+            (KeptItem::Plain(a), KeptItem::Plain(b)) => Arc::ptr_eq(a, b),
+            (KeptItem::Packed(a), KeptItem::Packed(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::item::Role;
+
+    fn text(len: usize) -> String {
+        (0..len)
+            .map(|i| char::from(b'a' + (i % 7 + i / 97 % 5) as u8))
+            .collect()
+    }
+
+    #[test]
+    fn a_long_text_is_kept_smaller_and_read_back_whole() {
+        let items = [
+            Item::Message {
+                role: Role::User,
+                text: text(5000),
+            },
+            Item::Reasoning {
+                text: text(PACK_FROM),
+            },
+            Item::FunctionCallOutput {
+                call_id: "c1".into(),
+                output: format!("é{}", text(4000)),
+            },
+        ];
+        for item in items {
+            let item = Arc::new(item);
+            let kept = KeptItem::new(Arc::clone(&item));
+            assert!(kept.plain().is_none());
+            assert!(kept.heap_bytes() < super::super::segment::item_bytes(&item));
+            assert_eq!(kept.kind(), item.kind());
+            assert_eq!(*kept.item(), *item);
+        }
+    }
+
+    #[test]
+    fn short_texts_and_calls_stay_as_they_are() {
+        let items = [
+            Item::Message {
+                role: Role::Assistant,
+                text: text(PACK_FROM - 1),
+            },
+            Item::FunctionCall {
+                call_id: "c1".into(),
+                name: "exec".into(),
+                arguments: text(5000),
+            },
+        ];
+        for item in items {
+            let item = Arc::new(item);
+            let kept = KeptItem::new(Arc::clone(&item));
+            assert_eq!(kept.plain(), Some(&*item));
+            assert!(kept.same(&kept.clone()));
+            assert!(Arc::ptr_eq(&kept.item(), &kept.item()));
+        }
+    }
+}
