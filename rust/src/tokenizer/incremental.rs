@@ -216,7 +216,8 @@ fn encode_aligned(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::bpe_model::tests::{tiny, tiny_spm};
+    use crate::tokenizer::bpe_model::tests::tiny;
+    use crate::tokenizer::bpe_model::tiny_spm;
     use crate::tokenizer::by_name;
     use proptest::prelude::*;
 

@@ -143,6 +143,26 @@ pub fn encode_parallel(tokenizer: &dyn Tokenizer, text: &str, parts: usize, out:
     });
 }
 
+/// Assert that `text` cut at each of its line starts ([`pretokenizer::line_cut`]) encodes,
+/// part by part, to the ids of the whole, when `tokenizer` claims it
+/// ([`Tokenizer::cuts_at_lines`]): what [`encode_parallel`] relies on, checked by tests
+/// and the `line_cuts` fuzz target.
+pub fn assert_line_cut_ids_exact(tokenizer: &dyn Tokenizer, text: &str) {
+    if !tokenizer.cuts_at_lines() {
+        return;
+    }
+    let mut whole = Vec::new();
+    tokenizer.encode(text, &mut whole);
+    let mut at = 0;
+    while let Some(cut) = pretokenizer::line_cut(text.as_bytes(), at + 1) {
+        let mut parts = Vec::new();
+        tokenizer.encode(&text[..cut], &mut parts);
+        tokenizer.encode_continuation(&text[cut..], &mut parts);
+        assert_eq!(parts, whole, "cut at {cut} of {text:?}");
+        at = cut;
+    }
+}
+
 /// The OpenAI encodings embedded in the build, by name:
 /// `o200k_base`, `o200k_harmony`, `cl100k_base`.
 pub fn by_name(name: &str) -> Option<Arc<dyn Tokenizer>> {

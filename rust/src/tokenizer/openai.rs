@@ -227,17 +227,8 @@ impl Tokenizer for OpenAiTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::scanner::ALPHABET;
     use proptest::prelude::*;
-
-    /// Characters that steer o200k's pattern: every ASCII class, the contractions, and
-    /// outside ASCII letters of each case class, a long s (`(?i:s)`), marks, digits,
-    /// whitespace and symbols.
-    const ALPHABET: &[&str] = &[
-        "a", "z", "A", "Z", "s", "t", "r", "e", "v", "l", "m", "d", "S", "T", "R", "E", "V", "L", "M", "D",
-        "'", "'s", "'LL", "'rE", "'ve", "0", "7", "1234", " ", "  ", "\t", "\n", "\r", "\u{b}", "\u{c}", "/",
-        "(", ".", "_", "-", "\u{0}", "\u{1f}", "\u{7f}", "é", "É", "ſ", "ǅ", "ʰ", "中", "\u{301}", "²", "½",
-        "١", "\u{85}", "\u{a0}", "\u{2028}", "\u{3000}", "€", "😀",
-    ];
 
     fn o200k_regex_pieces(text: &str) -> Vec<&str> {
         bpe_openai::o200k_base().split(text).collect()

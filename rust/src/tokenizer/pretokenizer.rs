@@ -161,6 +161,18 @@ impl PreTokenizer {
         }
     }
 
+    /// True when a text cut at a line start splits, part by part, into the pieces of the
+    /// whole with the cut as one more boundary: the splits that [`Self::cuts_at_lines`],
+    /// no split at all, and splits at a character (spaces). What a SentencePiece
+    /// vocabulary, where no token spans a line start, needs to encode in parts.
+    pub fn splits_alike_in_line_parts(&self) -> bool {
+        match self {
+            PreTokenizer::Whole | PreTokenizer::BeforeSpaces => true,
+            PreTokenizer::Regex(splits) => self.cuts_at_lines() || splits.stages.iter().all(|s| s.one_char),
+            PreTokenizer::Gpt2 | PreTokenizer::DigitsThenGpt2 => false,
+        }
+    }
+
     /// Call `out` with the byte range of each piece of `text[range]`, in order (a
     /// callback, not a vector: a 1 MB text has ~300k pieces, and streaming them keeps
     /// the working set in cache).
@@ -221,6 +233,9 @@ pub struct RegexSplit {
     /// Decides pieces without the regex where the text is ASCII (`Isolated` splits by a
     /// pattern [`Scanner::for_pattern`] knows).
     scanner: Option<Scanner>,
+    /// The pattern is one literal character (Gemma's split on spaces): a match depends on
+    /// nothing around it.
+    one_char: bool,
 }
 
 /// `\s+(?!\S)`, as a top-level alternative: the only look-around we rewrite.
@@ -275,12 +290,15 @@ impl RegexSplit {
             lookahead,
             behavior,
             scanner: None,
+            one_char: false,
         })
     }
 
     /// A literal string split (tokenizer.json `Split` with a `String` pattern).
     pub fn literal(text: &str, behavior: Behavior) -> Result<Self> {
-        Self::new(&regex_syntax::escape(text), behavior)
+        let mut split = Self::new(&regex_syntax::escape(text), behavior)?;
+        split.one_char = text.chars().count() == 1;
+        Ok(split)
     }
 
     /// The first match in `hay` at or after `at` that is not empty once a look-ahead
@@ -358,14 +376,20 @@ impl RegexSplit {
     }
 }
 
-/// The first line start at or after `from`: a byte after `\n` that is ASCII, not
-/// whitespace and not `/` (where [`PreTokenizer::cuts_at_lines`] splits always cut).
+/// A byte that begins a line part after a `\n` ([`line_cut`]): ASCII, not whitespace
+/// and not `/`.
+pub fn begins_line_part(b: u8) -> bool {
+    b.is_ascii_graphic() && b != b'/'
+}
+
+/// The first line start at or after `from`: a byte after `\n` that [`begins_line_part`]
+/// (where [`PreTokenizer::cuts_at_lines`] splits always cut).
 pub fn line_cut(text: &[u8], from: usize) -> Option<usize> {
     let mut at = from.max(1);
     while at < text.len() {
         let newline = at - 1 + memchr::memchr(b'\n', &text[at - 1..])?;
         let cut = newline + 1;
-        if text.get(cut).is_some_and(|&b| b.is_ascii_graphic() && b != b'/') {
+        if text.get(cut).is_some_and(|&b| begins_line_part(b)) {
             return Some(cut);
         }
         at = cut + 1;

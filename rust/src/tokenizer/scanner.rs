@@ -387,6 +387,17 @@ pub fn checked_splits() -> Vec<(&'static str, PreTokenizer, PreTokenizer)> {
         .collect()
 }
 
+/// Characters that steer the patterns: every ASCII class, the contractions, and outside
+/// ASCII letters of each case class, a long s (`(?i:s)`), marks, digits, whitespace,
+/// punctuation, symbols and CJK (what the proptests of the splits draw texts from).
+#[cfg(test)]
+pub(crate) const ALPHABET: &[&str] = &[
+    "a", "z", "A", "Z", "s", "t", "r", "e", "v", "l", "m", "d", "S", "T", "R", "E", "V", "L", "M", "D", "'",
+    "'s", "'LL", "'rE", "'ve", "0", "7", "1234", " ", "  ", "\t", "\n", "\r", "\u{b}", "\u{c}", "/", "(",
+    ".", "_", "-", "\u{0}", "\u{1f}", "\u{7f}", "é", "É", "ſ", "ǅ", "ʰ", "中", "の", "\u{301}", "²", "½",
+    "١", "\u{85}", "\u{a0}", "\u{2028}", "\u{3000}", "€", "«", "😀",
+];
+
 #[cfg(test)]
 mod tests {
     use std::sync::LazyLock;
@@ -395,16 +406,6 @@ mod tests {
 
     use super::*;
     use crate::tokenizer::pretokenizer::GPT2;
-
-    /// Characters that steer the patterns: every ASCII class, the contractions, and
-    /// outside ASCII letters of each case class, a long s (`(?i:s)`), marks, digits,
-    /// whitespace, punctuation, symbols and CJK.
-    const ALPHABET: &[&str] = &[
-        "a", "z", "A", "Z", "s", "t", "r", "e", "v", "l", "m", "d", "S", "T", "R", "E", "V", "L", "M", "D",
-        "'", "'s", "'LL", "'rE", "'ve", "0", "7", "1234", " ", "  ", "\t", "\n", "\r", "\u{b}", "\u{c}", "/",
-        "(", ".", "_", "-", "\u{0}", "\u{1f}", "\u{7f}", "é", "É", "ſ", "ǅ", "ʰ", "中", "の", "\u{301}", "²",
-        "½", "١", "\u{85}", "\u{a0}", "\u{2028}", "\u{3000}", "€", "«", "😀",
-    ];
 
     static SPLITS: LazyLock<Vec<(&str, PreTokenizer, PreTokenizer)>> = LazyLock::new(checked_splits);
 

@@ -326,7 +326,7 @@ mod tests {
     /// Grow `parts[0]` by each following part; every step must equal a full encode.
     fn check_growth(name: &str, parts: &[String]) -> Result<(), TestCaseError> {
         let t: std::sync::Arc<dyn Tokenizer> = match name {
-            "tiny-spm" => std::sync::Arc::new(crate::tokenizer::bpe_model::tests::tiny_spm()),
+            "tiny-spm" => std::sync::Arc::new(crate::tokenizer::bpe_model::tiny_spm()),
             _ => tokenizer::by_name(name).unwrap(),
         };
         let mut text = parts[0].clone();
