@@ -42,7 +42,7 @@ use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 use super::agenda::Agenda;
 use super::piece_map::{packed, PieceCache, PieceMap};
-use super::pretokenizer::{begins_line_part, PreTokenizer};
+use super::pretokenizer::{begins_line_part, spans_line_start, PreTokenizer};
 use super::Tokenizer;
 use crate::error::{Code, Error, Result};
 
@@ -256,8 +256,6 @@ impl BpeModel {
         }
         let mut char_ids = FastMap::default();
         let mut joins_space = FastSet::default();
-        // Chars: some token holds a newline followed by what may begin a line part.
-        let mut spans_line_start = false;
         let byte_ids = match v.alphabet {
             Alphabet::Bytes => {
                 // Some vocabularies lack a few control bytes (SmolLM2 has no 0x04): llama.cpp
@@ -284,7 +282,6 @@ impl BpeModel {
                         if let Some(p) = prev.filter(|&p| c == ' ' && p != ' ') {
                             joins_space.insert(p);
                         }
-                        spans_line_start |= prev == Some('\n') && c.is_ascii() && begins_line_part(c as u8);
                         prev = Some(c);
                     }
                 }
@@ -306,34 +303,7 @@ impl BpeModel {
                 .map(|(_, id)| (*id, rules.get(id).copied().unwrap_or_default()));
             Some((automaton, ids.collect()))
         };
-        // A line start begins a piece of the split; no added token may reach across it
-        // (one holding a newline, or one that takes the whitespace before it), and no
-        // normalization may add a prefix to a part or read `▁` as a space.
-        //
-        // SentencePiece text (no split, or at spaces) is cut at a line start only
-        // where no token holds that newline and the character after it: no merge can
-        // then cross the cut, and the character has a token (or byte tokens) of its own,
-        // so no unknown token fuses across it. Its dummy prefix goes before the first
-        // part alone, as before the whole, and a `▁` (never at a cut) is read alike.
-        let spelled = |b: u8| {
-            char_ids.contains_key(&char::from(b))
-                || matches!(
-                    v.alphabet,
-                    Alphabet::Chars {
-                        byte_fallback: true,
-                        ..
-                    }
-                ) && byte_ids[b as usize] != MISSING
-        };
-        let sentencepiece_cuts = matches!(v.alphabet, Alphabet::Chars { .. })
-            && v.pre.splits_alike_in_line_parts()
-            && !spans_line_start
-            && (0..=0x7f).filter(|&b| begins_line_part(b)).all(spelled);
-        let scanned_cuts =
-            v.pre.cuts_at_lines() && v.normalizer.prepend == Prepend::Never && !v.normalizer.metaspace;
-        let cuts_at_lines = (scanned_cuts || sentencepiece_cuts)
-            && !v.added.iter().any(|(text, _)| text.contains('\n'))
-            && !v.added_rules.iter().any(|(_, rule)| rule.lstrip);
+        let cuts_at_lines = cuts_at_lines(&v, &by_bytes, &char_ids, &byte_ids);
         let mut model = BpeModel {
             name: v.name,
             pre: v.pre,
@@ -670,6 +640,52 @@ impl BpeModel {
     }
 }
 
+/// True when a text cut at a line start ([`pretokenizer::line_cut`]) encodes, part by
+/// part, to the ids of the whole ([`Tokenizer::cuts_at_lines`]).
+///
+/// Byte-level vocabularies: the split always begins a piece there, and no normalization
+/// adds a prefix to a part or reads `▁` as a space. SentencePiece ones (no split, or at
+/// spaces): no token holds a newline and the character after it, so no merge crosses
+/// the cut, and that character has a token (or byte tokens) of its own, so no unknown
+/// token fuses across it; the dummy prefix goes before the first part alone, as before
+/// the whole, and a `▁` (never at a cut) reads alike.
+///
+/// Both: no added token reaches across a cut: none holds a newline and the character
+/// after it or takes the whitespace before it (`lstrip`), and none that may end right
+/// before a cut looks at the character after it (`single_word`) or is followed by a
+/// dummy prefix (which a part after a cut does not get).
+fn cuts_at_lines(
+    v: &Vocabulary,
+    by_bytes: &FastMap<&[u8], u32>,
+    char_ids: &FastMap<char, u32>,
+    byte_ids: &[u32; 256],
+) -> bool {
+    let splits = match v.alphabet {
+        Alphabet::Bytes => {
+            v.pre.cuts_at_lines() && v.normalizer.prepend == Prepend::Never && !v.normalizer.metaspace
+        }
+        Alphabet::Chars { byte_fallback, .. } => {
+            let spelled = |b: u8| {
+                char_ids.contains_key(&char::from(b)) || byte_fallback && byte_ids[b as usize] != MISSING
+            };
+            v.pre.splits_alike_in_line_parts()
+                && !by_bytes.keys().any(|token| spans_line_start(token))
+                && (0..=0x7f).filter(|&b| begins_line_part(b)).all(spelled)
+        }
+    };
+    let prefix_after_tokens = matches!(
+        v.normalizer.prepend,
+        Prepend::Always | Prepend::Metaspace { first_only: false }
+    );
+    let rules: HashMap<u32, AddedRule> = v.added_rules.iter().copied().collect();
+    let added = v.added.iter().all(|(text, id)| {
+        let rule = rules.get(id).copied().unwrap_or_default();
+        let looks_past_a_cut = text.ends_with('\n') && (rule.single_word || prefix_after_tokens);
+        !spans_line_start(text.as_bytes()) && !rule.lstrip && !looks_past_a_cut
+    });
+    splits && added
+}
+
 /// `text` in Unicode NFC, line by line: a `\n` neither composes nor reorders with the
 /// characters around it, so each line normalizes alone, and only the lines that need it
 /// are rebuilt (a text of 10 MB with one accent to compose costs what its line does).
@@ -1000,6 +1016,40 @@ pub(crate) mod tests {
         assert!(!BpeModel::new(v).unwrap().cuts_at_lines());
         // Byte-level vocabularies cut only where their split does.
         assert!(!tiny().cuts_at_lines());
+    }
+
+    /// tiny_spm with one added token, its dummy prefix put `prepend`.
+    fn tiny_spm_adding(text: &str, prepend: Prepend, single_word: bool) -> BpeModel {
+        let mut v = tiny_spm_vocabulary();
+        let id = v.tokens.len() as u32;
+        v.normalizer.prepend = prepend;
+        v.tokens.push(text.into());
+        v.kinds.push(TokenKind::UserDefined);
+        if let Merges::ByTokenRank(ranks) = &mut v.merges {
+            ranks.push(u32::MAX);
+        }
+        v.added = vec![(text.into(), id)];
+        let rule = AddedRule {
+            single_word,
+            ..AddedRule::default()
+        };
+        v.added_rules = vec![(id, rule)];
+        BpeModel::new(v).unwrap()
+    }
+
+    #[test]
+    fn added_tokens_that_reach_past_a_line_start_stop_the_cuts() {
+        let newlines = tiny_spm_adding("\n\n", Prepend::Once, false);
+        assert!(newlines.cuts_at_lines());
+        crate::tokenizer::assert_line_cut_ids_exact(&newlines, "a\n\nb x\n\n\nhello\n\n");
+        // A part after the token would lack the prefix the whole puts after it.
+        let prefixed = tiny_spm_adding("\n\n", Prepend::Always, false);
+        assert!(!prefixed.cuts_at_lines());
+        let mut parts = encode(&prefixed, "a\n\n");
+        prefixed.encode_continuation("b", &mut parts);
+        assert_ne!(parts, encode(&prefixed, "a\n\nb"));
+        assert!(!tiny_spm_adding("\n", Prepend::Once, true).cuts_at_lines());
+        assert!(!tiny_spm_adding("x\nh", Prepend::Once, false).cuts_at_lines());
     }
 
     proptest::proptest! {

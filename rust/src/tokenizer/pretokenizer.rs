@@ -382,6 +382,12 @@ pub fn begins_line_part(b: u8) -> bool {
     b.is_ascii_graphic() && b != b'/'
 }
 
+/// True when `bytes` hold a newline and a byte that [`begins_line_part`] after it: a
+/// token that would reach across a line cut.
+pub fn spans_line_start(bytes: &[u8]) -> bool {
+    bytes.windows(2).any(|w| w[0] == b'\n' && begins_line_part(w[1]))
+}
+
 /// The first line start at or after `from`: a byte after `\n` that [`begins_line_part`]
 /// (where [`PreTokenizer::cuts_at_lines`] splits always cut).
 pub fn line_cut(text: &[u8], from: usize) -> Option<usize> {
