@@ -298,6 +298,9 @@ COLD_ENCODE_FAMILIES = {
     "qwen3": "Qwen3 (tokenizer.json)",
     "llama3_1": "Llama 3.1 (tokenizer.json)",
     "deepseek_v3": "DeepSeek V3 (tokenizer.json)",
+    "gemma3": "Gemma 3 (tokenizer.json, SentencePiece)",
+    "llama2": "Llama 2 (tokenizer.json, SentencePiece)",
+    "gemma3_gguf": "Gemma 3 (GGUF)",
     "tekken": "Mistral tekken (`tekken.json`)",
     "o200k_base": "o200k_base",
 }
@@ -306,8 +309,9 @@ COLD_ENCODE_FAMILIES = {
 def cold_encode_table(results: dict[str, Any]) -> str:
     """bench_cold_encode.py: 1 MB of fresh Python source, a fresh tokenizer per run,
     hotloop against fastokens (MB/s wall, MB per CPU-second), Hugging Face `tokenizers`
-    and tiktoken; then hotloop's CPU time per byte at 10 MB over 1 MB, on the source
-    and on the adversarial input that grew most."""
+    and tiktoken; then hotloop's CPU time on 10 MB of source in one call over the same
+    bytes in calls of 1 MB, and per byte at 10 MB over 1 MB on the adversarial input
+    that grew most."""
     (run,) = printed_json(results)
 
     def speed(lib: dict[str, Any] | None) -> str:
