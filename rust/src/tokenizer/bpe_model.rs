@@ -41,7 +41,7 @@ use regex_syntax::is_word_character;
 use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 use super::agenda::Agenda;
-use super::piece_map::{packed, PieceCache, PieceMap};
+use super::piece_map::{PieceCache, PieceMap};
 use super::pretokenizer::{begins_line_part, spans_line_start, PreTokenizer};
 use super::Tokenizer;
 use crate::error::{Code, Error, Result};
@@ -475,22 +475,19 @@ impl BpeModel {
     }
 
     /// Split a normalized section and encode its pieces: a piece that is a token by one
-    /// lookup, a short piece seen before in this call from the cache, others by BPE.
+    /// lookup, a piece seen before in this call from the cache, others by BPE.
     fn encode_split(&self, section: &str, work: &mut Work, out: &mut Vec<u32>) {
         self.split(section, &mut |r| {
             let piece = &section[r];
             if let Some(id) = self.whole.get(piece.as_bytes()) {
                 return out.push(id);
             }
-            let Some(key) = packed(piece.as_bytes()) else {
-                return self.encode_piece(piece, work, out);
-            };
-            if let Some(ids) = work.cache.get(key) {
+            if let Some(ids) = work.cache.get(piece.as_bytes()) {
                 return out.extend_from_slice(ids);
             }
             let at = out.len();
             self.encode_piece(piece, work, out);
-            work.cache.insert(key, &out[at..]);
+            work.cache.insert(piece.as_bytes(), &out[at..]);
         });
     }
 
@@ -779,12 +776,12 @@ struct Sym {
 }
 
 /// Pieces of up to this many symbols take [`BpeModel::encode_short`].
-const SHORT: usize = 16;
+const SHORT: usize = 32;
 
 /// Scratch buffers reused across the pieces of one `encode` call.
 #[derive(Default)]
 struct Work {
-    /// Ids of the short pieces encoded so far in this call.
+    /// Ids of the pieces encoded so far in this call.
     cache: PieceCache,
     syms: Vec<Sym>,
     /// Candidate merges as (rank, left symbol), popped smallest first.

@@ -49,33 +49,50 @@ impl<V: Copy> PieceMap<V> {
     }
 }
 
-/// Ids of the pieces one `encode` call has already run BPE on, keyed by their packed
-/// bytes: source code and prose repeat most of their pieces, and a repeat then costs
-/// one lookup instead of the merge loop. Bounded whatever the text (at most
-/// [`PieceCache::ENTRIES`] pieces of at most 15 bytes, so 15 ids each): a text built so
-/// that no piece repeats fills it, empties it and starts over, and never grows it.
+/// Ids of the pieces one `encode` call has already run BPE on: source code and prose
+/// repeat most of their pieces, and a repeat then costs one lookup instead of the merge
+/// loop. Pieces of up to 15 bytes (nearly every piece of a byte-level split) are keyed
+/// by their packed bytes; longer ones up to [`PieceCache::LONGEST`] bytes (the
+/// space-separated words of SentencePiece text: `self.assertEqual(`) by their bytes.
+/// Bounded whatever the text (at most [`PieceCache::ENTRIES`] pieces, each of at most
+/// `LONGEST` ids): a text built so that no piece repeats fills it, empties it and starts
+/// over, and never grows it.
 #[derive(Default)]
 pub(crate) struct PieceCache {
     /// Packed piece -> (start, length) of its ids in `ids`.
-    index: FastMap<u128, (u32, u32)>,
+    short: FastMap<u128, (u32, u32)>,
+    long: FastMap<Box<[u8]>, (u32, u32)>,
     ids: Vec<u32>,
 }
 
 impl PieceCache {
     pub(crate) const ENTRIES: usize = 1 << 15;
+    pub(crate) const LONGEST: usize = 64;
 
     #[inline]
-    pub(crate) fn get(&self, key: u128) -> Option<&[u32]> {
-        let &(start, len) = self.index.get(&key)?;
+    pub(crate) fn get(&self, piece: &[u8]) -> Option<&[u32]> {
+        let &(start, len) = match packed(piece) {
+            Some(key) => self.short.get(&key)?,
+            None if piece.len() <= Self::LONGEST => self.long.get(piece)?,
+            None => return None,
+        };
         Some(&self.ids[start as usize..(start + len) as usize])
     }
 
-    pub(crate) fn insert(&mut self, key: u128, ids: &[u32]) {
-        if self.index.len() >= Self::ENTRIES {
-            self.index.clear();
+    pub(crate) fn insert(&mut self, piece: &[u8], ids: &[u32]) {
+        if piece.len() > Self::LONGEST {
+            return;
+        }
+        if self.short.len() + self.long.len() >= Self::ENTRIES {
+            self.short.clear();
+            self.long.clear();
             self.ids.clear();
         }
-        self.index.insert(key, (self.ids.len() as u32, ids.len() as u32));
+        let at = (self.ids.len() as u32, ids.len() as u32);
+        match packed(piece) {
+            Some(key) => self.short.insert(key, at),
+            None => self.long.insert(piece.into(), at),
+        };
         self.ids.extend_from_slice(ids);
     }
 }
@@ -100,12 +117,24 @@ mod tests {
     #[test]
     fn the_cache_stays_bounded() {
         let mut cache = PieceCache::default();
+        let piece = |i: u32| {
+            // 5 to 61 bytes: short and long keys.
+            let mut bytes = i
+                .to_le_bytes()
+                .repeat(1 + i as usize % (PieceCache::LONGEST / 4 - 1));
+            bytes.push(0);
+            bytes
+        };
         for i in 0..3 * PieceCache::ENTRIES as u32 {
-            cache.insert(u128::from(i), &[i; 15]);
-            assert!(cache.index.len() <= PieceCache::ENTRIES);
+            cache.insert(&piece(i), &[i; 15]);
+            assert!(cache.short.len() + cache.long.len() <= PieceCache::ENTRIES);
             assert!(cache.ids.len() <= 15 * PieceCache::ENTRIES);
         }
         let last = 3 * PieceCache::ENTRIES as u32 - 1;
-        assert_eq!(cache.get(u128::from(last)), Some(&[last; 15][..]));
+        assert_eq!(cache.get(&piece(last)), Some(&[last; 15][..]));
+        assert_eq!(cache.get(&piece(last - 1)), Some(&[last - 1; 15][..]));
+        // Longer pieces are not kept.
+        cache.insert(&[b'x'; PieceCache::LONGEST + 1], &[1]);
+        assert_eq!(cache.get(&[b'x'; PieceCache::LONGEST + 1]), None);
     }
 }
