@@ -197,6 +197,9 @@ pub struct BpeModel {
     byte_ids: [u32; 256],
     /// Chars: the token of each single character.
     char_ids: FastMap<char, u32>,
+    /// Chars: `char_ids` of the ASCII characters (NONE where it has none), read without
+    /// hashing for the characters most text is made of.
+    ascii_ids: [u32; 128],
     /// (left id << 32 | right id) -> (rank, merged id).
     merges: FastMap<u64, (u32, u32)>,
     /// Control, unknown and user-defined tokens by their literal text.
@@ -313,6 +316,7 @@ impl BpeModel {
             starts,
             kinds: v.kinds,
             byte_ids,
+            ascii_ids: std::array::from_fn(|b| char_ids.get(&char::from(b as u8)).copied().unwrap_or(NONE)),
             char_ids,
             merges,
             specials,
@@ -511,7 +515,8 @@ impl BpeModel {
             } => {
                 let mut last_unk = false;
                 for c in piece.chars() {
-                    if let Some(&id) = self.char_ids.get(&c) {
+                    let ascii = self.ascii_ids.get(c as usize).copied().filter(|&id| id != NONE);
+                    if let Some(id) = ascii.or_else(|| self.char_ids.get(&c).copied()) {
                         push(id);
                         last_unk = false;
                         continue;
