@@ -36,6 +36,7 @@ it into `response.failed` with code `store_unavailable`) -> terminal.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -171,14 +172,18 @@ class Connection:
         self.ending: dict[int, Ending] = {}
         """Responses whose terminal event waits for their `Persist` work."""
         self.chains = Chains(cache, self.settings)
-        self.steering = Steering(self)
-        self.long_running = LongRunning(self, self.steering, inject_idle_timeout)
-        self.summarization = Summarization(self, self.chains, self._compactor)
-        self.mcp = McpLoop(self, self.long_running)
-        self.turns = TurnStart(self, self.chains, self.mcp, self.summarization)
+        # The units reach the connection through a weak port (`port.py`): with a strong
+        # one, every connection would be a reference cycle that only the garbage
+        # collector frees (one per HTTP request).
+        port: Connection = weakref.proxy(self)
+        self.steering = Steering(port)
+        self.long_running = LongRunning(port, self.steering, inject_idle_timeout)
+        self.summarization = Summarization(port, self.chains, self._compactor)
+        self.mcp = McpLoop(port, self.long_running)
+        self.turns = TurnStart(port, self.chains, self.mcp, self.summarization)
         self.start = self.turns.start
         self.queue = RequestQueue(
-            self, self.steering, self.limits.max_queued_bytes, queue_memory, background
+            port, self.steering, self.limits.max_queued_bytes, queue_memory, background
         )
         self.hold = self.queue.hold
         self.dequeued = self.queue.dequeued

@@ -333,18 +333,22 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
         a response that starts while its request's body is unread (401, 413, 429 from
         the headers) ends the connection (`_linger`): it carries `connection: close`, so
         that a client does not send its next request on it."""
-        cycle = self.cycle
-        answer = cycle.send
-        transport = cycle.transport
+        transport = self.cycle.transport
         corked: list[_Corked] = []
         # A HEAD's response writes no body: its head goes out on its own.
-        head = cycle.scope["method"] != "HEAD"
+        head = self.cycle.scope["method"] != "HEAD"
+        # The cycle holds this `send`, which reaches the cycle weakly (its own task, alive
+        # while it runs, is what calls it) and not the protocol at all: else every request
+        # would be a reference cycle that only the garbage collector frees.
+        this = weakref.ref(self.cycle)
+        answer = type(self.cycle).send
 
         async def send(message: Any) -> None:
+            cycle = this()
+            assert cycle is not None, "called by the cycle's own task"
             start = message["type"] == "http.response.start"
-            # `_reading_body` is the latest request's: an earlier pipelined one's answer
-            # is not early.
-            early = start and self._reading_body and self.cycle is cycle
+            # Its body unread: an earlier pipelined request's answer is not early.
+            early = start and cycle.more_body
             if early:
                 cycle.keep_alive = False  # uvicorn writes `connection: close`
             if (start and head) or corked:
@@ -353,20 +357,20 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
                     corked.append(_Corked(transport))
                 cycle.transport = corked[0]  # type: ignore[assignment]
                 try:
-                    await answer(message)
+                    await answer(cycle, message)
                 finally:
                     cycle.transport = transport
                 if not start:
                     corked.pop().uncork()
             else:
-                await answer(message)
+                await answer(cycle, message)
             if early:
                 # ... and would close the socket once the response is written, the body
                 # unread: a reset, which can cost the client the response. `_linger`
                 # ends the connection instead (`on_response_complete`).
                 cycle.keep_alive = True
 
-        cycle.send = send  # type: ignore[method-assign]
+        self.cycle.send = send  # type: ignore[method-assign]
 
     def _linger(self) -> None:
         """Half-close, drop what comes, close at the client's end or after

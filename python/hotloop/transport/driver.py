@@ -214,9 +214,15 @@ class Driver:
         tasks = [*self._generating.values(), *self._persisting.values()]
         for task in tasks:
             task.cancel()
-        if self._writer is not None:
-            self._writer.cancel()
-            tasks.append(self._writer)
+        writer = self._writer
+        if writer is not None:
+            if self._sending:
+                writer.cancel()  # it may be the one waiting for the transport
+            else:
+                # Waiting for output: woken, it returns. Not cancelled, whose traceback
+                # would hold the driver in a cycle with the task (one per HTTP request).
+                self._has_output.set()
+            tasks.append(writer)
         await asyncio.gather(*tasks, return_exceptions=True)
         self._idle.set()
         await self._session.close()
@@ -372,6 +378,8 @@ class Driver:
         of a generation, a sender cancelled mid-frame)."""
         while not self._done:
             await self._has_output.wait()
+            if self._closed:
+                return
             self._has_output.clear()
             await self.flush()
 
