@@ -22,6 +22,8 @@ import orjson
 
 MCP_CALL = "mcp_"
 """The id prefix of an `mcp_call` item; the rest is the model's call id."""
+DELTA = b',"delta":'
+"""What ends a delta event's head (`delta_head`): its `delta` string follows."""
 MCP_APPROVAL = "mcpr_"
 """The id prefix of an `mcp_approval_request` item; the rest is the model's call id."""
 
@@ -308,16 +310,6 @@ class ResponseEvents:
         self.output.append(item)
         return self.event("response.output_item.done", output_index=index, item=item)
 
-    def delta_head(self, kind: str, item_id: str, index: int, content: int | None) -> bytes:
-        """The fixed part of a delta event of one item, built once: per token only the
-        delta string is serialised."""
-        fields: dict[str, Any] = {"type": kind, "item_id": item_id, "output_index": index}
-        if content is not None:
-            fields["content_index"] = content
-        if kind == "response.output_text.delta":
-            fields["logprobs"] = []
-        return orjson.dumps(fields)[:-1] + b',"delta":'
-
     # ---------------------------------------------------------------- parser events
 
     def feed(self, parsed: list[tuple[Any, ...]], emit: Callable[[bytes], object]) -> None:
@@ -347,7 +339,7 @@ class ResponseEvents:
         if kind == "message_start":
             item_id = new_id("msg_")
             self._ids[key] = item_id
-            self._heads[key] = self.delta_head("response.output_text.delta", item_id, index, 0)
+            self._heads[key] = delta_head("response.output_text.delta", item_id, index, 0)
             item = {"id": item_id, "type": "message", "role": "assistant"}
             emit(self.item_added(index, {**item, "status": "in_progress", "content": []}))
             emit(
@@ -369,7 +361,7 @@ class ResponseEvents:
         elif kind == "reasoning_start":
             item_id = new_id("rs_")
             self._ids[key] = item_id
-            self._heads[key] = self.delta_head("response.reasoning_text.delta", item_id, index, 0)
+            self._heads[key] = delta_head("response.reasoning_text.delta", item_id, index, 0)
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": []}
             emit(self.item_added(index, {**item, "status": "in_progress"}))
         elif kind == "reasoning_done":
@@ -402,7 +394,7 @@ class ResponseEvents:
             # call as the model made it (`hotloop.protocol.mcp_tools.replayable`).
             item_id = MCP_CALL + ev[3]
             self._ids[key] = item_id
-            head = self.delta_head("response.mcp_call_arguments.delta", item_id, index, None)
+            head = delta_head("response.mcp_call_arguments.delta", item_id, index, None)
             self._heads[key] = head
             item = self._mcp_call(item_id, ev[2])
             emit(self.item_added(index, {**item, "arguments": "", "status": "in_progress"}))
@@ -418,7 +410,7 @@ class ResponseEvents:
         elif kind == "call_start":
             item_id = new_id("fc_")
             self._ids[key] = item_id
-            head = self.delta_head("response.function_call_arguments.delta", item_id, index, None)
+            head = delta_head("response.function_call_arguments.delta", item_id, index, None)
             self._heads[key] = head
             item = {"id": item_id, "type": "function_call", "call_id": ev[3], **call_name(ev[2])}
             emit(self.item_added(index, {**item, "arguments": "", "status": "in_progress"}))
@@ -491,6 +483,25 @@ class ResponseEvents:
         frames.append(self.event(kind, **ids))
         frames.append(self.item_done(index, item))
         return frames
+
+
+def delta_head(kind: str, item_id: str, index: int, content: int | None) -> bytes:
+    """The fixed part of a delta event of one item, built once (`ResponseEvents.feed`): per
+    token only the delta string is serialised."""
+    fields: dict[str, Any] = {"type": kind, "item_id": item_id, "output_index": index}
+    if content is not None:
+        fields["content_index"] = content
+    if kind == "response.output_text.delta":
+        fields["logprobs"] = []
+    return orjson.dumps(fields)[:-1] + DELTA
+
+
+def delta_parts(frame: bytes) -> tuple[bytes, bytes]:
+    """A delta event as `ResponseEvents.feed` wrote it, cut and not parsed: its head
+    (`delta_head`, the same bytes for every delta of one item) and its `delta`, a JSON
+    string (escaped: the `,"sequence_number":` after it is the first from the end)."""
+    start = frame.index(DELTA) + len(DELTA)
+    return frame[:start], frame[start : frame.rindex(b',"sequence_number":')]
 
 
 def call_name(qualified: str) -> dict[str, str]:

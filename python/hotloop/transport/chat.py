@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 
-from hotloop.events import error_object
+from hotloop.events import delta_head, delta_parts, error_object
+from hotloop.transport.exchange import event_type
 
 DONE = b"data: [DONE]\n\n"
 
@@ -105,38 +106,42 @@ class ChatStream:
     chunk with the assistant's role, a chunk per delta of text, reasoning or tool-call
     arguments, a last chunk with the `finish_reason`, then (`include_usage`) a chunk
     with the usage and no choices, and `[DONE]`. A response that fails mid-stream ends
-    with `data: {"error": ...}` and `[DONE]`, as vLLM ends one."""
+    with `data: {"error": ...}` and `[DONE]`, as vLLM ends one.
+
+    A delta's chunk is built from the bytes of its event (`delta_parts`: the delta's
+    JSON string as the emitter serialised it), never parsed; only the few events that
+    start, end or fail the response or start an item are; the others make no chunk and
+    are skipped by their type."""
 
     def __init__(self, include_usage: bool) -> None:
         self.include_usage = include_usage
         self._head = b""
         """`data: {"id":...,"choices":[{"index":0,"delta":` of every chunk."""
-        self._calls: dict[int, int] = {}
-        """The `tool_calls` index of each function call, by its output index."""
+        self._calls: dict[bytes, bytes] = {}
+        """By the delta head of each function call (`delta_head`): its chunks' delta up
+        to the arguments, `{"tool_calls":[{"index":N,"function":{"arguments":`."""
 
     def sse(self, frames: list[bytes]) -> bytes:
         """The SSE bytes for a batch of the response's events."""
         out: list[bytes] = []
         for frame in frames:
-            event = orjson.loads(frame)
-            kind = event["type"]
-            if kind == "response.output_text.delta":
-                out.append(self._delta({"content": event["delta"]}))
-            elif kind == "response.reasoning_text.delta":
-                text = event["delta"]
-                out.append(self._delta({"reasoning": text, "reasoning_content": text}))
-            elif kind == "response.function_call_arguments.delta":
-                index = self._calls[event["output_index"]]
-                call = {"index": index, "function": {"arguments": event["delta"]}}
-                out.append(self._delta({"tool_calls": [call]}))
-            elif kind == "response.output_item.added":
-                out.extend(self._started(event))
-            elif kind == "response.created":
-                out.append(self._created(event["response"]))
-            elif kind in ("response.completed", "response.incomplete"):
-                out.extend(self._finished(event["response"]))
-            elif kind == "response.failed":
-                error = event["response"]["error"] or {}
+            kind = event_type(frame)
+            if kind == b"response.output_text.delta":
+                out.append(self._delta(b'{"content":%b}' % delta_parts(frame)[1]))
+            elif kind == b"response.reasoning_text.delta":
+                text = delta_parts(frame)[1]
+                out.append(self._delta(b'{"reasoning":%b,"reasoning_content":%b}' % (text, text)))
+            elif kind == b"response.function_call_arguments.delta":
+                head, text = delta_parts(frame)
+                out.append(self._delta(b"%b%b}}]}" % (self._calls[head], text)))
+            elif kind == b"response.output_item.added":
+                out.extend(self._started(orjson.loads(frame)))
+            elif kind == b"response.created":
+                out.append(self._created(orjson.loads(frame)["response"]))
+            elif kind in (b"response.completed", b"response.incomplete"):
+                out.extend(self._finished(orjson.loads(frame)["response"]))
+            elif kind == b"response.failed":
+                error = orjson.loads(frame)["response"]["error"] or {}
                 failure = error_object(
                     error.get("code", "server_error"),
                     error.get("message", "The response failed."),
@@ -155,31 +160,29 @@ class ChatStream:
             }
         )
         self._head = b"data: " + fields[:-1] + b',"choices":[{"index":0,"delta":'
-        return self._delta({"role": "assistant", "content": ""})
+        return self._delta(b'{"role":"assistant","content":""}')
 
     def _started(self, event: dict[str, Any]) -> list[bytes]:
         item = event["item"]
         if item["type"] != "function_call":
             return []
-        index = self._calls[event["output_index"]] = len(self._calls)
+        index = len(self._calls)
+        kind = "response.function_call_arguments.delta"
+        head = delta_head(kind, item["id"], event["output_index"], None)
+        self._calls[head] = b'{"tool_calls":[{"index":%d,"function":{"arguments":' % index
         function = {"name": item["name"], "arguments": ""}
         call = {"index": index, "id": item["call_id"], "type": "function", "function": function}
-        return [self._delta({"tool_calls": [call]})]
+        return [self._delta(orjson.dumps({"tool_calls": [call]}))]
 
-    def _delta(self, delta: dict[str, Any], finish: bytes = b"null") -> bytes:
+    def _delta(self, delta: bytes, finish: bytes = b"null") -> bytes:
+        """A chunk of one choice whose `delta` is the JSON object `delta`."""
         return b"".join(
-            (
-                self._head,
-                orjson.dumps(delta),
-                b',"logprobs":null,"finish_reason":',
-                finish,
-                b"}]}\n\n",
-            )
+            (self._head, delta, b',"logprobs":null,"finish_reason":', finish, b"}]}\n\n")
         )
 
     def _finished(self, response: dict[str, Any]) -> list[bytes]:
         reason = orjson.dumps(finish_reason(response))
-        chunks = [self._delta({}, reason)]
+        chunks = [self._delta(b"{}", reason)]
         if self.include_usage:
             head = self._head[: self._head.index(b',"choices":')]
             used = orjson.dumps(usage(response))
