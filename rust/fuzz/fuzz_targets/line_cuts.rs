@@ -2,6 +2,10 @@
 //! pieces of the whole, for every split that claims it (`cuts_at_lines`: the cut that
 //! parallel encoding makes), and a SentencePiece vocabulary whose tokens span no line
 //! start encodes it, part by part, to the ids of the whole; the first byte picks which.
+//! It also picks a SentencePiece vocabulary's BPE on the text as one piece, cut where no
+//! token joins the bytes beside the cut (`BpeModel::assert_piece_cuts_exact`: the cut
+//! that bounds the merge loop on long pieces), parts at least as long as the first byte
+//! says, against the uncut piece.
 #![no_main]
 
 use std::sync::LazyLock;
@@ -27,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(rest) else {
         return;
     };
-    let pick = which as usize % (SPLITS.len() + 2);
+    let pick = which as usize % (SPLITS.len() + 3);
     match SPLITS.get(pick) {
         Some(split) => assert_line_cuts_exact(
             |t| {
@@ -38,6 +42,9 @@ fuzz_target!(|data: &[u8]| {
             text,
         ),
         None if pick == SPLITS.len() => assert_line_cut_ids_exact(&*SENTENCEPIECE, text),
+        None if pick == SPLITS.len() + 1 => {
+            SENTENCEPIECE.assert_piece_cuts_exact(text, which as usize / 8 + 1)
+        }
         None => {
             let o200k = openai::by_name("o200k_base").expect("embedded");
             assert_line_cuts_exact(|t| o200k.pieces(t).collect(), text);

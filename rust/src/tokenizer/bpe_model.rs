@@ -17,6 +17,12 @@
 //! O(n log n) at worst: `"A" * 1_000_000`, long space runs and a SentencePiece text with
 //! no pre-tokenizer at all stay linear-ish, never quadratic.
 //!
+//! A long piece is first cut, exactly, between two bytes that sit side by side in no
+//! token (a digit and the next in a vocabulary of single digits, a combining accent and
+//! the next): no symbol can span such a cut, so each part merges alone to the ids it has
+//! in the whole. Only where such cuts exist (`"A" * n` has none when `AA` is a token)
+//! the merge loop's memory and working set are bounded by a part instead of the piece.
+//!
 //! Ranks come in two kinds ([`Merges`]): a ranked list of pairs (Hugging Face `merges`,
 //! GGUF `tokenizer.ggml.merges`), or a rank per token where every split of a token into
 //! two tokens is a merge of that rank (tiktoken's ranks, SentencePiece scores).
@@ -212,6 +218,8 @@ pub struct BpeModel {
     unk: Option<u32>,
     /// Chars: characters that precede a space inside some token (no cut after them).
     joins_space: FastSet<char>,
+    /// Byte pairs that sit side by side inside some mergeable token (see [`JoinedBytes`]).
+    joined: JoinedBytes,
     /// See [`Tokenizer::cuts_at_lines`].
     cuts_at_lines: bool,
     strip_leading_space: bool,
@@ -307,6 +315,7 @@ impl BpeModel {
             Some((automaton, ids.collect()))
         };
         let cuts_at_lines = cuts_at_lines(&v, &by_bytes, &char_ids, &byte_ids);
+        let joined = JoinedBytes::of(by_bytes.keys());
         let mut model = BpeModel {
             name: v.name,
             pre: v.pre,
@@ -324,6 +333,7 @@ impl BpeModel {
             whole: PieceMap::default(),
             unk: v.unk,
             joins_space,
+            joined,
             cuts_at_lines,
             strip_leading_space: v.strip_leading_space,
         };
@@ -356,6 +366,24 @@ impl BpeModel {
             whole.insert(bytes, id);
         }
         whole
+    }
+
+    /// Assert that BPE on `text` as one piece gives the same ids cut at every point
+    /// [`BpeModel::cut_after`] finds (each part at least `every` bytes) as uncut: what
+    /// [`BpeModel::encode_piece`] relies on, checked by tests and the `line_cuts` fuzz
+    /// target.
+    pub fn assert_piece_cuts_exact(&self, text: &str, every: usize) {
+        let mut work = Work::default();
+        let mut whole = Vec::new();
+        self.merge_piece(text, &mut work, &mut whole);
+        let mut parts = Vec::new();
+        let mut start = 0;
+        while let Some(cut) = self.cut_after(text, start + every) {
+            self.merge_piece(&text[start..cut], &mut work, &mut parts);
+            start = cut;
+        }
+        self.merge_piece(&text[start..], &mut work, &mut parts);
+        assert_eq!(parts, whole, "cut every {every} bytes of {text:?}");
     }
 
     pub fn kind(&self, id: u32) -> Option<TokenKind> {
@@ -479,20 +507,72 @@ impl BpeModel {
     }
 
     /// Split a normalized section and encode its pieces: a piece that is a token by one
-    /// lookup, a piece seen before in this call from the cache, others by BPE.
+    /// lookup, others by [`BpeModel::encode_piece`].
     fn encode_split(&self, section: &str, work: &mut Work, out: &mut Vec<u32>) {
         self.split(section, &mut |r| {
             let piece = &section[r];
-            if let Some(id) = self.whole.get(piece.as_bytes()) {
-                return out.push(id);
+            match self.whole.get(piece.as_bytes()) {
+                Some(id) => out.push(id),
+                None => self.encode_piece(piece, work, out),
             }
-            if let Some(ids) = work.cache.get(piece.as_bytes()) {
-                return out.extend_from_slice(ids);
-            }
-            let at = out.len();
-            self.encode_piece(piece, work, out);
-            work.cache.insert(piece.as_bytes(), &out[at..]);
         });
+    }
+
+    /// BPE on one piece, appending its ids. A long piece is cut where no merge can cross
+    /// ([`BpeModel::cut_after`]), each part at least [`CUT_EVERY`] bytes long, and each
+    /// part is encoded alone: the ids of the whole, with the merge loop's memory and its
+    /// working set bounded by a part instead of the piece (a 10 MB piece of digits costs
+    /// per byte what a 1 MB one does). A part seen before in this call comes from the
+    /// cache.
+    fn encode_piece(&self, piece: &str, work: &mut Work, out: &mut Vec<u32>) {
+        let mut start = 0;
+        while let Some(cut) = self.cut_after(piece, start + CUT_EVERY) {
+            self.encode_part(&piece[start..cut], work, out);
+            start = cut;
+        }
+        self.encode_part(&piece[start..], work, out);
+    }
+
+    /// The first position at or after `from` (and before the end) where `piece` may be
+    /// cut: between two characters whose bytes there (the last of the one, the first of
+    /// the other) sit side by side in no mergeable token, so no symbol BPE builds ever
+    /// spans the cut, and the pairs to its left and right merge exactly as they would
+    /// with the other side gone. Characters the vocabulary cannot spell (the unknown
+    /// token, which a merge table may name and `fuse_unk` fuses) are never beside a cut.
+    fn cut_after(&self, piece: &str, from: usize) -> Option<usize> {
+        let bytes = piece.as_bytes();
+        (from.max(1)..bytes.len()).find(|&i| {
+            piece.is_char_boundary(i)
+                && !self.joined.contains(bytes[i - 1], bytes[i])
+                && match self.alphabet {
+                    Alphabet::Bytes => true,
+                    Alphabet::Chars { byte_fallback, .. } => {
+                        let spelled = |c: Option<char>| c.is_some_and(|c| self.spells(c, byte_fallback));
+                        spelled(piece[..i].chars().next_back()) && spelled(piece[i..].chars().next())
+                    }
+                }
+        })
+    }
+
+    /// Chars: `c` starts as its own token or as byte tokens, never the unknown token.
+    fn spells(&self, c: char, byte_fallback: bool) -> bool {
+        let ascii = self.ascii_ids.get(c as usize).is_some_and(|&id| id != NONE);
+        ascii
+            || self.char_ids.contains_key(&c)
+            || byte_fallback
+                && c.encode_utf8(&mut [0; 4])
+                    .bytes()
+                    .all(|b| self.byte_ids[b as usize] != MISSING)
+    }
+
+    /// A part of a piece: from the cache if this call encoded it before, else by BPE.
+    fn encode_part(&self, part: &str, work: &mut Work, out: &mut Vec<u32>) {
+        if let Some(ids) = work.cache.get(part.as_bytes()) {
+            return out.extend_from_slice(ids);
+        }
+        let at = out.len();
+        self.merge_piece(part, work, out);
+        work.cache.insert(part.as_bytes(), &out[at..]);
     }
 
     /// The first symbols of a piece, before any merge.
@@ -538,8 +618,8 @@ impl BpeModel {
         }
     }
 
-    /// BPE on one piece, appending its ids.
-    fn encode_piece(&self, piece: &str, work: &mut Work, out: &mut Vec<u32>) {
+    /// BPE on `piece` as one whole, appending its ids.
+    fn merge_piece(&self, piece: &str, work: &mut Work, out: &mut Vec<u32>) {
         work.syms.clear();
         self.symbols(piece, &mut work.syms);
         let n = work.syms.len() as u32;
@@ -782,6 +862,36 @@ struct Sym {
 
 /// Pieces of up to this many symbols take [`BpeModel::encode_short`].
 const SHORT: usize = 32;
+
+/// Parts of a long piece ([`BpeModel::encode_piece`]) are at least this many bytes: few
+/// enough symbols for the merge loop's short paths, short enough for the piece cache.
+const CUT_EVERY: usize = 48;
+
+/// Byte pairs (a, b) that occur as adjacent bytes inside some mergeable token, a bit
+/// each. BPE only builds symbols that are mergeable tokens whose bytes are the text they
+/// cover (a merge's result is the concatenation of its parts), so a symbol spanning the
+/// point between two bytes of the text holds that pair: where the pair is in no token,
+/// no symbol ever spans it.
+struct JoinedBytes(Box<[u64; 1024]>);
+
+impl JoinedBytes {
+    fn of<'a>(tokens: impl Iterator<Item = &'a &'a [u8]>) -> JoinedBytes {
+        let mut bits = Box::new([0u64; 1024]);
+        for token in tokens {
+            for pair in token.windows(2) {
+                let i = (usize::from(pair[0]) << 8) | usize::from(pair[1]);
+                bits[i / 64] |= 1 << (i % 64);
+            }
+        }
+        JoinedBytes(bits)
+    }
+
+    #[inline]
+    fn contains(&self, a: u8, b: u8) -> bool {
+        let i = (usize::from(a) << 8) | usize::from(b);
+        self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+}
 
 /// Scratch buffers reused across the pieces of one `encode` call.
 #[derive(Default)]
@@ -1052,6 +1162,42 @@ pub(crate) mod tests {
         assert_ne!(parts, encode(&prefixed, "a\n\nb"));
         assert!(!tiny_spm_adding("\n", Prepend::Once, true).cuts_at_lines());
         assert!(!tiny_spm_adding("x\nh", Prepend::Once, false).cuts_at_lines());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn pieces_cut_where_no_token_joins_encode_to_the_ids_of_the_whole(
+            parts in proptest::collection::vec(proptest::sample::select(
+                &["a", "aa", "hello", " world", "h", "e", "l", "o", "d", "w", "é", "€", "x", " ", "\u{301}", "\n", "▁"][..]
+            ), 0..200),
+            every in 1usize..60,
+        ) {
+            let text = parts.concat();
+            tiny().assert_piece_cuts_exact(&text, every);
+            tiny_spm().assert_piece_cuts_exact(&text, every);
+        }
+    }
+
+    #[test]
+    fn long_pieces_are_cut_only_between_bytes_no_token_joins() {
+        let t = tiny();
+        let text = "hello".repeat(30);
+        // `o` then `h` sit side by side in no token: cuts there, and only there.
+        let cut = t.cut_after(&text, 1).unwrap();
+        assert_eq!(cut, 5);
+        assert_eq!(t.cut_after(&text, 48), Some(50));
+        assert_eq!(t.cut_after(&"a".repeat(100), 0), None);
+        assert_eq!(encode(&t, &text), vec![t.whole.get(b"hello").unwrap(); 30]);
+        // SentencePiece: never beside a character that falls to the unknown token.
+        let mut v = tiny_spm_vocabulary();
+        v.alphabet = Alphabet::Chars {
+            byte_fallback: false,
+            fuse_unk: true,
+        };
+        let unk = BpeModel::new(v).unwrap();
+        assert_eq!(unk.cut_after("ab€€ab", 1), Some(1));
+        assert_eq!(unk.cut_after("ab€€ab", 2), Some(9));
+        unk.assert_piece_cuts_exact(&"b€€a".repeat(20), 1);
     }
 
     proptest::proptest! {
