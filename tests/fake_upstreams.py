@@ -82,6 +82,8 @@ class FakeUpstream:
     kind: str  # "vllm" | "sglang" | "llamacpp"
     script: Script = field(default_factory=Script)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+    """The bytes of each request in `requests`, as sent."""
     session_ids: list[str | None] = field(default_factory=list)
     """The `x-session-id` header of each request in `requests`."""
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
@@ -106,8 +108,10 @@ class FakeUpstream:
         if scope["method"] != "POST" or scope["path"] != expected:
             await _respond(send, 404, b'{"detail":"Not Found"}')
             return
-        request = orjson.loads(await request_body(receive))
+        body = await request_body(receive)
+        request = orjson.loads(body)
         self.requests.append(request)
+        self.bodies.append(body)
         session = dict(scope["headers"]).get(b"x-session-id")
         self.session_ids.append(None if session is None else session.decode())
         refusal = _salt_refusal(request.get("cache_salt")) if self.kind == "vllm" else None

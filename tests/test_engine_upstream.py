@@ -14,10 +14,9 @@ from typing import Any
 import orjson
 import pytest
 from fake_upstreams import FakeUpstream, Script, closed_port_url, serving
-from hotloop._core import Prompt, PromptBody
+from hotloop._core import Prompt
 from hotloop.engines import upstream
 from hotloop.engines.base import ENGINE_CACHED, EngineError, Sampling
-from hotloop.engines.bodies import KeptBodies
 from hotloop.engines.upstream import (
     UpstreamConfig,
     UpstreamEngine,
@@ -112,8 +111,9 @@ async def test_the_engines_cached_figure_is_known_with_the_last_ids(chat_format:
 
 
 async def test_each_turn_sends_exactly_its_prompt_ids(chat_format: Any, vllm: FakeUpstream) -> None:
-    # The core writes the ids and keeps the previous body's prefix: a grown prompt, one
-    # changed inside that prefix and a shorter one must each arrive exactly as given.
+    # The core writes every body whole from the ids: a grown prompt, one changed inside
+    # the last one's prefix and a shorter one must each arrive exactly as given, in the
+    # bytes a JSON serializer writes for the same request (compact, fields in order).
     first = [(i * 7919) % 201_088 for i in range(1000)]
     grown = [*first, 200_012, 0, 17]
     changed = [*grown[:300], 5, *grown[301:]]
@@ -122,101 +122,29 @@ async def test_each_turn_sends_exactly_its_prompt_ids(chat_format: Any, vllm: Fa
         for ids in turns:
             await collect(session, ids)
     assert [request["prompt"] for request in vllm.requests] == turns
+    assert vllm.bodies == [orjson.dumps(request) for request in vllm.requests]
 
 
-async def test_a_conversations_next_session_keeps_its_last_bodys_prefix(
-    chat_format: Any, vllm: FakeUpstream
-) -> None:
-    # An HTTP request's session lasts one request: the next request of the conversation
-    # takes the body its session left (so the core writes only the new ids), and
-    # another conversation's session does not.
-    engine = await started(chat_format, "vllm", vllm.url)
-    first = [(i * 7919) % 201_088 for i in range(1000)]
-    grown = [*first, 200_012, 0, 17]
-    try:
-        sessions = []
-        for ids, key in ((first, "conv_a"), (grown, "conv_a"), (grown, "conv_b")):
-            session = engine.session()
-            async for _ in session.generate(Prompt.from_tokens(ids), SAMPLING, key):
-                pass
-            sessions.append(session.body)
-            await session.close()
-    finally:
-        await engine.close()
-    assert sessions[1] is sessions[0]
-    assert sessions[2] is not sessions[0]
-    assert [request["prompt"] for request in vllm.requests] == [first, grown, grown]
-
-
-def test_a_body_is_rewritten_in_place_unless_a_transport_still_holds_it() -> None:
-    # A body grows by a turn's ids behind the whole history: the core rewrites the last
-    # body's bytes from the first changed one instead of copying all of them into a new
-    # object each turn. One still exported (a write not yet flushed) is left as it is.
-    first = [(i * 7919) % 201_088 for i in range(1000)]
-    grown = [*first, 200_012, 0, 17]
-    changed = [*grown[:300], 5, *grown[301:]]
-    writer = PromptBody()
-
-    def written(ids: list[int], head: bytes = b'{"prompt":', tail: bytes = b',"n":1}') -> Any:
-        body = writer.write(Prompt.from_tokens(ids), head, tail)
-        assert orjson.loads(body) == {head[2:-2].decode(): ids, "n": 1}
-        return body
-
-    body = written(first)
-    assert written(grown) is body
-    assert written(changed, head=b'{"input_ids":') is body
-    assert written(changed[:200]) is body
-    held = memoryview(body)
-    sent = bytes(body)
-    again = written(grown)
-    assert again is not body
-    assert bytes(held) == sent
-    held.release()
-    assert written(first) is again
-
-
-def test_bodies_rewritten_in_place_equal_fresh_writes() -> None:
-    # Prompts that grow, change inside their prefix and shrink; heads and tails of other
-    # lengths; some bodies held (as a transport holds one mid-write) across the next.
+def test_request_bodies_equal_a_json_serialization_of_the_same_request() -> None:
+    # Prompts that grow, change inside their prefix and shrink, with ids of every
+    # length (the core writes those below 2^18 from a table, the rest digit by digit),
+    # under each dialect's field and fields: byte for byte what orjson writes.
     rng = random.Random(7)
-    writer = PromptBody()
     ids: list[int] = []
-    held: list[tuple[memoryview, bytes]] = []
+    lengths = [10**k for k in range(10)] + [1 << 18, 2**32]
     for _ in range(200):
         step = rng.random()
         if step < 0.6:
-            ids += [rng.randrange(201_088) for _ in range(rng.randrange(400))]
+            ids += [rng.randrange(rng.choice(lengths)) for _ in range(rng.randrange(400))]
         elif step < 0.8 and ids:
             ids[rng.randrange(len(ids))] = rng.randrange(201_088)
         else:
             ids = ids[: rng.randrange(len(ids) + 1)]
-        field = rng.choice(["prompt", "input_ids", "p"])
-        tail = b',"n":' + str(rng.randrange(10 ** rng.randrange(1, 9))).encode() + b"}"
-        body = writer.write(Prompt.from_tokens(ids), b'{"' + field.encode() + b'":', tail)
-        assert orjson.loads(body) == {field: ids, "n": orjson.loads(tail[5:-1])}
-        if rng.random() < 0.2:
-            held.append((memoryview(body), bytes(body)))
-        if held and rng.random() < 0.3:
-            view, sent = held.pop(0)
-            assert bytes(view) == sent
-            view.release()
-    for view, sent in held:
-        assert bytes(view) == sent
-
-
-def test_kept_bodies_are_bounded_dropping_the_least_recently_left() -> None:
-    for kept in (KeptBodies(limit=2), KeptBodies(limit_bytes=250)):
-        bodies = [PromptBody() for _ in range(3)]
-        for key, body in zip(("a", "b", "c"), bodies, strict=True):
-            kept.keep((None, key), body, 100)
-        assert len(kept) == 2
-        assert kept.take((None, "a")) is None
-        assert kept.take((None, "c")) is bodies[2]
-        assert len(kept) == 1
-        # Its bytes left with it: two more fit beside "b", the least recently left.
-        kept.keep((None, "c"), bodies[2], 100)
-        kept.keep((None, "b"), bodies[1], 100)
-        assert kept.take((None, "b")) is bodies[1] and kept.take((None, "c")) is bodies[2]
+        dialect = rng.choice(list(upstream.DIALECTS.values()))
+        fields = dialect.body("m", SAMPLING)
+        fields["n"] = rng.randrange(10 ** rng.randrange(1, 9))
+        body = upstream.request_body(dialect, Prompt.from_tokens(ids), orjson.dumps(fields))
+        assert body == orjson.dumps({dialect.prompt_field: ids, **fields})
 
 
 async def test_vllm_model_name_is_asked_once_per_replica(chat_format: Any) -> None:
@@ -504,25 +432,6 @@ async def test_a_sessions_salt_goes_where_the_server_partitions_its_cache(
             assert {"cache_salt", "extra_key"}.isdisjoint(salted)
         else:
             assert salted[field] == "tenant-salt"
-        await engine.close()
-
-
-async def test_a_conversations_kept_body_is_its_own_tenants(chat_format: Any) -> None:
-    """Two tenants naming the same conversation (a client-chosen `prompt_cache_key`)
-    keep their request bodies apart: the second never takes, nor drops, the first's."""
-    async with serving(FakeUpstream("vllm")) as (server,):
-        engine = await started(chat_format, "vllm", server.url)
-        first = engine.session("a")
-        await collect_routed(first, "shared-name")
-        await first.close()
-        kept = engine.kept_bodies.take(("a", "shared-name"))
-        assert kept is not None
-        engine.kept_bodies.keep(("a", "shared-name"), kept, 0)
-        other = engine.session("b")
-        await collect_routed(other, "shared-name")
-        assert other.body is not kept
-        await other.close()
-        assert engine.kept_bodies.take(("a", "shared-name")) is kept
         await engine.close()
 
 

@@ -513,16 +513,9 @@ class TemplatePrompt:
 
 # ---------------------------------------------------------------- upstream streams
 
-class PromptBody:
-    """One connection's token-id request bodies: the ids are written by the core from
-    the prompt's chunks, and the previous body's shared prefix is kept, so a turn costs
-    its new ids, not a Python int per id of the history."""
-
-    def __init__(self) -> None: ...
-    def write(self, prompt: Prompt, head: bytes, tail: bytes) -> bytearray:
-        """`head`, the prompt's ids as a JSON array, then `tail`: in the bytearray the
-        last call returned, rewritten from its first changed byte on (a new one while a
-        transport still holds a buffer of it). The next call changes it: send it before."""
+def request_body(prompt: Prompt, head: bytes, tail: bytes) -> bytes:
+    """`head`, the prompt's ids as a JSON array, then `tail`: a request body written whole
+    from the prompt's chunks (one pass sums the ids' lengths, the next writes them)."""
 
 class ResponseReader:
     """One HTTP/1.1 response of an upstream replica, decoded from the raw bytes of each

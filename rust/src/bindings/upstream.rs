@@ -1,12 +1,12 @@
 //! Upstream streams: `ResponseReader` (an upstream replica's HTTP/1.1 response decoded
-//! read by read) and `PromptBody` (a connection's token-id request bodies).
+//! read by read) and `request_body` (a token-id request body).
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes};
+use pyo3::types::PyBytes;
 
 use super::prompt_chain::PyPrompt;
-use crate::upstream::body::PromptBody;
+use crate::upstream::body;
 use crate::upstream::http::{Progress, ResponseReader};
 use crate::upstream::{self, StreamError};
 
@@ -122,109 +122,23 @@ impl PyResponseReader {
     }
 }
 
-/// A connection's token-id request bodies (`upstream::body::PromptBody`).
-#[pyclass(name = "PromptBody", module = "hotloop._core")]
-pub(crate) struct PyPromptBody {
-    inner: PromptBody,
-    /// The last body written: `head`, the ids' array (which `inner` brings up to date),
-    /// `]`, then the tail.
-    out: Option<Py<PyByteArray>>,
-    /// The length of the `head` `out` starts with.
-    head: usize,
-}
-
-#[pymethods]
-impl PyPromptBody {
-    #[new]
-    fn new() -> Self {
-        PyPromptBody {
-            inner: PromptBody::default(),
-            out: None,
-            head: 0,
-        }
-    }
-
-    /// `head`, the prompt's ids as a JSON array, then `tail`: the whole body, in the
-    /// bytearray the last call returned, rewritten from its array's first changed byte
-    /// on. A body grows by a turn's ids behind a prefix of the whole history: copying
-    /// all of it into a new object each turn cost 0.24-0.9 ms at 280k ids. A bytearray
-    /// still exported (a transport holding it for an unfinished write) cannot be
-    /// resized: it is left to its reader and the body written into a new one.
-    fn write<'py>(
-        &mut self,
-        py: Python<'py>,
-        prompt: PyRef<'_, PyPrompt>,
-        head: &[u8],
-        tail: &[u8],
-    ) -> PyResult<Bound<'py, PyByteArray>> {
-        let (kept, ids) = self.inner.update(&prompt.inner);
-        let written = self.rewrite(py, kept, &ids, head, tail);
-        if written.is_err() {
-            // The array's bytes are lost with the body: the next write starts afresh.
-            self.inner = PromptBody::default();
-            self.out = None;
-        }
-        written
-    }
-}
-
-impl PyPromptBody {
-    /// The last body with its array's first `kept` bytes kept, the rest `ids`.
-    fn rewrite<'py>(
-        &mut self,
-        py: Python<'py>,
-        kept: usize,
-        ids: &[u8],
-        head: &[u8],
-        tail: &[u8],
-    ) -> PyResult<Bound<'py, PyByteArray>> {
-        let old = self.head..self.head + kept;
-        let len = head.len() + kept + ids.len() + 1 + tail.len();
-        let last = self.out.as_ref().map(|out| out.bind(py).clone());
-        let out = match last {
-            // Growing it by one byte fails exactly when a buffer of it is exported.
-            Some(out) if out.resize(out.len() + 1).is_ok() => {
-                out.resize(len.max(old.end))?;
-                // SAFETY: nothing exports `out` (it was just resized), and no Python
-                // code runs while this slice lives: the GIL is held throughout.
-                let bytes = unsafe { out.as_bytes_mut() };
-                if old.start != head.len() {
-                    bytes.copy_within(old, head.len());
-                }
-                fill(bytes, head, kept, ids, tail);
-                out.resize(len)?;
-                out
-            }
-            held => {
-                // SAFETY: read only, and copied out before anything else runs.
-                let kept_bytes = match &held {
-                    Some(held) => (unsafe { held.as_bytes() })[old].to_vec(),
-                    None => Vec::new(),
-                };
-                PyByteArray::new_with(py, len, |bytes| {
-                    bytes[head.len()..head.len() + kept].copy_from_slice(&kept_bytes);
-                    fill(bytes, head, kept, ids, tail);
-                    Ok(())
-                })?
-            }
-        };
-        self.head = head.len();
-        self.out = Some(out.clone().unbind());
-        Ok(out)
-    }
-}
-
-/// A body's bytes around the `kept` ones already in place after `head`.
-fn fill(bytes: &mut [u8], head: &[u8], kept: usize, ids: &[u8], tail: &[u8]) {
-    bytes[..head.len()].copy_from_slice(head);
-    let at = head.len() + kept;
-    bytes[at..at + ids.len()].copy_from_slice(ids);
-    let at = at + ids.len();
-    bytes[at] = b']';
-    bytes[at + 1..at + 1 + tail.len()].copy_from_slice(tail);
+/// `head`, the prompt's ids as a JSON array, then `tail`: a request body, written whole
+/// from the prompt's chunks (`upstream::body`).
+#[pyfunction]
+fn request_body<'py>(
+    py: Python<'py>,
+    prompt: PyRef<'_, PyPrompt>,
+    head: &[u8],
+    tail: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let len = head.len() + body::array_len(&prompt.inner) + tail.len();
+    PyBytes::new_with(py, len, |out| {
+        body::write_body(&prompt.inner, head, tail, out);
+        Ok(())
+    })
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyResponseReader>()?;
-    m.add_class::<PyPromptBody>()
+    m.add_function(wrap_pyfunction!(request_body, m)?)
 }
