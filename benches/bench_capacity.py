@@ -23,7 +23,9 @@ at the number before run.
 
 Per system, mode and number of agents: turns/s, time to first delta p50/p99/max and what
 the gateway added, the gateway's CPU (its process tree, per turn and in cores), its
-resident memory per agent (loaded minus idle), errors, and for hotloop where the turn
+resident memory per agent (loaded minus idle, idle read after one unmeasured agent sent
+its history and left, so the start-up allocations of a gateway's first request are not
+counted per agent), errors, and for hotloop where the turn
 waited (`hotloop_turn_phase_seconds`, p50 and p99 from the histogram's buckets) and the
 event loop's lag. The client (one process, one event loop, `hotloop.lab.thin_client`)
 and the fake must not be what is measured: a point where either used more than
@@ -66,7 +68,7 @@ from bench_peers import (
     tree_pids,
     upstream_command,
 )
-from hotloop.lab.capacity import CONTEXTS, THINK, CapacityRun, Point, Target, Workload
+from hotloop.lab.capacity import CONTEXTS, THINK, CapacityRun, Point, Session, Target, Workload
 from hotloop.lab.proc import free_port, rss_bytes
 
 RATE = 1000.0
@@ -77,6 +79,8 @@ PHASE_METRIC = "hotloop_turn_phase_seconds"
 LAG_METRIC = "hotloop_event_loop_lag_seconds"
 GC_METRIC = "hotloop_gc_pause_seconds"
 TRIM_METRIC = "hotloop_heap_trim_seconds"
+WARM_UP_SETTLE_SECONDS = 0.5
+"""After the warm-up agent leaves, before the idle RSS is read: its connection closes."""
 
 
 def tree_rss(root: int) -> int:
@@ -208,12 +212,21 @@ def measure(
                     env = {"PYTHONPATH": args.baselines[system]}
             with started(system, command, port, env) as gateway:
                 target = Target(system, mode, gateway.base_url, gateway.ws_url, API_KEY, MODEL)
+                warm_up(target, workload.session(MAX_AGENTS))
                 point = run_point(args, target, sessions, Readings(gateway, upstream))
                 if args.phases_log and system == "hotloop":
                     keep = Path(args.phases_log) / f"{system}-{mode}-{agents}.log"
                     keep.write_bytes(gateway.log.read_bytes())
         del scratch
     return point
+
+
+def warm_up(target: Target, session: Session) -> None:
+    """One agent that is not measured sends its history and leaves: what the gateway
+    allocates once, at its first request (imports, tokenizer and body tables, thread
+    pools, several MB), is then in the idle RSS, not counted against the agents."""
+    uvloop.run(CapacityRun(target, [session], window=0.0, think_scale=0.0).run())
+    time.sleep(WARM_UP_SETTLE_SECONDS)
 
 
 def run_point(

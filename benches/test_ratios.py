@@ -13,7 +13,7 @@ of 2x fails, not only one of 50x:
   (<= 2x; 0.56-0.94x);
 - the upstream request's token-id body, written whole each turn (nothing is kept
   between turns): the core's writer vs orjson writing the same ids from a list, at 130k
-  tokens (>= 2x; 3.1-3.2x);
+  tokens (>= 2x; 3.1-3.7x);
 - parsing a continuation frame vs a full-history frame (>= 30x; 36-71x);
 - tokenizing: hotloop's o200k encoder vs tiktoken on the same 100k-token text (tiktoken's
   time / hotloop's >= 0.75; 1.51-1.79);
@@ -49,10 +49,10 @@ from bench_tool_schema import cost_per_property
 from hotloop._core import (
     ChatFormat,
     Conversation,
+    RequestBodies,
     Tokenizer,
     parse_event,
     parse_request,
-    request_body,
 )
 from hotloop.events import ResponseEvents
 from hotloop.lab.open_model import OpenModelPeer
@@ -168,10 +168,11 @@ def test_request_body_write_vs_orjson(
     prompt = _conversation(harmony, rollout, STEPS - 1).prompt()
     ids = prompt.tokens()
     head, tail = b'{"prompt":', b',"stream":true}'
-    assert request_body(prompt, head, tail) == head + orjson.dumps(ids) + tail
+    bodies = RequestBodies()
+    assert bodies.write(prompt, head, tail) == head + orjson.dumps(ids) + tail
 
     def write() -> None:
-        request_body(prompt, head, tail)
+        bodies.write(prompt, head, tail)
 
     ours = fastest(write, repeat)
     theirs = fastest(lambda: orjson.dumps(ids), repeat)

@@ -513,9 +513,15 @@ class TemplatePrompt:
 
 # ---------------------------------------------------------------- upstream streams
 
-def request_body(prompt: Prompt, head: bytes, tail: bytes) -> bytes:
-    """`head`, the prompt's ids as a JSON array, then `tail`: a request body written whole
-    from the prompt's chunks (one pass sums the ids' lengths, the next writes them)."""
+class RequestBodies:
+    """A process's token-id request bodies: each written whole by the core from the
+    prompt's chunks, into one buffer reused while no transport still holds it."""
+
+    def __init__(self) -> None: ...
+    def write(self, prompt: Prompt, head: bytes, tail: bytes) -> memoryview:
+        """`head`, the prompt's ids as a JSON array, then `tail`: a view of the buffer,
+        written over the last body (into a new buffer while a view of it is still
+        held). The next call may change it: send it, and let go of the view, before."""
 
 class ResponseReader:
     """One HTTP/1.1 response of an upstream replica, decoded from the raw bytes of each

@@ -192,7 +192,9 @@ class Link(asyncio.Protocol):
 
     # ------------------------------------------------------------ the exchange's side
 
-    def send(self, head: bytes, body: bytes | bytearray, reader: ResponseReader) -> None:
+    def send(
+        self, head: bytes, body: bytes | bytearray | memoryview, reader: ResponseReader
+    ) -> None:
         """Write a request (its `head` and `body`) whose response `reader` reads. Two
         buffers, one write: a token-id body grows with the conversation, and joining it
         to the head would copy all of it once more every turn."""
@@ -338,7 +340,7 @@ class Client:
         method: str,
         path: str,
         headers: dict[str, str],
-        body: bytes | bytearray = b"",
+        body: bytes | bytearray | memoryview = b"",
         stream: str | None = None,
     ) -> Link:
         """Send a request on a pooled or new connection; the returned link reads its

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from hotloop._core import request_body as write_request_body
+from hotloop._core import RequestBodies
 from hotloop.chat_template import TemplateChoice, load_tokenizer
 from hotloop.engines.base import (
     API_SAMPLING,
@@ -86,14 +86,17 @@ class Dialect(Protocol):
         ...
 
 
-def request_body(dialect: Dialect, prompt: Prompt, rest: bytes) -> bytes:
+def request_body(
+    dialect: Dialect, bodies: RequestBodies, prompt: Prompt, rest: bytes
+) -> memoryview:
     """The JSON body: the prompt's ids under the dialect's field, written whole by the
     core from the ids it holds, then the other fields (`rest`: a JSON object's bytes,
-    never empty: every dialect streams). Nothing of it is kept once it is sent: a body
-    takes about 7 bytes per id, more than the ids the cache holds, and writing it costs
-    about 2 ns per id (`hotloop._core.request_body`)."""
+    never empty: every dialect streams). No conversation keeps its body between turns:
+    a body takes about 7 bytes per id, more than the ids the cache holds
+    (`rust/src/upstream/body.rs`). A view of the process's one body buffer, which the
+    next request rewrites unless this view is still held: let go of it once sent."""
     head = b'{"' + dialect.prompt_field.encode() + b'":'
-    return write_request_body(prompt, head, b"," + rest[1:])
+    return bodies.write(prompt, head, b"," + rest[1:])
 
 
 def _set_sampling(sampling: Sampling) -> dict[str, float]:
@@ -284,6 +287,7 @@ class UpstreamEngine:
         self.replicas = [Replica(url.rstrip("/")) for url in urls]
         self._chat_format = chat_format
         self._client: Client | None = None
+        self.request_bodies = RequestBodies()
 
     @property
     def model(self) -> str:
@@ -554,10 +558,11 @@ class UpstreamSession:
             if self.cache_salt is not None and dialect.salt_field is not None:
                 fields[dialect.salt_field] = self.cache_salt
             rest = orjson.dumps(fields)
-            body = request_body(dialect, prompt, rest)
+            body = request_body(dialect, engine.request_bodies, prompt, rest)
             link = await client.send(
                 replica.origin, "POST", dialect.path, headers, body, stream=dialect.name
             )
+            del body  # sent: the next request may reuse the buffer
             clock = TURN_CLOCK.get()
             if clock is not None:
                 clock.written()

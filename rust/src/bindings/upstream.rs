@@ -1,9 +1,9 @@
 //! Upstream streams: `ResponseReader` (an upstream replica's HTTP/1.1 response decoded
-//! read by read) and `request_body` (a token-id request body).
+//! read by read) and `RequestBodies` (the token-id request bodies).
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyByteArray, PyBytes, PyMemoryView, PySlice};
 
 use super::prompt_chain::PyPrompt;
 use crate::upstream::body;
@@ -122,23 +122,55 @@ impl PyResponseReader {
     }
 }
 
-/// `head`, the prompt's ids as a JSON array, then `tail`: a request body, written whole
-/// from the prompt's chunks (`upstream::body`).
-#[pyfunction]
-fn request_body<'py>(
-    py: Python<'py>,
-    prompt: PyRef<'_, PyPrompt>,
-    head: &[u8],
-    tail: &[u8],
-) -> PyResult<Bound<'py, PyBytes>> {
-    let len = head.len() + body::array_len(&prompt.inner) + tail.len();
-    PyBytes::new_with(py, len, |out| {
-        body::write_body(&prompt.inner, head, tail, out);
-        Ok(())
-    })
+/// A process's token-id request bodies (`upstream::body`): each written whole, into
+/// one buffer reused while no transport still holds it.
+#[pyclass(name = "RequestBodies", module = "hotloop._core")]
+pub(crate) struct PyRequestBodies {
+    /// The last body's bytearray, as long as the longest body written into it.
+    buffer: Option<Py<PyByteArray>>,
+}
+
+#[pymethods]
+impl PyRequestBodies {
+    #[new]
+    fn new() -> Self {
+        PyRequestBodies { buffer: None }
+    }
+
+    /// `head`, the prompt's ids as a JSON array, then `tail`: a view of the buffer's
+    /// first bytes, written over the last body. Reused, the buffer costs no page faults
+    /// (a fresh one of `128 KiB` or more is pages of its own, `heap.py`: at 70k ids
+    /// faulting them in cost more than writing the ids); one still exported (a
+    /// transport holding a view for an unfinished write, a body not yet sent) is left
+    /// to its reader and the body written into a new one.
+    fn write<'py>(
+        &mut self,
+        py: Python<'py>,
+        prompt: PyRef<'_, PyPrompt>,
+        head: &[u8],
+        tail: &[u8],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let len = head.len() + body::array_len(&prompt.inner) + tail.len();
+        let held = self.buffer.as_ref().map(|buffer| buffer.bind(py).clone());
+        let buffer = match held {
+            // Growing it by one byte fails exactly when a buffer of it is exported.
+            Some(buffer) if buffer.resize(buffer.len() + 1).is_ok() => {
+                buffer.resize(len.max(buffer.len() - 1))?;
+                buffer
+            }
+            _ => PyByteArray::new_with(py, len, |_| Ok(()))?,
+        };
+        // SAFETY: nothing exports `buffer` (it was just resized or made), and no Python
+        // code runs while this slice lives: the GIL is held throughout.
+        body::write_body(&prompt.inner, head, tail, unsafe {
+            &mut buffer.as_bytes_mut()[..len]
+        });
+        self.buffer = Some(buffer.clone().unbind());
+        PyMemoryView::from(buffer.as_any())?.get_item(PySlice::new(py, 0, len as isize, 1))
+    }
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyResponseReader>()?;
-    m.add_function(wrap_pyfunction!(request_body, m)?)
+    m.add_class::<PyRequestBodies>()
 }
