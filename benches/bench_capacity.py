@@ -81,6 +81,8 @@ GC_METRIC = "hotloop_gc_pause_seconds"
 TRIM_METRIC = "hotloop_heap_trim_seconds"
 WARM_UP_SETTLE_SECONDS = 0.5
 """After the warm-up agent leaves, before the idle RSS is read: its connection closes."""
+WARM_UP_WINDOW_SECONDS = 0.1
+"""The warm-up agent's window (its figures are not kept): a turn or two after its first."""
 
 
 def tree_rss(root: int) -> int:
@@ -225,7 +227,7 @@ def warm_up(target: Target, session: Session) -> None:
     """One agent that is not measured sends its history and leaves: what the gateway
     allocates once, at its first request (imports, tokenizer and body tables, thread
     pools, several MB), is then in the idle RSS, not counted against the agents."""
-    uvloop.run(CapacityRun(target, [session], window=0.0, think_scale=0.0).run())
+    uvloop.run(CapacityRun(target, [session], window=WARM_UP_WINDOW_SECONDS, think_scale=0.0).run())
     time.sleep(WARM_UP_SETTLE_SECONDS)
 
 

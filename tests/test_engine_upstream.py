@@ -127,7 +127,7 @@ async def test_each_turn_sends_exactly_its_prompt_ids(chat_format: Any, vllm: Fa
 
 def test_request_bodies_equal_a_json_serialization_of_the_same_request() -> None:
     # Prompts that grow, change inside their prefix and shrink, with ids of every
-    # length (the core writes those below 2^18 from a table, the rest digit by digit),
+    # length (the core writes those below 10^7 in one store, the rest digit by digit),
     # under each dialect's field and fields: byte for byte what orjson writes. The
     # process's one buffer is written over by the next body unless a view of it is
     # still held (a transport's unfinished write): then the held bytes stay as sent.
