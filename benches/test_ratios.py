@@ -13,7 +13,7 @@ of 2x fails, not only one of 50x:
   (<= 2x; 0.56-0.94x);
 - the upstream request's token-id body, written whole each turn (nothing is kept
   between turns): the core's writer vs orjson writing the same ids from a list, at 130k
-  tokens (>= 1x; 2.5x);
+  tokens (>= 1x; 2.0-2.1x);
 - parsing a continuation frame vs a full-history frame (>= 30x; 36-71x);
 - tokenizing: hotloop's o200k encoder vs tiktoken on the same 100k-token text (tiktoken's
   time / hotloop's >= 0.75; 1.51-1.79);

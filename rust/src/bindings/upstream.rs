@@ -150,19 +150,21 @@ impl PyRequestBodies {
         head: &[u8],
         tail: &[u8],
     ) -> PyResult<Bound<'py, PyAny>> {
-        let bound = body::body_bound(&prompt.inner, head, tail);
+        let len = head.len() + body::array_len(&prompt.inner) + tail.len();
         let held = self.buffer.as_ref().map(|buffer| buffer.bind(py).clone());
         let buffer = match held {
             // Growing it by one byte fails exactly when a buffer of it is exported.
             Some(buffer) if buffer.resize(buffer.len() + 1).is_ok() => {
-                buffer.resize(bound.max(buffer.len() - 1))?;
+                buffer.resize(len.max(buffer.len() - 1))?;
                 buffer
             }
-            _ => PyByteArray::new_with(py, bound, |_| Ok(()))?,
+            _ => PyByteArray::new_with(py, len, |_| Ok(()))?,
         };
         // SAFETY: nothing exports `buffer` (it was just resized or made), and no Python
         // code runs while this slice lives: the GIL is held throughout.
-        let len = body::write_body(&prompt.inner, head, tail, unsafe { buffer.as_bytes_mut() });
+        body::write_body(&prompt.inner, head, tail, unsafe {
+            &mut buffer.as_bytes_mut()[..len]
+        });
         self.buffer = Some(buffer.clone().unbind());
         PyMemoryView::from(buffer.as_any())?.get_item(PySlice::new(py, 0, len as isize, 1))
     }
