@@ -293,6 +293,13 @@ class Historical:
 
 HISTORY = "history/"
 HISTORICAL = {
+    HISTORY + "request_bodies_before_after.json": Historical(
+        "707d83f",
+        "the upstream request body kept per conversation (8f1499a) against written whole "
+        "each request (707d83f): `bench_memory_per_agent.py` three runs each alternated, "
+        "`bench_capacity.py` at 16 agents and `bench_peers.py` at 70k tokens with "
+        "`--baseline before=DIR`, one run each, and a write microbenchmark",
+    ),
     HISTORY + "load_before.json": Historical(
         "4dc6475",
         "`hotloop bench load` before large inputs were rendered off the loop (24e42cb), the "
