@@ -19,7 +19,7 @@ import pytest
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
 from hotloop.transport import App
-from hotloop.transport.admission import return_large_buffers
+from hotloop.transport.admission import BodyPieces, return_large_buffers
 from servers import HANG_GUARD, serving, sim_engine
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -177,3 +177,34 @@ def test_serve_raises_the_open_files_limit_to_the_hard_limit() -> None:
 def test_the_limits_are_options(option: str) -> None:
     value = ServerConfig.from_env({"HOTLOOP_" + option.upper(): "7"})
     assert getattr(value, option) == 7
+
+
+def test_a_body_read_in_many_pieces_is_the_body_sent(tmp_path: Path) -> None:
+    """A body of megabytes comes off the socket in many reads; it is kept as its pieces
+    (`BodyPieces`) and joined once: the stored input is exactly the items sent, in
+    order (their JSON read from the body itself, not a copy of it)."""
+    items = [
+        {"type": "message", "role": "user", "content": f"{n}: " + "pieces " * 20_000}
+        for n in range(24)
+    ]
+    body = orjson.dumps({"model": "sim", "input": items, "store": True})
+    assert len(body) > 3_000_000
+    headers = {"Authorization": "Bearer sk-a", "Content-Type": "application/json"}
+    with serving(app(tmp_path)) as url, httpx.Client(base_url=url, timeout=HANG_GUARD) as client:
+        reply = client.post("/v1/responses", content=body, headers=headers)
+        assert reply.status_code == 200, reply.text
+        listed = client.get(
+            f"/v1/responses/{reply.json()['id']}/input_items",
+            params={"order": "asc", "limit": 100},
+            headers=headers,
+        ).json()["data"]
+    assert [item["content"][0]["text"] for item in listed] == [i["content"] for i in items]
+
+
+def test_body_pieces_are_joined_once_and_a_lone_piece_is_not_copied() -> None:
+    piece = bytes(300_000)
+    pieces = BodyPieces()
+    pieces += piece
+    assert len(pieces) == len(piece) and bytes(pieces) is piece
+    pieces += b"more"
+    assert bytes(pieces) == piece + b"more" and len(pieces) == len(piece) + 4

@@ -200,9 +200,36 @@ class _Corked:
         return getattr(self.transport, name)
 
 
+class BodyPieces:
+    """A request body's pieces as they arrive, in uvicorn's cycle in place of its
+    `bytearray` (`cycle.body += piece`, `len`, `bytes(...)`): the pieces are joined once
+    when the app reads them, not copied into a growing array and out of it again. A
+    piece read alone is not copied at all. Each copy of a large body costs its size in
+    fresh pages (blocks of 128 KiB and more are mapped anew, `heap.py`): four copies of a
+    1 MB history resent every turn were about 2 ms a request."""
+
+    __slots__ = ("_pieces", "_size")
+
+    def __init__(self) -> None:
+        self._pieces: list[bytes] = []
+        self._size = 0
+
+    def __iadd__(self, piece: bytes) -> BodyPieces:
+        self._pieces.append(piece)
+        self._size += len(piece)
+        return self
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self._pieces)
+
+
 class AdmittingHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header deadline, a body deadline, a lingering
-    close after an unread body and a connection cap."""
+    close after an unread body, a connection cap, and a body kept as its pieces
+    (`BodyPieces`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -257,6 +284,9 @@ class AdmittingHttpProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
+        # uvicorn gives the cycle a new bytearray after each read of the body.
+        if not isinstance(self.cycle.body, BodyPieces):
+            self.cycle.body = BodyPieces()  # type: ignore[assignment]
         super().on_body(body)
 
     def on_message_complete(self) -> None:

@@ -10,7 +10,7 @@ use pyo3::types::{PyBytes, PyString};
 
 use super::error::core_error;
 use crate::error::{Code, Error};
-use crate::validate::{self, ClientEvent};
+use crate::validate::{self, ClientEvent, InputJson};
 
 /// Frames above this size are parsed with the GIL released: other threads (a second
 /// event loop, the engine's feeder) keep running while a long history is validated.
@@ -88,6 +88,9 @@ impl PyPolicy {
 #[pyclass(name = "CreateRequest", module = "hotloop._core", frozen)]
 pub(crate) struct PyCreateRequest {
     pub(crate) inner: validate::CreateRequest,
+    /// The frame or body the request was parsed from, when its input's JSON is read from
+    /// it (`InputJson::InFrame`).
+    frame: Option<Py<PyAny>>,
     /// The body of a request whose leading items were recognized by their bytes, until
     /// its start is settled: parsed again whole when no state is left of them
     /// (`parse_whole`).
@@ -102,9 +105,12 @@ struct Kept {
 }
 
 impl PyCreateRequest {
-    pub(crate) fn new(inner: validate::CreateRequest) -> Self {
+    /// `inner`, parsed from `frame`.
+    pub(crate) fn new(inner: validate::CreateRequest, frame: &Bound<'_, PyAny>) -> Self {
+        let in_frame = matches!(inner.input_json, InputJson::InFrame(_));
         PyCreateRequest {
             inner,
+            frame: in_frame.then(|| frame.clone().unbind()),
             body: Mutex::new(None),
         }
     }
@@ -271,8 +277,16 @@ impl PyCreateRequest {
         self.inner.frame_bytes
     }
     #[getter]
-    fn input_json(&self) -> &str {
-        &self.inner.input_json
+    fn input_json<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyString>> {
+        let json = match &self.frame {
+            Some(frame) => {
+                let frame = frame.bind(py);
+                let text = std::str::from_utf8(frame_bytes(frame)?).map_err(|_| not_utf8())?;
+                PyString::new(py, self.inner.input_json.text(text))
+            }
+            None => PyString::new(py, self.inner.input_json.text("")),
+        };
+        Ok(json)
     }
     #[getter]
     fn response_fields_json(&self) -> &str {
@@ -304,14 +318,15 @@ impl PyCreateRequest {
         let Some(Kept { body, limits, chat }) = self.body().take() else {
             return Ok(None);
         };
-        let inner = parse_frame(py, body.bind(py), |b| {
+        let body = body.bind(py);
+        let inner = parse_frame(py, body, |b| {
             if chat {
                 validate::parse_chat_request(b, &limits).map(|chat| chat.request)
             } else {
                 validate::parse_request(b, &limits)
             }
         })?;
-        Ok(Some(PyCreateRequest::new(inner)))
+        Ok(Some(PyCreateRequest::new(inner, body)))
     }
 
     /// Where the request starts is settled: its body is no longer kept.
@@ -452,7 +467,7 @@ fn parse_event(py: Python<'_>, frame: &Bound<'_, PyAny>, limits: Option<&PyLimit
     let limits = limits.map(|l| l.inner).unwrap_or_default();
     let event = parse_frame(py, frame, |b| validate::parse_event(b, &limits))?;
     Ok(match event {
-        ClientEvent::Create(request) => Py::new(py, PyCreateRequest::new(*request))?.into_any(),
+        ClientEvent::Create(request) => Py::new(py, PyCreateRequest::new(*request, frame))?.into_any(),
         ClientEvent::Cancel {
             response_id,
             stream_id,
@@ -485,7 +500,7 @@ fn parse_request(
     let inner = parse_frame(py, body, |b| {
         validate::parse_request_seen(b, &limits, seen.map(|s| s.lock()).as_deref())
     })?;
-    Ok(PyCreateRequest::new(inner).kept(body, limits, false))
+    Ok(PyCreateRequest::new(inner, body).kept(body, limits, false))
 }
 
 fn digest_bytes(py: Python<'_>, digest: validate::Digest) -> Bound<'_, PyBytes> {
@@ -536,7 +551,7 @@ fn parse_chat_request(
         validate::parse_chat_request_seen(b, &limits, seen.map(|s| s.lock()).as_deref())
     })?;
     Ok(PyChatRequest {
-        request: Py::new(py, PyCreateRequest::new(chat.request).kept(body, limits, true))?,
+        request: Py::new(py, PyCreateRequest::new(chat.request, body).kept(body, limits, true))?,
         include_usage: chat.options.include_usage,
     })
 }

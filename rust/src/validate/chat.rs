@@ -163,7 +163,7 @@ pub fn parse_chat_request_seen(
                 prompt_cache_retention: chat.prompt_cache_retention,
                 ..Body::default()
             };
-            CreateRequest::from_body(&body, None, limits, Some(parts), None)
+            CreateRequest::from_body(&body, text, None, limits, Some(parts), None)
         }
         Err(e) => CreateRequest::refused(e, None),
     };

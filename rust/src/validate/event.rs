@@ -80,7 +80,7 @@ fn read_event(frame: &[u8], limits: &Limits) -> Result<ClientEvent> {
         };
     }
     Ok(match kind.as_str() {
-        "response.create" => ClientEvent::Create(Box::new(create(&body, limits))),
+        "response.create" => ClientEvent::Create(Box::new(create(&body, text, limits))),
         "response.cancel" => ClientEvent::Cancel {
             response_id: id(body.response_id),
             stream_id: id(body.stream_id),
@@ -107,9 +107,9 @@ fn read_event(frame: &[u8], limits: &Limits) -> Result<ClientEvent> {
     })
 }
 
-fn create(body: &Body, limits: &Limits) -> CreateRequest {
+fn create(body: &Body, frame: &str, limits: &Limits) -> CreateRequest {
     let Some(nested) = body.response else {
-        return CreateRequest::from_body(body, None, limits, None, None);
+        return CreateRequest::from_body(body, frame, None, limits, None, None);
     };
     let path = Path::root("response");
     if !field::is_object(nested) {
@@ -119,7 +119,7 @@ fn create(body: &Body, limits: &Limits) -> CreateRequest {
         );
     }
     match field::object::<Body>(nested, &path) {
-        Ok(inner) => CreateRequest::from_body(&inner, body.stream_id, limits, None, None),
+        Ok(inner) => CreateRequest::from_body(&inner, frame, body.stream_id, limits, None, None),
         Err(e) => CreateRequest::refused(e, id(body.stream_id)),
     }
 }
@@ -133,6 +133,7 @@ fn id(raw: Option<&RawValue>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validate::InputJson;
     use crate::item::{Item, Role};
     use serde_json::{json, Value};
 
@@ -372,9 +373,8 @@ mod tests {
             ),
         ];
         for (fields, param) in &cases {
-            let r = create_request(&format!(
-                r#"{{"type":"response.create","stream_id":"s",{fields}}}"#
-            ));
+            let frame = format!(r#"{{"type":"response.create","stream_id":"s",{fields}}}"#);
+            let r = create_request(&frame);
             let e = r.error.expect(fields);
             assert_eq!(
                 (e.code, e.param.as_deref()),
@@ -384,7 +384,7 @@ mod tests {
             );
             assert_eq!(r.stream_id.as_deref(), Some("s"));
             assert_eq!(
-                (r.response_fields_json.as_str(), r.input_json.as_str()),
+                (r.response_fields_json.as_str(), r.input_json.text(&frame)),
                 ("{}", "[]")
             );
             let http = crate::validate::parse_request(format!("{{{fields}}}").as_bytes(), &Limits::default())
@@ -416,12 +416,11 @@ mod tests {
     /// load in a strict parse, numbers and escapes at the edge of the range included.
     #[test]
     fn accepted_values_round_trip() {
-        let r = create_request(
-            r#"{"type":"response.create","input":[{"role":"user","content":"\ud83d\ude00","zz":1.7976931348623157e308,"n":-9223372036854775808}],
-                "tools":[{"type":"web_search","u":18446744073709551615}],"reasoning":{"effort":"low","t":1e-999}}"#,
-        );
+        let frame = r#"{"type":"response.create","input":[{"role":"user","content":"\ud83d\ude00","zz":1.7976931348623157e308,"n":-9223372036854775808}],
+                "tools":[{"type":"web_search","u":18446744073709551615}],"reasoning":{"effort":"low","t":1e-999}}"#;
+        let r = create_request(frame);
         assert_eq!(r.error, None);
-        for json in [&r.response_fields_json, &r.input_json] {
+        for json in [r.response_fields_json.as_str(), r.input_json.text(frame)] {
             let value: Value = serde_json::from_str(json).unwrap();
             assert_eq!(serde_json::from_str::<Value>(&value.to_string()).unwrap(), value);
         }
@@ -502,14 +501,15 @@ mod tests {
                 text: "You are Codex.".into()
             }]
         );
-        let delta = create_request(
-            r#"{"type":"response.create","previous_response_id":"resp_1","store":false,
-                "input":[{"type":"function_call_output","call_id":"call_1","output":"exit 0"}]}"#,
-        );
+        let frame = r#"{"type":"response.create","previous_response_id":"resp_1","store":false,
+                "input":[{"type":"function_call_output","call_id":"call_1","output":"exit 0"}]}"#;
+        let delta = create_request(frame);
         assert_eq!(delta.error, None);
         assert_eq!(delta.previous_response_id.as_deref(), Some("resp_1"));
+        // The array as sent, read from the frame (not copied).
+        assert!(matches!(delta.input_json, InputJson::InFrame(_)));
         assert_eq!(
-            delta.input_json,
+            delta.input_json.text(frame),
             r#"[{"type":"function_call_output","call_id":"call_1","output":"exit 0"}]"#
         );
     }
@@ -529,5 +529,22 @@ mod tests {
                 .code,
             Code::InvalidJson
         );
+    }
+
+    /// An `input` array is read from the body it came in, not copied; a string input
+    /// is written as its one message; either way the JSON is the input as items.
+    #[test]
+    fn input_json_is_read_from_the_body() {
+        let body = r#"{"model":"m", "input" : [ {"role":"user","content":"hi \u00e9"} ] ,"stream":true}"#;
+        let r = crate::validate::parse_request(body.as_bytes(), &Limits::default()).unwrap();
+        assert!(matches!(r.input_json, InputJson::InFrame(_)));
+        assert_eq!(r.input_json.text(body), r#"[ {"role":"user","content":"hi \u00e9"} ]"#);
+        let r = crate::validate::parse_request(br#"{"input":"hi"}"#, &Limits::default()).unwrap();
+        assert_eq!(
+            r.input_json,
+            InputJson::Built(r#"[{"type":"message","role":"user","content":"hi"}]"#.into())
+        );
+        let r = crate::validate::parse_request(br#"{"model":"m"}"#, &Limits::default()).unwrap();
+        assert_eq!(r.input_json, InputJson::Built("[]".into()));
     }
 }

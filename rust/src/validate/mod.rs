@@ -35,7 +35,7 @@ pub use history::{output_digests, Digest, History, Seen, SeenItems};
 pub use input::{parse_input, Input, TextSource};
 pub use policy::Policy;
 pub use prompt_cache::{PromptCache, PromptCacheOptions};
-pub use request::{parse_request, parse_request_seen, CreateRequest};
+pub use request::{parse_request, parse_request_seen, CreateRequest, InputJson};
 pub use tools::{SkippedTool, ToolChoice, ToolForm, Tools};
 pub use values::check_values;
 

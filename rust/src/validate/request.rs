@@ -2,6 +2,8 @@
 //! body) parsed into what the conversation and the server need, and the JSON of the
 //! fields a Response echoes.
 
+use std::ops::Range;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -147,7 +149,7 @@ pub struct CreateRequest {
     /// `prompt_cache_key`, `prompt_cache_retention` and `prompt_cache_options`.
     pub prompt_cache: PromptCache,
     /// The input as a JSON array of items (a string input becomes one user message).
-    pub input_json: String,
+    pub input_json: InputJson,
     /// Bytes of the raw `input` field.
     pub input_bytes: usize,
     /// Bytes of the frame or HTTP body the request came in: what its parse and render
@@ -185,7 +187,7 @@ impl Default for CreateRequest {
             top_p: None,
             compact_threshold: None,
             prompt_cache: PromptCache::default(),
-            input_json: "[]".to_string(),
+            input_json: InputJson::Built("[]".to_string()),
             input_bytes: 0,
             frame_bytes: 0,
             response_fields_json: "{}".to_string(),
@@ -212,21 +214,59 @@ pub(super) struct ChatParts {
 
 pub(super) const EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
 
+/// A request's input as a JSON array of items.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InputJson {
+    /// Written here: a string input's one message, a chat request's items, none.
+    Built(String),
+    /// The array as sent, by its place in the frame the request was parsed from, which
+    /// the request's holder keeps: a history resent every turn is not copied (a
+    /// megabyte of input is a megabyte of fresh pages for every request that copies it).
+    InFrame(Range<usize>),
+}
+
+impl InputJson {
+    /// `raw`, the `input` field of a body parsed from `frame`.
+    fn of(raw: Option<&RawValue>, frame: &str) -> InputJson {
+        let within = |raw: &RawValue| {
+            let start = (raw.get().as_ptr() as usize).checked_sub(frame.as_ptr() as usize)?;
+            let span = start..start + raw.get().len();
+            (frame.get(span.clone()) == Some(raw.get())).then_some(span)
+        };
+        match raw {
+            Some(array) if !field::is_string(array) => match within(array) {
+                Some(span) => InputJson::InFrame(span),
+                None => InputJson::Built(input_json(raw)),
+            },
+            _ => InputJson::Built(input_json(raw)),
+        }
+    }
+
+    /// The JSON; `frame` is the text the request was parsed from.
+    pub fn text<'a>(&'a self, frame: &'a str) -> &'a str {
+        match self {
+            InputJson::Built(json) => json,
+            InputJson::InFrame(span) => &frame[span.clone()],
+        }
+    }
+}
+
 impl CreateRequest {
-    /// Parse the fields of `body`; `outer_stream_id` is the envelope's, for the nested
+    /// Parse the fields of `body`, read from `frame`; `outer_stream_id` is the envelope's, for the nested
     /// form. `chat`: the parts a Chat Completions request spells its own way, parsed
     /// (`chat.rs`); its `tools` and `tool_choice` are in the body, in the chat form.
     /// `seen`: the key's raw addresses, which a request that continues no response or
     /// conversation is recognized by (`history::parse_history`).
     pub(super) fn from_body(
         body: &Body,
+        frame: &str,
         outer_stream_id: Option<&RawValue>,
         limits: &Limits,
         chat: Option<ChatParts>,
         seen: Option<&SeenItems>,
     ) -> Self {
         let mut request = CreateRequest::default();
-        if let Err(e) = request.fill(body, outer_stream_id, limits, chat, seen) {
+        if let Err(e) = request.fill(body, frame, outer_stream_id, limits, chat, seen) {
             request.error = Some(e);
             request.response_fields_json = "{}".to_string();
         }
@@ -246,6 +286,7 @@ impl CreateRequest {
     fn fill(
         &mut self,
         body: &Body,
+        frame: &str,
         outer_stream_id: Option<&RawValue>,
         limits: &Limits,
         chat: Option<ChatParts>,
@@ -319,7 +360,7 @@ impl CreateRequest {
                 self.prefix.instructions = chat.instructions;
                 self.input_bytes = chat.input_bytes;
                 self.input = chat.input;
-                self.input_json = chat.input_json;
+                self.input_json = InputJson::Built(chat.input_json);
                 self.history = History::of(&self.prefix, &self.input.items);
                 self.history.raw = chat.raw;
                 if let Some(seen) = chat.seen {
@@ -333,7 +374,7 @@ impl CreateRequest {
                 let seen =
                     seen.filter(|_| self.previous_response_id.is_none() && self.conversation.is_none());
                 (self.input, self.history) = parse_history(body.input, &self.prefix, limits, seen)?;
-                self.input_json = input_json(body.input);
+                self.input_json = InputJson::of(body.input, frame);
             }
         }
         let tools_echo = body
@@ -559,7 +600,7 @@ pub fn parse_request_seen(body: &[u8], limits: &Limits, seen: Option<&SeenItems>
     let text = std::str::from_utf8(body).map_err(|_| not_utf8())?;
     let fields: Body = parse_object(text, "The request body")?;
     let mut request = match check_values(text) {
-        Ok(()) => CreateRequest::from_body(&fields, None, limits, None, seen),
+        Ok(()) => CreateRequest::from_body(&fields, text, None, limits, None, seen),
         Err(e) => CreateRequest::refused(e, None),
     };
     request.frame_bytes = body.len();
