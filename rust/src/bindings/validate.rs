@@ -551,7 +551,10 @@ fn parse_chat_request(
         validate::parse_chat_request_seen(b, &limits, seen.map(|s| s.lock()).as_deref())
     })?;
     Ok(PyChatRequest {
-        request: Py::new(py, PyCreateRequest::new(chat.request, body).kept(body, limits, true))?,
+        request: Py::new(
+            py,
+            PyCreateRequest::new(chat.request, body).kept(body, limits, true),
+        )?,
         include_usage: chat.options.include_usage,
     })
 }

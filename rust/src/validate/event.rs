@@ -133,8 +133,8 @@ fn id(raw: Option<&RawValue>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::InputJson;
     use crate::item::{Item, Role};
+    use crate::validate::InputJson;
     use serde_json::{json, Value};
 
     fn event(frame: &str) -> Result<ClientEvent> {
@@ -538,7 +538,10 @@ mod tests {
         let body = r#"{"model":"m", "input" : [ {"role":"user","content":"hi \u00e9"} ] ,"stream":true}"#;
         let r = crate::validate::parse_request(body.as_bytes(), &Limits::default()).unwrap();
         assert!(matches!(r.input_json, InputJson::InFrame(_)));
-        assert_eq!(r.input_json.text(body), r#"[ {"role":"user","content":"hi \u00e9"} ]"#);
+        assert_eq!(
+            r.input_json.text(body),
+            r#"[ {"role":"user","content":"hi \u00e9"} ]"#
+        );
         let r = crate::validate::parse_request(br#"{"input":"hi"}"#, &Limits::default()).unwrap();
         assert_eq!(
             r.input_json,
