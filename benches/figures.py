@@ -90,6 +90,27 @@ def _benchmarks(*names: str) -> tuple[tuple[str, ...], ...]:
     return _commands(*(f".venv/bin/pytest benches/{n} --benchmark-only -q -s" for n in names))
 
 
+def _by_length(name: str, flags: str) -> Figure:
+    """`bench_peers.py` with `flags` at its default length (about 60k tokens) at 4,000
+    and 1,000 tok/s, then at 10k and 250k tokens at 4,000: `NAME.json`,
+    `NAME_10000.json` and `NAME_250000.json`."""
+    runs = (("4000,1000", (), ""), ("4000", ("--history-tokens", "10000"), "_10000"))
+    runs += (("4000", ("--history-tokens", "250000"), "_250000"),)
+    return Figure(
+        name,
+        tuple(
+            (
+                PYTHON,
+                "benches/bench_peers.py",
+                *("--speeds", speeds, *shlex.split(flags), *length),
+                *("--out", f"benches/results/{name}{suffix}.json"),
+            )
+            for speeds, length, suffix in runs
+        ),
+        writes=tuple(f"{name}{suffix}.json" for _, _, suffix in runs),
+    )
+
+
 FIGURES = (
     Figure(
         "agent",
@@ -229,31 +250,16 @@ FIGURES = (
             "peers_history_250000.json",
         ),
     ),
-    Figure(
+    # Each run also holds the whole-history requests matched by their parsed items only
+    # (`--whole-history items`, as before the raw bytes were recognized).
+    _by_length(
         "peers_whole_history",
-        # Each run also holds the whole-history requests matched by their parsed items
-        # only (`--whole-history items`, as before the raw bytes were recognized).
-        tuple(
-            (
-                PYTHON,
-                "benches/bench_peers.py",
-                *shlex.split(f"--speeds {speeds} --upstreams free --systems hotloop,agentic-api"),
-                *("--modes", "websocket,http_full", "--rounds", "3"),
-                *("--variant", "items=--whole-history items", "--variant-modes", "http_full"),
-                *(("--history-tokens", tokens) if tokens else ()),
-                *("--out", f"benches/results/peers_whole_history{suffix}.json"),
-            )
-            for speeds, tokens, suffix in (
-                ("4000,1000", "", ""),
-                ("4000", "10000", "_10000"),
-                ("4000", "250000", "_250000"),
-            )
-        ),
-        writes=(
-            "peers_whole_history.json",
-            "peers_whole_history_10000.json",
-            "peers_whole_history_250000.json",
-        ),
+        "--upstreams free --systems hotloop,agentic-api --modes websocket,http_full --rounds 3 "
+        "--variant 'items=--whole-history items' --variant-modes http_full",
+    ),
+    _by_length(
+        "peers_chat",
+        "--upstreams free --systems hotloop,smg --modes websocket,http_full,chat --rounds 3",
     ),
     Figure("capacity", _scripts("bench_capacity.py"), writes=("capacity.json",)),
     Figure("memory_per_agent", _scripts("bench_memory_per_agent.py")),
@@ -518,10 +524,8 @@ TABLES: dict[str, Table] = {
     "peers": Table(("peers.json",), render.peers_tables),
     "upstream_stream": Table(("upstream_stream.json",), render.upstream_stream_tables),
     "upstream_client": Table(("upstream_client.json",), render.upstream_client_table),
-    "whole_history": Table(
-        tuple(f"peers_whole_history{n}.json" for n in ("", "_10000", "_250000")),
-        render.whole_history_tables,
-    ),
+    "whole_history": Table(BY_NAME["peers_whole_history"].files, render.whole_history_tables),
+    "whole_history_chat": Table(BY_NAME["peers_chat"].files, render.chat_whole_history_tables),
     "peers_before_after": Table(
         (HISTORY + "peers_before_after.json",), render.peers_before_after_tables
     ),

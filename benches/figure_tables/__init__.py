@@ -25,6 +25,7 @@ from figure_tables.core import (
     validate_table,
 )
 from figure_tables.gateways import (
+    chat_whole_history_tables,
     peers_before_after_tables,
     peers_history_table,
     peers_tables,
@@ -72,6 +73,7 @@ __all__ = [
     "attacker",
     "burst_row",
     "capacity_tables",
+    "chat_whole_history_tables",
     "cold_encode_table",
     "encode_table",
     "engines_table",

@@ -207,10 +207,34 @@ WHOLE_HISTORY_ROWS = {
 }
 
 
-def whole_history_tables(main: dict[str, Any], short: dict[str, Any], long: dict[str, Any]) -> str:
+CHAT_ROWS = {
+    "hotloop websocket": "hotloop, WebSocket",
+    "hotloop chat": "hotloop, whole history, Chat Completions",
+    "hotloop http_full": "hotloop, whole history, Responses",
+    "smg chat": "smg, whole history, Chat Completions (pass-through)",
+    "smg http_full": "smg, whole history, Responses",
+    "floor chat": "client straight to the upstream, Chat Completions",
+    "floor http_full": "client straight to the upstream, Responses",
+}
+
+
+def chat_whole_history_tables(
+    main: dict[str, Any], short: dict[str, Any], long: dict[str, Any]
+) -> str:
+    """`whole_history_tables` for clients that resend their whole history on Chat
+    Completions (`bench_peers.py`, `chat`), beside smg's pass-through."""
+    return whole_history_tables(main, short, long, CHAT_ROWS)
+
+
+def whole_history_tables(
+    main: dict[str, Any],
+    short: dict[str, Any],
+    long: dict[str, Any],
+    labels: dict[str, str] = WHOLE_HISTORY_ROWS,
+) -> str:
     """Clients that resend their whole history (`bench_peers.py`, `http_full`) beside the
     same loop over WebSocket: CPU per turn and loop / ideal per speed, then CPU per turn
-    from the shortest history to the longest."""
+    from the shortest history to the longest (`labels`: the rows, by system and mode)."""
     configurations = main["configurations"]
     last = configurations[0]["systems"]["hotloop websocket"]["input_tokens_last"]
     header = [f"~{tokens(last)} tokens at the last turn"]
@@ -218,7 +242,7 @@ def whole_history_tables(main: dict[str, Any], short: dict[str, Any], long: dict
         speed = f"{c['tokens_per_second']:,.0f} tok/s"
         header += [f"gateway CPU / turn, {speed}", "loop / ideal"]
     rows = []
-    for key, label in WHOLE_HISTORY_ROWS.items():
+    for key, label in labels.items():
         if key not in configurations[0]["systems"]:
             continue  # a run without `--baseline before=DIR` or the variant has no row
         cells = [label]
@@ -238,11 +262,11 @@ def whole_history_tables(main: dict[str, Any], short: dict[str, Any], long: dict
     )
     growth = [
         (
-            WHOLE_HISTORY_ROWS[key],
+            labels[key],
             *(ms(s[key]["gateway_cpu_ms_per_turn"], 2) for s in lengths),
             f"{lengths[1][key]['gateway_cpu_ms_per_turn'] / lengths[0][key]['gateway_cpu_ms_per_turn']:.2f}x",  # noqa: E501
         )
-        for key in WHOLE_HISTORY_ROWS
+        for key in labels
         if not key.startswith("floor") and all(key in s for s in lengths)
     ]
     return markdown(header, rows) + "\n\n" + markdown(growth_header, growth)
