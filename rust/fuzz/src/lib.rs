@@ -49,7 +49,7 @@ pub fn assert_accepted_request(frame: &str, request: &CreateRequest) {
     }
     assert_strict(frame);
     assert_strict(&request.response_fields_json);
-    assert_strict(&request.input_json);
+    assert_strict(request.input_json.text(frame));
     assert_eq!(request.frame_bytes, frame.len());
 }
 
