@@ -7,6 +7,9 @@ be used to smuggle a second request."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import gc
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -109,6 +112,43 @@ async def test_a_stream_written_byte_by_byte_decodes_whole_and_the_connection_is
         assert await collect(engine) == REPLY
         assert await collect(engine) == REPLY
         assert len(accepted) == 1  # the second turn went over the kept-alive connection
+        await engine.close()
+
+
+class Request:
+    """Stands for a turn's request (weakly referable, unlike a bytes frame)."""
+
+
+async def test_a_kept_alive_connection_does_not_hold_the_turn_that_opened_it() -> None:
+    # A transport keeps the context it was created in; a turn's context holds its
+    # request (`SERVING`). The pooled connection must not keep that request alive.
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events()) + b"0\r\n\r\n"
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n" + body
+            )
+            await writer.drain()
+
+    turn_request: contextvars.ContextVar[Request | None] = contextvars.ContextVar("request")
+
+    async def turn(request: Request) -> list[int]:
+        turn_request.set(request)
+        return await collect(engine)
+
+    async with raw_server(handle) as (url, accepted):
+        engine = await engine_for(url)
+        request = Request()
+        gone = weakref.ref(request)
+        assert await asyncio.create_task(turn(request)) == REPLY
+        del request
+        await asyncio.sleep(0)  # the finished task's done callbacks, which hold it, run
+        gc.collect()
+        assert gone() is None, "the idle connection holds the turn's context"
+        assert await collect(engine) == REPLY
+        assert len(accepted) == 1  # and the connection was kept and reused
         await engine.close()
 
 

@@ -18,6 +18,7 @@ the server's work per token (docs/upstream-streaming.md has the measurements).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import socket
 import ssl
 from dataclasses import dataclass
@@ -404,16 +405,19 @@ class Client:
             if self._tls is None:
                 self._tls = ssl.create_default_context()
             context = self._tls
+        connecting = loop.create_connection(
+            lambda: Link(loop, self._read_timeout, self._response_timeout),
+            origin.host,
+            origin.port,
+            ssl=context,
+        )
+        # A transport keeps the context it was created in (its callbacks run there), and
+        # a kept-alive connection outlives the turn that opened it: opened in that turn's
+        # context, it would hold the turn's context variables (`SERVING`: its request,
+        # a first turn's whole frame and parse) for as long as it stays in the pool.
+        opening = contextvars.Context().run(asyncio.ensure_future, connecting)
         try:
-            _, link = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: Link(loop, self._read_timeout, self._response_timeout),
-                    origin.host,
-                    origin.port,
-                    ssl=context,
-                ),
-                self._connect_timeout,
-            )
+            _, link = await asyncio.wait_for(opening, self._connect_timeout)
         except asyncio.TimeoutError as e:
             raise LinkError(f"no connection within {self._connect_timeout:g}s", timeout=True) from e
         except OSError as e:
