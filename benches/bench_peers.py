@@ -1,7 +1,7 @@
 """hotloop beside the open gateways (docs/benchmarks-gateways.md, "Side by side"), in one run:
 
     .venv/bin/python benches/bench_peers.py [--speeds 1000,4000] [--upstreams free,render]
-        [--rounds 3] [--tool-calls 40] [--history-tokens 60000]
+        [--rounds 3] [--tool-calls 40] [--history-tokens 60000] [--resume-tokens 0]
         [--systems hotloop,agentic-api,smg] [--baseline NAME=DIR] [--variant NAME=FLAGS]
         [--variant-modes websocket] [--modes websocket,http_full,chat]
 
@@ -11,16 +11,19 @@ speed and upstream kind (`hotloop.lab.fake_vllm`: token-id `/v1/completions` for
 hotloop, stateless `/v1/responses` and `/v1/chat/completions` for the peers, paced;
 `render`: it renders and tokenizes the whole input of a responses or chat request as
 vLLM's gpt-oss path does, `free`: it does not), every gateway in front of it, and a
-40-call agent rollout sized to about 60k tokens (`hotloop.lab.rollout`) replayed
-against each gateway in each mode it serves (`websocket`, `http_full`, `http_previous`,
-and `chat`: the whole history every turn on `/v1/chat/completions`, which smg passes
-through to the upstream's) and by the client straight to the upstream's `/v1/responses`
-and `/v1/chat/completions` (`floor`: what the model alone costs), rounds interleaved.
+40-call agent rollout sized to about 60k tokens (`hotloop.lab.rollout`; with
+`--resume-tokens N` its first request also resends an earlier session of about N tokens,
+before the task) replayed against each gateway in each mode it serves (`websocket`,
+`http_full`, `http_previous`, and `chat`: the whole history every turn on
+`/v1/chat/completions`, which smg passes through to the upstream's) and by the client
+straight to the upstream's `/v1/responses` and `/v1/chat/completions` (`floor`: what the
+model alone costs), rounds interleaved.
 
 Per system and mode, medians over the rounds: loop time / ideal (the ideal: the sampled
 tokens at the set speed), time to first token over the last 10 turns and its excess over
 the floor's, the gateway's CPU per turn (its process tree's threads,
-/proc/PID/task/*/schedstat) and the upstream's, and the median time from a turn's last
+/proc/PID/task/*/schedstat; also over the turns after the first, which renders what a
+resumed session resends) and the upstream's, and the median time from a turn's last
 token to its terminal event (`tail`: the store's commit over `http_previous`). Results:
 benches/results/peers.json (or `--out`). `--baseline NAME=DIR` adds another hotloop
 (its package directory first on PYTHONPATH) as `hotloop@NAME`, for before/after figures
@@ -288,6 +291,9 @@ def measure(rollout: Rollout, mode: str, server: Process, upstream: Process) -> 
         "ttft_ms": statistics.median(t.ttft for t in last) * 1e3,
         "tail_ms": statistics.median(t.tail for t in run.turns) * 1e3,
         "gateway_cpu_ms_per_turn": run.server_cpu_ns / turns / 1e6,
+        "gateway_cpu_ms_per_later_turn": (
+            sum(t.server_cpu_ns for t in run.turns[1:]) / max(1, turns - 1) / 1e6
+        ),
         "upstream_cpu_ms_per_turn": (upstream.cpu_ns() - upstream_start) / turns / 1e6,
         "input_tokens_last": run.turns[-1].input_tokens,
     }
@@ -356,6 +362,12 @@ def main() -> None:
     parser.add_argument("--tool-calls", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--history-tokens", type=int, default=60_000, help="at the end")
+    parser.add_argument(
+        "--resume-tokens",
+        type=int,
+        default=0,
+        help="an earlier session of about this many tokens, resent by the first request",
+    )
     parser.add_argument("--out", default="benches/results/peers.json")
     parser.add_argument(
         "--baseline",
@@ -390,6 +402,9 @@ def main() -> None:
         args.baselines[f"hotloop@{name}"] = path
         args.systems += f",hotloop@{name}"
     rollout = agent_rollout(args.seed, args.tool_calls, args.history_tokens)
+    if args.resume_tokens:
+        earlier = agent_rollout(args.seed + 1, args.tool_calls, args.resume_tokens)
+        rollout = replace(rollout, prior=tuple(earlier.history_items(len(earlier.steps))))
     needs_peers = any(not s.startswith("hotloop") for s in args.systems.split(","))
     venv = peer_venv() if needs_peers else None
     results: dict[str, Any] = {
@@ -397,7 +412,11 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "load_average_at_start": os.getloadavg(),
-        "rollout": {"seed": args.seed, "tool_calls": len(rollout.steps)},
+        "rollout": {
+            "seed": args.seed,
+            "tool_calls": len(rollout.steps),
+            "resume_tokens": args.resume_tokens,
+        },
         "configurations": [],
     }
     with tempfile.TemporaryDirectory(prefix="hotloop-peers-") as scratch:

@@ -92,10 +92,14 @@ def _benchmarks(*names: str) -> tuple[tuple[str, ...], ...]:
 
 def _by_length(name: str, flags: str) -> Figure:
     """`bench_peers.py` with `flags` at its default length (about 60k tokens) at 4,000
-    and 1,000 tok/s, then at 10k and 250k tokens at 4,000: `NAME.json`,
-    `NAME_10000.json` and `NAME_250000.json`."""
-    runs = (("4000,1000", (), ""), ("4000", ("--history-tokens", "10000"), "_10000"))
-    runs += (("4000", ("--history-tokens", "250000"), "_250000"),)
+    and 1,000 tok/s, then at 4,000 the same short loop (about 10k tokens of its own)
+    resuming a session of 10k and of 250k tokens: `NAME.json`, `NAME_10000.json` and
+    `NAME_250000.json`."""
+    runs: tuple[tuple[str, tuple[str, ...], str], ...] = (("4000,1000", (), ""),)
+    runs += tuple(
+        ("4000", ("--history-tokens", "10000", "--resume-tokens", str(n)), f"_{n}")
+        for n in (10000, 250000)
+    )
     return Figure(
         name,
         tuple(

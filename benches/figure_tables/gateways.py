@@ -233,8 +233,9 @@ def whole_history_tables(
     labels: dict[str, str] = WHOLE_HISTORY_ROWS,
 ) -> str:
     """Clients that resend their whole history (`bench_peers.py`, `http_full`) beside the
-    same loop over WebSocket: CPU per turn and loop / ideal per speed, then CPU per turn
-    from the shortest history to the longest (`labels`: the rows, by system and mode)."""
+    same loop over WebSocket: CPU per turn and loop / ideal per speed, then the same turns
+    after a short and a long resumed session (`--resume-tokens`): CPU per turn after the
+    first (`labels`: the rows, by system and mode)."""
     configurations = main["configurations"]
     last = configurations[0]["systems"]["hotloop websocket"]["input_tokens_last"]
     header = [f"~{tokens(last)} tokens at the last turn"]
@@ -256,15 +257,16 @@ def whole_history_tables(
     lengths = [run["configurations"][0]["systems"] for run in (short, long)]
     first, last = (s["hotloop websocket"]["input_tokens_last"] for s in lengths)
     growth_header = (
-        f"CPU / turn, {short['configurations'][0]['tokens_per_second']:,.0f} tok/s",
+        f"CPU / turn after the first, {short['configurations'][0]['tokens_per_second']:,.0f} "
+        "tok/s, tokens at the last turn",
         *(tokens(n) for n in (first, last)),
         f"{tokens(last)} / {tokens(first)}",
     )
     growth = [
         (
             labels[key],
-            *(ms(s[key]["gateway_cpu_ms_per_turn"], 2) for s in lengths),
-            f"{lengths[1][key]['gateway_cpu_ms_per_turn'] / lengths[0][key]['gateway_cpu_ms_per_turn']:.2f}x",  # noqa: E501
+            *(ms(s[key]["gateway_cpu_ms_per_later_turn"], 2) for s in lengths),
+            f"{lengths[1][key]['gateway_cpu_ms_per_later_turn'] / lengths[0][key]['gateway_cpu_ms_per_later_turn']:.2f}x",  # noqa: E501
         )
         for key in labels
         if not key.startswith("floor") and all(key in s for s in lengths)

@@ -2,6 +2,7 @@
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,22 @@ def test_history_items_answer_every_call(rollout: Rollout) -> None:
     outputs = [i["call_id"] for i in items if i["type"] == "function_call_output"]
     assert calls == outputs and len(calls) == 10
     assert items[0] == {"type": "message", "role": "user", "content": rollout.task}
+
+
+def test_a_resumed_session_resends_the_earlier_one_before_its_task(rollout: Rollout) -> None:
+    earlier = build_rollout(3, tool_calls=5)
+    prior = tuple(earlier.history_items(5))
+    resumed = replace(rollout, prior=prior)
+    task = {"type": "message", "role": "user", "content": rollout.task}
+    assert resumed.opening() == [*prior, task]
+    assert resumed.history_items(2)[: len(prior) + 1] == [*prior, task]
+    assert resumed.history_items(2)[len(prior) :] == rollout.history_items(2)
+    assert Rollout.from_json(json.loads(json.dumps(resumed.to_json()))) == resumed
+    # A replayer counts the calls in the prompt: the earlier session's come first.
+    script = resumed.sim_script()["turns"]
+    assert len(script) == 5 + len(rollout.steps) + 1
+    assert script[5:] == rollout.sim_script()["turns"]
+    assert script[0]["calls"] == [[earlier.steps[0].call.name, earlier.steps[0].call.arguments]]
 
 
 def test_default_corpus_is_this_interpreters_stdlib() -> None:

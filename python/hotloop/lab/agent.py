@@ -425,9 +425,7 @@ class Agent:
     async def run(self) -> AgentRun:
         rollout = self.rollout
         turns: list[TurnRecord] = []
-        new_items: list[dict[str, Any]] = [
-            {"type": "message", "role": "user", "content": rollout.task}
-        ]
+        new_items = rollout.opening()
         previous: str | None = None
         client_start = time.process_time_ns()
         wall_start = time.perf_counter()

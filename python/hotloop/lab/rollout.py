@@ -115,6 +115,10 @@ class Rollout:
     tools: list[dict[str, Any]]
     steps: tuple[Step, ...]
     answer: str
+    prior: tuple[dict[str, Any], ...] = ()
+    """Input items of an earlier session, resent before the task by the first request (a
+    session resumed with a new task, as AgentX's and AgentPerf's agents resume theirs;
+    empty: the task starts the conversation)."""
 
     def call_id(self, index: int) -> str:
         return f"call_{self.seed:04d}_{index:03d}"
@@ -122,11 +126,15 @@ class Rollout:
     def history_items(self, steps: int) -> list[dict[str, Any]]:
         """The conversation after `steps` completed steps, as Responses-API input items
         (what a stateless client sends, less the server-assigned ids)."""
-        items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": self.task}]
+        items = self.opening()
         for index in range(min(steps, len(self.steps))):
             items.extend(self.step_items(index))
             items.append(self.tool_result(index))
         return items
+
+    def opening(self) -> list[dict[str, Any]]:
+        """The first request's input: the earlier session's items, then the task."""
+        return [*self.prior, {"type": "message", "role": "user", "content": self.task}]
 
     def step_items(self, index: int) -> list[dict[str, Any]]:
         """The model's output items for step `index` (reasoning, then the call)."""
@@ -164,7 +172,20 @@ class Rollout:
         turns: list[dict[str, Any]] = [
             {thought: s.reasoning, "calls": [[s.call.name, s.call.arguments]]} for s in self.steps
         ]
-        return {"turns": [*turns, {"text": self.answer}]}
+        return {"turns": [*self._earlier_turns(thought), *turns, {"text": self.answer}]}
+
+    def _earlier_turns(self, thought: str) -> list[dict[str, Any]]:
+        """The earlier session's turns, first in the script: a replayer finds its turn by
+        the calls the prompt holds, and a resumed prompt holds these already."""
+        turns: list[dict[str, Any]] = []
+        said = None
+        for item in self.prior:
+            if item["type"] == "reasoning":
+                said = item["content"][0]["text"]
+            elif item["type"] == "function_call":
+                turns.append({thought: said, "calls": [[item["name"], item["arguments"]]]})
+                said = None
+        return turns
 
     @property
     def tool_output_bytes(self) -> int:
@@ -187,6 +208,7 @@ class Rollout:
                 for s in self.steps
             ],
             "answer": self.answer,
+            "prior": list(self.prior),
         }
 
     @classmethod
@@ -207,6 +229,7 @@ class Rollout:
                 for s in data["steps"]
             ),
             answer=str(data["answer"]),
+            prior=tuple(data.get("prior", ())),
         )
 
 
