@@ -336,6 +336,13 @@ HISTORICAL = {
         "hotloop before issue 38 (5f6d1ee, its own core) beside the code at eae519d and "
         "agentic-api, one run",
     ),
+    HISTORY + "upstream_context_before_after.json": Historical(
+        "90fdb6d",
+        "`bench_memory_per_agent.py` (three runs each, alternated) and `bench_capacity.py "
+        "--agents 64 --baseline before=DIR` (one run): eeaa1a1 against the same tree with "
+        "4c5a8ee's `engines/http1.py`, whose pooled connections held their opening turn's "
+        "request",
+    ),
     HISTORY + "abuse_before_after.json": Historical(
         "83f2e46",
         "`bench_abuse.py 6` on 8c2e08d's server (before issue 15's admission control and "
