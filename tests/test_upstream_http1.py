@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
+import uvloop
 from fake_upstreams import FakeUpstream, Script, serving
 from hotloop._core import Prompt
 from hotloop.engines import base, http1
@@ -119,9 +120,10 @@ class Request:
     """Stands for a turn's request (weakly referable, unlike a bytes frame)."""
 
 
-async def test_a_kept_alive_connection_does_not_hold_the_turn_that_opened_it() -> None:
-    # A transport keeps the context it was created in; a turn's context holds its
-    # request (`SERVING`). The pooled connection must not keep that request alive.
+async def opening_turn_is_not_held() -> None:
+    """A transport keeps the context it was created in; a turn's context holds its
+    request (`SERVING`). The pooled connection must not keep that request alive."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             await read_request(reader)
@@ -150,6 +152,15 @@ async def test_a_kept_alive_connection_does_not_hold_the_turn_that_opened_it() -
         assert await collect(engine) == REPLY
         assert len(accepted) == 1  # and the connection was kept and reused
         await engine.close()
+
+
+async def test_a_kept_alive_connection_does_not_hold_the_turn_that_opened_it() -> None:
+    await opening_turn_is_not_held()
+
+
+def test_a_kept_alive_connection_does_not_hold_the_turn_that_opened_it_on_uvloop() -> None:
+    # `hotloop serve`'s loop: its transports keep their context as asyncio's do.
+    uvloop.run(opening_turn_is_not_held())
 
 
 async def test_a_length_delimited_stream_and_an_idle_connection_the_server_closed() -> None:
