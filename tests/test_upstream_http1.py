@@ -40,6 +40,15 @@ def events(reply: list[int] = REPLY) -> list[bytes]:
     return out
 
 
+def chunked_stream() -> bytes:
+    """A whole 200 response streaming `events()` in one chunk each, as vLLM frames it."""
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events()) + b"0\r\n\r\n"
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n" + body
+    )
+
+
 async def read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
     length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
@@ -99,11 +108,7 @@ async def test_a_stream_written_byte_by_byte_decodes_whole_and_the_connection_is
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             await read_request(reader)
-            body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events()) + b"0\r\n\r\n"
-            response = (
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                b"transfer-encoding: chunked\r\n\r\n" + body
-            )
+            response = chunked_stream()
             for i in range(len(response)):
                 writer.write(response[i : i + 1])
                 await writer.drain()
@@ -127,11 +132,7 @@ async def opening_turn_is_not_held() -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             await read_request(reader)
-            body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events()) + b"0\r\n\r\n"
-            writer.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                b"transfer-encoding: chunked\r\n\r\n" + body
-            )
+            writer.write(chunked_stream())
             await writer.drain()
 
     turn_request: contextvars.ContextVar[Request | None] = contextvars.ContextVar("request")
