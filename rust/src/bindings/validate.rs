@@ -158,7 +158,7 @@ impl PySeenItems {
     /// Remember `request`'s raw address, naming the state of its whole input (kept by
     /// the caller). Returns whether it had one (an `input` array parsed with this map).
     fn remember(&self, request: &PyCreateRequest) -> bool {
-        self.lock().remember(&request.inner.history)
+        self.lock().remember(&request.inner)
     }
 
     /// Forget the raw addresses of the state at history digest `digest`.

@@ -27,12 +27,13 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::field::{self, invalid_value};
-use super::history::{raw_chain, raw_fields_digest, Seen, SeenItems};
+use super::history::{array_elements, raw_chain, raw_fields_digest, seen_skip, span_of, Seen, SeenItems};
 use super::input::{required_name, required_text, text_or_parts, Input, RawPart, TextSource, NO_LIMIT};
 use super::path::Path;
 use super::request::{not_utf8, parse_object, Body, ChatParts, EFFORTS};
 use super::shape::{self, Shape};
-use super::{check_values, CreateRequest, Limits};
+use super::values::check_values_except;
+use super::{CreateRequest, Limits};
 use crate::error::{Code, Error, Result};
 use crate::item::{Item, Role};
 
@@ -139,7 +140,14 @@ pub fn parse_chat_request_seen(
     let text = std::str::from_utf8(body).map_err(|_| not_utf8())?;
     let chat: ChatBody = parse_object(text, "The request body")?;
     let mut options = ChatOptions::default();
-    let parts = check_values(text).and_then(|()| chat_parts(&chat, limits, &mut options, seen));
+    let parts = chat_parts(&chat, limits, &mut options, seen);
+    // Checked once the leading messages recognized by their bytes are known, as a
+    // Responses body is (`request::parse_request_seen`); a value refused wins.
+    let skip = parts.as_ref().ok().and_then(|parts| {
+        let seen = parts.seen?;
+        seen_skip(text, chat.messages, &seen, &parts.seen_bytes)
+    });
+    let parts = check_values_except(text, skip).and(parts);
     let mut request = match parts {
         Ok(parts) => {
             let reasoning = chat.reasoning_effort.map(reasoning_of);
@@ -440,6 +448,7 @@ fn parse_messages(raw: &RawValue, limits: &Limits) -> Result<ChatParts> {
         input_json: String::new(),
         input_bytes: raw.get().len(),
         seen: None,
+        seen_bytes: 0..0,
         raw: None,
     };
     for (i, element) in elements.into_iter().enumerate() {
@@ -488,10 +497,9 @@ fn parse_messages_seen(
     limits: &Limits,
     seen: &SeenItems,
 ) -> Result<ChatParts> {
-    let Ok(elements) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
+    let Some(elements) = array_elements(raw.get()) else {
         return parse_messages(raw, limits);
     };
-    let elements: Vec<&str> = elements.iter().map(|element| element.get()).collect();
     let fields: [Option<&RawValue>; 2] = [chat.tools, chat.reasoning_effort];
     let start = raw_fields_digest(&fields.map(|f| f.map(RawValue::get)));
     let chain = raw_chain(MESSAGES, start, &elements);
@@ -502,6 +510,7 @@ fn parse_messages_seen(
     let mut parts = match recognized {
         Some((found, parts)) => ChatParts {
             seen: Some(found),
+            seen_bytes: span_of(raw.get(), &elements[..found.elements]),
             ..parts
         },
         None => parse_messages(raw, limits)?,
@@ -524,6 +533,7 @@ fn parse_after(elements: &[&str], found: Seen, raw: &RawValue, limits: &Limits) 
         input_json: String::new(),
         input_bytes: raw.get().len(),
         seen: None,
+        seen_bytes: 0..0,
         raw: None,
     };
     let read = |i: usize| -> Result<RawMessage> {

@@ -25,13 +25,15 @@
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::ops::Range;
 use std::sync::OnceLock;
 
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::input::{parse_elements, parse_input, Input};
-use super::{parse_request, Limits};
+use super::values::Skip;
+use super::{parse_request, CreateRequest, Limits};
 use crate::error::{Code, Error, Result};
 use crate::item::{Item, Prefix};
 
@@ -48,6 +50,10 @@ pub struct History {
     pub seen: Seen,
     /// The digests of the items after those.
     pub items: Vec<Digest>,
+    /// Where the elements recognized by their bytes lie in the array's text (empty when
+    /// none were): their values were checked when the key sent them, and are not read
+    /// again ([`super::values::check_values_except`]).
+    pub seen_bytes: Range<usize>,
     /// The raw address of the whole input ([`raw_chain`]'s last) and its count of
     /// elements, when it was computed (an `input` array parsed with a [`SeenItems`]):
     /// what [`SeenItems::remember`] keeps.
@@ -61,6 +67,7 @@ impl History {
             prefix,
             seen: Seen::nothing(prefix),
             items: items.iter().map(item_digest).collect(),
+            seen_bytes: 0..0,
             raw: None,
         }
     }
@@ -119,9 +126,11 @@ pub struct SeenItems {
 
 impl SeenItems {
     /// Remember a served request's raw address (when it has one, see [`History::raw`]).
-    /// Returns whether it did.
-    pub fn remember(&mut self, history: &History) -> bool {
-        let Some((raw, elements)) = history.raw else {
+    /// Returns whether it did. A refused request is not remembered: the bytes of what is
+    /// remembered are not checked again ([`History::seen_bytes`]).
+    pub fn remember(&mut self, request: &CreateRequest) -> bool {
+        let history = &request.history;
+        let (None, Some((raw, elements))) = (&request.error, history.raw) else {
             return false;
         };
         if self.raw.len() >= MAX_SEEN {
@@ -326,10 +335,9 @@ pub(super) fn parse_history(
         return whole();
     };
     // A string input (or anything else that is not an array) has no elements.
-    let Ok(elements) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
+    let Some(elements) = array_elements(raw.get()) else {
         return whole();
     };
-    let elements: Vec<&str> = elements.iter().map(|element| element.get()).collect();
     let prefix_digest = prefix_digest(prefix);
     let chain = raw_chain(INPUT, prefix_digest, &elements);
     let found = seen.longest(&chain).filter(|found| found.items == found.elements);
@@ -343,6 +351,7 @@ pub(super) fn parse_history(
                 prefix: prefix_digest,
                 seen: found,
                 items,
+                seen_bytes: span_of(raw.get(), &elements[..found.elements]),
                 raw: None,
             };
             (input, history)
@@ -351,6 +360,98 @@ pub(super) fn parse_history(
     };
     history.raw = chain.last().map(|raw| (*raw, elements.len()));
     Ok((input, history))
+}
+
+/// The elements of a request's `input` or `messages` (`array`, a slice of `frame`) that
+/// were recognized by their bytes, as the span of `frame` its check of values passes over.
+/// `seen` are the elements, `bytes` where they lie in the array's text.
+pub(super) fn seen_skip(
+    frame: &str,
+    array: Option<&RawValue>,
+    seen: &Seen,
+    bytes: &Range<usize>,
+) -> Option<Skip> {
+    let array = array?.get();
+    let start = (array.as_ptr() as usize).checked_sub(frame.as_ptr() as usize)?;
+    let within = start + array.len() <= frame.len() && bytes.end <= array.len();
+    (within && seen.elements > 0).then(|| Skip {
+        bytes: start + bytes.start..start + bytes.end,
+        elements: seen.elements,
+    })
+}
+
+/// The elements of `array`, a JSON text serde_json accepted, each as its bytes without
+/// the whitespace around it; None when it is not an array. One pass that looks only for
+/// what delimits the elements: a resent history is mostly strings, skipped from quote to
+/// quote (the bytes in between are checked by the parse of whatever is not recognized).
+pub(super) fn array_elements(array: &str) -> Option<Vec<&str>> {
+    let bytes = array.as_bytes();
+    let mut i = bytes.iter().position(|b| !b.is_ascii_whitespace())?;
+    if bytes[i] != b'[' {
+        return None;
+    }
+    i += 1;
+    let mut elements = Vec::new();
+    // The element being read: where it starts, and the end of its last byte so far
+    // that is not whitespace.
+    let mut start = None;
+    let mut end = i;
+    let mut depth = 0usize;
+    while let Some(&byte) = bytes.get(i) {
+        match byte {
+            b' ' | b'\n' | b'\r' | b'\t' => {
+                i += 1;
+                continue;
+            }
+            b',' if depth == 0 => {
+                elements.push(&array[start?..end]);
+                start = None;
+                i += 1;
+                continue;
+            }
+            b']' | b'}' if depth == 0 => {
+                if let Some(start) = start {
+                    elements.push(&array[start..end]);
+                }
+                return Some(elements);
+            }
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => depth -= 1,
+            _ => {}
+        }
+        start.get_or_insert(i);
+        i = if byte == b'"' {
+            closing_quote(bytes, i + 1)
+        } else {
+            i
+        } + 1;
+        end = i;
+    }
+    None
+}
+
+/// The quote that ends the string whose content starts at `from`: the next quote not
+/// escaped (preceded by an even number of backslashes).
+fn closing_quote(bytes: &[u8], mut from: usize) -> usize {
+    while let Some(offset) = memchr::memchr(b'"', &bytes[from.min(bytes.len())..]) {
+        let quote = from + offset;
+        let backslashes = bytes[..quote].iter().rev().take_while(|&&b| b == b'\\').count();
+        if backslashes % 2 == 0 {
+            return quote;
+        }
+        from = quote + 1;
+    }
+    bytes.len()
+}
+
+/// The bytes of `array`'s text that `elements` (leading elements of it, slices of it)
+/// span: from the first one's start to the last one's end; empty when there are none.
+pub(super) fn span_of(array: &str, elements: &[&str]) -> Range<usize> {
+    let offset = |element: &str| element.as_ptr() as usize - array.as_ptr() as usize;
+    match (elements.first(), elements.last()) {
+        (Some(first), Some(last)) => offset(first)..offset(last) + last.len(),
+        _ => 0..0,
+    }
 }
 
 /// The digests of a response's `output` items (a JSON array, as the server sent it),
@@ -372,6 +473,7 @@ pub fn output_digests(output_json: &str) -> Result<Vec<Digest>> {
 mod tests {
     use super::*;
     use crate::item::Role;
+    use proptest::prelude::*;
 
     fn request(body: &str) -> crate::validate::CreateRequest {
         let request = parse_request(body.as_bytes(), &Limits::default()).unwrap();
@@ -464,7 +566,7 @@ mod tests {
         let mut seen = SeenItems::default();
         let first = seen_request(TWO, &seen);
         assert_eq!(first.history.seen.items, 0);
-        assert!(seen.remember(&first.history));
+        assert!(seen.remember(&first));
         let again = seen_request(TWO, &seen);
         assert_eq!((again.history.seen.items, again.input.items.len()), (2, 0));
         assert_eq!(last(&again), last(&request(TWO)));
@@ -478,7 +580,7 @@ mod tests {
     #[test]
     fn other_bytes_or_another_prefix_are_parsed_whole() {
         let mut seen = SeenItems::default();
-        seen.remember(&seen_request(TWO, &seen).history);
+        seen.remember(&seen_request(TWO, &seen));
         // The same items spelled another way (whitespace, key order), another prefix:
         // parsed whole, with the same digests as a full parse.
         for body in [
@@ -506,7 +608,7 @@ mod tests {
     fn a_forgotten_state_is_parsed_whole() {
         let mut seen = SeenItems::default();
         let first = seen_request(TWO, &seen);
-        seen.remember(&first.history);
+        seen.remember(&first);
         seen.forget(last(&first));
         assert!(seen.is_empty());
         assert_eq!(seen_request(THREE, &seen).history.seen.items, 0);
@@ -515,7 +617,7 @@ mod tests {
     #[test]
     fn an_error_after_the_seen_items_is_a_full_parse_error() {
         let mut seen = SeenItems::default();
-        seen.remember(&seen_request(TWO, &seen).history);
+        seen.remember(&seen_request(TWO, &seen));
         for bad in [r#"{"type":"nope"}"#, "3", r#"{"role":"user","content":7}"#] {
             let body = THREE.replace(
                 r#"{"type":"function_call_output","call_id":"c","output":"ok"}"#,
@@ -532,7 +634,7 @@ mod tests {
     #[test]
     fn a_continuation_is_never_recognized() {
         let mut seen = SeenItems::default();
-        seen.remember(&seen_request(TWO, &seen).history);
+        seen.remember(&seen_request(TWO, &seen));
         let body = TWO.replace(
             r#"{"instructions""#,
             r#"{"previous_response_id":"resp_1","instructions""#,
@@ -570,7 +672,7 @@ mod tests {
             &format!(r#""content":"a"}},{reply},{{"role":"tool","tool_call_id":"c","content":"ok"}}]"#),
         );
         let mut seen = SeenItems::default();
-        seen.remember(&chat(&first, &seen).history);
+        seen.remember(&chat(&first, &seen));
         let continued = chat(&second, &seen);
         // Two messages (the system one is the instructions): one item; the reply is two.
         assert_eq!(
@@ -578,7 +680,7 @@ mod tests {
             (1, 3)
         );
         assert_eq!(continued.prefix.instructions.as_deref(), Some("x"));
-        seen.remember(&continued.history);
+        seen.remember(&continued);
         assert_eq!(chat(&second, &seen).history.seen.items, 4);
         // Other tools, another system message, another spelling: parsed whole.
         for other in [
@@ -590,6 +692,103 @@ mod tests {
             ),
         ] {
             assert_eq!(chat(&other, &seen).history.seen.items, 0, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_value_refused_after_the_seen_elements_is_refused_where_it_is() {
+        let mut seen = SeenItems::default();
+        seen.remember(&seen_request(TWO, &seen));
+        let limits = Limits::default();
+        for (bad, param) in [
+            (
+                r#"{"type":"function_call_output","call_id":"c","output":"ok","zz":1e999}"#,
+                "input[2].zz",
+            ),
+            (
+                r#"{"type":"function_call_output","call_id":"c","output":"\ud800"}"#,
+                "input[2].output",
+            ),
+        ] {
+            let body = THREE.replace(
+                r#"{"type":"function_call_output","call_id":"c","output":"ok"}"#,
+                bad,
+            );
+            let with = crate::validate::parse_request_seen(body.as_bytes(), &limits, Some(&seen)).unwrap();
+            let without = parse_request(body.as_bytes(), &limits).unwrap();
+            let error = with.error.expect(bad);
+            assert_eq!(
+                (error.code, error.param.as_deref()),
+                (Code::InvalidValue, Some(param))
+            );
+            assert_eq!(Some(error), without.error, "{bad}");
+        }
+        // Outside the input, after it: refused too.
+        let body = THREE.replace(r#"]}"#, r#"],"metadata":{"n":1e999}}"#);
+        let with = crate::validate::parse_request_seen(body.as_bytes(), &limits, Some(&seen)).unwrap();
+        assert_eq!(with.error.and_then(|e| e.param).as_deref(), Some("metadata.n"));
+    }
+
+    #[test]
+    fn a_chat_value_refused_after_the_seen_messages_is_refused_where_it_is() {
+        let first = r#"{"messages":[{"role":"user","content":"a"}, {"role":"user","content":"b"}]}"#;
+        let mut seen = SeenItems::default();
+        seen.remember(&chat(first, &seen));
+        let body = first.replace(r#"}]}"#, r#"},{"role":"user","content":"c","zz":-1e999}]}"#);
+        let limits = Limits::default();
+        let with = crate::validate::parse_chat_request_seen(body.as_bytes(), &limits, Some(&seen)).unwrap();
+        let error = with.request.error.expect("refused");
+        assert_eq!(error.param.as_deref(), Some("messages[2].zz"));
+    }
+
+    /// A JSON value as text, spelled with the whitespace, escapes and nesting that could
+    /// confuse a scanner looking only for delimiters.
+    fn json_value() -> impl Strategy<Value = String> {
+        let string = prop_oneof![
+            Just(r#""""#.to_string()),
+            Just(r#""a\"b""#.to_string()),
+            Just(r#""\\""#.to_string()),
+            Just(r#""\\\"]},[{""#.to_string()),
+            Just(r#""\u0022\n""#.to_string()),
+            "[a-z,\\[\\]{}:]{0,6}".prop_map(|s| format!("\"{s}\"")),
+        ];
+        let leaf = prop_oneof![
+            string,
+            Just("0".to_string()),
+            Just("-1.5e3".to_string()),
+            Just("true".to_string()),
+            Just("null".to_string()),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            let space = prop_oneof![Just(""), Just(" "), Just("\n\t "), Just("\r\n")];
+            prop_oneof![
+                (prop::collection::vec((inner.clone(), space.clone()), 0..4)).prop_map(|v| format!(
+                    "[{}]",
+                    v.into_iter()
+                        .map(|(x, s)| format!("{s}{x}{s}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )),
+                (prop::collection::vec((inner, space), 0..4)).prop_map(|v| format!(
+                    "{{{}}}",
+                    v.into_iter()
+                        .enumerate()
+                        .map(|(i, (x, s))| format!("{s}\"k{i}\"{s}:{s}{x}{s}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn array_elements_are_the_elements_serde_json_reads(value in json_value(), space in "[ \n\t]{0,2}") {
+            let text = format!("{space}{value}{space}");
+            let by_serde = serde_json::from_str::<Vec<&RawValue>>(&text)
+                .ok()
+                .map(|elements| elements.iter().map(|e| e.get()).collect::<Vec<_>>());
+            proptest::prop_assert_eq!(array_elements(&text), by_serde, "{}", text);
         }
     }
 }

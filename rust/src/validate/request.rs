@@ -9,13 +9,13 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::field::{self, invalid_value};
-use super::history::{parse_history, Digest, History, Seen, SeenItems};
+use super::history::{parse_history, seen_skip, Digest, History, Seen, SeenItems};
 use super::input::{input_json, Input};
 use super::path::Path;
 use super::policy::Policy;
 use super::prompt_cache::PromptCache;
 use super::tools::{parse_tool_choice, parse_tools, SkippedTool, ToolChoice, ToolForm};
-use super::values::check_values;
+use super::values::check_values_except;
 use super::Limits;
 use crate::error::{Code, Error, Result};
 use crate::item::Prefix;
@@ -208,6 +208,8 @@ pub(super) struct ChatParts {
     /// The leading messages recognized by their bytes (`chat::parse_messages_seen`):
     /// what they stand for, parsed; `input` holds the items after them.
     pub seen: Option<Seen>,
+    /// Where the `seen` messages lie in the text of `messages` (`History::seen_bytes`).
+    pub seen_bytes: Range<usize>,
     /// The raw address of the whole `messages` and its count of messages (`History::raw`).
     pub raw: Option<(Digest, usize)>,
 }
@@ -365,6 +367,7 @@ impl CreateRequest {
                 self.history.raw = chat.raw;
                 if let Some(seen) = chat.seen {
                     self.history.seen = seen;
+                    self.history.seen_bytes = chat.seen_bytes;
                 }
             }
             None => {
@@ -599,10 +602,20 @@ pub fn parse_request(body: &[u8], limits: &Limits) -> Result<CreateRequest> {
 pub fn parse_request_seen(body: &[u8], limits: &Limits, seen: Option<&SeenItems>) -> Result<CreateRequest> {
     let text = std::str::from_utf8(body).map_err(|_| not_utf8())?;
     let fields: Body = parse_object(text, "The request body")?;
-    let mut request = match check_values(text) {
-        Ok(()) => CreateRequest::from_body(&fields, text, None, limits, None, seen),
-        Err(e) => CreateRequest::refused(e, None),
-    };
+    let mut request = CreateRequest::from_body(&fields, text, None, limits, None, seen);
+    // Checked once the leading elements recognized by their bytes are known: they are
+    // not read again. Any value refused wins over what the fields said.
+    if let Err(e) = check_values_except(
+        text,
+        seen_skip(
+            text,
+            fields.input,
+            &request.history.seen,
+            &request.history.seen_bytes,
+        ),
+    ) {
+        request = CreateRequest::refused(e, None);
+    }
     request.frame_bytes = body.len();
     Ok(request)
 }

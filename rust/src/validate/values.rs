@@ -18,6 +18,8 @@
 //! field that holds it (`input[0].zz`, `tools[2].foo`, `reasoning.effort`). It keeps
 //! only a stack of open containers, and builds the path only for an error.
 
+use std::ops::Range;
+
 use crate::error::{Code, Error, Result};
 
 /// An open container, with where the scan is inside it.
@@ -37,10 +39,37 @@ enum Open {
 /// accepted. The first value a strict parser would refuse is an `invalid_value` error
 /// located at its field. Never panics, whatever `text` is.
 pub fn check_values(text: &str) -> Result<()> {
+    check_values_except(text, None)
+}
+
+/// Leading elements of an array that a check passes over: `bytes`, the span of `text`
+/// from the first one's start to the last one's end, holds `elements` of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Skip {
+    pub bytes: Range<usize>,
+    pub elements: usize,
+}
+
+/// [`check_values`] without reading the elements in `skip`: those of a history resent
+/// by its key, byte for byte, whose values were checked when it sent them
+/// (`history.rs`). Errors elsewhere are located as [`check_values`] locates them.
+pub fn check_values_except(text: &str, skip: Option<Skip>) -> Result<()> {
     let bytes = text.as_bytes();
     let mut stack: Vec<Open> = Vec::new();
+    let skip = skip.filter(|s| s.elements > 0 && s.bytes.end <= bytes.len());
+    let (skip_at, skip_to, skipped) =
+        skip.map_or((usize::MAX, 0, 0), |s| (s.bytes.start, s.bytes.end, s.elements));
     let mut i = 0;
     while i < bytes.len() {
+        if i == skip_at {
+            // The array's first element: the scan resumes after the last one skipped,
+            // as if it had counted the commas between them.
+            if let Some(Open::Array { index }) = stack.last_mut() {
+                *index += skipped - 1;
+                i = skip_to;
+                continue;
+            }
+        }
         match bytes[i] {
             b'"' => {
                 let end = string_end(bytes, i + 1).map_err(|r| refuse(text, &stack, r))?;
@@ -222,6 +251,23 @@ mod tests {
         let e = check_values(text).expect_err(text);
         assert_eq!(e.code, Code::InvalidValue, "{text}");
         e.param
+    }
+
+    #[test]
+    fn skipped_elements_are_not_read_and_the_rest_is_located_after_them() {
+        let text = r#"{"input":[1e999, "\ud800",{"a":-1e999}],"b":2}"#;
+        let start = text.find('[').unwrap() + 1;
+        let end = text.find(",{").unwrap();
+        let skip = |elements| Skip {
+            bytes: start..end,
+            elements,
+        };
+        let e = check_values_except(text, Some(skip(2))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[2].a"));
+        // Without the skip, the first element is refused.
+        assert_eq!(param(text).as_deref(), Some("input[0]"));
+        let fine = text.replace("-1e999", "1");
+        check_values_except(&fine, Some(skip(2))).unwrap();
     }
 
     #[test]
