@@ -50,6 +50,7 @@ from hotloop._core import (
     ChatFormat,
     Conversation,
     RequestBodies,
+    SeenItems,
     Tokenizer,
     parse_event,
     parse_request,
@@ -197,6 +198,36 @@ def test_parse_continuation_vs_full_history_frame(
     ratio = fastest(lambda: parse_event(full), repeat) / fastest(lambda: parse_event(delta), repeat)
     print(f"parse full-history frame ({len(full)} B) / continuation ({len(delta)} B): {ratio:.0f}x")
     assert ratio >= 30
+
+
+def test_resent_history_parse_vs_whole_parse_and_orjson(
+    benchmark: Any, rollout: Rollout, repeat: int
+) -> None:
+    # A client that resends its whole history (issue 38): the elements its key was served
+    # before are split from quote to quote, hashed, and not decoded or checked again
+    # (`rust/src/validate/history.rs`). The body here is the rollout's ~100k-token
+    # history plus one new item, the key having been served the history.
+    history = rollout.history_items(STEPS)
+    served = orjson.dumps({"model": "sim", "store": False, "input": history})
+    body = orjson.dumps(
+        {"model": "sim", "store": False, "input": [*history, rollout.tool_result(0)]}
+    )
+    seen = SeenItems()
+    assert seen.remember(parse_request(served, None, seen))
+    assert parse_request(body, None, seen).seen_items == len(history)
+
+    def resent() -> None:
+        parse_request(body, None, seen)
+
+    benchmark(resent)
+    ours = fastest(resent, repeat)
+    whole = fastest(lambda: parse_request(body), repeat)
+    loads = fastest(lambda: orjson.loads(body), repeat)
+    print(
+        f"resent history of {len(body)} B: whole parse / seen {whole / ours:.2f}x, "
+        f"orjson.loads / seen {loads / ours:.2f}x"
+    )
+    assert whole / ours >= 1.5
 
 
 def test_tokenize_against_tiktoken(benchmark: Any, rollout: Rollout, repeat: int) -> None:
