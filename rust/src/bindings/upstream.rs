@@ -126,7 +126,8 @@ impl PyResponseReader {
 /// one buffer reused while no transport still holds it.
 #[pyclass(name = "RequestBodies", module = "hotloop._core")]
 pub(crate) struct PyRequestBodies {
-    /// The last body's bytearray, as long as the longest body written into it.
+    /// The last body's bytearray, as long as the most room a body took (`body::array_room`:
+    /// 11 bytes an id of the longest prompt written).
     buffer: Option<Py<PyByteArray>>,
 }
 
@@ -150,20 +151,20 @@ impl PyRequestBodies {
         head: &[u8],
         tail: &[u8],
     ) -> PyResult<Bound<'py, PyAny>> {
-        let len = head.len() + body::array_len(&prompt.inner) + tail.len();
+        let room = head.len() + body::array_room(&prompt.inner) + tail.len();
         let held = self.buffer.as_ref().map(|buffer| buffer.bind(py).clone());
         let buffer = match held {
             // Growing it by one byte fails exactly when a buffer of it is exported.
             Some(buffer) if buffer.resize(buffer.len() + 1).is_ok() => {
-                buffer.resize(len.max(buffer.len() - 1))?;
+                buffer.resize(room.max(buffer.len() - 1))?;
                 buffer
             }
-            _ => PyByteArray::new_with(py, len, |_| Ok(()))?,
+            _ => PyByteArray::new_with(py, room, |_| Ok(()))?,
         };
         // SAFETY: nothing exports `buffer` (it was just resized or made), and no Python
         // code runs while this slice lives: the GIL is held throughout.
-        body::write_body(&prompt.inner, head, tail, unsafe {
-            &mut buffer.as_bytes_mut()[..len]
+        let len = body::write_body(&prompt.inner, head, tail, unsafe {
+            &mut buffer.as_bytes_mut()[..room]
         });
         self.buffer = Some(buffer.clone().unbind());
         PyMemoryView::from(buffer.as_any())?.get_item(PySlice::new(py, 0, len as isize, 1))
