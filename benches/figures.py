@@ -343,6 +343,14 @@ HISTORICAL = {
         "4c5a8ee's `engines/http1.py`, whose pooled connections held their opening turn's "
         "request",
     ),
+    HISTORY + "resent_parse_before_after.json": Historical(
+        "6993b33",
+        "`bench_peers.py --baseline before=DIR`: the parse of a resent history before "
+        "(5d00bb5: serde's split of the input, the boundary check over every byte) and after "
+        "(29778fa: one quote-to-quote split, the check passing over the elements the key was "
+        "served), the flat-with-history loops (nine rounds) and the ~68k loop (three), one "
+        "run each",
+    ),
     HISTORY + "abuse_before_after.json": Historical(
         "83f2e46",
         "`bench_abuse.py 6` on 8c2e08d's server (before issue 15's admission control and "
