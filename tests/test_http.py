@@ -539,6 +539,41 @@ def test_a_resent_history_is_recognized_by_its_bytes(
     assert all(cached) == (whole_history != "off")
 
 
+@pytest.mark.parametrize(
+    ("path", "field"), [("responses", "input"), ("chat/completions", "messages")]
+)
+@pytest.mark.parametrize("value", [b"1e999", b'"\\ud800"'])
+def test_a_value_refused_after_a_resent_history_is_refused_every_time(
+    tmp_path: Path, path: str, field: str, value: bytes
+) -> None:
+    """The elements a key was served are not checked again when it resends them; a value
+    a strict parser refuses in what comes after them (an unknown field is read past, not
+    decoded) still is, located at its element, and a refused request is not remembered:
+    sent again, it is refused again."""
+    headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    history: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
+    with serving(hotloop_app(tmp_path, whole_history="bytes")) as base:
+        body: dict[str, Any] = {"model": "sim", field: history, "store": False}
+        reply = httpx.post(f"{base}/v1/{path}", json=body, headers=headers).json()
+        answer = reply["output"] if path == "responses" else [reply["choices"][0]["message"]]
+        history = [*history, *answer]
+        bad = {"role": "user", "content": "more", "zz": 0}
+        raw = orjson.dumps({"model": "sim", field: [*history, bad], "store": False})
+        raw = raw.replace(b'"zz":0', b'"zz":' + value)
+        for _ in range(2):
+            refused = httpx.post(f"{base}/v1/{path}", content=raw, headers=headers)
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert (error["code"], error["param"]) == (
+                "invalid_value",
+                f"{field}[{len(history)}].zz",
+            )
+        # The history itself is still the key's: resent with a good item, it is served.
+        good = {"model": "sim", field: [*history, {"role": "user", "content": "ok"}]}
+        served = httpx.post(f"{base}/v1/{path}", json={**good, "store": False}, headers=headers)
+        assert served.status_code == 200, served.text
+
+
 @pytest.mark.parametrize("path", ["responses/compact", "responses/input_tokens", "trigger"])
 def test_a_resent_history_is_compacted_and_counted_whole(tmp_path: Path, path: str) -> None:
     """compact, input_tokens and a turn ending in `compaction_trigger` render a request's

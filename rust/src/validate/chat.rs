@@ -26,8 +26,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::elements::{array_elements, span_of};
 use super::field::{self, invalid_value};
-use super::history::{array_elements, raw_chain, raw_fields_digest, seen_skip, span_of, Seen, SeenItems};
+use super::history::{raw_chain, raw_fields_digest, seen_skip, Seen, SeenItems};
 use super::input::{required_name, required_text, text_or_parts, Input, RawPart, TextSource, NO_LIMIT};
 use super::path::Path;
 use super::request::{not_utf8, parse_object, Body, ChatParts, EFFORTS};

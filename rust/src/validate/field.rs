@@ -32,6 +32,13 @@ pub fn is_string(raw: &RawValue) -> bool {
     raw.get().trim_start().starts_with('"')
 }
 
+/// Where `inner` starts in `outer` when it is a slice of it (a raw value borrowed from the
+/// frame), by address; None when it is not (a value made elsewhere).
+pub fn offset_in(outer: &str, inner: &str) -> Option<usize> {
+    let start = (inner.as_ptr() as usize).checked_sub(outer.as_ptr() as usize)?;
+    (start + inner.len() <= outer.len()).then_some(start)
+}
+
 /// `found` is the kind of value that came instead ([`kind`]).
 pub fn type_error(path: &Path, expected: &str, found: &str) -> Error {
     Error::new(

@@ -15,6 +15,7 @@
 
 mod budget;
 mod chat;
+mod elements;
 mod event;
 mod field;
 pub mod history;

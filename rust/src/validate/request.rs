@@ -230,12 +230,8 @@ pub enum InputJson {
 impl InputJson {
     /// `raw`, the `input` field of a body parsed from `frame`.
     fn of(raw: Option<&RawValue>, frame: &str) -> InputJson {
-        // A slice of the frame itself (its bytes in the frame's memory, not compared).
-        let within = |raw: &RawValue| {
-            let start = (raw.get().as_ptr() as usize).checked_sub(frame.as_ptr() as usize)?;
-            let span = start..start + raw.get().len();
-            (span.end <= frame.len()).then_some(span)
-        };
+        let within =
+            |raw: &RawValue| field::offset_in(frame, raw.get()).map(|start| start..start + raw.get().len());
         match raw {
             Some(array) if !field::is_string(array) => match within(array) {
                 Some(span) => InputJson::InFrame(span),
