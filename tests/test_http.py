@@ -7,7 +7,7 @@ are validated strictly with the SDK's pydantic models."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -490,6 +490,27 @@ def test_a_client_that_disconnects_mid_stream_cancels_generation(tmp_path: Path)
         assert httpx.get(base + "/v1/usage", headers=headers).json()["responses"] == 2
 
 
+def spy_parses(monkeypatch: pytest.MonkeyPatch, seen: Callable[[Any, Any], Any]) -> list[Any]:
+    """`seen(body, parsed)` of each body the HTTP routes parse (Responses and Chat
+    Completions), in order (a function of them, not them: kept, they would keep a pooled
+    body from its pool)."""
+    import hotloop.transport.http as http
+
+    parses: list[Any] = []
+
+    def recorded(parse: Any) -> Any:
+        def recording(body: Any, *args: Any) -> Any:
+            result = parse(body, *args)
+            parses.append(seen(body, result))
+            return result
+
+        return recording
+
+    for name in ("parse_request", "parse_chat_request"):
+        monkeypatch.setattr(http, name, recorded(getattr(http, name)))
+    return parses
+
+
 @pytest.mark.parametrize("whole_history", ["bytes", "items", "off"])
 def test_a_resent_history_is_recognized_by_its_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole_history: str
@@ -498,20 +519,7 @@ def test_a_resent_history_is_recognized_by_its_bytes(
     first sent recognized, not parsed (`whole_history` bytes); with items or off it is
     parsed whole. The usage is the same either way but off, where nothing is cached;
     another key's request is never recognized."""
-    import hotloop.transport.http as http
-
-    parsed: list[Any] = []
-
-    def recorded(parse: Any) -> Any:
-        def recording(*args: Any) -> Any:
-            result = parse(*args)
-            parsed.append(getattr(result, "request", result))
-            return result
-
-        return recording
-
-    for name in ("parse_request", "parse_chat_request"):
-        monkeypatch.setattr(http, name, recorded(getattr(http, name)))
+    recognized = spy_parses(monkeypatch, lambda _, r: getattr(r, "request", r).seen_items)
     headers = {"authorization": f"Bearer {KEY}"}
     first = [{"role": "user", "content": "hello"}]
     chat = [{"role": "system", "content": "Be terse."}, *first]
@@ -529,7 +537,6 @@ def test_a_resent_history_is_recognized_by_its_bytes(
             usage.append(reply["usage"])
             other = {"authorization": f"Bearer {OTHER_KEY}"}
             httpx.post(f"{base}/v1/{path}", json=body, headers=other).raise_for_status()
-    recognized = [request.seen_items for request in parsed]
     expected = {"bytes": [0, 1, 0, 0, 1, 0]}.get(whole_history, [0] * 6)
     assert recognized == expected
     cached = [
@@ -592,3 +599,60 @@ def test_a_resent_history_is_compacted_and_counted_whole(tmp_path: Path, path: s
             path, body = "responses", {**body, "input": [*history, {"type": "compaction_trigger"}]}
         again = httpx.post(f"{base}/v1/{path}", json=body, headers=headers)
     assert again.status_code == 200, again.text
+
+
+@pytest.mark.parametrize(
+    ("path", "field"), [("responses", "input"), ("chat/completions", "messages")]
+)
+def test_a_large_resent_history_is_read_into_a_reused_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str, field: str
+) -> None:
+    """A whole-history body declared at least `Body.POOLED_BYTES` long is written into a
+    pooled `Body`, not joined into new bytes: served as the same body sent compressed
+    (read as bytes) is, recognized by its bytes the next turn, refused where a bad value
+    follows it, and its buffer reused by the next such request instead of mapped anew."""
+    import gzip
+
+    from hotloop._core import Body
+
+    bodies = spy_parses(monkeypatch, lambda body, _: type(body))
+    headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    other = {**headers, "authorization": f"Bearer {OTHER_KEY}"}
+    text = "a line of an earlier tool's output\n" * (Body.POOLED_BYTES // 20)
+    history: list[dict[str, Any]] = [{"role": "user", "content": text}]
+    with serving(hotloop_app(tmp_path, whole_history="bytes")) as base:
+        url = f"{base}/v1/{path}"
+
+        def post(history: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+            raw = orjson.dumps({"model": "sim", field: history, "store": False})
+            assert len(raw) >= Body.POOLED_BYTES
+            reply = httpx.post(url, content=raw, headers=kw.get("headers", headers))
+            assert reply.status_code == 200, reply.text
+            body: dict[str, Any] = reply.json()
+            return body
+
+        first = post(history)
+        answer = first["output"] if path == "responses" else [first["choices"][0]["message"]]
+        history = [*history, *answer, {"role": "user", "content": "more"}]
+        pooled = Body.pooled()
+        resent = post(history)
+        # The second request took the buffer the first one left, and gave it back.
+        assert Body.pooled() == pooled and pooled[0] >= 1
+        usage = resent["usage"]
+        cached = usage.get("input_tokens_details", usage.get("prompt_tokens_details"))
+        assert cached["cached_tokens"] > 0
+        # Sent compressed by another key, it is read as bytes and rendered whole: the
+        # same prompt, token for token.
+        raw = orjson.dumps({"model": "sim", field: history, "store": False})
+        compressed = httpx.post(
+            url, content=gzip.compress(raw), headers={**other, "content-encoding": "gzip"}
+        )
+        assert compressed.status_code == 200, compressed.text
+        tokens = "input_tokens" if path == "responses" else "prompt_tokens"
+        assert compressed.json()["usage"][tokens] == usage[tokens]
+        # A bad value after the resent history is refused, located at its element.
+        bad = orjson.dumps({"model": "sim", field: [*history, {"role": "user", "content": 1}]})
+        refused = httpx.post(url, content=bad, headers=headers)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"].startswith(f"{field}[{len(history)}]")
+    assert bodies == [Body, Body, bytes, Body]

@@ -245,8 +245,31 @@ def parse_event(frame: str | bytes, limits: Limits | None = None) -> ClientEvent
     """Parse one client frame. Raises CoreError `invalid_json` for malformed JSON or a
     frame that is not an object with a string `type`."""
 
+class Body:
+    """A request body written as its pieces arrive, into a buffer the process reuses (a
+    bounded pool of what earlier large bodies left: a history resent each turn maps no
+    fresh pages), then sealed and parsed as `bytes` is. Read (`bytes(body)`, `in`) only
+    once sealed."""
+
+    POOLED_BYTES: int
+    """Bodies declared at least this long are worth a `Body` (below it the C allocator's
+    heap recycles their memory anyway)."""
+
+    def __init__(self, size: int) -> None:
+        """A body declared `size` bytes long."""
+    def write(self, piece: bytes) -> None:
+        """Append a piece. Raises CoreError `invalid_value` once sealed."""
+    def seal(self) -> None:
+        """No more pieces: the body can be read and parsed."""
+    def __len__(self) -> int: ...
+    def __bytes__(self) -> bytes: ...
+    def __contains__(self, needle: bytes) -> bool: ...
+    @staticmethod
+    def pooled() -> tuple[int, int]:
+        """Idle pooled buffers and their bytes, process-wide."""
+
 def parse_request(
-    body: str | bytes, limits: Limits | None = None, seen: SeenItems | None = None
+    body: str | bytes | Body, limits: Limits | None = None, seen: SeenItems | None = None
 ) -> CreateRequest:
     """Parse an HTTP `POST /v1/responses` body (no `type` field). With `seen` (the API
     key's), a request that continues no response or conversation has the leading `input`
@@ -277,7 +300,7 @@ class ChatRequest:
     """`stream_options.include_usage`: the stream ends with a chunk of usage."""
 
 def parse_chat_request(
-    body: str | bytes, limits: Limits | None = None, seen: SeenItems | None = None
+    body: str | bytes | Body, limits: Limits | None = None, seen: SeenItems | None = None
 ) -> ChatRequest:
     """Parse a Chat Completions body into the `CreateRequest` it is served as (with
     `seen`, its leading messages recognized by their bytes as `parse_request` does). What the

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hotloop._core import Checkpoint, Conversation, CreateRequest, Prompt, Turn
+from hotloop._core import Body, Checkpoint, Conversation, CreateRequest, Prompt, Turn
 from hotloop.engines.base import SERVING, EngineSession, Sampling, Serving
 from hotloop.events import Usage
 from hotloop.mcp_client import McpError, McpServer
@@ -45,7 +45,7 @@ PARSE_OFFLOAD_BYTES = 2 * OFFLOAD_BYTES
 RESENT_PARSE_OFFLOAD_BYTES = 1 << 20
 
 
-def offloads(frame: str | bytes, resent: bool = False) -> bool:
+def offloads(frame: str | bytes | Body, resent: bool = False) -> bool:
     """Whether `frame` is parsed off the event loop (`Connection.parse` in a worker
     thread); `resent`: a body whose key's raw addresses may recognize most of it. A
     str's length in characters is a lower bound of its bytes."""

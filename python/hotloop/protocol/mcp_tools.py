@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from hotloop._core import CoreError, CreateRequest, Limits, parse_request
+from hotloop._core import Body, CoreError, CreateRequest, Limits, parse_request
 from hotloop.events import MCP_APPROVAL, MCP_CALL
 from hotloop.mcp_client import (
     REDACTED,
@@ -99,7 +99,7 @@ class McpTurn:
         return any(answer.approve for answer in self.answers)
 
 
-def asks(request: CreateRequest, frame: str | bytes) -> bool:
+def asks(request: CreateRequest, frame: str | bytes | Body) -> bool:
     """Whether a request has `mcp` tools (the core skips them in rendering) or answers
     approval requests (the core does not know the item: its parse is refused, so only a
     refused frame is searched for one; a history resent each turn is not)."""

@@ -43,6 +43,7 @@ import orjson
 
 from hotloop import logs
 from hotloop._core import (
+    Body,
     ChatRequest,
     CoreError,
     CreateRequest,
@@ -200,9 +201,11 @@ class HttpApi:
                 async def read_body() -> bytes:
                     reserved = _Reservation(self.queue_memory, principal)
                     try:
-                        return await self._body(scope, receive, principal, reserved)
+                        body = await self._body(scope, receive, principal, reserved)
                     finally:
                         reserved.release()
+                    assert isinstance(body, bytes)  # not pooled
+                    return body
 
                 async def reply_json(status: int, payload: bytes) -> None:
                     await reply(send, status, payload)
@@ -292,7 +295,9 @@ class HttpApi:
             def reparse(body: str | bytes) -> CreateRequest:
                 return self._parse(body, principal)
 
-            body, mcp = await rewritten(self.mcp, body, principal, self.limits.request, reparse)
+            body, mcp = await rewritten(
+                self.mcp, bytes(body), principal, self.limits.request, reparse
+            )
             request = reparse(body)
         del body  # the request holds what the response needs
         if request.background and request.error is None:
@@ -356,19 +361,19 @@ class HttpApi:
         scope: Scope,
         receive: Receive,
         principal: str | None,
-        parser: Callable[[bytes, str | None], Parsed],
-    ) -> tuple[int, Parsed, int, bytes]:
+        parser: Callable[[bytes | Body, str | None], Parsed],
+    ) -> tuple[int, Parsed, int, bytes | Body]:
         """The body's size, the body parsed by `parser` (as `principal`'s), the parse
-        time and the body. The body counts in the process's queue memory until it is
-        parsed (a body of up to 16 MiB need not live as long as the response: callers
-        drop it)."""
+        time and the body (a large one in a pooled `Body`). The body counts in the
+        process's queue memory until it is parsed (a body of up to 16 MiB need not live as
+        long as the response: callers drop it)."""
         reserved = _Reservation(self.queue_memory, principal)
 
-        def parse(body: bytes) -> Parsed:
+        def parse(body: bytes | Body) -> Parsed:
             return parser(body, principal)
 
         try:
-            body = await self._body(scope, receive, principal, reserved)
+            body = await self._body(scope, receive, principal, reserved, pooled=True)
             start = time.perf_counter_ns()
             # A large body (input, tools or instructions): parsed in a worker thread,
             # unless its key resends histories (most of it is hashed, not parsed).
@@ -383,31 +388,40 @@ class HttpApi:
         return len(body), request, time.perf_counter_ns() - start, body
 
     async def _body(
-        self, scope: Scope, receive: Receive, principal: str | None, reserved: _Reservation
-    ) -> bytes:
+        self,
+        scope: Scope,
+        receive: Receive,
+        principal: str | None,
+        reserved: _Reservation,
+        pooled: bool = False,
+    ) -> bytes | Body:
         """The body of a POST as the client wrote it: read within the limit, decompressed
-        when it came with a `Content-Encoding` (`encoding.py`), counted in `reserved`."""
-        body = await _read_body(scope, receive, self.limits.max_frame_bytes, reserved)
+        when it came with a `Content-Encoding` (`encoding.py`), counted in `reserved`;
+        `pooled`: for a reader that takes a `Body` (the core's parse), a large body
+        declared uncompressed is written into one."""
         encoding = header(scope, b"content-encoding")
+        limit = self.limits.max_frame_bytes
+        body = await _read_body(scope, receive, limit, reserved, pooled and encoding is None)
         if encoding is None:
             return body
+        assert isinstance(body, bytes)
         body = await self.decoder.decoded(encoding, body, principal)
         reserved.add(len(body))
         return body
 
-    def _parse(self, body: str | bytes, principal: str | None) -> CreateRequest:
+    def _parse(self, body: str | bytes | Body, principal: str | None) -> CreateRequest:
         """Parse a turn's body, its compaction items expanded first; the leading items a
         request of the key sent before are recognized by their bytes, not parsed (only a
         turn continues from the state holding them). Raises ProtocolError."""
         return self._parse_items(body, principal, self.ledger.seen_items(principal))
 
-    def _parse_whole(self, body: str | bytes, principal: str | None) -> CreateRequest:
+    def _parse_whole(self, body: str | bytes | Body, principal: str | None) -> CreateRequest:
         """Parse every item of a body whose whole input is rendered anew (compact,
         input_tokens). Raises ProtocolError."""
         return self._parse_items(body, principal, None)
 
     def _parse_items(
-        self, body: str | bytes, principal: str | None, seen: SeenItems | None
+        self, body: str | bytes | Body, principal: str | None, seen: SeenItems | None
     ) -> CreateRequest:
         try:
             request = parse_request(body, self.limits.request, seen)
@@ -416,14 +430,15 @@ class HttpApi:
             # A compaction item is no input item the core knows: only a refused body is
             # searched for them (a history resent each turn is not), expanded and parsed
             # again.
-            expanded = self._compactor(principal).expand(body)
-            if expanded is body:
+            raw = bytes(body) if isinstance(body, Body) else body
+            expanded = self._compactor(principal).expand(raw)
+            if expanded is raw:
                 return request
             return parse_request(expanded, self.limits.request, seen)
         except CoreError as e:
             raise ProtocolError.from_core(e) from e
 
-    def _parse_chat(self, body: bytes, principal: str | None) -> ChatRequest:
+    def _parse_chat(self, body: bytes | Body, principal: str | None) -> ChatRequest:
         """Parse a Chat Completions body (it holds no compaction items). Raises
         ProtocolError."""
         try:
@@ -737,14 +752,21 @@ class _Reservation:
         self._size = 0
 
 
-async def _read_body(scope: Scope, receive: Receive, limit: int, reserved: _Reservation) -> bytes:
+async def _read_body(
+    scope: Scope, receive: Receive, limit: int, reserved: _Reservation, pooled: bool
+) -> bytes | Body:
+    """The body, within `limit`; `pooled`: one declared at least `Body.POOLED_BYTES`
+    long is written into a `Body` as it arrives instead of joined into new `bytes` (a
+    history resent each turn reuses the pages the last one left)."""
     declared = header(scope, b"content-length")
+    expected = 0
     # More than 18 digits is more than any limit (and `int` refuses 4,300 digits).
     if declared is not None and declared.isdigit():
-        size = int(declared) if len(declared) <= 18 else 10**18
-        if size > limit:
-            raise _too_large(size, limit)
+        expected = int(declared) if len(declared) <= 18 else 10**18
+        if expected > limit:
+            raise _too_large(expected, limit)
     chunks: list[bytes] = []
+    into = Body(expected) if pooled and expected >= Body.POOLED_BYTES else None
     size = 0
     while True:
         message = await receive()
@@ -755,9 +777,15 @@ async def _read_body(scope: Scope, receive: Receive, limit: int, reserved: _Rese
         if size > limit:
             raise _too_large(size, limit)
         reserved.add(len(chunk))
-        chunks.append(chunk)
+        if into is not None:
+            into.write(chunk)
+        else:
+            chunks.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            if into is None:
+                return b"".join(chunks)
+            into.seal()
+            return into
 
 
 def _too_large(size: int, limit: int) -> ProtocolError:

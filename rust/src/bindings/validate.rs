@@ -2,7 +2,7 @@
 //! bytes (`parse_event`, `parse_request`, `parse_chat_request`), their limits and the
 //! content policy.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use pyo3::exceptions::PyBaseException;
 use pyo3::prelude::*;
@@ -433,11 +433,96 @@ impl PyUnknownEvent {
     }
 }
 
-/// The bytes of a frame: `bytes` as is, `str` as its UTF-8 (a str that cannot be
-/// encoded, with lone surrogates, is malformed input, not a crash).
+/// A request body written as its pieces arrive, into a buffer the process reuses
+/// (`validate::Body`: a resent history no longer maps fresh pages each turn), then
+/// sealed and parsed like `bytes`. Sealed, it never changes: a parse reads it with the
+/// GIL released.
+#[pyclass(name = "Body", module = "hotloop._core", frozen)]
+pub(crate) struct PyBody {
+    open: Mutex<Option<validate::Body>>,
+    sealed: OnceLock<validate::Body>,
+}
+
+impl PyBody {
+    fn open(&self) -> MutexGuard<'_, Option<validate::Body>> {
+        self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The body's bytes once sealed.
+    fn bytes(&self) -> PyResult<&[u8]> {
+        match self.sealed.get() {
+            Some(body) => Ok(body.as_slice()),
+            None => Err(Error::new(Code::InvalidValue, "a body is read only once sealed").into()),
+        }
+    }
+}
+
+#[pymethods]
+impl PyBody {
+    /// Bodies declared at least this long are worth a `Body`: below it the C
+    /// allocator's heap recycles their memory anyway.
+    #[classattr]
+    const POOLED_BYTES: usize = validate::POOLED_BODY_BYTES;
+
+    /// A body declared `size` bytes long (its `Content-Length`).
+    #[new]
+    fn new(size: usize) -> Self {
+        PyBody {
+            open: Mutex::new(Some(validate::Body::with_capacity(size))),
+            sealed: OnceLock::new(),
+        }
+    }
+
+    /// Append a piece as it arrives.
+    fn write(&self, piece: &[u8]) -> PyResult<()> {
+        match self.open().as_mut() {
+            Some(body) => {
+                body.extend(piece);
+                Ok(())
+            }
+            None => Err(Error::new(Code::InvalidValue, "a sealed body takes no more bytes").into()),
+        }
+    }
+
+    /// No more pieces: the body can be read.
+    fn seal(&self) {
+        if let Some(body) = self.open().take() {
+            let _ = self.sealed.set(body);
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        match (self.sealed.get(), self.open().as_ref()) {
+            (Some(body), _) | (None, Some(body)) => body.len(),
+            (None, None) => 0,
+        }
+    }
+
+    /// A copy, for the rare reader that needs `bytes` (an MCP rewrite, a refused body
+    /// searched for compaction items).
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        Ok(PyBytes::new(py, self.bytes()?))
+    }
+
+    fn __contains__(&self, needle: &[u8]) -> PyResult<bool> {
+        Ok(memchr::memmem::find(self.bytes()?, needle).is_some())
+    }
+
+    /// Idle pooled buffers and their bytes, process-wide.
+    #[staticmethod]
+    fn pooled() -> (usize, usize) {
+        validate::pooled_bodies()
+    }
+}
+
+/// The bytes of a frame: `bytes` as is, a sealed `Body`'s, `str` as its UTF-8 (a str
+/// that cannot be encoded, with lone surrogates, is malformed input, not a crash).
 fn frame_bytes<'a>(frame: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     if let Ok(bytes) = frame.downcast::<PyBytes>() {
         return Ok(bytes.as_bytes());
+    }
+    if let Ok(body) = frame.downcast::<PyBody>() {
+        return body.get().bytes();
     }
     let text = frame.downcast::<PyString>()?;
     text.to_str().map(str::as_bytes).map_err(|_| not_utf8().into())
@@ -569,6 +654,7 @@ fn check_values(py: Python<'_>, frame: &Bound<'_, PyAny>) -> PyResult<()> {
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyBody>()?;
     m.add_class::<PyLimits>()?;
     m.add_class::<PyPolicy>()?;
     m.add_class::<PyCreateRequest>()?;

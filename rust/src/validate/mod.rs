@@ -13,6 +13,7 @@
 //!
 //! This module owns no state of a connection or a conversation and renders nothing.
 
+mod body;
 mod budget;
 mod chat;
 mod elements;
@@ -29,6 +30,7 @@ mod shape;
 mod tools;
 mod values;
 
+pub use body::{pooled as pooled_bodies, Body, POOLED_BYTES as POOLED_BODY_BYTES};
 pub use budget::check_context_budget;
 pub use chat::{parse_chat_request, parse_chat_request_seen, ChatOptions, ChatRequest};
 pub use event::{parse_event, AppendEvent, ClientEvent};
