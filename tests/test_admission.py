@@ -19,7 +19,7 @@ import pytest
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimSpeed
 from hotloop.transport import App
-from hotloop.transport.admission import BodyPieces, return_large_buffers
+from hotloop.transport.admission import BodyPieces
 from servers import HANG_GUARD, serving, sim_engine
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -147,10 +147,6 @@ def test_one_key_is_capped_in_websockets_another_is_not(tmp_path: Path) -> None:
         # Closed sockets give their places back.
         with connect(ws_url, additional_headers=auth):
             pass
-
-
-def test_large_buffers_go_back_to_the_system() -> None:
-    assert return_large_buffers()  # glibc: the mmap threshold is fixed
 
 
 def test_serve_raises_the_open_files_limit_to_the_hard_limit() -> None:

@@ -36,14 +36,12 @@ from hotloop.transport.admission import (
     AdmittingHttpProtocol,
     connection_cap,
     raise_open_files_limit,
-    return_large_buffers,
 )
 from hotloop.transport.frames import FrameSendingProtocol
 
 
 def create_app() -> App:
     """The application a uvicorn worker builds (configuration from the environment)."""
-    return_large_buffers()  # in every worker process
     return App.from_config(ServerConfig.from_env())
 
 

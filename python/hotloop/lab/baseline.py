@@ -26,7 +26,6 @@ from hotloop.engines import load_engine
 from hotloop.engines.base import SERVING, Engine, EngineSession, Sampling, WrappedEngine
 from hotloop.lab.peer import SIM_FORMAT, Peer
 from hotloop.transport import App
-from hotloop.transport.admission import return_large_buffers
 
 ENV = "HOTLOOP_BASELINE"
 
@@ -70,7 +69,6 @@ def with_peer(engine: Engine, config: ServerConfig, peer: Peer) -> App:
 def create_app() -> App:
     """The application a uvicorn worker builds: `hotloop.cli.create_app`'s, with the
     peer named in `HOTLOOP_BASELINE` installed."""
-    return_large_buffers()  # in every worker process, as hotloop serve does
     config = ServerConfig.from_env()
     return with_peer(load_engine(config), config, Peer(os.environ[ENV]))
 

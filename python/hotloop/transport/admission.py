@@ -27,15 +27,12 @@ descriptor of the process. `AdmittingHttpProtocol` (uvicorn's httptools protocol
 It reads its settings from the `ServerConfig` of the app it serves and leaves the
 per-key cap (WebSockets and HTTP requests in progress) to the app (the key is known
 only once the headers are read).
-`raise_open_files_limit` lifts the process's descriptor limit to its hard limit at start,
-and `return_large_buffers` makes freed frame-sized buffers go back to the system.
+`raise_open_files_limit` lifts the process's descriptor limit to its hard limit at start.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 import resource
 import weakref
@@ -80,30 +77,6 @@ def raise_open_files_limit() -> tuple[int, int]:
             return soft, soft
         return soft, target
     return soft, soft
-
-
-# glibc's mallopt parameter, and the size from which allocations are mmapped.
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 1024 * 1024
-
-
-def return_large_buffers() -> bool:
-    """Fix glibc's mmap threshold at 1 MiB. glibc raises the threshold to the size of
-    every mmapped buffer freed (up to 32 MiB), after which frame-sized buffers (a frame,
-    its parse, a queued request) come from the heap and their memory stays with the
-    process when freed: a full 64 MiB queue of 4 MiB frames cost 83 MiB of RSS instead
-    of 64 (benches/bench_queue_memory.py). Buffers of 1 MiB and more now always go back
-    to the system, at the price of faulting their pages in again: a 13.5 MB tool list
-    costs about a fifth more server CPU (benches/bench_large_requests.py). At the
-    default 128 KiB, every 256 KB request paid that too and slowed the other tenants
-    of a busy server (bench_abuse.py full_queues). False where the C library has no
-    `mallopt` (not glibc)."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
 
 
 def connection_cap(config: ServerConfig) -> int:
@@ -439,5 +412,4 @@ __all__ = [
     "connection_cap",
     "raise_open_files_limit",
     "refusal",
-    "return_large_buffers",
 ]
