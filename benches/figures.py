@@ -351,6 +351,12 @@ HISTORICAL = {
         "served), the flat-with-history loops (nine rounds) and the ~68k loop (three), one "
         "run each",
     ),
+    HISTORY + "body_pool_before_after.json": Historical(
+        "f7aa294",
+        "`bench_peers.py --baseline before=DIR`: the flat-with-history loops (nine rounds) "
+        "with a large HTTP body joined into new bytes (86fec82) and written into a pooled "
+        "`Body` (620533a; an earlier run at 4e2ded6 as `first_run_*`), one run each",
+    ),
     HISTORY + "abuse_before_after.json": Historical(
         "83f2e46",
         "`bench_abuse.py 6` on 8c2e08d's server (before issue 15's admission control and "

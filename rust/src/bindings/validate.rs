@@ -476,10 +476,7 @@ impl PyBody {
     /// Append a piece as it arrives.
     fn write(&self, piece: &[u8]) -> PyResult<()> {
         match self.open().as_mut() {
-            Some(body) => {
-                body.extend(piece);
-                Ok(())
-            }
+            Some(body) => Ok(body.extend(piece)?),
             None => Err(Error::new(Code::InvalidValue, "a sealed body takes no more bytes").into()),
         }
     }

@@ -86,19 +86,33 @@ pub struct Body {
 impl Body {
     /// A body expected to be `size` bytes: from the pool when that is at least
     /// [`POOLED_BYTES`] and an idle buffer holds it, else a new buffer with headroom.
+    ///
+    /// Only address space is reserved up front (the pages come as bytes are written);
+    /// where even that is refused, the buffer grows as the pieces arrive.
     pub fn with_capacity(size: usize) -> Body {
-        if size < POOLED_BYTES {
-            return Body {
-                bytes: Vec::with_capacity(size),
-            };
-        }
-        let reused = pool().take(size);
-        let bytes = reused.unwrap_or_else(|| Vec::with_capacity(size + size / HEADROOM_DIVISOR));
+        let reused = if size >= POOLED_BYTES {
+            pool().take(size)
+        } else {
+            None
+        };
+        let bytes = reused.unwrap_or_else(|| {
+            let mut fresh = Vec::new();
+            let _ = fresh.try_reserve_exact(size + size / HEADROOM_DIVISOR);
+            fresh
+        });
         Body { bytes }
     }
 
-    pub fn extend(&mut self, piece: &[u8]) {
+    /// Append a piece; refused, not aborting the process, when memory is.
+    pub fn extend(&mut self, piece: &[u8]) -> crate::Result<()> {
+        self.bytes.try_reserve(piece.len()).map_err(|_| {
+            crate::Error::new(
+                crate::Code::InvalidValue,
+                "no memory is left for this request body",
+            )
+        })?;
         self.bytes.extend_from_slice(piece);
+        Ok(())
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -135,7 +149,7 @@ mod tests {
     fn a_body_reuses_a_dropped_buffer_reads_only_its_own_bytes_and_the_pool_stays_bounded() {
         let size = POOLED_BYTES * 2;
         let mut first = Body::with_capacity(size);
-        first.extend(&vec![b'x'; size]);
+        first.extend(&vec![b'x'; size]).unwrap();
         let address = first.as_slice().as_ptr();
         drop(first);
         assert!(pooled().0 >= 1);
@@ -144,7 +158,7 @@ mod tests {
         let mut second = Body::with_capacity(size + 1000);
         assert_eq!(second.as_ptr_for_test(), address);
         assert!(second.is_empty());
-        second.extend(b"{}");
+        second.extend(b"{}").unwrap();
         assert_eq!(second.as_slice(), b"{}");
         drop(second);
 
@@ -157,7 +171,7 @@ mod tests {
         let bodies: Vec<Body> = (0..40)
             .map(|_| {
                 let mut body = Body::with_capacity(POOL_BYTES / 8);
-                body.extend(b"[]");
+                body.extend(b"[]").unwrap();
                 body
             })
             .collect();
