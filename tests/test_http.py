@@ -656,3 +656,35 @@ def test_a_large_resent_history_is_read_into_a_reused_buffer(
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"].startswith(f"{field}[{len(history)}]")
     assert bodies == [Body, Body, bytes, Body]
+
+
+def test_a_client_that_leaves_mid_body_gives_its_buffer_back(tmp_path: Path) -> None:
+    """A large body abandoned halfway (the client closes its socket) ends its request;
+    the pooled buffer it was being written into goes back to the pool, where the next
+    large body finds it, and the server serves on."""
+    import socket
+
+    from hotloop._core import Body
+    from test_background import until
+
+    with serving(hotloop_app(tmp_path)) as base:
+        host, port = base.removeprefix("http://").split(":")
+        before = Body.pooled()
+        # Larger than all the idle buffers together: it gets a buffer of its own.
+        size = before[1] + Body.POOLED_BYTES * 2
+        head = (
+            f"POST /v1/responses HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {KEY}\r\n"
+            f"content-type: application/json\r\ncontent-length: {size}\r\n\r\n"
+        )
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(head.encode() + b'{"model":"sim","input":"' + b"x" * (size // 2))
+        pooled = until(lambda: Body.pooled()[0] == before[0] + 1 and Body.pooled())
+        raw = orjson.dumps({"model": "sim", "input": "y" * size, "store": False})
+        reply = httpx.post(
+            base + "/v1/responses",
+            content=raw,
+            headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
+        )
+        assert reply.status_code == 200, reply.text
+        # The served body took the abandoned one's buffer and gave it back.
+        assert Body.pooled() == pooled
