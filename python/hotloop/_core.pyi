@@ -267,6 +267,9 @@ class Body:
     @staticmethod
     def pooled() -> tuple[int, int]:
         """Idle pooled buffers and their bytes, process-wide."""
+    @staticmethod
+    def release_pool() -> None:
+        """Free every idle pooled buffer (a heap trim's first step)."""
 
 def parse_request(
     body: str | bytes | Body, limits: Limits | None = None, seen: SeenItems | None = None

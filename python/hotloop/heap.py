@@ -9,7 +9,8 @@ moments left behind, not by what it holds. Two remedies, glibc's, with another C
 they do nothing: `fix_mmap_threshold` (on by default) gives every block of at least a
 fixed size pages of its own, returned when it is freed; `HeapTrim` (off by default) asks
 glibc (`malloc_trim`) every few seconds, in a worker thread, for the free pages of the
-rest.
+rest, after freeing the idle buffers the core pools for large request bodies
+(`Body.release_pool`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hotloop._core import Body
 from hotloop.metrics import Histogram
 
 
@@ -138,6 +140,7 @@ class HeapTrim:
 
     def _timed_trim(self, trim: Callable[[], object]) -> None:
         start = time.perf_counter()
+        Body.release_pool()  # the idle buffers of large request bodies, then the heap
         trim()
         if self._timed is not None:
             self._timed.observe(time.perf_counter() - start)

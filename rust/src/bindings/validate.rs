@@ -510,6 +510,12 @@ impl PyBody {
     fn pooled() -> (usize, usize) {
         validate::pooled_bodies()
     }
+
+    /// Free every idle pooled buffer (a heap trim's first step).
+    #[staticmethod]
+    fn release_pool() {
+        validate::release_pooled_bodies()
+    }
 }
 
 /// The bytes of a frame: `bytes` as is, a sealed `Body`'s, `str` as its UTF-8 (a str

@@ -140,6 +140,16 @@ pub fn pooled() -> (usize, usize) {
     (pool.idle.len(), pool.bytes)
 }
 
+/// Free every idle buffer (what a heap trim hands back to the system with the rest).
+pub fn release_pooled() {
+    let idle = {
+        let mut pool = pool();
+        pool.bytes = 0;
+        std::mem::take(&mut pool.idle)
+    };
+    drop(idle); // freed outside the lock
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +193,10 @@ mod tests {
         let huge = Body::with_capacity(POOL_BYTES + 1);
         drop(huge);
         assert!(pooled().1 <= POOL_BYTES);
+
+        // Released, the pool holds nothing.
+        release_pooled();
+        assert_eq!(pooled(), (0, 0));
     }
 
     impl Body {

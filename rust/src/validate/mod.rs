@@ -30,7 +30,9 @@ mod shape;
 mod tools;
 mod values;
 
-pub use body::{pooled as pooled_bodies, Body, POOLED_BYTES as POOLED_BODY_BYTES};
+pub use body::{
+    pooled as pooled_bodies, release_pooled as release_pooled_bodies, Body, POOLED_BYTES as POOLED_BODY_BYTES,
+};
 pub use budget::check_context_budget;
 pub use chat::{parse_chat_request, parse_chat_request_seen, ChatOptions, ChatRequest};
 pub use event::{parse_event, AppendEvent, ClientEvent};
