@@ -620,7 +620,8 @@ def test_a_large_resent_history_is_read_into_a_reused_buffer(
     other = {**headers, "authorization": f"Bearer {OTHER_KEY}"}
     text = "a line of an earlier tool's output\n" * (Body.POOLED_BYTES // 20)
     history: list[dict[str, Any]] = [{"role": "user", "content": text}]
-    with serving(hotloop_app(tmp_path, whole_history="bytes")) as base:
+    # No heap trim meanwhile: it would empty the pool between the requests.
+    with serving(hotloop_app(tmp_path, whole_history="bytes", heap_trim_interval=0)) as base:
         url = f"{base}/v1/{path}"
 
         def post(history: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
@@ -669,7 +670,7 @@ def test_a_client_that_leaves_mid_body_gives_its_buffer_back(tmp_path: Path) -> 
 
     size = Body.POOLED_BYTES * 2
     Body.release_pool()  # the pool is the process's: earlier tests' buffers out
-    with serving(hotloop_app(tmp_path)) as base:
+    with serving(hotloop_app(tmp_path, heap_trim_interval=0)) as base:
         host, port = base.removeprefix("http://").split(":")
         head = (
             f"POST /v1/responses HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {KEY}\r\n"

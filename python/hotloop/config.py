@@ -217,11 +217,11 @@ class ServerConfig:
         "the heap; 0: glibc's own)",
     )
     heap_trim_interval: float = _option(
-        0.0,
+        10.0,
         "seconds between handing the heap's freed pages back to the operating system "
         "(glibc's malloc_trim, in a worker thread): what large requests left behind stops "
-        "counting in resident memory, but each trim holds the allocator for up to tens of "
-        "milliseconds on a heap of hundreds of MB, every thread's allocations waiting (0: "
+        "counting in resident memory; each trim holds each allocator arena in turn while "
+        "it walks its free blocks, the allocations of the threads using it waiting (0: "
         "never)",
         _non_negative,
     )

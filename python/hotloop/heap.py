@@ -7,9 +7,9 @@ stays in the C allocator's arenas (glibc returns only the top of an arena, and o
 above its trim threshold), so the process's resident memory grows by what the largest
 moments left behind, not by what it holds. Two remedies, glibc's, with another C library
 they do nothing: `fix_mmap_threshold` (on by default) gives every block of at least a
-fixed size pages of its own, returned when it is freed; `HeapTrim` (off by default) asks
-glibc (`malloc_trim`) every few seconds, in a worker thread, for the free pages of the
-rest, after freeing the idle buffers the core pools for large request bodies
+fixed size pages of its own, returned when it is freed; `HeapTrim` (on by default, every
+`10 s`) asks glibc (`malloc_trim`), in a worker thread, for the free pages of the rest,
+after freeing the idle buffers the core pools for large request bodies
 (`Body.release_pool`).
 """
 
