@@ -27,7 +27,7 @@ use serde_json::{json, Value as Json};
 use super::messages::{Arguments, ChatMessages};
 use super::specials::Specials;
 use super::{message_value, ChatTemplate, RenderOptions};
-use crate::chunks::{Chunks, Element};
+use crate::chunks::{Addressable, Chunks, Element};
 use crate::error::{Code, Error, Result};
 use crate::item::Item;
 use crate::tokenizer::Tokenizer;
@@ -121,6 +121,8 @@ impl Element for (usize, usize) {
         true
     }
 }
+
+impl Addressable for (usize, usize) {}
 
 /// A rendered and tokenized conversation that grows turn by turn.
 ///

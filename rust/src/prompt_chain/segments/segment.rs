@@ -12,7 +12,7 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use super::kept::KeptItem;
-use crate::chunks::Element;
+use crate::chunks::{Addressable, Element};
 use crate::format::{ChatFormat, Context};
 use crate::item::{Item, ItemKind, Prefix, Role};
 use crate::render::Renderer;
@@ -109,6 +109,8 @@ impl Element for Segment {
         body && carried
     }
 }
+
+impl Addressable for Segment {}
 
 impl Segment {
     /// The item kind a following item sees as `Context::prev`.
