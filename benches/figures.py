@@ -374,6 +374,13 @@ HISTORICAL = {
         "baselines: 2519ada and 17d2513 (the heap trimmed every 5 s), two runs, order "
         "reversed; then the trims' own time at 64 agents",
     ),
+    HISTORY + "capacity_memory_before_after.json": Historical(
+        "866c65b",
+        "`bench_capacity.py --agents 64 --modes websocket,http_full --baseline before=DIR`, "
+        "two runs each: the heap trimmed every 10 s by default (24b9aa1) against 24086e7, "
+        "and full leaves of token ids packed (866c65b) against 24b9aa1; then "
+        "`bench_memory_per_agent.py`, three runs each alternated, 866c65b against 24b9aa1",
+    ),
     HISTORY + "capacity_driver_before_after.json": Historical(
         "47a523d",
         "`bench_capacity.py --quick --modes websocket,http_full` with two hotloops as "
