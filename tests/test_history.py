@@ -25,6 +25,7 @@ import orjson
 from connection_driver import FORMAT, ConnectionDriver, sim_connection
 from hotloop._core import Checkpoint, Conversation, CreateRequest, parse_request
 from hotloop.protocol import CacheBudget, ConnectionCache, Finished
+from hotloop.protocol.connection_cache import STATES_PER_CHAIN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -181,6 +182,35 @@ def test_a_whole_history_loop_renders_only_what_is_new() -> None:
     assert counts == by_items
 
 
+def test_a_chain_keeps_its_newest_states_and_an_edit_before_them_renders_whole() -> None:
+    """Every turn leaves two states (its prompt, its end); a chain keeps its newest
+    `STATES_PER_CHAIN`, so a long loop's key holds a few, not two a turn. A request that
+    edits an item older than all of them matches none: a full render, the prompt exact."""
+    cache = key_cache()
+    client = WholeHistoryClient(cache)
+    reference = Reference()
+    history, counts = play(client, reference, [True] * 8)
+    assert len(cache._entries) == STATES_PER_CHAIN
+    # The states left still count the whole history: the first state counted it, and
+    # each evicted one passed its bytes on.
+    newest = next(reversed(cache._entries.values())).checkpoint.fork()
+    assert cache.used_bytes >= newest.memory_bytes
+    assert cache._budget.used_bytes == cache.used_bytes
+    assert all(0 < prompt - cached < 120 for cached, prompt in counts[1:])
+    edited = [dict(item) for item in history]
+    at = next(i for i, item in enumerate(edited) if item["type"] == "function_call_output")
+    edited[at] = {**edited[at], "output": "Edited."}
+    request = body(edited, store=False)
+    prompt, response = client.turn(request, reply_ids(False, 99))
+    assert prompt == reference.expected(request, None)
+    assert response["usage"]["input_tokens_details"]["cached_tokens"] == 0
+    # The retry of the last turn still continues.
+    last = body(history, store=False)
+    prompt, response = client.turn(last, reply_ids(False, 98))
+    assert prompt == reference.expected(last, sorted(reference.states)[-1])
+    assert response["usage"]["input_tokens_details"]["cached_tokens"] > 0
+
+
 def test_a_state_gone_since_the_parse_renders_whole() -> None:
     """The state its recognized items name was evicted between the parse and the turn's
     start: the request is parsed again whole and matched by its parsed items."""
@@ -263,7 +293,8 @@ def test_a_request_continues_the_longest_state_it_matches(
     client = WholeHistoryClient(key_cache())
     reference = Reference()
     history, _ = play(client, reference, calls)
-    boundaries = sorted(reference.states)
+    # The states the chain still holds: its newest (two a turn, its prompt and its end).
+    boundaries = sorted(reference.states)[-STATES_PER_CHAIN:]
     request = body(history, store=False)
     items = [dict(item) for item in history]
     if mutation == "none":

@@ -21,7 +21,7 @@ its byte count is exactly the sum of the live entries.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hotloop._core import Checkpoint, SeenItems
 
@@ -29,6 +29,14 @@ CONVERSATION_PREFIX = "conv_"
 HISTORY_PREFIX = "hist_"
 """The key of an entry held under its content address only (`ConnectionCache.unname`,
 `history.History.keep`): no response id starts with it."""
+
+STATES_PER_CHAIN = 4
+"""Entries held under their content address alone that one chain (`root`) keeps in a
+cache, its newest: every turn leaves two (its prompt and its end), and a client that
+resends its whole history continues from its last turn's (a retry, from the prompt; the
+next turn, from the end), or from an earlier one only when it edits or cuts its history.
+Each older one would cost a checkpoint's own nodes and its entry, a few KB, for every
+turn of every agent for as long as the key's cache kept it."""
 
 
 def history_key(digest: bytes) -> str:
@@ -125,6 +133,12 @@ class CacheBudget:
                     return entry
         return None
 
+    def grow(self, cache: ConnectionCache, response_id: str, size: int) -> None:
+        """An entry counts `size` more bytes, in its place in the LRU order."""
+        self._lru[cache.owner][(cache, response_id)] += size
+        self._held[cache.owner] += size
+        self.used_bytes += size
+
     def touch(self, cache: ConnectionCache, response_id: str) -> None:
         self._lru[cache.owner].move_to_end((cache, response_id))
 
@@ -170,6 +184,8 @@ class ConnectionCache:
         self._entries: OrderedDict[str, CachedResponse] = OrderedDict()
         self._addresses: dict[bytes, str] = {}
         """The key of the entry holding each content address."""
+        self._states: dict[str, list[str]] = {}
+        """Each chain's entries held under their address alone, oldest first."""
         self.seen = SeenItems()
         """The raw addresses of requests whose prompt states it holds (`history.py`)."""
 
@@ -208,12 +224,30 @@ class ConnectionCache:
             self._addresses[mark.digest] = response_id
         self._entries[response_id] = CachedResponse(checkpoint, lane, size, root, start, mark)
         self.used_bytes += size
+        if response_id.startswith(HISTORY_PREFIX):
+            states = self._states.setdefault(root, [])
+            states.append(response_id)
+            if len(states) > STATES_PER_CHAIN:
+                self._pass_on_oldest(states)
         # The newest entry always stays: the response just sent must be continuable.
         while self.used_bytes > self.max_bytes and len(self._entries) > 1:
             self.evict(next(iter(self._entries)))
             self.evictions += 1
             self._budget.evictions += 1
         self._budget.admit(self, response_id, size)
+
+    def _pass_on_oldest(self, states: list[str]) -> None:
+        """Evict a chain's oldest state; the next takes over its bytes. Each state counts
+        what it adds to the checkpoint before it, so the chain's first counts its whole
+        history: the nodes the evicted one shared with the next stay alive for it (what
+        it held alone and is freed stays counted, a bound's safe side)."""
+        oldest = self._entries[states[0]]
+        self.evict(states[0])
+        heir = states[0]
+        entry = self._entries[heir]
+        self._entries[heir] = replace(entry, memory_bytes=entry.memory_bytes + oldest.memory_bytes)
+        self.used_bytes += oldest.memory_bytes
+        self._budget.grow(self, heir, oldest.memory_bytes)
 
     def find(self, digest: bytes) -> str | None:
         """The key of the entry whose history has content address `digest`, if any (not
@@ -245,6 +279,11 @@ class ConnectionCache:
     def evict(self, response_id: str) -> None:
         entry = self._entries.pop(response_id, None)
         if entry is not None:
+            if response_id.startswith(HISTORY_PREFIX):
+                states = self._states[entry.root]
+                states.remove(response_id)
+                if not states:
+                    del self._states[entry.root]
             mark = entry.mark
             if mark is not None and self._addresses.get(mark.digest) == response_id:
                 del self._addresses[mark.digest]
