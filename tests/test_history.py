@@ -193,8 +193,15 @@ def test_a_chain_keeps_its_newest_states_and_an_edit_before_them_renders_whole()
     assert len(cache._entries) == STATES_PER_CHAIN
     # The states left still count the whole history: the first state counted it, and
     # each evicted one passed its bytes on.
-    newest = next(reversed(cache._entries.values())).checkpoint.fork()
-    assert cache.used_bytes >= newest.memory_bytes
+    root = next(iter(cache._entries.values())).root
+
+    def counted() -> tuple[int, int]:
+        """The chain's bytes in the budget, and what its newest state holds."""
+        chain = [entry for entry in cache._entries.values() if entry.root == root]
+        return sum(entry.memory_bytes for entry in chain), chain[-1].checkpoint.fork().memory_bytes
+
+    held, newest = counted()
+    assert held >= newest
     assert cache._budget.used_bytes == cache.used_bytes
     assert all(0 < prompt - cached < 120 for cached, prompt in counts[1:])
     edited = [dict(item) for item in history]
@@ -204,11 +211,23 @@ def test_a_chain_keeps_its_newest_states_and_an_edit_before_them_renders_whole()
     prompt, response = client.turn(request, reply_ids(False, 99))
     assert prompt == reference.expected(request, None)
     assert response["usage"]["input_tokens_details"]["cached_tokens"] == 0
-    # The retry of the last turn still continues.
-    last = body(history, store=False)
-    prompt, response = client.turn(last, reply_ids(False, 98))
-    assert prompt == reference.expected(last, sorted(reference.states)[-1])
-    assert response["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    # A retry of the turn whose prompt is the oldest state kept (the one counting the
+    # whole history) replaces that state: the replacement counts the history on.
+    oldest = sorted(reference.states)[-STATES_PER_CHAIN]
+    client.turn(body(history[:oldest], store=False), reply_ids(True, 97))
+    held, newest = counted()
+    assert held >= newest
+    assert cache._budget.used_bytes == cache.used_bytes
+    # The next turn still continues, and so does its retry (the same history again,
+    # whose states replace the ones of the same address), the budget still counting the
+    # whole history.
+    following = body(history, store=False)
+    for _ in range(2):
+        prompt, response = client.turn(following, reply_ids(False, 98))
+        assert prompt == reference.expected(following, sorted(reference.states)[-1])
+        assert response["usage"]["input_tokens_details"]["cached_tokens"] > 0
+        held, newest = counted()
+        assert held >= newest
 
 
 def test_a_state_gone_since_the_parse_renders_whole() -> None:

@@ -214,12 +214,15 @@ class ConnectionCache:
         start: ConversationStart | None = None,
         mark: Mark | None = None,
     ) -> None:
-        size = checkpoint.memory_bytes
-        self.evict(response_id)  # a re-put replaces: its old size must not stay counted
+        # A re-put replaces: its old size must not stay counted, but what it took over
+        # from an evicted state before it (`_pass_on_oldest`) is the new one's to count.
+        size = checkpoint.memory_bytes + self._inherited(response_id)
+        self.evict(response_id)
         if mark is not None:
             # The same history under another key is the same state: one entry holds it.
             held = self._addresses.get(mark.digest)
             if held is not None:
+                size += self._inherited(held)
                 self.evict(held)
             self._addresses[mark.digest] = response_id
         self._entries[response_id] = CachedResponse(checkpoint, lane, size, root, start, mark)
@@ -235,6 +238,11 @@ class ConnectionCache:
             self.evictions += 1
             self._budget.evictions += 1
         self._budget.admit(self, response_id, size)
+
+    def _inherited(self, key: str) -> int:
+        """Bytes the entry under `key` counts beyond its own checkpoint's (0 if none)."""
+        entry = self._entries.get(key)
+        return 0 if entry is None else entry.memory_bytes - entry.checkpoint.memory_bytes
 
     def _pass_on_oldest(self, states: list[str]) -> None:
         """Evict a chain's oldest state; the next takes over its bytes. Each state counts
