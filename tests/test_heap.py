@@ -73,13 +73,18 @@ del body  # its buffer goes to the core's pool, idle
 assert Body.pooled()[0] == 1
 held = rss()
 
+async def first_trim(timed):
+    while not timed.count:
+        await asyncio.sleep(0.01)  # polling the histogram the trim thread fills
+
 async def main():
     timed = Histogram((1.0,))
     trim = HeapTrim(0.05, timed)
     trim.start()
-    while not timed.count:
-        await asyncio.sleep(0.01)
-    await trim.stop()
+    try:
+        await asyncio.wait_for(first_trim(timed), 30)
+    finally:
+        await trim.stop()
     return timed.count
 
 trims = asyncio.run(main())

@@ -54,8 +54,8 @@ pub trait Addressable: Element {}
 
 /// Token ids: most ids of real text are below 65,536 (o200k_base: about 94% of a corpus
 /// of Python source), so a full leaf packs as the ids' low halves, then an (index, high
-/// half) pair for each id that has one: about 2.1 bytes an id instead of 4. Unpacking is a
-/// widening copy and a few patches.
+/// half) pair for each id that has one: about 2.1 bytes an id instead of 4 (2.5 against
+/// 4.5 with a leaf's headers). Unpacking is a widening copy and a few patches.
 impl Element for u32 {
     const LEAF: usize = 128;
     fn heap_bytes(&self) -> usize {
