@@ -47,7 +47,7 @@ use regex_syntax::is_word_character;
 use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 use super::agenda::Agenda;
-use super::piece_map::{PieceCache, PieceMap};
+use super::piece_map::{Ahead, PieceCache, WholeTokens};
 use super::pretokenizer::{begins_line_part, spans_line_start, PreTokenizer};
 use super::Tokenizer;
 use crate::error::{Code, Error, Result};
@@ -214,7 +214,7 @@ pub struct BpeModel {
     added: Option<(AhoCorasick, Vec<(u32, AddedRule)>)>,
     /// Pieces answered by one lookup instead of the merge loop: every token with
     /// `ignore_merges`, else the tokens whose own bytes encode to exactly themselves.
-    whole: PieceMap<u32>,
+    whole: WholeTokens,
     unk: Option<u32>,
     /// Chars: characters that precede a space inside some token (no cut after them).
     joins_space: FastSet<char>,
@@ -330,7 +330,7 @@ impl BpeModel {
             merges,
             specials,
             added,
-            whole: PieceMap::default(),
+            whole: WholeTokens::new([]),
             unk: v.unk,
             joins_space,
             joined,
@@ -344,8 +344,8 @@ impl BpeModel {
     /// Mergeable tokens of two bytes or more that a piece equal to them encodes to: all
     /// of them with `ignore_merges`; otherwise usually all, but a vocabulary may hold
     /// tokens no merge sequence reaches, so each is encoded once here rather than assumed.
-    fn whole_tokens(&self, ignore_merges: bool) -> PieceMap<u32> {
-        let mut whole = PieceMap::default();
+    fn whole_tokens(&self, ignore_merges: bool) -> WholeTokens {
+        let mut whole = Vec::new();
         let mut work = Work::default();
         let mut ids = Vec::new();
         for id in 0..self.kinds.len() as u32 {
@@ -363,9 +363,9 @@ impl BpeModel {
                     continue;
                 }
             }
-            whole.insert(bytes, id);
+            whole.push((bytes, id));
         }
-        whole
+        WholeTokens::new(whole)
     }
 
     /// Assert that BPE on `text` as one piece gives the same ids cut at every point
@@ -509,13 +509,17 @@ impl BpeModel {
     /// Split a normalized section and encode its pieces: a piece that is a token by one
     /// lookup, others by [`BpeModel::encode_piece`].
     fn encode_split(&self, section: &str, work: &mut Work, out: &mut Vec<u32>) {
+        let mut ahead = Ahead::default();
+        let mut each = |piece: &str, id: Option<u32>| match id {
+            Some(id) => out.push(id),
+            None => self.encode_piece(piece, work, out),
+        };
         self.split(section, &mut |r| {
-            let piece = &section[r];
-            match self.whole.get(piece.as_bytes()) {
-                Some(id) => out.push(id),
-                None => self.encode_piece(piece, work, out),
+            if ahead.push(&self.whole, &section[r]) {
+                ahead.drain(&self.whole, &mut each);
             }
         });
+        ahead.drain(&self.whole, each);
     }
 
     /// BPE on one piece, appending its ids. A long piece is cut where no merge can cross

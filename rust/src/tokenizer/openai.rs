@@ -9,27 +9,38 @@
 //! the `bpe` crate (same ids as tiktoken's merge loop, without its quadratic worst case;
 //! it also measured faster than that loop on our corpus).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
-use super::piece_map::PieceMap;
+use super::piece_map::{Ahead, PieceCache, WholeTokens};
 use super::scanner::Scanner;
 use super::Tokenizer;
 
 /// Token bytes -> id (= rank) for the ordinary vocabulary.
-fn ranks(bpe: &bpe::byte_pair_encoding::BytePairEncoding) -> PieceMap<u32> {
-    let mut ranks = PieceMap::default();
-    for id in 0..bpe.num_tokens() as u32 {
-        ranks.insert(bpe.token_bytes(id), id);
-    }
-    ranks
+fn ranks(bpe: &bpe::byte_pair_encoding::BytePairEncoding) -> WholeTokens {
+    WholeTokens::new((0..bpe.num_tokens() as u32).map(|id| (bpe.token_bytes(id), id)))
+}
+
+/// Pieces of at most this many in a thread's [`MERGED`].
+const MERGED_PIECES: usize = 4096;
+
+thread_local! {
+    /// Ids of pieces that are not one token, by the tokenizer that merged them, kept
+    /// across a thread's encodes: a server encodes each turn's few KB of new text with
+    /// the caches of the CPU cold, and the merge loop then reads the vocabulary's tables
+    /// from memory, where a piece seen before (the identifiers and words of one
+    /// codebase repeat from turn to turn, and across agents) costs one lookup. Bounded
+    /// (`PieceCache`), about 0.5 MB a thread at most.
+    static MERGED: RefCell<(&'static str, PieceCache)> =
+        RefCell::new(("", PieceCache::with_entries(MERGED_PIECES)));
 }
 
 pub struct OpenAiTokenizer {
     name: &'static str,
     inner: &'static bpe_openai::Tokenizer,
     /// The ordinary vocabulary by bytes: the single-token fast path and the merge loop.
-    ranks: PieceMap<u32>,
+    ranks: WholeTokens,
     /// id -> literal text, for special and reserved tokens (ids above the ordinary vocabulary).
     specials: HashMap<u32, String>,
     /// literal text -> id; may hold aliases (two names for one id).
@@ -180,13 +191,30 @@ impl Tokenizer for OpenAiTokenizer {
 
     fn encode(&self, text: &str, out: &mut Vec<u32>) {
         out.reserve(text.len() / 4);
-        for piece in self.split(text) {
-            let piece = piece.as_bytes();
-            match self.ranks.get(piece) {
-                Some(id) => out.push(id),
-                None => out.extend(self.inner.bpe.encode_via_backtracking(piece)),
+        let mut ahead = Ahead::default();
+        MERGED.with_borrow_mut(|(owner, merged)| {
+            if *owner != self.name {
+                *owner = self.name;
+                *merged = PieceCache::with_entries(MERGED_PIECES);
             }
-        }
+            let mut each = |piece: &str, id: Option<u32>| match id {
+                Some(id) => out.push(id),
+                None => match merged.get(piece.as_bytes()) {
+                    Some(ids) => out.extend_from_slice(ids),
+                    None => {
+                        let ids = self.inner.bpe.encode_via_backtracking(piece.as_bytes());
+                        merged.insert(piece.as_bytes(), &ids);
+                        out.extend(ids);
+                    }
+                },
+            };
+            for piece in self.split(text) {
+                if ahead.push(&self.ranks, piece) {
+                    ahead.drain(&self.ranks, &mut each);
+                }
+            }
+            ahead.drain(&self.ranks, each);
+        });
     }
 
     /// o200k's split cuts at line starts as the scanned open-model splits do (its pattern
@@ -266,6 +294,31 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_pieces_a_thread_keeps_merged_are_its_tokenizers_and_bounded() {
+        // Identifiers that are not one token, more of them than the thread keeps.
+        let text: String = (0..3 * MERGED_PIECES)
+            .map(|i| format!(" zq{i}xv_{}", i * 7919 % 10_007))
+            .collect();
+        let (o200k, cl100k) = (by_name("o200k_base").unwrap(), by_name("cl100k_base").unwrap());
+        let encode = |t: &Arc<dyn Tokenizer>| {
+            let mut ids = Vec::new();
+            t.encode(&text, &mut ids);
+            ids
+        };
+        let reference = |t: &bpe_openai::Tokenizer| t.encode(&text);
+        for _ in 0..2 {
+            // Each encode after the other tokenizer's, and again with the pieces kept.
+            assert_eq!(encode(&o200k), reference(bpe_openai::o200k_base()));
+            assert_eq!(encode(&cl100k), reference(bpe_openai::cl100k_base()));
+            assert_eq!(encode(&cl100k), reference(bpe_openai::cl100k_base()));
+        }
+        MERGED.with_borrow(|(owner, merged)| {
+            assert_eq!(*owner, "cl100k_base");
+            assert!((1..=MERGED_PIECES).contains(&merged.len()), "{}", merged.len());
+        });
     }
 
     #[test]
