@@ -112,6 +112,10 @@ def encode_table(results: dict[str, Any]) -> str:
         for label, f in (
             ("o200k_base vs tiktoken", figures["encode_vs_tiktoken"]["o200k_base"]),
             ("cl100k_base vs tiktoken", figures["encode_vs_tiktoken"]["cl100k_base"]),
+            (
+                "o200k_base vs tiktoken, 3 KB turns, CPU caches emptied before each",
+                figures["turn_encode_cold_vs_tiktoken"],
+            ),
             ("SmolLM2 vs llama.cpp (llama-cpp-python)", figures["encode_vs_llama_cpp"]),
         )
     ]

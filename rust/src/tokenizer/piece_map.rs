@@ -7,9 +7,14 @@
 //! and between two turns of one agent a server's other work evicts it from the CPU's
 //! caches: each lookup was then a miss to memory (a 3 KB tool output at 100k tokens
 //! took 250-450 us to encode cold against 50 us warm, most of it in these lookups). Its
-//! slots hold the key and the id in 16 bytes, so a lookup reads one cache line, and
+//! slots hold the key and the id in 16 bytes, so a lookup reads one cache line, in huge
+//! pages where the kernel gives them (a miss to memory then walks no page tables), and
 //! [`Ahead`] asks for the slots of the next pieces before it reads the first, so that
 //! their misses overlap instead of queueing.
+
+use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 
 use foldhash::HashMap as FastMap;
 
@@ -45,6 +50,75 @@ fn slot_key(bytes: &[u8]) -> Option<u128> {
     Some(u128::from_le_bytes(buf))
 }
 
+/// A huge page, on x86-64 Linux.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Zeroed slots. A table of a huge page or more is allocated on huge-page boundaries and
+/// advised to be made of huge pages before its first write (`MADV_HUGEPAGE`; the kernel
+/// may decline, and only the walk of the page tables is saved).
+struct Slots {
+    ptr: NonNull<u128>,
+    len: usize,
+}
+
+// SAFETY: `Slots` owns its memory, like a `Box<[u128]>`.
+unsafe impl Send for Slots {}
+// SAFETY: as above; shared references only read it.
+unsafe impl Sync for Slots {}
+
+impl Slots {
+    fn layout(len: usize) -> Layout {
+        let size = len * size_of::<u128>();
+        let align = if size >= HUGE_PAGE { HUGE_PAGE } else { 64 };
+        Layout::from_size_align(size, align).expect("a table of slots fits in memory")
+    }
+
+    fn zeroed(len: usize) -> Slots {
+        assert!(len > 0);
+        let layout = Self::layout(len);
+        // SAFETY: the layout's size is not zero; the memory is written whole before use.
+        unsafe {
+            let ptr = alloc(layout);
+            if ptr.is_null() {
+                handle_alloc_error(layout);
+            }
+            #[cfg(target_os = "linux")]
+            if layout.align() == HUGE_PAGE {
+                // Advice only: a kernel without transparent huge pages refuses it.
+                libc::madvise(ptr.cast(), layout.size(), libc::MADV_HUGEPAGE);
+            }
+            ptr.write_bytes(0, layout.size());
+            Slots {
+                ptr: NonNull::new_unchecked(ptr.cast()),
+                len,
+            }
+        }
+    }
+}
+
+impl Deref for Slots {
+    type Target = [u128];
+
+    fn deref(&self) -> &[u128] {
+        // SAFETY: `len` initialized slots from `ptr`, owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for Slots {
+    fn deref_mut(&mut self) -> &mut [u128] {
+        // SAFETY: as in `deref`, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { dealloc(self.ptr.as_ptr().cast(), Self::layout(self.len)) }
+    }
+}
+
 /// A 64-bit mix of a key's two halves (the folded multiply of foldhash and wyhash).
 #[inline]
 fn mix(key: u128) -> u64 {
@@ -59,7 +133,7 @@ fn mix(key: u128) -> u64 {
 /// once from the vocabulary and never written after, so no text can lengthen a probe.
 pub(crate) struct WholeTokens {
     /// 0: empty (a key's length byte is never 0).
-    slots: Box<[u128]>,
+    slots: Slots,
     long: FastMap<Box<[u8]>, u32>,
     /// `long` also holds short pieces, whose ids do not fit a slot.
     spilled: bool,
@@ -87,7 +161,7 @@ impl WholeTokens {
             }
         }
         let mut table = WholeTokens {
-            slots: vec![0; (2 * short.len()).next_power_of_two().max(16)].into_boxed_slice(),
+            slots: Slots::zeroed((2 * short.len()).next_power_of_two().max(16)),
             long,
             spilled,
         };
