@@ -38,6 +38,7 @@
 //! text, as llama.cpp and Hugging Face (non-special added tokens) do.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -47,7 +48,7 @@ use regex_syntax::is_word_character;
 use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 use super::agenda::Agenda;
-use super::piece_map::{Ahead, PieceCache, WholeTokens};
+use super::piece_map::{new_owner, with_kept, Ahead, PieceCache, WholeTokens, KEPT_PIECES, KEPT_TEXT};
 use super::pretokenizer::{begins_line_part, spans_line_start, PreTokenizer};
 use super::Tokenizer;
 use crate::error::{Code, Error, Result};
@@ -192,6 +193,8 @@ const MISSING: u32 = u32::MAX - 1;
 
 pub struct BpeModel {
     name: String,
+    /// Its identity for what a thread keeps (`KEPT_WORK`).
+    owner: u64,
     pre: PreTokenizer,
     normalizer: Normalizer,
     alphabet: Alphabet,
@@ -318,6 +321,7 @@ impl BpeModel {
         let joined = JoinedBytes::of(by_bytes.keys());
         let mut model = BpeModel {
             name: v.name,
+            owner: new_owner(),
             pre: v.pre,
             normalizer: v.normalizer,
             alphabet: v.alphabet,
@@ -481,7 +485,19 @@ impl BpeModel {
     /// Encode `text`; `at_start` says whether it begins the text (SentencePiece's
     /// dummy prefix goes only there and after added tokens).
     fn encode_text(&self, text: &str, at_start: bool, out: &mut Vec<u32>) {
-        let mut work = Work::default();
+        if text.len() > KEPT_TEXT {
+            return self.encode_with(text, at_start, &mut Work::default(), out);
+        }
+        let fresh = || Work {
+            cache: PieceCache::with_entries(KEPT_PIECES),
+            ..Work::default()
+        };
+        with_kept(&KEPT_WORK, self.owner, fresh, |work| {
+            self.encode_with(text, at_start, work, out)
+        });
+    }
+
+    fn encode_with(&self, text: &str, at_start: bool, work: &mut Work, out: &mut Vec<u32>) {
         out.reserve(text.len() / 3);
         let mut after_token = at_start;
         let mut first = at_start;
@@ -494,7 +510,7 @@ impl BpeModel {
             first = false;
             if let Some(id) = token {
                 if prepend && self.normalizer.prepend == Prepend::Once {
-                    self.encode_split(" ", &mut work, out);
+                    self.encode_split(" ", work, out);
                 }
                 out.push(id);
                 after_token = true;
@@ -502,7 +518,7 @@ impl BpeModel {
             }
             after_token = false;
             let section = self.normalize(&text[range], prepend);
-            self.encode_split(&section, &mut work, out);
+            self.encode_split(&section, work, out);
         });
     }
 
@@ -897,10 +913,16 @@ impl JoinedBytes {
     }
 }
 
-/// Scratch buffers reused across the pieces of one `encode` call.
+thread_local! {
+    /// The `Work` a text of up to `KEPT_TEXT` bytes encodes with, kept across a thread's
+    /// encodes.
+    static KEPT_WORK: RefCell<(u64, Work)> = RefCell::new((0, Work::default()));
+}
+
+/// Scratch buffers reused across the pieces of one `encode` call, or of a thread's.
 #[derive(Default)]
 struct Work {
-    /// Ids of the pieces encoded so far in this call.
+    /// Ids of the pieces encoded so far.
     cache: PieceCache,
     syms: Vec<Sym>,
     /// Candidate merges as (rank, left symbol), popped smallest first.
@@ -1116,6 +1138,35 @@ pub(crate) mod tests {
             added: vec![("<tool>".into(), 1)],
             added_rules: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_turn_encodes_with_its_threads_kept_work_as_with_its_own() {
+        // Two models whose merges differ: what the thread keeps for one must not answer
+        // for the other. Words with merges ("hello world") and without ("hexlo").
+        let full = tiny();
+        let mut v = tiny_vocabulary();
+        if let Merges::Ranked(merges) = &mut v.merges {
+            merges.truncate(4);
+        }
+        let fewer = BpeModel::new(v).unwrap();
+        let text = "hello world hexlo wor ld helloworld aaa\n".repeat(50);
+        let own = |t: &BpeModel| {
+            let mut ids = Vec::new();
+            t.encode_with(&text, true, &mut Work::default(), &mut ids);
+            ids
+        };
+        assert_ne!(own(&full), own(&fewer));
+        for _ in 0..2 {
+            for t in [&full, &fewer, &fewer] {
+                assert!(text.len() <= KEPT_TEXT);
+                assert_eq!(encode(t, &text), own(t));
+            }
+        }
+        KEPT_WORK.with_borrow(|(owner, work)| {
+            assert_eq!(*owner, fewer.owner);
+            assert!(work.cache.len() <= KEPT_PIECES);
+        });
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
-use super::piece_map::{Ahead, PieceCache, WholeTokens};
+use super::piece_map::{new_owner, with_kept, Ahead, PieceCache, WholeTokens, KEPT_PIECES, KEPT_TEXT};
 use super::scanner::Scanner;
 use super::Tokenizer;
 
@@ -22,22 +22,15 @@ fn ranks(bpe: &bpe::byte_pair_encoding::BytePairEncoding) -> WholeTokens {
     WholeTokens::new((0..bpe.num_tokens() as u32).map(|id| (bpe.token_bytes(id), id)))
 }
 
-/// Pieces of at most this many in a thread's [`MERGED`].
-const MERGED_PIECES: usize = 4096;
-
 thread_local! {
-    /// Ids of pieces that are not one token, by the tokenizer that merged them, kept
-    /// across a thread's encodes: a server encodes each turn's few KB of new text with
-    /// the caches of the CPU cold, and the merge loop then reads the vocabulary's tables
-    /// from memory, where a piece seen before (the identifiers and words of one
-    /// codebase repeat from turn to turn, and across agents) costs one lookup. Bounded
-    /// (`PieceCache`), about 0.5 MB a thread at most.
-    static MERGED: RefCell<(&'static str, PieceCache)> =
-        RefCell::new(("", PieceCache::with_entries(MERGED_PIECES)));
+    /// Ids of the pieces that are not one token, kept across a thread's encodes.
+    static MERGED: RefCell<(u64, PieceCache)> = RefCell::new((0, PieceCache::default()));
 }
 
 pub struct OpenAiTokenizer {
     name: &'static str,
+    /// Its identity for what a thread keeps (`MERGED`).
+    owner: u64,
     inner: &'static bpe_openai::Tokenizer,
     /// The ordinary vocabulary by bytes: the single-token fast path and the merge loop.
     ranks: WholeTokens,
@@ -68,6 +61,7 @@ impl OpenAiTokenizer {
         by_text.extend(aliases.iter().map(|(t, id)| (t.to_string(), *id)));
         OpenAiTokenizer {
             name,
+            owner: new_owner(),
             inner,
             ranks: ranks(&inner.bpe),
             by_text,
@@ -75,6 +69,29 @@ impl OpenAiTokenizer {
             vocab_size: ordinary.max(top),
             o200k_split,
         }
+    }
+
+    /// Encode `text`, the ids of pieces that took the merge loop kept in `merged`.
+    fn encode_with(&self, text: &str, merged: &mut PieceCache, out: &mut Vec<u32>) {
+        out.reserve(text.len() / 4);
+        let mut ahead = Ahead::default();
+        let mut each = |piece: &str, id: Option<u32>| match id {
+            Some(id) => out.push(id),
+            None => match merged.get(piece.as_bytes()) {
+                Some(ids) => out.extend_from_slice(ids),
+                None => {
+                    let ids = self.inner.bpe.encode_via_backtracking(piece.as_bytes());
+                    merged.insert(piece.as_bytes(), &ids);
+                    out.extend(ids);
+                }
+            },
+        };
+        for piece in self.split(text) {
+            if ahead.push(&self.ranks, piece) {
+                ahead.drain(&self.ranks, &mut each);
+            }
+        }
+        ahead.drain(&self.ranks, each);
     }
 
     /// The pre-tokenizer's pieces of `text`, in order.
@@ -190,30 +207,12 @@ impl Tokenizer for OpenAiTokenizer {
     }
 
     fn encode(&self, text: &str, out: &mut Vec<u32>) {
-        out.reserve(text.len() / 4);
-        let mut ahead = Ahead::default();
-        MERGED.with_borrow_mut(|(owner, merged)| {
-            if *owner != self.name {
-                *owner = self.name;
-                *merged = PieceCache::with_entries(MERGED_PIECES);
-            }
-            let mut each = |piece: &str, id: Option<u32>| match id {
-                Some(id) => out.push(id),
-                None => match merged.get(piece.as_bytes()) {
-                    Some(ids) => out.extend_from_slice(ids),
-                    None => {
-                        let ids = self.inner.bpe.encode_via_backtracking(piece.as_bytes());
-                        merged.insert(piece.as_bytes(), &ids);
-                        out.extend(ids);
-                    }
-                },
-            };
-            for piece in self.split(text) {
-                if ahead.push(&self.ranks, piece) {
-                    ahead.drain(&self.ranks, &mut each);
-                }
-            }
-            ahead.drain(&self.ranks, each);
+        if text.len() > KEPT_TEXT {
+            return self.encode_with(text, &mut PieceCache::default(), out);
+        }
+        let fresh = || PieceCache::with_entries(KEPT_PIECES);
+        with_kept(&MERGED, self.owner, fresh, |merged| {
+            self.encode_with(text, merged, out)
         });
     }
 
@@ -298,26 +297,33 @@ mod tests {
 
     #[test]
     fn the_pieces_a_thread_keeps_merged_are_its_tokenizers_and_bounded() {
-        // Identifiers that are not one token, more of them than the thread keeps.
-        let text: String = (0..3 * MERGED_PIECES)
-            .map(|i| format!(" zq{i}xv_{}", i * 7919 % 10_007))
-            .collect();
+        // Turns of identifiers that are not one token, more of them than the thread
+        // keeps, and a text too long to use what the thread keeps.
+        let turn = |t: usize| -> String {
+            (0..KEPT_PIECES)
+                .map(|i| format!(" zq{}xv_{}", t * KEPT_PIECES + i, i * 7919 % 10_007))
+                .collect()
+        };
+        let mut texts: Vec<String> = (0..3).map(turn).collect();
+        texts.push(texts.concat());
+        assert!(texts[..3].iter().all(|t| t.len() <= KEPT_TEXT) && texts[3].len() > KEPT_TEXT);
         let (o200k, cl100k) = (by_name("o200k_base").unwrap(), by_name("cl100k_base").unwrap());
-        let encode = |t: &Arc<dyn Tokenizer>| {
+        let encode = |t: &Arc<dyn Tokenizer>, text: &str| {
             let mut ids = Vec::new();
-            t.encode(&text, &mut ids);
+            t.encode(text, &mut ids);
             ids
         };
-        let reference = |t: &bpe_openai::Tokenizer| t.encode(&text);
         for _ in 0..2 {
-            // Each encode after the other tokenizer's, and again with the pieces kept.
-            assert_eq!(encode(&o200k), reference(bpe_openai::o200k_base()));
-            assert_eq!(encode(&cl100k), reference(bpe_openai::cl100k_base()));
-            assert_eq!(encode(&cl100k), reference(bpe_openai::cl100k_base()));
+            for text in &texts {
+                // Each encode after the other tokenizer's, and again with the pieces kept.
+                assert_eq!(encode(&o200k, text), bpe_openai::o200k_base().encode(text));
+                assert_eq!(encode(&cl100k, text), bpe_openai::cl100k_base().encode(text));
+                assert_eq!(encode(&cl100k, text), bpe_openai::cl100k_base().encode(text));
+            }
         }
         MERGED.with_borrow(|(owner, merged)| {
-            assert_eq!(*owner, "cl100k_base");
-            assert!((1..=MERGED_PIECES).contains(&merged.len()), "{}", merged.len());
+            assert_eq!(*owner, CL100K_BASE.owner);
+            assert!((1..=KEPT_PIECES).contains(&merged.len()), "{}", merged.len());
         });
     }
 

@@ -13,8 +13,11 @@
 //! their misses overlap instead of queueing.
 
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
+use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::LocalKey;
 
 use foldhash::HashMap as FastMap;
 
@@ -355,6 +358,42 @@ impl PieceCache {
         };
         self.ids.extend_from_slice(ids);
     }
+}
+
+/// Pieces at most in a cache a thread keeps across its encodes ([`with_kept`]): about
+/// 0.5 MB a thread at most.
+pub(crate) const KEPT_PIECES: usize = 4096;
+
+/// A text up to this long (a turn's) encodes with what its thread keeps; a longer one
+/// with a cache of its own, of [`PieceCache::ENTRIES`] pieces.
+pub(crate) const KEPT_TEXT: usize = 64 << 10;
+
+/// A tokenizer's identity for what a thread keeps across its encodes: unique for the
+/// process's life (an address could be a dropped tokenizer's).
+pub(crate) fn new_owner() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Runs `f` on what this thread keeps in `key` for `owner` across its encodes: a server
+/// encodes each turn's few KB of new text with the CPU's caches cold, and the merge loop
+/// then reads the vocabulary's tables from memory, where a piece merged before (the
+/// identifiers and words of one codebase repeat from turn to turn, and across agents)
+/// costs one lookup. What the thread last kept for another tokenizer is replaced by
+/// `fresh()`.
+pub(crate) fn with_kept<T: 'static, R>(
+    key: &'static LocalKey<RefCell<(u64, T)>>,
+    owner: u64,
+    fresh: impl FnOnce() -> T,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with_borrow_mut(|(kept_for, kept)| {
+        if *kept_for != owner {
+            *kept_for = owner;
+            *kept = fresh();
+        }
+        f(kept)
+    })
 }
 
 #[cfg(test)]
