@@ -1,7 +1,7 @@
 //! o200k's split, decided without the regex where the text is ASCII
 //! (`tokenizer::scanner`), finds bpe-openai's regex pieces in any text, and its ids are
 //! bpe-openai's: the vocabulary's slots looked up ahead (`piece_map::WholeTokens`) and,
-//! across the inputs of one run, the merged pieces the thread keeps (`with_kept`).
+//! across the inputs of one run, the merged pieces the thread keeps (`with_merged`).
 #![no_main]
 
 use hotloop_core::tokenizer::openai;

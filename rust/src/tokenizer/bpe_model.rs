@@ -38,7 +38,6 @@
 //! text, as llama.cpp and Hugging Face (non-special added tokens) do.
 
 use std::borrow::Cow;
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -48,7 +47,7 @@ use regex_syntax::is_word_character;
 use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 use super::agenda::Agenda;
-use super::piece_map::{new_owner, with_kept, Ahead, PieceCache, WholeTokens, KEPT_PIECES, KEPT_TEXT};
+use super::piece_map::{new_owner, with_merged, Ahead, PieceCache, WholeTokens, KEPT_TEXT};
 use super::pretokenizer::{begins_line_part, spans_line_start, PreTokenizer};
 use super::Tokenizer;
 use crate::error::{Code, Error, Result};
@@ -193,7 +192,7 @@ const MISSING: u32 = u32::MAX - 1;
 
 pub struct BpeModel {
     name: String,
-    /// Its identity for what a thread keeps (`KEPT_WORK`).
+    /// Its identity for the merged pieces a thread keeps (`with_merged`).
     owner: u64,
     pre: PreTokenizer,
     normalizer: Normalizer,
@@ -488,12 +487,14 @@ impl BpeModel {
         if text.len() > KEPT_TEXT {
             return self.encode_with(text, at_start, &mut Work::default(), out);
         }
-        let fresh = || Work {
-            cache: PieceCache::with_entries(KEPT_PIECES),
-            ..Work::default()
-        };
-        with_kept(&KEPT_WORK, self.owner, fresh, |work| {
-            self.encode_with(text, at_start, work, out)
+        with_merged(self.owner, |merged| {
+            // The thread's pieces for this call, back to it after.
+            let mut work = Work {
+                cache: std::mem::take(merged),
+                ..Work::default()
+            };
+            self.encode_with(text, at_start, &mut work, out);
+            *merged = work.cache;
         });
     }
 
@@ -913,16 +914,10 @@ impl JoinedBytes {
     }
 }
 
-thread_local! {
-    /// The `Work` a text of up to `KEPT_TEXT` bytes encodes with, kept across a thread's
-    /// encodes.
-    static KEPT_WORK: RefCell<(u64, Work)> = RefCell::new((0, Work::default()));
-}
-
-/// Scratch buffers reused across the pieces of one `encode` call, or of a thread's.
+/// Scratch buffers reused across the pieces of one `encode` call.
 #[derive(Default)]
 struct Work {
-    /// Ids of the pieces encoded so far.
+    /// Ids of the pieces encoded so far: this call's, or its thread's (`with_merged`).
     cache: PieceCache,
     syms: Vec<Sym>,
     /// Candidate merges as (rank, left symbol), popped smallest first.
@@ -1085,6 +1080,7 @@ pub(crate) fn gpt2_byte_decoder() -> impl Fn(&str) -> Vec<u8> {
 pub(crate) mod tests {
     use super::*;
     use crate::tokenizer::gguf::{self, Value};
+    use crate::tokenizer::piece_map::{merged_here, KEPT_PIECES};
     use crate::tokenizer::tokenizer_json;
 
     const TINY_MERGES: [(&str, &str); 10] = [
@@ -1141,7 +1137,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_turn_encodes_with_its_threads_kept_work_as_with_its_own() {
+    fn a_turn_encodes_with_its_threads_kept_pieces_as_with_its_own() {
         // Two models whose merges differ: what the thread keeps for one must not answer
         // for the other. Words with merges ("hello world") and without ("hexlo").
         let full = tiny();
@@ -1163,10 +1159,9 @@ pub(crate) mod tests {
                 assert_eq!(encode(t, &text), own(t));
             }
         }
-        KEPT_WORK.with_borrow(|(owner, work)| {
-            assert_eq!(*owner, fewer.owner);
-            assert!(work.cache.len() <= KEPT_PIECES);
-        });
+        let (owner, kept) = merged_here();
+        assert_eq!(owner, fewer.owner);
+        assert!((1..=KEPT_PIECES).contains(&kept), "{kept}");
     }
 
     #[test]

@@ -9,11 +9,10 @@
 //! the `bpe` crate (same ids as tiktoken's merge loop, without its quadratic worst case;
 //! it also measured faster than that loop on our corpus).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
-use super::piece_map::{new_owner, with_kept, Ahead, PieceCache, WholeTokens, KEPT_PIECES, KEPT_TEXT};
+use super::piece_map::{new_owner, with_merged, Ahead, PieceCache, WholeTokens, KEPT_TEXT};
 use super::scanner::Scanner;
 use super::Tokenizer;
 
@@ -22,14 +21,9 @@ fn ranks(bpe: &bpe::byte_pair_encoding::BytePairEncoding) -> WholeTokens {
     WholeTokens::new((0..bpe.num_tokens() as u32).map(|id| (bpe.token_bytes(id), id)))
 }
 
-thread_local! {
-    /// Ids of the pieces that are not one token, kept across a thread's encodes.
-    static MERGED: RefCell<(u64, PieceCache)> = RefCell::new((0, PieceCache::default()));
-}
-
 pub struct OpenAiTokenizer {
     name: &'static str,
-    /// Its identity for what a thread keeps (`MERGED`).
+    /// Its identity for the merged pieces a thread keeps (`with_merged`).
     owner: u64,
     inner: &'static bpe_openai::Tokenizer,
     /// The ordinary vocabulary by bytes: the single-token fast path and the merge loop.
@@ -210,10 +204,7 @@ impl Tokenizer for OpenAiTokenizer {
         if text.len() > KEPT_TEXT {
             return self.encode_with(text, &mut PieceCache::default(), out);
         }
-        let fresh = || PieceCache::with_entries(KEPT_PIECES);
-        with_kept(&MERGED, self.owner, fresh, |merged| {
-            self.encode_with(text, merged, out)
-        });
+        with_merged(self.owner, |merged| self.encode_with(text, merged, out));
     }
 
     /// o200k's split cuts at line starts as the scanned open-model splits do (its pattern
@@ -254,6 +245,7 @@ impl Tokenizer for OpenAiTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::piece_map::{merged_here, KEPT_PIECES};
     use crate::tokenizer::scanner::ALPHABET;
     use proptest::prelude::*;
 
@@ -321,10 +313,9 @@ mod tests {
                 assert_eq!(encode(&cl100k, text), bpe_openai::cl100k_base().encode(text));
             }
         }
-        MERGED.with_borrow(|(owner, merged)| {
-            assert_eq!(*owner, CL100K_BASE.owner);
-            assert!((1..=KEPT_PIECES).contains(&merged.len()), "{}", merged.len());
-        });
+        let (owner, kept) = merged_here();
+        assert_eq!(owner, CL100K_BASE.owner);
+        assert!((1..=KEPT_PIECES).contains(&kept), "{kept}");
     }
 
     #[test]

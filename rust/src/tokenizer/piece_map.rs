@@ -17,19 +17,26 @@ use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::thread::LocalKey;
 
 use foldhash::HashMap as FastMap;
 
-/// `bytes` as one integer, if it has at most 15 of them.
+/// `bytes` as one integer, if it has at most 15 of them: the bytes, the length in the
+/// last byte.
 #[inline]
 pub(crate) fn packed(bytes: &[u8]) -> Option<u128> {
-    if bytes.len() > 15 {
+    pack(bytes, 15)
+}
+
+/// `bytes` (at most `length_at` of them) in the low bytes of an integer, their length in
+/// byte `length_at`.
+#[inline]
+fn pack(bytes: &[u8], length_at: usize) -> Option<u128> {
+    if bytes.len() > length_at {
         return None;
     }
     let mut buf = [0u8; 16];
     buf[..bytes.len()].copy_from_slice(bytes);
-    buf[15] = bytes.len() as u8;
+    buf[length_at] = bytes.len() as u8;
     Some(u128::from_le_bytes(buf))
 }
 
@@ -44,13 +51,10 @@ const SLOT_IDS: u32 = 1 << 24;
 /// A piece of 1 to [`SLOT_BYTES`] bytes as a slot's key: its bytes, its length above them.
 #[inline]
 fn slot_key(bytes: &[u8]) -> Option<u128> {
-    if bytes.is_empty() || bytes.len() > SLOT_BYTES {
+    if bytes.is_empty() {
         return None;
     }
-    let mut buf = [0u8; 16];
-    buf[..bytes.len()].copy_from_slice(bytes);
-    buf[SLOT_BYTES] = bytes.len() as u8;
-    Some(u128::from_le_bytes(buf))
+    pack(bytes, SLOT_BYTES)
 }
 
 /// A huge page, on x86-64 Linux.
@@ -360,40 +364,49 @@ impl PieceCache {
     }
 }
 
-/// Pieces at most in a cache a thread keeps across its encodes ([`with_kept`]): about
-/// 0.5 MB a thread at most.
+/// Pieces at most in the cache a thread keeps across its encodes ([`with_merged`]):
+/// about 1 MB a thread at most (the two maps at their most, keys of up to
+/// [`PieceCache::LONGEST`] bytes, 8 ids a piece).
 pub(crate) const KEPT_PIECES: usize = 4096;
 
-/// A text up to this long (a turn's) encodes with what its thread keeps; a longer one
-/// with a cache of its own, of [`PieceCache::ENTRIES`] pieces.
+/// A text up to this long (a turn's) encodes with the pieces its thread keeps; a longer
+/// one with a cache of its own, of [`PieceCache::ENTRIES`] pieces.
 pub(crate) const KEPT_TEXT: usize = 64 << 10;
 
-/// A tokenizer's identity for what a thread keeps across its encodes: unique for the
-/// process's life (an address could be a dropped tokenizer's).
+/// A tokenizer's identity for the pieces a thread keeps: unique for the process's life
+/// (an address could be a dropped tokenizer's).
 pub(crate) fn new_owner() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Runs `f` on what this thread keeps in `key` for `owner` across its encodes: a server
-/// encodes each turn's few KB of new text with the CPU's caches cold, and the merge loop
-/// then reads the vocabulary's tables from memory, where a piece merged before (the
-/// identifiers and words of one codebase repeat from turn to turn, and across agents)
-/// costs one lookup. What the thread last kept for another tokenizer is replaced by
-/// `fresh()`.
-pub(crate) fn with_kept<T: 'static, R>(
-    key: &'static LocalKey<RefCell<(u64, T)>>,
-    owner: u64,
-    fresh: impl FnOnce() -> T,
-    f: impl FnOnce(&mut T) -> R,
-) -> R {
-    key.with_borrow_mut(|(kept_for, kept)| {
+thread_local! {
+    /// The ids of pieces that took the merge loop, kept across a thread's encodes of
+    /// turn-sized texts, and the tokenizer they are the ids of.
+    static MERGED: RefCell<(u64, PieceCache)> = RefCell::new((0, PieceCache::default()));
+}
+
+/// Runs `f` on the merged pieces this thread keeps for tokenizer `owner`, across its
+/// encodes: a server encodes each turn's few KB of new text with the CPU's caches cold,
+/// and the merge loop then reads the vocabulary's tables from memory, where a piece
+/// merged before (the identifiers and words of one codebase repeat from turn to turn,
+/// and across agents) costs one lookup. Pieces kept for another tokenizer are dropped
+/// first. Shared by the keys whose turns the thread encodes: what a hit saves is the
+/// merge loop's work on a piece of the public vocabulary (docs/security.md).
+pub(crate) fn with_merged<R>(owner: u64, f: impl FnOnce(&mut PieceCache) -> R) -> R {
+    MERGED.with_borrow_mut(|(kept_for, merged)| {
         if *kept_for != owner {
             *kept_for = owner;
-            *kept = fresh();
+            *merged = PieceCache::with_entries(KEPT_PIECES);
         }
-        f(kept)
+        f(merged)
     })
+}
+
+/// The tokenizer this thread keeps merged pieces for, and how many.
+#[cfg(test)]
+pub(crate) fn merged_here() -> (u64, usize) {
+    MERGED.with_borrow(|(owner, merged)| (*owner, merged.len()))
 }
 
 #[cfg(test)]
