@@ -19,6 +19,7 @@ from hotloop.protocol import (
     Connection,
     ConnectionCache,
     Generate,
+    Later,
     Observer,
     Persist,
     Render,
@@ -77,6 +78,8 @@ class ConnectionDriver:
                 self.waits.pop(action.key, None) or self.generating.pop(action.key)
             elif isinstance(action, Wait):
                 self.waits[action.key] = action
+            elif isinstance(action, Later):
+                action.run()
             else:
                 self.closed = action
         return frames
@@ -143,6 +146,8 @@ async def run_on(
         action = actions.popleft()
         if isinstance(action, bytes):
             frames.append(validate(action))
+        elif isinstance(action, Later):
+            action.run()
         elif isinstance(action, Generate):
             stream = action.start(session)
             try:

@@ -112,8 +112,8 @@ async def test_a_steer_successor_evaluates_only_the_steering_tokens(llama: Llama
     conn = connection(llama.chat_format, llama.context_window)
     create(conn, "Tell me about the city of Paris.", 24)
     started = conn.actions()
-    assert isinstance(started[0], bytes)
-    target = orjson.loads(started[0])["response"]["id"]
+    created = next(action for action in started if isinstance(action, bytes))
+    target = orjson.loads(created)["response"]["id"]
     send(conn, {"type": "response.steer", "previous_response_id": target, "input": "Be brief."})
     frames = await run_on(conn, counted.session, counted.ended, started)
     kinds = [frame["type"] for frame in frames]

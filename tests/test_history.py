@@ -18,14 +18,19 @@ client whose bodies are matched by their parsed items only (`raw=False`)."""
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import pytest
 from connection_driver import FORMAT, ConnectionDriver, sim_connection
 from hotloop._core import Checkpoint, Conversation, CreateRequest, parse_request
+from hotloop.mcp_client import McpClient, McpSettings
 from hotloop.protocol import CacheBudget, ConnectionCache, Finished
 from hotloop.protocol.connection_cache import STATES_PER_CHAIN
+from hotloop.transport.driver import Driver, Outlet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -358,3 +363,42 @@ def test_a_request_continues_the_longest_state_it_matches(
     if mutation == "none":
         # What the previous request sent was recognized, not parsed.
         assert client.parsed[-1].seen_items == client.parsed[-2].input_item_count
+
+
+async def test_a_turns_bookkeeping_waits_for_its_engine_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The transport's driver writes the engine's request before the turn's bookkeeping
+    (`Later`): its log line, and its prompt's state kept by content (which the tests
+    above find, run by `ConnectionDriver`), are off the turn's way to its first token."""
+    caplog.set_level(logging.INFO, logger="hotloop.requests")
+    cache = key_cache()
+    connection = sim_connection(cache, Recorder(), history=cache)
+    at_request: list[tuple[list[str], int]] = []
+
+    class Engine:
+        async def generate(
+            self, prompt: Any, sampling: Any, route_key: str | None = None
+        ) -> AsyncIterator[list[int]]:
+            at_request.append((list(caplog.messages), len(cache)))  # an upstream writes here
+            yield reply_ids(False, 0)
+
+        async def close(self) -> None:
+            return None
+
+    frames: list[bytes] = []
+
+    async def send(batch: list[bytes]) -> None:
+        frames.extend(batch)
+
+    driver = Driver(connection, Engine(), Outlet(send), mcp=McpClient(McpSettings()))
+    frame = orjson.dumps(body([{"role": "user", "content": "Hi"}]))
+    connection.receive_request(parse_request(frame), len(frame))
+    driver.dispatch()
+    await driver.settle()
+    await driver.close()
+    ((logged, kept),) = at_request
+    assert logged == [] and kept == 0
+    response_id = orjson.loads(frames[-1])["response"]["id"]
+    assert [m for m in caplog.messages if m.startswith(f"response {response_id} request ")]
+    assert len(cache) == 2  # the prompt's state, and the response's end

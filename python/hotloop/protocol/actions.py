@@ -1,8 +1,9 @@
 """What a `Connection` answers with and what it reports, without I/O: the work it hands
-the transport (`Generate`, `Render`, `Persist`, `Cancel`, `Wait`, `McpCall`, `Close`; server frames
-are plain bytes), which frames are large enough to leave the event loop as work of their
-own (`OFFLOAD_BYTES`, `offloads`), the record of a finished response (`Finished`, with its
-`TurnSegment`s) and the interface it reports through (`Observer`).
+the transport (`Generate`, `Render`, `Persist`, `Cancel`, `Wait`, `McpCall`, `Close`,
+`Later`; server frames are plain bytes), which frames are large enough to leave the
+event loop as work of their own (`OFFLOAD_BYTES`, `offloads`), the record of a finished
+response (`Finished`, with its `TurnSegment`s) and the interface it reports through
+(`Observer`).
 
 Plain data: the units of the protocol layer build these, the transport runs them.
 """
@@ -151,7 +152,17 @@ class McpCall:
     seconds: float
 
 
-Action = bytes | Generate | Render | Persist | Cancel | Wait | Close | McpCall
+@dataclass(frozen=True)
+class Later:
+    """Bookkeeping that is off a turn's way to its first token (its request's log line,
+    its prompt's state kept for whole-history requests): `run()` once the work handed
+    out with it has started, so that the engine's request is written first. It must not
+    emit."""
+
+    run: Callable[[], None]
+
+
+Action = bytes | Generate | Render | Persist | Cancel | Wait | Close | McpCall | Later
 
 
 @dataclass(frozen=True)

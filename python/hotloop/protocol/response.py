@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -35,7 +36,7 @@ from hotloop._core import (
 )
 from hotloop.engines.base import API_SAMPLING, EngineError, Sampling, Serving
 from hotloop.events import ResponseEvents, Usage, new_id
-from hotloop.protocol.actions import Cancel, Finished, Generate, Persist, TurnSegment
+from hotloop.protocol.actions import Cancel, Finished, Generate, Later, Persist, TurnSegment
 from hotloop.protocol.diagnostics import diagnose
 from hotloop.protocol.errors import ProtocolError
 from hotloop.protocol.history import NOWHERE, Start, end_mark
@@ -164,14 +165,26 @@ class Rendering:
         else:
             events = ResponseEvents(fields, stream_id=lane.name, background=background)
             request_id = settings.request_id
-        requests_log.info("response %s request %s", events.response_id, request_id)
         response = Response.open(self, events, turn)
-        if self.seen.mark is not None and port.history is not None:
-            port.history.keep(self.seen.mark, conversation.checkpoint(), response.root)
-            port.history.remember(request)
+        # The prompt's state as rendered: the engine's output may extend the
+        # conversation before `_kept` runs.
+        keeps = self.seen.mark is not None and port.history is not None
+        kept = conversation.checkpoint() if keeps else None
+        port.emit(Later(partial(self._kept, events.response_id, request_id, kept, response.root)))
         lane.active = response
         port.generating[response.key] = response
         return response
+
+    def _kept(
+        self, response_id: str, request_id: str | None, prompt: Checkpoint | None, root: str
+    ) -> None:
+        """After the turn's engine request is out (`Later`): its log line, and its
+        prompt's state under its address for whole-history requests (`history.py`)."""
+        requests_log.info("response %s request %s", response_id, request_id)
+        history, mark = self.port.history, self.seen.mark
+        if prompt is not None and history is not None and mark is not None:
+            history.keep(mark, prompt, root)
+            history.remember(self.pending.request)
 
 
 def engine_sampling(request: CreateRequest, fields: str, defaults: tuple[float, float]) -> str:

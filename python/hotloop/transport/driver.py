@@ -45,6 +45,7 @@ from hotloop.protocol import (
     Connection,
     Finished,
     Generate,
+    Later,
     McpCall,
     Persist,
     Render,
@@ -228,8 +229,12 @@ class Driver:
         await self._session.close()
 
     def dispatch(self, actions: Iterable[Action] | None = None) -> None:
-        """Start `actions` (by default the connection's pending ones)."""
+        """Start `actions` (by default the connection's pending ones); their `Later`
+        bookkeeping runs after the tasks they started have taken their first step (the
+        loop runs callbacks in the order they were scheduled), which writes an
+        upstream's request."""
         self._writing()
+        later: list[Callable[[], None]] = []
         for action in self.connection.actions() if actions is None else actions:
             if isinstance(action, bytes):
                 self._outbox.append(action)
@@ -260,8 +265,14 @@ class Driver:
                 stopped = self._generating.pop(action.key, None)
                 if stopped is not None:
                     stopped.cancel()
+            elif isinstance(action, Later):
+                later.append(action.run)
             else:
                 self._outbox.append(action)
+        if later:
+            loop = asyncio.get_running_loop()
+            for run in later:
+                loop.call_soon(run)
         high_water = self._high_water
         if high_water is not None and self._outbox_bytes > high_water and self._has_room.is_set():
             self._has_room.clear()
