@@ -7,10 +7,10 @@
 //! deflated (about a quarter of its size on code and logs) and inflated when read. A
 //! function call stays as it is (its name is looked up by call id).
 
-use std::cell::RefCell;
 use std::mem::size_of;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use miniz_oxide::deflate::compress_to_vec;
 use miniz_oxide::deflate::core::{
     compress, create_comp_flags_from_zip_params, CompressorOxide, TDEFLFlush, TDEFLStatus,
 };
@@ -24,40 +24,46 @@ pub(crate) const PACK_FROM: usize = 512;
 /// Deflate's fastest level: a turn's tool output of a few KB costs tens of microseconds.
 const LEVEL: u8 = 1;
 
-thread_local! {
-    /// The thread's deflate state, reset for each text: a new one allocates and zeroes
-    /// about 300 KB, more than deflating a turn's few KB takes (3 KB of Python source:
-    /// 39 us with a new one, 16 us reused; 87 and 31 us with the CPU's caches emptied).
-    /// One a thread that renders: the event loop's and the render workers'.
-    static DEFLATE: RefCell<Option<CompressorOxide>> = const { RefCell::new(None) };
-}
+/// The process's deflate state, reset for each text: a new one allocates and zeroes
+/// about 300 KB, more than deflating a turn's few KB takes (3 KB of Python source: 39 us
+/// with a new one, 16 us reused; 87 and 31 us with the CPU's caches emptied). One for
+/// the process, not one a thread: a render that finds it taken (another thread's, at the
+/// same moment) deflates with a new one, as every render did before.
+static DEFLATE: Mutex<Option<CompressorOxide>> = Mutex::new(None);
 
 /// `text` deflated (raw deflate, as `miniz_oxide::deflate::compress_to_vec` writes it).
-fn deflate(mut text: &[u8]) -> Box<[u8]> {
-    DEFLATE.with_borrow_mut(|kept| {
-        let compressor = kept.get_or_insert_with(|| {
-            CompressorOxide::new(create_comp_flags_from_zip_params(LEVEL.into(), 0, 0))
-        });
-        compressor.reset();
-        let mut out = vec![0; text.len() / 2 + 64];
-        let mut at = 0;
-        loop {
-            let (status, read, written) = compress(compressor, text, &mut out[at..], TDEFLFlush::Finish);
-            at += written;
-            match status {
-                TDEFLStatus::Done => break,
-                TDEFLStatus::Okay => {
-                    text = &text[read..];
-                    if out.len() - at < 64 {
-                        out.resize(2 * out.len(), 0);
-                    }
-                }
-                _ => unreachable!("deflating into a buffer with room cannot fail"),
-            }
+fn deflate(text: &[u8]) -> Box<[u8]> {
+    match DEFLATE.try_lock() {
+        Ok(mut kept) => {
+            let compressor = kept.get_or_insert_with(|| {
+                CompressorOxide::new(create_comp_flags_from_zip_params(LEVEL.into(), 0, 0))
+            });
+            compressor.reset();
+            deflate_with(compressor, text)
         }
-        out.truncate(at);
-        out.into_boxed_slice()
-    })
+        Err(_) => compress_to_vec(text, LEVEL).into_boxed_slice(),
+    }
+}
+
+fn deflate_with(compressor: &mut CompressorOxide, mut text: &[u8]) -> Box<[u8]> {
+    let mut out = vec![0; text.len() / 2 + 64];
+    let mut at = 0;
+    loop {
+        let (status, read, written) = compress(compressor, text, &mut out[at..], TDEFLFlush::Finish);
+        at += written;
+        match status {
+            TDEFLStatus::Done => break,
+            TDEFLStatus::Okay => {
+                text = &text[read..];
+                if out.len() - at < 64 {
+                    out.resize(2 * out.len(), 0);
+                }
+            }
+            _ => unreachable!("deflating into a buffer with room cannot fail"),
+        }
+    }
+    out.truncate(at);
+    out.into_boxed_slice()
 }
 
 #[derive(Clone)]
@@ -181,7 +187,7 @@ mod tests {
     }
 
     #[test]
-    fn the_threads_deflate_state_writes_what_a_new_one_does() {
+    fn the_processs_deflate_state_writes_what_a_new_one_does() {
         // Texts of every size around the output's first room, one after another on the
         // same state, incompressible ones included.
         let mut noise = 0x9e37_79b9_u32;
