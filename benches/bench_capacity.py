@@ -5,8 +5,8 @@ run (docs/benchmarks-capacity.md, "Capacity"):
     .venv/bin/python benches/bench_capacity.py              # the full sweep
         [--agents 4,16,64,128] [--systems hotloop,agentic-api] [--modes websocket,http_full]
         [--window 30] [--think-scale 0.05] [--contexts agentx|agentperf] [--seed 0]
-        [--target-ms 10] [--saturation 0.7] [--phases-log DIR] [--baseline NAME=DIR]
-        [--out FILE]
+        [--target-ms 10] [--saturation 0.7] [--shared-cpus] [--phases-log DIR]
+        [--baseline NAME=DIR] [--out FILE]
 
 N agents replay coding sessions of the field's shape (`hotloop.lab.capacity`: contexts,
 tool outputs, outputs and think times, seeded) against one fake vLLM
@@ -27,10 +27,12 @@ resident memory per agent (loaded minus idle, idle read after one unmeasured age
 its history and left, so the start-up allocations of a gateway's first request are not
 counted per agent), errors, and for hotloop where the turn
 waited (`hotloop_turn_phase_seconds`, p50 and p99 from the histogram's buckets) and the
-event loop's lag. The client (one process, one event loop, `hotloop.lab.thin_client`)
-and the fake must not be what is measured: a point where either used more than
-`--saturation` of a core, or where the client's own loop lagged more than the target, is
-marked saturated, printed as such and left out of the headline. The headline, per
+event loop's lag. Each gateway runs on a CPU of its own, the client and the fake on the others
+(`cpu_split`; `--shared-cpus`: all on all). The client (one process, one event loop,
+`hotloop.lab.thin_client`) and the fake must not be what is measured: a point where
+either used more than `--saturation` of a core (or both together more than that share
+of their CPUs), or where the client's own loop lagged more than the target, is marked
+saturated, printed as such and left out of the headline. The headline, per
 system and mode: turns per second per gateway core at the largest number of agents that
 meets the target, and agents per core at the sessions' own think times (turns/s per core
 times the mean think time, unscaled, plus the mean turn).
@@ -212,7 +214,7 @@ def measure(
                     command += ["--log-level", "debug", "--log-format", "json"]
                 if system in args.baselines:
                     env = {"PYTHONPATH": args.baselines[system]}
-            with started(system, command, port, env) as gateway:
+            with started(system, command, port, env, args.gateway_cpus) as gateway:
                 target = Target(system, mode, gateway.base_url, gateway.ws_url, API_KEY, MODEL)
                 warm_up(target, workload.session(MAX_AGENTS))
                 point = run_point(args, target, sessions, Readings(gateway, upstream))
@@ -256,10 +258,14 @@ def run_point(
 def saturated(point: dict[str, Any], args: argparse.Namespace) -> list[str]:
     """Why this point measured the client or the fake rather than the gateway."""
     why = []
-    if point["client_cpu_cores"] > args.saturation:
-        why.append(f"client at {point['client_cpu_cores']:.2f} core")
-    if point["server"]["upstream_cpu_cores"] > args.saturation:
-        why.append(f"fake upstream at {point['server']['upstream_cpu_cores']:.2f} core")
+    client, fake = point["client_cpu_cores"], point["server"]["upstream_cpu_cores"]
+    if client > args.saturation:
+        why.append(f"client at {client:.2f} core")
+    if fake > args.saturation:
+        why.append(f"fake upstream at {fake:.2f} core")
+    shared = len(args.client_cpus)
+    if args.gateway_cpus is not None and client + fake > args.saturation * shared:
+        why.append(f"client and fake at {client + fake:.2f} of their {shared} core(s)")
     if point["client_lag_p99_ms"] > args.target_ms:
         why.append(f"client event loop lag p99 {point['client_lag_p99_ms']:.1f} ms")
     return why
@@ -376,6 +382,25 @@ def plot(results: dict[str, Any], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def cpu_split(shared: bool) -> tuple[frozenset[int] | None, frozenset[int]]:
+    """The CPUs each gateway runs on, and those the client (this process) and the fake
+    share: one CPU of this process's for the gateway, alone, the rest for them. In a
+    deployment the upstream and the clients run on other hosts; sharing CPUs here, the
+    fake woken by the request the gateway is writing took the gateway's CPU from it in
+    the middle of the write: at 16 agents, every upstream write slower than 1.5 ms (a
+    sixth of them, 2-4.5 ms) had an involuntary context switch (`getrusage`), and with
+    the gateway on a CPU of its own the added TTFT went from +0.9 / +4.2 ms (p50 / p99)
+    to +0.1 / +1.4, the floor unchanged (docs/benchmarks-capacity.md). With `shared` (or
+    a single CPU): no split, everything on this process's CPUs."""
+    allowed = frozenset(os.sched_getaffinity(0))
+    if shared or len(allowed) < 2:
+        return None, allowed
+    gateway = frozenset({max(allowed)})
+    rest = allowed - gateway
+    os.sched_setaffinity(0, rest)  # the fake, started from here, inherits it
+    return gateway, rest
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="16 and 64 agents, 15 s windows")
@@ -404,6 +429,11 @@ def main() -> None:
         default=MAX_AGENTS,
         help="do not double past this many agents (the given numbers only: their largest)",
     )
+    parser.add_argument(
+        "--shared-cpus",
+        action="store_true",
+        help="let the gateway share its CPUs with the client and the fake (cpu_split)",
+    )
     parser.add_argument("--phases-log", default="", help="keep per-turn logs here (profiling)")
     parser.add_argument("--out", default="benches/results/capacity.json")
     parser.add_argument(
@@ -415,6 +445,7 @@ def main() -> None:
         "system hotloop@NAME, for a before/after in one run",
     )
     args = parser.parse_args()
+    args.gateway_cpus, args.client_cpus = cpu_split(args.shared_cpus)
     args.baselines = {}
     for spec in args.baseline:
         name, _, path = spec.partition("=")
@@ -433,7 +464,13 @@ def main() -> None:
     results: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "shared": True},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "shared": True,
+            "gateway_cpus": None if args.gateway_cpus is None else sorted(args.gateway_cpus),
+            "client_and_fake_cpus": sorted(args.client_cpus),
+        },
         "load_average_at_start": os.getloadavg(),
         "workload": {
             "seed": args.seed,

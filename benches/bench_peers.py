@@ -151,9 +151,14 @@ class Process(Loopback):
 
 @contextmanager
 def started(
-    name: str, command: list[str], port: int, env: dict[str, str] | None = None
+    name: str,
+    command: list[str],
+    port: int,
+    env: dict[str, str] | None = None,
+    cpus: frozenset[int] | None = None,
 ) -> Iterator[Process]:
-    """Run `command` until the block ends; yields once `port` accepts connections."""
+    """Run `command` until the block ends; yields once `port` accepts connections.
+    `cpus`: the only CPUs it runs on (its threads too); None: those of this process."""
     scratch = tempfile.TemporaryDirectory(prefix=f"hotloop-peers-{name}-")
     log = open(Path(scratch.name) / "log", "wb")
     process = subprocess.Popen(
@@ -161,6 +166,7 @@ def started(
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )
     server = Process(name, process, port, scratch)
     try:
