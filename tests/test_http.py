@@ -6,6 +6,7 @@ are validated strictly with the SDK's pydantic models."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import orjson
 import pytest
 from hotloop._core import ChatFormat
 from hotloop.config import ServerConfig
-from hotloop.engines.sim import SimScript, SimSpeed
+from hotloop.engines.sim import SimScript, SimSession, SimSpeed
 from hotloop.store.sqlite import SQLiteDatabase
 from hotloop.transport import App
 from openai import OpenAI
@@ -26,6 +27,7 @@ from openai.types.responses import Response, ResponseItemList
 from sdk_events import validate
 from servers import serving, sim_engine
 from shell_tool import TOOLS
+from test_background import until
 from websockets.sync.client import connect
 
 KEY = "sk-http"
@@ -490,6 +492,72 @@ def test_a_client_that_disconnects_mid_stream_cancels_generation(tmp_path: Path)
         assert httpx.get(base + "/v1/usage", headers=headers).json()["responses"] == 2
 
 
+class HeldClose:
+    """An engine stream whose close (`close_stream`, after the stop token) waits until
+    `release` is set (at most 30 s): as vLLM's stream, read to its usage and end."""
+
+    def __init__(self, stream: Any, holding: threading.Event, release: threading.Event) -> None:
+        self.stream, self.holding, self.release = stream, holding, release
+
+    def __aiter__(self) -> HeldClose:
+        return self
+
+    async def __anext__(self) -> list[int]:
+        batch: list[int] = await self.stream.__anext__()
+        return batch
+
+    async def aclose(self) -> None:
+        self.holding.set()
+        await asyncio.to_thread(self.release.wait, 30)
+        await self.stream.aclose()
+
+
+@pytest.mark.parametrize("transport", ["json", "sse", "websocket"])
+def test_a_response_ends_before_its_engine_stream_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transport: str
+) -> None:
+    """The terminal event (over HTTP, the end of the body; without `stream`, the whole
+    Response) goes out once the engine's stop token is parsed, not after the engine's
+    stream has closed: a client (an agent that runs its tool next) waits for nothing
+    after the answer."""
+    holding, release = threading.Event(), threading.Event()
+    generate = SimSession.generate
+
+    def held(self: SimSession, *args: Any, **kwargs: Any) -> HeldClose:
+        return HeldClose(generate(self, *args, **kwargs), holding, release)
+
+    monkeypatch.setattr(SimSession, "generate", held)
+    body = {"model": "sim", "input": "hello", "store": False}
+    headers = {"authorization": f"Bearer {KEY}"}
+    try:
+        with serving(hotloop_app(tmp_path)) as base:
+            if transport == "json":
+                reply = httpx.post(base + "/v1/responses", json=body, headers=headers, timeout=10)
+                terminal = {"type": f"response.{reply.json()['status']}"}
+            elif transport == "sse":
+                with httpx.stream(
+                    "POST",
+                    base + "/v1/responses",
+                    json={**body, "stream": True},
+                    headers=headers,
+                    timeout=10,
+                ) as reply:
+                    text = reply.read().decode()  # the whole body: its end too
+                last = [b for b in text.split("\n\n") if b.strip()][-1]
+                terminal = orjson.loads(last.split("data: ", 1)[1])
+            else:
+                url = base.replace("http://", "ws://") + "/v1/responses"
+                with connect(url, additional_headers=headers) as ws:
+                    ws.send(orjson.dumps({"type": "response.create", **body}).decode())
+                    while (terminal := orjson.loads(ws.recv(timeout=10)))["type"] not in TERMINAL:
+                        pass
+            assert terminal["type"] == "response.completed"
+            assert holding.is_set() and not release.is_set()
+            release.set()
+    finally:
+        release.set()
+
+
 def spy_parses(monkeypatch: pytest.MonkeyPatch, seen: Callable[[Any, Any], Any]) -> list[Any]:
     """`seen(body, parsed)` of each body the HTTP routes parse (Responses and Chat
     Completions), in order (a function of them, not them: kept, they would keep a pooled
@@ -635,10 +703,12 @@ def test_a_large_resent_history_is_read_into_a_reused_buffer(
         first = post(history)
         answer = first["output"] if path == "responses" else [first["choices"][0]["message"]]
         history = [*history, *answer, {"role": "user", "content": "more"}]
-        pooled = Body.pooled()
+        # The reply goes out with the terminal event; the request's buffer goes back
+        # to the pool once its handler has finished.
+        pooled = until(lambda: (p := Body.pooled())[0] >= 1 and p)
         resent = post(history)
         # The second request took the buffer the first one left, and gave it back.
-        assert Body.pooled() == pooled and pooled[0] >= 1
+        assert until(lambda: Body.pooled() == pooled)
         usage = resent["usage"]
         cached = usage.get("input_tokens_details", usage.get("prompt_tokens_details"))
         assert cached["cached_tokens"] > 0
@@ -666,7 +736,6 @@ def test_a_client_that_leaves_mid_body_gives_its_buffer_back(tmp_path: Path) -> 
     import socket
 
     from hotloop._core import Body
-    from test_background import until
 
     size = Body.POOLED_BYTES * 2
     Body.release_pool()  # the pool is the process's: earlier tests' buffers out

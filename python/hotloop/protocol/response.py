@@ -655,7 +655,9 @@ class Ending:
             )
             history = port.history
             if mark is not None and history is not None and history.cache is not port.cache:
-                history.keep(mark, self.checkpoint, response.root)
+                # Found by content only (a whole-history request that misses it renders
+                # all): after the terminal frame is out.
+                port.emit(Later(partial(history.keep, mark, self.checkpoint, response.root)))
         port.report(self.finished)
         port.concluded(response, self)
 

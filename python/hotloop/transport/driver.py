@@ -338,6 +338,10 @@ class Driver:
                 if not self._has_room.is_set():
                     await self._has_room.wait()
             connection.engine_done(key, ENGINE_CACHED.get())
+            # The terminal frames from this task, as every delta's: handed to the
+            # writer task they waited a loop iteration for it (about 0.16 ms a turn).
+            self.dispatch()
+            await self.flush()
         except EngineError as e:
             connection.engine_failed(key, e)
         except Exception as e:
