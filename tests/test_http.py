@@ -27,7 +27,6 @@ from openai.types.responses import Response, ResponseItemList
 from sdk_events import validate
 from servers import serving, sim_engine
 from shell_tool import TOOLS
-from test_background import until
 from websockets.sync.client import connect
 
 KEY = "sk-http"
@@ -512,14 +511,12 @@ class HeldClose:
         await self.stream.aclose()
 
 
-@pytest.mark.parametrize("transport", ["json", "sse", "websocket"])
-def test_a_response_ends_before_its_engine_stream_closes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transport: str
+def test_a_websocket_response_ends_before_its_engine_stream_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The terminal event (over HTTP, the end of the body; without `stream`, the whole
-    Response) goes out once the engine's stop token is parsed, not after the engine's
-    stream has closed: a client (an agent that runs its tool next) waits for nothing
-    after the answer."""
+    """The terminal event goes out once the engine's stop token is parsed, not after the
+    engine's stream has closed: a client (an agent that runs its tool next) waits for
+    nothing after the answer."""
     holding, release = threading.Event(), threading.Event()
     generate = SimSession.generate
 
@@ -527,33 +524,18 @@ def test_a_response_ends_before_its_engine_stream_closes(
         return HeldClose(generate(self, *args, **kwargs), holding, release)
 
     monkeypatch.setattr(SimSession, "generate", held)
-    body = {"model": "sim", "input": "hello", "store": False}
+    create = {"type": "response.create", "model": "sim", "input": "hello", "store": False}
     headers = {"authorization": f"Bearer {KEY}"}
     try:
         with serving(hotloop_app(tmp_path)) as base:
-            if transport == "json":
-                reply = httpx.post(base + "/v1/responses", json=body, headers=headers, timeout=10)
-                terminal = {"type": f"response.{reply.json()['status']}"}
-            elif transport == "sse":
-                with httpx.stream(
-                    "POST",
-                    base + "/v1/responses",
-                    json={**body, "stream": True},
-                    headers=headers,
-                    timeout=10,
-                ) as reply:
-                    text = reply.read().decode()  # the whole body: its end too
-                last = [b for b in text.split("\n\n") if b.strip()][-1]
-                terminal = orjson.loads(last.split("data: ", 1)[1])
-            else:
-                url = base.replace("http://", "ws://") + "/v1/responses"
-                with connect(url, additional_headers=headers) as ws:
-                    ws.send(orjson.dumps({"type": "response.create", **body}).decode())
-                    while (terminal := orjson.loads(ws.recv(timeout=10)))["type"] not in TERMINAL:
-                        pass
+            url = base.replace("http://", "ws://") + "/v1/responses"
+            with connect(url, additional_headers=headers) as ws:
+                ws.send(orjson.dumps(create).decode())
+                while (terminal := orjson.loads(ws.recv(timeout=10)))["type"] not in TERMINAL:
+                    pass
             assert terminal["type"] == "response.completed"
             assert holding.is_set() and not release.is_set()
-            release.set()
+            release.set()  # before the server stops: it waits for the stream's close
     finally:
         release.set()
 
@@ -703,12 +685,10 @@ def test_a_large_resent_history_is_read_into_a_reused_buffer(
         first = post(history)
         answer = first["output"] if path == "responses" else [first["choices"][0]["message"]]
         history = [*history, *answer, {"role": "user", "content": "more"}]
-        # The reply goes out with the terminal event; the request's buffer goes back
-        # to the pool once its handler has finished.
-        pooled = until(lambda: (p := Body.pooled())[0] >= 1 and p)
+        pooled = Body.pooled()
         resent = post(history)
         # The second request took the buffer the first one left, and gave it back.
-        assert until(lambda: Body.pooled() == pooled)
+        assert Body.pooled() == pooled and pooled[0] >= 1
         usage = resent["usage"]
         cached = usage.get("input_tokens_details", usage.get("prompt_tokens_details"))
         assert cached["cached_tokens"] > 0
@@ -736,6 +716,7 @@ def test_a_client_that_leaves_mid_body_gives_its_buffer_back(tmp_path: Path) -> 
     import socket
 
     from hotloop._core import Body
+    from test_background import until
 
     size = Body.POOLED_BYTES * 2
     Body.release_pool()  # the pool is the process's: earlier tests' buffers out
