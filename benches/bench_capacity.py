@@ -18,7 +18,9 @@ history to the fake's `/v1/responses` at the same concurrency, the floor every g
 added time to first token is measured from (p50 over p50, p99 over p99, max over max).
 Every system runs at every number of agents given (`--agents`); past the last, the
 number doubles while some system still meets the target (added p99 at most
-`--target-ms`, no error, nothing saturated), up to 512, and only the systems that met it
+`--target-ms`, no error, nothing saturated, at least `KEPT_UP` of the direct path's
+turns/s at that N: a gateway that falls behind times only the turns it lets through), up
+to 512, and only the systems that met it
 at the number before run.
 
 Per system, mode and number of agents: turns/s, time to first delta p50/p99/max and what
@@ -271,8 +273,14 @@ def saturated(point: dict[str, Any], args: argparse.Namespace) -> list[str]:
     return why
 
 
+KEPT_UP = 0.95
+"""The share of the direct path's turns/s at the same N a gateway must serve to hold its
+agents: one that falls behind times only the turns it lets through."""
+
+
 def added(points: list[dict[str, Any]]) -> None:
-    """Each gateway point's added time to first token over `direct` at the same N."""
+    """Each gateway point's added time to first token over `direct` at the same N, and
+    whether it kept the direct path's turn rate."""
     floors = {p["agents"]: p for p in points if p["system"] == "direct"}
     for point in points:
         floor = floors.get(point["agents"])
@@ -281,15 +289,18 @@ def added(points: list[dict[str, Any]]) -> None:
         for q in ("p50", "p99", "max"):
             point[f"added_ttft_{q}_ms"] = point[f"ttft_{q}_ms"] - floor[f"ttft_{q}_ms"]
         point["floor_saturated"] = floor["saturated"]
+        point["kept_up"] = point["turns_per_s"] >= KEPT_UP * floor["turns_per_s"]
 
 
 def meets(point: dict[str, Any], args: argparse.Namespace) -> bool:
-    """A gateway point that met the target, measured by a client and a fake that kept up."""
+    """A gateway point that met the target at the direct path's turn rate, measured by a
+    client and a fake that kept up."""
     return (
         point["system"] != "direct"
         and point["errors"] == 0
         and not point["saturated"]
         and not point.get("floor_saturated")
+        and point.get("kept_up", False)
         and point.get("added_ttft_p99_ms", float("inf")) <= args.target_ms
     )
 
@@ -338,6 +349,8 @@ def print_point(point: dict[str, Any]) -> None:
     )
     if point["saturated"]:
         line += "  SATURATED: " + ", ".join(point["saturated"])
+    if not point.get("kept_up", True):
+        line += "  FELL BEHIND the direct path's turn rate"
     print(line, file=sys.stderr, flush=True)
 
 

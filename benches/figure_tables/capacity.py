@@ -91,7 +91,8 @@ def capacity_tables(results: dict[str, Any]) -> str:
     for p in sorted(results["points"], key=order):
         server = p["server"]
         cpu = server.get("gateway_cpu_ms_per_turn")
-        saturated = "; ".join(p["saturated"]) or "no"
+        behind = [] if p.get("kept_up", True) else ["fell behind the direct path's turns/s"]
+        saturated = "; ".join([*p["saturated"], *behind]) or "no"
         rows.append(
             (
                 str(p["agents"]),
@@ -112,7 +113,7 @@ def capacity_tables(results: dict[str, Any]) -> str:
     header = (
         *("agents", "system", "context", "turns/s", "TTFT p50 / p99 ms"),
         *("added p50 / p99 / max ms", "gateway cores / CPU per turn", "RSS / agent"),
-        *("client / fake cores", "errors", "saturated"),
+        *("client / fake cores", "errors", "saturated or behind"),
     )
     heads = []
     for key, best in results["headline"].items():
