@@ -386,9 +386,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axis.set_title(title)
         axis.grid(alpha=0.3)
     left.legend(fontsize=8)
+    machine = results["machine"]
+    where = (
+        f"all on {machine['cpus']} CPUs"
+        if machine["shared"]
+        else f"each gateway on a CPU of its own, of {machine['cpus']}"
+    )
     figure.suptitle(
-        f"{results['workload']['contexts']} sessions, {RATE:,.0f} tok/s per agent "
-        "(shared 2-core machine)",
+        f"{results['workload']['contexts']} sessions, {RATE:,.0f} tok/s per agent ({where})",
         fontsize=10,
     )
     figure.tight_layout()
@@ -480,7 +485,7 @@ def main() -> None:
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
-            "shared": True,
+            "shared": args.gateway_cpus is None,
             "gateway_cpus": None if args.gateway_cpus is None else sorted(args.gateway_cpus),
             "client_and_fake_cpus": sorted(args.client_cpus),
         },
