@@ -25,19 +25,20 @@ at the number before run.
 
 Per system, mode and number of agents: turns/s, time to first delta p50/p99/max and what
 the gateway added, the gateway's CPU (its process tree, per turn and in cores), its
-resident memory per agent (loaded minus idle, idle read after one unmeasured agent sent
-its history and left, so the start-up allocations of a gateway's first request are not
-counted per agent), errors, and for hotloop where the turn
-waited (`hotloop_turn_phase_seconds`, p50 and p99 from the histogram's buckets) and the
-event loop's lag. Each gateway runs on a CPU of its own, the client and the fake on the others
-(`cpu_split`; `--shared-cpus`: all on all). The client (one process, one event loop,
-`hotloop.lab.thin_client`) and the fake must not be what is measured: a point where
-either used more than `--saturation` of a core (or both together more than that share
-of their CPUs), or where the client's own loop lagged more than the target, is marked
-saturated, printed as such and left out of the headline. The headline, per
-system and mode: turns per second per gateway core at the largest number of agents that
-meets the target, and agents per core at the sessions' own think times (turns/s per core
-times the mean think time, unscaled, plus the mean turn).
+resident memory per agent (loaded, the mean of readings every half second over the
+window, minus idle, idle read after one unmeasured agent sent its history and left, so
+the start-up allocations of a gateway's first request are not counted per agent),
+errors, and for hotloop where the turn waited (`hotloop_turn_phase_seconds`, p50 and p99
+from the histogram's buckets) and the event loop's lag. Each gateway runs on a CPU of
+its own, the client and the fake on the others (`cpu_split`; `--shared-cpus`: all on
+all). The client (one process, one event loop, `hotloop.lab.thin_client`) and the fake
+must not be what is measured: a point where either used more than `--saturation` of a
+core (or both together more than that share of their CPUs), or where the client's own
+loop lagged more than the target, is marked saturated, printed as such and left out of
+the headline. The headline, per system and mode: turns per second per gateway core at
+the largest number of agents that meets the target, and agents per core at the sessions'
+own think times (turns/s per core times the mean think time, unscaled, plus the mean
+turn).
 
 `--baseline NAME=DIR` adds the hotloop whose package is in DIR as `hotloop@NAME`.
 `--phases-log DIR` runs hotloop at `--log-level debug` and keeps its logs (one line per
@@ -51,8 +52,10 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -83,6 +86,8 @@ PHASE_METRIC = "hotloop_turn_phase_seconds"
 LAG_METRIC = "hotloop_event_loop_lag_seconds"
 GC_METRIC = "hotloop_gc_pause_seconds"
 TRIM_METRIC = "hotloop_heap_trim_seconds"
+RSS_SAMPLE_SECONDS = 0.5
+"""How often the gateway's resident memory is read over a window (the mean is reported)."""
 WARM_UP_SETTLE_SECONDS = 0.5
 """After the warm-up agent leaves, before the idle RSS is read: its connection closes."""
 WARM_UP_WINDOW_SECONDS = 0.1
@@ -158,15 +163,33 @@ class Readings:
         self.upstream = upstream
         self.idle_rss = tree_rss(gateway.process.pid) if gateway else 0
         self.at: dict[bool, dict[str, Any]] = {}
+        self.rss: list[int] = []
+        self.closing = threading.Event()
+        self.sampler: threading.Thread | None = None
 
     def __call__(self, opening: bool) -> None:
         reading: dict[str, Any] = {"at": time.perf_counter(), "upstream": self.upstream.cpu_ns()}
         if self.gateway is not None:
             reading["gateway"] = tree_cpu_ns(self.gateway.process.pid)
-            reading["rss"] = tree_rss(self.gateway.process.pid)
             if kind_of(self.gateway.name) == "hotloop":
                 reading["metrics"] = scrape(f"http://127.0.0.1:{self.gateway.port}")
+            if opening:
+                self.sampler = threading.Thread(target=self.sample, args=(self.gateway,))
+                self.sampler.start()
+            elif self.sampler is not None:
+                self.closing.set()
+                self.sampler.join()
         self.at[opening] = reading
+
+    def sample(self, gateway: Process) -> None:
+        """The gateway's RSS every `RSS_SAMPLE_SECONDS` of the window: one reading at its
+        close would land anywhere in the cycle of hotloop's heap trim (every 10 s it
+        frees the pooled request bodies and what glibc holds free), and read a different
+        figure for the same memory."""
+        while True:
+            self.rss.append(tree_rss(gateway.process.pid))
+            if self.closing.wait(RSS_SAMPLE_SECONDS):
+                return
 
     def figures(self, point: Point, mode: str) -> dict[str, Any]:
         opened, closed = self.at[True], self.at[False]
@@ -180,8 +203,10 @@ class Readings:
                 gateway_cpu_cores=cpu / seconds,
                 gateway_cpu_ms_per_turn=1e3 * cpu / point.turns if point.turns else None,
                 rss_idle_mb=self.idle_rss / 1e6,
-                rss_loaded_mb=closed["rss"] / 1e6,
-                rss_per_agent_mb=(closed["rss"] - self.idle_rss) / 1e6 / point.agents,
+                rss_loaded_mb=statistics.mean(self.rss) / 1e6,
+                rss_loaded_max_mb=max(self.rss) / 1e6,
+                rss_samples=len(self.rss),
+                rss_per_agent_mb=(statistics.mean(self.rss) - self.idle_rss) / 1e6 / point.agents,
             )
             if "metrics" in closed:
                 found["phases"] = phases(opened["metrics"], closed["metrics"], mode)
