@@ -21,7 +21,7 @@ from hotloop.transport.frames import text_frame_header
 from hotloop.transport.websocket import Socket
 from sdk_events import validate
 from servers import Validating, hotloop_server, serving, sim_engine
-from websockets.frames import OP_TEXT, Frame
+from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 from websockets.sync.client import connect
 
@@ -40,7 +40,7 @@ def test_header_and_payload_parse_as_one_final_text_frame(length: int) -> None:
             next(parser)
         except StopIteration as parsed:
             frame = parsed.value
-        assert (frame.opcode, frame.fin, frame.data) == (OP_TEXT, True, expected)
+        assert (frame.opcode, frame.fin, frame.data) == (Opcode.TEXT, True, expected)
         assert not (frame.rsv1 or frame.rsv2 or frame.rsv3)
     assert reader.at_eof()
 
