@@ -87,7 +87,9 @@ MIN_TURNS = 400
 """Turns a point's window must hold: a p99 of 110 turns (4 agents in 30 s) is the second
 slowest turn, and read +0.8 to +3.9 ms added for the same hotloop from run to run. A
 number of agents whose direct run holds fewer is measured again, every system with it,
-over a window that long."""
+over a window that long, at most `MAX_WINDOW_SCALE` times `--window` (a direct run that
+served almost nothing, a broken fake, must not stretch the next window to hours)."""
+MAX_WINDOW_SCALE = 8.0
 PHASE_METRIC = "hotloop_turn_phase_seconds"
 LAG_METRIC = "hotloop_event_loop_lag_seconds"
 GC_METRIC = "hotloop_gc_pause_seconds"
@@ -562,7 +564,8 @@ def main() -> None:
                             args, workload, system, client_mode, agents, upstream, venv, window
                         )
                         if system == "direct" and point["turns"] < MIN_TURNS:
-                            window = args.window * MIN_TURNS / max(1, point["turns"])
+                            scale = MIN_TURNS / max(1, point["turns"])
+                            window = args.window * min(scale, MAX_WINDOW_SCALE)
                             point = measure(
                                 args, workload, system, client_mode, agents, upstream, venv, window
                             )
