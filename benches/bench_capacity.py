@@ -182,7 +182,10 @@ class Readings:
             if kind_of(self.gateway.name) == "hotloop":
                 reading["metrics"] = scrape(f"http://127.0.0.1:{self.gateway.port}")
             if opening:
-                self.sampler = threading.Thread(target=self.sample, args=(self.gateway,))
+                # A daemon: a run that fails inside its window never closes it.
+                self.sampler = threading.Thread(
+                    target=self.sample, args=(self.gateway,), daemon=True
+                )
                 self.sampler.start()
             elif self.sampler is not None:
                 self.closing.set()
