@@ -27,6 +27,7 @@ from openai.types.responses import Response, ResponseItemList
 from sdk_events import validate
 from servers import serving, sim_engine
 from shell_tool import TOOLS
+from test_background import until
 from websockets.sync.client import connect
 
 KEY = "sk-http"
@@ -511,12 +512,14 @@ class HeldClose:
         await self.stream.aclose()
 
 
-def test_a_websocket_response_ends_before_its_engine_stream_closes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("transport", ["json", "sse", "websocket"])
+def test_a_response_ends_before_its_engine_stream_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
-    """The terminal event goes out once the engine's stop token is parsed, not after the
-    engine's stream has closed: a client (an agent that runs its tool next) waits for
-    nothing after the answer."""
+    """The terminal event (over HTTP, the end of the body; without `stream`, the whole
+    Response) goes out once the engine's stop token is parsed, not after the engine's
+    stream has closed: a client (an agent that runs its tool next) waits for nothing
+    after the answer."""
     holding, release = threading.Event(), threading.Event()
     generate = SimSession.generate
 
@@ -524,18 +527,33 @@ def test_a_websocket_response_ends_before_its_engine_stream_closes(
         return HeldClose(generate(self, *args, **kwargs), holding, release)
 
     monkeypatch.setattr(SimSession, "generate", held)
-    create = {"type": "response.create", "model": "sim", "input": "hello", "store": False}
+    body = {"model": "sim", "input": "hello", "store": False}
     headers = {"authorization": f"Bearer {KEY}"}
     try:
         with serving(hotloop_app(tmp_path)) as base:
-            url = base.replace("http://", "ws://") + "/v1/responses"
-            with connect(url, additional_headers=headers) as ws:
-                ws.send(orjson.dumps(create).decode())
-                while (terminal := orjson.loads(ws.recv(timeout=10)))["type"] not in TERMINAL:
-                    pass
+            if transport == "json":
+                reply = httpx.post(base + "/v1/responses", json=body, headers=headers, timeout=10)
+                terminal = {"type": f"response.{reply.json()['status']}"}
+            elif transport == "sse":
+                with httpx.stream(
+                    "POST",
+                    base + "/v1/responses",
+                    json={**body, "stream": True},
+                    headers=headers,
+                    timeout=10,
+                ) as reply:
+                    text = reply.read().decode()  # the whole body: its end too
+                last = [b for b in text.split("\n\n") if b.strip()][-1]
+                terminal = orjson.loads(last.split("data: ", 1)[1])
+            else:
+                url = base.replace("http://", "ws://") + "/v1/responses"
+                with connect(url, additional_headers=headers) as ws:
+                    ws.send(orjson.dumps({"type": "response.create", **body}).decode())
+                    while (terminal := orjson.loads(ws.recv(timeout=10)))["type"] not in TERMINAL:
+                        pass
             assert terminal["type"] == "response.completed"
             assert holding.is_set() and not release.is_set()
-            release.set()  # before the server stops: it waits for the stream's close
+            release.set()
     finally:
         release.set()
 
@@ -651,6 +669,33 @@ def test_a_resent_history_is_compacted_and_counted_whole(tmp_path: Path, path: s
     assert again.status_code == 200, again.text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("path", "field"), [("responses", "input"), ("chat/completions", "messages")]
+)
+def test_a_kept_alive_connection_does_not_hold_the_request_it_answered(
+    tmp_path: Path, path: str, field: str, stream: bool
+) -> None:
+    """The reply ends with the terminal event, written from the engine's task; uvicorn
+    then arms the connection's keep-alive timer, which keeps the context it was armed
+    in until the next request. That context must not hold the request (`SERVING`): a
+    resent history's body would stay alive through every agent's think time."""
+    from hotloop._core import Body
+
+    Body.release_pool()  # the pool is the process's: earlier tests' buffers out
+    text = "a line of an earlier tool's output\n" * (Body.POOLED_BYTES // 20)
+    history = [{"role": "user", "content": text}]
+    raw = orjson.dumps({"model": "sim", field: history, "stream": stream, "store": False})
+    headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    # A timer longer than `until` polls: a body it held would never come back.
+    app = hotloop_app(tmp_path, heap_trim_interval=0)
+    with serving(app, timeout_keep_alive=120) as base, httpx.Client(timeout=10) as client:
+        reply = client.post(f"{base}/v1/{path}", content=raw, headers=headers)
+        assert reply.status_code == 200, reply.text
+        # The connection stays open and idle; the body's buffer goes back to the pool.
+        assert until(lambda: Body.pooled()[0] >= 1)
+
+
 @pytest.mark.parametrize(
     ("path", "field"), [("responses", "input"), ("chat/completions", "messages")]
 )
@@ -685,10 +730,12 @@ def test_a_large_resent_history_is_read_into_a_reused_buffer(
         first = post(history)
         answer = first["output"] if path == "responses" else [first["choices"][0]["message"]]
         history = [*history, *answer, {"role": "user", "content": "more"}]
-        pooled = Body.pooled()
+        # The reply goes out with the terminal event; the request's buffer goes back
+        # to the pool once its handler has finished.
+        pooled = until(lambda: (p := Body.pooled())[0] >= 1 and p)
         resent = post(history)
         # The second request took the buffer the first one left, and gave it back.
-        assert Body.pooled() == pooled and pooled[0] >= 1
+        assert until(lambda: Body.pooled() == pooled)
         usage = resent["usage"]
         cached = usage.get("input_tokens_details", usage.get("prompt_tokens_details"))
         assert cached["cached_tokens"] > 0
@@ -716,7 +763,6 @@ def test_a_client_that_leaves_mid_body_gives_its_buffer_back(tmp_path: Path) -> 
     import socket
 
     from hotloop._core import Body
-    from test_background import until
 
     size = Body.POOLED_BYTES * 2
     Body.release_pool()  # the pool is the process's: earlier tests' buffers out

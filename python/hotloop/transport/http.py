@@ -352,9 +352,7 @@ class HttpApi:
         if request.stream:
             await self._stream(receive, send, connection, actions, turn.clock, wire.sse)
         else:
-            await self._run(receive, connection, actions, _discard)
-            if not connection.closed:
-                await _reply_final(send, exchange.result, wire.body)
+            await self._answer(receive, send, connection, actions, exchange, wire.body)
 
     async def _request(
         self,
@@ -546,23 +544,46 @@ class HttpApi:
         sse: Callable[[list[bytes]], bytes],
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        # The batch that ends the response waits for the end of the body, so that both
-        # go out in one write (one syscall and one packet, not two); were anything to
-        # follow it, it would go first.
-        ending: list[bytes] = []
+        # The batch that ends the response ends the body in the same write (one syscall
+        # and one packet, not two), as soon as it is there: nothing of a response streams
+        # after its end (`ENDINGS`), and the stream the engine closes after it holds no
+        # client up.
+        ended = False
 
         async def emit(frames: list[bytes]) -> None:
-            if ending:
-                await send({"type": "http.response.body", "body": ending.pop(), "more_body": True})
-            body = sse(frames)
-            if frames and event_type(frames[-1]) in ENDINGS:
-                ending.append(body)
+            nonlocal ended
+            if ended:
+                log.warning("%d frames after the response's end dropped", len(frames))
                 return
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+            ended = bool(frames) and event_type(frames[-1]) in ENDINGS
+            await send({"type": "http.response.body", "body": sse(frames), "more_body": not ended})
 
-        await self._run(receive, connection, actions, emit, clock)
-        end = ending.pop() if ending else b""
-        await send({"type": "http.response.body", "body": end, "more_body": False})
+        await self._run(receive, connection, actions, emit, clock, lambda: ended)
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _answer(
+        self,
+        receive: Receive,
+        send: Send,
+        connection: Connection,
+        actions: list[Any],
+        exchange: Exchange,
+        body: Callable[[bytes], bytes],
+    ) -> None:
+        """A request that does not stream: its finished Response as `body` writes it,
+        sent once its terminal event is there (as `_stream` ends its body)."""
+        answered = False
+
+        async def emit(frames: list[bytes]) -> None:
+            nonlocal answered
+            if not answered and frames and event_type(frames[-1]) in ENDINGS:
+                answered = True
+                await _reply_final(send, exchange.result, body)
+
+        await self._run(receive, connection, actions, emit, answered=lambda: answered)
+        if not answered and not connection.closed:
+            await _reply_final(send, exchange.result, body)
 
     async def _run(
         self,
@@ -571,10 +592,13 @@ class HttpApi:
         actions: list[Any],
         emit: Emit,
         clock: TurnClock | None = None,
+        answered: Callable[[], bool] = lambda: False,
     ) -> None:
         """Run the connection's actions until it is idle; a client that disconnects
         stops them (uvicorn's `send` to a closed connection is silent), and what the
-        engine did until then is booked (`Connection.abandon`)."""
+        engine did until then is booked (`Connection.abandon`). Once `answered()` (the
+        response's end is sent, which uvicorn then reports as a disconnect), the actions
+        finish on their own."""
         driver = self.driver(connection, emit, clock)
         try:
             driver.dispatch(actions)
@@ -585,6 +609,8 @@ class HttpApi:
             watcher = asyncio.ensure_future(disconnected(receive))
             try:
                 await asyncio.wait((settled, watcher), return_when=asyncio.FIRST_COMPLETED)
+                if not settled.done() and answered():
+                    await settled
             finally:
                 watcher.cancel()
                 settled.cancel()
@@ -729,10 +755,6 @@ def with_request_id(send: Send, request_id: str) -> Send:
 
 def _is_error(frame: bytes) -> bool:
     return frame.startswith(b'{"type":"error"')
-
-
-async def _discard(frames: list[bytes]) -> None:
-    return None
 
 
 class _Reservation:
