@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import orjson
@@ -42,10 +43,13 @@ def server() -> Iterator[ServerProcess]:
         yield running
 
 
-def waiting(server: ServerProcess, key: str) -> tuple[ClientConnection, str, str]:
-    """A socket whose response called the tool and waits: (socket, response id, call id)."""
-    ws = connect(
-        server.ws_url, additional_headers={"authorization": f"Bearer {key}"}, max_size=None
+def waiting(
+    sockets: ExitStack, server: ServerProcess, key: str
+) -> tuple[ClientConnection, str, str]:
+    """A socket (closed with `sockets`) whose response called the tool and waits:
+    (socket, response id, call id)."""
+    ws = sockets.enter_context(
+        connect(server.ws_url, additional_headers={"authorization": f"Bearer {key}"}, max_size=None)
     )
     ws.send(orjson.dumps({"type": "response.create", "model": "sim", "input": "go"}).decode())
     target = ""
@@ -70,10 +74,10 @@ def steer(ws: ClientConnection, target: str) -> dict[str, Any]:
 
 
 def test_steers_are_bounded_per_key_across_connections(server: ServerProcess) -> None:
-    first, first_id, call_id = waiting(server, "sk-a")
-    second, second_id, _ = waiting(server, "sk-a")
-    other, other_id, _ = waiting(server, "sk-b")
-    try:
+    with ExitStack() as sockets:
+        first, first_id, call_id = waiting(sockets, server, "sk-a")
+        second, second_id, _ = waiting(sockets, server, "sk-a")
+        other, other_id, _ = waiting(sockets, server, "sk-b")
         answers = [steer(first, first_id)["type"] for _ in range(3)]
         assert answers == ["response.steer.accepted"] * 3
         refused = steer(first, first_id)
@@ -94,6 +98,3 @@ def test_steers_are_bounded_per_key_across_connections(server: ServerProcess) ->
         )
         assert orjson.loads(first.recv(GUARD))["type"] == "response.inject.created"
         assert steer(second, second_id)["type"] == "response.steer.accepted"
-    finally:
-        for ws in (first, second, other):
-            ws.close()

@@ -269,15 +269,15 @@ def test_a_dropped_socket_leaves_a_waiting_response_continuable(tmp_path: Path) 
     config = ServerConfig(engine="sim", data_dir=str(tmp_path), inject=True)
     with serving(App.from_config(config, sim_engine(SCRIPT))) as base:
         url = base.replace("http://", "ws://") + "/v1/responses"
-        dropped = connect(url)
-        dropped.send(create(input="List files", tools=TOOLS))
-        target = orjson.loads(dropped.recv())["response"]["id"]
-        while (event := orjson.loads(dropped.recv()))["type"] != "response.output_item.done":
-            pass
-        call = event["item"]
-        # No close frame: the network dropped (and the client does not wait to close).
-        dropped.socket.shutdown(socket.SHUT_RDWR)
-        dropped.socket.close()
+        with connect(url) as dropped:
+            dropped.send(create(input="List files", tools=TOOLS))
+            target = orjson.loads(dropped.recv())["response"]["id"]
+            while (event := orjson.loads(dropped.recv()))["type"] != "response.output_item.done":
+                pass
+            call = event["item"]
+            # No close frame: the network dropped (and the client does not wait to close).
+            dropped.socket.shutdown(socket.SHUT_RDWR)
+            dropped.socket.close()
         # The commit runs after the disconnect: a client that reconnects at once may
         # have to ask again (bounded: only a broken run reaches the guard).
         deadline = time.monotonic() + HANG_GUARD

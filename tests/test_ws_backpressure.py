@@ -131,11 +131,11 @@ def test_disconnect_mid_stream_cancels_generation(coalesce_ms: float) -> None:
     config = ServerConfig(engine="sim", stream_coalesce_ms=coalesce_ms)
     app = App(engine, config)  # type: ignore[arg-type]
     with serving(app) as base:
-        ws = connect(base.replace("http://", "ws://") + "/v1/responses")
-        ws.send(orjson.dumps({"type": "response.create", "model": "sim", "input": "long"}).decode())
-        while validate(ws.recv())["type"] != "response.output_text.delta":
-            pass
-        ws.close()
+        with connect(base.replace("http://", "ws://") + "/v1/responses") as ws:
+            create = {"type": "response.create", "model": "sim", "input": "long"}
+            ws.send(orjson.dumps(create).decode())
+            while validate(ws.recv())["type"] != "response.output_text.delta":
+                pass
         assert engine.closed.wait(timeout=60)
         assert engine.tokens < 2000
 
