@@ -48,9 +48,10 @@ from hotloop.transport.asgi import (
     Receive,
     Scope,
     Send,
+    header,
 )
 from hotloop.transport.background import BackgroundLimits, BackgroundWork
-from hotloop.transport.http import HttpApi, header, session_key, with_request_id
+from hotloop.transport.http import HttpApi, session_key, with_request_id
 from hotloop.transport.websocket import Socket, deny
 
 log = logging.getLogger("hotloop")

@@ -1,5 +1,5 @@
 """The ASGI callables' types (the spec's dict messages, typed loosely on purpose:
-the app reads only the keys it needs)."""
+the app reads only the keys it needs), hotloop's server extensions, and `header`."""
 
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
@@ -55,4 +55,12 @@ def find_inner(app: object, attribute: str, kind: type[T]) -> T | None:
         app = getattr(app, "app", None)
         if app is None:
             return None
+    return None
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """A request header's value (the first, when repeated), as the ASGI server gave it."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
     return None

@@ -26,11 +26,9 @@ from hotloop.store import conversations as tables
 from hotloop.store.conversations import MAX_ITEMS_PER_REQUEST, ConversationRecord, NewItem
 from hotloop.store.items import listed_items
 from hotloop.store.quota import Usage
+from hotloop.transport.stored import page_query
 
 Reply = Callable[[int, bytes], Awaitable[None]]
-
-MAX_PAGE = 100
-"""Items one list request returns at most (OpenAI's bound)."""
 
 
 def not_found(conversation_id: str) -> ProtocolError:
@@ -105,22 +103,6 @@ def _object(body: bytes) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise ProtocolError("invalid_type", "The body must be a JSON object.")
     return parsed
-
-
-def _page_query(query: dict[str, list[str]]) -> tuple[bool, int, str | None]:
-    order = (query.get("order") or ["desc"])[0]
-    if order not in ("asc", "desc"):
-        raise ProtocolError("invalid_value", "order must be 'asc' or 'desc'.", "order")
-    limit = (query.get("limit") or ["20"])[0]
-    if not (limit.isascii() and limit.isdigit() and len(limit) <= 4) or not (
-        1 <= int(limit) <= MAX_PAGE
-    ):
-        raise ProtocolError(
-            "invalid_value", f"limit must be an integer from 1 to {MAX_PAGE}.", "limit"
-        )
-    afters = query.get("after")
-    after = afters[0] if afters else None
-    return order == "asc", int(limit), after
 
 
 def item_list(items: list[bytes], has_more: bool) -> bytes:
@@ -199,7 +181,7 @@ class ConversationsApi:
             case [conversation_id, "items"]:
                 allow(method, "GET", "POST")
                 if method == "GET":
-                    ascending, limit, after = _page_query(query)
+                    ascending, limit, after = page_query(query)
                     page = await store.query(
                         tables.page(
                             conversation_id, owner, ascending=ascending, limit=limit, after=after

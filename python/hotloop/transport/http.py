@@ -19,8 +19,9 @@ Routes (each also without the `/v1` prefix, and below any mount point):
 
 Every POST body may be compressed (`Content-Encoding: gzip` or `zstd`, `encoding.py`).
 
-This module owns HTTP concerns only: routing, bodies and their size limit, Bearer auth,
-query parameters and error envelopes. Replies, SSE framing and client disconnects are
+This module owns HTTP concerns only: routing, Bearer auth, the turns' requests and
+replies, and error envelopes; reading a body within its size limit is `bodies.py`'s, the
+routes of stored responses (and the pages' query parameters) `stored.py`'s. Replies, SSE framing and client disconnects are
 `exchange.py`'s; background responses' routes (`background: true`, their resume and
 cancel) are `background.py`'s, which runs their turns through this API (`Turns`).
 Protocol decisions are the `Connection`'s; bookkeeping after a response is the
@@ -30,14 +31,11 @@ Protocol decisions are the `Connection`'s; bookkeeping after a response is the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qs
 
 import orjson
 
@@ -73,8 +71,9 @@ from hotloop.protocol.parsing import OFFLOAD_BYTES
 from hotloop.protocol.response import STORE_UNAVAILABLE
 from hotloop.shutdown import ShuttingDown
 from hotloop.store import StoreError
-from hotloop.transport.asgi import Message, Receive, Scope, Send
+from hotloop.transport.asgi import Message, Receive, Scope, Send, header
 from hotloop.transport.background import BackgroundRoutes, BackgroundWork
+from hotloop.transport.bodies import ClientGone, Reservation, read_body
 from hotloop.transport.chat import ChatStream, completion
 from hotloop.transport.conversations import ConversationsApi
 from hotloop.transport.driver import Driver, Outlet
@@ -86,25 +85,18 @@ from hotloop.transport.exchange import (
     Exchange,
     disconnected,
     event_type,
-    not_found,
     rendered,
     reply,
     reply_refusal,
     sse_frame,
     sse_frames,
 )
+from hotloop.transport.stored import KeyedSlots, StoredRoutes
 from hotloop.turnclock import TurnClock
 
 log = logging.getLogger("hotloop.http")
 
 METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-MAX_PAGE = 100
-PAGE_LIMIT = re.compile(r"[0-9]{1,4}")
-STARTING_AFTER = re.compile(r"[0-9]{1,12}")
-
-
-class _ClientGone(Exception):
-    """The client disconnected before the request was read: nobody to answer."""
 
 
 class HttpApi:
@@ -145,6 +137,7 @@ class HttpApi:
         self.background = background or BackgroundWork()
         """Background responses (`background: true`) running in this process."""
         self.background_routes = BackgroundRoutes(self.background, ledger, self.reads.slot, self)
+        self.stored = StoredRoutes(ledger, self.background, self.background_routes, self.reads)
         self.mcp = mcp or McpClient(McpSettings())
         """Lists and calls the `mcp` tools of requests (none allowed without one)."""
         self.send_buffer_bytes = send_buffer_bytes
@@ -163,7 +156,7 @@ class HttpApi:
         send = with_request_id(send, request_id)
         try:
             await self._route(scope, receive, send, request_id)
-        except _ClientGone:
+        except ClientGone:
             return
         except ProtocolError as e:
             await _error(send, e)
@@ -199,7 +192,7 @@ class HttpApi:
                 )
 
                 async def read_body() -> bytes:
-                    reserved = _Reservation(self.queue_memory, principal)
+                    reserved = Reservation(self.queue_memory, principal)
                     try:
                         body = await self._body(scope, receive, principal, reserved)
                     finally:
@@ -229,15 +222,15 @@ class HttpApi:
             case ["responses", response_id]:
                 _allow(method, "GET", "DELETE")
                 if method == "GET":
-                    await self._retrieve(scope, receive, send, response_id, owner)
+                    await self.stored.retrieve(scope, receive, send, response_id, owner)
                 else:
-                    await self._delete(send, response_id, owner)
+                    await self.stored.delete(send, response_id, owner)
             case ["responses", response_id, "cancel"]:
                 _allow(method, "POST")
                 await self.background_routes.cancel(send, response_id, owner)
             case ["responses", response_id, "input_items"]:
                 _allow(method, "GET")
-                await self._input_items(scope, send, response_id, owner)
+                await self.stored.input_items(scope, send, response_id, owner)
             case ["models"]:
                 _allow(method, "GET")
                 body = {"object": "list", "data": [self._model_object()]}
@@ -365,7 +358,7 @@ class HttpApi:
         time and the body (a large one in a pooled `Body`). The body counts in the
         process's queue memory until it is parsed (a body of up to 16 MiB need not live as
         long as the response: callers drop it)."""
-        reserved = _Reservation(self.queue_memory, principal)
+        reserved = Reservation(self.queue_memory, principal)
 
         def parse(body: bytes | Body) -> Parsed:
             return parser(body, principal)
@@ -390,7 +383,7 @@ class HttpApi:
         scope: Scope,
         receive: Receive,
         principal: str | None,
-        reserved: _Reservation,
+        reserved: Reservation,
         pooled: bool = False,
     ) -> bytes | Body:
         """The body of a POST as the client wrote it: read within the limit, decompressed
@@ -399,7 +392,7 @@ class HttpApi:
         declared uncompressed is written into one."""
         encoding = header(scope, b"content-encoding")
         limit = self.limits.max_frame_bytes
-        body = await _read_body(scope, receive, limit, reserved, pooled and encoding is None)
+        body = await read_body(scope, receive, limit, reserved, pooled and encoding is None)
         if encoding is None:
             return body
         assert isinstance(body, bytes)
@@ -640,98 +633,6 @@ class HttpApi:
         driver.clock = clock
         return driver
 
-    # ---------------------------------------------------------------- stored responses
-
-    async def _retrieve(
-        self, scope: Scope, receive: Receive, send: Send, response_id: str, owner: str | None
-    ) -> None:
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        if _query(query, "stream") == "true":
-            after = _starting_after(query)
-            await self.background_routes.resume(receive, send, response_id, owner, after)
-            return
-        job = self.background.live(response_id, owner)
-        if job is not None:
-            # A background response running here: its live status.
-            await reply(send, 200, job.snapshot)
-            return
-        store = self.ledger.store
-        found = None
-        records = self.background.records
-        if store is not None:
-            async with self.reads.slot(owner):
-                found = await store.get(response_id, owner)
-                if found is None and records is not None:
-                    # A background response running elsewhere, or whose process died.
-                    record = await records.get(response_id, owner)
-                    found = None if record is None else record.response
-        if found is None:
-            raise not_found(response_id)
-        await reply(send, 200, found)
-
-    async def _delete(self, send: Send, response_id: str, owner: str | None) -> None:
-        store = self.ledger.store
-        if store is None or not await store.delete(response_id, owner):
-            raise not_found(response_id)
-        # A deleted response cannot be continued either: not over HTTP, nor on any
-        # socket of its owner that holds it (the one that created it included).
-        self.ledger.budget.evict_everywhere(response_id, owner)
-        body = {"id": response_id, "object": "response", "deleted": True}
-        await reply(send, 200, orjson.dumps(body))
-
-    async def _input_items(
-        self, scope: Scope, send: Send, response_id: str, owner: str | None
-    ) -> None:
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        order = _query(query, "order") or "desc"
-        if order not in ("asc", "desc"):
-            raise ProtocolError("invalid_value", "order must be 'asc' or 'desc'.", "order")
-        limit_text = _query(query, "limit") or "20"
-        # ASCII digits only, and few of them: `str.isdigit` accepts "²" (which `int`
-        # refuses) and `int` refuses more than 4,300 digits.
-        if not PAGE_LIMIT.fullmatch(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
-            raise ProtocolError(
-                "invalid_value", f"limit must be an integer from 1 to {MAX_PAGE}.", "limit"
-            )
-        store = self.ledger.store
-        if store is None:
-            raise not_found(response_id)
-        async with self.reads.slot(owner):
-            page = await store.list_input_items(
-                response_id,
-                owner,
-                order="asc" if order == "asc" else "desc",
-                limit=int(limit_text),
-                after=_query(query, "after"),
-            )
-            if page is None:
-                raise not_found(response_id)
-            # Under the key's slot too: a page of 15 MB is as long to write as to read.
-            await reply(send, 200, page.body())
-
-
-class KeyedSlots:
-    """At most `per_key` holders at once per key (None, no auth, is one key); the
-    others wait in order. A key's semaphore lives while someone holds or awaits it."""
-
-    def __init__(self, per_key: int) -> None:
-        self._per_key = max(1, per_key)
-        self._slots: dict[str | None, tuple[asyncio.Semaphore, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def slot(self, key: str | None) -> AsyncIterator[None]:
-        semaphore, users = self._slots.get(key) or (asyncio.Semaphore(self._per_key), 0)
-        self._slots[key] = (semaphore, users + 1)
-        try:
-            async with semaphore:
-                yield
-        finally:
-            semaphore, users = self._slots[key]
-            if users == 1:
-                del self._slots[key]
-            else:
-                self._slots[key] = (semaphore, users - 1)
-
 
 # The messages that open an HTTP response: a plain one, a WebSocket upgrade's
 # acceptance, and its refusal.
@@ -757,81 +658,6 @@ def _is_error(frame: bytes) -> bool:
     return frame.startswith(b'{"type":"error"')
 
 
-class _Reservation:
-    """One HTTP body's bytes in the process's queue memory while it is read and parsed."""
-
-    def __init__(self, memory: QueueMemory, principal: str | None) -> None:
-        self._memory = memory
-        self._principal = principal
-        self._size = 0
-
-    def add(self, size: int) -> None:
-        self._memory.reserve(self._principal, size)
-        self._size += size
-
-    def release(self) -> None:
-        self._memory.release(self._principal, self._size)
-        self._size = 0
-
-
-async def _read_body(
-    scope: Scope, receive: Receive, limit: int, reserved: _Reservation, pooled: bool
-) -> bytes | Body:
-    """The body, within `limit`; `pooled`: one declared at least `Body.POOLED_BYTES`
-    long is written into a `Body` as it arrives instead of joined into new `bytes` (a
-    history resent each turn reuses the pages the last one left)."""
-    declared = header(scope, b"content-length")
-    expected = 0
-    # More than 18 digits is more than any limit (and `int` refuses 4,300 digits).
-    if declared is not None and declared.isdigit():
-        expected = int(declared) if len(declared) <= 18 else 10**18
-        if expected > limit:
-            raise _too_large(expected, limit)
-    chunks: list[bytes] = []
-    into = Body(expected) if pooled and expected >= Body.POOLED_BYTES else None
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        reserved.add(len(chunk))
-        if into is not None:
-            into.write(chunk)
-        else:
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            if into is None:
-                return b"".join(chunks)
-            into.seal()
-            return into
-
-
-def _too_large(size: int, limit: int) -> ProtocolError:
-    return ProtocolError(
-        "request_too_large",
-        f"The request body is {size} bytes; this server accepts at most {limit}.",
-        status=413,
-    )
-
-
-def _starting_after(query: dict[str, list[str]]) -> int:
-    text = _query(query, "starting_after")
-    if text is None:
-        return -1
-    # ASCII digits, and few of them (see PAGE_LIMIT).
-    if not STARTING_AFTER.fullmatch(text):
-        raise ProtocolError(
-            "invalid_value",
-            "starting_after must be a sequence number (an integer from 0).",
-            "starting_after",
-        )
-    return int(text)
-
-
 def _allow(method: str, *allowed: str) -> None:
     if method not in allowed:
         raise ProtocolError(
@@ -849,14 +675,6 @@ def _route_path(scope: Scope) -> str:
     return path
 
 
-def header(scope: Scope, name: bytes) -> bytes | None:
-    """A request header's value (the first, when repeated), as the ASGI server gave it."""
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return bytes(value)
-    return None
-
-
 # Where clients name their conversation: the OpenAI SDKs' and Codex's session headers.
 SESSION_HEADERS = (b"session_id", b"x-session-id", b"session-id")
 MAX_SESSION_KEY = 256
@@ -871,11 +689,6 @@ def session_key(scope: Scope) -> str | None:
         if value and len(value) <= MAX_SESSION_KEY:
             return value.decode("latin-1")
     return None
-
-
-def _query(query: dict[str, list[str]], name: str) -> str | None:
-    values = query.get(name)
-    return values[0] if values else None
 
 
 async def _error(send: Send, error: ProtocolError) -> None:
