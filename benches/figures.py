@@ -343,6 +343,13 @@ HISTORICAL = {
         "4c5a8ee's `engines/http1.py`, whose pooled connections held their opening turn's "
         "request",
     ),
+    HISTORY + "http_end_before_after.json": Historical(
+        "2c44bef",
+        "`bench_peers.py --baseline before=DIR` (three rounds) and `bench_capacity.py "
+        "--agents 64 --baseline before=DIR` (two runs): an HTTP response's end written with "
+        "its terminal event, the engine's task clearing `SERVING` (0a796a7), against the end "
+        "waiting for the exchange (245cdef), same core",
+    ),
     HISTORY + "resent_parse_before_after.json": Historical(
         "6993b33",
         "`bench_peers.py --baseline before=DIR`: the parse of a resent history before "

@@ -21,11 +21,11 @@ Every POST body may be compressed (`Content-Encoding: gzip` or `zstd`, `encoding
 
 This module owns HTTP concerns only: routing, Bearer auth, the turns' requests and
 replies, and error envelopes; reading a body within its size limit is `bodies.py`'s, the
-routes of stored responses (and the pages' query parameters) `stored.py`'s. Replies, SSE framing and client disconnects are
-`exchange.py`'s; background responses' routes (`background: true`, their resume and
-cancel) are `background.py`'s, which runs their turns through this API (`Turns`).
-Protocol decisions are the `Connection`'s; bookkeeping after a response is the
-`Ledger`'s.
+routes of stored responses (and the pages' query parameters) `stored.py`'s. Replies, SSE
+framing and client disconnects are `exchange.py`'s; background responses' routes
+(`background: true`, their resume and cancel) are `background.py`'s, which runs their
+turns through this API (`Turns`). Protocol decisions are the `Connection`'s; bookkeeping
+after a response is the `Ledger`'s.
 """
 
 from __future__ import annotations
