@@ -78,13 +78,17 @@ class Serving:
 
 
 SERVING: ContextVar[Serving | None] = ContextVar("serving", default=None)
-"""The response the generation the current task consumes serves, set by whoever runs
-the protocol's engine work (`Generate.start`) before it calls `generate`. An engine
-generates from its prompt alone and does not read it; it is for a wrapper of an engine
-that answers for the response as a whole (a stateless peer that renders the request
-again, as a benchmark's baseline does: hotloop.lab.baseline). A context variable, for
-the reason `ENGINE_CACHED` is one: a session serves concurrent responses, each consumed
-by its own task."""
+"""The response the generation about to start serves, set by whoever runs the
+protocol's engine work (`Generate.start`) for its call of `generate` only: read it in
+that call, not while the stream runs. An engine generates from its prompt alone and does
+not read it; it is for a wrapper of an engine that answers for the response as a whole
+(a stateless peer that renders the request again, as a benchmark's baseline does:
+hotloop.lab.baseline). A context variable, for the reason `ENGINE_CACHED` is one: a
+session serves concurrent responses, each consumed by its own task. Unset after the
+call because a callback scheduled later from that task keeps the task's context (uvicorn's
+keep-alive timer, armed when the terminal event ends an HTTP body, until the
+connection's next request), and with the response its request, whose body (a resent
+history: hundreds of KB) it would keep alive through the agent's think time."""
 
 
 async def close_stream(stream: AsyncIterator[list[int]]) -> None:

@@ -70,10 +70,14 @@ class Generate:
 
     def start(self, session: EngineSession) -> AsyncIterator[list[int]]:
         """The engine's stream of sampled ids for this work. Called in the task that
-        consumes the stream, so the engine (or a wrapper of it) can tell which response
-        it serves."""
-        SERVING.set(self.serving)
-        return session.generate(self.prompt, self.sampling, self.route_key)
+        consumes the stream; `SERVING` names the response during the call of `generate`
+        (an engine, or a wrapper of it, can tell which response it serves), and only
+        then."""
+        serving = SERVING.set(self.serving)
+        try:
+            return session.generate(self.prompt, self.sampling, self.route_key)
+        finally:
+            SERVING.reset(serving)
 
 
 @dataclass(frozen=True)

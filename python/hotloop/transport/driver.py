@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from hotloop._core import CoreError
 from hotloop.engines.base import (
     ENGINE_CACHED,
-    SERVING,
     EngineError,
     EngineSession,
     close_stream,
@@ -338,13 +337,6 @@ class Driver:
                 # Backpressure: the engine waits while the client is behind.
                 if not self._has_room.is_set():
                     await self._has_room.wait()
-            # From here on this task's context no longer names the response: a callback
-            # that writing the terminal frames schedules keeps the context it was
-            # scheduled in (uvicorn's keep-alive timer, armed when an HTTP body ends,
-            # until the connection's next request), and with the response its request,
-            # whose body (a resent history: hundreds of KB) it would keep alive through
-            # the agent's think time.
-            SERVING.set(None)
             connection.engine_done(key, ENGINE_CACHED.get())
             # The terminal frames from this task, as every delta's: handed to the
             # writer task they waited a loop iteration for it (about 0.16 ms a turn).
@@ -357,7 +349,6 @@ class Driver:
             log.exception("engine failed on response %d", key)
             connection.engine_failed(key, EngineError("engine_crashed", repr(e)))
         finally:
-            SERVING.set(None)  # a failed stream's too
             # Before the stream closes: a commit it hands out holds the drain first.
             self.dispatch()
             try:
