@@ -6,7 +6,7 @@ run (docs/benchmarks-capacity.md, "Capacity"):
         [--agents 4,16,64,128] [--systems hotloop,agentic-api] [--modes websocket,http_full]
         [--window 30] [--think-scale 0.05] [--contexts agentx|agentperf] [--seed 0]
         [--target-ms 10] [--saturation 0.7] [--shared-cpus] [--phases-log DIR]
-        [--baseline NAME=DIR] [--out FILE]
+        [--baseline NAME=DIR] [--variant NAME=FLAGS] [--gateway-quota CORES] [--out FILE]
 
 N agents replay coding sessions of the field's shape (`hotloop.lab.capacity`: contexts,
 tool outputs, outputs and think times, seeded) against one fake vLLM
@@ -41,7 +41,14 @@ the largest number of agents that meets the target, and agents per core at the s
 own think times (turns/s per core times the mean think time, unscaled, plus the mean
 turn).
 
-`--baseline NAME=DIR` adds the hotloop whose package is in DIR as `hotloop@NAME`.
+`--baseline NAME=DIR` adds the hotloop whose package is in DIR as `hotloop@NAME`;
+`--variant NAME=FLAGS` the same hotloop with more serve flags as `hotloop+NAME`.
+`--gateway-quota CORES` caps each process of a gateway at that much CPU (a cgroup each,
+`hotloop.lab.proc.CpuQuota`; root only), set after its warm-up: on a machine whose other
+cores the client and the fake need, the gateway then reaches its limit first, and
+`--variant 'w2=--workers 2'` measures what a second worker (a second capped process)
+adds. Each point reports each process's share of the gateway's CPU (how evenly the
+workers took the agents) and the time the quota held them.
 `--phases-log DIR` runs hotloop at `--log-level debug` and keeps its logs (one line per
 turn with its phases, `hotloop.phases`) and the clients' turns in DIR, for the profile.
 Results: benches/results/capacity.json and capacity.png (or `--out`).
@@ -53,6 +60,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -77,7 +85,7 @@ from bench_peers import (
     upstream_command,
 )
 from hotloop.lab.capacity import CONTEXTS, THINK, CapacityRun, Point, Session, Target, Workload
-from hotloop.lab.proc import free_port, rss_bytes
+from hotloop.lab.proc import CpuQuota, free_port, process_cpu_ns, rss_bytes
 
 RATE = 1000.0
 QUICK = {"agents": "16,64", "window": 15.0}
@@ -98,6 +106,8 @@ RSS_SAMPLE_SECONDS = 0.5
 """How often the gateway's resident memory is read over a window (the mean is reported)."""
 WARM_UP_SETTLE_SECONDS = 0.5
 """After the warm-up agent leaves, before the idle RSS is read: its connection closes."""
+SETTLE_SECONDS = 1.0
+"""How long a gateway's process tree must stay the same before its quota is set."""
 WARM_UP_WINDOW_SECONDS = 0.1
 """The warm-up agent's window (its figures are not kept): a turn or two after its first."""
 
@@ -166,9 +176,12 @@ class Readings:
     """The processes' figures at the window's open and close, read off the client's loop
     (in a thread) so that reading them does not delay the agents' events."""
 
-    def __init__(self, gateway: Process | None, upstream: Process) -> None:
+    def __init__(
+        self, gateway: Process | None, upstream: Process, quota: CpuQuota | None = None
+    ) -> None:
         self.gateway = gateway
         self.upstream = upstream
+        self.quota = quota
         self.idle_rss = tree_rss(gateway.process.pid) if gateway else 0
         self.at: dict[bool, dict[str, Any]] = {}
         self.rss: list[int] = []
@@ -179,6 +192,11 @@ class Readings:
         reading: dict[str, Any] = {"at": time.perf_counter(), "upstream": self.upstream.cpu_ns()}
         if self.gateway is not None:
             reading["gateway"] = tree_cpu_ns(self.gateway.process.pid)
+            reading["processes"] = {
+                pid: process_cpu_ns(pid) for pid in tree_pids(self.gateway.process.pid)
+            }
+            if self.quota is not None:
+                reading["throttled"] = self.quota.throttled_ns()
             if kind_of(self.gateway.name) == "hotloop":
                 reading["metrics"] = scrape(f"http://127.0.0.1:{self.gateway.port}")
             if opening:
@@ -219,6 +237,16 @@ class Readings:
                 rss_samples=len(self.rss),
                 rss_per_agent_mb=(statistics.mean(self.rss) - self.idle_rss) / 1e6 / point.agents,
             )
+            # Each process's share of the gateway's CPU, largest first (those over 1%):
+            # with `--workers`, how evenly the agents spread over the workers.
+            spent = [
+                (ns - opened["processes"].get(pid, 0)) / 1e9 / cpu
+                for pid, ns in closed["processes"].items()
+                if cpu
+            ]
+            found["gateway_cpu_shares"] = sorted((s for s in spent if s > 0.01), reverse=True)
+            if "throttled" in closed:
+                found["throttled_ms"] = (closed["throttled"] - opened["throttled"]) / 1e6
             if "metrics" in closed:
                 found["phases"] = phases(opened["metrics"], closed["metrics"], mode)
         return found
@@ -254,15 +282,37 @@ def measure(
                     command += ["--log-level", "debug", "--log-format", "json"]
                 if system in args.baselines:
                     env = {"PYTHONPATH": args.baselines[system]}
+                command += args.variants.get(system, [])
             with started(system, command, port, env, args.gateway_cpus) as gateway:
                 target = Target(system, mode, gateway.base_url, gateway.ws_url, API_KEY, MODEL)
                 warm_up(target, workload.session(MAX_AGENTS))
-                point = run_point(args, target, sessions, Readings(gateway, upstream), window)
+                quota = None
+                if args.gateway_quota:
+                    quota = CpuQuota(args.gateway_quota)
+                    quota.limit(settled_tree(gateway.process.pid))
+                try:
+                    readings = Readings(gateway, upstream, quota)
+                    point = run_point(args, target, sessions, readings, window)
+                finally:
+                    if quota is not None:
+                        quota.close()
                 if args.phases_log and system == "hotloop":
                     keep = Path(args.phases_log) / f"{system}-{mode}-{agents}.log"
                     keep.write_bytes(gateway.log.read_bytes())
         del scratch
     return point
+
+
+def settled_tree(root: int) -> list[int]:
+    """`root`'s process tree once it has stopped changing for `SETTLE_SECONDS` (with
+    `--workers`, uvicorn's supervisor starts the workers one after the other)."""
+    pids = sorted(tree_pids(root))
+    while True:
+        time.sleep(SETTLE_SECONDS)
+        again = sorted(tree_pids(root))
+        if again == pids:
+            return pids
+        pids = again
 
 
 def warm_up(target: Target, session: Session) -> None:
@@ -349,8 +399,12 @@ def meets(point: dict[str, Any], args: argparse.Namespace) -> bool:
 
 def headline(points: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """Per system and mode: turns/s per gateway core at the largest N meeting the
-    target, and agents per core at the sessions' own think times."""
+    target, and agents per core at the sessions' own think times; and the smallest larger
+    N it missed, with the direct path's turns/s there (the rate the gateway could not
+    carry at the target: a bound on its capacity from above, where the largest N met
+    bounds it from below)."""
     think = THINK.mean()
+    floors = {p["agents"]: p["turns_per_s"] for p in points if p["system"] == "direct"}
     found: dict[str, Any] = {}
     for key in sorted({(p["system"], p["mode"]) for p in points if p["system"] != "direct"}):
         meeting = [p for p in points if (p["system"], p["mode"]) == key and meets(p, args)]
@@ -359,6 +413,11 @@ def headline(points: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
             continue
         best = max(meeting, key=lambda p: p["agents"])
         per_core = best["turns_per_s"] / best["server"]["gateway_cpu_cores"]
+        missed = sorted(
+            p["agents"]
+            for p in points
+            if (p["system"], p["mode"]) == key and p["agents"] > best["agents"]
+        )
         found[" ".join(key)] = {
             "agents": best["agents"],
             "turns_per_s": best["turns_per_s"],
@@ -366,6 +425,8 @@ def headline(points: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
             "turns_per_s_per_core": per_core,
             "agents_per_core_at_session_think_times": per_core * (think + best["turn_mean_s"]),
             "added_ttft_p99_ms": best["added_ttft_p99_ms"],
+            "missed_at_agents": missed[0] if missed else None,
+            "missed_at_direct_turns_per_s": floors.get(missed[0]) if missed else None,
         }
     return found
 
@@ -494,6 +555,22 @@ def main() -> None:
         action="store_true",
         help="let the gateway share its CPUs with the client and the fake (cpu_split)",
     )
+    parser.add_argument(
+        "--gateway-quota",
+        type=float,
+        default=0.0,
+        metavar="CORES",
+        help="cap each of a gateway's processes at this much CPU (a cgroup each; root): "
+        "the gateway, not the client or the fake, becomes the limit (workers' scaling)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="also run hotloop with these serve flags, as system hotloop+NAME "
+        "(e.g. 'w2=--workers 2')",
+    )
     parser.add_argument("--phases-log", default="", help="keep per-turn logs here (profiling)")
     parser.add_argument("--out", default="benches/results/capacity.json")
     parser.add_argument(
@@ -511,6 +588,11 @@ def main() -> None:
         name, _, path = spec.partition("=")
         args.baselines[f"hotloop@{name}"] = path
         args.systems += f",hotloop@{name}"
+    args.variants = {}
+    for spec in args.variant:
+        name, _, flags = spec.partition("=")
+        args.variants[f"hotloop+{name}"] = shlex.split(flags)
+        args.systems += f",hotloop+{name}"
     preset = QUICK if args.quick else FULL
     args.agents = args.agents or preset["agents"]
     args.window = args.window or preset["window"]
@@ -541,6 +623,8 @@ def main() -> None:
         },
         "target_ms": args.target_ms,
         "window_s": args.window,
+        "gateway_quota_cores": args.gateway_quota or None,
+        "variants": {name: shlex.join(flags) for name, flags in args.variants.items()},
         "points": [],
     }
     counts = [int(n) for n in args.agents.split(",")]

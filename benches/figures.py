@@ -266,6 +266,16 @@ FIGURES = (
         "--upstreams free --systems hotloop,smg --modes websocket,http_full,chat --rounds 3",
     ),
     Figure("capacity", _scripts("bench_capacity.py"), writes=("capacity.json",)),
+    # Root only (cgroups): each process of the gateway capped at a quarter of a core.
+    Figure(
+        "capacity_workers",
+        _scripts(
+            "bench_capacity.py --systems hotloop --modes websocket --variant 'w2=--workers 2' "
+            "--gateway-quota 0.25 --agents 16,24,32,48,64,96 --max-agents 96 --window 20 "
+            "--out benches/results/capacity_workers.json"
+        ),
+        writes=("capacity_workers.json",),
+    ),
     Figure("memory_per_agent", _scripts("bench_memory_per_agent.py")),
     Figure(
         "hardening_39_frames",
@@ -574,6 +584,7 @@ TABLES: dict[str, Table] = {
     ),
     "vllm": Table(("vllm.json",), render.vllm_tables),
     "capacity": Table(("capacity.json",), render.capacity_tables),
+    "capacity_workers": Table(("capacity_workers.json",), render.capacity_workers_tables),
     "hardening_39_frames": Table(
         (HISTORY + "hardening_39_frames_before_after.json", "hardening_39_frames.json"),
         render.frames_tables,

@@ -6,6 +6,7 @@ only are read back by benches/figure_printed.py. One module per group of pages."
 from figure_tables.capacity import (
     burst_row,
     capacity_tables,
+    capacity_workers_tables,
     load_burst_before_after_table,
     load_burst_table,
     load_table,
@@ -73,6 +74,7 @@ __all__ = [
     "attacker",
     "burst_row",
     "capacity_tables",
+    "capacity_workers_tables",
     "chat_whole_history_tables",
     "cold_encode_table",
     "encode_table",

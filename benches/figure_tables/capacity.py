@@ -134,3 +134,59 @@ def capacity_tables(results: dict[str, Any]) -> str:
         *("turns/s per gateway core", "agents per core at the sessions' think times"),
     )
     return markdown(header, rows) + "\n\n" + markdown(head_header, heads)
+
+
+def capacity_workers_tables(results: dict[str, Any]) -> str:
+    """One worker against two, each process capped at the same share of a core
+    (`--gateway-quota`): every point, then where each met the target and where it
+    missed it."""
+    names = {"direct": "direct (the floor)"}
+    for name, flags in results["variants"].items():
+        names[name] = f"hotloop `{flags}`"
+    rows = []
+    for p in sorted(results["points"], key=lambda p: (p["agents"], p["system"] != "direct")):
+        server = p["server"]
+        gateway = p["system"] != "direct"
+        shares = server.get("gateway_cpu_shares", [])
+        met = p["errors"] == 0 and not p["saturated"] and p.get("kept_up", False)
+        met = met and p.get("added_ttft_p99_ms", float("inf")) <= results["target_ms"]
+        rows.append(
+            (
+                str(p["agents"]),
+                names.get(p["system"], "hotloop, one worker"),
+                f"{p['turns_per_s']:.1f}",
+                " / ".join(f"{p[f'added_ttft_{q}_ms']:+.1f}" for q in ("p50", "p99"))
+                if gateway
+                else f"{p['ttft_p50_ms']:.1f} / {p['ttft_p99_ms']:.1f} (TTFT)",
+                f"{server['gateway_cpu_cores']:.2f}" if gateway else "",
+                " / ".join(f"{share:.2f}" for share in shares) if gateway else "",
+                f"{server['throttled_ms'] / 1e3:.1f} s" if "throttled_ms" in server else "",
+                f"{p['client_cpu_cores']:.2f} / {server['upstream_cpu_cores']:.2f}",
+                ("yes" if met else "; ".join(p["saturated"]) or "no") if gateway else "",
+            )
+        )
+    header = (
+        *("agents", "system", "turns/s", "added p50 / p99 ms", "gateway cores"),
+        *("CPU share per process", "held by the quota", "client / fake cores", "met"),
+    )
+    heads = []
+    for key, best in results["headline"].items():
+        system = names.get(key.rsplit(" ", 1)[0], "hotloop, one worker")
+        if best is None:
+            heads.append((system, "never met", "", "", ""))
+            continue
+        missed = best["missed_at_agents"]
+        heads.append(
+            (
+                system,
+                str(best["agents"]),
+                f"**{best['turns_per_s']:.1f}**",
+                "" if missed is None else str(missed),
+                "" if missed is None else f"{best['missed_at_direct_turns_per_s']:.1f}",
+            )
+        )
+    head_header = (
+        *("system", "most agents meeting the target", "turns/s there"),
+        *("fewest agents missing it", "turns/s asked there"),
+    )
+    return markdown(header, rows) + "\n\n" + markdown(head_header, heads)

@@ -1,17 +1,22 @@
 """The capacity benchmark's workload and thin clients: sessions are the same for a seed
 and have the shapes docs/benchmarks.md states, and one agent's turns over each client
 (a WebSocket with `previous_response_id`, HTTP with the whole history) are answered and
-timed by a real server."""
+timed by a real server; the CPU quota that makes a gateway the limit holds."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
+import subprocess
+import sys
+import time
 
 import pytest
 from hotloop.config import ServerConfig
 from hotloop.engines.sim import SimScript, SimTurn
 from hotloop.lab.capacity import CONTEXTS, OUTPUT, CapacityRun, Target, Workload
+from hotloop.lab.proc import CpuQuota
 from hotloop.transport import App
 from servers import serving, sim_engine
 
@@ -65,3 +70,35 @@ def test_agents_turns_are_answered_and_timed(workload: Workload, mode: str) -> N
     assert point.turns > 0
     assert all(turn["first_delta_at"] and turn["response_id"] for turn in kept)
     assert 0 < point.ttft_p50_ms <= point.ttft_max_ms
+
+
+def cpu_controller() -> bool:
+    try:
+        CpuQuota(0.1).controller()
+    except (OSError, RuntimeError):
+        return False
+    return os.geteuid() == 0
+
+
+@pytest.mark.skipif(not cpu_controller(), reason="needs root and a cgroup cpu controller")
+def test_a_cpu_quota_holds_a_busy_process_and_lets_it_go() -> None:
+    """The capacity benchmark's `--gateway-quota`: a process that never sleeps, capped at
+    a tenth of a core, is held by its quota (the kernel counts the time), and `close`
+    puts it back where it was and removes the group."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    quota = CpuQuota(0.1)
+    try:
+        quota.limit([busy.pid])
+        (group,) = quota.groups
+        assert (group / "cgroup.procs").read_text().split() == [str(busy.pid)]
+        deadline = time.monotonic() + 10
+        while quota.throttled_ns() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert quota.throttled_ns() > 0
+        quota.close()
+        assert not group.exists()
+        assert busy.poll() is None
+    finally:
+        quota.close()
+        busy.kill()
+        busy.wait()

@@ -103,6 +103,71 @@ def stop_process(process: subprocess.Popen[Any]) -> None:
             process.wait()
 
 
+CGROUPS = Path("/sys/fs/cgroup")
+QUOTA_PERIOD_US = 100_000
+"""The period a CPU quota is counted over (the kernel's default): a process runs at full
+speed until it has used its share of a period, then waits for the next. A long period
+keeps one turn's speed and caps only the throughput, as a slower machine's core would."""
+
+
+@dataclass
+class CpuQuota:
+    """At most `cores` of CPU time for each of `pids`, each in a cgroup of its own (the
+    `cpu` controller: cgroup v1's `cpu.cfs_quota_us`, or v2's `cpu.max`), so that a
+    gateway's processes can be made the bottleneck on a machine whose cores the client
+    and the fake upstream need too. Root only; `close` puts the processes back and removes
+    the groups."""
+
+    cores: float
+    root: Path = CGROUPS
+    groups: list[Path] = field(default_factory=list)
+
+    def controller(self) -> tuple[Path, bool]:
+        """Where the cpu controller's groups go, and whether it is cgroup v2."""
+        if (self.root / "cpu" / "cpu.cfs_period_us").exists():
+            return self.root / "cpu", False
+        if "cpu" in (self.root / "cgroup.controllers").read_text().split():
+            return self.root, True
+        raise RuntimeError(f"no cgroup cpu controller under {self.root}")
+
+    def limit(self, pids: Sequence[int]) -> None:
+        base, v2 = self.controller()
+        quota = round(self.cores * QUOTA_PERIOD_US)
+        for pid in pids:
+            group = base / f"hotloop-quota-{pid}"
+            group.mkdir(exist_ok=True)
+            self.groups.append(group)
+            if v2:
+                (group / "cpu.max").write_text(f"{quota} {QUOTA_PERIOD_US}")
+            else:
+                (group / "cpu.cfs_period_us").write_text(str(QUOTA_PERIOD_US))
+                (group / "cpu.cfs_quota_us").write_text(str(quota))
+            (group / "cgroup.procs").write_text(str(pid))
+
+    def throttled_ns(self) -> int:
+        """Time the groups' processes waited for their next period, in all."""
+        total = 0
+        for group in self.groups:
+            for line in (group / "cpu.stat").read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "throttled_time":  # v1, nanoseconds
+                    total += int(value)
+                elif name == "throttled_usec":  # v2
+                    total += 1000 * int(value)
+        return total
+
+    def close(self) -> None:
+        base, _ = self.controller()
+        for group in self.groups:
+            for pid in (group / "cgroup.procs").read_text().split():
+                try:
+                    (base / "cgroup.procs").write_text(pid)
+                except ProcessLookupError:
+                    continue  # it exited
+            group.rmdir()
+        self.groups.clear()
+
+
 class Loopback:
     """A Responses server on a loopback `port`: where its clients connect."""
 
