@@ -76,8 +76,14 @@ class Figure:
 
 
 def _commands(*lines: str) -> tuple[tuple[str, ...], ...]:
-    """Commands as the docs print them (`hotloop ...` is the virtualenv's)."""
-    return tuple(tuple(shlex.split(line.replace("hotloop ", HOTLOOP + " ", 1))) for line in lines)
+    """Commands as the docs print them (a line starting `hotloop ` runs the
+    virtualenv's; a `hotloop` among a script's arguments is left alone)."""
+    return tuple(
+        tuple(
+            shlex.split(HOTLOOP + line[len("hotloop") :] if line.startswith("hotloop ") else line)
+        )
+        for line in lines
+    )
 
 
 def _scripts(*lines: str) -> tuple[tuple[str, ...], ...]:
