@@ -272,12 +272,12 @@ FIGURES = (
         "--upstreams free --systems hotloop,smg --modes websocket,http_full,chat --rounds 3",
     ),
     Figure("capacity", _scripts("bench_capacity.py"), writes=("capacity.json",)),
-    # Root only (cgroups): each process of the gateway capped at a quarter of a core.
+    # Root only (cgroups): each process of the gateway capped at 0.4 of a core.
     Figure(
         "capacity_workers",
         _scripts(
             "bench_capacity.py --systems hotloop --modes websocket --variant 'w2=--workers 2' "
-            "--gateway-quota 0.25 --agents 16,24,32,48,64,96 --max-agents 96 --window 20 "
+            "--gateway-quota 0.4 --agents 16,24,32,48,64,96 --max-agents 96 --window 20 "
             "--out benches/results/capacity_workers.json"
         ),
         writes=("capacity_workers.json",),
