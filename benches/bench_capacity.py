@@ -6,7 +6,8 @@ run (docs/benchmarks-capacity.md, "Capacity"):
         [--agents 4,16,64,128] [--systems hotloop,agentic-api] [--modes websocket,http_full]
         [--window 30] [--think-scale 0.05] [--contexts agentx|agentperf] [--seed 0]
         [--target-ms 10] [--saturation 0.7] [--shared-cpus] [--phases-log DIR]
-        [--baseline NAME=DIR] [--variant NAME=FLAGS] [--gateway-quota CORES] [--out FILE]
+        [--baseline NAME=DIR] [--variant NAME=FLAGS] [--gateway-quota CORES]
+        [--only SYSTEM=N,N] [--out FILE]
 
 N agents replay coding sessions of the field's shape (`hotloop.lab.capacity`: contexts,
 tool outputs, outputs and think times, seeded) against one fake vLLM
@@ -571,6 +572,14 @@ def main() -> None:
         help="also run hotloop with these serve flags, as system hotloop+NAME "
         "(e.g. 'w2=--workers 2')",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="SYSTEM=N,N",
+        help="run SYSTEM at these numbers of agents only (the others, and direct, at all): "
+        "a fine sweep around where each system misses the target",
+    )
     parser.add_argument("--phases-log", default="", help="keep per-turn logs here (profiling)")
     parser.add_argument("--out", default="benches/results/capacity.json")
     parser.add_argument(
@@ -593,6 +602,10 @@ def main() -> None:
         name, _, flags = spec.partition("=")
         args.variants[f"hotloop+{name}"] = shlex.split(flags)
         args.systems += f",hotloop+{name}"
+    args.only = {
+        system: {int(n) for n in counts.split(",")}
+        for system, _, counts in (spec.partition("=") for spec in args.only)
+    }
     preset = QUICK if args.quick else FULL
     args.agents = args.agents or preset["agents"]
     args.window = args.window or preset["window"]
@@ -625,6 +638,7 @@ def main() -> None:
         "window_s": args.window,
         "gateway_quota_cores": args.gateway_quota or None,
         "variants": {name: shlex.join(flags) for name, flags in args.variants.items()},
+        "only": {system: sorted(counts) for system, counts in args.only.items()},
         "points": [],
     }
     counts = [int(n) for n in args.agents.split(",")]
@@ -644,6 +658,8 @@ def main() -> None:
                         if system == "direct" and mode != modes[0]:
                             continue
                         if extending and system != "direct" and (system, mode) not in meeting:
+                            continue
+                        if agents not in args.only.get(system, (agents,)):
                             continue
                         # The floor is the whole history over HTTP, whatever the mode.
                         client_mode = "http_full" if system == "direct" else mode

@@ -272,12 +272,14 @@ FIGURES = (
         "--upstreams free --systems hotloop,smg --modes websocket,http_full,chat --rounds 3",
     ),
     Figure("capacity", _scripts("bench_capacity.py"), writes=("capacity.json",)),
-    # Root only (cgroups): each process of the gateway capped at 0.4 of a core.
+    # Root only (cgroups): each process of the gateway capped at 0.4 of a core; each
+    # system measured around where it misses the target (a first, coarse sweep: 16-96).
     Figure(
         "capacity_workers",
         _scripts(
             "bench_capacity.py --systems hotloop --modes websocket --variant 'w2=--workers 2' "
-            "--gateway-quota 0.4 --agents 16,24,32,48,64,96 --max-agents 96 --window 20 "
+            "--gateway-quota 0.4 --agents 32,40,48,64,72,80,96 --only hotloop=32,40,48,64 "
+            "--only hotloop+w2=48,64,72,80,96 --max-agents 96 --window 20 "
             "--out benches/results/capacity_workers.json"
         ),
         writes=("capacity_workers.json",),
@@ -731,6 +733,16 @@ def _capacity_point(results: dict[str, Any], agents: str, system: str, *field: s
     return float(resolve(point, "/" + "/".join(field)))
 
 
+def _crossing_over(results: dict[str, Any], above: str, below: str) -> float:
+    """One system's turns/s where its added p99 crosses the capacity target over
+    another's, each interpolated (`render.target_crossing`):
+    `#crossing_over/hotloop%2Bw2%20websocket/hotloop%20websocket`."""
+    found = [render.target_crossing(results, key) for key in (above, below)]
+    if None in found:
+        raise ValueError(f"no crossing for {above} or {below}")
+    return float(found[0] / found[1])  # type: ignore[operator]
+
+
 def _per_core(results: dict[str, Any], *pointer: str) -> float:
     """What one core carries at a CPU cost in microseconds per unit: 1e6 / the value."""
     return float(1e6 / resolve(results, "/" + "/".join(pointer)))
@@ -746,6 +758,7 @@ DERIVED: dict[str, Callable[..., float]] = {
     "peers_loop_over_hotloop": _peers_loop_over_hotloop,
     "per_core": _per_core,
     "capacity_point": _capacity_point,
+    "crossing_over": _crossing_over,
 }
 
 

@@ -10,6 +10,7 @@ from figure_tables.capacity import (
     load_burst_before_after_table,
     load_burst_table,
     load_table,
+    target_crossing,
 )
 from figure_tables.core import (
     append_table,
@@ -106,6 +107,7 @@ __all__ = [
     "store_dedup_table",
     "store_fairness_before_after_table",
     "store_sigkill_table",
+    "target_crossing",
     "tool_schema_tables",
     "turn_costs_table",
     "turns_table",

@@ -160,33 +160,56 @@ def capacity_workers_tables(results: dict[str, Any]) -> str:
                 else f"{p['ttft_p50_ms']:.1f} / {p['ttft_p99_ms']:.1f} (TTFT)",
                 f"{server['gateway_cpu_cores']:.2f}" if gateway else "",
                 " / ".join(f"{share:.2f}" for share in shares) if gateway else "",
-                f"{server['throttled_ms'] / 1e3:.1f} s" if "throttled_ms" in server else "",
+                f"{server['throttled_ms']:,.0f} ms" if "throttled_ms" in server else "",
                 f"{p['client_cpu_cores']:.2f} / {server['upstream_cpu_cores']:.2f}",
                 ("yes" if met else "; ".join(p["saturated"]) or "no") if gateway else "",
             )
         )
     header = (
         *("agents", "system", "turns/s", "added p50 / p99 ms", "gateway cores"),
-        *("CPU share per process", "held by the quota", "client / fake cores", "met"),
+        *("CPU share per process", "held by the quota (all processes)"),
+        *("client / fake cores", "met"),
     )
     heads = []
     for key, best in results["headline"].items():
         system = names.get(key.rsplit(" ", 1)[0], "hotloop, one worker")
         if best is None:
-            heads.append((system, "never met", "", "", ""))
+            heads.append((system, "never met", "", "", "", ""))
             continue
         missed = best["missed_at_agents"]
+        crossing = target_crossing(results, key)
         heads.append(
             (
                 system,
                 str(best["agents"]),
-                f"**{best['turns_per_s']:.1f}**",
+                f"{best['turns_per_s']:.1f}",
                 "" if missed is None else str(missed),
                 "" if missed is None else f"{best['missed_at_direct_turns_per_s']:.1f}",
+                "" if crossing is None else f"**{crossing:.1f}**",
             )
         )
     head_header = (
         *("system", "most agents meeting the target", "turns/s there"),
         *("fewest agents missing it", "turns/s asked there"),
+        "turns/s where the added p99 crosses the target (interpolated)",
     )
     return markdown(header, rows) + "\n\n" + markdown(head_header, heads)
+
+
+def target_crossing(results: dict[str, Any], key: str) -> float | None:
+    """The turns/s at which `key`'s (`system mode`) added p99 reaches the target,
+    interpolated linearly between the most agents that met it and the next number
+    measured, on the direct path's turns/s at each: between its lower bound (the rate it
+    met) and its upper bound (the rate it missed). None: never met, or never missed."""
+    best = results["headline"].get(key)
+    if best is None or best["missed_at_agents"] is None:
+        return None
+    points = {(p["agents"], f"{p['system']} {p['mode']}"): p for p in results["points"]}
+    asked = {p["agents"]: p["turns_per_s"] for p in results["points"] if p["system"] == "direct"}
+    low = points[(best["agents"], key)]["added_ttft_p99_ms"]
+    high = points[(best["missed_at_agents"], key)]["added_ttft_p99_ms"]
+    met, missed = asked[best["agents"]], asked[best["missed_at_agents"]]
+    if high <= results["target_ms"]:
+        return float(met)  # missed for another reason (errors, saturation, behind)
+    share = (results["target_ms"] - low) / (high - low)
+    return float(met + share * (missed - met))
