@@ -77,6 +77,7 @@ from bench_peers import (
     API_KEY,
     MODEL,
     Process,
+    add_hotloops,
     gateway_command,
     kind_of,
     peer_venv,
@@ -109,6 +110,7 @@ WARM_UP_SETTLE_SECONDS = 0.5
 """After the warm-up agent leaves, before the idle RSS is read: its connection closes."""
 SETTLE_SECONDS = 1.0
 """How long a gateway's process tree must stay the same before its quota is set."""
+SETTLE_DEADLINE_SECONDS = 60.0
 WARM_UP_WINDOW_SECONDS = 0.1
 """The warm-up agent's window (its figures are not kept): a turn or two after its first."""
 
@@ -193,9 +195,7 @@ class Readings:
         reading: dict[str, Any] = {"at": time.perf_counter(), "upstream": self.upstream.cpu_ns()}
         if self.gateway is not None:
             reading["gateway"] = tree_cpu_ns(self.gateway.process.pid)
-            reading["processes"] = {
-                pid: process_cpu_ns(pid) for pid in tree_pids(self.gateway.process.pid)
-            }
+            reading["processes"] = processes_cpu_ns(tree_pids(self.gateway.process.pid))
             if self.quota is not None:
                 reading["throttled"] = self.quota.throttled_ns()
             if kind_of(self.gateway.name) == "hotloop":
@@ -241,11 +241,10 @@ class Readings:
             # Each process's share of the gateway's CPU, largest first (those over 1%):
             # with `--workers`, how evenly the agents spread over the workers.
             spent = [
-                (ns - opened["processes"].get(pid, 0)) / 1e9 / cpu
-                for pid, ns in closed["processes"].items()
-                if cpu
+                ns - opened["processes"].get(pid, 0) for pid, ns in closed["processes"].items()
             ]
-            found["gateway_cpu_shares"] = sorted((s for s in spent if s > 0.01), reverse=True)
+            shares = [ns / 1e9 / cpu for ns in spent] if cpu else []
+            found["gateway_cpu_shares"] = sorted((s for s in shares if s > 0.01), reverse=True)
             if "throttled" in closed:
                 found["throttled_ms"] = (closed["throttled"] - opened["throttled"]) / 1e6
             if "metrics" in closed:
@@ -305,15 +304,30 @@ def measure(
 
 
 def settled_tree(root: int) -> list[int]:
-    """`root`'s process tree once it has stopped changing for `SETTLE_SECONDS` (with
-    `--workers`, uvicorn's supervisor starts the workers one after the other)."""
+    """`root`'s process tree once two readings `SETTLE_SECONDS` apart agree (with
+    `--workers`, uvicorn's supervisor starts the workers one after the other and says
+    nothing when the last is up; a worker is up before it serves, so the warm-up's answer
+    alone does not tell), within `SETTLE_DEADLINE_SECONDS`."""
+    deadline = time.monotonic() + SETTLE_DEADLINE_SECONDS
     pids = sorted(tree_pids(root))
-    while True:
+    while time.monotonic() < deadline:
         time.sleep(SETTLE_SECONDS)
         again = sorted(tree_pids(root))
         if again == pids:
             return pids
         pids = again
+    raise RuntimeError(f"the gateway's processes kept changing for {SETTLE_DEADLINE_SECONDS} s")
+
+
+def processes_cpu_ns(pids: list[int]) -> dict[int, int]:
+    """Each live process's CPU time (one that exited since it was listed is left out)."""
+    found = {}
+    for pid in pids:
+        try:
+            found[pid] = process_cpu_ns(pid)
+        except OSError:
+            continue
+    return found
 
 
 def warm_up(target: Target, session: Session) -> None:
@@ -592,16 +606,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.gateway_cpus, args.client_cpus = cpu_split(args.shared_cpus)
-    args.baselines = {}
-    for spec in args.baseline:
-        name, _, path = spec.partition("=")
-        args.baselines[f"hotloop@{name}"] = path
-        args.systems += f",hotloop@{name}"
-    args.variants = {}
-    for spec in args.variant:
-        name, _, flags = spec.partition("=")
-        args.variants[f"hotloop+{name}"] = shlex.split(flags)
-        args.systems += f",hotloop+{name}"
+    if args.gateway_quota and os.geteuid() != 0:
+        parser.error("--gateway-quota needs root (it makes a cgroup for each process)")
+    add_hotloops(args)
     args.only = {
         system: {int(n) for n in counts.split(",")}
         for system, _, counts in (spec.partition("=") for spec in args.only)

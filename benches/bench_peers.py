@@ -194,6 +194,22 @@ def upstream_command(port: int, script: Path, rate: float, render: bool) -> list
     return command + (["--render"] if render else [])
 
 
+def add_hotloops(args: argparse.Namespace) -> None:
+    """The hotloops `--variant NAME=FLAGS` (`hotloop+NAME`: more serve flags,
+    `args.variants`) and `--baseline NAME=DIR` (`hotloop@NAME`: the package in DIR,
+    `args.baselines`) name, appended to `args.systems`."""
+    args.variants = {}
+    for spec in args.variant:
+        name, _, flags = spec.partition("=")
+        args.variants[f"hotloop+{name}"] = shlex.split(flags)
+        args.systems += f",hotloop+{name}"
+    args.baselines = {}
+    for spec in args.baseline:
+        name, _, path = spec.partition("=")
+        args.baselines[f"hotloop@{name}"] = path
+        args.systems += f",hotloop@{name}"
+
+
 def kind_of(system: str) -> str:
     """`hotloop` for its baselines (`hotloop@NAME`) and variants (`hotloop+NAME`)."""
     return re.split(r"[@+]", system)[0]
@@ -397,16 +413,7 @@ def main() -> None:
         help="run the variants only in these modes (e.g. websocket for a WebSocket setting)",
     )
     args = parser.parse_args()
-    args.variants = {}
-    for spec in args.variant:
-        name, _, flags = spec.partition("=")
-        args.variants[f"hotloop+{name}"] = shlex.split(flags)
-        args.systems += f",hotloop+{name}"
-    args.baselines = {}
-    for spec in args.baseline:
-        name, _, path = spec.partition("=")
-        args.baselines[f"hotloop@{name}"] = path
-        args.systems += f",hotloop@{name}"
+    add_hotloops(args)
     rollout = agent_rollout(args.seed, args.tool_calls, args.history_tokens)
     if args.resume_tokens:
         earlier = agent_rollout(args.seed + 1, args.tool_calls, args.resume_tokens)
